@@ -1,0 +1,50 @@
+"""llmsched: the request scheduler of an LLM serving engine.
+
+vLLM v1's scheduling decisions, made in Rust: ``Scheduler.schedule()`` says
+which requests run this step and how many tokens each, as numpy arrays;
+``update_from_output()`` applies what the model runner sampled. Every
+scheduled request keeps ``C + n + s <= max_model_len``.
+"""
+
+from llmsched._core import (
+    ConfigError,
+    DuplicateRequestError,
+    InternalError,
+    InvalidRequestError,
+    InvariantError,
+    LlmschedError,
+    OutputMismatchError,
+    Request,
+    RequestOutput,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+    UnknownRequestError,
+    __version__,
+)
+from llmsched.engine import Engine, RequestSummary
+from llmsched.outputs import ModelRunnerOutput
+from llmsched.runner import SimulatedModelRunner
+from llmsched.status import RequestStatus
+
+__all__ = [
+    "ConfigError",
+    "DuplicateRequestError",
+    "Engine",
+    "InternalError",
+    "InvalidRequestError",
+    "InvariantError",
+    "LlmschedError",
+    "ModelRunnerOutput",
+    "OutputMismatchError",
+    "Request",
+    "RequestOutput",
+    "RequestStatus",
+    "RequestSummary",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "SimulatedModelRunner",
+    "UnknownRequestError",
+    "__version__",
+]

@@ -1,0 +1,102 @@
+"""What a model runner hands back to the scheduler after executing a step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from llmsched._core import OutputMismatchError
+
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def _as_int32_vector(name: str, value: Any) -> npt.NDArray[np.int32]:
+    """A read-only, contiguous int32 vector; copies only if ``value`` is not one already."""
+    array = np.asarray(value)
+    if array.ndim != 1:
+        raise OutputMismatchError(f"{name}: expected a 1-D array, got shape {array.shape}")
+    if array.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    if array.dtype.kind not in "iu":
+        raise OutputMismatchError(f"{name}: expected integers, got dtype {array.dtype}")
+    if array.dtype != np.int32:
+        low, high = int(array.min()), int(array.max())
+        if low < -_INT32_MAX - 1 or high > _INT32_MAX:
+            raise OutputMismatchError(
+                f"{name}: value {high if high > _INT32_MAX else low} does not fit int32"
+            )
+        array = array.astype(np.int32)
+    array = np.ascontiguousarray(array)
+    if array.flags.writeable and array is value:
+        array = array.view()
+    array.flags.writeable = False
+    return array
+
+
+class ModelRunnerOutput:
+    """Sampled tokens of one executed step.
+
+    ``sampled_token_ids`` is flat; ``num_sampled[i]`` tokens of it belong to
+    ``req_ids[i]``, in order (accepted drafts, then the bonus or recovered
+    token). A non-final prefill chunk has 0. Any runner can build one, and
+    ``from_lists`` takes vLLM's list-of-lists shape.
+
+    Arrays that are already contiguous int32 are used as they are (no copy),
+    as read-only views.
+    """
+
+    __slots__ = ("num_sampled", "req_ids", "sampled_token_ids")
+
+    req_ids: list[str]
+    sampled_token_ids: npt.NDArray[np.int32]
+    num_sampled: npt.NDArray[np.int32]
+
+    def __init__(self, req_ids: Sequence[str], sampled_token_ids: Any, num_sampled: Any) -> None:
+        ids = list(req_ids)
+        sampled = _as_int32_vector("sampled_token_ids", sampled_token_ids)
+        counts = _as_int32_vector("num_sampled", num_sampled)
+        if len(counts) != len(ids):
+            raise OutputMismatchError(
+                f"num_sampled: has {len(counts)} entries for {len(ids)} req_ids"
+            )
+        if len(counts) and int(counts.min()) < 0:
+            raise OutputMismatchError(f"num_sampled: negative count {int(counts.min())}")
+        total = int(counts.sum(dtype=np.int64))
+        if total != len(sampled):
+            raise OutputMismatchError(
+                f"sampled_token_ids: has {len(sampled)} tokens but num_sampled sums to {total}"
+            )
+        self.req_ids = ids
+        self.sampled_token_ids = sampled
+        self.num_sampled = counts
+
+    @classmethod
+    def from_lists(
+        cls, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]]
+    ) -> ModelRunnerOutput:
+        """Build from vLLM's shape: one list of token ids per request."""
+        rows = list(sampled_token_ids)
+        if len(rows) != len(req_ids):
+            raise OutputMismatchError(
+                f"sampled_token_ids: has {len(rows)} rows for {len(req_ids)} req_ids"
+            )
+        counts = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
+        flat: list[int] = [token for row in rows for token in row]
+        # No dtype here: a float or a bool among the tokens must fail the check, not be cast.
+        return cls(req_ids, np.asarray(flat) if flat else np.zeros(0, dtype=np.int32), counts)
+
+    @classmethod
+    def empty(cls) -> ModelRunnerOutput:
+        """The output of a step that scheduled nothing."""
+        return cls([], np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32))
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelRunnerOutput({len(self.req_ids)} requests, {len(self.sampled_token_ids)} tokens)"
+        )

@@ -1,0 +1,268 @@
+//! The paged KV block pool (spec §5.1, §5.2): ref counts and the free queue.
+//!
+//! The free queue is an intrusive doubly linked list over block ids, so
+//! `touch` can unlink a cached block from the middle in O(1). Block 0 is the
+//! null block: taken out at construction, never allocated, never freed.
+
+use rustc_hash::FxHashMap;
+
+/// A block's content hash (issue 3 fills these in when prefix caching is on).
+pub type BlockHash = u128;
+
+const NIL: u32 = u32::MAX;
+pub const NULL_BLOCK: u32 = 0;
+
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    ref_cnt: Vec<u32>,
+    hash: Vec<Option<BlockHash>>,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    in_free_queue: Vec<bool>,
+    head: u32,
+    tail: u32,
+    num_free: usize,
+    /// hash -> blocks with that content; the first is the one a lookup returns.
+    cached: FxHashMap<BlockHash, Vec<u32>>,
+    enable_caching: bool,
+}
+
+impl BlockPool {
+    pub fn new(num_blocks: usize, enable_caching: bool) -> Self {
+        let n = num_blocks;
+        let mut pool = Self {
+            ref_cnt: vec![0; n],
+            hash: vec![None; n],
+            prev: vec![NIL; n],
+            next: vec![NIL; n],
+            in_free_queue: vec![false; n],
+            head: NIL,
+            tail: NIL,
+            num_free: 0,
+            cached: FxHashMap::default(),
+            enable_caching,
+        };
+        for id in 1..n as u32 {
+            pool.push_back(id);
+        }
+        pool
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.ref_cnt.len()
+    }
+
+    /// Blocks with `ref_cnt == 0`, cached ones (eviction candidates) included.
+    #[inline]
+    pub fn num_free_blocks(&self) -> usize {
+        self.num_free
+    }
+
+    pub fn ref_cnt(&self, block: u32) -> u32 {
+        self.ref_cnt[block as usize]
+    }
+
+    pub fn block_hash(&self, block: u32) -> Option<BlockHash> {
+        self.hash[block as usize]
+    }
+
+    pub fn enable_caching(&self) -> bool {
+        self.enable_caching
+    }
+
+    fn unlink(&mut self, id: u32) {
+        let (p, n) = (self.prev[id as usize], self.next[id as usize]);
+        if p == NIL {
+            self.head = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NIL {
+            self.tail = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+        self.prev[id as usize] = NIL;
+        self.next[id as usize] = NIL;
+        self.in_free_queue[id as usize] = false;
+        self.num_free -= 1;
+    }
+
+    fn push_back(&mut self, id: u32) {
+        self.prev[id as usize] = self.tail;
+        self.next[id as usize] = NIL;
+        if self.tail == NIL {
+            self.head = id;
+        } else {
+            self.next[self.tail as usize] = id;
+        }
+        self.tail = id;
+        self.in_free_queue[id as usize] = true;
+        self.num_free += 1;
+    }
+
+    fn push_front(&mut self, id: u32) {
+        self.next[id as usize] = self.head;
+        self.prev[id as usize] = NIL;
+        if self.head == NIL {
+            self.tail = id;
+        } else {
+            self.prev[self.head as usize] = id;
+        }
+        self.head = id;
+        self.in_free_queue[id as usize] = true;
+        self.num_free += 1;
+    }
+
+    /// Pops `k` blocks from the head of the free queue into `out`, evicting
+    /// any cached content they hold. The caller has checked `k <= num_free`.
+    pub fn get_new_blocks(&mut self, k: usize, out: &mut Vec<u32>) {
+        debug_assert!(k <= self.num_free);
+        out.reserve(k);
+        for _ in 0..k {
+            let id = self.head;
+            self.unlink(id);
+            self.evict(id);
+            self.ref_cnt[id as usize] = 1;
+            out.push(id);
+        }
+    }
+
+    fn evict(&mut self, id: u32) {
+        if let Some(hash) = self.hash[id as usize].take() {
+            if let Some(blocks) = self.cached.get_mut(&hash) {
+                blocks.retain(|&b| b != id);
+                if blocks.is_empty() {
+                    self.cached.remove(&hash);
+                }
+            }
+        }
+    }
+
+    /// A prefix hit takes a reference; a block with none leaves the free queue.
+    pub fn touch(&mut self, blocks: &[u32]) {
+        for &id in blocks {
+            if id == NULL_BLOCK {
+                continue;
+            }
+            if self.ref_cnt[id as usize] == 0 {
+                self.unlink(id);
+            }
+            self.ref_cnt[id as usize] += 1;
+        }
+    }
+
+    /// Drops one reference from each block, in eviction order (first evicted
+    /// first). Blocks reaching zero go to the head if they hold no cached
+    /// content (reused first), to the tail otherwise (LRU), in the given order.
+    pub fn free_blocks(&mut self, ordered: impl Iterator<Item = u32>) {
+        let mut to_head: Vec<u32> = Vec::new();
+        for id in ordered {
+            if id == NULL_BLOCK {
+                continue;
+            }
+            let count = &mut self.ref_cnt[id as usize];
+            *count -= 1;
+            if *count == 0 {
+                if self.hash[id as usize].is_none() || !self.enable_caching {
+                    to_head.push(id);
+                } else {
+                    self.push_back(id);
+                }
+            }
+        }
+        for &id in to_head.iter().rev() {
+            self.push_front(id);
+        }
+    }
+
+    /// The free queue from head to tail. O(num_blocks): tests and checks only.
+    pub fn free_queue(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.num_free);
+        let mut id = self.head;
+        while id != NIL {
+            out.push(id);
+            id = self.next[id as usize];
+        }
+        out
+    }
+
+    /// Invariant checks of spec Appendix A item 6 (the pool's part).
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let queue = self.free_queue();
+        if queue.len() != self.num_free {
+            return Err(format!("free queue holds {} blocks but num_free is {}", queue.len(), self.num_free));
+        }
+        let mut seen = vec![false; self.num_blocks()];
+        for &id in &queue {
+            if id == NULL_BLOCK {
+                return Err("the null block is in the free queue".into());
+            }
+            if std::mem::replace(&mut seen[id as usize], true) {
+                return Err(format!("block {id} is twice in the free queue"));
+            }
+            if self.ref_cnt[id as usize] != 0 {
+                return Err(format!("block {id} is free with ref_cnt {}", self.ref_cnt[id as usize]));
+            }
+        }
+        for (id, &in_queue) in seen.iter().enumerate().skip(1) {
+            if self.ref_cnt[id] == 0 && !in_queue {
+                return Err(format!("block {id} has ref_cnt 0 but is not in the free queue"));
+            }
+            if in_queue != self.in_free_queue[id] {
+                return Err(format!("block {id}: in_free_queue flag disagrees with the queue"));
+            }
+        }
+        let used = (1..self.num_blocks()).filter(|&id| self.ref_cnt[id] > 0).count();
+        if self.num_free + used + 1 != self.num_blocks() {
+            return Err(format!(
+                "KV conservation: free {} + used {} + null 1 != num_gpu_blocks {}",
+                self.num_free,
+                used,
+                self.num_blocks()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_starts_after_the_null_block_in_id_order() {
+        let mut pool = BlockPool::new(6, false);
+        assert_eq!(pool.num_free_blocks(), 5);
+        let mut out = Vec::new();
+        pool.get_new_blocks(3, &mut out);
+        assert_eq!(out, vec![1, 2, 3]);
+        assert_eq!(pool.free_queue(), vec![4, 5]);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn unhashed_blocks_return_to_the_head_in_the_given_order() {
+        let mut pool = BlockPool::new(8, false);
+        let mut table = Vec::new();
+        pool.get_new_blocks(4, &mut table);
+        // A request frees its table tail first.
+        pool.free_blocks(table.iter().rev().copied());
+        assert_eq!(pool.free_queue(), vec![4, 3, 2, 1, 5, 6, 7]);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn shared_block_is_freed_only_with_its_last_reference() {
+        let mut pool = BlockPool::new(4, true);
+        let mut a = Vec::new();
+        pool.get_new_blocks(1, &mut a);
+        pool.touch(&a);
+        assert_eq!(pool.ref_cnt(a[0]), 2);
+        pool.free_blocks(a.iter().copied());
+        assert_eq!(pool.num_free_blocks(), 2);
+        pool.free_blocks(a.iter().copied());
+        assert_eq!(pool.num_free_blocks(), 3);
+        pool.check().unwrap();
+    }
+}

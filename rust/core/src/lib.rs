@@ -1,0 +1,23 @@
+//! llmsched's scheduling core: vLLM 0.33.0's v1 scheduler decisions, in Rust,
+//! with no Python in it. The `rust/python` crate binds it.
+//!
+//! One step as data: `Scheduler::schedule` runs the running loop and the
+//! waiting loop (both bounded by `capacity::room`) over a paged `kv` pool and
+//! returns a `Step` of flat columns; `Scheduler::update_from_output` applies
+//! the runner's sampled tokens and returns per-request events.
+
+pub mod capacity;
+pub mod config;
+pub mod error;
+pub mod kv;
+pub mod queue;
+pub mod request;
+pub mod scheduler;
+pub mod slab;
+
+pub use config::{ConfigParams, Policy, SchedulerConfig};
+pub use error::{CoreError, CoreResult};
+pub use request::{Request, RequestStatus};
+pub use scheduler::step::Step;
+pub use scheduler::{NewRequest, RequestEvent, RunnerOutput, Scheduler, SchedulerStats};
+pub use slab::Handle;

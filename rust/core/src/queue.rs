@@ -1,0 +1,198 @@
+//! The waiting queues (spec §1.3): an FCFS deque, or a priority heap ordered
+//! by `(priority, arrival_time, request_id)`.
+//!
+//! Removing a request from the middle (an abort) is lazy: the request is
+//! marked as no longer queued and its entry is dropped when it reaches the
+//! front, so an abort costs O(1) whatever the queue's length.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
+
+use crate::config::Policy;
+use crate::request::QueueKind;
+use crate::slab::{Handle, Slab};
+
+#[derive(Clone, Debug)]
+struct PriorityEntry {
+    priority: i32,
+    arrival_time: f64,
+    request_id: Arc<str>,
+    /// Insertion order, the last tie-breaker (vLLM falls back to identity).
+    sequence: u64,
+    handle: Handle,
+}
+
+impl PriorityEntry {
+    fn key_cmp(&self, other: &Self) -> Ordering {
+        self.priority
+            .cmp(&other.priority)
+            .then_with(|| self.arrival_time.total_cmp(&other.arrival_time))
+            .then_with(|| self.request_id.cmp(&other.request_id))
+            .then_with(|| self.sequence.cmp(&other.sequence))
+    }
+}
+
+impl PartialEq for PriorityEntry {
+    fn eq(&self, other: &Self) -> bool {
+        self.key_cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for PriorityEntry {}
+impl PartialOrd for PriorityEntry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for PriorityEntry {
+    // BinaryHeap is a max-heap: reverse so the smallest key comes out first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.key_cmp(self)
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Entries {
+    Fcfs(VecDeque<Handle>),
+    Priority { heap: BinaryHeap<PriorityEntry>, next_sequence: u64 },
+}
+
+#[derive(Clone, Debug)]
+pub struct RequestQueue {
+    kind: QueueKind,
+    entries: Entries,
+    /// Live requests only; dead entries awaiting lazy removal are not counted.
+    len: usize,
+}
+
+impl RequestQueue {
+    pub fn new(kind: QueueKind, policy: Policy) -> Self {
+        let entries = match policy {
+            Policy::Fcfs => Entries::Fcfs(VecDeque::new()),
+            Policy::Priority => Entries::Priority { heap: BinaryHeap::new(), next_sequence: 0 },
+        };
+        Self { kind, entries, len: 0 }
+    }
+
+    pub fn kind(&self) -> QueueKind {
+        self.kind
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn is_live(&self, slab: &Slab, handle: Handle) -> bool {
+        slab.get(handle).is_some_and(|r| r.queued_in == Some(self.kind))
+    }
+
+    fn push_entry(&mut self, slab: &Slab, handle: Handle, front: bool) {
+        let request = &slab[handle];
+        match &mut self.entries {
+            Entries::Fcfs(deque) => {
+                if front {
+                    deque.push_front(handle)
+                } else {
+                    deque.push_back(handle)
+                }
+            }
+            Entries::Priority { heap, next_sequence } => {
+                heap.push(PriorityEntry {
+                    priority: request.priority,
+                    arrival_time: request.arrival_time,
+                    request_id: request.id.clone(),
+                    sequence: *next_sequence,
+                    handle,
+                });
+                *next_sequence += 1;
+            }
+        }
+        self.len += 1;
+    }
+
+    /// Appends (FCFS) or inserts (priority). The caller has set `queued_in`.
+    pub fn add(&mut self, slab: &Slab, handle: Handle) {
+        self.push_entry(slab, handle, false)
+    }
+
+    /// Puts a request back at the front (FCFS) or inserts it (priority).
+    pub fn prepend(&mut self, slab: &Slab, handle: Handle) {
+        self.push_entry(slab, handle, true)
+    }
+
+    /// Puts `handles` back at the front in their given order.
+    pub fn prepend_all(&mut self, slab: &Slab, handles: &[Handle]) {
+        for &handle in handles.iter().rev() {
+            self.prepend(slab, handle);
+        }
+    }
+
+    fn drop_dead_front(&mut self, slab: &Slab) {
+        loop {
+            let front = match &self.entries {
+                Entries::Fcfs(deque) => deque.front().copied(),
+                Entries::Priority { heap, .. } => heap.peek().map(|e| e.handle),
+            };
+            match front {
+                Some(handle) if !self.is_live(slab, handle) => match &mut self.entries {
+                    Entries::Fcfs(deque) => {
+                        deque.pop_front();
+                    }
+                    Entries::Priority { heap, .. } => {
+                        heap.pop();
+                    }
+                },
+                _ => return,
+            }
+        }
+    }
+
+    pub fn peek(&mut self, slab: &Slab) -> Option<Handle> {
+        self.drop_dead_front(slab);
+        match &self.entries {
+            Entries::Fcfs(deque) => deque.front().copied(),
+            Entries::Priority { heap, .. } => heap.peek().map(|e| e.handle),
+        }
+    }
+
+    /// Pops the front request. The caller clears its `queued_in`.
+    pub fn pop(&mut self, slab: &Slab) -> Option<Handle> {
+        self.drop_dead_front(slab);
+        let handle = match &mut self.entries {
+            Entries::Fcfs(deque) => deque.pop_front(),
+            Entries::Priority { heap, .. } => heap.pop().map(|e| e.handle),
+        }?;
+        self.len -= 1;
+        Some(handle)
+    }
+
+    /// Accounts for a request removed from the middle; the caller clears its
+    /// `queued_in`, which makes its entry dead.
+    pub fn forget_one(&mut self) {
+        self.len -= 1;
+    }
+
+    /// Live handles in queue order (FCFS) or key order (priority). O(n log n); not for the hot path.
+    pub fn live_handles(&self, slab: &Slab) -> Vec<Handle> {
+        match &self.entries {
+            Entries::Fcfs(deque) => deque.iter().copied().filter(|&h| self.is_live(slab, h)).collect(),
+            Entries::Priority { heap, .. } => {
+                let mut entries: Vec<&PriorityEntry> = heap.iter().filter(|e| self.is_live(slab, e.handle)).collect();
+                entries.sort_by(|a, b| a.key_cmp(b));
+                entries.into_iter().map(|e| e.handle).collect()
+            }
+        }
+    }
+
+    /// Every entry, dead ones included, for invariant checks.
+    pub(crate) fn raw_len(&self) -> usize {
+        match &self.entries {
+            Entries::Fcfs(deque) => deque.len(),
+            Entries::Priority { heap, .. } => heap.len(),
+        }
+    }
+}

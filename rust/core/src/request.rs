@@ -1,0 +1,216 @@
+//! A request's tokens, counters and status (spec §1).
+//!
+//! Counters are `i64` so that the spec's formulas, which subtract, are
+//! written as they are; the invariants keep every one of them in range.
+
+use std::sync::Arc;
+
+/// vLLM's `RequestStatus`: values and order matter. Every status after
+/// `Preempted` is a finished one.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RequestStatus {
+    Waiting = 1,
+    WaitingForStructuredOutputGrammar = 2,
+    WaitingForRemoteKvs = 3,
+    WaitingForStreamingReq = 4,
+    Running = 5,
+    Preempted = 6,
+    FinishedStopped = 7,
+    FinishedLengthCapped = 8,
+    FinishedAborted = 9,
+    FinishedIgnored = 10,
+    FinishedError = 11,
+    FinishedRepetition = 12,
+}
+
+impl RequestStatus {
+    pub const ALL: [RequestStatus; 12] = [
+        Self::Waiting,
+        Self::WaitingForStructuredOutputGrammar,
+        Self::WaitingForRemoteKvs,
+        Self::WaitingForStreamingReq,
+        Self::Running,
+        Self::Preempted,
+        Self::FinishedStopped,
+        Self::FinishedLengthCapped,
+        Self::FinishedAborted,
+        Self::FinishedIgnored,
+        Self::FinishedError,
+        Self::FinishedRepetition,
+    ];
+
+    #[inline]
+    pub fn is_finished(self) -> bool {
+        self > Self::Preempted
+    }
+
+    pub fn from_value(value: i64) -> Option<Self> {
+        Self::ALL.iter().copied().find(|s| *s as i64 == value)
+    }
+}
+
+/// What stops a request (spec §4.3).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StopParams {
+    pub max_tokens: i64,
+    pub min_tokens: i64,
+    pub eos_token_id: Option<i32>,
+    pub stop_token_ids: Box<[i32]>,
+}
+
+/// One request. Symbols in comments are the spec's: `C`, `N`, `Np`, `S`, `P`, `F`.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub id: Arc<str>,
+    /// Prompt followed by every output token appended so far (`N = len`).
+    pub(crate) token_ids: Vec<i32>,
+    /// `Np`.
+    pub(crate) num_prompt_tokens: i64,
+    pub(crate) stop: StopParams,
+    pub(crate) priority: i32,
+    pub(crate) arrival_time: f64,
+    pub(crate) status: RequestStatus,
+    /// `C`: tokens whose KV is computed or scheduled to be (optimistic).
+    pub(crate) num_computed_tokens: i64,
+    /// `S`: drafts to schedule next (real ids in sync mode, -1 placeholders in async).
+    pub(crate) spec_token_ids: Vec<i32>,
+    /// `P`: async output positions scheduled but not yet returned.
+    pub(crate) num_output_placeholders: i64,
+    /// `F`: tokens scheduled whose output has not been processed.
+    pub(crate) num_in_flight_tokens: i64,
+    pub(crate) num_stale_output_tokens: i64,
+    pub(crate) drop_stale_output: bool,
+    /// The last scheduled chunk did not reach the end of the known tokens.
+    pub(crate) is_prefill_chunk: bool,
+    pub(crate) num_preemptions: u32,
+    pub(crate) stop_reason: Option<i32>,
+    /// The KV block table; append-only while running, emptied on preemption and finish.
+    pub(crate) block_ids: Vec<u32>,
+    /// Which waiting queue holds the request, if one does.
+    pub(crate) queued_in: Option<QueueKind>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueKind {
+    Waiting,
+    KvHolding,
+}
+
+impl Request {
+    pub(crate) fn new(
+        id: Arc<str>,
+        prompt_token_ids: Vec<i32>,
+        stop: StopParams,
+        priority: i32,
+        arrival_time: f64,
+        num_computed_tokens: i64,
+    ) -> Self {
+        let num_prompt_tokens = prompt_token_ids.len() as i64;
+        Self {
+            id,
+            token_ids: prompt_token_ids,
+            num_prompt_tokens,
+            stop,
+            priority,
+            arrival_time,
+            status: RequestStatus::Waiting,
+            num_computed_tokens,
+            spec_token_ids: Vec::new(),
+            num_output_placeholders: 0,
+            num_in_flight_tokens: 0,
+            num_stale_output_tokens: 0,
+            drop_stale_output: false,
+            is_prefill_chunk: false,
+            num_preemptions: 0,
+            stop_reason: None,
+            block_ids: Vec::new(),
+            queued_in: None,
+        }
+    }
+
+    /// `N`.
+    #[inline]
+    pub fn num_tokens(&self) -> i64 {
+        self.token_ids.len() as i64
+    }
+    #[inline]
+    pub fn num_output_tokens(&self) -> i64 {
+        self.num_tokens() - self.num_prompt_tokens
+    }
+    /// `N + len(S)`.
+    #[inline]
+    pub fn num_tokens_with_spec(&self) -> i64 {
+        self.num_tokens() + self.spec_token_ids.len() as i64
+    }
+    pub fn status(&self) -> RequestStatus {
+        self.status
+    }
+    pub fn num_computed_tokens(&self) -> i64 {
+        self.num_computed_tokens
+    }
+    pub fn num_prompt_tokens(&self) -> i64 {
+        self.num_prompt_tokens
+    }
+    pub fn prompt_token_ids(&self) -> &[i32] {
+        &self.token_ids[..self.num_prompt_tokens as usize]
+    }
+    pub fn output_token_ids(&self) -> &[i32] {
+        &self.token_ids[self.num_prompt_tokens as usize..]
+    }
+    pub fn all_token_ids(&self) -> &[i32] {
+        &self.token_ids
+    }
+    pub fn spec_token_ids(&self) -> &[i32] {
+        &self.spec_token_ids
+    }
+    pub fn num_output_placeholders(&self) -> i64 {
+        self.num_output_placeholders
+    }
+    pub fn num_in_flight_tokens(&self) -> i64 {
+        self.num_in_flight_tokens
+    }
+    pub fn num_preemptions(&self) -> u32 {
+        self.num_preemptions
+    }
+    pub fn max_tokens(&self) -> i64 {
+        self.stop.max_tokens
+    }
+    pub fn priority(&self) -> i32 {
+        self.priority
+    }
+    pub fn arrival_time(&self) -> f64 {
+        self.arrival_time
+    }
+    pub fn is_prefill_chunk(&self) -> bool {
+        self.is_prefill_chunk
+    }
+    pub fn block_ids(&self) -> &[u32] {
+        &self.block_ids
+    }
+    pub fn stop_reason(&self) -> Option<i32> {
+        self.stop_reason
+    }
+
+    /// vLLM's `check_stop` on the last output token; the order of the checks
+    /// is vLLM's and matters (spec §4.3). Sets the finished status.
+    pub(crate) fn check_stop(&mut self, max_model_len: i64) -> bool {
+        let last = *self.token_ids.last().expect("check_stop after an append");
+        if Some(last) == self.stop.eos_token_id {
+            self.status = RequestStatus::FinishedStopped;
+            return true;
+        }
+        if self.stop.stop_token_ids.contains(&last) {
+            self.status = RequestStatus::FinishedStopped;
+            self.stop_reason = Some(last);
+            return true;
+        }
+        if self.num_tokens() >= max_model_len || self.num_output_tokens() >= self.stop.max_tokens {
+            self.status = RequestStatus::FinishedLengthCapped;
+            return true;
+        }
+        // Below min_tokens only the repetition check is deferred (not implemented);
+        // the sampler masks EOS and stop tokens itself.
+        false
+    }
+}

@@ -1,0 +1,217 @@
+//! The invariants of spec Appendix A, checked over the whole state, and a
+//! deterministic dump of that state. Both are O(everything): for tests.
+
+use std::fmt::Write;
+
+use rustc_hash::FxHashMap;
+
+use crate::error::{CoreError, CoreResult};
+use crate::request::{QueueKind, RequestStatus};
+use crate::scheduler::Scheduler;
+use crate::slab::Handle;
+
+fn broken(reason: String) -> CoreError {
+    CoreError::Invariant { reason }
+}
+
+impl Scheduler {
+    pub fn check_invariants(&self) -> CoreResult<()> {
+        let cfg = &self.config;
+        let (m, s, b) = (cfg.max_model_len(), cfg.num_sampled_tokens_per_step(), cfg.block_size());
+        let lookahead = cfg.num_lookahead_tokens();
+        if self.running.len() > cfg.max_num_seqs() {
+            return Err(broken(format!(
+                "{} running requests > max_num_seqs {}",
+                self.running.len(),
+                cfg.max_num_seqs()
+            )));
+        }
+
+        // Where each live (unfinished) request is: running, or one waiting queue.
+        let mut place: FxHashMap<Handle, &'static str> = FxHashMap::default();
+        for &h in &self.running {
+            if place.insert(h, "running").is_some() {
+                return Err(broken(format!("handle {h:?} is twice in running")));
+            }
+        }
+        for (queue, name) in [(&self.waiting, "waiting"), (&self.kv_holding_waiting, "kv_holding_waiting")] {
+            let live = queue.live_handles(&self.requests);
+            if live.len() != queue.len() {
+                return Err(broken(format!("{name} counts {} requests but holds {}", queue.len(), live.len())));
+            }
+            for h in live {
+                if place.insert(h, name).is_some() {
+                    return Err(broken(format!("request {:?} is queued twice", self.requests[h].id)));
+                }
+            }
+            if queue.raw_len() < queue.len() {
+                return Err(broken(format!("{name} has fewer entries than live requests")));
+            }
+        }
+
+        // In-flight tokens per request, from the step records.
+        let mut in_flight: FxHashMap<Handle, i64> = FxHashMap::default();
+        for record in &self.in_flight {
+            for e in &record.entries {
+                *in_flight.entry(e.handle).or_default() += e.num_new_tokens;
+            }
+        }
+
+        let mut block_refs: FxHashMap<u32, u32> = FxHashMap::default();
+        let mut live = 0usize;
+        for (h, r) in self.requests.iter() {
+            let id = &r.id;
+            let (c, n, p, f) =
+                (r.num_computed_tokens, r.num_tokens(), r.num_output_placeholders, r.num_in_flight_tokens);
+            if r.status.is_finished() {
+                if self.ids.get(&**id) == Some(&h) {
+                    return Err(broken(format!("finished request {id:?} is still registered")));
+                }
+                if !r.block_ids.is_empty() || place.contains_key(&h) {
+                    return Err(broken(format!("finished request {id:?} still holds blocks or a place")));
+                }
+                if !self.finished_since_last_step.contains(&h) {
+                    return Err(broken(format!("finished request {id:?} is neither reported nor pending")));
+                }
+                continue;
+            }
+            live += 1;
+            if self.ids.get(&**id) != Some(&h) {
+                return Err(broken(format!("live request {id:?} is not registered under its id")));
+            }
+            let Some(&where_) = place.get(&h) else {
+                return Err(broken(format!("live request {id:?} ({:?}) is neither running nor queued", r.status)));
+            };
+            let expected_place = match r.status {
+                RequestStatus::Running => "running",
+                RequestStatus::Waiting | RequestStatus::Preempted => match r.queued_in {
+                    Some(QueueKind::Waiting) => "waiting",
+                    Some(QueueKind::KvHolding) => "kv_holding_waiting",
+                    None => "nowhere",
+                },
+                other => return Err(broken(format!("request {id:?} has status {other:?}, which llmsched never sets"))),
+            };
+            if where_ != expected_place {
+                return Err(broken(format!("request {id:?} is {:?} but sits in {where_}", r.status)));
+            }
+            if p < 0 || f < 0 || r.num_stale_output_tokens < 0 || r.num_stale_output_tokens > f {
+                return Err(broken(format!(
+                    "request {id:?}: counters out of range: P={p}, F={f}, stale={}",
+                    r.num_stale_output_tokens
+                )));
+            }
+            if in_flight.get(&h).copied().unwrap_or(0) != f {
+                return Err(broken(format!(
+                    "request {id:?}: F={f} but its steps in flight hold {} tokens",
+                    in_flight.get(&h).copied().unwrap_or(0)
+                )));
+            }
+            // The capacity rule, in state form: room M - C - s never goes negative.
+            if c < 0 || crate::capacity::room(c, m, s) < 0 {
+                return Err(broken(format!(
+                    "request {id:?}: C={c} leaves negative room M - C - s = {} (M={m}, s={s})",
+                    crate::capacity::room(c, m, s)
+                )));
+            }
+            if n > m - s + 1 || n > m {
+                return Err(broken(format!("request {id:?}: N={n} exceeds max_model_len={m}")));
+            }
+            if r.spec_token_ids.len() as i64 > cfg.num_speculative_tokens() {
+                return Err(broken(format!("request {id:?}: {} drafts > K", r.spec_token_ids.len())));
+            }
+            match r.status {
+                RequestStatus::Running => {
+                    // Appendix A.7: the table covers C plus lookahead, capped at M.
+                    let covered = r.block_ids.len() as i64 * b;
+                    if covered < (c + lookahead).min(m) {
+                        return Err(broken(format!(
+                            "request {id:?}: {} blocks cover {covered} tokens < min(C + L, M) = {}",
+                            r.block_ids.len(),
+                            (c + lookahead).min(m)
+                        )));
+                    }
+                    if self.in_flight.is_empty() && s == 1 && !r.is_prefill_chunk && c != n - 1 {
+                        return Err(broken(format!(
+                            "request {id:?}: nothing in flight, decoding, but C={c} != N - 1 = {}",
+                            n - 1
+                        )));
+                    }
+                }
+                _ => {
+                    if !r.block_ids.is_empty() {
+                        return Err(broken(format!("waiting request {id:?} holds {} blocks", r.block_ids.len())));
+                    }
+                    if r.status == RequestStatus::Preempted && (c != 0 || p != 0) {
+                        return Err(broken(format!("preempted request {id:?} has C={c}, P={p}")));
+                    }
+                }
+            }
+            if self.in_flight.is_empty() && (p != 0 || f != 0) {
+                return Err(broken(format!("request {id:?}: nothing in flight but P={p}, F={f}")));
+            }
+            for &block in &r.block_ids {
+                if block == crate::kv::NULL_BLOCK {
+                    return Err(broken(format!("request {id:?} holds the null block")));
+                }
+                *block_refs.entry(block).or_default() += 1;
+            }
+        }
+        if live != self.ids.len() {
+            return Err(broken(format!("{} ids registered for {live} live requests", self.ids.len())));
+        }
+        let pool = self.kv.pool();
+        for block in 1..pool.num_blocks() as u32 {
+            let expected = block_refs.get(&block).copied().unwrap_or(0);
+            if pool.ref_cnt(block) != expected {
+                return Err(broken(format!(
+                    "block {block}: ref_cnt {} but {expected} request tables hold it",
+                    pool.ref_cnt(block)
+                )));
+            }
+        }
+        self.kv.check().map_err(broken)?;
+        let mut ids = rustc_hash::FxHashSet::default();
+        for record in &self.in_flight {
+            if !ids.insert(record.step_id) {
+                return Err(broken(format!("step {} is in flight twice", record.step_id)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every piece of state, in a deterministic order.
+    pub fn debug_snapshot(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "config: {:?}", self.config);
+        let _ = writeln!(out, "next_step_id: {} stats: {:?}", self.next_step_id, self.stats);
+        let name = |h: &Handle| self.requests.get(*h).map(|r| r.id.to_string()).unwrap_or_else(|| format!("<{h:?}>"));
+        let _ = writeln!(out, "running: {:?}", self.running.iter().map(name).collect::<Vec<_>>());
+        for (queue, label) in [(&self.kv_holding_waiting, "kv_holding_waiting"), (&self.waiting, "waiting")] {
+            let _ =
+                writeln!(out, "{label}: {:?}", queue.live_handles(&self.requests).iter().map(name).collect::<Vec<_>>());
+        }
+        let _ = writeln!(
+            out,
+            "finished_since_last_step: {:?}",
+            self.finished_since_last_step.iter().map(name).collect::<Vec<_>>()
+        );
+        let _ = writeln!(
+            out,
+            "preempted_since_last_step: {:?}",
+            self.preempted_since_last_step.iter().map(name).collect::<Vec<_>>()
+        );
+        for record in &self.in_flight {
+            let _ = writeln!(out, "in_flight step {}: {:?}", record.step_id, record.entries);
+        }
+        let mut requests: Vec<_> = self.requests.iter().collect();
+        requests.sort_by(|a, b| a.1.id.cmp(&b.1.id).then(a.0.cmp(&b.0)));
+        for (h, r) in requests {
+            let _ = writeln!(out, "request {h:?}: {r:?}");
+        }
+        let pool = self.kv.pool();
+        let refs: Vec<u32> = (0..pool.num_blocks() as u32).map(|b| pool.ref_cnt(b)).collect();
+        let _ = writeln!(out, "block ref counts: {refs:?}");
+        let _ = writeln!(out, "free queue: {:?}", pool.free_queue());
+        out
+    }
+}

@@ -1,0 +1,509 @@
+//! The scheduler: request registry, queues, the step loop and the output path.
+//!
+//! `schedule()` runs the running loop, then (if nothing was preempted) the
+//! waiting loop, then turns the decisions into a `Step`. `update_from_output`
+//! applies a runner's sampled tokens to the requests of a step in flight.
+
+mod invariants;
+mod running;
+pub mod step;
+mod update;
+mod waiting;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rustc_hash::FxHashMap;
+
+use crate::config::SchedulerConfig;
+use crate::error::{CoreError, CoreResult};
+use crate::kv::KvManager;
+use crate::queue::RequestQueue;
+use crate::request::{QueueKind, Request, RequestStatus, StopParams};
+use crate::slab::{Handle, Slab};
+use step::{EntryKind, InFlightEntry, Step, StepBuilder, StepRecord};
+
+pub use update::{RequestEvent, RunnerOutput};
+
+/// Arguments of `add_request`, before validation.
+#[derive(Clone, Debug)]
+pub struct NewRequest {
+    pub request_id: String,
+    pub prompt_token_ids: Vec<i64>,
+    pub max_tokens: i64,
+    pub min_tokens: i64,
+    pub eos_token_id: Option<i64>,
+    pub stop_token_ids: Vec<i64>,
+    pub arrival_time: Option<f64>,
+    pub num_computed_tokens: i64,
+    pub priority: i64,
+}
+
+impl NewRequest {
+    pub fn new(request_id: impl Into<String>, prompt_token_ids: Vec<i64>, max_tokens: i64) -> Self {
+        Self {
+            request_id: request_id.into(),
+            prompt_token_ids,
+            max_tokens,
+            min_tokens: 0,
+            eos_token_id: None,
+            stop_token_ids: Vec::new(),
+            arrival_time: None,
+            num_computed_tokens: 0,
+            priority: 0,
+        }
+    }
+}
+
+/// Counters over the scheduler's life.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SchedulerStats {
+    pub num_steps: u64,
+    pub num_preemptions: u64,
+    pub num_draft_tokens: u64,
+    pub num_accepted_tokens: u64,
+}
+
+#[derive(Debug)]
+pub struct Scheduler {
+    config: Arc<SchedulerConfig>,
+    requests: Slab,
+    ids: FxHashMap<Arc<str>, Handle>,
+    waiting: RequestQueue,
+    /// Waiting requests that arrived with computed tokens; drained first.
+    kv_holding_waiting: RequestQueue,
+    running: Vec<Handle>,
+    kv: KvManager,
+    finished_since_last_step: Vec<Handle>,
+    preempted_since_last_step: Vec<Handle>,
+    in_flight: VecDeque<StepRecord>,
+    next_step_id: u64,
+    stats: SchedulerStats,
+}
+
+fn token_id(field: &str, index: Option<usize>, value: i64) -> CoreResult<i32> {
+    if (0..=i32::MAX as i64).contains(&value) {
+        Ok(value as i32)
+    } else {
+        let field = match index {
+            Some(i) => format!("{field}[{i}]"),
+            None => field.to_string(),
+        };
+        Err(CoreError::request(field, value, format!("a token id must be in [0, {}]", i32::MAX)))
+    }
+}
+
+impl Scheduler {
+    pub fn new(config: Arc<SchedulerConfig>) -> Self {
+        let policy = config.policy();
+        let kv = KvManager::new(
+            config.num_gpu_blocks(),
+            config.block_size(),
+            config.max_model_len(),
+            config.watermark_blocks(),
+        );
+        Self {
+            requests: Slab::default(),
+            ids: FxHashMap::default(),
+            waiting: RequestQueue::new(QueueKind::Waiting, policy),
+            kv_holding_waiting: RequestQueue::new(QueueKind::KvHolding, policy),
+            running: Vec::new(),
+            kv,
+            finished_since_last_step: Vec::new(),
+            preempted_since_last_step: Vec::new(),
+            in_flight: VecDeque::new(),
+            next_step_id: 1,
+            stats: SchedulerStats::default(),
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &Arc<SchedulerConfig> {
+        &self.config
+    }
+
+    pub(crate) fn queue_with_slab(&mut self, kind: QueueKind) -> (&mut RequestQueue, &Slab) {
+        match kind {
+            QueueKind::Waiting => (&mut self.waiting, &self.requests),
+            QueueKind::KvHolding => (&mut self.kv_holding_waiting, &self.requests),
+        }
+    }
+
+    /// Validates and queues a request; returns its handle.
+    pub fn add_request(&mut self, new: NewRequest) -> CoreResult<Handle> {
+        let m = self.config.max_model_len();
+        let s = self.config.num_sampled_tokens_per_step();
+        if new.request_id.is_empty() {
+            return Err(CoreError::request("request_id", "''", "must be a non-empty string"));
+        }
+        if self.ids.contains_key(new.request_id.as_str()) {
+            return Err(CoreError::DuplicateRequest { request_id: new.request_id });
+        }
+        let prompt_len = new.prompt_token_ids.len() as i64;
+        if prompt_len == 0 {
+            return Err(CoreError::request("prompt_token_ids", "[]", "a prompt needs at least one token"));
+        }
+        // A generating request needs room for one sampled token: N <= M - s.
+        if prompt_len > m - s {
+            return Err(CoreError::request(
+                "prompt_token_ids",
+                format!("<{prompt_len} tokens>"),
+                format!("the prompt must be at most max_model_len - {s} = {} tokens long", m - s),
+            ));
+        }
+        let prompt: Vec<i32> = new
+            .prompt_token_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| token_id("prompt_token_ids", Some(i), t))
+            .collect::<CoreResult<_>>()?;
+        if new.max_tokens < 1 || new.max_tokens > i32::MAX as i64 {
+            return Err(CoreError::request("max_tokens", new.max_tokens, format!("must be in [1, {}]", i32::MAX)));
+        }
+        if new.min_tokens < 0 || new.min_tokens > i32::MAX as i64 {
+            return Err(CoreError::request("min_tokens", new.min_tokens, format!("must be in [0, {}]", i32::MAX)));
+        }
+        let eos_token_id = new.eos_token_id.map(|t| token_id("eos_token_id", None, t)).transpose()?;
+        let stop_token_ids: Box<[i32]> = new
+            .stop_token_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| token_id("stop_token_ids", Some(i), t))
+            .collect::<CoreResult<_>>()?;
+        if new.num_computed_tokens < 0 || new.num_computed_tokens >= prompt_len {
+            return Err(CoreError::request(
+                "num_computed_tokens",
+                new.num_computed_tokens,
+                format!("must be in [0, len(prompt_token_ids)) = [0, {prompt_len}): the last prompt token is always computed"),
+            ));
+        }
+        // A request whose KV could outgrow the whole pool would preempt everything, then
+        // itself, and recompute forever: refuse it now (vLLM refuses a pool smaller than
+        // max_model_len at startup instead).
+        let cfg = &self.config;
+        let longest = (prompt_len + new.max_tokens + cfg.num_speculative_tokens() + cfg.num_lookahead_tokens()).min(m);
+        let blocks_needed = (longest + cfg.block_size() - 1) / cfg.block_size();
+        let usable_blocks = cfg.num_gpu_blocks() as i64 - 1;
+        if blocks_needed > usable_blocks {
+            return Err(CoreError::request(
+                "max_tokens",
+                new.max_tokens,
+                format!(
+                    "the request could grow to {longest} tokens ({blocks_needed} KV blocks of {}), \
+                     but the pool has {usable_blocks} usable blocks: it could never finish",
+                    cfg.block_size()
+                ),
+            ));
+        }
+        let priority = i32::try_from(new.priority)
+            .map_err(|_| CoreError::request("priority", new.priority, "must fit in a 32-bit signed integer"))?;
+        let arrival_time = match new.arrival_time {
+            Some(t) if t.is_finite() => t,
+            Some(t) => return Err(CoreError::request("arrival_time", t, "must be a finite number")),
+            None => SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
+        };
+
+        let id: Arc<str> = Arc::from(new.request_id);
+        let stop = StopParams { max_tokens: new.max_tokens, min_tokens: new.min_tokens, eos_token_id, stop_token_ids };
+        let mut request = Request::new(id.clone(), prompt, stop, priority, arrival_time, new.num_computed_tokens);
+        let kind = if new.num_computed_tokens > 0 { QueueKind::KvHolding } else { QueueKind::Waiting };
+        request.queued_in = Some(kind);
+        let handle = self.requests.insert(request);
+        self.ids.insert(id, handle);
+        let (queue, slab) = self.queue_with_slab(kind);
+        queue.add(slab, handle);
+        Ok(handle)
+    }
+
+    /// One scheduling step (spec §3).
+    pub fn schedule(&mut self) -> Step {
+        let cfg = &self.config;
+        let num_eligible = self.running.len() + self.waiting.len() + self.kv_holding_waiting.len();
+        let input_budget = cfg.max_num_batched_tokens();
+        // The long-prefill threshold exists to protect other requests; alone, a request takes it all.
+        let mut long_prefill_threshold = if num_eligible > 1 { cfg.long_prefill_token_threshold() } else { 0 };
+        if long_prefill_threshold > 0 && cfg.long_prefill_token_threshold_adaptive() {
+            long_prefill_threshold = long_prefill_threshold.max(input_budget / num_eligible as i64);
+        }
+        let mut b = StepBuilder {
+            token_budget: cfg.max_num_scheduled_tokens(),
+            input_budget,
+            draft_slots: cfg.max_num_new_slots_for_drafting(),
+            long_prefill_threshold,
+            entries: Vec::new(),
+            spec_token_ids: Vec::new(),
+            num_running_entries: 0,
+            prefill_scheduled: false,
+            preempted: false,
+        };
+        self.schedule_running(&mut b);
+        // No admissions in a step that preempted.
+        if !b.preempted {
+            self.schedule_waiting(&mut b);
+        }
+        self.stats.num_steps += 1;
+        self.finish_step(b)
+    }
+
+    /// Builds the step's columns, then advances `C` optimistically (vLLM's
+    /// `_update_after_schedule`): the columns hold the values before the advance.
+    fn finish_step(&mut self, b: StepBuilder) -> Step {
+        let async_scheduling = self.config.async_scheduling();
+        let s = self.config.num_sampled_tokens_per_step();
+        let k_spec = self.config.num_speculative_tokens() as usize;
+        let r = b.entries.len();
+        let mut step = Step {
+            step_id: 0,
+            req_handles: Vec::with_capacity(r),
+            num_scheduled_tokens: Vec::with_capacity(r),
+            num_computed_tokens: Vec::with_capacity(r),
+            num_spec_tokens: Vec::with_capacity(r),
+            spec_token_ids: b.spec_token_ids,
+            num_block_ids: Vec::with_capacity(r),
+            block_ids: Vec::new(),
+            num_all_token_ids: Vec::with_capacity(r),
+            all_token_ids: Vec::new(),
+            total_num_scheduled_tokens: 0,
+            new_reqs: Vec::new(),
+            resumed_reqs: Vec::new(),
+            preempted: Vec::new(),
+            finished: Vec::new(),
+        };
+        let mut record = Vec::with_capacity(r);
+        for e in &b.entries {
+            let request = &mut self.requests[e.handle];
+            step.req_handles.push(e.handle);
+            step.num_scheduled_tokens.push(e.num_new_tokens as i32);
+            step.num_computed_tokens.push(e.num_computed_before as i32);
+            step.num_spec_tokens.push(e.num_spec as i32);
+            step.total_num_scheduled_tokens += e.num_new_tokens;
+            let (blocks, tokens): (&[u32], &[i32]) = match e.kind {
+                EntryKind::Running { first_new_block } => (&request.block_ids[first_new_block..], &[]),
+                EntryKind::New => {
+                    step.new_reqs.push(e.handle);
+                    (&request.block_ids, &request.token_ids)
+                }
+                EntryKind::Resumed => {
+                    step.resumed_reqs.push(e.handle);
+                    (&request.block_ids, &request.token_ids)
+                }
+            };
+            step.num_block_ids.push(blocks.len() as i32);
+            step.block_ids.extend(blocks.iter().map(|&id| id as i32));
+            step.num_all_token_ids.push(tokens.len() as i32);
+            step.all_token_ids.extend_from_slice(tokens);
+
+            request.num_computed_tokens += e.num_new_tokens;
+            request.num_in_flight_tokens += e.num_new_tokens;
+            request.is_prefill_chunk =
+                request.num_computed_tokens < request.num_tokens() + request.num_output_placeholders;
+            if async_scheduling && !request.is_prefill_chunk {
+                // The step's outputs (sampled tokens and drafts) are placeholders until it returns.
+                request.num_output_placeholders += s + e.num_spec;
+                request.spec_token_ids.clear();
+                request.spec_token_ids.resize(k_spec, -1);
+            }
+            record.push(InFlightEntry {
+                handle: e.handle,
+                num_new_tokens: e.num_new_tokens,
+                num_spec: e.num_spec,
+                prefill_chunk: request.is_prefill_chunk,
+            });
+        }
+        let step_id = self.next_step_id;
+        self.next_step_id += 1;
+        step.step_id = step_id;
+        if !record.is_empty() {
+            self.in_flight.push_back(StepRecord { step_id, entries: record });
+        }
+        step.preempted = std::mem::take(&mut self.preempted_since_last_step)
+            .into_iter()
+            .map(|h| (h, self.requests[h].id.clone()))
+            .collect();
+        step.finished = std::mem::take(&mut self.finished_since_last_step)
+            .into_iter()
+            .map(|h| (h, self.requests.remove(h).expect("a finished request keeps its slot until reported").id))
+            .collect();
+        step
+    }
+
+    /// Preempts a running request the caller has taken out of `running` (spec §3.2).
+    fn preempt(&mut self, handle: Handle, drop_stale_output: bool) {
+        let request = &mut self.requests[handle];
+        debug_assert_eq!(request.status, RequestStatus::Running);
+        self.kv.free(request);
+        request.status = RequestStatus::Preempted;
+        request.num_computed_tokens = 0;
+        request.spec_token_ids.clear();
+        request.drop_stale_output =
+            drop_stale_output || (request.drop_stale_output && request.num_stale_output_tokens > 0);
+        // Output of steps in flight now belongs to the request's previous life.
+        request.num_stale_output_tokens = request.num_in_flight_tokens;
+        request.num_output_placeholders = 0;
+        request.num_preemptions += 1;
+        request.queued_in = Some(QueueKind::Waiting);
+        self.waiting.prepend(&self.requests, handle);
+        self.preempted_since_last_step.push(handle);
+        self.stats.num_preemptions += 1;
+    }
+
+    /// Frees a request whose status is already a finished one. The caller
+    /// takes it out of `running` if it was there.
+    fn release_finished(&mut self, handle: Handle) {
+        let request = &mut self.requests[handle];
+        debug_assert!(request.status.is_finished());
+        if let Some(kind) = request.queued_in.take() {
+            match kind {
+                QueueKind::Waiting => self.waiting.forget_one(),
+                QueueKind::KvHolding => self.kv_holding_waiting.forget_one(),
+            }
+        }
+        self.kv.free(request);
+        request.spec_token_ids = Vec::new();
+        self.ids.remove(&*request.id);
+        self.finished_since_last_step.push(handle);
+    }
+
+    /// Finishes live requests from outside (aborts); ids not live are ignored,
+    /// as in vLLM. `None` finishes every live request. Returns the ids finished.
+    pub fn finish_requests(
+        &mut self,
+        request_ids: Option<&[&str]>,
+        status: RequestStatus,
+    ) -> CoreResult<Vec<Arc<str>>> {
+        if !status.is_finished() {
+            return Err(CoreError::request("status", format!("{status:?}"), "must be a finished status"));
+        }
+        let handles: Vec<Handle> = match request_ids {
+            Some(ids) => {
+                let mut seen = rustc_hash::FxHashSet::default();
+                ids.iter().filter_map(|id| self.ids.get(*id).copied()).filter(|h| seen.insert(*h)).collect()
+            }
+            None => {
+                let mut all: Vec<Handle> = self.ids.values().copied().collect();
+                all.sort_unstable();
+                all
+            }
+        };
+        let mut was_running = false;
+        let mut finished = Vec::with_capacity(handles.len());
+        for &h in &handles {
+            let request = &mut self.requests[h];
+            was_running |= request.status == RequestStatus::Running;
+            request.status = status;
+            finished.push(request.id.clone());
+            self.release_finished(h);
+        }
+        if was_running {
+            let requests = &self.requests;
+            self.running.retain(|&h| requests[h].status == RequestStatus::Running);
+        }
+        Ok(finished)
+    }
+
+    /// Sync drafts for the next step (spec §4.7). Ids not live are ignored;
+    /// drafts of a request still in prefill are dropped.
+    pub fn update_draft_token_ids(&mut self, request_ids: &[&str], draft_token_ids: &[Vec<i64>]) -> CoreResult<()> {
+        let k_spec = self.config.num_speculative_tokens();
+        if request_ids.len() != draft_token_ids.len() {
+            return Err(CoreError::request(
+                "draft_token_ids",
+                format!("<{} lists>", draft_token_ids.len()),
+                format!("must have one list per request id ({} ids)", request_ids.len()),
+            ));
+        }
+        let mut seen = rustc_hash::FxHashSet::default();
+        for (i, (id, drafts)) in request_ids.iter().zip(draft_token_ids).enumerate() {
+            if !seen.insert(*id) {
+                return Err(CoreError::request(format!("req_ids[{i}]"), format!("{id:?}"), "appears twice"));
+            }
+            if drafts.len() as i64 > k_spec {
+                return Err(CoreError::request(
+                    format!("draft_token_ids[{i}]"),
+                    format!("<{} drafts>", drafts.len()),
+                    format!("at most num_speculative_tokens={k_spec} drafts per request"),
+                ));
+            }
+            // -1 is a drafter's padding: kept, and rejected by the sampler like vLLM does.
+            if let Some((j, &bad)) = drafts.iter().enumerate().find(|(_, &t)| !(-1..=i32::MAX as i64).contains(&t)) {
+                return Err(CoreError::request(
+                    format!("draft_token_ids[{i}][{j}]"),
+                    bad,
+                    format!("a draft must be a token id in [0, {}] or the -1 placeholder", i32::MAX),
+                ));
+            }
+        }
+        for (id, drafts) in request_ids.iter().zip(draft_token_ids) {
+            let Some(&h) = self.ids.get(*id) else { continue };
+            let request = &mut self.requests[h];
+            request.spec_token_ids.clear();
+            if !request.is_prefill_chunk {
+                request.spec_token_ids.extend(drafts.iter().map(|&t| t as i32));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn get_request(&self, request_id: &str) -> CoreResult<&Request> {
+        self.ids
+            .get(request_id)
+            .map(|&h| &self.requests[h])
+            .ok_or_else(|| CoreError::UnknownRequest { request_id: request_id.to_string() })
+    }
+
+    pub fn request(&self, handle: Handle) -> Option<&Request> {
+        self.requests.get(handle)
+    }
+
+    /// `(running, waiting)`.
+    pub fn get_request_counts(&self) -> (usize, usize) {
+        (self.running.len(), self.waiting.len() + self.kv_holding_waiting.len())
+    }
+
+    pub fn get_num_unfinished_requests(&self) -> usize {
+        let (running, waiting) = self.get_request_counts();
+        running + waiting
+    }
+
+    pub fn has_unfinished_requests(&self) -> bool {
+        self.get_num_unfinished_requests() > 0
+    }
+
+    /// Unfinished requests, or finished ones a `schedule()` has yet to report.
+    pub fn has_requests(&self) -> bool {
+        self.has_unfinished_requests() || !self.finished_since_last_step.is_empty()
+    }
+
+    pub fn kv_cache_usage(&self) -> f64 {
+        self.kv.usage()
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.kv.num_free_blocks()
+    }
+
+    pub fn num_steps_in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    pub fn stats(&self) -> &SchedulerStats {
+        &self.stats
+    }
+
+    pub fn kv(&self) -> &KvManager {
+        &self.kv
+    }
+
+    /// Running requests in running order.
+    pub fn running_ids(&self) -> Vec<Arc<str>> {
+        self.running.iter().map(|&h| self.requests[h].id.clone()).collect()
+    }
+
+    /// Waiting requests in the order they would be considered.
+    pub fn waiting_ids(&self) -> Vec<Arc<str>> {
+        let kv = self.kv_holding_waiting.live_handles(&self.requests);
+        let waiting = self.waiting.live_handles(&self.requests);
+        kv.into_iter().chain(waiting).map(|h| self.requests[h].id.clone()).collect()
+    }
+}

@@ -1,0 +1,121 @@
+//! The running loop (spec §3.1): give each running request the tokens that
+//! let `C` catch up with `N + len(S) + P`, preempting when KV runs out.
+
+use crate::capacity;
+use crate::config::Policy;
+use crate::kv::SlotRequest;
+use crate::request::RequestStatus;
+use crate::scheduler::step::{Entry, EntryKind, StepBuilder};
+use crate::scheduler::Scheduler;
+use crate::slab::Handle;
+
+impl Scheduler {
+    pub(super) fn schedule_running(&mut self, b: &mut StepBuilder) {
+        let m = self.config.max_model_len();
+        let s = self.config.num_sampled_tokens_per_step();
+        let lookahead = self.config.num_lookahead_tokens();
+        let priority_policy = self.config.policy() == Policy::Priority;
+
+        let mut req_index = 0;
+        while req_index < self.running.len() && b.token_budget > 0 {
+            if b.input_budget <= b.draft_slots {
+                break;
+            }
+            let handle = self.running[req_index];
+            let request = &self.requests[handle];
+            let (c, p) = (request.num_computed_tokens, request.num_output_placeholders);
+            // Async: the step in flight reaches max_tokens even if every draft
+            // in it is rejected, (C + 1) - (P - 1) >= Np + max_tokens.
+            if p > 0 && c + 2 - p >= request.num_prompt_tokens + request.stop.max_tokens {
+                req_index += 1;
+                continue;
+            }
+            // n = N + len(S) + P - C
+            let mut n = request.num_tokens_with_spec() + p - c;
+            if 0 < b.long_prefill_threshold && b.long_prefill_threshold < n {
+                n = b.long_prefill_threshold;
+            }
+            n = n.min(b.token_budget).min(b.input_budget - b.draft_slots);
+            n = n.min(capacity::room(c, m, s));
+            if n <= 0 {
+                req_index += 1;
+                continue;
+            }
+
+            let first_new_block = loop {
+                let ask = SlotRequest {
+                    num_new_tokens: n,
+                    num_new_computed_tokens: 0,
+                    new_computed_blocks: &[],
+                    num_lookahead_tokens: lookahead,
+                    full_sequence_must_fit: false,
+                    has_scheduled_reqs: true,
+                };
+                if let Some(first) = self.kv.allocate_slots(&mut self.requests[handle], ask) {
+                    break Some(first);
+                }
+                let victim = self.pick_victim(priority_policy);
+                let victim_index = self.running.iter().position(|&h| h == victim).expect("victim is running");
+                self.running.remove(victim_index);
+                if victim_index < req_index {
+                    req_index -= 1;
+                }
+                // Under FCFS the victim is at or after `req_index`, never already scheduled.
+                if let Some(position) = b.entries.iter().position(|e| e.handle == victim) {
+                    b.undo(position);
+                }
+                self.preempt(victim, false);
+                b.preempted = true;
+                if victim == handle {
+                    break None;
+                }
+            };
+            let Some(first_new_block) = first_new_block else {
+                if priority_policy && self.requests[handle].status == RequestStatus::Preempted {
+                    continue;
+                }
+                break;
+            };
+
+            let request = &mut self.requests[handle];
+            b.prefill_scheduled |= request.is_prefill_chunk;
+            let mut num_spec = 0;
+            if !request.spec_token_ids.is_empty() {
+                // Positions of this step beyond N + P are draft positions: k = n + C - N - P.
+                let k = n + c - request.num_tokens() - p;
+                if k > 0 {
+                    let k = (k as usize).min(request.spec_token_ids.len());
+                    b.spec_token_ids.extend_from_slice(&request.spec_token_ids[..k]);
+                    num_spec = k as i64;
+                }
+                request.spec_token_ids.clear();
+            }
+            b.push(Entry {
+                handle,
+                num_new_tokens: n,
+                num_computed_before: c,
+                num_spec,
+                kind: EntryKind::Running { first_new_block },
+            });
+            req_index += 1;
+        }
+    }
+
+    /// FCFS: the last running request. Priority: the running request with the
+    /// largest `(priority, arrival_time)`, the first such in running order.
+    fn pick_victim(&self, priority_policy: bool) -> Handle {
+        if !priority_policy {
+            return *self.running.last().expect("running is non-empty while a running request allocates");
+        }
+        let mut best = self.running[0];
+        for &h in &self.running[1..] {
+            let (a, b) = (&self.requests[h], &self.requests[best]);
+            if (a.priority, a.arrival_time).partial_cmp(&(b.priority, b.arrival_time))
+                == Some(std::cmp::Ordering::Greater)
+            {
+                best = h;
+            }
+        }
+        best
+    }
+}

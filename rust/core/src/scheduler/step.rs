@@ -1,0 +1,119 @@
+//! One step's decisions: the builder the loops fill, the columns handed to
+//! the runner, and the record kept until the step's output is applied.
+
+use std::sync::Arc;
+
+use crate::slab::Handle;
+
+/// How a request entered this step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EntryKind {
+    /// Scheduled by the running loop; `first_new_block` indexes its table.
+    Running { first_new_block: usize },
+    /// Admitted for the first time.
+    New,
+    /// Admitted again after a preemption.
+    Resumed,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Entry {
+    pub handle: Handle,
+    /// `n`.
+    pub num_new_tokens: i64,
+    /// `C` before this step.
+    pub num_computed_before: i64,
+    /// Draft slots scheduled; their ids are in `StepBuilder::spec_token_ids` in entry order.
+    pub num_spec: i64,
+    pub kind: EntryKind,
+}
+
+/// Budgets and decisions accumulated by the running and waiting loops.
+#[derive(Debug)]
+pub(crate) struct StepBuilder {
+    pub token_budget: i64,
+    pub input_budget: i64,
+    pub draft_slots: i64,
+    /// Effective long-prefill threshold (0 = off).
+    pub long_prefill_threshold: i64,
+    pub entries: Vec<Entry>,
+    pub spec_token_ids: Vec<i32>,
+    pub num_running_entries: usize,
+    /// A running-loop request scheduled in this step was mid-prefill.
+    pub prefill_scheduled: bool,
+    pub preempted: bool,
+}
+
+impl StepBuilder {
+    pub fn push(&mut self, entry: Entry) {
+        self.token_budget -= entry.num_new_tokens;
+        self.input_budget -= entry.num_new_tokens + self.draft_slots;
+        if matches!(entry.kind, EntryKind::Running { .. }) {
+            self.num_running_entries += 1;
+        }
+        self.entries.push(entry);
+    }
+
+    /// Undoes a scheduled entry: its budget and its drafts come back (priority preemption).
+    pub fn undo(&mut self, position: usize) {
+        let entry = self.entries.remove(position);
+        self.token_budget += entry.num_new_tokens;
+        self.input_budget += entry.num_new_tokens + self.draft_slots;
+        if matches!(entry.kind, EntryKind::Running { .. }) {
+            self.num_running_entries -= 1;
+        }
+        let start: i64 = self.entries[..position].iter().map(|e| e.num_spec).sum();
+        let start = start as usize;
+        self.spec_token_ids.drain(start..start + entry.num_spec as usize);
+    }
+}
+
+/// The columns of one step, aligned by request: running requests first, then
+/// admissions. Built here, moved into numpy by the binding.
+#[derive(Clone, Debug, Default)]
+pub struct Step {
+    pub step_id: u64,
+    pub req_handles: Vec<Handle>,
+    pub num_scheduled_tokens: Vec<i32>,
+    pub num_computed_tokens: Vec<i32>,
+    pub num_spec_tokens: Vec<i32>,
+    pub spec_token_ids: Vec<i32>,
+    pub num_block_ids: Vec<i32>,
+    pub block_ids: Vec<i32>,
+    pub num_all_token_ids: Vec<i32>,
+    pub all_token_ids: Vec<i32>,
+    pub total_num_scheduled_tokens: i64,
+    pub new_reqs: Vec<Handle>,
+    pub resumed_reqs: Vec<Handle>,
+    /// Requests preempted since the previous step, this one included.
+    pub preempted: Vec<(Handle, Arc<str>)>,
+    /// Requests finished since the previous step. Their slots are released
+    /// once this step is built: the handles are for id lookups only.
+    pub finished: Vec<(Handle, Arc<str>)>,
+}
+
+impl Step {
+    pub fn len(&self) -> usize {
+        self.req_handles.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.req_handles.is_empty()
+    }
+}
+
+/// What the scheduler keeps of a step until its output is applied.
+#[derive(Clone, Debug)]
+pub(crate) struct InFlightEntry {
+    pub handle: Handle,
+    pub num_new_tokens: i64,
+    pub num_spec: i64,
+    /// The step did not reach the end of the request's known tokens: its output has no token.
+    pub prefill_chunk: bool,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct StepRecord {
+    pub step_id: u64,
+    pub entries: Vec<InFlightEntry>,
+}

@@ -1,0 +1,212 @@
+//! Applying a runner's output to the requests of a step (spec §4).
+
+use crate::error::{CoreError, CoreResult};
+use crate::request::RequestStatus;
+use crate::scheduler::step::StepRecord;
+use crate::scheduler::Scheduler;
+use crate::slab::Handle;
+
+/// A runner's sampled tokens for one step, as flat arrays.
+#[derive(Clone, Copy, Debug)]
+pub struct RunnerOutput<'a> {
+    /// Every sampled token, request after request in runner row order.
+    pub sampled_token_ids: &'a [i32],
+    /// Tokens per runner row.
+    pub num_sampled: &'a [i32],
+    /// For step entry `i`, the runner row holding its tokens; `None` when the
+    /// runner kept the step's order.
+    pub row_of_entry: Option<&'a [u32]>,
+}
+
+/// What the step produced for one request: tokens delivered (a prefix of the
+/// runner's row, trimmed at a stop) and the status after them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestEvent {
+    pub handle: Handle,
+    /// Offset of the delivered tokens in `RunnerOutput::sampled_token_ids`.
+    pub token_offset: usize,
+    pub num_tokens: usize,
+    pub status: RequestStatus,
+    pub stop_reason: Option<i32>,
+}
+
+impl Scheduler {
+    fn locate_step(&self, step_id: u64) -> CoreResult<&StepRecord> {
+        match self.in_flight.front() {
+            Some(front) if front.step_id == step_id => Ok(front),
+            Some(front) if self.in_flight.iter().any(|r| r.step_id == step_id) => Err(CoreError::mismatch(format!(
+                "step {step_id} is applied out of order: step {} was scheduled before it and is still in flight",
+                front.step_id
+            ))),
+            _ => Err(CoreError::mismatch(format!(
+                "step {step_id} is not in flight: its output was already applied, or this scheduler did not schedule it"
+            ))),
+        }
+    }
+
+    /// Checks a runner output against the step it answers without changing
+    /// anything; returns each entry's tokens as `(offset, count)`.
+    fn validate_output(&self, record: &StepRecord, out: &RunnerOutput<'_>) -> CoreResult<Vec<(usize, usize)>> {
+        let rows = out.num_sampled.len();
+        if rows != record.entries.len() {
+            return Err(CoreError::mismatch(format!(
+                "the runner output has {rows} requests but step {} scheduled {}",
+                record.step_id,
+                record.entries.len()
+            )));
+        }
+        let mut row_offsets = Vec::with_capacity(rows + 1);
+        let mut offset = 0usize;
+        for (row, &count) in out.num_sampled.iter().enumerate() {
+            if count < 0 {
+                return Err(CoreError::mismatch(format!("num_sampled[{row}]={count}: a count cannot be negative")));
+            }
+            row_offsets.push(offset);
+            offset += count as usize;
+        }
+        if offset != out.sampled_token_ids.len() {
+            return Err(CoreError::mismatch(format!(
+                "sampled_token_ids has {} tokens but num_sampled sums to {offset}",
+                out.sampled_token_ids.len()
+            )));
+        }
+        if let Some((i, &t)) = out.sampled_token_ids.iter().enumerate().find(|(_, &t)| t < 0) {
+            return Err(CoreError::mismatch(format!(
+                "sampled_token_ids[{i}]={t}: a sampled token id cannot be negative (-1 is a placeholder, never a sample)"
+            )));
+        }
+        if let Some(map) = out.row_of_entry {
+            let mut used = vec![false; rows];
+            if map.len() != rows
+                || map.iter().any(|&row| (row as usize) >= rows || std::mem::replace(&mut used[row as usize], true))
+            {
+                return Err(CoreError::mismatch(
+                    "the runner's request order is not a permutation of the step's requests",
+                ));
+            }
+        }
+        let s = self.config.num_sampled_tokens_per_step();
+        let mut offsets = Vec::with_capacity(rows);
+        for (i, entry) in record.entries.iter().enumerate() {
+            let row = match out.row_of_entry {
+                Some(map) => map[i] as usize,
+                None => i,
+            };
+            let count = out.num_sampled[row] as i64;
+            // A chunk that ends before the request's known tokens samples nothing;
+            // otherwise accepted drafts plus the sampled token(s).
+            let most = if entry.prefill_chunk { 0 } else { s * (1 + entry.num_spec) };
+            if count > most {
+                let name = self.requests.get(entry.handle).map(|r| r.id.to_string()).unwrap_or_default();
+                return Err(CoreError::mismatch(format!(
+                    "request {name:?}: the runner returned {count} tokens but step {} allows at most {most} \
+                     ({} draft slots{})",
+                    record.step_id,
+                    entry.num_spec,
+                    if entry.prefill_chunk { ", a non-final prefill chunk" } else { "" }
+                )));
+            }
+            offsets.push((row_offsets[row], count as usize));
+        }
+        Ok(offsets)
+    }
+
+    /// Applies the output of the oldest step in flight. On error nothing changes.
+    pub fn update_from_output(&mut self, step_id: u64, out: &RunnerOutput<'_>) -> CoreResult<Vec<RequestEvent>> {
+        let record = self.locate_step(step_id)?;
+        let offsets = self.validate_output(record, out)?;
+        let record = self.in_flight.pop_front().expect("located");
+        let m = self.config.max_model_len();
+        let s = self.config.num_sampled_tokens_per_step();
+        let async_scheduling = self.config.async_scheduling();
+        let mut events = Vec::with_capacity(record.entries.len());
+        let mut stopped_running = false;
+
+        for (entry, &(offset, count)) in record.entries.iter().zip(&offsets) {
+            let Some(request) = self.requests.get_mut(entry.handle) else { continue };
+            request.num_in_flight_tokens -= entry.num_new_tokens;
+            let stale = request.num_stale_output_tokens > 0;
+            if stale {
+                request.num_stale_output_tokens -= entry.num_new_tokens;
+            }
+            if request.status.is_finished() || (stale && request.drop_stale_output) {
+                continue;
+            }
+            let generated = &out.sampled_token_ids[offset..offset + count];
+
+            if entry.num_spec > 0 && (!generated.is_empty() || s == 0) {
+                let accepted = (generated.len() as i64 - s).max(0);
+                let rejected = entry.num_spec - accepted;
+                if !stale {
+                    // The rejected draft positions hold no usable KV and no output.
+                    if request.num_computed_tokens > 0 {
+                        request.num_computed_tokens -= rejected;
+                    }
+                    if request.num_output_placeholders > 0 {
+                        request.num_output_placeholders -= rejected;
+                    }
+                }
+                self.stats.num_draft_tokens += entry.num_spec as u64;
+                self.stats.num_accepted_tokens += accepted as u64;
+            }
+
+            let status_before = request.status;
+            let mut delivered = 0;
+            let mut stopped = false;
+            if !generated.is_empty() {
+                for (i, &token) in generated.iter().enumerate() {
+                    request.token_ids.push(token);
+                    if request.check_stop(m) {
+                        delivered = i + 1;
+                        if !stale {
+                            // Keep C = N - 1 after trimming the tokens past the stop.
+                            request.num_computed_tokens -= (generated.len() - delivered) as i64;
+                        }
+                        stopped = true;
+                        break;
+                    }
+                }
+                if !stopped {
+                    delivered = generated.len();
+                }
+                if !stale && request.num_output_placeholders > 0 {
+                    // Every returned token resolves a placeholder, trimmed ones too.
+                    request.num_output_placeholders -= generated.len() as i64;
+                }
+            } else if s == 0 && !entry.prefill_chunk {
+                // Pooling: the output of the final prompt chunk finishes the request.
+                request.status = RequestStatus::FinishedStopped;
+                stopped = true;
+            } else if !entry.prefill_chunk && !stale {
+                // The step reached the end of the known tokens but sampled nothing (a
+                // runner-side error or a dropped sample). vLLM leaves C ahead of N - 1 and
+                // the request can never be scheduled again; undo the step's draft and
+                // sampled positions instead, so the next step samples again (K + s).
+                let undone = entry.num_spec + s;
+                request.num_computed_tokens = (request.num_computed_tokens - undone).max(0);
+                if async_scheduling {
+                    request.num_output_placeholders = (request.num_output_placeholders - undone).max(0);
+                }
+            }
+            let (status, stop_reason) = (request.status, request.stop_reason);
+            if stopped {
+                stopped_running |= status_before == RequestStatus::Running;
+                self.release_finished(entry.handle);
+            }
+            if delivered > 0 || stopped {
+                events.push(RequestEvent {
+                    handle: entry.handle,
+                    token_offset: offset,
+                    num_tokens: delivered,
+                    status,
+                    stop_reason,
+                });
+            }
+        }
+        if stopped_running {
+            let requests = &self.requests;
+            self.running.retain(|&h| requests[h].status == RequestStatus::Running);
+        }
+        Ok(events)
+    }
+}

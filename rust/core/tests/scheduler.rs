@@ -1,0 +1,181 @@
+mod common;
+
+use common::*;
+use llmsched_core::{NewRequest, RequestStatus, Scheduler};
+
+fn ids(sched: &Scheduler, step: &llmsched_core::Step) -> Vec<String> {
+    step.req_handles.iter().map(|&h| sched.request(h).unwrap().id.to_string()).collect()
+}
+
+#[test]
+fn schedules_every_prompt_in_full_in_arrival_order() {
+    let mut sched = Scheduler::new(config(|_| {}));
+    for i in 0..10 {
+        sched.add_request(request(&i.to_string(), 10, 16)).unwrap();
+    }
+    let step = sched.schedule();
+    check_step(&sched, &step);
+    assert_eq!(step.num_scheduled_tokens, vec![10; 10]);
+    assert_eq!(ids(&sched, &step), (0..10).map(|i| i.to_string()).collect::<Vec<_>>());
+    assert_eq!(step.new_reqs.len(), 10);
+    assert_eq!(sched.get_request_counts(), (10, 0));
+}
+
+/// The seed boundary (vLLM #53962): a one-token step at C = M - 1 - K is not
+/// padded, at C = M - 2 - K it is.
+#[test]
+fn padding_needs_room_for_the_sampled_token() {
+    for async_scheduling in [false, true] {
+        for k in [1i64, 3] {
+            for (offset, padded) in [(1, false), (2, true)] {
+                let m = 2048;
+                let mut sched = Scheduler::new(config(|p| {
+                    p.max_model_len = m;
+                    p.num_speculative_tokens = k;
+                    p.async_scheduling = async_scheduling;
+                }));
+                sched.add_request(request("decoding", 8, 100)).unwrap();
+                let step = sched.schedule();
+                let (t, c) = sample(&sched, &step, false);
+                apply(&mut sched, &step, &t, &c);
+                let c_new = m - offset - k;
+                let mut late = request("late", (c_new + 1) as usize, 100);
+                late.num_computed_tokens = c_new;
+                sched.add_request(late).unwrap();
+                sched.add_request(request("behind", 4, 10)).unwrap();
+                let step = sched.schedule();
+                check_step(&sched, &step);
+                let names = ids(&sched, &step);
+                let i = names.iter().position(|n| n == "late").expect("late is scheduled");
+                assert!(names.contains(&"behind".to_string()), "no head-of-line block");
+                let expect_n = if padded { 1 + k } else { 1 };
+                assert_eq!(
+                    step.num_scheduled_tokens[i] as i64, expect_n,
+                    "async={async_scheduling} K={k} offset={offset}"
+                );
+                assert_eq!(step.num_spec_tokens[i] as i64, if padded { k } else { 0 });
+            }
+        }
+    }
+}
+
+#[test]
+fn preemption_takes_the_tail_and_blocks_admissions() {
+    // 11 blocks (10 usable) of 16 tokens; two 80-token prompts of 5 blocks each.
+    let mut sched = Scheduler::new(config(|p| {
+        p.num_gpu_blocks = 11;
+        p.block_size = 16;
+        p.max_num_batched_tokens = 200;
+    }));
+    sched.add_request(request("0", 80, 16)).unwrap();
+    sched.add_request(request("1", 80, 16)).unwrap();
+    let step = sched.schedule();
+    assert_eq!(step.len(), 2);
+    let (t, c) = sample(&sched, &step, false);
+    apply(&mut sched, &step, &t, &c);
+    sched.add_request(request("2", 4, 10)).unwrap();
+    // Request 0 needs a sixth block: the tail (request 1) is preempted, nothing is admitted.
+    let step = sched.schedule();
+    check_step(&sched, &step);
+    assert_eq!(ids(&sched, &step), vec!["0"]);
+    assert_eq!(step.preempted.len(), 1);
+    assert_eq!(&*step.preempted[0].1, "1");
+    assert_eq!(sched.get_request("1").unwrap().status(), RequestStatus::Preempted);
+    assert_eq!(sched.waiting_ids().iter().map(|s| s.to_string()).collect::<Vec<_>>(), vec!["1", "2"]);
+}
+
+#[test]
+fn stop_conditions_in_vllm_order_and_trim() {
+    let mut sched = Scheduler::new(config(|p| p.num_speculative_tokens = 2));
+    let mut a = request("eos", 4, 10);
+    a.eos_token_id = Some(9);
+    let mut b = request("stop", 4, 10);
+    b.stop_token_ids = vec![42];
+    let c = request("cap", 4, 2);
+    for r in [a, b, c] {
+        sched.add_request(r).unwrap();
+    }
+    let step = sched.schedule();
+    apply(&mut sched, &step, &[1, 1, 1], &[1, 1, 1]);
+    sched.update_draft_token_ids(&["eos", "stop", "cap"], &[vec![5, 6], vec![5, 6], vec![5, 6]]).unwrap();
+    let step = sched.schedule();
+    assert_eq!(step.num_scheduled_tokens, vec![3, 3, 3]);
+    let events = apply(&mut sched, &step, &[9, 3, 3, 10, 42, 12, 10, 11, 12], &[3, 3, 3]);
+    let delivered: Vec<(String, usize, RequestStatus, Option<i32>)> = events
+        .iter()
+        .map(|e| (sched.request(e.handle).unwrap().id.to_string(), e.num_tokens, e.status, e.stop_reason))
+        .collect();
+    assert_eq!(
+        delivered,
+        vec![
+            ("eos".into(), 1, RequestStatus::FinishedStopped, None),
+            ("stop".into(), 2, RequestStatus::FinishedStopped, Some(42)),
+            ("cap".into(), 1, RequestStatus::FinishedLengthCapped, None),
+        ]
+    );
+    assert!(!sched.has_unfinished_requests());
+    assert!(sched.has_requests(), "finished ids await the next step");
+    let step = sched.schedule();
+    assert_eq!(step.finished.len(), 3);
+    assert!(!sched.has_requests());
+    sched.check_invariants().unwrap();
+}
+
+/// vLLM's `test_stop_by_max_tokens`: the async "already done" skip means no
+/// step is scheduled whose output could not be used.
+#[test]
+fn async_total_tokens_are_prompt_plus_max_tokens_minus_one() {
+    for max_tokens in [1, 2, 3, 5] {
+        let mut sched = Scheduler::new(config(|p| p.async_scheduling = true));
+        let mut queue = std::collections::VecDeque::new();
+        sched.add_request(request("0", 10, max_tokens)).unwrap();
+        queue.push_back(sched.schedule());
+        sched.add_request(request("1", 10, max_tokens)).unwrap();
+        queue.push_back(sched.schedule());
+        let mut total = 0;
+        let mut outputs = std::collections::HashMap::<String, usize>::new();
+        while let Some(step) = queue.pop_front() {
+            check_step(&sched, &step);
+            total += step.total_num_scheduled_tokens;
+            let (t, c) = sample(&sched, &step, false);
+            for e in apply(&mut sched, &step, &t, &c) {
+                *outputs.entry(sched.request(e.handle).unwrap().id.to_string()).or_default() += e.num_tokens;
+            }
+            sched.check_invariants().unwrap();
+            let next = sched.schedule();
+            if !next.is_empty() {
+                queue.push_back(next);
+            }
+        }
+        assert_eq!(sched.get_num_unfinished_requests(), 0);
+        assert_eq!(outputs["0"], max_tokens as usize);
+        assert_eq!(outputs["1"], max_tokens as usize);
+        assert_eq!(total, 2 * (10 + max_tokens - 1), "max_tokens={max_tokens}");
+    }
+}
+
+#[test]
+fn invalid_requests_leave_the_state_unchanged() {
+    let mut sched = Scheduler::new(config(|p| p.max_model_len = 32));
+    sched.add_request(request("a", 4, 4)).unwrap();
+    let before = sched.debug_snapshot();
+    let bad = [
+        request("a", 4, 4),
+        NewRequest::new("b", vec![], 4),
+        request("b", 32, 4),
+        NewRequest::new("b", vec![1, -2], 4),
+        request("b", 4, 0),
+        NewRequest { num_computed_tokens: 4, ..request("b", 4, 4) },
+        // Could outgrow the whole KV pool (10000 blocks of 16) only past M: fine; this one
+        // is refused by the pool check of a smaller scheduler below.
+    ];
+    for r in bad {
+        assert!(sched.add_request(r).is_err());
+        assert_eq!(sched.debug_snapshot(), before);
+    }
+    // 3 usable blocks of 16 tokens: a request that could reach 49 tokens would need 4.
+    let mut small = Scheduler::new(config(|p| p.num_gpu_blocks = 4));
+    assert!(small.add_request(request("fits", 40, 8)).is_ok());
+    let err = small.add_request(request("outgrows", 40, 9)).unwrap_err();
+    assert!(err.to_string().contains("could never finish"), "{err}");
+}

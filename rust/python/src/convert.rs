@@ -1,0 +1,103 @@
+//! Argument conversion with errors that name the field and the value.
+
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+
+/// `value` as an i64; bools and non-integers are refused with `make_error`.
+pub fn int_value(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    field: &str,
+    make_error: fn(Python<'_>, String) -> PyErr,
+) -> PyResult<i64> {
+    let describe = || value.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into());
+    if value.is_instance_of::<PyBool>() || value.is_instance_of::<PyFloat>() {
+        return Err(make_error(py, format!("{field}={}: must be an integer", describe())));
+    }
+    // Python ints and numpy integers (anything with __index__).
+    if value.is_instance_of::<PyInt>() || value.hasattr("__index__").unwrap_or(false) {
+        return value
+            .extract::<i64>()
+            .map_err(|_| make_error(py, format!("{field}={}: out of the 64-bit integer range", describe())));
+    }
+    Err(make_error(py, format!("{field}={}: must be an integer, got {}", describe(), type_name(value))))
+}
+
+pub fn bool_value(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    field: &str,
+    make_error: fn(Python<'_>, String) -> PyErr,
+) -> PyResult<bool> {
+    if let Ok(b) = value.cast::<PyBool>() {
+        return Ok(b.is_true());
+    }
+    if type_name(value) == "bool_" {
+        return value.is_truthy();
+    }
+    let repr = value.repr().map(|r| r.to_string()).unwrap_or_default();
+    Err(make_error(py, format!("{field}={repr}: must be a bool, got {}", type_name(value))))
+}
+
+pub fn float_value(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    field: &str,
+    make_error: fn(Python<'_>, String) -> PyErr,
+) -> PyResult<f64> {
+    if value.is_instance_of::<PyBool>() {
+        return Err(make_error(py, format!("{field}={}: must be a number", value.repr()?)));
+    }
+    value.extract::<f64>().map_err(|_| {
+        make_error(
+            py,
+            format!(
+                "{field}={}: must be a number, got {}",
+                value.repr().map(|r| r.to_string()).unwrap_or_default(),
+                type_name(value)
+            ),
+        )
+    })
+}
+
+pub fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+/// A token list from a numpy integer array or any iterable of ints.
+pub fn token_list(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    field: &str,
+    make_error: fn(Python<'_>, String) -> PyErr,
+) -> PyResult<Vec<i64>> {
+    if let Ok(array) = value.cast::<PyArray1<i32>>() {
+        return Ok(array.readonly().as_array().iter().map(|&t| t as i64).collect());
+    }
+    if let Ok(array) = value.cast::<PyArray1<i64>>() {
+        return Ok(array.readonly().as_array().to_vec());
+    }
+    if let Ok(array) = value.cast::<numpy::PyUntypedArray>() {
+        if array.ndim() != 1 {
+            return Err(make_error(py, format!("{field}: must be 1-D, got an array of shape {:?}", array.shape())));
+        }
+        let kind = array.dtype().kind();
+        if kind != b'i' && kind != b'u' {
+            return Err(make_error(py, format!("{field}: must hold integers, got dtype {}", array.dtype())));
+        }
+        // Other integer widths: convert element by element, range-checked.
+    }
+    if value.is_instance_of::<PyString>() {
+        return Err(make_error(py, format!("{field}: must be a sequence of token ids, got a str")));
+    }
+    let iter = value
+        .try_iter()
+        .map_err(|_| make_error(py, format!("{field}: must be a sequence of token ids, got {}", type_name(value))))?;
+    let mut out = Vec::with_capacity(value.len().unwrap_or(0));
+    for (i, item) in iter.enumerate() {
+        let item = item?;
+        out.push(int_value(py, &item, &format!("{field}[{i}]"), make_error)?);
+    }
+    Ok(out)
+}

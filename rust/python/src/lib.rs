@@ -1,0 +1,38 @@
+//! The Python bindings of llmsched (`llmsched._core`). Conversion only: every
+//! decision is made in `llmsched-core`.
+
+mod config;
+mod convert;
+mod errors;
+mod output;
+mod scheduler;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+mod _core {
+    use super::*;
+
+    #[pymodule_export]
+    use crate::config::PySchedulerConfig;
+    #[pymodule_export]
+    use crate::output::{PyRequest, PyRequestOutput, PySchedulerOutput};
+    #[pymodule_export]
+    use crate::scheduler::PyScheduler;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        let py = m.py();
+        let e = errors::exceptions(py);
+        m.add("LlmschedError", e.base.clone_ref(py))?;
+        m.add("ConfigError", e.config.clone_ref(py))?;
+        m.add("InvalidRequestError", e.invalid_request.clone_ref(py))?;
+        m.add("DuplicateRequestError", e.duplicate_request.clone_ref(py))?;
+        m.add("UnknownRequestError", e.unknown_request.clone_ref(py))?;
+        m.add("OutputMismatchError", e.output_mismatch.clone_ref(py))?;
+        m.add("InvariantError", e.invariant.clone_ref(py))?;
+        m.add("InternalError", e.internal.clone_ref(py))?;
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,536 @@
+//! `Scheduler`: locks the core, releases the GIL around its work, and
+//! converts arguments and results. No scheduling logic lives here.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use llmsched_core::{Handle, NewRequest, RequestStatus, RunnerOutput, Scheduler, Step};
+use numpy::{PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::sync::MutexExt;
+use pyo3::types::{PyDict, PyList, PyString};
+
+use crate::config::PySchedulerConfig;
+use crate::convert::{float_value, int_value, token_list, type_name};
+use crate::errors::{core_err, internal_error, mismatch_error, request_error};
+use crate::output::{frozen_array, PyRequest, PyRequestOutput, PySchedulerOutput};
+
+static NEXT_UID: AtomicU64 = AtomicU64::new(1);
+
+struct Inner {
+    core: Scheduler,
+    /// Each live request's Python id, by slab index, handed back every step
+    /// as the same object (a reference-count bump, not a new string).
+    py_ids: Vec<Option<(u32, Py<PyString>)>>,
+    /// Set when a call panicked: the state may be half-updated, so refuse more calls.
+    broken: Option<String>,
+}
+
+impl Inner {
+    fn py_id<'py>(&self, py: Python<'py>, handle: Handle, fallback: &str) -> Bound<'py, PyString> {
+        match self.py_ids.get(handle.index as usize) {
+            Some(Some((generation, id))) if *generation == handle.generation => id.bind(py).clone(),
+            _ => PyString::new(py, fallback),
+        }
+    }
+
+    fn live_py_id<'py>(&self, py: Python<'py>, handle: Handle) -> Bound<'py, PyString> {
+        let fallback = self.core.request(handle).map(|r| r.id.to_string()).unwrap_or_default();
+        self.py_id(py, handle, &fallback)
+    }
+}
+
+/// The request scheduler. Thread-safe: calls from several threads are
+/// serialized; the GIL is released while a call works.
+#[pyclass(frozen, module = "llmsched", name = "Scheduler")]
+pub struct PyScheduler {
+    config: Py<PySchedulerConfig>,
+    uid: u64,
+    inner: Mutex<Inner>,
+}
+
+impl PyScheduler {
+    /// Runs `f` on the locked state; a panic inside becomes `InternalError`
+    /// and marks the scheduler broken.
+    fn with_inner<R>(&self, py: Python<'_>, f: impl FnOnce(&mut Inner) -> PyResult<R>) -> PyResult<R> {
+        let mut guard = self
+            .inner
+            .lock_py_attached(py)
+            .map_err(|_| internal_error(py, "the scheduler's lock is poisoned".into()))?;
+        if let Some(reason) = &guard.broken {
+            return Err(internal_error(py, format!("the scheduler is unusable after an internal error: {reason}")));
+        }
+        match catch_unwind(AssertUnwindSafe(|| f(&mut guard))) {
+            Ok(result) => result,
+            Err(payload) => {
+                let reason = payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "panic".into());
+                guard.broken = Some(reason.clone());
+                Err(internal_error(py, format!("internal error in llmsched (please report it): {reason}")))
+            }
+        }
+    }
+
+    fn build_output(&self, py: Python<'_>, inner: &mut Inner, step: Step) -> PyResult<PySchedulerOutput> {
+        let ids = |handles: &[Handle]| -> PyResult<Py<PyList>> {
+            Ok(PyList::new(py, handles.iter().map(|&h| inner.live_py_id(py, h)))?.unbind())
+        };
+        let req_ids = ids(&step.req_handles)?;
+        let new_req_ids = ids(&step.new_reqs)?;
+        let resumed_req_ids = ids(&step.resumed_reqs)?;
+        let preempted_req_ids = PyList::new(py, step.preempted.iter().map(|(h, id)| inner.py_id(py, *h, id)))?.unbind();
+        let finished_req_ids = PyList::new(py, step.finished.iter().map(|(h, id)| inner.py_id(py, *h, id)))?.unbind();
+        for (handle, _) in &step.finished {
+            if let Some(slot) = inner.py_ids.get_mut(handle.index as usize) {
+                if slot.as_ref().is_some_and(|(g, _)| *g == handle.generation) {
+                    *slot = None;
+                }
+            }
+        }
+        Ok(PySchedulerOutput {
+            scheduler_uid: self.uid,
+            step_id: step.step_id,
+            req_ids,
+            num_scheduled_tokens: frozen_array(py, step.num_scheduled_tokens),
+            num_computed_tokens: frozen_array(py, step.num_computed_tokens),
+            num_spec_tokens: frozen_array(py, step.num_spec_tokens),
+            spec_token_ids: frozen_array(py, step.spec_token_ids),
+            num_block_ids: frozen_array(py, step.num_block_ids),
+            block_ids: frozen_array(py, step.block_ids),
+            num_all_token_ids: frozen_array(py, step.num_all_token_ids),
+            all_token_ids: frozen_array(py, step.all_token_ids),
+            total_num_scheduled_tokens: step.total_num_scheduled_tokens,
+            new_req_ids,
+            resumed_req_ids,
+            preempted_req_ids,
+            finished_req_ids,
+        })
+    }
+}
+
+fn int32_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>, field: &str) -> PyResult<PyReadonlyArray1<'py, i32>> {
+    if let Ok(array) = value.cast::<PyUntypedArray>() {
+        if array.ndim() != 1 {
+            return Err(mismatch_error(
+                py,
+                format!("runner_output.{field}: must be 1-D, got shape {:?}", array.shape()),
+            ));
+        }
+    }
+    let array = value.extract::<PyReadonlyArray1<'py, i32>>().map_err(|_| {
+        let dtype =
+            value.getattr("dtype").and_then(|d| d.str()).map(|d| d.to_string()).unwrap_or_else(|_| type_name(value));
+        mismatch_error(py, format!("runner_output.{field}: must be a 1-D numpy int32 array, got {dtype}"))
+    })?;
+    if !array.is_contiguous() {
+        return Err(mismatch_error(py, format!("runner_output.{field}: must be contiguous")));
+    }
+    Ok(array)
+}
+
+/// For each step entry, the runner row holding it; `None` if the runner kept the step's order.
+fn runner_rows(
+    py: Python<'_>,
+    step_ids: &Bound<'_, PyList>,
+    runner_ids: &Bound<'_, PyAny>,
+) -> PyResult<Option<Vec<u32>>> {
+    let runner_ids: Vec<Bound<'_, PyAny>> = runner_ids
+        .try_iter()
+        .map_err(|_| {
+            mismatch_error(
+                py,
+                format!("runner_output.req_ids: must be a sequence of str, got {}", type_name(runner_ids)),
+            )
+        })?
+        .collect::<PyResult<_>>()?;
+    if runner_ids.len() != step_ids.len() {
+        return Err(mismatch_error(
+            py,
+            format!(
+                "runner_output.req_ids has {} requests but the step scheduled {}",
+                runner_ids.len(),
+                step_ids.len()
+            ),
+        ));
+    }
+    // Fast path: the very same id objects, in order.
+    if runner_ids.iter().zip(step_ids.iter()).all(|(a, b)| a.is(&b)) {
+        return Ok(None);
+    }
+    let mut row_of_id = std::collections::HashMap::with_capacity(runner_ids.len());
+    for (row, id) in runner_ids.iter().enumerate() {
+        let id = id
+            .cast::<PyString>()
+            .map_err(|_| {
+                mismatch_error(py, format!("runner_output.req_ids[{row}]: must be a str, got {}", type_name(id)))
+            })?
+            .to_cow()?
+            .into_owned();
+        if row_of_id.insert(id.clone(), row as u32).is_some() {
+            return Err(mismatch_error(py, format!("runner_output.req_ids: {id:?} appears twice")));
+        }
+    }
+    let mut rows = Vec::with_capacity(step_ids.len());
+    for id in step_ids.iter() {
+        let id = id.cast::<PyString>()?.to_cow()?.into_owned();
+        match row_of_id.get(&id) {
+            Some(&row) => rows.push(row),
+            None => {
+                return Err(mismatch_error(
+                    py,
+                    format!("runner_output.req_ids: misses {id:?}, which the step scheduled"),
+                ))
+            }
+        }
+    }
+    Ok(Some(rows))
+}
+
+#[pymethods]
+impl PyScheduler {
+    #[new]
+    fn new(py: Python<'_>, config: Bound<'_, PyAny>) -> PyResult<Self> {
+        let config = config.cast_into::<PySchedulerConfig>().map_err(|e| {
+            crate::errors::config_error(
+                py,
+                format!("config: must be a SchedulerConfig, got {}", type_name(e.into_inner().as_any())),
+            )
+        })?;
+        let core = Scheduler::new(config.get().inner.clone());
+        Ok(Self {
+            config: config.unbind(),
+            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
+            inner: Mutex::new(Inner { core, py_ids: Vec::new(), broken: None }),
+        })
+    }
+
+    #[getter]
+    fn config(&self, py: Python<'_>) -> Py<PySchedulerConfig> {
+        self.config.clone_ref(py)
+    }
+
+    /// Queue a request. Copies the prompt into the scheduler.
+    #[pyo3(signature = (request_id, prompt_token_ids, *, max_tokens, min_tokens=None, eos_token_id=None,
+        stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None),
+        text_signature = "(self, request_id, prompt_token_ids, *, max_tokens, min_tokens=0, eos_token_id=None, \
+        stop_token_ids=(), arrival_time=None, num_computed_tokens=0, priority=0)")]
+    #[allow(clippy::too_many_arguments)]
+    fn add_request(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        prompt_token_ids: &Bound<'_, PyAny>,
+        max_tokens: &Bound<'_, PyAny>,
+        min_tokens: Option<&Bound<'_, PyAny>>,
+        eos_token_id: Option<&Bound<'_, PyAny>>,
+        stop_token_ids: Option<&Bound<'_, PyAny>>,
+        arrival_time: Option<&Bound<'_, PyAny>>,
+        num_computed_tokens: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let id = request_id.cast::<PyString>().map_err(|_| {
+            request_error(
+                py,
+                format!(
+                    "request_id={}: must be a str, got {}",
+                    request_id.repr().map(|r| r.to_string()).unwrap_or_default(),
+                    type_name(request_id)
+                ),
+            )
+        })?;
+        let optional_int = |value: Option<&Bound<'_, PyAny>>, field: &str, default: i64| -> PyResult<i64> {
+            match value {
+                Some(v) if !v.is_none() => int_value(py, v, field, request_error),
+                _ => Ok(default),
+            }
+        };
+        let new = NewRequest {
+            request_id: id.to_cow()?.into_owned(),
+            prompt_token_ids: token_list(py, prompt_token_ids, "prompt_token_ids", request_error)?,
+            max_tokens: int_value(py, max_tokens, "max_tokens", request_error)?,
+            min_tokens: optional_int(min_tokens, "min_tokens", 0)?,
+            eos_token_id: match eos_token_id {
+                Some(v) if !v.is_none() => Some(int_value(py, v, "eos_token_id", request_error)?),
+                _ => None,
+            },
+            stop_token_ids: match stop_token_ids {
+                Some(v) if !v.is_none() => token_list(py, v, "stop_token_ids", request_error)?,
+                _ => Vec::new(),
+            },
+            arrival_time: match arrival_time {
+                Some(v) if !v.is_none() => Some(float_value(py, v, "arrival_time", request_error)?),
+                _ => None,
+            },
+            num_computed_tokens: optional_int(num_computed_tokens, "num_computed_tokens", 0)?,
+            priority: optional_int(priority, "priority", 0)?,
+        };
+        // Keep an exact str: a subclass instance could carry state of its own.
+        let py_id: Py<PyString> = if id.is_exact_instance_of::<PyString>() {
+            id.clone().unbind()
+        } else {
+            PyString::new(py, &new.request_id).unbind()
+        };
+        self.with_inner(py, |inner| {
+            let handle = inner.core.add_request(new).map_err(core_err)?;
+            let index = handle.index as usize;
+            if inner.py_ids.len() <= index {
+                inner.py_ids.resize_with(index + 1, || None);
+            }
+            inner.py_ids[index] = Some((handle.generation, py_id));
+            Ok(())
+        })
+    }
+
+    fn schedule(&self, py: Python<'_>) -> PyResult<PySchedulerOutput> {
+        self.with_inner(py, |inner| {
+            let core = &mut inner.core;
+            let step = py.detach(|| core.schedule());
+            self.build_output(py, inner, step)
+        })
+    }
+
+    /// Apply a runner's output for ``scheduler_output``. Reads the runner's
+    /// arrays in place (no copy); do not modify them during the call.
+    fn update_from_output<'py>(
+        &self,
+        py: Python<'py>,
+        scheduler_output: &Bound<'py, PyAny>,
+        runner_output: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let so = scheduler_output.cast::<PySchedulerOutput>().map_err(|_| {
+            mismatch_error(
+                py,
+                format!("scheduler_output: must be a SchedulerOutput, got {}", type_name(scheduler_output)),
+            )
+        })?;
+        let so = so.get();
+        if so.scheduler_uid != self.uid {
+            return Err(mismatch_error(
+                py,
+                format!("scheduler_output: step {} was scheduled by another Scheduler", so.step_id),
+            ));
+        }
+        let attr = |name: &str| {
+            runner_output.getattr(name).map_err(|_| {
+                mismatch_error(
+                    py,
+                    format!(
+                        "runner_output: has no attribute {name:?} (expected a ModelRunnerOutput, got {})",
+                        type_name(runner_output)
+                    ),
+                )
+            })
+        };
+        let step_ids = so.req_ids.bind(py);
+        let rows = runner_rows(py, step_ids, &attr("req_ids")?)?;
+        let sampled_obj = attr("sampled_token_ids")?;
+        let counts_obj = attr("num_sampled")?;
+        let sampled = int32_array(py, &sampled_obj, "sampled_token_ids")?;
+        let counts = int32_array(py, &counts_obj, "num_sampled")?;
+        if step_ids.is_empty() {
+            if counts.len() != 0 || sampled.len() != 0 {
+                return Err(mismatch_error(py, "runner_output: has tokens for a step that scheduled nothing".into()));
+            }
+            return Ok(PyList::empty(py));
+        }
+        let sampled = sampled.as_slice()?;
+        let counts = counts.as_slice()?;
+        self.with_inner(py, |inner| {
+            let out = RunnerOutput { sampled_token_ids: sampled, num_sampled: counts, row_of_entry: rows.as_deref() };
+            let core = &mut inner.core;
+            let events = py.detach(|| core.update_from_output(so.step_id, &out)).map_err(core_err)?;
+            let list = PyList::empty(py);
+            for e in events {
+                let output = PyRequestOutput {
+                    request_id: inner.live_py_id(py, e.handle).unbind(),
+                    new_token_ids: sampled[e.token_offset..e.token_offset + e.num_tokens].into(),
+                    status: e.status,
+                    stop_reason: e.stop_reason,
+                };
+                list.append(Py::new(py, output)?)?;
+            }
+            Ok(list)
+        })
+    }
+
+    #[pyo3(signature = (req_ids, draft_token_ids))]
+    fn update_draft_token_ids(
+        &self,
+        py: Python<'_>,
+        req_ids: &Bound<'_, PyAny>,
+        draft_token_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let ids: Vec<String> = req_ids
+            .try_iter()
+            .map_err(|_| request_error(py, format!("req_ids: must be a sequence of str, got {}", type_name(req_ids))))?
+            .enumerate()
+            .map(|(i, id)| {
+                let id = id?;
+                id.cast::<PyString>()
+                    .map_err(|_| request_error(py, format!("req_ids[{i}]: must be a str, got {}", type_name(&id))))?
+                    .to_cow()
+                    .map(|c| c.into_owned())
+            })
+            .collect::<PyResult<_>>()?;
+        let drafts: Vec<Vec<i64>> = draft_token_ids
+            .try_iter()
+            .map_err(|_| {
+                request_error(
+                    py,
+                    format!("draft_token_ids: must be a sequence of token lists, got {}", type_name(draft_token_ids)),
+                )
+            })?
+            .enumerate()
+            .map(|(i, row)| token_list(py, &row?, &format!("draft_token_ids[{i}]"), request_error))
+            .collect::<PyResult<_>>()?;
+        let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        self.with_inner(py, |inner| inner.core.update_draft_token_ids(&id_refs, &drafts).map_err(core_err))
+    }
+
+    /// Finish live requests with a finished ``status``; returns the ids
+    /// finished (ids not live are ignored, as in vLLM). None means all.
+    fn finish_requests<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: &Bound<'py, PyAny>,
+        status: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let value = int_value(py, status, "status", request_error)?;
+        let status = RequestStatus::from_value(value)
+            .filter(|s| s.is_finished())
+            .ok_or_else(|| request_error(py, format!("status={value}: must be a finished RequestStatus (7 to 12)")))?;
+        let ids: Option<Vec<String>> = if request_ids.is_none() {
+            None
+        } else if let Ok(one) = request_ids.cast::<PyString>() {
+            Some(vec![one.to_cow()?.into_owned()])
+        } else {
+            Some(
+                request_ids
+                    .try_iter()
+                    .map_err(|_| {
+                        request_error(
+                            py,
+                            format!(
+                                "request_ids: must be a str, an iterable of str, or None, got {}",
+                                type_name(request_ids)
+                            ),
+                        )
+                    })?
+                    .enumerate()
+                    .map(|(i, id)| {
+                        let id = id?;
+                        id.cast::<PyString>()
+                            .map_err(|_| {
+                                request_error(py, format!("request_ids[{i}]: must be a str, got {}", type_name(&id)))
+                            })?
+                            .to_cow()
+                            .map(|c| c.into_owned())
+                    })
+                    .collect::<PyResult<_>>()?,
+            )
+        };
+        let finished = self.with_inner(py, |inner| {
+            let refs: Option<Vec<&str>> = ids.as_ref().map(|v| v.iter().map(String::as_str).collect());
+            inner.core.finish_requests(refs.as_deref(), status).map_err(core_err)
+        })?;
+        PyList::new(py, finished.iter().map(|id| id.as_ref()))
+    }
+
+    fn get_request(&self, py: Python<'_>, request_id: &str) -> PyResult<PyRequest> {
+        self.with_inner(py, |inner| Ok(PyRequest::snapshot(inner.core.get_request(request_id).map_err(core_err)?)))
+    }
+
+    fn has_unfinished_requests(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with_inner(py, |inner| Ok(inner.core.has_unfinished_requests()))
+    }
+
+    fn get_num_unfinished_requests(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_inner(py, |inner| Ok(inner.core.get_num_unfinished_requests()))
+    }
+
+    fn has_requests(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with_inner(py, |inner| Ok(inner.core.has_requests()))
+    }
+
+    /// ``(running, waiting)``.
+    fn get_request_counts(&self, py: Python<'_>) -> PyResult<(usize, usize)> {
+        self.with_inner(py, |inner| Ok(inner.core.get_request_counts()))
+    }
+
+    fn get_kv_cache_usage(&self, py: Python<'_>) -> PyResult<f64> {
+        self.with_inner(py, |inner| Ok(inner.core.kv_cache_usage()))
+    }
+
+    #[getter]
+    fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_inner(py, |inner| Ok(inner.core.num_free_blocks()))
+    }
+
+    #[getter]
+    fn num_steps_in_flight(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_inner(py, |inner| Ok(inner.core.num_steps_in_flight()))
+    }
+
+    /// Counters over the scheduler's life.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.with_inner(py, |inner| Ok(inner.core.stats().clone()))?;
+        let dict = PyDict::new(py);
+        dict.set_item("num_steps", stats.num_steps)?;
+        dict.set_item("num_preemptions", stats.num_preemptions)?;
+        dict.set_item("num_draft_tokens", stats.num_draft_tokens)?;
+        dict.set_item("num_accepted_tokens", stats.num_accepted_tokens)?;
+        Ok(dict)
+    }
+
+    /// Running request ids, in running order.
+    fn running_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let ids = self.with_inner(py, |inner| Ok(inner.core.running_ids()))?;
+        PyList::new(py, ids.iter().map(|id| id.as_ref()))
+    }
+
+    /// Waiting request ids, in the order the waiting loop would consider them.
+    fn waiting_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let ids = self.with_inner(py, |inner| Ok(inner.core.waiting_ids()))?;
+        PyList::new(py, ids.iter().map(|id| id.as_ref()))
+    }
+
+    /// The free-block queue, head first (blocks are reused from the head).
+    fn free_block_queue<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let queue = self.with_inner(py, |inner| Ok(inner.core.kv().pool().free_queue()))?;
+        PyList::new(py, queue)
+    }
+
+    /// Check the invariants of spec Appendix A over the whole state.
+    ///
+    /// O(everything): meant for tests and debugging, not the hot path.
+    /// Raises ``InvariantError`` naming the first broken one.
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_inner(py, |inner| {
+            let core = &inner.core;
+            py.detach(|| core.check_invariants()).map_err(core_err)
+        })
+    }
+
+    /// A deterministic dump of the whole state, for equality checks in tests.
+    fn debug_snapshot(&self, py: Python<'_>) -> PyResult<String> {
+        self.with_inner(py, |inner| Ok(inner.core.debug_snapshot()))
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        self.with_inner(py, |inner| {
+            let (running, waiting) = inner.core.get_request_counts();
+            Ok(format!("Scheduler(running={running}, waiting={waiting}, free_blocks={})", inner.core.num_free_blocks()))
+        })
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_traits() {
+    fn sync<T: Sync + Send>() {}
+    sync::<PyScheduler>();
+    let _ = |a: &PyReadonlyArray1<i32>| a.len();
+}

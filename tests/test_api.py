@@ -1,0 +1,357 @@
+"""The engine-facing API: configuration, validation, errors and the objects a step returns."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import llmsched
+from llmsched import (
+    ConfigError,
+    DuplicateRequestError,
+    InvalidRequestError,
+    LlmschedError,
+    ModelRunnerOutput,
+    OutputMismatchError,
+    RequestStatus,
+    Scheduler,
+    SchedulerConfig,
+    UnknownRequestError,
+)
+
+from conftest import add_requests, make_scheduler, one_token_each, runner_output
+
+# ------------------------------------------------------------------------------ config
+
+
+def test_config_defaults_are_vllms() -> None:
+    cfg = SchedulerConfig()
+    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.block_size) == (128, 2048, 16)
+    assert cfg.max_num_scheduled_tokens == cfg.max_num_batched_tokens
+    assert cfg.max_num_active_seqs == cfg.max_num_seqs
+    assert cfg.enable_chunked_prefill and cfg.scheduler_reserve_full_isl
+    assert cfg.async_scheduling  # vLLM resolves async scheduling on by default
+    assert (cfg.long_prefill_token_threshold, cfg.num_speculative_tokens, cfg.watermark) == (
+        0,
+        0,
+        0,
+    )
+    assert cfg.num_sampled_tokens_per_step == 1
+    assert cfg.policy == "fcfs" and not cfg.enable_prefix_caching
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_model_len", 0),
+        ("max_model_len", -5),
+        ("max_model_len", 1),  # no room for the sampled token
+        ("max_num_seqs", 0),
+        ("max_num_batched_tokens", 0),
+        ("max_num_batched_tokens", 64),  # below max_num_seqs=128
+        ("block_size", 0),
+        ("num_gpu_blocks", 1),  # only the null block
+        ("long_prefill_token_threshold", -1),
+        ("long_prefill_token_threshold", 4096),  # above max_model_len
+        ("num_speculative_tokens", -1),
+        ("num_lookahead_tokens", 1),  # without speculative decoding
+        ("max_num_new_slots_for_drafting", 1),  # without speculative decoding
+        ("num_sampled_tokens_per_step", 2),
+        ("watermark", 1.0),
+        ("watermark", -0.1),
+        ("watermark", float("nan")),
+        ("max_num_active_seqs", 1000),  # above max_num_seqs
+        ("policy", "lifo"),
+        ("enable_prefix_caching", True),  # not implemented yet: says so
+        ("policy", "priority"),  # not implemented yet: says so
+        ("max_model_len", "2048"),
+        ("max_model_len", 2048.0),
+        ("async_scheduling", 1),
+        ("max_num_seqs", True),
+        ("no_such_field", 1),
+    ],
+)
+def test_invalid_config_names_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=field) as info:
+        SchedulerConfig(**{field: value})
+    assert isinstance(info.value, ValueError) and isinstance(info.value, LlmschedError)
+
+
+def test_chunked_prefill_off_needs_a_budget_of_max_model_len() -> None:
+    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+        SchedulerConfig(enable_chunked_prefill=False, max_model_len=4096)
+    SchedulerConfig(enable_chunked_prefill=False, max_model_len=2048)
+
+
+def test_unimplemented_options_say_so() -> None:
+    with pytest.raises(ConfigError, match="not implemented yet"):
+        SchedulerConfig(enable_prefix_caching=True)
+    with pytest.raises(ConfigError, match="not implemented yet"):
+        SchedulerConfig(policy="priority")
+
+
+def test_config_is_a_value() -> None:
+    cfg = SchedulerConfig(max_model_len=4096, num_speculative_tokens=2)
+    assert cfg == SchedulerConfig(num_speculative_tokens=2, max_model_len=4096)
+    assert hash(cfg) == hash(SchedulerConfig(num_speculative_tokens=2, max_model_len=4096))
+    assert cfg != SchedulerConfig(max_model_len=4096)
+    # A derived value and the same value given explicitly are the same config.
+    assert SchedulerConfig() == SchedulerConfig(max_num_scheduled_tokens=2048)
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    bigger = cfg.replace(max_num_batched_tokens=4096)
+    assert bigger.max_num_scheduled_tokens == 4096  # still derived after replace
+    assert cfg.max_num_batched_tokens == 2048  # immutable
+    with pytest.raises(ConfigError, match="max_model_len"):
+        cfg.replace(max_model_len=0)
+    assert cfg.to_dict()["max_model_len"] == 4096
+    assert "max_model_len=4096" in repr(cfg)
+    with pytest.raises(AttributeError):
+        cfg.max_model_len = 8  # type: ignore[misc]
+
+
+def test_scheduler_shares_its_config_object() -> None:
+    cfg = SchedulerConfig(max_model_len=512)
+    assert Scheduler(cfg).config is cfg
+    with pytest.raises(ConfigError, match="config"):
+        Scheduler({"max_model_len": 512})  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ add_request
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "field"),
+    [
+        ((7, [1]), {"max_tokens": 1}, "request_id"),
+        (("", [1]), {"max_tokens": 1}, "request_id"),
+        (("x", []), {"max_tokens": 1}, "prompt_token_ids"),
+        (("x", "abc"), {"max_tokens": 1}, "prompt_token_ids"),
+        (("x", [1, -2]), {"max_tokens": 1}, r"prompt_token_ids\[1\]"),
+        (("x", [1, 2.5]), {"max_tokens": 1}, r"prompt_token_ids\[1\]"),
+        (("x", [1, 2**31]), {"max_tokens": 1}, r"prompt_token_ids\[1\]"),
+        (("x", np.array([[1, 2]])), {"max_tokens": 1}, "prompt_token_ids"),
+        (("x", np.array([1.0])), {"max_tokens": 1}, "prompt_token_ids"),
+        (("x", list(range(64))), {"max_tokens": 1}, "prompt_token_ids"),  # == M
+        (("x", [1]), {"max_tokens": 0}, "max_tokens"),
+        (("x", [1]), {"max_tokens": 1.5}, "max_tokens"),
+        (("x", [1]), {"max_tokens": 1, "min_tokens": -1}, "min_tokens"),
+        (("x", [1]), {"max_tokens": 1, "eos_token_id": -1}, "eos_token_id"),
+        (("x", [1]), {"max_tokens": 1, "stop_token_ids": [3, -3]}, r"stop_token_ids\[1\]"),
+        (("x", [1, 2]), {"max_tokens": 1, "num_computed_tokens": 2}, "num_computed_tokens"),
+        (("x", [1, 2]), {"max_tokens": 1, "num_computed_tokens": -1}, "num_computed_tokens"),
+        (("x", [1]), {"max_tokens": 1, "arrival_time": float("inf")}, "arrival_time"),
+        (("x", [1]), {"max_tokens": 1, "priority": 2**40}, "priority"),
+        (("x", [1] * 40), {"max_tokens": 100}, "max_tokens"),  # could outgrow the KV pool
+    ],
+)
+def test_bad_request_is_refused_and_changes_nothing(
+    args: tuple[Any, ...], kwargs: dict[str, Any], field: str
+) -> None:
+    sched = Scheduler(SchedulerConfig(max_model_len=64, num_gpu_blocks=4, block_size=16))
+    sched.add_request("live", [1, 2, 3], max_tokens=4)
+    before = sched.debug_snapshot()
+    with pytest.raises(InvalidRequestError, match=field):
+        sched.add_request(*args, **kwargs)
+    assert sched.debug_snapshot() == before
+    sched.check_invariants()
+
+
+def test_duplicate_live_id_is_refused_but_a_finished_id_can_return() -> None:
+    sched = make_scheduler()
+    sched.add_request("a", [1, 2], max_tokens=1)
+    with pytest.raises(DuplicateRequestError, match=r"request_id=.a."):
+        sched.add_request("a", [1, 2], max_tokens=1)
+    so = sched.schedule()
+    outs = sched.update_from_output(so, one_token_each(so))
+    assert outs[0].finished
+    sched.add_request("a", [3, 4], max_tokens=1)  # the id is free again
+    so = sched.schedule()
+    assert so.finished_req_ids == ["a"] and so.new_req_ids == ["a"]
+
+
+def test_prompt_as_numpy_array_of_any_integer_width() -> None:
+    sched = make_scheduler()
+    for dtype in (np.int8, np.uint16, np.int32, np.int64):
+        sched.add_request(str(dtype), np.arange(5, dtype=dtype), max_tokens=1)
+    so = sched.schedule()
+    assert so.all_token_ids.tolist() == list(range(5)) * 4
+
+
+# ------------------------------------------------------------------------------ outputs
+
+
+def test_scheduler_output_arrays_are_read_only_int32_and_ids_are_the_same_objects() -> None:
+    sched = make_scheduler()
+    request_id = "".join(["req", "-", "x"])  # built at run time: not an interned constant
+    sched.add_request(request_id, [1, 2, 3], max_tokens=5)
+    so = sched.schedule()
+    for name in ("num_scheduled_tokens", "num_computed_tokens", "num_spec_tokens", "block_ids"):
+        array = getattr(so, name)
+        assert array.dtype == np.int32 and not array.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            array[...] = 0
+    assert so.req_ids[0] is request_id
+    outs = sched.update_from_output(so, one_token_each(so))
+    assert outs[0].request_id is request_id
+    so = sched.schedule()
+    assert so.req_ids[0] is request_id
+
+
+def test_request_output_fields() -> None:
+    sched = make_scheduler()
+    sched.add_request("a", [1, 2], max_tokens=5, stop_token_ids=[42])
+    so = sched.schedule()
+    (out,) = sched.update_from_output(so, one_token_each(so, token=9))
+    assert (out.request_id, out.new_token_ids, out.status) == ("a", [9], RequestStatus.RUNNING)
+    assert not out.finished and out.finish_reason is None and out.stop_reason is None
+    so = sched.schedule()
+    (out,) = sched.update_from_output(so, one_token_each(so, token=42))
+    assert out.status is RequestStatus.FINISHED_STOPPED
+    assert (out.finished, out.finish_reason, out.stop_reason) == (True, "stop", 42)
+
+
+def test_get_request_snapshot_and_key_error_once_finished() -> None:
+    sched = make_scheduler()
+    sched.add_request("a", [5, 6, 7], max_tokens=1)
+    req = sched.get_request("a")
+    assert (req.status, req.num_tokens, req.num_computed_tokens) == (RequestStatus.WAITING, 3, 0)
+    assert req.prompt_token_ids == [5, 6, 7] and req.output_token_ids == []
+    so = sched.schedule()
+    assert sched.get_request("a").num_computed_tokens == 3  # advanced at schedule time
+    sched.update_from_output(so, one_token_each(so))
+    with pytest.raises(UnknownRequestError) as info:
+        sched.get_request("a")
+    assert isinstance(info.value, KeyError)
+
+
+def test_request_status_is_vllms_enum() -> None:
+    names = [s.name for s in RequestStatus]
+    assert names[:6] == [
+        "WAITING",
+        "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR",
+        "WAITING_FOR_REMOTE_KVS",
+        "WAITING_FOR_STREAMING_REQ",
+        "RUNNING",
+        "PREEMPTED",
+    ]
+    assert [s.value for s in RequestStatus] == list(range(1, 13))
+    assert not RequestStatus.PREEMPTED.is_finished and RequestStatus.FINISHED_STOPPED.is_finished
+    assert RequestStatus.FINISHED_IGNORED.finish_reason == "length"
+
+
+# ------------------------------------------------------------------------------ runner output
+
+
+def test_runner_output_must_match_its_step() -> None:
+    sched = make_scheduler()
+    add_requests(sched, 2)
+    so = sched.schedule()
+    before = sched.debug_snapshot()
+    bad: list[Any] = [
+        ModelRunnerOutput.from_lists(["0"], [[1]]),  # a request missing
+        ModelRunnerOutput.from_lists(["0", "9"], [[1], [1]]),  # an unknown one
+        ModelRunnerOutput.from_lists(["0", "0"], [[1], [1]]),  # one twice
+        ModelRunnerOutput.from_lists(["0", "1"], [[1, 2, 3], [1]]),  # more than 1 + drafts
+        ModelRunnerOutput.empty(),
+        object(),
+    ]
+    for runner_out in bad:
+        with pytest.raises(OutputMismatchError):
+            sched.update_from_output(so, runner_out)
+        assert sched.debug_snapshot() == before
+    with pytest.raises(OutputMismatchError, match="sampled_token_ids"):
+        ModelRunnerOutput(["0", "1"], np.array([1.0, 2.0]), np.array([1, 1]))
+    with pytest.raises(OutputMismatchError, match="num_sampled"):
+        ModelRunnerOutput(["0", "1"], np.array([1, 2]), np.array([1]))
+    with pytest.raises(OutputMismatchError, match="cannot be negative"):
+        sched.update_from_output(so, runner_output(so, [[1], [-1]]))
+    # Any order of the same requests is fine.
+    outs = sched.update_from_output(so, ModelRunnerOutput.from_lists(["1", "0"], [[8], [9]]))
+    assert {o.request_id: o.new_token_ids for o in outs} == {"0": [9], "1": [8]}
+
+
+def test_outputs_apply_once_and_in_order() -> None:
+    sched = make_scheduler(async_scheduling=True)
+    add_requests(sched, 1)
+    first = sched.schedule()
+    second = sched.schedule()
+    assert len(second.req_ids) == 1  # scheduled again with an output placeholder
+    with pytest.raises(OutputMismatchError, match="out of order"):
+        sched.update_from_output(second, one_token_each(second))
+    sched.update_from_output(first, one_token_each(first))
+    with pytest.raises(OutputMismatchError, match="already applied"):
+        sched.update_from_output(first, one_token_each(first))
+    other = Scheduler(sched.config)
+    with pytest.raises(OutputMismatchError, match="another Scheduler"):
+        other.update_from_output(second, one_token_each(second))
+    sched.update_from_output(second, one_token_each(second))
+    assert sched.num_steps_in_flight == 0
+
+
+def test_finish_requests_validates_its_status_and_ignores_unknown_ids() -> None:
+    sched = make_scheduler()
+    add_requests(sched, 3)
+    with pytest.raises(InvalidRequestError, match="status"):
+        sched.finish_requests("0", RequestStatus.RUNNING)
+    assert sched.finish_requests(["0", "nope", "0"], RequestStatus.FINISHED_ABORTED) == ["0"]
+    assert sched.finish_requests(None, RequestStatus.FINISHED_ABORTED) == ["1", "2"]
+    assert not sched.has_unfinished_requests() and sched.has_requests()
+    assert sorted(sched.schedule().finished_req_ids) == ["0", "1", "2"]
+    assert not sched.has_requests()
+
+
+def test_draft_validation() -> None:
+    sched = make_scheduler(num_speculative_tokens=2)
+    add_requests(sched, 1)
+    with pytest.raises(InvalidRequestError, match="draft_token_ids"):
+        sched.update_draft_token_ids(["0"], [[1, 2, 3]])  # more than K
+    with pytest.raises(InvalidRequestError, match="draft_token_ids"):
+        sched.update_draft_token_ids(["0"], [[1, -5]])
+    with pytest.raises(InvalidRequestError, match="appears twice"):
+        sched.update_draft_token_ids(["0", "0"], [[1], [2]])
+    sched.update_draft_token_ids(["gone"], [[1]])  # finished or unknown ids are ignored
+
+
+# ------------------------------------------------------------------------------ threads
+
+
+def test_concurrent_calls_are_serialized() -> None:
+    """Threads adding, scheduling and applying at once never corrupt the state."""
+    sched = Scheduler(
+        SchedulerConfig(max_model_len=256, num_gpu_blocks=512, async_scheduling=False)
+    )
+    lock = threading.Lock()  # keeps each schedule/update pair together, as an engine does
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            for i in range(200):
+                sched.add_request(f"{k}-{i}", [k, i % 7 + 1], max_tokens=3)
+                with lock:
+                    so = sched.schedule()
+                    sched.update_from_output(so, one_token_each(so, token=5))
+                sched.get_num_unfinished_requests()
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    sched.check_invariants()
+    while sched.has_requests():
+        so = sched.schedule()
+        sched.update_from_output(so, one_token_each(so, token=5))
+    sched.check_invariants()
+    assert sched.num_free_blocks == 511
+
+
+def test_public_names() -> None:
+    for name in llmsched.__all__:
+        assert hasattr(llmsched, name), name
