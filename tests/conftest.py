@@ -42,6 +42,7 @@ VLLM_TEST_DEFAULTS: dict[str, Any] = {
     "num_gpu_blocks": 10000,
     "block_size": 16,
     "enable_chunked_prefill": True,
+    "enable_prefix_caching": False,
     "async_scheduling": False,
 }
 

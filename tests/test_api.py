@@ -41,7 +41,7 @@ def test_config_defaults_are_vllms() -> None:
         0,
     )
     assert cfg.num_sampled_tokens_per_step == 1
-    assert cfg.policy == "fcfs" and not cfg.enable_prefix_caching
+    assert cfg.policy == "fcfs" and cfg.enable_prefix_caching
 
 
 @pytest.mark.parametrize(
@@ -66,8 +66,7 @@ def test_config_defaults_are_vllms() -> None:
         ("watermark", float("nan")),
         ("max_num_active_seqs", 1000),  # above max_num_seqs
         ("policy", "lifo"),
-        ("enable_prefix_caching", True),  # not implemented yet: says so
-        ("policy", "priority"),  # not implemented yet: says so
+        ("enable_prefix_caching", "yes"),
         ("max_model_len", "2048"),
         ("max_model_len", 2048.0),
         ("async_scheduling", 1),
@@ -85,13 +84,6 @@ def test_chunked_prefill_off_needs_a_budget_of_max_model_len() -> None:
     with pytest.raises(ConfigError, match="max_num_batched_tokens"):
         SchedulerConfig(enable_chunked_prefill=False, max_model_len=4096)
     SchedulerConfig(enable_chunked_prefill=False, max_model_len=2048)
-
-
-def test_unimplemented_options_say_so() -> None:
-    with pytest.raises(ConfigError, match="not implemented yet"):
-        SchedulerConfig(enable_prefix_caching=True)
-    with pytest.raises(ConfigError, match="not implemented yet"):
-        SchedulerConfig(policy="priority")
 
 
 def test_config_is_a_value() -> None:

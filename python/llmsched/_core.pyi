@@ -86,7 +86,7 @@ class SchedulerConfig:
         async_scheduling: bool = True,
         watermark: float = 0.0,
         scheduler_reserve_full_isl: bool = True,
-        enable_prefix_caching: bool = False,
+        enable_prefix_caching: bool = True,
         policy: str = "fcfs",
     ) -> SchedulerConfig: ...
     @property
@@ -244,6 +244,10 @@ class Request:
     def is_prefill_chunk(self) -> bool: ...
     @property
     def block_ids(self) -> list[int]: ...
+    @property
+    def block_hashes(self) -> list[int]:
+        """One 128-bit hash per full block of the request's tokens (empty without
+        prefix caching)."""
 
 @final
 class Scheduler:
@@ -265,6 +269,7 @@ class Scheduler:
         arrival_time: float | None = None,
         num_computed_tokens: int = 0,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         """Queue a request. Copies the prompt into the scheduler."""
     def schedule(self) -> SchedulerOutput: ...
@@ -300,7 +305,13 @@ class Scheduler:
     def num_steps_in_flight(self) -> int: ...
     def stats(self) -> dict[str, int]:
         """Counters over the scheduler's life: num_steps, num_preemptions,
-        num_draft_tokens, num_accepted_tokens."""
+        num_draft_tokens, num_accepted_tokens, and the prefix cache's lookups recorded
+        at admission: prefix_cache_{requests,queries,hits} for first admissions and
+        prefix_cache_preempted_{requests,queries,hits} for re-admissions."""
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prefix block. With ``reset_running_requests``, first
+        preempt every running request (their output in flight is dropped). Returns
+        False, changing nothing, while any block is in use."""
     def running_request_ids(self) -> list[str]:
         """Running request ids, in running order."""
     def waiting_request_ids(self) -> list[str]:

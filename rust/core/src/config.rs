@@ -78,7 +78,7 @@ impl Default for ConfigParams {
             async_scheduling: true,
             watermark: 0.0,
             scheduler_reserve_full_isl: true,
-            enable_prefix_caching: false,
+            enable_prefix_caching: true,
             policy: Policy::Fcfs,
         }
     }
@@ -205,20 +205,6 @@ impl SchedulerConfig {
         }
         if !(p.watermark.is_finite() && (0.0..1.0).contains(&p.watermark)) {
             return Err(CoreError::config("watermark", p.watermark, "must be in [0, 1)"));
-        }
-        if p.enable_prefix_caching {
-            return Err(CoreError::config(
-                "enable_prefix_caching",
-                "True",
-                "prefix caching is not implemented yet (issue 3); pass enable_prefix_caching=False",
-            ));
-        }
-        if p.policy != Policy::Fcfs {
-            return Err(CoreError::config(
-                "policy",
-                format!("{:?}", p.policy.as_str()),
-                "the priority policy is not implemented yet (issue 3); pass policy=\"fcfs\"",
-            ));
         }
         // vLLM: int(watermark * num_blocks).
         let watermark_blocks = (p.watermark * p.num_gpu_blocks as f64) as u32;

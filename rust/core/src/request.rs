@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use crate::kv::BlockHash;
+
 /// vLLM's `RequestStatus`: values and order matter. Every status after
 /// `Preempted` is a finished one.
 #[repr(u8)]
@@ -87,6 +89,12 @@ pub struct Request {
     pub(crate) stop_reason: Option<i32>,
     /// The KV block table; append-only while running, emptied on preemption and finish.
     pub(crate) block_ids: Vec<u32>,
+    /// Leading blocks of `block_ids` already registered in the prefix cache.
+    pub(crate) num_cached_blocks: usize,
+    /// One hash per full block of `token_ids` (empty when prefix caching is off).
+    pub(crate) block_hashes: Vec<BlockHash>,
+    /// Enters the first block's hash: requests share cached blocks only with the same salt.
+    pub(crate) cache_salt: Option<Box<[u8]>>,
     /// Which waiting queue holds the request, if one does.
     pub(crate) queued_in: Option<QueueKind>,
 }
@@ -125,6 +133,9 @@ impl Request {
             num_preemptions: 0,
             stop_reason: None,
             block_ids: Vec::new(),
+            num_cached_blocks: 0,
+            block_hashes: Vec::new(),
+            cache_salt: None,
             queued_in: None,
         }
     }
@@ -187,6 +198,9 @@ impl Request {
     }
     pub fn block_ids(&self) -> &[u32] {
         &self.block_ids
+    }
+    pub fn block_hashes(&self) -> &[BlockHash] {
+        &self.block_hashes
     }
     pub fn stop_reason(&self) -> Option<i32> {
         self.stop_reason

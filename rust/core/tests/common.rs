@@ -6,7 +6,7 @@ use std::sync::Arc;
 use llmsched_core::{ConfigParams, NewRequest, RequestEvent, RunnerOutput, Scheduler, SchedulerConfig, Step};
 
 pub fn config(f: impl FnOnce(&mut ConfigParams)) -> Arc<SchedulerConfig> {
-    let mut p = ConfigParams { async_scheduling: false, ..ConfigParams::default() };
+    let mut p = ConfigParams { async_scheduling: false, enable_prefix_caching: false, ..ConfigParams::default() };
     f(&mut p);
     Arc::new(SchedulerConfig::new(p).expect("valid test config"))
 }

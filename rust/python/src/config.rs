@@ -140,7 +140,7 @@ impl PySchedulerConfig {
         long_prefill_token_threshold=0, long_prefill_token_threshold_adaptive=False, \
         num_speculative_tokens=0, num_lookahead_tokens=0, max_num_new_slots_for_drafting=0, \
         num_sampled_tokens_per_step=1, async_scheduling=True, watermark=0.0, \
-        scheduler_reserve_full_isl=True, enable_prefix_caching=False, policy='fcfs')")]
+        scheduler_reserve_full_isl=True, enable_prefix_caching=True, policy='fcfs')")]
     fn new(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         Self::build(py, ConfigParams::default(), kwargs)
     }

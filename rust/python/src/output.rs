@@ -197,6 +197,8 @@ pub struct PyRequest {
     is_prefill_chunk: bool,
     #[pyo3(get)]
     block_ids: Vec<u32>,
+    #[pyo3(get)]
+    block_hashes: Vec<u128>,
 }
 
 impl PyRequest {
@@ -219,6 +221,7 @@ impl PyRequest {
             arrival_time: r.arrival_time(),
             is_prefill_chunk: r.is_prefill_chunk(),
             block_ids: r.block_ids().to_vec(),
+            block_hashes: r.block_hashes().to_vec(),
         }
     }
 }

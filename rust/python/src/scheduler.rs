@@ -215,9 +215,9 @@ impl PyScheduler {
 
     /// Queue a request. Copies the prompt into the scheduler.
     #[pyo3(signature = (request_id, prompt_token_ids, *, max_tokens, min_tokens=None, eos_token_id=None,
-        stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None),
+        stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None, cache_salt=None),
         text_signature = "(self, request_id, prompt_token_ids, *, max_tokens, min_tokens=0, eos_token_id=None, \
-        stop_token_ids=(), arrival_time=None, num_computed_tokens=0, priority=0)")]
+        stop_token_ids=(), arrival_time=None, num_computed_tokens=0, priority=0, cache_salt=None)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &self,
@@ -231,6 +231,7 @@ impl PyScheduler {
         arrival_time: Option<&Bound<'_, PyAny>>,
         num_computed_tokens: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = request_id.cast::<PyString>().map_err(|_| {
             request_error(
@@ -267,6 +268,17 @@ impl PyScheduler {
             },
             num_computed_tokens: optional_int(num_computed_tokens, "num_computed_tokens", 0)?,
             priority: optional_int(priority, "priority", 0)?,
+            cache_salt: match cache_salt {
+                Some(v) if !v.is_none() => Some(
+                    v.cast::<PyString>()
+                        .map_err(|_| {
+                            request_error(py, format!("cache_salt: must be a str or None, got {}", type_name(v)))
+                        })?
+                        .to_cow()?
+                        .into_owned(),
+                ),
+                _ => None,
+            },
         };
         // Keep an exact str: a subclass instance could carry state of its own.
         let py_id: Py<PyString> = if id.is_exact_instance_of::<PyString>() {
@@ -477,13 +489,32 @@ impl PyScheduler {
 
     /// Counters over the scheduler's life.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = self.with_inner(py, |inner| Ok(inner.core.stats().clone()))?;
+        let (stats, prefix) =
+            self.with_inner(py, |inner| Ok((inner.core.stats().clone(), inner.core.prefix_cache_stats().clone())))?;
         let dict = PyDict::new(py);
         dict.set_item("num_steps", stats.num_steps)?;
         dict.set_item("num_preemptions", stats.num_preemptions)?;
         dict.set_item("num_draft_tokens", stats.num_draft_tokens)?;
         dict.set_item("num_accepted_tokens", stats.num_accepted_tokens)?;
+        dict.set_item("prefix_cache_requests", prefix.requests)?;
+        dict.set_item("prefix_cache_queries", prefix.queries)?;
+        dict.set_item("prefix_cache_hits", prefix.hits)?;
+        dict.set_item("prefix_cache_preempted_requests", prefix.preempted_requests)?;
+        dict.set_item("prefix_cache_preempted_queries", prefix.preempted_queries)?;
+        dict.set_item("prefix_cache_preempted_hits", prefix.preempted_hits)?;
         Ok(dict)
+    }
+
+    /// Forget every cached prefix block. With ``reset_running_requests``, first
+    /// preempt every running request (their output in flight is dropped). Returns
+    /// False, changing nothing, while any block is in use.
+    #[pyo3(signature = (reset_running_requests=None), text_signature = "(self, reset_running_requests=False)")]
+    fn reset_prefix_cache(&self, py: Python<'_>, reset_running_requests: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        let reset_running = match reset_running_requests {
+            Some(v) => crate::convert::bool_value(py, v, "reset_running_requests", request_error)?,
+            None => false,
+        };
+        self.with_inner(py, |inner| Ok(inner.core.reset_prefix_cache(reset_running)))
     }
 
     /// Running request ids, in running order.

@@ -6,7 +6,7 @@
 
 use rustc_hash::FxHashMap;
 
-/// A block's content hash (issue 3 fills these in when prefix caching is on).
+/// A full block's content hash, chained on its parent's (see `kv::prefix`).
 pub type BlockHash = u128;
 
 const NIL: u32 = u32::MAX;
@@ -139,6 +139,42 @@ impl BlockPool {
         }
     }
 
+    /// The block a lookup of `hash` finds: the first cached with it.
+    #[inline]
+    pub fn get_cached_block(&self, hash: BlockHash) -> Option<u32> {
+        self.cached.get(&hash).and_then(|blocks| blocks.first().copied())
+    }
+
+    /// Registers `blocks[i]` under `hashes[i]` for `i` in `from..to`. A block with
+    /// the same content as one already cached is registered too (duplicates are
+    /// kept, never merged, so block tables stay append-only).
+    pub fn cache_full_blocks(&mut self, blocks: &[u32], hashes: &[BlockHash], from: usize, to: usize) {
+        for i in from..to {
+            let id = blocks[i];
+            if id == NULL_BLOCK {
+                continue;
+            }
+            let hash = hashes[i];
+            debug_assert!(self.hash[id as usize].is_none(), "block {id} cached twice");
+            self.hash[id as usize] = Some(hash);
+            self.cached.entry(hash).or_default().push(id);
+        }
+    }
+
+    /// Forgets every cached hash; only possible when no block is in use.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.num_free + 1 != self.num_blocks() {
+            return false;
+        }
+        self.cached.clear();
+        self.hash.iter_mut().for_each(|h| *h = None);
+        true
+    }
+
+    pub fn num_cached_blocks(&self) -> usize {
+        self.cached.values().map(Vec::len).sum()
+    }
+
     /// A prefix hit takes a reference; a block with none leaves the free queue.
     pub fn touch(&mut self, blocks: &[u32]) {
         for &id in blocks {
@@ -213,6 +249,26 @@ impl BlockPool {
                 return Err(format!("block {id}: in_free_queue flag disagrees with the queue"));
             }
         }
+        for (hash, blocks) in &self.cached {
+            if blocks.is_empty() {
+                return Err(format!("hash {hash:032x} maps to no block"));
+            }
+            for &id in blocks {
+                if self.hash[id as usize] != Some(*hash) {
+                    return Err(format!(
+                        "block {id} is cached under {hash:032x} but holds {:?}",
+                        self.hash[id as usize]
+                    ));
+                }
+            }
+        }
+        let hashed = self.hash.iter().filter(|h| h.is_some()).count();
+        if hashed != self.num_cached_blocks() {
+            return Err(format!("{hashed} blocks hold a hash but the cache maps {}", self.num_cached_blocks()));
+        }
+        if self.hash[NULL_BLOCK as usize].is_some() {
+            return Err("the null block holds a hash".into());
+        }
         let used = (1..self.num_blocks()).filter(|&id| self.ref_cnt[id] > 0).count();
         if self.num_free + used + 1 != self.num_blocks() {
             return Err(format!(
@@ -249,6 +305,77 @@ mod tests {
         // A request frees its table tail first.
         pool.free_blocks(table.iter().rev().copied());
         assert_eq!(pool.free_queue(), vec![4, 3, 2, 1, 5, 6, 7]);
+        pool.check().unwrap();
+    }
+
+    /// vLLM's test_prefill free-queue order, at the pool level: req0 holds
+    /// [1,2,3,4] (4 partial), req1 holds [1,2,3,5] (5 partial).
+    #[test]
+    fn free_queue_order_of_vllms_test_prefill() {
+        let mut pool = BlockPool::new(11, true);
+        let mut req0 = Vec::new();
+        pool.get_new_blocks(4, &mut req0);
+        pool.cache_full_blocks(&req0, &[10, 20, 30], 0, 3);
+        let mut req1 = vec![1, 2, 3];
+        pool.touch(&req1);
+        pool.get_new_blocks(1, &mut req1);
+        assert_eq!(req1, vec![1, 2, 3, 5]);
+        pool.free_blocks(req0.iter().rev().copied());
+        pool.free_blocks(req1.iter().rev().copied());
+        assert_eq!(pool.free_queue(), vec![5, 4, 6, 7, 8, 9, 10, 3, 2, 1]);
+        // A miss of 10 blocks takes them in that order, evicting the cached ones.
+        let mut miss = Vec::new();
+        pool.get_new_blocks(10, &mut miss);
+        assert_eq!(miss, vec![5, 4, 6, 7, 8, 9, 10, 3, 2, 1]);
+        assert_eq!(pool.get_cached_block(10), None);
+        pool.check().unwrap();
+    }
+
+    /// vLLM's test_evict: req0 holds 1..=6 (6 partial), req1 holds 7..=9.
+    #[test]
+    fn free_queue_order_of_vllms_test_evict() {
+        let mut pool = BlockPool::new(11, true);
+        let mut req0 = Vec::new();
+        pool.get_new_blocks(6, &mut req0);
+        pool.cache_full_blocks(&req0, &[1, 2, 3, 4, 5], 0, 5);
+        let mut req1 = Vec::new();
+        pool.get_new_blocks(3, &mut req1);
+        pool.cache_full_blocks(&req1, &[6, 7, 8], 0, 3);
+        pool.free_blocks(req0.iter().rev().copied());
+        assert_eq!(pool.free_queue(), vec![6, 10, 5, 4, 3, 2, 1]);
+        pool.free_blocks(req1.iter().rev().copied());
+        assert_eq!(pool.free_queue(), vec![6, 10, 5, 4, 3, 2, 1, 9, 8, 7]);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn duplicate_content_is_kept_and_lookup_returns_the_first() {
+        let mut pool = BlockPool::new(5, true);
+        let mut blocks = Vec::new();
+        pool.get_new_blocks(2, &mut blocks);
+        pool.cache_full_blocks(&blocks, &[7, 7], 0, 2);
+        assert_eq!(pool.get_cached_block(7), Some(blocks[0]));
+        pool.free_blocks(blocks.iter().rev().copied());
+        // Block 2 (freed first, at the tail's front) ... the head is block 3, uncached.
+        let mut out = Vec::new();
+        pool.get_new_blocks(2, &mut out);
+        assert_eq!(out, vec![3, 4]);
+        pool.get_new_blocks(1, &mut out);
+        assert_eq!(out[2], 2, "cached blocks are evicted last, tail of the request first");
+        assert_eq!(pool.get_cached_block(7), Some(1), "evicting one duplicate keeps the other");
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn reset_needs_every_block_free() {
+        let mut pool = BlockPool::new(4, true);
+        let mut blocks = Vec::new();
+        pool.get_new_blocks(1, &mut blocks);
+        pool.cache_full_blocks(&blocks, &[9], 0, 1);
+        assert!(!pool.reset_prefix_cache());
+        pool.free_blocks(blocks.iter().copied());
+        assert!(pool.reset_prefix_cache());
+        assert_eq!(pool.get_cached_block(9), None);
         pool.check().unwrap();
     }
 

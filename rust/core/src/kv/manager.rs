@@ -1,6 +1,8 @@
-//! `allocate_slots` and `free` for one full-attention KV group (spec §5.5, §5.7).
+//! `allocate_slots`, the prefix lookup, `cache_blocks` and `free` for one
+//! full-attention KV group (spec §5.4 to §5.7).
 
 use crate::kv::block_pool::BlockPool;
+use crate::kv::prefix;
 use crate::request::{Request, RequestStatus};
 
 /// What a loop asks `allocate_slots` for.
@@ -19,12 +21,29 @@ pub struct SlotRequest<'a> {
     pub has_scheduled_reqs: bool,
 }
 
+/// Prefix-cache lookups, recorded when a request is admitted (vLLM's
+/// `PrefixCacheStats`): tokens queried and tokens hit, first admissions and
+/// re-admissions after a preemption counted apart.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    pub requests: u64,
+    pub queries: u64,
+    pub hits: u64,
+    pub preempted_requests: u64,
+    pub preempted_queries: u64,
+    pub preempted_hits: u64,
+}
+
 #[derive(Clone, Debug)]
 pub struct KvManager {
     pool: BlockPool,
     block_size: i64,
     max_model_len: i64,
     watermark_blocks: usize,
+    enable_caching: bool,
+    stats: PrefixCacheStats,
+    /// Reused by block hashing, so hashing allocates nothing per block.
+    scratch: Vec<u8>,
 }
 
 #[inline]
@@ -33,8 +52,22 @@ fn cdiv(a: i64, b: i64) -> i64 {
 }
 
 impl KvManager {
-    pub fn new(num_gpu_blocks: usize, block_size: i64, max_model_len: i64, watermark_blocks: usize) -> Self {
-        Self { pool: BlockPool::new(num_gpu_blocks, false), block_size, max_model_len, watermark_blocks }
+    pub fn new(
+        num_gpu_blocks: usize,
+        block_size: i64,
+        max_model_len: i64,
+        watermark_blocks: usize,
+        enable_caching: bool,
+    ) -> Self {
+        Self {
+            pool: BlockPool::new(num_gpu_blocks, enable_caching),
+            block_size,
+            max_model_len,
+            watermark_blocks,
+            enable_caching,
+            stats: PrefixCacheStats::default(),
+            scratch: Vec::new(),
+        }
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -45,14 +78,72 @@ impl KvManager {
         self.block_size
     }
 
+    pub fn enable_caching(&self) -> bool {
+        self.enable_caching
+    }
+
     pub fn num_free_blocks(&self) -> usize {
         self.pool.num_free_blocks()
+    }
+
+    pub fn prefix_cache_stats(&self) -> &PrefixCacheStats {
+        &self.stats
     }
 
     /// `1 - free / usable`, usable excluding the null block.
     pub fn usage(&self) -> f64 {
         let usable = (self.pool.num_blocks() - 1) as f64;
         1.0 - self.pool.num_free_blocks() as f64 / usable
+    }
+
+    /// Hashes the full blocks of `request` not hashed yet (no-op without caching).
+    pub fn update_block_hashes(&mut self, request: &mut Request) {
+        if self.enable_caching {
+            prefix::extend_block_hashes(
+                &mut request.block_hashes,
+                &request.token_ids,
+                self.block_size as usize,
+                request.cache_salt.as_deref(),
+                &mut self.scratch,
+            );
+        }
+    }
+
+    /// The longest run of cached full blocks that prefixes the request, capped
+    /// at `N - 1` tokens (the last token is recomputed to get its logits).
+    /// Returns the blocks and the tokens they hold.
+    pub fn get_computed_blocks(&self, request: &Request) -> (Vec<u32>, i64) {
+        if !self.enable_caching {
+            return (Vec::new(), 0);
+        }
+        let max_blocks = ((request.num_tokens() - 1) / self.block_size) as usize;
+        let mut hits = Vec::new();
+        for &hash in request.block_hashes.iter().take(max_blocks) {
+            match self.pool.get_cached_block(hash) {
+                Some(block) => hits.push(block),
+                // Hashes chain: after the first miss nothing further can hit.
+                None => break,
+            }
+        }
+        let hit_tokens = hits.len() as i64 * self.block_size;
+        (hits, hit_tokens)
+    }
+
+    /// Counts an admission's lookup (vLLM records it only when the request is admitted).
+    pub fn record_prefix_cache_stats(&mut self, request: &Request, hit_tokens: i64) {
+        if !self.enable_caching {
+            return;
+        }
+        let (queries, hits) = (request.num_tokens() as u64, hit_tokens as u64);
+        if request.num_preemptions > 0 {
+            self.stats.preempted_requests += 1;
+            self.stats.preempted_queries += queries;
+            self.stats.preempted_hits += hits;
+        } else {
+            self.stats.requests += 1;
+            self.stats.queries += queries;
+            self.stats.hits += hits;
+        }
     }
 
     /// Blocks a request must take from the free pool to hold `num_tokens`
@@ -66,8 +157,9 @@ impl KvManager {
     }
 
     /// Gives `request` KV slots for `C + h + n + L` tokens (capped at `M`), or
-    /// returns None and changes nothing. On success returns the index in the
-    /// request's block table of the first block allocated now.
+    /// returns None and changes nothing (hit blocks included). On success
+    /// returns the index in the request's block table of the first block
+    /// allocated now, after any hit blocks.
     pub fn allocate_slots(&mut self, request: &mut Request, ask: SlotRequest<'_>) -> Option<usize> {
         debug_assert!(ask.num_new_tokens > 0 || ask.num_new_computed_tokens > 0);
         let m = self.max_model_len;
@@ -92,21 +184,45 @@ impl KvManager {
             return None;
         }
         if !hits.is_empty() {
+            // Touch before popping new blocks, so a hit is never evicted for its own request.
             self.pool.touch(hits);
             request.block_ids.extend_from_slice(hits);
+            request.num_cached_blocks = request.block_ids.len();
         }
         let first_new = request.block_ids.len();
         let missing = cdiv(tokens_needing_slots, self.block_size) - first_new as i64;
         if missing > 0 {
             self.pool.get_new_blocks(missing as usize, &mut request.block_ids);
         }
+        // Cache what will be computed by this step's end, drafts excluded (capped at N).
+        self.cache_blocks(request, (total_computed + ask.num_new_tokens).min(request.num_tokens()));
         Some(first_new)
+    }
+
+    /// Registers the request's full blocks holding its first `upto` tokens.
+    pub fn cache_blocks(&mut self, request: &mut Request, upto: i64) {
+        if !self.enable_caching {
+            return;
+        }
+        let full = (upto.max(0) as usize).min(request.block_hashes.len() * self.block_size as usize)
+            / self.block_size as usize;
+        let full = full.min(request.block_ids.len());
+        if full > request.num_cached_blocks {
+            self.pool.cache_full_blocks(&request.block_ids, &request.block_hashes, request.num_cached_blocks, full);
+            request.num_cached_blocks = full;
+        }
     }
 
     /// Releases a request's blocks, tail first, and empties its table.
     pub fn free(&mut self, request: &mut Request) {
         self.pool.free_blocks(request.block_ids.iter().rev().copied());
         request.block_ids.clear();
+        request.num_cached_blocks = 0;
+    }
+
+    /// Forgets every cached block; fails (false) while any block is in use.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.pool.reset_prefix_cache()
     }
 
     pub(crate) fn check(&self) -> Result<(), String> {

@@ -1,7 +1,9 @@
-//! The paged KV cache: the block pool and the manager that hands blocks to requests.
+//! The paged KV cache: the block pool, block hashing for the prefix cache, and
+//! the manager that hands blocks to requests.
 
 pub mod block_pool;
 pub mod manager;
+pub mod prefix;
 
-pub use block_pool::{BlockPool, NULL_BLOCK};
-pub use manager::{KvManager, SlotRequest};
+pub use block_pool::{BlockHash, BlockPool, NULL_BLOCK};
+pub use manager::{KvManager, PrefixCacheStats, SlotRequest};

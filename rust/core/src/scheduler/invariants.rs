@@ -149,6 +149,37 @@ impl Scheduler {
             if self.in_flight.is_empty() && (p != 0 || f != 0) {
                 return Err(broken(format!("request {id:?}: nothing in flight but P={p}, F={f}")));
             }
+            // Appendix A.8: hashes depend only on (parent, block tokens, salt), and a
+            // table's leading `num_cached_blocks` blocks are cached under them.
+            if self.kv.enable_caching() {
+                let mut expected = Vec::new();
+                crate::kv::prefix::extend_block_hashes(
+                    &mut expected,
+                    &r.token_ids,
+                    b as usize,
+                    r.cache_salt.as_deref(),
+                    &mut Vec::new(),
+                );
+                if expected != r.block_hashes {
+                    return Err(broken(format!("request {id:?}: block hashes do not match its tokens")));
+                }
+            }
+            if r.num_cached_blocks > r.block_ids.len() {
+                return Err(broken(format!(
+                    "request {id:?}: {} cached blocks of {}",
+                    r.num_cached_blocks,
+                    r.block_ids.len()
+                )));
+            }
+            for (i, &block) in r.block_ids.iter().enumerate() {
+                let held = self.kv.pool().block_hash(block);
+                let want = if i < r.num_cached_blocks { r.block_hashes.get(i).copied() } else { None };
+                if held != want {
+                    return Err(broken(format!(
+                        "request {id:?}: block {block} (table index {i}) holds hash {held:?}, expected {want:?}"
+                    )));
+                }
+            }
             for &block in &r.block_ids {
                 if block == crate::kv::NULL_BLOCK {
                     return Err(broken(format!("request {id:?} holds the null block")));

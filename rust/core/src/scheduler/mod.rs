@@ -38,6 +38,7 @@ pub struct NewRequest {
     pub arrival_time: Option<f64>,
     pub num_computed_tokens: i64,
     pub priority: i64,
+    pub cache_salt: Option<String>,
 }
 
 impl NewRequest {
@@ -52,6 +53,7 @@ impl NewRequest {
             arrival_time: None,
             num_computed_tokens: 0,
             priority: 0,
+            cache_salt: None,
         }
     }
 }
@@ -102,6 +104,7 @@ impl Scheduler {
             config.block_size(),
             config.max_model_len(),
             config.watermark_blocks(),
+            config.enable_prefix_caching(),
         );
         Self {
             requests: Slab::default(),
@@ -207,6 +210,8 @@ impl Scheduler {
         let id: Arc<str> = Arc::from(new.request_id);
         let stop = StopParams { max_tokens: new.max_tokens, min_tokens: new.min_tokens, eos_token_id, stop_token_ids };
         let mut request = Request::new(id.clone(), prompt, stop, priority, arrival_time, new.num_computed_tokens);
+        request.cache_salt = new.cache_salt.map(|salt| salt.into_bytes().into_boxed_slice());
+        self.kv.update_block_hashes(&mut request);
         let kind = if new.num_computed_tokens > 0 { QueueKind::KvHolding } else { QueueKind::Waiting };
         request.queued_in = Some(kind);
         let handle = self.requests.insert(request);
@@ -473,6 +478,23 @@ impl Scheduler {
     /// Unfinished requests, or finished ones a `schedule()` has yet to report.
     pub fn has_requests(&self) -> bool {
         self.has_unfinished_requests() || !self.finished_since_last_step.is_empty()
+    }
+
+    /// Forgets the prefix cache; with `reset_running_requests`, first preempts
+    /// every running request (their in-flight output is dropped: the resumed
+    /// request resamples those positions). Fails (false) while blocks are in use.
+    pub fn reset_prefix_cache(&mut self, reset_running_requests: bool) -> bool {
+        if reset_running_requests {
+            // Popping from the tail and prepending puts them back in their original order.
+            while let Some(handle) = self.running.pop() {
+                self.preempt(handle, true);
+            }
+        }
+        self.kv.reset_prefix_cache()
+    }
+
+    pub fn prefix_cache_stats(&self) -> &crate::kv::PrefixCacheStats {
+        self.kv.prefix_cache_stats()
     }
 
     pub fn kv_cache_usage(&self) -> f64 {

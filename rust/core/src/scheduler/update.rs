@@ -119,6 +119,7 @@ impl Scheduler {
         let m = self.config.max_model_len();
         let s = self.config.num_sampled_tokens_per_step();
         let async_scheduling = self.config.async_scheduling();
+        let k_spec = self.config.num_speculative_tokens();
         let mut events = Vec::with_capacity(record.entries.len());
         let mut stopped_running = false;
 
@@ -151,6 +152,7 @@ impl Scheduler {
             }
 
             let status_before = request.status;
+            let had_placeholders = request.num_output_placeholders > 0;
             let mut delivered = 0;
             let mut stopped = false;
             if !generated.is_empty() {
@@ -172,6 +174,12 @@ impl Scheduler {
                 if !stale && request.num_output_placeholders > 0 {
                     // Every returned token resolves a placeholder, trimmed ones too.
                     request.num_output_placeholders -= generated.len() as i64;
+                }
+                self.kv.update_block_hashes(request);
+                if !stale && status_before == RequestStatus::Running && (had_placeholders || k_spec > 0) {
+                    // Only KV that is computed and processed is cacheable: C - F.
+                    let upto = request.num_computed_tokens - request.num_in_flight_tokens;
+                    self.kv.cache_blocks(request, upto);
                 }
             } else if s == 0 && !entry.prefill_chunk {
                 // Pooling: the output of the final prompt chunk finishes the request.

@@ -42,9 +42,12 @@ impl Scheduler {
                 continue;
             }
 
-            // New and preempted requests would look up the prefix cache here
-            // (issue 3); a request that arrived with computed tokens keeps them.
-            let num_computed = request.num_computed_tokens;
+            // New and preempted requests look up the prefix cache; a request that
+            // arrived with computed tokens keeps them.
+            let looked_up = request.num_computed_tokens == 0;
+            let (hit_blocks, hit_tokens) =
+                if looked_up { self.kv.get_computed_blocks(request) } else { (Vec::new(), 0) };
+            let num_computed = if looked_up { hit_tokens } else { request.num_computed_tokens };
             let request_budget = b.token_budget.min(b.input_budget - b.draft_slots);
             // n = N - C_new, capped by the same room as the running loop (a no-op
             // for a live request, whose N <= M - s).
@@ -81,14 +84,17 @@ impl Scheduler {
 
             let ask = SlotRequest {
                 num_new_tokens: n,
-                num_new_computed_tokens: 0,
-                new_computed_blocks: &[],
+                num_new_computed_tokens: hit_tokens,
+                new_computed_blocks: &hit_blocks,
                 num_lookahead_tokens: lookahead,
                 full_sequence_must_fit: reserve_full_isl,
                 has_scheduled_reqs: !self.running.is_empty(),
             };
             if self.kv.allocate_slots(&mut self.requests[handle], ask).is_none() {
                 break;
+            }
+            if looked_up {
+                self.kv.record_prefix_cache_stats(&self.requests[handle], hit_tokens);
             }
 
             let (queue, slab) = self.queue_with_slab(kind);
