@@ -49,3 +49,26 @@ simulate:
 
 clean:
 	rm -rf target $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# vLLM 0.33.0's own v1 scheduler, for the benchmarks and parity checks that run it next to
+# llmsched (benches/vllm_reference.py). A separate venv: vLLM pins torch and much else.
+# The pinned packages install once (again when the list changes); llmsched is rebuilt and
+# reinstalled on every run, as a regular (not editable) install so that it leaves the
+# extension module that `make dev` builds into python/llmsched/ alone.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+
+.PHONY: vllm-env vllm-smoke
+
+$(VLLM_VENV)/.requirements-installed: benches/vllm-requirements.txt
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	$(VLLM_BIN)/pip install -q --no-deps -r benches/vllm-requirements.txt
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.requirements-installed  ## venv with vLLM 0.33.0 (scheduler only) and llmsched
+	$(VLLM_BIN)/pip install -q --no-deps --force-reinstall .
+	cd benches && $(abspath $(VLLM_BIN))/python -c "import vllm_reference as r, sys; sys.exit(not r.vllm_available())"
+
+vllm-smoke: vllm-env  ## the same small workload through vLLM and llmsched, step by step
+	$(VLLM_BIN)/python benches/vllm_smoke.py

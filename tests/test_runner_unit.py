@@ -1,40 +1,41 @@
 """Unit tests of the simulated runner's numpy mechanics, the engine loop and the output
-checks, with no compiled extension: ``llmsched._core`` is replaced, for each test only, by
-a stub module whose ``Scheduler`` is a tiny vLLM-like fake (FCFS, chunked prefill, sync
-drafts or async placeholders, unlimited KV blocks, no preemption)."""
+checks. Runner tests feed hand-built scheduler outputs (``StepOutput``), so that they can
+also send what no correct scheduler sends (a negative count, a padded step past ``M``);
+engine tests drive the compiled ``llmsched.Scheduler``, checking its invariants every step."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import sys
-import types
-from collections import deque
-from collections.abc import Iterator
+import itertools
 from typing import Any
 
 import numpy as np
 import pytest
 
-# ---------------------------------------------------------------------------- the stub
+from llmsched import (
+    ConfigError,
+    Engine,
+    RequestStatus,
+    SchedulerConfig,
+    SchedulerOutput,
+    SimulatedModelRunner,
+)
+from llmsched.testing import check_scheduler_output
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def runner_config(**overrides: Any) -> SchedulerConfig:
+    """A small sync config for the runner tests: M=64, 4-token blocks, 8 sequences."""
+    fields = {"max_model_len": 64, "block_size": 4, "max_num_seqs": 8, "async_scheduling": False}
+    return SchedulerConfig(**{**fields, **overrides})
 
 
 @dataclasses.dataclass(frozen=True)
-class FakeConfig:
-    max_model_len: int = 64
-    block_size: int = 4
-    num_speculative_tokens: int = 0
-    num_sampled_tokens_per_step: int = 1
-    async_scheduling: bool = False
-    max_num_seqs: int = 8
-    max_num_scheduled_tokens: int = 64
+class StepOutput:
+    """A hand-built stand-in with the fields of ``llmsched.SchedulerOutput`` (_core.pyi)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
-class FakeSchedulerOutput:
+    step_id: int
     req_ids: list[str]
     num_scheduled_tokens: np.ndarray
     num_computed_tokens: np.ndarray
@@ -45,24 +46,31 @@ class FakeSchedulerOutput:
     num_all_token_ids: np.ndarray
     all_token_ids: np.ndarray
     total_num_scheduled_tokens: int
-    new_req_ids: list[str] = dataclasses.field(default_factory=list)
-    resumed_req_ids: list[str] = dataclasses.field(default_factory=list)
-    preempted_req_ids: list[str] = dataclasses.field(default_factory=list)
-    finished_req_ids: list[str] = dataclasses.field(default_factory=list)
+    new_req_ids: list[str]
+    resumed_req_ids: list[str]
+    preempted_req_ids: list[str]
+    finished_req_ids: list[str]
 
     def __len__(self) -> int:
         return len(self.req_ids)
 
 
+_step_ids = itertools.count(1)
+
+
 def i32(values: Any) -> np.ndarray:
-    return np.asarray(values, dtype=np.int32).reshape(-1)
+    """A read-only 1-D int32 array, like the real output's."""
+    array = np.asarray(values, dtype=np.int32).reshape(-1)
+    array.flags.writeable = False
+    return array
 
 
-def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> FakeSchedulerOutput:
+def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> StepOutput:
     """One entry per scheduled request: id, n, C, and optionally spec (draft ids), blocks
     (new block ids), tokens (all_token_ids, for new/resumed), resumed (bool)."""
     admitted = [r for r in reqs if "tokens" in r]
-    return FakeSchedulerOutput(
+    return StepOutput(
+        step_id=next(_step_ids),
         req_ids=[r["id"] for r in reqs],
         num_scheduled_tokens=i32([r["n"] for r in reqs]),
         num_computed_tokens=i32([r["C"] for r in reqs]),
@@ -75,240 +83,9 @@ def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> FakeSchedu
         total_num_scheduled_tokens=sum(r["n"] for r in reqs),
         new_req_ids=[r["id"] for r in admitted if not r.get("resumed")],
         resumed_req_ids=[r["id"] for r in admitted if r.get("resumed")],
+        preempted_req_ids=[],
         finished_req_ids=list(finished),
     )
-
-
-@dataclasses.dataclass
-class FakeRequest:
-    request_id: str
-    tokens: list[int]
-    num_prompt: int
-    max_tokens: int
-    eos_token_id: int | None
-    C: int = 0
-    P: int = 0
-    F: int = 0
-    spec: list[int] = dataclasses.field(default_factory=list)
-    blocks: list[int] = dataclasses.field(default_factory=list)
-    is_prefill_chunk: bool = False
-
-
-@dataclasses.dataclass
-class FakeRequestOutput:
-    request_id: str
-    new_token_ids: list[int]
-    status: int
-    finished: bool
-    finish_reason: str | None = None
-    stop_reason: int | None = None
-
-
-class FakeScheduler:
-    """The counting rules of spec §3.1, §3.3, §3.6 and §4.1-4.3 in miniature."""
-
-    def __init__(self, config: FakeConfig, *, pre_53962_padding: bool = False) -> None:
-        self.config = config
-        self.pre_fix = pre_53962_padding  # the padding guard and n check before vLLM #53962
-        self.requests: dict[str, FakeRequest] = {}
-        self.running: list[FakeRequest] = []
-        self.waiting: deque[FakeRequest] = deque()
-        self.finished: list[str] = []
-        self.next_block = 1
-
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        *,
-        max_tokens: int,
-        eos_token_id: int | None = None,
-        num_computed_tokens: int = 0,
-    ) -> None:
-        prompt = list(prompt_token_ids)
-        r = FakeRequest(request_id, prompt, len(prompt), max_tokens, eos_token_id)
-        r.C = num_computed_tokens  # e.g. KV received from a prefill worker
-        self.requests[request_id] = r
-        self.waiting.append(r)
-
-    def _alloc(self, r: FakeRequest, n: int) -> list[int]:
-        cfg = self.config
-        need = -(-min(r.C + n, cfg.max_model_len) // cfg.block_size) - len(r.blocks)
-        new = list(range(self.next_block, self.next_block + max(need, 0)))
-        self.next_block += len(new)
-        r.blocks += new
-        return new
-
-    def schedule(self) -> FakeSchedulerOutput:
-        cfg = self.config
-        M, s, K = cfg.max_model_len, cfg.num_sampled_tokens_per_step, cfg.num_speculative_tokens
-        budget = cfg.max_num_scheduled_tokens
-        entries: list[dict[str, Any]] = []
-        for r in self.running:
-            if budget <= 0:
-                break
-            if r.P > 0 and r.num_prompt + r.max_tokens <= r.C + 2 - r.P:
-                continue  # async: the in-flight step already reaches max_tokens
-            n = min(len(r.tokens) + len(r.spec) + r.P - r.C, budget, M - r.C - s)
-            if n == 0 or (n < 0 and not self.pre_fix):
-                continue
-            k = n + r.C - len(r.tokens) - r.P
-            entry = {"r": r, "id": r.request_id, "n": n, "C": r.C, "blocks": self._alloc(r, n)}
-            entry["spec"] = r.spec[:k] if k > 0 else []
-            r.spec = []
-            entries.append(entry)
-            budget -= n
-        prefill_scheduled = any(e["r"].is_prefill_chunk for e in entries)
-        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-            r = self.waiting[0]
-            n, spec = len(r.tokens) - r.C, []
-            if K and s and n == 1 and not prefill_scheduled and (entries or r.C > 0):
-                padded = 1 + K  # spec §3.5
-                if r.C + padded + (0 if self.pre_fix else s) <= M:
-                    if padded > budget:
-                        break
-                    n, spec = padded, [-1] * K
-            n = min(n, budget)
-            self.waiting.popleft()
-            self._alloc(r, n)
-            self.running.append(r)
-            entries.append(
-                {"r": r, "id": r.request_id, "n": n, "C": r.C, "blocks": list(r.blocks)}
-                | {"tokens": list(r.tokens), "spec": spec}
-            )
-            budget -= n
-        so = make_so(*entries, finished=tuple(self.finished))
-        self.finished = []
-        for e in entries:
-            r = e["r"]
-            r.C += e["n"]
-            r.F += e["n"]
-            r.is_prefill_chunk = len(r.tokens) + r.P > r.C
-            if cfg.async_scheduling and not r.is_prefill_chunk:
-                r.P += s + len(e.get("spec", ()))
-                r.spec = [-1] * K
-        return so
-
-    def update_from_output(self, so: FakeSchedulerOutput, ro: Any) -> list[FakeRequestOutput]:
-        M = self.config.max_model_len
-        outputs = []
-        ends = np.cumsum(ro.num_sampled)
-        for i, req_id in enumerate(so.req_ids):
-            gen = ro.sampled_token_ids[ends[i] - ro.num_sampled[i] : ends[i]].tolist()
-            r = self.requests.get(req_id)
-            if r is None:
-                continue
-            r.F -= int(so.num_scheduled_tokens[i])
-            k = int(so.num_spec_tokens[i])
-            if k and gen:
-                rejected = k - (len(gen) - 1)
-                r.C -= rejected
-                if r.P > 0:
-                    r.P -= rejected
-            if not gen:
-                continue
-            original, stopped = len(gen), False
-            for j, token in enumerate(gen, start=1):
-                r.tokens.append(token)
-                if (
-                    token == r.eos_token_id
-                    or len(r.tokens) >= M
-                    or len(r.tokens) - r.num_prompt >= r.max_tokens
-                ):
-                    r.C -= original - j
-                    gen, stopped = gen[:j], True
-                    break
-            if r.P > 0:
-                r.P -= original
-            assert r.P >= 0
-            outputs.append(FakeRequestOutput(req_id, gen, 7 if stopped else 5, stopped))
-            if stopped:
-                del self.requests[req_id]
-                self.running.remove(r)
-                self.finished.append(req_id)
-        return outputs
-
-    def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
-        for req_id, ids in zip(req_ids, drafts, strict=True):
-            r = self.requests.get(req_id)
-            if r is not None:
-                r.spec = [] if r.is_prefill_chunk else list(ids)
-
-    def finish_requests(self, request_ids: Any, status: int) -> list[str]:
-        done = []
-        for req_id in [request_ids] if isinstance(request_ids, str) else list(request_ids):
-            r = self.requests.pop(req_id, None)
-            if r is not None:
-                (self.running if r in self.running else self.waiting).remove(r)
-                self.finished.append(req_id)
-                done.append(req_id)
-        return done
-
-    def has_requests(self) -> bool:
-        return bool(self.running or self.waiting or self.finished)
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.running or self.waiting)
-
-    def get_request_counts(self) -> tuple[int, int]:
-        return len(self.running), len(self.waiting)
-
-    def check_invariants(self) -> None:
-        for r in self.running:
-            assert r.P >= 0 and r.F >= 0 and 0 <= r.C <= self.config.max_model_len
-            if r.F == 0 and not r.is_prefill_chunk:
-                assert len(r.tokens) - 1 == r.C and r.P == 0
-
-
-def _make_core_stub() -> types.ModuleType:
-    core = types.ModuleType("llmsched._core")
-
-    class LlmschedError(Exception):
-        pass
-
-    class ConfigError(LlmschedError, ValueError):
-        pass
-
-    class OutputMismatchError(LlmschedError, ValueError):
-        pass
-
-    core.__dict__.update(
-        LlmschedError=LlmschedError,
-        ConfigError=ConfigError,
-        OutputMismatchError=OutputMismatchError,
-        Scheduler=FakeScheduler,
-        SchedulerConfig=FakeConfig,
-        __version__="0+stub",
-    )
-
-    def __getattr__(name: str) -> type:  # any other name of _core.pyi: a placeholder type
-        if name.startswith("__"):
-            raise AttributeError(name)
-        placeholder = type(name, (), {})
-        setattr(core, name, placeholder)
-        return placeholder
-
-    core.__getattr__ = __getattr__  # type: ignore[method-assign]
-    return core
-
-
-@pytest.fixture
-def llm() -> Iterator[types.SimpleNamespace]:
-    """Import llmsched's Python modules against the stub; restore sys.modules afterwards."""
-    ours = [name for name in sys.modules if name == "llmsched" or name.startswith("llmsched.")]
-    saved = {name: sys.modules.pop(name) for name in ours}
-    sys.modules["llmsched._core"] = _make_core_stub()
-    try:
-        yield types.SimpleNamespace(
-            core=sys.modules["llmsched._core"],
-            runner=importlib.import_module("llmsched.runner"),
-            engine=importlib.import_module("llmsched.engine"),
-            testing=importlib.import_module("llmsched.testing"),
-        )
-    finally:
-        for name in [n for n in sys.modules if n == "llmsched" or n.startswith("llmsched.")]:
-            del sys.modules[name]
-        sys.modules.update(saved)
 
 
 def rows_of(output: Any) -> list[list[int]]:
@@ -317,17 +94,25 @@ def rows_of(output: Any) -> list[list[int]]:
     return [output.sampled_token_ids[a:b].tolist() for a, b in zip(starts, ends, strict=True)]
 
 
+def test_hand_built_output_has_the_fields_of_the_real_one() -> None:
+    """``StepOutput`` has exactly the public attributes of ``llmsched.SchedulerOutput``."""
+    real = {name for name in dir(SchedulerOutput) if not name.startswith("_")}
+    assert {field.name for field in dataclasses.fields(StepOutput)} == real
+
+
 # ---------------------------------------------------------------------------- runner
 
 
-def test_prefill_then_decode_expands_counts_like_vllm(llm: Any) -> None:
-    runner = llm.runner.SimulatedModelRunner(FakeConfig(), seed=3)
+def test_prefill_then_decode_expands_counts_like_vllm() -> None:
+    """Positions, input ids and slot mapping of a prefill then a decode, as vLLM builds them."""
+    runner = SimulatedModelRunner(runner_config(), seed=3)
     prompt = [11, 12, 13, 14, 15]
     so = make_so({"id": "a", "n": 5, "C": 0, "blocks": [7, 9], "tokens": prompt})
     out = runner.execute_model(so)
     assert out.req_ids is so.req_ids
     assert rows_of(out) == [[runner.target_token("a", 5)]]
     step = runner.last_step_inputs
+    assert step is not None
     assert step.positions.tolist() == [0, 1, 2, 3, 4]
     assert step.input_ids.tolist() == prompt
     assert step.slot_mapping.tolist() == [28, 29, 30, 31, 36]  # block 7, then block 9
@@ -339,8 +124,9 @@ def test_prefill_then_decode_expands_counts_like_vllm(llm: Any) -> None:
     assert runner.token_ids("a") == prompt + [runner.target_token("a", i) for i in (5, 6)]
 
 
-def test_negative_count_raises_numpys_repeat_error(llm: Any) -> None:
-    runner = llm.runner.SimulatedModelRunner(FakeConfig())
+def test_negative_count_raises_numpys_repeat_error() -> None:
+    """A count of -1 fails in ``np.repeat`` with numpy's own message, as in vLLM."""
+    runner = SimulatedModelRunner(runner_config())
     runner.execute_model(
         make_so(
             {"id": "a", "n": 3, "C": 0, "blocks": [1], "tokens": [1, 2, 3]},
@@ -352,25 +138,27 @@ def test_negative_count_raises_numpys_repeat_error(llm: Any) -> None:
         runner.execute_model(bad)
 
 
-def test_sampled_tokens_past_max_model_len_raise_vllms_assertion(llm: Any) -> None:
-    # The pre-#53962 padding: C_new + 1 + K == M, and a runner whose padded slot holds a
-    # real (accepted) draft writes one token past the row (spec Appendix C).
-    config = FakeConfig(max_model_len=8, num_speculative_tokens=1)
-    runner = llm.runner.SimulatedModelRunner(config, accept_padded_drafts=True, acceptance_rate=1.0)
-    so = make_so(
-        {"id": "a", "n": 2, "C": 6, "spec": [-1], "blocks": [1, 2], "tokens": list(range(7))}
+def test_sampled_tokens_past_max_model_len_raise_vllms_assertion() -> None:
+    """Accepted drafts ending past ``M`` raise vLLM's assertion with its exact message."""
+    # C=5, n=3 with two real drafts, M=8: C + n + s = 9, and both drafts are accepted.
+    runner = SimulatedModelRunner(
+        runner_config(max_model_len=8, num_speculative_tokens=2), acceptance_rate=1.0
     )
+    runner.execute_model(make_so({"id": "a", "n": 5, "C": 0, "blocks": [1, 2], "tokens": [1] * 5}))
+    _, drafts = runner.take_draft_token_ids()
+    assert drafts == [[runner.target_token("a", 6), runner.target_token("a", 7)]]
     message = (
         "Sampled token IDs exceed the max model length. "
         "Total number of tokens: 9 > max_model_len: 8"
     )
     with pytest.raises(AssertionError) as info:
-        runner.execute_model(so)
+        runner.execute_model(make_so({"id": "a", "n": 3, "C": 5, "spec": drafts[0]}))
     assert str(info.value) == message
 
 
-def test_non_final_prefill_chunk_returns_an_empty_row(llm: Any) -> None:
-    runner = llm.runner.SimulatedModelRunner(FakeConfig())
+def test_non_final_prefill_chunk_returns_an_empty_row() -> None:
+    """A prefill chunk that stops short of the prompt's end samples nothing."""
+    runner = SimulatedModelRunner(runner_config())
     prompt = list(range(100, 110))
     so = make_so(
         {"id": "a", "n": 4, "C": 0, "blocks": [1], "tokens": prompt},
@@ -385,10 +173,11 @@ def test_non_final_prefill_chunk_returns_an_empty_row(llm: Any) -> None:
     assert runner.last_step_inputs.input_ids.tolist() == prompt[4:]
 
 
-def test_async_drafts_are_the_runners_own_and_accepted_deterministically(llm: Any) -> None:
-    config = FakeConfig(num_speculative_tokens=2, async_scheduling=True)
+def test_async_drafts_are_the_runners_own_and_accepted_deterministically() -> None:
+    """Async: placeholder slots hold the runner's own drafts; rate 1 accepts all, 0 none."""
+    config = runner_config(num_speculative_tokens=2, async_scheduling=True)
     for rate, expected_accepts in ((1.0, [2, 2]), (0.0, [0, 0])):
-        runner = llm.runner.SimulatedModelRunner(config, seed=1, acceptance_rate=rate)
+        runner = SimulatedModelRunner(config, seed=1, acceptance_rate=rate)
         T = [runner.target_token("a", i) for i in range(20)]
         out = runner.execute_model(
             make_so({"id": "a", "n": 4, "C": 0, "blocks": [1], "tokens": [5, 6, 7, 8]})
@@ -407,11 +196,12 @@ def test_async_drafts_are_the_runners_own_and_accepted_deterministically(llm: An
         assert runner.num_computed_tokens("a") == runner.num_tokens("a") - 1
 
 
-def test_async_mixed_acceptance_matches_the_drafts_the_runner_proposed(llm: Any) -> None:
-    config = FakeConfig(max_model_len=256, num_speculative_tokens=3, async_scheduling=True)
+def test_async_mixed_acceptance_matches_the_drafts_the_runner_proposed() -> None:
+    """Async at rate 0.5: each step accepts the leading drafts equal to T, reproducibly."""
+    config = runner_config(max_model_len=256, num_speculative_tokens=3, async_scheduling=True)
     results = []
     for _ in range(2):  # same seed, same everything
-        runner = llm.runner.SimulatedModelRunner(config, seed=7, acceptance_rate=0.5)
+        runner = SimulatedModelRunner(config, seed=7, acceptance_rate=0.5)
         runner.execute_model(
             make_so({"id": "r", "n": 2, "C": 0, "blocks": list(range(1, 40)), "tokens": [1, 2]})
         )
@@ -434,10 +224,11 @@ def test_async_mixed_acceptance_matches_the_drafts_the_runner_proposed(llm: Any)
     assert results[0] == results[1]
 
 
-def test_accept_padded_drafts_turns_a_padding_slot_into_a_real_draft(llm: Any) -> None:
-    config = FakeConfig(num_speculative_tokens=2)  # sync
+def test_accept_padded_drafts_turns_a_padding_slot_into_a_real_draft() -> None:
+    """Sync: padded slots are rejected, unless ``accept_padded_drafts`` makes them drafts."""
+    config = runner_config(num_speculative_tokens=2)
     for accept_padded, expected in ((False, 1), (True, 3)):
-        runner = llm.runner.SimulatedModelRunner(
+        runner = SimulatedModelRunner(
             config, acceptance_rate=1.0, accept_padded_drafts=accept_padded
         )
         so = make_so(
@@ -453,8 +244,9 @@ def test_accept_padded_drafts_turns_a_padding_slot_into_a_real_draft(llm: Any) -
         assert runner.take_draft_token_ids() is None
 
 
-def test_sync_real_drafts_stop_at_the_first_mismatch(llm: Any) -> None:
-    runner = llm.runner.SimulatedModelRunner(FakeConfig(num_speculative_tokens=3))
+def test_sync_real_drafts_stop_at_the_first_mismatch() -> None:
+    """Sync: drafts are accepted up to the first one that differs from T, then T is sampled."""
+    runner = SimulatedModelRunner(runner_config(num_speculative_tokens=3))
     runner.execute_model(
         make_so({"id": "a", "n": 3, "C": 0, "blocks": [1, 2], "tokens": [1, 2, 3]})
     )
@@ -465,21 +257,23 @@ def test_sync_real_drafts_stop_at_the_first_mismatch(llm: Any) -> None:
     assert (runner.num_tokens("a"), runner.num_computed_tokens("a")) == (6, 5)
 
 
-def test_targets_avoid_eos_unless_drawn(llm: Any) -> None:
-    config = FakeConfig()
-    plain = llm.runner.SimulatedModelRunner(config, vocab_size=5, eos_token_id=2)
+def test_targets_avoid_eos_unless_drawn() -> None:
+    """T never hits EOS by chance, and hits it at about ``eos_probability`` when asked to."""
+    config = runner_config()
+    plain = SimulatedModelRunner(config, vocab_size=5, eos_token_id=2)
     tokens = {plain.target_token("x", i) for i in range(500)}
     assert tokens == {0, 1, 3, 4}
-    eos = llm.runner.SimulatedModelRunner(config, eos_token_id=2, eos_probability=0.25)
+    eos = SimulatedModelRunner(config, eos_token_id=2, eos_probability=0.25)
     hits = sum(eos.target_token("x", i) == 2 for i in range(2000))
     assert 350 < hits < 650
 
 
-def test_contract_violations_are_assertion_errors(llm: Any) -> None:
-    runner = llm.runner.SimulatedModelRunner(FakeConfig(max_model_len=16))
+def test_contract_violations_are_assertion_errors() -> None:
+    """Null block, short block table, unknown request, C behind the truth: AssertionError."""
+    runner = SimulatedModelRunner(runner_config(max_model_len=16))
     with pytest.raises(AssertionError, match="null block"):
         runner.execute_model(make_so({"id": "a", "n": 2, "C": 0, "blocks": [0], "tokens": [1, 2]}))
-    runner = llm.runner.SimulatedModelRunner(FakeConfig(max_model_len=16))
+    runner = SimulatedModelRunner(runner_config(max_model_len=16))
     with pytest.raises(AssertionError, match="block table has 1 blocks"):
         runner.execute_model(make_so({"id": "a", "n": 5, "C": 0, "blocks": [1], "tokens": [1] * 5}))
     runner.execute_model(make_so({"id": "b", "n": 4, "C": 0, "blocks": [2], "tokens": [1] * 4}))
@@ -491,8 +285,9 @@ def test_contract_violations_are_assertion_errors(llm: Any) -> None:
         runner.execute_model(make_so({"id": "b", "n": 1, "C": 3}))
 
 
-def test_rows_are_recycled_and_grow_by_doubling(llm: Any) -> None:
-    runner = llm.runner.SimulatedModelRunner(FakeConfig(max_num_seqs=2, max_model_len=8))
+def test_rows_are_recycled_and_grow_by_doubling() -> None:
+    """Token rows double when full and finished requests give theirs back."""
+    runner = SimulatedModelRunner(runner_config(max_num_seqs=2, max_model_len=8))
     ids = [f"r{i}" for i in range(5)]
     so = make_so(
         *({"id": r, "n": 2, "C": 0, "blocks": [i + 1], "tokens": [i, i]} for i, r in enumerate(ids))
@@ -506,109 +301,124 @@ def test_rows_are_recycled_and_grow_by_doubling(llm: Any) -> None:
     assert runner.token_ids("r4") == [4, 4, runner.target_token("r4", 2)]
 
 
-# ---------------------------------------------------------------------------- engine
+# ------------------------------------------------------- the pre-#53962 symptoms, by hand
+
+# Spec §3.5's worked example: M=32, K=1; "late" arrives with N=31 and C=30 = M-1-K while
+# "filler" decodes. vLLM before #53962 padded it to n=1+K=2, leaving C=M. These outputs are
+# written by hand: the compiled scheduler refuses to pad there (tests/test_seed_boundary.py).
+LATE = {"id": "late", "n": 2, "C": 30, "spec": [-1], "blocks": [2, 3], "tokens": list(range(31))}
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-@pytest.mark.parametrize("num_spec", [0, 2])
-def test_engine_outputs_are_the_target_sequence(
-    llm: Any, async_scheduling: bool, num_spec: int
-) -> None:
-    config = FakeConfig(
-        max_model_len=40,
-        num_speculative_tokens=num_spec,
-        async_scheduling=async_scheduling,
-        max_num_seqs=4,
-        max_num_scheduled_tokens=24,
+def _up_to_the_padded_step(
+    async_scheduling: bool, **runner_kwargs: Any
+) -> tuple[SimulatedModelRunner, StepOutput]:
+    """Run filler's prefill and first decode; return the runner and the padded step."""
+    config = runner_config(
+        max_model_len=32, block_size=16, num_speculative_tokens=1, async_scheduling=async_scheduling
     )
-    runner = llm.runner.SimulatedModelRunner(
-        config, seed=5, acceptance_rate=0.6, eos_token_id=0, eos_probability=0.03
+    runner = SimulatedModelRunner(config, acceptance_rate=1.0, **runner_kwargs)
+
+    def drafts() -> list[int]:  # sync: the drafts the runner proposed; async: a placeholder
+        taken = runner.take_draft_token_ids()
+        return [-1] if taken is None else taken[1][0]
+
+    runner.execute_model(
+        make_so({"id": "filler", "n": 4, "C": 0, "blocks": [1], "tokens": [1] * 4})
     )
-    engine = llm.engine.Engine(config, runner, check_invariants=True)
-    prompts = {f"q{i}": list(range(1, 3 + 3 * i)) for i in range(8)}
-    for req_id, prompt in prompts.items():
-        engine.add_request(req_id, prompt, max_tokens=30, eos_token_id=0)
-    results = engine.run(max_steps=10_000)
-    assert not engine.has_unfinished_requests() and runner.num_live_requests == 0
-    for req_id, prompt in prompts.items():
-        tokens = results[req_id].output_token_ids
-        expected = [runner.target_token(req_id, len(prompt) + j) for j in range(len(tokens))]
-        assert tokens == expected and results[req_id].finished
-        stops = 0 in tokens or len(tokens) == 30 or len(prompt) + len(tokens) == 40
-        assert stops and 0 not in tokens[:-1]
+    runner.execute_model(make_so({"id": "filler", "n": 2, "C": 4, "spec": drafts()}))
+    padded = make_so({"id": "filler", "n": 2, "C": 6, "spec": drafts()}, LATE)
+    with pytest.raises(AssertionError, match=r"'late': C=30, n=2, s=1, M=32"):
+        check_scheduler_output(config, padded)
+    return runner, padded
 
 
-def test_engine_rejects_a_runner_with_another_max_model_len(llm: Any) -> None:
-    runner = llm.runner.SimulatedModelRunner(FakeConfig(max_model_len=32))
-    with pytest.raises(llm.core.ConfigError, match="max_model_len"):
-        llm.engine.Engine(FakeConfig(max_model_len=64), runner)
+def test_pre_53962_padding_overruns_the_row_in_sync() -> None:
+    """Sync, padded slot taken as a real draft: vLLM's "exceed the max model length" assertion."""
+    runner, padded = _up_to_the_padded_step(False, accept_padded_drafts=True)
+    with pytest.raises(AssertionError, match=r"Total number of tokens: 33 > max_model_len: 32$"):
+        runner.execute_model(padded)
+    runner, padded = _up_to_the_padded_step(False)  # padded slot rejected: the row just fills
+    assert rows_of(runner.execute_model(padded))[1] == [runner.target_token("late", 31)]
+    assert runner.num_tokens("late") == 32
 
 
-def test_check_scheduler_output_names_the_request_breaking_the_cap(llm: Any) -> None:
-    config = FakeConfig(max_model_len=8)
-    llm.testing.check_scheduler_output(config, make_so({"id": "a", "n": 1, "C": 6}))
+def test_pre_53962_padding_sends_a_negative_count_in_async() -> None:
+    """Async: the padded step fills the row, and the next step's n = M - C - s = -1 fails."""
+    runner, padded = _up_to_the_padded_step(True)
+    runner.execute_model(padded)
+    assert runner.num_tokens("late") == 32
+    # Scheduled before the padded step's output is applied, with C optimistic: C = 32.
+    after = make_so(
+        {"id": "filler", "n": 2, "C": 8, "spec": [-1]}, {"id": "late", "n": -1, "C": 32}
+    )
+    with pytest.raises(ValueError, match=r"^repeats may not contain negative values\.$"):
+        runner.execute_model(after)
+
+
+# ---------------------------------------------------------------------------- output checks
+
+
+def test_check_scheduler_output_names_the_request_breaking_the_cap() -> None:
+    """``check_scheduler_output`` names the request with C + n + s > M, or a bad padding."""
+    config = runner_config(max_model_len=8)
+    check_scheduler_output(config, make_so({"id": "a", "n": 1, "C": 6}))
     with pytest.raises(AssertionError, match=r"'a': C=7, n=1, s=1, M=8"):
-        llm.testing.check_scheduler_output(config, make_so({"id": "a", "n": 1, "C": 7}))
-    padded = FakeConfig(num_speculative_tokens=2)
+        check_scheduler_output(config, make_so({"id": "a", "n": 1, "C": 7}))
+    padded = runner_config(num_speculative_tokens=2)
     with pytest.raises(AssertionError, match="padded admission"):
-        llm.testing.check_scheduler_output(
+        check_scheduler_output(
             padded,
             make_so({"id": "b", "n": 2, "C": 3, "spec": [-1], "blocks": [1], "tokens": [1] * 4}),
         )
 
 
-def _padding_example(llm: Any, *, async_scheduling: bool, pre_fix: bool, **kwargs: Any) -> Any:
-    """Spec §3.5's worked example: M=32, K=1; a request with N=31 and C=30 arrives while a
-    filler decodes. Before #53962 it is padded to n=2, which leaves C=M."""
-    config = FakeConfig(
-        max_model_len=32, num_speculative_tokens=1, async_scheduling=async_scheduling
-    )
-    runner = llm.runner.SimulatedModelRunner(config, acceptance_rate=1.0, **kwargs)
-    engine = llm.engine.Engine(config, runner, check_invariants=kwargs.pop("check", False))
-    engine.scheduler.pre_fix = pre_fix
-    engine.add_request("filler", [1, 2, 3, 4], max_tokens=20)
-    engine.step()
-    engine.step()
-    engine.add_request("late", list(range(31)), max_tokens=10, num_computed_tokens=30)
-    return engine
+# ---------------------------------------------------------------------------- engine
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_fixed_padding_guard_runs_to_length_cap(llm: Any, async_scheduling: bool) -> None:
-    engine = _padding_example(
-        llm, async_scheduling=async_scheduling, pre_fix=False, accept_padded_drafts=True
-    )
-    results = engine.run(max_steps=1000)
-    assert results["late"].output_token_ids == [engine.runner.target_token("late", 31)]
-
-
-def test_pre_fix_padding_fails_like_vllm(llm: Any) -> None:
-    engine = _padding_example(llm, async_scheduling=True, pre_fix=True)
-    with pytest.raises(ValueError, match=r"^repeats may not contain negative values\.$"):
-        engine.run(max_steps=1000)
-    engine = _padding_example(llm, async_scheduling=False, pre_fix=True, accept_padded_drafts=True)
-    with pytest.raises(AssertionError, match=r"Total number of tokens: 33 > max_model_len: 32$"):
-        engine.run(max_steps=1000)
-    engine = _padding_example(llm, async_scheduling=False, pre_fix=True)
-    engine.run(max_steps=1000)  # sync, padding rejected: no overrun (spec §3.5)
-    engine = _padding_example(llm, async_scheduling=True, pre_fix=True)
-    engine._check = True
-    with pytest.raises(AssertionError, match=r"'late': C=30, n=2, s=1, M=32"):
-        engine.run(max_steps=1000)
-
-
-# ---------------------------------------------------------------------------- the real core
-
-
-@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("num_spec", [0, 2])
-def test_engine_with_the_compiled_scheduler(async_scheduling: bool, num_spec: int) -> None:
-    """The same end-to-end check against llmsched._core, with KV pressure (preemptions)."""
-    core = pytest.importorskip("llmsched._core")
-    from llmsched.engine import Engine
-    from llmsched.runner import SimulatedModelRunner
+def test_engine_outputs_are_the_target_sequence(async_scheduling: bool, num_spec: int) -> None:
+    """Every output is T in order, ending at EOS ("stop"), max_tokens or M ("length")."""
+    config = SchedulerConfig(
+        max_model_len=40,
+        block_size=4,
+        num_speculative_tokens=num_spec,
+        async_scheduling=async_scheduling,
+        max_num_seqs=4,
+        max_num_batched_tokens=24,
+    )
+    runner = SimulatedModelRunner(
+        config, seed=5, acceptance_rate=0.6, eos_token_id=0, eos_probability=0.03
+    )
+    step_ids: list[int] = []
+    engine = Engine(
+        config, runner, check_invariants=True, on_schedule=lambda so: step_ids.append(so.step_id)
+    )
+    prompts = {f"q{i}": list(range(1, 3 + 3 * i)) for i in range(8)}
+    for req_id, prompt in prompts.items():
+        engine.add_request(req_id, prompt, max_tokens=30, eos_token_id=0)
+    results = engine.run(max_steps=10_000)
+    assert not engine.has_unfinished_requests() and runner.num_live_requests == 0
+    assert engine.last_applied_step_id == step_ids[-1]  # every scheduled step was applied
+    for req_id, prompt in prompts.items():
+        tokens = results[req_id].output_token_ids
+        expected = [runner.target_token(req_id, len(prompt) + j) for j in range(len(tokens))]
+        assert tokens == expected and results[req_id].finished
+        assert 0 not in tokens[:-1]
+        if tokens[-1] == 0:
+            assert results[req_id].finish_reason == "stop"
+        else:
+            assert results[req_id].finish_reason == "length"
+            assert len(tokens) == 30 or len(prompt) + len(tokens) == 40
 
-    config = core.SchedulerConfig(
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("num_spec", [0, 2])
+def test_engine_under_kv_pressure_preempts_and_keeps_the_targets(
+    async_scheduling: bool, num_spec: int
+) -> None:
+    """With too few KV blocks requests are preempted and resumed, and outputs are still T."""
+    config = SchedulerConfig(
         max_model_len=48,
         block_size=4,
         num_gpu_blocks=30,
@@ -624,19 +434,60 @@ def test_engine_with_the_compiled_scheduler(async_scheduling: bool, num_spec: in
         engine.add_request(req_id, prompt, max_tokens=25, eos_token_id=0)
     results = engine.run(max_steps=20_000)
     assert not engine.has_unfinished_requests() and runner.num_live_requests == 0
+    assert engine.scheduler.stats()["num_preemptions"] > 0
     for req_id, prompt in prompts.items():
         tokens = results[req_id].output_token_ids
         assert tokens == [runner.target_token(req_id, len(prompt) + j) for j in range(len(tokens))]
         assert results[req_id].finished and 0 < len(tokens) <= 25
 
 
-def test_requests_sharing_the_only_block_finish_one_after_another() -> None:
-    core = pytest.importorskip("llmsched._core")
-    from llmsched.engine import Engine
+def test_engine_rejects_a_runner_with_another_max_model_len() -> None:
+    """An engine and a runner that disagree on ``max_model_len`` are a ConfigError."""
+    runner = SimulatedModelRunner(runner_config(max_model_len=32))
+    with pytest.raises(ConfigError, match="max_model_len"):
+        Engine(runner_config(max_model_len=64), runner)
 
-    # One usable block of 16 tokens: "b" waits until "a" has finished and freed it.
-    engine = Engine(core.SchedulerConfig(max_model_len=64, num_gpu_blocks=2, max_num_seqs=2))
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_late_arrival_at_m_minus_1_minus_k_runs_to_the_length_cap(async_scheduling: bool) -> None:
+    """The worked example above on the real scheduler: late gets n=1, one token, "length"."""
+    config = SchedulerConfig(
+        max_model_len=32, num_speculative_tokens=1, async_scheduling=async_scheduling
+    )
+    runner = SimulatedModelRunner(config, acceptance_rate=1.0, accept_padded_drafts=True)
+    late_steps: list[tuple[int, int, int]] = []
+
+    def log(so: SchedulerOutput) -> None:
+        if "late" in so.req_ids:
+            i = so.req_ids.index("late")
+            c, n = int(so.num_computed_tokens[i]), int(so.num_scheduled_tokens[i])
+            late_steps.append((c, n, int(so.num_spec_tokens[i])))
+
+    engine = Engine(config, runner, check_invariants=True, on_schedule=log)
+    engine.add_request("filler", [1] * 4, max_tokens=20)
+    engine.step()
+    engine.step()
+    engine.add_request("late", LATE["tokens"], max_tokens=10, num_computed_tokens=30)
+    results = engine.run(max_steps=1000)
+    assert late_steps == [(30, 1, 0)]
+    assert results["late"].output_token_ids == [runner.target_token("late", 31)]
+    assert results["late"].status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert len(results["filler"].output_token_ids) == 20
+
+
+def test_requests_sharing_the_only_block_finish_one_after_another() -> None:
+    """One usable block of 16 tokens: "b" is scheduled only once "a" has finished."""
+    scheduled: list[list[str]] = []
+    engine = Engine(
+        SchedulerConfig(max_model_len=64, num_gpu_blocks=2, max_num_seqs=2),
+        check_invariants=True,
+        on_schedule=lambda so: scheduled.append(so.req_ids),
+    )
     engine.add_request("a", list(range(4)), max_tokens=12)
     engine.add_request("b", list(range(4)), max_tokens=12)
     results = engine.run(max_steps=1000)
+    steps_of = {r: [i for i, ids in enumerate(scheduled) if r in ids] for r in "ab"}
+    assert max(steps_of["a"]) < min(steps_of["b"])
+    assert engine.scheduler.stats()["num_preemptions"] == 0
+    assert [len(results[r].output_token_ids) for r in "ab"] == [12, 12]
     assert results["a"].finished and results["b"].finished

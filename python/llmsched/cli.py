@@ -1,122 +1,142 @@
-"""The ``llmsched`` command line: ``llmsched simulate`` runs a workload through the engine."""
+"""The ``llmsched`` command line.
+
+``llmsched simulate [WORKLOAD]`` replays a workload (a preset name, an Azure ``.csv`` or a
+Mooncake ``.jsonl`` trace) through the engine and the simulated runner in virtual time and
+reports throughput, latencies, preemptions, prefix-cache hits and KV usage. Every
+``SchedulerConfig`` field is a flag (``--max-num-seqs 128``, ``--no-async-scheduling``...).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
 
-from llmsched._core import SchedulerConfig
-from llmsched.engine import Engine
-from llmsched.runner import SimulatedModelRunner
-from llmsched.workload import PRESETS, synthetic
+from llmsched._core import LlmschedError, SchedulerConfig
+from llmsched.simulate import CostModel, simulate, write_plots
+from llmsched.workload import PRESETS, load_workload
 
 __all__ = ["main"]
 
+# The simulator's defaults where they differ from SchedulerConfig's (vLLM's class defaults
+# are sized for small GPUs): a long context, a large batch, and a pool of 16,384 blocks
+# (262k tokens, an 8B model's KV in about 34 GB).
+SIMULATE_DEFAULTS: dict[str, Any] = {
+    "max_model_len": 16384,
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 8192,
+    "num_gpu_blocks": 16384,
+}
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("scheduler (SchedulerConfig fields)")
+    for name, default in SchedulerConfig().to_dict().items():
+        default = SIMULATE_DEFAULTS.get(name, default)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        elif name in ("max_num_scheduled_tokens", "max_num_active_seqs"):
+            group.add_argument(flag, type=int, default=None, help="default: derived")
+        elif isinstance(default, int):
+            group.add_argument(flag, type=int, default=default, help=f"default: {default}")
+        elif isinstance(default, float):
+            group.add_argument(flag, type=float, default=default, help=f"default: {default}")
+        else:
+            group.add_argument(flag, default=default, help=f"default: {default}")
+
+
+def _config(args: argparse.Namespace) -> SchedulerConfig:
+    values = {name: getattr(args, name) for name in SchedulerConfig().to_dict()}
+    for name in ("max_num_scheduled_tokens", "max_num_active_seqs"):
+        if values[name] is None:
+            del values[name]
+    return SchedulerConfig(**values)
+
 
 def _simulate(args: argparse.Namespace) -> int:
-    config = SchedulerConfig(
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_gpu_blocks=args.num_gpu_blocks,
-        block_size=args.block_size,
-        num_speculative_tokens=args.num_speculative_tokens,
-        async_scheduling=not args.sync,
+    config = _config(args)
+    workload = load_workload(
+        args.workload, limit=args.limit, num_requests=args.num_requests, seed=args.seed
     )
-    specs = synthetic(
-        args.preset,
-        num_requests=args.num_requests,
-        max_model_len=config.max_model_len,
-        seed=args.seed,
-    )
-    runner = SimulatedModelRunner(config, seed=args.seed)
-    engine = Engine(config, runner)
-    for spec in specs:
-        engine.add_request(
-            spec.request_id,
-            spec.prompt_token_ids,
-            max_tokens=spec.max_tokens,
-            arrival_time=spec.arrival_time,
-        )
-    peak_usage = 0.0
-    peak_running = 0
-    started = time.perf_counter()
-    scheduler = engine.scheduler
-    while scheduler.has_requests() or engine.num_steps_in_flight:
-        engine.step()
-        running, _ = scheduler.get_request_counts()
-        peak_running = max(peak_running, running)
-        peak_usage = max(peak_usage, scheduler.get_kv_cache_usage())
-    wall = time.perf_counter() - started
-
-    results = engine.results.values()
-    finished = sum(r.finished for r in results)
-    by_reason: dict[str, int] = {}
-    for r in results:
-        by_reason[r.finish_reason or "unfinished"] = (
-            by_reason.get(r.finish_reason or "unfinished", 0) + 1
-        )
-    stats = scheduler.stats()
-    steps = engine.num_steps
-    prompt_tokens = sum(len(s.prompt_token_ids) for s in specs)
-    output_tokens = sum(len(r.output_token_ids) for r in results)
-    mode = "sync" if args.sync else "async"
-    source = PRESETS[args.preset].source
-    print(f"llmsched simulate: {len(specs)} requests, preset {args.preset} ({source})")
+    cost = CostModel(**{f.name: getattr(args, f.name) for f in fields(CostModel)})
+    num = len(workload.requests)
+    print(f"llmsched simulate: {workload.name} ({workload.source}), {num:,} requests")
     print(
-        f"  {mode} scheduling, K={config.num_speculative_tokens}, "
-        f"max_model_len={config.max_model_len}, max_num_seqs={config.max_num_seqs}, "
-        f"max_num_batched_tokens={config.max_num_batched_tokens}, "
-        f"num_gpu_blocks={config.num_gpu_blocks} x {config.block_size} tokens"
+        f"  {'async' if config.async_scheduling else 'sync'} scheduling, "
+        f"K={config.num_speculative_tokens}, max_model_len={config.max_model_len:,}, "
+        f"max_num_seqs={config.max_num_seqs}, "
+        f"max_num_batched_tokens={config.max_num_batched_tokens:,}, "
+        f"KV {config.num_gpu_blocks:,} blocks x {config.block_size} tokens, "
+        f"prefix caching {'on' if config.enable_prefix_caching else 'off'}, {config.policy}"
     )
-    rows = [
-        (
-            "requests finished",
-            f"{finished:,} / {len(specs):,}  "
-            + ", ".join(f"{k}: {v:,}" for k, v in sorted(by_reason.items())),
-        ),
-        ("engine steps", f"{steps:,}"),
-        ("prompt tokens", f"{prompt_tokens:,}"),
-        ("output tokens", f"{output_tokens:,}"),
-        ("preemptions", f"{stats['num_preemptions']:,}"),
-        ("peak running requests", f"{peak_running:,}"),
-        ("peak KV cache usage", f"{peak_usage:.1%}"),
-        ("wall time", f"{wall:.2f} s"),
-        (
-            "scheduler time",
-            f"{engine.scheduler_seconds:.3f} s, "
-            f"{1e6 * engine.scheduler_seconds / max(steps, 1):.1f} us/step",
-        ),
-    ]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"  {name:<{width}}  {value}")
-    return 0 if finished == len(specs) else 1
+    report = simulate(
+        config,
+        workload,
+        cost=cost,
+        seed=args.seed,
+        acceptance_rate=args.acceptance_rate,
+        time_scale=args.time_scale,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )
+    print(report.table())
+    if report.truncated_requests:
+        print(f"  ({report.truncated_requests:,} requests truncated to max_model_len)")
+    if args.json:
+        Path(args.json).write_text(report.to_json())
+        print(f"  report written to {args.json}")
+    if args.plot:
+        for path in write_plots(report, args.plot):
+            print(f"  chart written to {path}")
+    return 0 if report.num_finished == report.num_requests else 1
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmsched", description=__doc__)
+    parser = argparse.ArgumentParser(prog="llmsched", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    sim = commands.add_parser("simulate", help="replay a workload through the engine and report")
-    sim.add_argument("--preset", choices=sorted(PRESETS), default="azure-conv")
-    sim.add_argument("--num-requests", type=int, default=1000)
+    sim = commands.add_parser(
+        "simulate",
+        help="replay a workload through the engine in virtual time and report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sim.add_argument(
+        "workload",
+        nargs="?",
+        default="azure-conv",
+        help=f"a preset ({', '.join(sorted(PRESETS))}) or a trace file; default: azure-conv",
+    )
+    sim.add_argument("--limit", type=int, help="replay only the first N requests of a trace")
+    sim.add_argument("--num-requests", type=int, default=1000, help="requests of a preset")
     sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--max-model-len", type=int, default=16384)
-    sim.add_argument("--max-num-seqs", type=int, default=256)
-    sim.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    sim.add_argument("--num-gpu-blocks", type=int, default=8192)
-    sim.add_argument("--block-size", type=int, default=16)
-    sim.add_argument("--num-speculative-tokens", type=int, default=0)
-    sim.add_argument("--sync", action="store_true", help="sync scheduling (default: async)")
+    sim.add_argument("--time-scale", type=float, default=1.0, help="stretch arrival times")
+    sim.add_argument("--acceptance-rate", type=float, default=0.7, help="of draft tokens")
+    sim.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    sim.add_argument("--plot", metavar="DIR", help="write PNG charts (needs matplotlib)")
+    sim.add_argument("--no-progress", action="store_true")
+    cost = sim.add_argument_group("cost model (milliseconds)")
+    for f in fields(CostModel):
+        cost.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=float,
+            default=f.default,
+            help=f"default: {f.default}",
+        )
+    _add_config_flags(sim)
     sim.set_defaults(run=_simulate)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+    except (LlmschedError, ValueError, OSError) as e:
+        print(f"llmsched: error: {e}", file=sys.stderr)
+        return 2
     return code
 
 

@@ -88,6 +88,7 @@ class Engine:
         self._async = bool(config.async_scheduling)
         self._batch_queue: deque[tuple[SchedulerOutput, Any]] = deque()
         self._num_steps = 0
+        self._last_applied_step_id: int | None = None
         self._scheduler_seconds = 0.0
         self._idle_steps = 0
         self._summaries: dict[str, RequestSummary] = {}
@@ -110,6 +111,11 @@ class Engine:
     def num_steps(self) -> int:
         """How many steps were scheduled (and executed), empty ones included."""
         return self._num_steps
+
+    @property
+    def last_applied_step_id(self) -> int | None:
+        """``step_id`` of the last step whose output was applied (None before the first)."""
+        return self._last_applied_step_id
 
     @property
     def scheduler_seconds(self) -> float:
@@ -233,6 +239,7 @@ class Engine:
         started = time.perf_counter()
         outputs = self._scheduler.update_from_output(scheduler_output, runner_output)
         self._scheduler_seconds += time.perf_counter() - started
+        self._last_applied_step_id = scheduler_output.step_id
         if self._check:
             self._scheduler.check_invariants()
         return outputs

@@ -22,8 +22,12 @@ pub struct BlockPool {
     head: u32,
     tail: u32,
     num_free: usize,
-    /// hash -> blocks with that content; the first is the one a lookup returns.
-    cached: FxHashMap<BlockHash, Vec<u32>>,
+    /// hash -> the first block cached with that content (the one a lookup returns).
+    cached: FxHashMap<BlockHash, u32>,
+    /// Later blocks with the same content as a block, in caching order (rare): an
+    /// intrusive list, so caching a block allocates nothing.
+    next_duplicate: Vec<u32>,
+    num_cached: usize,
     enable_caching: bool,
 }
 
@@ -40,6 +44,8 @@ impl BlockPool {
             tail: NIL,
             num_free: 0,
             cached: FxHashMap::default(),
+            next_duplicate: vec![NIL; n],
+            num_cached: 0,
             enable_caching,
         };
         for id in 1..n as u32 {
@@ -129,20 +135,29 @@ impl BlockPool {
     }
 
     fn evict(&mut self, id: u32) {
-        if let Some(hash) = self.hash[id as usize].take() {
-            if let Some(blocks) = self.cached.get_mut(&hash) {
-                blocks.retain(|&b| b != id);
-                if blocks.is_empty() {
-                    self.cached.remove(&hash);
-                }
+        let Some(hash) = self.hash[id as usize].take() else { return };
+        self.num_cached -= 1;
+        let next = std::mem::replace(&mut self.next_duplicate[id as usize], NIL);
+        let first = self.cached.get_mut(&hash).expect("a hashed block is cached");
+        if *first == id {
+            if next == NIL {
+                self.cached.remove(&hash);
+            } else {
+                *first = next;
             }
+            return;
         }
+        let mut prev = *first;
+        while self.next_duplicate[prev as usize] != id {
+            prev = self.next_duplicate[prev as usize];
+        }
+        self.next_duplicate[prev as usize] = next;
     }
 
     /// The block a lookup of `hash` finds: the first cached with it.
     #[inline]
     pub fn get_cached_block(&self, hash: BlockHash) -> Option<u32> {
-        self.cached.get(&hash).and_then(|blocks| blocks.first().copied())
+        self.cached.get(&hash).copied()
     }
 
     /// Registers `blocks[i]` under `hashes[i]` for `i` in `from..to`. A block with
@@ -157,7 +172,19 @@ impl BlockPool {
             let hash = hashes[i];
             debug_assert!(self.hash[id as usize].is_none(), "block {id} cached twice");
             self.hash[id as usize] = Some(hash);
-            self.cached.entry(hash).or_default().push(id);
+            self.num_cached += 1;
+            match self.cached.entry(hash) {
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(id);
+                }
+                std::collections::hash_map::Entry::Occupied(first) => {
+                    let mut last = *first.get();
+                    while self.next_duplicate[last as usize] != NIL {
+                        last = self.next_duplicate[last as usize];
+                    }
+                    self.next_duplicate[last as usize] = id;
+                }
+            }
         }
     }
 
@@ -168,11 +195,13 @@ impl BlockPool {
         }
         self.cached.clear();
         self.hash.iter_mut().for_each(|h| *h = None);
+        self.next_duplicate.iter_mut().for_each(|n| *n = NIL);
+        self.num_cached = 0;
         true
     }
 
     pub fn num_cached_blocks(&self) -> usize {
-        self.cached.values().map(Vec::len).sum()
+        self.num_cached
     }
 
     /// A prefix hit takes a reference; a block with none leaves the free queue.
@@ -249,22 +278,26 @@ impl BlockPool {
                 return Err(format!("block {id}: in_free_queue flag disagrees with the queue"));
             }
         }
-        for (hash, blocks) in &self.cached {
-            if blocks.is_empty() {
-                return Err(format!("hash {hash:032x} maps to no block"));
-            }
-            for &id in blocks {
+        let mut chained = 0;
+        for (hash, &first) in &self.cached {
+            let mut id = first;
+            while id != NIL {
                 if self.hash[id as usize] != Some(*hash) {
                     return Err(format!(
                         "block {id} is cached under {hash:032x} but holds {:?}",
                         self.hash[id as usize]
                     ));
                 }
+                chained += 1;
+                id = self.next_duplicate[id as usize];
             }
         }
         let hashed = self.hash.iter().filter(|h| h.is_some()).count();
-        if hashed != self.num_cached_blocks() {
-            return Err(format!("{hashed} blocks hold a hash but the cache maps {}", self.num_cached_blocks()));
+        if hashed != chained || chained != self.num_cached {
+            return Err(format!(
+                "{hashed} blocks hold a hash, the cache chains {chained} and counts {}",
+                self.num_cached
+            ));
         }
         if self.hash[NULL_BLOCK as usize].is_some() {
             return Err("the null block holds a hash".into());

@@ -1,0 +1,152 @@
+"""Workloads, the virtual-time simulator, and the ``llmsched`` command line."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmsched import SchedulerConfig
+from llmsched.cli import main
+from llmsched.simulate import CostModel, simulate
+from llmsched.workload import (
+    MOONCAKE_BLOCK_TOKENS,
+    PRESETS,
+    RequestSpec,
+    Workload,
+    fit_to_max_model_len,
+    load_azure_csv,
+    load_mooncake_jsonl,
+    load_workload,
+    synthetic,
+)
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+needs_traces = pytest.mark.skipif(
+    not TRACES.is_dir(), reason=f"the workplace's traces are not at {TRACES}"
+)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_presets_match_their_traces_published_medians(preset: str) -> None:
+    fit = PRESETS[preset]
+    workload = synthetic(preset, num_requests=20000, seed=3)
+    prompts = np.array([r.prompt_len for r in workload.requests])
+    outputs = np.array([r.output_len for r in workload.requests])
+    assert abs(np.median(prompts) / fit.prompt.median - 1) < 0.05
+    assert abs(np.median(outputs) / fit.output.median - 1) < 0.05
+    assert prompts.max() <= fit.prompt.maximum and outputs.max() <= fit.output.maximum
+    rate = len(workload.requests) / workload.duration
+    assert abs(rate / fit.requests_per_second - 1) < 0.05
+
+
+def test_prompts_are_deterministic_and_mooncake_blocks_are_shared() -> None:
+    a = synthetic("azure-conv", num_requests=3, seed=1)
+    b = synthetic("azure-conv", num_requests=3, seed=1)
+    assert [r.prompt_token_ids().tolist() for r in a.requests] == [
+        r.prompt_token_ids().tolist() for r in b.requests
+    ]
+    first = RequestSpec("x", 0.0, 1000, 1, key=1, prefix_blocks=(7, 8))
+    second = RequestSpec("y", 0.0, 700, 1, key=2, prefix_blocks=(7, 9))
+    x, y = first.prompt_token_ids(), second.prompt_token_ids()
+    assert len(x) == 1000 and len(y) == 700
+    assert (x[:MOONCAKE_BLOCK_TOKENS] == y[:MOONCAKE_BLOCK_TOKENS]).all()
+    assert (x[MOONCAKE_BLOCK_TOKENS:700] != y[MOONCAKE_BLOCK_TOKENS:700]).any()
+    assert x.dtype == np.int32 and x.min() >= 1
+
+
+def test_fit_to_max_model_len_keeps_room_for_outputs() -> None:
+    workload = Workload("w", [RequestSpec("a", 0.0, 5000, 3000, key=1)], "test")
+    fitted = fit_to_max_model_len(workload, 4096)
+    (spec,) = fitted.requests
+    assert (spec.prompt_len, spec.output_len, fitted.truncated) == (1096, 3000, 1)
+
+
+def test_simulation_reports_every_request_and_consistent_figures() -> None:
+    config = SchedulerConfig(max_model_len=4096, max_num_seqs=32, num_gpu_blocks=600)
+    workload = synthetic("azure-conv", num_requests=60, seed=2)
+    report = simulate(config, workload, check_invariants=True, time_scale=0.2)
+    assert report.num_finished == report.num_requests == 60
+    expected = sum(min(r.output_len, 4095) for r in fit_to_max_model_len(workload, 4096).requests)
+    assert report.output_tokens == expected
+    lat = report.latency_seconds
+    assert 0 < lat["ttft"]["p50"] <= lat["ttft"]["p90"] <= lat["ttft"]["p99"]
+    assert lat["ttft"]["p50"] <= lat["e2e"]["p50"]
+    assert all(v >= 0 for v in report.latencies["queue"])
+    assert report.kv_usage["peak"] <= 1.0
+    assert report.throughput["output_tokens_per_s"] > 0
+    # Virtual time is the cost model's: no step is cheaper than its fixed cost.
+    assert report.virtual_seconds >= report.num_steps * CostModel().fixed_ms / 1000 * 0.5
+    json.loads(report.to_json())
+
+
+def test_preemptions_are_reported_under_kv_pressure() -> None:
+    config = SchedulerConfig(max_model_len=2048, max_num_seqs=64, num_gpu_blocks=300)
+    report = simulate(config, synthetic("azure-conv", num_requests=80, seed=5), time_scale=0.01)
+    assert report.num_finished == 80
+    assert report.num_preemptions > 0
+    assert report.kv_usage["peak"] > 0.9
+
+
+def test_spec_decode_acceptance_is_reported() -> None:
+    config = SchedulerConfig(max_model_len=4096, num_speculative_tokens=3, num_gpu_blocks=2000)
+    report = simulate(config, synthetic("azure-code", num_requests=30), acceptance_rate=0.6)
+    assert report.num_finished == 30
+    assert 0.3 < report.spec_decode["acceptance_rate"] < 0.9
+
+
+def test_cli_runs_the_embedded_default_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report.json"
+    assert main(["simulate", "--num-requests", "40", "--json", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    for heading in ("TTFT", "TPOT", "end-to-end", "preemptions", "prefix cache", "KV cache"):
+        assert heading in printed
+    report = json.loads(out.read_text())
+    assert report["num_finished"] == 40
+    assert report["config"]["max_model_len"] == 16384
+
+
+def test_cli_rejects_a_bad_flag_value_with_the_field_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", "--num-requests", "5", "--max-num-seqs", "0", "--no-progress"]) == 2
+    assert "max_num_seqs" in capsys.readouterr().err
+    assert main(["simulate", "no-such-workload"]) == 2
+
+
+@needs_traces
+def test_azure_trace_loads_with_relative_arrivals() -> None:
+    workload = load_azure_csv(TRACES / "azure-llm-2023" / "conv.csv", limit=100)
+    assert len(workload.requests) == 100
+    assert workload.requests[0].arrival_time == 0.0
+    arrivals = [r.arrival_time for r in workload.requests]
+    assert arrivals == sorted(arrivals)
+    assert (
+        load_workload(str(TRACES / "azure-llm-2023" / "code.csv"), limit=5).requests[0].prompt_len
+        > 0
+    )
+
+
+@needs_traces
+def test_mooncake_replay_hits_the_prefix_cache() -> None:
+    """Issue 3's replay, small enough for every test run: the first 150 conversation
+    requests with every invariant checked; shared hash_ids must turn into cache hits."""
+    workload = load_mooncake_jsonl(TRACES / "mooncake-fast25" / "conversation.jsonl", limit=150)
+    shared = sum(1 for r in workload.requests if r.prefix_blocks and r.prefix_blocks[0] == 0)
+    assert shared > 0
+    config = SchedulerConfig(
+        max_model_len=32768, max_num_seqs=64, max_num_batched_tokens=8192, num_gpu_blocks=20000
+    )
+    report = simulate(config, workload, check_invariants=True)
+    assert report.num_finished == 150
+    assert report.prefix_cache["hit_rate"] > 0.03
+    assert math.isfinite(report.latency_seconds["ttft"]["p99"])
+    print(
+        f"\nMooncake, first 150 requests: prefix-cache hit rate "
+        f"{report.prefix_cache['hit_rate']:.1%}, preemptions {report.num_preemptions}"
+    )
