@@ -16,7 +16,6 @@ through ``_abort``, which checks them too.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 
@@ -497,21 +496,16 @@ def test_scheduler_reset_prefix_cache() -> None:
     assert sched.running_request_ids() == ids
 
 
-_REQUEST_STATE = re.compile(
-    r'Request \{ id: "([^"]*)".*?num_in_flight_tokens: (\d+), '
-    r"num_stale_output_tokens: (\d+), drop_stale_output: (true|false)"
-)
-
-
 def _stale_state(sched: CheckedScheduler) -> dict[str, tuple[int, int, bool]]:
-    """``{req_id: (in-flight tokens, stale output tokens, drop flag)}`` of the live requests,
-    read from ``debug_snapshot()`` (the stale counters are not a ``Request`` property)."""
-    found = {
-        m.group(1): (int(m.group(2)), int(m.group(3)), m.group(4) == "true")
-        for m in _REQUEST_STATE.finditer(sched.debug_snapshot())
-    }
-    running, waiting = sched.get_request_counts()
-    assert len(found) >= running + waiting, "debug_snapshot format changed"
+    """``{req_id: (in-flight tokens, stale output tokens, drop flag)}`` of the live requests."""
+    found = {}
+    for req_id in sched.running_request_ids() + sched.waiting_request_ids():
+        req = sched.get_request(req_id)
+        found[req_id] = (
+            req.num_in_flight_tokens,
+            req.num_stale_output_tokens,
+            req.drop_stale_output,
+        )
     return found
 
 

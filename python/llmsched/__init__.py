@@ -6,6 +6,8 @@ which requests run this step and how many tokens each, as numpy arrays;
 scheduled request keeps ``C + n + s <= max_model_len``.
 """
 
+from collections.abc import Sequence as _Sequence
+
 from llmsched._core import (
     ConfigError,
     DuplicateRequestError,
@@ -16,6 +18,7 @@ from llmsched._core import (
     OutputMismatchError,
     Request,
     RequestOutput,
+    RequestOutputs,
     Scheduler,
     SchedulerConfig,
     SchedulerOutput,
@@ -39,6 +42,7 @@ __all__ = [
     "OutputMismatchError",
     "Request",
     "RequestOutput",
+    "RequestOutputs",
     "RequestStatus",
     "RequestSummary",
     "Scheduler",
@@ -48,3 +52,6 @@ __all__ = [
     "UnknownRequestError",
     "__version__",
 ]
+
+# A step's outputs behave as a read-only sequence of RequestOutput.
+_Sequence.register(RequestOutputs)

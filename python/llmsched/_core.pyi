@@ -4,8 +4,8 @@ Hand-written, and checked against the compiled module by ``mypy.stubtest``
 (``make stubtest``). Import these names from ``llmsched``, not from here.
 """
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Final, final
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Final, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +24,7 @@ __all__ = [
     "OutputMismatchError",
     "Request",
     "RequestOutput",
+    "RequestOutputs",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerOutput",
@@ -205,6 +206,40 @@ class RequestOutput:
     @property
     def stop_reason(self) -> int | None:
         """The stop token id that finished the request, if one did."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class RequestOutputs(Sequence[RequestOutput]):
+    """The outputs of one step: a sequence of ``RequestOutput`` (each request that
+    produced tokens or finished), stored as columns.
+
+    Elements are built when accessed, so a caller that reads the columns never pays for
+    one Python object per request. The column properties copy into new numpy arrays on
+    each access."""
+
+    def __len__(self) -> int: ...
+    @overload
+    def __getitem__(self, index: int, /) -> RequestOutput: ...
+    @overload
+    def __getitem__(self, index: slice, /) -> list[RequestOutput]: ...
+    def __iter__(self) -> Iterator[RequestOutput]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    @property
+    def req_ids(self) -> list[str]:
+        """Request ids, in output order."""
+    @property
+    def new_token_ids(self) -> _Int32Array:
+        """Every delivered token, flat, split by ``num_new_tokens`` (int32; a copy)."""
+    @property
+    def num_new_tokens(self) -> _Int32Array:
+        """Tokens delivered per request (int32; a copy)."""
+    @property
+    def statuses(self) -> _Int32Array:
+        """``RequestStatus`` values per request (int32; a copy)."""
+    @property
+    def finished_req_ids(self) -> list[str]:
+        """Ids of the requests that finished in this step."""
 
 @final
 class Request:
@@ -232,6 +267,12 @@ class Request:
     def num_output_placeholders(self) -> int: ...
     @property
     def num_in_flight_tokens(self) -> int: ...
+    @property
+    def num_stale_output_tokens(self) -> int:
+        """In-flight tokens scheduled before the request's last preemption."""
+    @property
+    def drop_stale_output(self) -> bool:
+        """Whether that stale output is dropped rather than delivered."""
     @property
     def num_preemptions(self) -> int: ...
     @property
@@ -275,12 +316,15 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput: ...
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: Any
-    ) -> list[RequestOutput]:
+    ) -> RequestOutputs:
         """Apply a runner's output for ``scheduler_output``.
 
         ``runner_output`` is a ``llmsched.ModelRunnerOutput`` (or any object
         with ``req_ids``, ``sampled_token_ids`` and ``num_sampled``). Outputs
-        must be applied once each, in the order the steps were scheduled.
+        must be applied once each, in the order the steps were scheduled. Reads the
+        runner's arrays in place (no copy): do not modify them during the call.
+        Returns a sequence of ``RequestOutput``, one per request that produced tokens
+        or finished.
         """
     def update_draft_token_ids(
         self,

@@ -94,6 +94,39 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0 if report.num_finished == report.num_requests else 1
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from llmsched.bench import CASES, run_benchmarks, vllm_available
+
+    with_vllm = {"auto": None, "on": True, "off": False}[args.vllm]
+    if with_vllm and not vllm_available():
+        print(
+            "llmsched: error: --vllm on, but vllm is not importable (make vllm-env)",
+            file=sys.stderr,
+        )
+        return 2
+    cases = args.case or list(CASES)
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        print(
+            f"llmsched: error: unknown case(s) {unknown}; cases: {', '.join(CASES)}",
+            file=sys.stderr,
+        )
+        return 2
+    print(
+        "llmsched bench: median per-step cost of schedule() + update_from_output() "
+        f"over {args.steps} steps (vLLM 0.33.0 alongside when importable)"
+    )
+    results = run_benchmarks(
+        cases, with_vllm=with_vllm, steps=args.steps, scaling=not args.no_scaling
+    )
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(results, indent=1))
+        print(f"results written to {args.json}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmsched", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -127,6 +160,17 @@ def _parser() -> argparse.ArgumentParser:
         )
     _add_config_flags(sim)
     sim.set_defaults(run=_simulate)
+
+    bench = commands.add_parser(
+        "bench",
+        help="per-step scheduler cost, against vLLM 0.33.0's scheduler when importable",
+    )
+    bench.add_argument("case", nargs="*", help="cases to run (default: all)")
+    bench.add_argument("--steps", type=int, default=300, help="timed steps per case")
+    bench.add_argument("--vllm", choices=("auto", "on", "off"), default="auto")
+    bench.add_argument("--no-scaling", action="store_true", help="skip the scaling sweeps")
+    bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    bench.set_defaults(run=_bench)
     return parser
 
 

@@ -21,7 +21,14 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from llmsched._core import ConfigError, RequestOutput, Scheduler, SchedulerConfig, SchedulerOutput
+from llmsched._core import (
+    ConfigError,
+    RequestOutput,
+    RequestOutputs,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
 from llmsched.runner import SimulatedModelRunner
 from llmsched.status import RequestStatus
 from llmsched.testing import check_scheduler_output
@@ -159,7 +166,7 @@ class Engine:
 
     # ------------------------------------------------------------------ the loop
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> Sequence[RequestOutput]:
         """One engine step; returns the request outputs it applied (possibly none)."""
         outputs = self._step_async() if self._async else self._step_sync()
         if outputs:
@@ -187,7 +194,7 @@ class Engine:
                 )
         return self._summaries
 
-    def _step_sync(self) -> list[RequestOutput]:
+    def _step_sync(self) -> Sequence[RequestOutput]:
         scheduler = self._scheduler
         if not scheduler.has_requests():
             return []
@@ -201,7 +208,7 @@ class Engine:
         self._note_idle(scheduler_output, False, outputs)
         return outputs
 
-    def _step_async(self) -> list[RequestOutput]:
+    def _step_async(self) -> Sequence[RequestOutput]:
         scheduler = self._scheduler
         queue = self._batch_queue
         if len(queue) < BATCH_QUEUE_SIZE and scheduler.has_requests():
@@ -235,7 +242,9 @@ class Engine:
             check_scheduler_output(self._config, scheduler_output)
         return scheduler_output
 
-    def _update(self, scheduler_output: SchedulerOutput, runner_output: Any) -> list[RequestOutput]:
+    def _update(
+        self, scheduler_output: SchedulerOutput, runner_output: Any
+    ) -> Sequence[RequestOutput]:
         started = time.perf_counter()
         outputs = self._scheduler.update_from_output(scheduler_output, runner_output)
         self._scheduler_seconds += time.perf_counter() - started
@@ -245,7 +254,7 @@ class Engine:
         return outputs
 
     def _note_idle(
-        self, scheduler_output: SchedulerOutput, in_flight: bool, outputs: list[RequestOutput]
+        self, scheduler_output: SchedulerOutput, in_flight: bool, outputs: Sequence[RequestOutput]
     ) -> None:
         if scheduler_output.total_num_scheduled_tokens == 0 and not in_flight and not outputs:
             self._idle_steps += 1
@@ -260,18 +269,37 @@ class Engine:
             summary = self._summaries[request_id] = RequestSummary(request_id)
         return summary
 
-    def _collect(self, outputs: list[RequestOutput]) -> None:
+    def _collect(self, outputs: Sequence[RequestOutput]) -> None:
         summaries = self._summaries
-        for output in outputs:
-            request_id = output.request_id
+        if not isinstance(outputs, RequestOutputs):  # a list from a custom scheduler
+            outputs = list(outputs)
+            columns = (
+                [o.request_id for o in outputs],
+                [len(o.new_token_ids) for o in outputs],
+                [t for o in outputs for t in o.new_token_ids],
+                [int(o.status) for o in outputs],
+            )
+        else:  # read the columns: no Python object per request
+            columns = (
+                outputs.req_ids,
+                outputs.num_new_tokens.tolist(),
+                outputs.new_token_ids.tolist(),
+                outputs.statuses.tolist(),
+            )
+        offset = 0
+        for i, (request_id, count, status) in enumerate(
+            zip(columns[0], columns[1], columns[3], strict=True)
+        ):
             summary = summaries.get(request_id)
             if summary is None:
                 summary = summaries[request_id] = RequestSummary(request_id)
-            summary.output_token_ids.extend(output.new_token_ids)
+            summary.output_token_ids.extend(columns[2][offset : offset + count])
+            offset += count
             if summary.status is RequestStatus.WAITING:
                 summary.status = RequestStatus.RUNNING
-            if output.finished:
-                summary.status = output.status
+            if status > RequestStatus.PREEMPTED:
+                output = outputs[i]
+                summary.status = RequestStatus(status)
                 summary.finished = True
                 summary.finish_reason = output.finish_reason
                 summary.stop_reason = output.stop_reason

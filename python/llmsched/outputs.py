@@ -14,7 +14,15 @@ _INT32_MAX = np.iinfo(np.int32).max
 
 
 def _as_int32_vector(name: str, value: Any) -> npt.NDArray[np.int32]:
-    """A read-only, contiguous int32 vector; copies only if ``value`` is not one already."""
+    """A contiguous int32 vector: ``value`` itself when it is one (no copy), else a checked
+    conversion."""
+    if (
+        type(value) is np.ndarray
+        and value.dtype == np.int32
+        and value.ndim == 1
+        and value.flags.c_contiguous
+    ):
+        return value
     array = np.asarray(value)
     if array.ndim != 1:
         raise OutputMismatchError(f"{name}: expected a 1-D array, got shape {array.shape}")
@@ -25,15 +33,10 @@ def _as_int32_vector(name: str, value: Any) -> npt.NDArray[np.int32]:
     if array.dtype != np.int32:
         low, high = int(array.min()), int(array.max())
         if low < -_INT32_MAX - 1 or high > _INT32_MAX:
-            raise OutputMismatchError(
-                f"{name}: value {high if high > _INT32_MAX else low} does not fit int32"
-            )
+            bad = high if high > _INT32_MAX else low
+            raise OutputMismatchError(f"{name}: value {bad} does not fit int32")
         array = array.astype(np.int32)
-    array = np.ascontiguousarray(array)
-    if array.flags.writeable and array is value:
-        array = array.view()
-    array.flags.writeable = False
-    return array
+    return np.ascontiguousarray(array)
 
 
 class ModelRunnerOutput:
@@ -44,8 +47,8 @@ class ModelRunnerOutput:
     token). A non-final prefill chunk has 0. Any runner can build one, and
     ``from_lists`` takes vLLM's list-of-lists shape.
 
-    Arrays that are already contiguous int32 are used as they are (no copy),
-    as read-only views.
+    Arrays that are already contiguous int32 are used as they are (no copy); do not
+    modify them until the output has been applied.
     """
 
     __slots__ = ("num_sampled", "req_ids", "sampled_token_ids")
@@ -55,7 +58,7 @@ class ModelRunnerOutput:
     num_sampled: npt.NDArray[np.int32]
 
     def __init__(self, req_ids: Sequence[str], sampled_token_ids: Any, num_sampled: Any) -> None:
-        ids = list(req_ids)
+        ids = req_ids if type(req_ids) is list else list(req_ids)
         sampled = _as_int32_vector("sampled_token_ids", sampled_token_ids)
         counts = _as_int32_vector("num_sampled", num_sampled)
         if len(counts) != len(ids):

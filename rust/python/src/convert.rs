@@ -2,7 +2,7 @@
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyString};
 
 /// `value` as an i64; bools and non-integers are refused with `make_error`.
 pub fn int_value(
@@ -91,13 +91,37 @@ pub fn token_list(
     if value.is_instance_of::<PyString>() {
         return Err(make_error(py, format!("{field}: must be a sequence of token ids, got a str")));
     }
+    // Fast path: a list of exact ints (no bools, no numpy scalars), read in place.
+    if let Ok(list) = value.cast::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            if !item.is_exact_instance_of::<PyInt>() {
+                out.clear();
+                break;
+            }
+            match item.extract::<i64>() {
+                Ok(token) => out.push(token),
+                Err(_) => {
+                    out.clear();
+                    break;
+                }
+            }
+        }
+        if out.len() == list.len() {
+            return Ok(out);
+        }
+    }
     let iter = value
         .try_iter()
         .map_err(|_| make_error(py, format!("{field}: must be a sequence of token ids, got {}", type_name(value))))?;
     let mut out = Vec::with_capacity(value.len().unwrap_or(0));
     for (i, item) in iter.enumerate() {
         let item = item?;
-        out.push(int_value(py, &item, &format!("{field}[{i}]"), make_error)?);
+        // The field name with its index is only built when reporting an error.
+        match int_value(py, &item, field, make_error) {
+            Ok(token) => out.push(token),
+            Err(_) => return Err(int_value(py, &item, &format!("{field}[{i}]"), make_error).unwrap_err()),
+        }
     }
     Ok(out)
 }

@@ -16,7 +16,7 @@ mod _core {
     #[pymodule_export]
     use crate::config::PySchedulerConfig;
     #[pymodule_export]
-    use crate::output::{PyRequest, PyRequestOutput, PySchedulerOutput};
+    use crate::output::{PyRequest, PyRequestOutput, PyRequestOutputs, PySchedulerOutput};
     #[pymodule_export]
     use crate::scheduler::PyScheduler;
 

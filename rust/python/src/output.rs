@@ -101,12 +101,39 @@ impl PySchedulerOutput {
     }
 }
 
+/// A request's new tokens: inline when few (one per step is the common case),
+/// so building an output allocates nothing beyond the Python object.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub enum Tokens {
+    Inline { len: u8, buf: [i32; 4] },
+    Heap(Box<[i32]>),
+}
+
+impl Tokens {
+    pub fn new(tokens: &[i32]) -> Self {
+        if tokens.len() <= 4 {
+            let mut buf = [0; 4];
+            buf[..tokens.len()].copy_from_slice(tokens);
+            Tokens::Inline { len: tokens.len() as u8, buf }
+        } else {
+            Tokens::Heap(tokens.into())
+        }
+    }
+
+    pub fn as_slice(&self) -> &[i32] {
+        match self {
+            Tokens::Inline { len, buf } => &buf[..*len as usize],
+            Tokens::Heap(tokens) => tokens,
+        }
+    }
+}
+
 /// What one step produced for one request.
 #[pyclass(frozen, module = "llmsched", name = "RequestOutput")]
 pub struct PyRequestOutput {
     #[pyo3(get)]
     pub request_id: Py<PyString>,
-    pub new_token_ids: Box<[i32]>,
+    pub new_token_ids: Tokens,
     pub status: RequestStatus,
     /// The stop token id that finished the request, if one did.
     #[pyo3(get)]
@@ -128,7 +155,7 @@ pub fn finish_reason(status: RequestStatus) -> Option<&'static str> {
 impl PyRequestOutput {
     #[getter]
     fn new_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.new_token_ids.iter())
+        PyList::new(py, self.new_token_ids.as_slice())
     }
 
     #[getter]
@@ -151,12 +178,157 @@ impl PyRequestOutput {
         }
     }
 
+    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let Ok(other) = other.cast::<PyRequestOutput>() else { return Ok(false) };
+        let other = other.get();
+        Ok(self.new_token_ids == other.new_token_ids
+            && self.status == other.status
+            && self.stop_reason == other.stop_reason
+            && self.request_id.bind(py).as_any().eq(other.request_id.bind(py))?)
+    }
+
+    fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
+        let id_hash = self.request_id.bind(py).hash()?;
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&(id_hash, &self.new_token_ids, self.status as u8, self.stop_reason), &mut hasher);
+        Ok(std::hash::Hasher::finish(&hasher) as isize)
+    }
+
     fn __repr__(&self, py: Python<'_>) -> String {
         format!(
-            "RequestOutput(request_id={}, new_token_ids={:?}, status={:?})",
+            "RequestOutput(request_id={}, new_token_ids={:?}, status={}{})",
             self.request_id.bind(py).repr().map(|r| r.to_string()).unwrap_or_default(),
-            self.new_token_ids,
-            self.status
+            self.new_token_ids.as_slice(),
+            status_name(self.status),
+            self.stop_reason.map(|t| format!(", stop_reason={t}")).unwrap_or_default(),
+        )
+    }
+}
+
+fn status_name(status: RequestStatus) -> &'static str {
+    match status {
+        RequestStatus::Waiting => "WAITING",
+        RequestStatus::WaitingForStructuredOutputGrammar => "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR",
+        RequestStatus::WaitingForRemoteKvs => "WAITING_FOR_REMOTE_KVS",
+        RequestStatus::WaitingForStreamingReq => "WAITING_FOR_STREAMING_REQ",
+        RequestStatus::Running => "RUNNING",
+        RequestStatus::Preempted => "PREEMPTED",
+        RequestStatus::FinishedStopped => "FINISHED_STOPPED",
+        RequestStatus::FinishedLengthCapped => "FINISHED_LENGTH_CAPPED",
+        RequestStatus::FinishedAborted => "FINISHED_ABORTED",
+        RequestStatus::FinishedIgnored => "FINISHED_IGNORED",
+        RequestStatus::FinishedError => "FINISHED_ERROR",
+        RequestStatus::FinishedRepetition => "FINISHED_REPETITION",
+    }
+}
+
+/// The outputs of one step: a sequence of ``RequestOutput`` (a request that
+/// produced tokens or finished), stored as columns.
+///
+/// Elements are built when accessed, so a caller that reads the columns
+/// (``req_ids``, ``new_token_ids``, ``num_new_tokens``, ``statuses``) never pays
+/// for one Python object per request. The column properties copy into new
+/// numpy arrays on each access.
+#[pyclass(frozen, sequence, module = "llmsched", name = "RequestOutputs")]
+pub struct PyRequestOutputs {
+    pub request_ids: Vec<Py<PyString>>,
+    /// Delivered tokens, flat; request `i` owns `tokens[offsets[i]..offsets[i + 1]]`.
+    pub tokens: Vec<i32>,
+    pub offsets: Vec<u32>,
+    pub statuses: Vec<RequestStatus>,
+    pub stop_reasons: Vec<Option<i32>>,
+}
+
+impl PyRequestOutputs {
+    fn element(&self, py: Python<'_>, i: usize) -> PyRequestOutput {
+        let (start, end) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
+        PyRequestOutput {
+            request_id: self.request_ids[i].clone_ref(py),
+            new_token_ids: Tokens::new(&self.tokens[start..end]),
+            status: self.statuses[i],
+            stop_reason: self.stop_reasons[i],
+        }
+    }
+
+    fn to_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for i in 0..self.request_ids.len() {
+            list.append(Py::new(py, self.element(py, i))?)?;
+        }
+        Ok(list)
+    }
+}
+
+#[pymethods]
+impl PyRequestOutputs {
+    fn __len__(&self) -> usize {
+        self.request_ids.len()
+    }
+
+    fn __getitem__<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        if index.is_instance_of::<pyo3::types::PySlice>() {
+            return self.to_list(py)?.as_any().get_item(index);
+        }
+        let i: isize = index.extract()?;
+        let len = self.request_ids.len() as isize;
+        let j = if i < 0 { i + len } else { i };
+        if !(0..len).contains(&j) {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!("index {i} out of range for {len} outputs")));
+        }
+        Ok(Py::new(py, self.element(py, j as usize))?.into_bound(py).into_any())
+    }
+
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.to_list(py)?.as_any().try_iter().map(|it| it.into_any())
+    }
+
+    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let mine = self.to_list(py)?;
+        if let Ok(theirs) = other.cast::<PyRequestOutputs>() {
+            return mine.eq(theirs.get().to_list(py)?);
+        }
+        if other.is_instance_of::<PyList>() || other.is_instance_of::<PyTuple>() {
+            return mine.eq(pyo3::types::PyList::new(py, other.try_iter()?.collect::<PyResult<Vec<_>>>()?)?);
+        }
+        Ok(false)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("RequestOutputs({})", self.to_list(py)?.repr()?))
+    }
+
+    /// Request ids, in output order.
+    #[getter]
+    fn req_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.request_ids.iter().map(|id| id.bind(py)))
+    }
+
+    /// Every delivered token, flat, split by ``num_new_tokens`` (int32; a copy).
+    #[getter]
+    fn new_token_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        PyArray1::from_slice(py, &self.tokens)
+    }
+
+    /// Tokens delivered per request (int32; a copy).
+    #[getter]
+    fn num_new_tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let counts: Vec<i32> = self.offsets.windows(2).map(|w| (w[1] - w[0]) as i32).collect();
+        numpy::IntoPyArray::into_pyarray(counts, py)
+    }
+
+    /// ``RequestStatus`` values per request (int32; a copy).
+    #[getter]
+    fn statuses<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let values: Vec<i32> = self.statuses.iter().map(|&s| s as i32).collect();
+        numpy::IntoPyArray::into_pyarray(values, py)
+    }
+
+    /// Ids of the requests that finished in this step.
+    #[getter]
+    fn finished_req_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(
+            py,
+            self.request_ids.iter().zip(&self.statuses).filter(|(_, s)| s.is_finished()).map(|(id, _)| id.bind(py)),
         )
     }
 }
@@ -185,6 +357,10 @@ pub struct PyRequest {
     num_output_placeholders: i64,
     #[pyo3(get)]
     num_in_flight_tokens: i64,
+    #[pyo3(get)]
+    num_stale_output_tokens: i64,
+    #[pyo3(get)]
+    drop_stale_output: bool,
     #[pyo3(get)]
     num_preemptions: u32,
     #[pyo3(get)]
@@ -215,6 +391,8 @@ impl PyRequest {
             spec_token_ids: r.spec_token_ids().to_vec(),
             num_output_placeholders: r.num_output_placeholders(),
             num_in_flight_tokens: r.num_in_flight_tokens(),
+            num_stale_output_tokens: r.num_stale_output_tokens(),
+            drop_stale_output: r.drop_stale_output(),
             num_preemptions: r.num_preemptions(),
             max_tokens: r.max_tokens(),
             priority: r.priority(),

@@ -14,7 +14,7 @@ use pyo3::types::{PyDict, PyList, PyString};
 use crate::config::PySchedulerConfig;
 use crate::convert::{float_value, int_value, token_list, type_name};
 use crate::errors::{core_err, internal_error, mismatch_error, request_error};
-use crate::output::{frozen_array, PyRequest, PyRequestOutput, PySchedulerOutput};
+use crate::output::{frozen_array, PyRequest, PyRequestOutputs, PySchedulerOutput};
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
@@ -28,16 +28,19 @@ struct Inner {
 }
 
 impl Inner {
-    fn py_id<'py>(&self, py: Python<'py>, handle: Handle, fallback: &str) -> Bound<'py, PyString> {
+    /// The request's cached Python id; `fallback` is only called if the cache
+    /// has no entry for this handle (not expected, but never wrong).
+    #[inline]
+    fn py_id<'py>(&self, py: Python<'py>, handle: Handle, fallback: impl FnOnce() -> String) -> Bound<'py, PyString> {
         match self.py_ids.get(handle.index as usize) {
             Some(Some((generation, id))) if *generation == handle.generation => id.bind(py).clone(),
-            _ => PyString::new(py, fallback),
+            _ => PyString::new(py, &fallback()),
         }
     }
 
+    #[inline]
     fn live_py_id<'py>(&self, py: Python<'py>, handle: Handle) -> Bound<'py, PyString> {
-        let fallback = self.core.request(handle).map(|r| r.id.to_string()).unwrap_or_default();
-        self.py_id(py, handle, &fallback)
+        self.py_id(py, handle, || self.core.request(handle).map(|r| r.id.to_string()).unwrap_or_default())
     }
 }
 
@@ -82,8 +85,10 @@ impl PyScheduler {
         let req_ids = ids(&step.req_handles)?;
         let new_req_ids = ids(&step.new_reqs)?;
         let resumed_req_ids = ids(&step.resumed_reqs)?;
-        let preempted_req_ids = PyList::new(py, step.preempted.iter().map(|(h, id)| inner.py_id(py, *h, id)))?.unbind();
-        let finished_req_ids = PyList::new(py, step.finished.iter().map(|(h, id)| inner.py_id(py, *h, id)))?.unbind();
+        let preempted_req_ids =
+            PyList::new(py, step.preempted.iter().map(|(h, id)| inner.py_id(py, *h, || id.to_string())))?.unbind();
+        let finished_req_ids =
+            PyList::new(py, step.finished.iter().map(|(h, id)| inner.py_id(py, *h, || id.to_string())))?.unbind();
         for (handle, _) in &step.finished {
             if let Some(slot) = inner.py_ids.get_mut(handle.index as usize) {
                 if slot.as_ref().is_some_and(|(g, _)| *g == handle.generation) {
@@ -312,7 +317,7 @@ impl PyScheduler {
         py: Python<'py>,
         scheduler_output: &Bound<'py, PyAny>,
         runner_output: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyList>> {
+    ) -> PyResult<PyRequestOutputs> {
         let so = scheduler_output.cast::<PySchedulerOutput>().map_err(|_| {
             mismatch_error(
                 py,
@@ -347,7 +352,13 @@ impl PyScheduler {
             if counts.len() != 0 || sampled.len() != 0 {
                 return Err(mismatch_error(py, "runner_output: has tokens for a step that scheduled nothing".into()));
             }
-            return Ok(PyList::empty(py));
+            return Ok(PyRequestOutputs {
+                request_ids: Vec::new(),
+                tokens: Vec::new(),
+                offsets: vec![0],
+                statuses: Vec::new(),
+                stop_reasons: Vec::new(),
+            });
         }
         let sampled = sampled.as_slice()?;
         let counts = counts.as_slice()?;
@@ -355,17 +366,22 @@ impl PyScheduler {
             let out = RunnerOutput { sampled_token_ids: sampled, num_sampled: counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
             let events = py.detach(|| core.update_from_output(so.step_id, &out)).map_err(core_err)?;
-            let list = PyList::empty(py);
-            for e in events {
-                let output = PyRequestOutput {
-                    request_id: inner.live_py_id(py, e.handle).unbind(),
-                    new_token_ids: sampled[e.token_offset..e.token_offset + e.num_tokens].into(),
-                    status: e.status,
-                    stop_reason: e.stop_reason,
-                };
-                list.append(Py::new(py, output)?)?;
+            let mut outputs = PyRequestOutputs {
+                request_ids: Vec::with_capacity(events.len()),
+                tokens: Vec::with_capacity(events.len()),
+                offsets: Vec::with_capacity(events.len() + 1),
+                statuses: Vec::with_capacity(events.len()),
+                stop_reasons: Vec::with_capacity(events.len()),
+            };
+            outputs.offsets.push(0);
+            for e in &events {
+                outputs.request_ids.push(inner.live_py_id(py, e.handle).unbind());
+                outputs.tokens.extend_from_slice(&sampled[e.token_offset..e.token_offset + e.num_tokens]);
+                outputs.offsets.push(outputs.tokens.len() as u32);
+                outputs.statuses.push(e.status);
+                outputs.stop_reasons.push(e.stop_reason);
             }
-            Ok(list)
+            Ok(outputs)
         })
     }
 

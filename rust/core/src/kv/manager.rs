@@ -97,8 +97,10 @@ impl KvManager {
     }
 
     /// Hashes the full blocks of `request` not hashed yet (no-op without caching).
+    #[inline]
     pub fn update_block_hashes(&mut self, request: &mut Request) {
-        if self.enable_caching {
+        if self.enable_caching && (request.block_hashes.len() + 1) * self.block_size as usize <= request.token_ids.len()
+        {
             prefix::extend_block_hashes(
                 &mut request.block_hashes,
                 &request.token_ids,
@@ -170,16 +172,24 @@ impl KvManager {
             } else {
                 0
             };
-        let free = self.pool.num_free_blocks();
         let hits = ask.new_computed_blocks;
+        // min(C + h + n + L, M): lookahead slots never pass the model length.
+        let tokens_needing_slots = (total_computed + ask.num_new_tokens + ask.num_lookahead_tokens).min(m);
+        let held = request.block_ids.len();
+        if hits.is_empty() && !ask.full_sequence_must_fit && watermark == 0 {
+            // The common decode step: the table already covers the step (no division).
+            if tokens_needing_slots <= held as i64 * self.block_size {
+                self.cache_blocks(request, (total_computed + ask.num_new_tokens).min(request.num_tokens()));
+                return Some(held);
+            }
+        }
+        let free = self.pool.num_free_blocks();
         if ask.full_sequence_must_fit {
             let full = request.num_tokens().min(m);
             if self.blocks_needed(request, full, hits) + watermark > free {
                 return None;
             }
         }
-        // min(C + h + n + L, M): lookahead slots never pass the model length.
-        let tokens_needing_slots = (total_computed + ask.num_new_tokens + ask.num_lookahead_tokens).min(m);
         if self.blocks_needed(request, tokens_needing_slots, hits) + watermark > free {
             return None;
         }
@@ -200,6 +210,7 @@ impl KvManager {
     }
 
     /// Registers the request's full blocks holding its first `upto` tokens.
+    #[inline]
     pub fn cache_blocks(&mut self, request: &mut Request, upto: i64) {
         if !self.enable_caching {
             return;

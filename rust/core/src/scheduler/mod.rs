@@ -236,7 +236,7 @@ impl Scheduler {
             input_budget,
             draft_slots: cfg.max_num_new_slots_for_drafting(),
             long_prefill_threshold,
-            entries: Vec::new(),
+            entries: Vec::with_capacity(num_eligible.min(cfg.max_num_seqs())),
             spec_token_ids: Vec::new(),
             num_running_entries: 0,
             prefill_scheduled: false,

@@ -1,0 +1,348 @@
+"""Per-step cost of ``schedule()`` + ``update_from_output()``, llmsched against vLLM.
+
+Each case puts a scheduler in a steady state, then times many steps. Only the scheduler's
+calls are timed (``schedule``, ``update_from_output``, and ``update_draft_token_ids`` in
+spec decode); building the runner's output is not, for either implementation. When
+``vllm`` is importable (``make vllm-env``), every case also runs vLLM 0.33.0's own v1
+scheduler on the same workload, and the report gives the ratio from the same run.
+
+Cases: steady decode at 64 / 256 / 1024 / 4096 running requests, prefill-heavy (chunked
+prefill of 2,000-token prompts beside decodes), spec decode K=3, prefix caching (decodes
+sharing a 1,024-token prefix), KV pressure with preemptions, and a 100,000-request waiting
+queue behind 256 running requests. Two sweeps show how the cost grows with running
+requests (it must be linear) and with waiting requests (it must not grow).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from llmsched._core import Scheduler, SchedulerConfig
+from llmsched.outputs import ModelRunnerOutput
+
+__all__ = ["CASES", "Case", "Measurement", "measure", "run_benchmarks", "vllm_available"]
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """A benchmark workload, described so that both schedulers can build it."""
+
+    name: str
+    running: int
+    waiting: int = 0
+    prompt_len: int = 16
+    max_tokens: int = 6000
+    shared_prefix: int = 0
+    num_speculative_tokens: int = 0
+    prefix_caching: bool = False
+    num_gpu_blocks: int | None = None
+    """Default: enough KV for every running request to decode ``max_tokens``."""
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int | None = None
+    max_model_len: int = 8192
+    churn_max_tokens: int = 0
+    """> 0: requests finish after this many tokens and new ones replace them."""
+    block_size: int = 16
+
+    def config_kwargs(self) -> dict[str, Any]:
+        blocks_per_request = -(-(self.prompt_len + self.max_tokens + 4) // self.block_size)
+        return {
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs or self.running,
+            "max_num_batched_tokens": max(self.max_num_batched_tokens, self.running),
+            "block_size": self.block_size,
+            "num_gpu_blocks": self.num_gpu_blocks or self.running * blocks_per_request + 64,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "enable_prefix_caching": self.prefix_caching,
+            "async_scheduling": False,
+        }
+
+
+CASES: dict[str, Case] = {
+    case.name: case
+    for case in (
+        Case("decode-64", running=64),
+        Case("decode-256", running=256),
+        Case("decode-1024", running=1024),
+        Case("decode-4096", running=4096, max_tokens=3000, max_num_batched_tokens=8192),
+        Case(
+            "prefill-heavy",
+            running=64,
+            waiting=400,
+            prompt_len=2000,
+            churn_max_tokens=32,
+            max_num_seqs=128,
+            num_gpu_blocks=128 * 140,
+        ),
+        Case("spec-decode-k3", running=256, num_speculative_tokens=3),
+        Case(
+            "prefix-caching", running=256, prompt_len=1100, shared_prefix=1024, prefix_caching=True
+        ),
+        Case(
+            "kv-pressure",
+            running=256,
+            prompt_len=200,
+            max_tokens=4000,
+            num_gpu_blocks=256 * 20,
+            max_num_seqs=256,
+        ),
+        Case("waiting-100k", running=256, waiting=100_000, max_num_seqs=256),
+    )
+}
+
+SCALING_RUNNING = (64, 128, 256, 512, 1024, 2048, 4096)
+SCALING_WAITING = (0, 1000, 10_000, 100_000)
+
+
+def _prompt(case: Case, i: int) -> list[int]:
+    shared = [(7 * j) % 30000 + 1 for j in range(case.shared_prefix)]
+    own = [((i * 131 + j) % 30000) + 1 for j in range(case.prompt_len - case.shared_prefix)]
+    return shared + own
+
+
+class Stepper(Protocol):
+    """One implementation driven through a case, one step at a time."""
+
+    def step(self) -> tuple[float, float, int]:
+        """Runs a step: (seconds in schedule, seconds in update, requests scheduled)."""
+        ...
+
+
+class LlmschedStepper:
+    def __init__(self, case: Case) -> None:
+        self.case = case
+        self.sched = Scheduler(SchedulerConfig(**case.config_kwargs()))
+        self.known: dict[str, int] = {}
+        self.next_id = 0
+        for _ in range(case.running + case.waiting):
+            self._add()
+        self.drafts: tuple[list[str], list[list[int]]] | None = None
+
+    def _add(self) -> None:
+        case = self.case
+        rid = f"r{self.next_id}"
+        prompt = _prompt(case, self.next_id)
+        self.next_id += 1
+        self.sched.add_request(rid, prompt, max_tokens=case.churn_max_tokens or case.max_tokens)
+        self.known[rid] = len(prompt)
+
+    def step(self) -> tuple[float, float, int]:
+        sched, known, k = self.sched, self.known, self.case.num_speculative_tokens
+        t0 = time.perf_counter()
+        so = sched.schedule()
+        t1 = time.perf_counter()
+        # The runner (untimed): one token per request whose step reaches its known
+        # tokens, plus every draft accepted.
+        ids = so.req_ids
+        ends = (so.num_computed_tokens + so.num_scheduled_tokens - so.num_spec_tokens).tolist()
+        spec = so.num_spec_tokens.tolist()
+        counts = np.zeros(len(ids), dtype=np.int32)
+        for i, rid in enumerate(ids):
+            if ends[i] >= known[rid]:
+                counts[i] = 1 + spec[i]
+                known[rid] += counts[i]
+        runner_output = ModelRunnerOutput(ids, np.full(int(counts.sum()), 7, np.int32), counts)
+        drafts = (
+            [rid for i, rid in enumerate(ids) if counts[i]],
+            [[7] * k] * int((counts > 0).sum()),
+        )
+        t2 = time.perf_counter()
+        outputs = sched.update_from_output(so, runner_output)
+        if k:
+            sched.update_draft_token_ids(*drafts)
+        t3 = time.perf_counter()
+        for rid in outputs.finished_req_ids:
+            del known[rid]
+            if self.case.churn_max_tokens:
+                self._add()
+        return t1 - t0, t3 - t2, len(ids)
+
+
+class VllmStepper:
+    def __init__(self, case: Case) -> None:
+        from llmsched.vllm_reference import make_vllm_request, make_vllm_scheduler
+
+        self.case = case
+        kwargs = case.config_kwargs()
+        kwargs.pop("async_scheduling")
+        self.sched = make_vllm_scheduler(**kwargs)
+        self.make_request = make_vllm_request
+        self.next_id = 0
+        for _ in range(case.running + case.waiting):
+            self._add()
+
+    def _add(self) -> None:
+        case = self.case
+        request = self.make_request(
+            f"r{self.next_id}",
+            _prompt(case, self.next_id),
+            max_tokens=case.churn_max_tokens or case.max_tokens,
+            block_size=case.block_size,
+            prefix_caching=case.prefix_caching,
+        )
+        self.next_id += 1
+        self.sched.add_request(request)
+
+    def step(self) -> tuple[float, float, int]:
+        from vllm.v1.outputs import DraftTokenIds
+        from vllm.v1.outputs import ModelRunnerOutput as VllmOutput
+
+        sched, k = self.sched, self.case.num_speculative_tokens
+        t0 = time.perf_counter()
+        so = sched.schedule()
+        t1 = time.perf_counter()
+        ids = list(so.num_scheduled_tokens)
+        spec = so.scheduled_spec_decode_tokens
+        rows = []
+        for rid in ids:
+            request = sched.requests[rid]
+            done = request.num_computed_tokens - len(spec.get(rid, ())) >= request.num_tokens
+            rows.append([7] * (1 + len(spec.get(rid, ()))) if done else [])
+        output = VllmOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=rows
+        )
+        sampled = [rid for rid, row in zip(ids, rows, strict=True) if row]
+        drafts = DraftTokenIds(sampled, [[7] * k for _ in sampled])
+        t2 = time.perf_counter()
+        result = sched.update_from_output(so, output)
+        if k:
+            sched.update_draft_token_ids(drafts)
+        t3 = time.perf_counter()
+        if self.case.churn_max_tokens:
+            for outputs in result.values():
+                for out in outputs.outputs:
+                    if out.finish_reason is not None:
+                        self._add()
+        return t1 - t0, t3 - t2, len(ids)
+
+
+def vllm_available() -> bool:
+    try:
+        from llmsched.vllm_reference import vllm_available as available
+    except ImportError:
+        return False
+    return available()
+
+
+@dataclass
+class Measurement:
+    case: str
+    implementation: str
+    steps: int
+    requests_per_step: float
+    schedule_us: float
+    update_us: float
+    step_us: float
+    samples_us: list[float] = field(repr=False, default_factory=list)
+
+    @property
+    def ns_per_request(self) -> float:
+        return 1000.0 * self.step_us / max(self.requests_per_step, 1.0)
+
+
+def measure(
+    case: Case, implementation: str = "llmsched", *, steps: int = 300, warmup: int = 200
+) -> Measurement:
+    """Median per-step cost over ``steps`` steps, after the case reached its steady state."""
+    make: Callable[[Case], Stepper] = (
+        LlmschedStepper if implementation == "llmsched" else VllmStepper
+    )
+    stepper = make(case)
+    for _ in range(warmup):
+        stepper.step()
+    sched_t, upd_t, total, sizes = [], [], [], []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(steps):
+            s, u, n = stepper.step()
+            sched_t.append(s)
+            upd_t.append(u)
+            total.append(s + u)
+            sizes.append(n)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return Measurement(
+        case=case.name,
+        implementation=implementation,
+        steps=steps,
+        requests_per_step=statistics.fmean(sizes),
+        schedule_us=1e6 * statistics.median(sched_t),
+        update_us=1e6 * statistics.median(upd_t),
+        step_us=1e6 * statistics.median(total),
+        samples_us=[1e6 * t for t in total],
+    )
+
+
+def run_benchmarks(
+    cases: list[str] | None = None,
+    *,
+    with_vllm: bool | None = None,
+    steps: int = 300,
+    scaling: bool = True,
+    print_row: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Runs the cases (and the scaling sweeps), printing a row per case as it completes."""
+    use_vllm = vllm_available() if with_vllm is None else with_vllm
+    names = cases or list(CASES)
+    results: dict[str, Any] = {"cases": [], "scaling_running": [], "scaling_waiting": []}
+    header = f"{'case':<16}{'reqs/step':>10}{'schedule':>11}{'update':>10}{'step':>10}{'ns/req':>9}"
+    if use_vllm:
+        header += f"{'vLLM step':>12}{'vLLM/llmsched':>15}"
+    print_row(header)
+    for name in names:
+        case = CASES[name]
+        ours = measure(case, "llmsched", steps=steps)
+        row = (
+            f"{name:<16}{ours.requests_per_step:>10.0f}{ours.schedule_us:>9.1f}us"
+            f"{ours.update_us:>8.1f}us{ours.step_us:>8.1f}us{ours.ns_per_request:>9.0f}"
+        )
+        entry: dict[str, Any] = {"case": name, "llmsched": _plain(ours)}
+        if use_vllm:
+            theirs = measure(case, "vllm", steps=max(30, steps // 5), warmup=20)
+            ratio = theirs.step_us / ours.step_us
+            row += f"{theirs.step_us / 1000:>10.2f}ms{ratio:>14.0f}x"
+            entry["vllm"] = _plain(theirs)
+            entry["ratio"] = ratio
+        print_row(row)
+        results["cases"].append(entry)
+    if scaling:
+        print_row("")
+        print_row(
+            "per-step cost against running requests (steady decode; linear means flat ns/req):"
+        )
+        for running in SCALING_RUNNING:
+            m = measure(Case(f"decode-{running}", running=running, max_tokens=3000), steps=steps)
+            results["scaling_running"].append({"running": running, **_plain(m)})
+            print_row(
+                f"  {running:>6} running  {m.step_us:>9.1f} us/step"
+                f"  {m.ns_per_request:>6.0f} ns/req"
+            )
+        print_row("per-step cost against waiting requests (256 running; must stay flat):")
+        for waiting in SCALING_WAITING:
+            m = measure(
+                Case(f"waiting-{waiting}", running=256, waiting=waiting, max_num_seqs=256),
+                steps=steps,
+            )
+            results["scaling_waiting"].append({"waiting": waiting, **_plain(m)})
+            print_row(f"  {waiting:>6} waiting  {m.step_us:>9.1f} us/step")
+    return results
+
+
+def _plain(m: Measurement) -> dict[str, Any]:
+    return {
+        "steps": m.steps,
+        "requests_per_step": m.requests_per_step,
+        "schedule_us": m.schedule_us,
+        "update_us": m.update_us,
+        "step_us": m.step_us,
+        "ns_per_request": m.ns_per_request,
+    }

@@ -1,0 +1,338 @@
+"""vLLM 0.33.0's own v1 scheduler, built offline, as the reference for benchmarks and parity.
+
+Only usable inside the separate ``.venv-vllm`` environment (``make vllm-env``), which holds
+``vllm==0.33.0`` and the few packages its scheduler path imports. Elsewhere
+:func:`vllm_available` returns False and the other functions raise ``ImportError``.
+
+The API::
+
+    vllm_available() -> bool
+    make_vllm_scheduler(*, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,
+                        num_gpu_blocks, ...) -> vllm Scheduler | AsyncScheduler
+    make_vllm_request(request_id, prompt_token_ids, *, max_tokens, block_size, ...) -> Request
+    vllm_runner_output(scheduler_output, sampled) -> vllm ModelRunnerOutput
+    step_summary(scheduler_output) -> dict
+
+How the scheduler is built (mirrors how vLLM's own unit tests build one, without the network):
+
+- The model is a tiny OPT-like ``config.json`` written to a private temporary directory
+  (no weights, no tokenizer: ``skip_tokenizer_init=True``). The HF hub is never contacted:
+  ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` are set before vLLM is imported.
+- ``max_model_len`` is given to both ``ModelConfig`` and vLLM's ``SchedulerConfig`` (the
+  scheduler reads the former).
+- No GPU is needed: vLLM sees no platform here (``UnspecifiedPlatform``), so the device is
+  set explicitly (``DeviceConfig(device="cpu")``); the scheduler never touches a device.
+- The KV cache is one ``FullAttentionSpec`` group with ``num_blocks = num_gpu_blocks``.
+  The scheduler is built with ``log_stats=True``, as in vLLM's tests and default serving.
+- Speculative decoding is vLLM's ``ngram`` method with ``num_speculative_tokens = K``: no
+  lookahead (draft) slots, drafts are supplied by the caller through
+  ``scheduler.update_draft_token_ids``.
+- Prefix caching hashes blocks with vLLM's pickle+SHA-256 ``sha256`` and the fixed
+  default NONE_HASH seed (``PYTHONHASHSEED``, if set, replaces that seed), so block hashes
+  are the same in every process.
+- ``use_v2_model_runner`` (vLLM 0.33.0's default when Triton is installed) only changes how
+  vLLM *reports* resumed requests: with the V2 runner they are listed among the new
+  requests, with the V1 runner in ``scheduled_cached_reqs.resumed_req_ids``. It changes
+  no scheduling decision here (pipeline parallel size 1, no lookahead slots). The default
+  is the V1 runner so that :func:`step_summary` can tell resumed requests from new ones.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "EOS_TOKEN_ID",
+    "make_vllm_request",
+    "make_vllm_scheduler",
+    "step_summary",
+    "vllm_available",
+    "vllm_runner_output",
+]
+
+#: The end-of-sequence id written into the tiny model's config (OPT's ``</s>``). Requests
+#: only stop on it when ``make_vllm_request(..., eos_token_id=EOS_TOKEN_ID)`` says so.
+EOS_TOKEN_ID = 2
+
+# Keep vLLM and transformers off the network and quiet. setdefault: a caller's explicit
+# environment wins. Must happen before the first ``import vllm``.
+for _key, _value in {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+# A large position limit so that any max_model_len a benchmark asks for is accepted.
+_MAX_POSITION_EMBEDDINGS = 1 << 20
+
+# A tiny decoder-only OPT: the scheduler never sees weights, only the architecture name,
+# the dtype and the position limit.
+_TINY_OPT_CONFIG: dict[str, Any] = {
+    "architectures": ["OPTForCausalLM"],
+    "model_type": "opt",
+    "vocab_size": 50272,
+    "hidden_size": 64,
+    "word_embed_proj_dim": 64,
+    "ffn_dim": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": _MAX_POSITION_EMBEDDINGS,
+    "do_layer_norm_before": True,
+    "activation_function": "relu",
+    "bos_token_id": EOS_TOKEN_ID,
+    "eos_token_id": EOS_TOKEN_ID,
+    "pad_token_id": 1,
+    "torch_dtype": "float16",
+}
+
+_model_dir: str | None = None
+_none_hash_ready = False
+
+
+def vllm_available() -> bool:
+    """True if vLLM's v1 scheduler and the pieces this module uses import. Never raises."""
+    try:
+        import vllm.config
+        import vllm.v1.core.sched.async_scheduler
+        import vllm.v1.core.sched.scheduler
+        import vllm.v1.outputs
+        import vllm.v1.request  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _tiny_model_dir() -> str:
+    """A private directory holding the tiny model's ``config.json``; removed at exit."""
+    global _model_dir
+    if _model_dir is None or not os.path.isfile(os.path.join(_model_dir, "config.json")):
+        path = tempfile.mkdtemp(prefix="llmsched-vllm-tiny-opt-")
+        with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(_TINY_OPT_CONFIG, f, indent=2)
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        _model_dir = path
+    return _model_dir
+
+
+def _ensure_none_hash() -> None:
+    """Seed vLLM's prefix-cache hash chain once per process (SHA-256, fixed seed)."""
+    global _none_hash_ready
+    if not _none_hash_ready:
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import init_none_hash
+
+        init_none_hash(sha256)
+        _none_hash_ready = True
+
+
+def make_vllm_scheduler(
+    *,
+    max_model_len: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    block_size: int,
+    num_gpu_blocks: int,
+    enable_chunked_prefill: bool = True,
+    long_prefill_token_threshold: int = 0,
+    num_speculative_tokens: int = 0,
+    async_scheduling: bool = False,
+    enable_prefix_caching: bool = False,
+    policy: str = "fcfs",
+    watermark: float = 0.0,
+    use_v2_model_runner: bool = False,
+) -> Any:
+    """Build vLLM 0.33.0's ``Scheduler`` (or ``AsyncScheduler`` if ``async_scheduling``).
+
+    Every argument has the meaning of the vLLM config field of the same name
+    (``num_gpu_blocks`` is the KV cache's block count, ``num_speculative_tokens`` the ``K``
+    of ngram speculative decoding, 0 for none). See the module docstring for the rest.
+    """
+    import torch
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    _ensure_none_hash()
+    model_config = ModelConfig(
+        model=_tiny_model_dir(),
+        tokenizer=None,
+        skip_tokenizer_init=True,
+        dtype="float16",
+        seed=0,
+        max_model_len=max_model_len,
+    )
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        enable_chunked_prefill=enable_chunked_prefill,
+        async_scheduling=async_scheduling,
+        is_encoder_decoder=model_config.is_encoder_decoder,
+        watermark=watermark,
+        policy=policy,
+    )
+    cache_config = CacheConfig(
+        block_size=block_size,
+        gpu_memory_utilization=0.9,
+        cache_dtype="auto",
+        enable_prefix_caching=enable_prefix_caching,
+    )
+    speculative_config = None
+    if num_speculative_tokens > 0:
+        speculative_config = SpeculativeConfig(
+            model="ngram", num_speculative_tokens=num_speculative_tokens
+        )
+    vllm_config = VllmConfig(
+        scheduler_config=scheduler_config,
+        model_config=model_config,
+        cache_config=cache_config,
+        parallel_config=ParallelConfig(),
+        device_config=DeviceConfig(device="cpu"),
+        speculative_config=speculative_config,
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_gpu_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"],
+                FullAttentionSpec(
+                    block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+                ),
+            )
+        ],
+    )
+    cache_config.num_gpu_blocks = num_gpu_blocks
+    register_all_kvcache_specs(vllm_config)
+    cls = AsyncScheduler if async_scheduling else Scheduler
+    scheduler = cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        block_size=block_size,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+    )
+    scheduler.use_v2_model_runner = use_v2_model_runner
+    return scheduler
+
+
+def make_vllm_request(
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    *,
+    max_tokens: int,
+    eos_token_id: int | None = None,
+    stop_token_ids: Iterable[int] = (),
+    arrival_time: float = 0.0,
+    priority: int = 0,
+    block_size: int,
+    prefix_caching: bool = True,
+) -> Any:
+    """Build a vLLM ``Request`` for ``scheduler.add_request``.
+
+    ``eos_token_id`` is the id that stops the request (none if None), ``stop_token_ids``
+    further stop ids, set the way vLLM's engine sets them. ``block_size`` must be the
+    scheduler's: it sizes the prefix-cache block hasher attached to the request (vLLM's
+    engine attaches one only when prefix caching is on; pass ``prefix_caching=False`` to
+    leave it off and save the hashing cost).
+    """
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    block_hasher = None
+    if prefix_caching:
+        _ensure_none_hash()
+        block_hasher = get_request_block_hasher(block_size, sha256)
+    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids))
+    params.update_from_generation_config({}, eos_token_id)
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=[int(t) for t in prompt_token_ids],
+        sampling_params=params,
+        pooling_params=None,
+        arrival_time=arrival_time,
+        priority=priority,
+        block_hasher=block_hasher,
+    )
+
+
+def vllm_runner_output(scheduler_output: Any, sampled: Mapping[str, Sequence[int]]) -> Any:
+    """A vLLM ``ModelRunnerOutput`` answering ``scheduler_output``.
+
+    One row per scheduled request, in the scheduler output's order: ``sampled[req_id]``
+    (the tokens sampled for it this step, accepted drafts first), or an empty row when the
+    request is missing from ``sampled`` (a partial prefill chunk samples nothing).
+    """
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids = list(scheduler_output.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+        sampled_token_ids=[[int(t) for t in sampled.get(rid, ())] for rid in req_ids],
+    )
+
+
+def step_summary(scheduler_output: Any) -> dict[str, Any]:
+    """A normalized, plain-data view of one vLLM ``SchedulerOutput``.
+
+    Keys:
+
+    - ``scheduled``: ``[(req_id, num_scheduled_tokens), ...]`` in vLLM's order (running
+      requests first, then this step's admissions).
+    - ``total_num_scheduled_tokens``: the sum of those counts.
+    - ``spec_tokens``: ``{req_id: [draft ids]}`` for requests with draft slots scheduled
+      (``-1`` marks a placeholder under async scheduling).
+    - ``new``: ids of first-time admissions, in order (with the V2 model runner, resumed
+      requests too: that is how vLLM reports them there).
+    - ``resumed``: ids of requests resumed after preemption, in scheduled order.
+    - ``preempted``: ids preempted since the previous step, sorted.
+    - ``finished``: ids finished since the previous step, sorted.
+    - ``num_computed_tokens``: ``{req_id: C}``, each scheduled request's computed tokens
+      before the step (prefix-cache hits included), as vLLM sends them to the runner.
+    """
+    num_scheduled = scheduler_output.num_scheduled_tokens
+    cached = scheduler_output.scheduled_cached_reqs
+    computed: dict[str, int] = {}
+    for new_req in scheduler_output.scheduled_new_reqs:
+        computed[new_req.req_id] = int(new_req.num_computed_tokens)
+    for rid, c in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
+        computed[rid] = int(c)
+    resumed = set(cached.resumed_req_ids)
+    return {
+        "scheduled": [(rid, int(n)) for rid, n in num_scheduled.items()],
+        "total_num_scheduled_tokens": int(scheduler_output.total_num_scheduled_tokens),
+        "spec_tokens": {
+            rid: [int(t) for t in toks]
+            for rid, toks in scheduler_output.scheduled_spec_decode_tokens.items()
+        },
+        "new": [r.req_id for r in scheduler_output.scheduled_new_reqs],
+        "resumed": [rid for rid in cached.req_ids if rid in resumed],
+        "preempted": sorted(scheduler_output.preempted_req_ids or ()),
+        "finished": sorted(scheduler_output.finished_req_ids),
+        "num_computed_tokens": {rid: computed[rid] for rid in num_scheduled if rid in computed},
+    }

@@ -1,0 +1,39 @@
+//! Runs steady-decode steps of the core, for profilers (callgrind counts instructions,
+//! so its figures are repeatable on a busy machine):
+//! `cargo build --release --example steady_decode && valgrind --tool=callgrind target/release/examples/steady_decode 1024 200`
+
+use std::sync::Arc;
+
+use llmsched_core::{ConfigParams, NewRequest, RunnerOutput, Scheduler, SchedulerConfig};
+
+fn main() {
+    let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>().expect("a number"));
+    let running = args.next().unwrap_or(1024);
+    let steps = args.next().unwrap_or(200);
+    let params = ConfigParams {
+        max_model_len: 1 << 16,
+        max_num_seqs: running as i64,
+        max_num_batched_tokens: (running as i64).max(8192),
+        num_gpu_blocks: (running as i64) * 300 + 64,
+        async_scheduling: false,
+        enable_prefix_caching: false,
+        ..ConfigParams::default()
+    };
+    let mut sched = Scheduler::new(Arc::new(SchedulerConfig::new(params).expect("valid config")));
+    for i in 0..running {
+        sched.add_request(NewRequest::new(format!("r{i}"), vec![(i % 1000) as i64 + 1; 16], 4000)).expect("added");
+    }
+    let (mut tokens, mut counts) = (Vec::new(), Vec::new());
+    let mut scheduled = 0;
+    for _ in 0..steps {
+        let step = sched.schedule();
+        counts.clear();
+        counts.extend(step.req_handles.iter().map(|&h| i32::from(!sched.request(h).expect("live").is_prefill_chunk())));
+        tokens.clear();
+        tokens.resize(counts.iter().sum::<i32>() as usize, 7);
+        let out = RunnerOutput { sampled_token_ids: &tokens, num_sampled: &counts, row_of_entry: None };
+        sched.update_from_output(step.step_id, &out).expect("applied");
+        scheduled += step.len();
+    }
+    println!("{steps} steps, {scheduled} request-steps");
+}
