@@ -1,49 +1,40 @@
-"""Per-step cost of ``schedule()`` + ``update_from_output()`` in steady decode.
+"""Per-step cost of ``schedule()`` + ``update_from_output()``, with pytest-benchmark.
 
-Disabled by default (``--benchmark-disable`` in pyproject): a plain ``pytest`` runs each
-case once, as a test. ``pytest benches --benchmark-enable`` measures.
+Benchmarks are disabled by default (``--benchmark-disable`` in pyproject), so a plain
+``pytest`` runs each case once, as a test. ``pytest benches --benchmark-enable`` measures.
+Every case of ``llmsched.bench.CASES`` runs on llmsched and, when ``vllm`` is importable
+(``make vllm-env``, then run pytest from ``.venv-vllm``), on vLLM 0.33.0's own scheduler
+with the same workload, so the two rows of a case compare in the same run.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 
-from llmsched import ModelRunnerOutput, Scheduler, SchedulerConfig
+from llmsched.bench import CASES, LlmschedStepper, VllmStepper, vllm_available
+
+IMPLEMENTATIONS = ["llmsched", "vllm"] if vllm_available() else ["llmsched"]
 
 
-def steady_decode(num_running: int) -> tuple[Scheduler, Any]:
-    """``num_running`` requests past their prefill, each decoding one token per step."""
-    cfg = SchedulerConfig(
-        max_model_len=8192,
-        max_num_seqs=num_running,
-        max_num_batched_tokens=max(8192, num_running),
-        num_gpu_blocks=num_running * 64 + 1,
-        async_scheduling=False,
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("case_name", list(CASES))
+def test_step(benchmark: Any, case_name: str, implementation: str) -> None:
+    """One steady-state step of the case; the scheduler keeps its requests running."""
+    case = CASES[case_name]
+    stepper = LlmschedStepper(case) if implementation == "llmsched" else VllmStepper(case)
+    for _ in range(20):  # reach the steady state: prompts prefilled, queues settled
+        stepper.step()
+    benchmark.group = case_name
+    benchmark.extra_info["implementation"] = implementation
+
+    def step() -> int:
+        return stepper.step()[2]
+
+    scheduled = benchmark(step)
+    assert (
+        scheduled == min(case.running, case.max_num_seqs or case.running) or case.churn_max_tokens
     )
-    sched = Scheduler(cfg)
-    for i in range(num_running):
-        sched.add_request(f"r{i}", [i % 1000 + 1] * 16, max_tokens=4000)
-    while True:
-        so = sched.schedule()
-        ones = np.ones(len(so.req_ids), dtype=np.int32)
-        sched.update_from_output(so, ModelRunnerOutput(so.req_ids, ones * 7, ones))
-        if sched.get_request_counts()[1] == 0 and len(so.req_ids) == num_running:
-            break
-
-    def one_step() -> int:
-        so = sched.schedule()
-        counts = np.ones(len(so.req_ids), dtype=np.int32)
-        outs = sched.update_from_output(so, ModelRunnerOutput(so.req_ids, counts * 7, counts))
-        return len(outs)
-
-    return sched, one_step
-
-
-@pytest.mark.parametrize("num_running", [64, 256, 1024])
-def test_steady_decode_step(benchmark: Any, num_running: int) -> None:
-    sched, one_step = steady_decode(num_running)
-    assert benchmark(one_step) == num_running
-    sched.check_invariants()
+    if isinstance(stepper, LlmschedStepper):
+        stepper.sched.check_invariants()
