@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: dev build test test-rust test-python lint fmt stubtest check bench simulate clean
+.PHONY: dev build test test-rust test-python lint fmt stubtest check bench bench-vllm simulate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +41,11 @@ stubtest:
 
 check: lint stubtest test
 
-bench:
-	$(BIN)/python -m pytest benches --benchmark-enable
+bench:  ## per-step costs (llmsched only here; `make bench-vllm` compares with vLLM)
+	$(BIN)/llmsched bench
+
+bench-vllm: vllm-env  ## llmsched and vLLM 0.33.0's scheduler on the same workloads
+	$(VLLM_BIN)/llmsched bench
 
 simulate:
 	$(BIN)/llmsched simulate
@@ -51,7 +54,7 @@ clean:
 	rm -rf target $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
 # vLLM 0.33.0's own v1 scheduler, for the benchmarks and parity checks that run it next to
-# llmsched (benches/vllm_reference.py). A separate venv: vLLM pins torch and much else.
+# llmsched (llmsched.vllm_reference). A separate venv: vLLM pins torch and much else.
 # The pinned packages install once (again when the list changes); llmsched is rebuilt and
 # reinstalled on every run, as a regular (not editable) install so that it leaves the
 # extension module that `make dev` builds into python/llmsched/ alone.
@@ -68,7 +71,23 @@ $(VLLM_VENV)/.requirements-installed: benches/vllm-requirements.txt
 
 vllm-env: $(VLLM_VENV)/.requirements-installed  ## venv with vLLM 0.33.0 (scheduler only) and llmsched
 	$(VLLM_BIN)/pip install -q --no-deps --force-reinstall .
-	cd benches && $(abspath $(VLLM_BIN))/python -c "import vllm_reference as r, sys; sys.exit(not r.vllm_available())"
+	$(VLLM_BIN)/python -c "import llmsched.vllm_reference as r, sys; sys.exit(not r.vllm_available())"
 
 vllm-smoke: vllm-env  ## the same small workload through vLLM and llmsched, step by step
 	$(VLLM_BIN)/python benches/vllm_smoke.py
+
+# Parity of llmsched with vLLM 0.33.0's scheduler, step by step (tests/parity/): the same
+# workloads (synthetic presets, Azure and Mooncake traces) and configs through both, with
+# one deterministic model runner. `parity` writes the table to docs/parity.md and .json;
+# `parity-test` asserts every step identical with pytest (the main venv skips that module).
+.PHONY: parity parity-test
+
+$(VLLM_VENV)/.parity-requirements-installed: tests/parity/requirements.txt $(VLLM_VENV)/.requirements-installed
+	$(VLLM_BIN)/pip install -q --no-deps -r tests/parity/requirements.txt
+	touch $@
+
+parity: vllm-env  ## run the parity matrix in .venv-vllm; writes docs/parity.{md,json}
+	$(VLLM_BIN)/python -m tests.parity.report
+
+parity-test: vllm-env $(VLLM_VENV)/.parity-requirements-installed  ## assert parity with pytest in .venv-vllm
+	$(VLLM_BIN)/python -m pytest -o addopts="-ra --strict-markers --strict-config" tests/parity

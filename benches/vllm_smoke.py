@@ -14,12 +14,9 @@ exits non-zero on the first difference.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import vllm_reference as ref
+import llmsched.vllm_reference as ref
 from llmsched import ModelRunnerOutput, Scheduler, SchedulerConfig
 
 PROMPT_LENS = (10, 75, 140, 200)

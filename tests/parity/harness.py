@@ -1,0 +1,717 @@
+"""Replays one workload through llmsched and through vLLM 0.33.0's v1 scheduler, step by step.
+
+Both schedulers are driven by the same loop (:func:`drive`) and the same deterministic model
+runner (:class:`Runner`), each with its own copy of the runner's state, and every step is
+reduced to the same plain-data summary (:data:`STEP_KEYS`). :func:`compare` then lines the
+two runs up step by step. If the two schedulers decide alike, the two runs are identical
+down to every sampled token; the first step where they are not is the first decision that
+differs.
+
+The model runner
+----------------
+Everything the runner returns is a function of (request id, token position) only, so both
+sides see the same tokens whatever the schedulers decide:
+
+- the true token at index ``p`` of request ``r``'s sequence is :func:`target_token` (a
+  splitmix64 hash), except that a request may carry an EOS (``EOS_TOKEN_ID``) or a stop
+  token (``stop_token_id``) at a chosen output index;
+- a request samples in a step iff the step's non-draft positions reach the end of its
+  known tokens (a non-final prefill chunk returns an empty row); it then returns
+  ``1 + a`` tokens, the true tokens at its next ``1 + a`` positions, ``a`` being the
+  number of leading draft slots accepted;
+- sync speculative decoding: after each step the runner proposes drafts for every request
+  of the batch (:func:`propose_drafts`: a deterministic length in ``[0, K]``, each draft
+  the true token with probability ~0.7, else a wrong one); both schedulers get them
+  through ``update_draft_token_ids``, and acceptance compares the drafts the scheduler
+  actually scheduled with the true tokens (a ``-1`` pad never matches);
+- async speculative decoding: the scheduler only sees ``-1`` placeholders; the runner's
+  own drafts are accepted by the same per-position rule (:func:`draft_accepted`), except
+  that a request admitted in this step (padded to ``1 + K``) has no drafts and accepts
+  none.
+
+The runner tracks, per request, the tokens it has produced (``known``) and the positions
+whose KV it has computed (``computed``), like a real runner's persistent batch; a request
+admitted (new or resumed) restarts from the scheduler's ``num_computed_tokens``.
+
+The engine loop
+---------------
+Sync (``EngineCore.step``): schedule, execute, apply the output, hand the drafts back.
+Async: a batch queue of two, with ``EngineCore.step_with_batch_queue``'s rules: a step is
+scheduled (and executed) whenever the scheduler has requests, and the oldest step's output
+is applied only once the queue is full or nothing more can be scheduled, so step *t + 1*
+is scheduled before step *t*'s output is applied; outputs are applied in order, once each.
+Requests arrive, and some are aborted, at fixed loop iterations
+(``ParityRequest.arrival_step``, ``abort_step``), so the waiting and running queues
+interleave.
+
+Deliberate deviations of llmsched (README, "Where llmsched deliberately differs") and how
+the harness treats them:
+
+- no padding when ``0 < long_prefill_token_threshold < 1 + K`` (#54028): the matrix never
+  uses such a threshold (vLLM trips an assertion there);
+- the running loop never schedules ``n <= 0``: unreachable while ``C + n + s <= M`` holds,
+  which both schedulers keep (vLLM since #53962);
+- a decode step whose output has no token is undone: this runner returns a token for
+  every decode step, so it never happens;
+- ``add_request`` refuses requests whose KV could outgrow the whole pool: the matrix never
+  builds one (:func:`blocks_needed`).
+
+So no step summary needs to be normalized for a deviation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = [
+    "EOS_TOKEN_ID",
+    "STEP_KEYS",
+    "Comparison",
+    "LlmschedSide",
+    "ParityConfig",
+    "ParityRequest",
+    "RunResult",
+    "Runner",
+    "VllmSide",
+    "blocks_needed",
+    "compare",
+    "coverage",
+    "describe",
+    "drive",
+    "run_case",
+    "vllm_reference",
+]
+
+EOS_TOKEN_ID = 2
+"""The EOS id of every request (the tiny model's, see ``llmsched/vllm_reference.py``)."""
+
+VOCAB_SIZE = 32000
+FIRST_REGULAR_TOKEN = 10
+"""Sampled tokens are in ``[10, VOCAB_SIZE)`` unless a stop is planted; stop ids are < 10."""
+
+MAX_LOOP_ITERATIONS = 20_000
+
+STEP_KEYS = (
+    "aborted",
+    "scheduled",
+    "total_num_scheduled_tokens",
+    "num_computed_tokens",
+    "spec_tokens",
+    "new",
+    "resumed",
+    "preempted",
+    "finished",
+    "block_ids",
+    "request_counts",
+    "outputs",
+)
+"""What is compared at every step.
+
+``aborted`` lists the requests ``finish_requests`` aborted just before this step;
+``scheduled`` is the ordered ``[(req_id, n)]`` list; ``num_computed_tokens`` is ``C``
+before the step; ``spec_tokens`` the scheduled drafts (``-1``: placeholder or padding);
+``new``, ``resumed`` are ordered, ``preempted`` and ``finished`` sorted; ``block_ids`` the
+KV blocks sent to the runner per request (the whole table for new and resumed requests,
+the newly allocated ones otherwise); ``request_counts`` is ``(running, waiting)`` right
+after ``schedule()``; ``outputs`` is what ``update_from_output`` returned for this step:
+``[(req_id, new_token_ids, finish_reason, stop_reason)]`` in order.
+"""
+
+
+def vllm_reference() -> ModuleType:
+    """``llmsched.vllm_reference``, which builds vLLM's scheduler offline (it imports
+    vLLM lazily, so importing it is always safe)."""
+    return importlib.import_module("llmsched.vllm_reference")
+
+
+# ----------------------------------------------------------------------------- tokens
+
+_MASK64 = (1 << 64) - 1
+_SALT_TOKEN = 0x7E57_70CE_0000_0001
+_SALT_ACCEPT = 0xACCE_97ED_0000_0002
+_SALT_DRAFT_LEN = 0xD4AF_71E2_0000_0003
+
+
+def _mix(x: int) -> int:
+    """splitmix64 on a Python int."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _hash(key: int, salt: int, position: int) -> int:
+    return _mix(_mix(key ^ salt) + position)
+
+
+@dataclass(frozen=True, slots=True)
+class ParityRequest:
+    """One request of a parity workload, with its planted stops and its arrival."""
+
+    request_id: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    arrival_step: int
+    """Loop iteration at which the driver adds it (before that iteration's schedule)."""
+    arrival_time: float
+    """Given to both schedulers (the priority policy's tie-breaker)."""
+    priority: int = 0
+    eos_at: int | None = None
+    """Output index at which the runner samples EOS, if any."""
+    stop_token_id: int | None = None
+    """A stop token id of the request (in ``[3, 10)``), sampled at ``stop_at``."""
+    stop_at: int | None = None
+    abort_step: int | None = None
+    """Loop iteration at which the driver aborts it (``finish_requests``), if still live."""
+
+    @property
+    def key(self) -> int:
+        return zlib.crc32(self.request_id.encode())
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+
+def target_token(req: ParityRequest, position: int) -> int:
+    """The true token at index ``position`` of ``req``'s sequence (prompt + outputs)."""
+    out_index = position - req.prompt_len
+    if req.eos_at is not None and out_index == req.eos_at:
+        return EOS_TOKEN_ID
+    if req.stop_at is not None and out_index == req.stop_at and req.stop_token_id is not None:
+        return req.stop_token_id
+    span = VOCAB_SIZE - FIRST_REGULAR_TOKEN
+    return FIRST_REGULAR_TOKEN + _hash(req.key, _SALT_TOKEN, position) % span
+
+
+def draft_accepted(req: ParityRequest, position: int) -> bool:
+    """Whether a draft for ``position`` is right (~70% of positions)."""
+    return _hash(req.key, _SALT_ACCEPT, position) % 100 < 70
+
+
+def _wrong_token(token: int) -> int:
+    span = VOCAB_SIZE - FIRST_REGULAR_TOKEN
+    return FIRST_REGULAR_TOKEN + (max(token, FIRST_REGULAR_TOKEN) - FIRST_REGULAR_TOKEN + 1) % span
+
+
+def propose_drafts(req: ParityRequest, num_tokens: int, k: int) -> list[int]:
+    """Sync drafts for positions ``num_tokens, num_tokens + 1, ...``: a deterministic count
+    (K mostly, sometimes none, sometimes fewer), each the true token if accepted; now and
+    then the last one is a ``-1`` pad."""
+    h = _hash(req.key, _SALT_DRAFT_LEN, num_tokens)
+    choice = h % 8
+    if choice == 0:
+        count = 0
+    elif choice == 1 and k > 1:
+        count = 1 + (h >> 8) % (k - 1)
+    else:
+        count = k
+    drafts = []
+    for j in range(count):
+        true = target_token(req, num_tokens + j)
+        drafts.append(true if draft_accepted(req, num_tokens + j) else _wrong_token(true))
+    if choice == 2 and drafts:
+        drafts[-1] = -1  # a drafter's padding: kept by both schedulers, never accepted
+    return drafts
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True, slots=True)
+class ParityConfig:
+    """One scheduler configuration, given to both sides with the same meaning."""
+
+    name: str
+    async_scheduling: bool
+    num_speculative_tokens: int
+    enable_prefix_caching: bool
+    policy: str
+    num_gpu_blocks: int
+    max_model_len: int = 4096
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    long_prefill_token_threshold: int = 0
+    watermark: float = 0.0
+    enable_chunked_prefill: bool = True
+    max_num_scheduled_tokens: int | None = None
+    max_num_active_seqs: int | None = None
+    long_prefill_token_threshold_adaptive: bool = False
+
+    def llmsched_kwargs(self) -> dict[str, Any]:
+        return {
+            **self.scheduler_kwargs(),
+            "max_num_scheduled_tokens": self.max_num_scheduled_tokens,
+            "max_num_active_seqs": self.max_num_active_seqs,
+            "long_prefill_token_threshold_adaptive": self.long_prefill_token_threshold_adaptive,
+        }
+
+    def scheduler_kwargs(self) -> dict[str, Any]:
+        """The fields ``vllm_reference.make_vllm_scheduler`` takes."""
+        return {
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "block_size": self.block_size,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "enable_chunked_prefill": self.enable_chunked_prefill,
+            "long_prefill_token_threshold": self.long_prefill_token_threshold,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "async_scheduling": self.async_scheduling,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "policy": self.policy,
+            "watermark": self.watermark,
+        }
+
+
+def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
+    """The most KV blocks ``req`` can ever hold under ``config`` (llmsched refuses a request
+    for which this exceeds the usable pool, ``num_gpu_blocks - 1``)."""
+    longest = min(
+        req.prompt_len + req.max_tokens + config.num_speculative_tokens, config.max_model_len
+    )
+    return -(-longest // config.block_size)
+
+
+# ----------------------------------------------------------------------------- runner
+
+
+@dataclass(slots=True)
+class _RunnerState:
+    known: int
+    computed: int = 0
+
+
+class RunnerError(AssertionError):
+    """The scheduler asked the runner for something a real runner could not do."""
+
+
+class Runner:
+    """The deterministic model runner (see the module docstring). One per side."""
+
+    def __init__(self, config: ParityConfig) -> None:
+        self.config = config
+        self.requests: dict[str, ParityRequest] = {}
+        self.state: dict[str, _RunnerState] = {}
+
+    def add(self, req: ParityRequest) -> None:
+        self.requests[req.request_id] = req
+        self.state[req.request_id] = _RunnerState(known=req.prompt_len)
+
+    def execute(
+        self, summary: dict[str, Any]
+    ) -> tuple[dict[str, list[int]], tuple[list[str], list[list[int]]] | None]:
+        """Sampled tokens per scheduled request (absent: empty row), and the sync drafts
+        to hand back after the output is applied (None without sync spec decode)."""
+        admitted = set(summary["new"]) | set(summary["resumed"])
+        computed_before = summary["num_computed_tokens"]
+        spec = summary["spec_tokens"]
+        sync = not self.config.async_scheduling
+        sampled: dict[str, list[int]] = {}
+        for rid, n in summary["scheduled"]:
+            req = self.requests[rid]
+            st = self.state[rid]
+            drafts = spec.get(rid, [])
+            if rid in admitted:
+                st.computed = computed_before[rid]
+            st.computed += n - len(drafts)
+            if st.computed < st.known:
+                if drafts:
+                    raise RunnerError(f"{rid}: draft slots scheduled in a non-final prefill chunk")
+                continue  # a non-final prefill chunk: no sample
+            if st.computed > st.known:
+                raise RunnerError(
+                    f"{rid}: scheduled past its known tokens (computed {st.computed} > "
+                    f"known {st.known})"
+                )
+            accepted = 0
+            for j, draft in enumerate(drafts):
+                position = st.known + j
+                if sync:
+                    ok = draft == target_token(req, position)
+                else:
+                    ok = rid not in admitted and draft_accepted(req, position)
+                if not ok:
+                    break
+                accepted += 1
+            sampled[rid] = [target_token(req, st.known + j) for j in range(accepted + 1)]
+            st.known += accepted + 1
+            st.computed += accepted
+        drafts_out = None
+        if sync and self.config.num_speculative_tokens > 0:
+            ids = [rid for rid, _ in summary["scheduled"]]
+            drafts_out = (
+                ids,
+                [
+                    propose_drafts(
+                        self.requests[rid],
+                        self.state[rid].known,
+                        self.config.num_speculative_tokens,
+                    )
+                    for rid in ids
+                ],
+            )
+        return sampled, drafts_out
+
+
+# ----------------------------------------------------------------------------- sides
+
+
+class LlmschedSide:
+    """llmsched's ``Scheduler`` behind the driver's interface."""
+
+    name = "llmsched"
+
+    def __init__(self, config: ParityConfig) -> None:
+        import llmsched
+
+        self._llmsched = llmsched
+        self.config = config
+        self.scheduler = llmsched.Scheduler(llmsched.SchedulerConfig(**config.llmsched_kwargs()))
+
+    def add(self, req: ParityRequest) -> None:
+        self.scheduler.add_request(
+            req.request_id,
+            list(req.prompt),
+            max_tokens=req.max_tokens,
+            eos_token_id=EOS_TOKEN_ID,
+            stop_token_ids=() if req.stop_token_id is None else (req.stop_token_id,),
+            arrival_time=req.arrival_time,
+            priority=req.priority,
+        )
+
+    def has_requests(self) -> bool:
+        return bool(self.scheduler.has_requests())
+
+    def schedule(self) -> tuple[Any, dict[str, Any]]:
+        out = self.scheduler.schedule()
+        ids = list(out.req_ids)
+        counts = [int(n) for n in out.num_scheduled_tokens]
+        computed = [int(c) for c in out.num_computed_tokens]
+        num_spec = [int(k) for k in out.num_spec_tokens]
+        num_blocks = [int(k) for k in out.num_block_ids]
+        flat_spec = [int(t) for t in out.spec_token_ids]
+        flat_blocks = [int(b) for b in out.block_ids]
+        spec: dict[str, list[int]] = {}
+        blocks: dict[str, list[int]] = {}
+        s_off = b_off = 0
+        for rid, k, nb in zip(ids, num_spec, num_blocks, strict=True):
+            if k:
+                spec[rid] = flat_spec[s_off : s_off + k]
+            s_off += k
+            blocks[rid] = flat_blocks[b_off : b_off + nb]
+            b_off += nb
+        summary = {
+            "scheduled": list(zip(ids, counts, strict=True)),
+            "total_num_scheduled_tokens": int(out.total_num_scheduled_tokens),
+            "num_computed_tokens": dict(zip(ids, computed, strict=True)),
+            "spec_tokens": spec,
+            "new": list(out.new_req_ids),
+            "resumed": list(out.resumed_req_ids),
+            "preempted": sorted(out.preempted_req_ids),
+            "finished": sorted(out.finished_req_ids),
+            "block_ids": blocks,
+            "request_counts": tuple(self.scheduler.get_request_counts()),
+        }
+        return out, summary
+
+    def update(self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]) -> list:
+        ids = [rid for rid, _ in summary["scheduled"]]
+        runner_output = self._llmsched.ModelRunnerOutput.from_lists(
+            ids, [sampled.get(rid, []) for rid in ids]
+        )
+        outputs = self.scheduler.update_from_output(out, runner_output)
+        return [
+            (o.request_id, list(o.new_token_ids), o.finish_reason, o.stop_reason) for o in outputs
+        ]
+
+    def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
+        self.scheduler.update_draft_token_ids(req_ids, drafts)
+
+    def abort(self, request_id: str) -> list[str]:
+        status = self._llmsched.RequestStatus.FINISHED_ABORTED
+        return list(self.scheduler.finish_requests(request_id, status))
+
+
+class VllmSide:
+    """vLLM 0.33.0's ``Scheduler``/``AsyncScheduler`` (``llmsched.vllm_reference``)."""
+
+    name = "vllm"
+
+    def __init__(self, config: ParityConfig) -> None:
+        self.ref = vllm_reference()
+        if self.ref.EOS_TOKEN_ID != EOS_TOKEN_ID:
+            raise AssertionError("vllm_reference.EOS_TOKEN_ID changed")
+        from vllm.v1.outputs import DraftTokenIds
+
+        self._draft_token_ids = DraftTokenIds
+        self.config = config
+        scheduler = self.ref.make_vllm_scheduler(**config.scheduler_kwargs())
+        # Knobs make_vllm_scheduler does not take: Scheduler.__init__ copies these
+        # SchedulerConfig fields into these attributes, read only by schedule().
+        if config.max_num_scheduled_tokens is not None:
+            scheduler.max_num_scheduled_tokens = config.max_num_scheduled_tokens
+        if config.max_num_active_seqs is not None:
+            scheduler.max_num_active_reqs = config.max_num_active_seqs
+        scheduler.adaptive_long_prefill_threshold = config.long_prefill_token_threshold_adaptive
+        self.scheduler = scheduler
+
+    def add(self, req: ParityRequest) -> None:
+        self.scheduler.add_request(
+            self.ref.make_vllm_request(
+                req.request_id,
+                req.prompt,
+                max_tokens=req.max_tokens,
+                eos_token_id=EOS_TOKEN_ID,
+                stop_token_ids=() if req.stop_token_id is None else (req.stop_token_id,),
+                arrival_time=req.arrival_time,
+                priority=req.priority,
+                block_size=self.config.block_size,
+                prefix_caching=self.config.enable_prefix_caching,
+            )
+        )
+
+    def has_requests(self) -> bool:
+        return bool(self.scheduler.has_requests())
+
+    def schedule(self) -> tuple[Any, dict[str, Any]]:
+        out = self.scheduler.schedule()
+        summary = self.ref.step_summary(out)
+        blocks: dict[str, list[int]] = {}
+        for new_req in out.scheduled_new_reqs:
+            blocks[new_req.req_id] = [int(b) for b in new_req.block_ids[0]]
+        cached = out.scheduled_cached_reqs
+        for rid, new_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
+            blocks[rid] = [] if new_ids is None else [int(b) for b in new_ids[0]]
+        summary["block_ids"] = {rid: blocks[rid] for rid, _ in summary["scheduled"]}
+        summary["request_counts"] = tuple(self.scheduler.get_request_counts())
+        return out, summary
+
+    def update(self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]) -> list:
+        engine_outputs = self.scheduler.update_from_output(
+            out, self.ref.vllm_runner_output(out, sampled)
+        )
+        result = []
+        for client_outputs in engine_outputs.values():
+            for o in client_outputs.outputs:
+                reason = None if o.finish_reason is None else str(o.finish_reason)
+                result.append((o.request_id, list(o.new_token_ids), reason, o.stop_reason))
+        return result
+
+    def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
+        self.scheduler.update_draft_token_ids(self._draft_token_ids(req_ids, drafts))
+
+    def abort(self, request_id: str) -> list[str]:
+        from vllm.v1.request import RequestStatus
+
+        finished = self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+        return [r.request_id for r in finished]
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+@dataclass(slots=True)
+class RunResult:
+    side: str
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    """The exception (type, message, innermost frames) that ended the run early, if any."""
+
+
+def drive(
+    side_factory: Callable[[ParityConfig], Any],
+    config: ParityConfig,
+    requests: Sequence[ParityRequest],
+) -> RunResult:
+    """Replay ``requests`` through one scheduler with the shared runner and engine loop."""
+    side = side_factory(config)
+    result = RunResult(side=side.name)
+    runner = Runner(config)
+    pending = deque(sorted(requests, key=lambda r: r.arrival_step))  # stable: workload order
+    aborts: dict[int, list[str]] = {}
+    for req in requests:
+        if req.abort_step is not None:
+            aborts.setdefault(req.abort_step, []).append(req.request_id)
+    aborted: list[str] = []
+    in_flight: deque[tuple[Any, dict[str, Any], dict[str, list[int]]]] = deque()
+    iteration = 0
+    try:
+        while True:
+            while pending and pending[0].arrival_step <= iteration:
+                req = pending.popleft()
+                side.add(req)
+                runner.add(req)
+            for rid in aborts.pop(iteration, ()):
+                aborted.extend(side.abort(rid))
+            if not pending and not in_flight and not side.has_requests():
+                break
+            if iteration >= MAX_LOOP_ITERATIONS:
+                raise RuntimeError(f"no end after {iteration} loop iterations")
+            iteration += 1
+            if not config.async_scheduling:
+                if not side.has_requests():
+                    continue  # idle until the next arrival
+                out, summary = side.schedule()
+                summary["aborted"], aborted = aborted, []
+                sampled, drafts = runner.execute(summary)
+                result.steps.append(summary)
+                summary["outputs"] = side.update(out, summary, sampled)
+                if drafts is not None:
+                    side.update_draft_token_ids(*drafts)
+                continue
+            # Async: a batch queue of two, as EngineCore.step_with_batch_queue: schedule
+            # whenever the scheduler has requests (the queue is never full here); do not
+            # wait for the oldest step while the queue has room and the new step ran
+            # something or more can be scheduled.
+            if side.has_requests():
+                out, summary = side.schedule()
+                summary["aborted"], aborted = aborted, []
+                sampled, _ = runner.execute(summary)
+                summary["outputs"] = None
+                result.steps.append(summary)
+                in_flight.append((out, summary, sampled))
+                if len(in_flight) < 2 and (
+                    summary["total_num_scheduled_tokens"] > 0 or side.has_requests()
+                ):
+                    continue
+            elif not in_flight:
+                continue  # idle until the next arrival
+            out, summary, sampled = in_flight.popleft()
+            summary["outputs"] = side.update(out, summary, sampled)
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)[-3:]
+        where = "; ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames)
+        result.error = f"{type(exc).__name__}: {exc} [{where}]"
+    return result
+
+
+# ----------------------------------------------------------------------------- comparison
+
+
+@dataclass(slots=True)
+class Comparison:
+    steps_compared: int
+    steps_identical: int
+    first_difference: int | None
+    """Index of the first step that differs (or exists on one side only), None if none."""
+    detail: dict[str, Any] = field(default_factory=dict)
+    """At the first difference: per differing key, ``{"vllm": ..., "llmsched": ...}``."""
+    vllm_error: str | None = None
+    llmsched_error: str | None = None
+
+    @property
+    def identical(self) -> bool:
+        return (
+            self.first_difference is None
+            and self.vllm_error is None
+            and self.llmsched_error is None
+        )
+
+
+def _diff_value(a: Any, b: Any) -> tuple[Any, Any]:
+    """Trim two differing values to what differs (dicts: differing keys only)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+        return {k: a.get(k) for k in keys}, {k: b.get(k) for k in keys}
+    return a, b
+
+
+def compare(vllm_run: RunResult, llmsched_run: RunResult) -> Comparison:
+    a, b = vllm_run.steps, llmsched_run.steps
+    identical = 0
+    first: int | None = None
+    detail: dict[str, Any] = {}
+    for i in range(max(len(a), len(b))):
+        sa = a[i] if i < len(a) else None
+        sb = b[i] if i < len(b) else None
+        if sa is not None and sb is not None and all(sa[k] == sb[k] for k in STEP_KEYS):
+            identical += 1
+            continue
+        if first is None:
+            first = i
+            if sa is None or sb is None:
+                detail = {"missing_on": "vllm" if sa is None else "llmsched"}
+            else:
+                for k in STEP_KEYS:
+                    if sa[k] != sb[k]:
+                        va, vb = _diff_value(sa[k], sb[k])
+                        detail[k] = {"vllm": va, "llmsched": vb}
+                detail["scheduled_vllm"] = sa["scheduled"]
+    return Comparison(
+        steps_compared=max(len(a), len(b)),
+        steps_identical=identical,
+        first_difference=first,
+        detail=detail,
+        vllm_error=vllm_run.error,
+        llmsched_error=llmsched_run.error,
+    )
+
+
+def coverage(run: RunResult) -> dict[str, int]:
+    """What one run exercised (counted on one side's steps)."""
+    counts = {
+        "steps": len(run.steps),
+        "empty_steps": 0,
+        "preemptions": 0,
+        "resumptions": 0,
+        "prefix_hit_admissions": 0,
+        "draft_slots": 0,
+        "padded_admissions": 0,
+        "finished_stop": 0,
+        "finished_length": 0,
+    }
+    for step in run.steps:
+        counts["empty_steps"] += step["total_num_scheduled_tokens"] == 0
+        counts["preemptions"] += len(step["preempted"])
+        counts["resumptions"] += len(step["resumed"])
+        admitted = [*step["new"], *step["resumed"]]
+        counts["prefix_hit_admissions"] += sum(
+            step["num_computed_tokens"][rid] > 0 for rid in admitted
+        )
+        counts["draft_slots"] += sum(len(t) for t in step["spec_tokens"].values())
+        counts["padded_admissions"] += sum(rid in step["spec_tokens"] for rid in admitted)
+        for _, _, reason, _ in step["outputs"] or ():
+            if reason == "stop":
+                counts["finished_stop"] += 1
+            elif reason == "length":
+                counts["finished_length"] += 1
+    return counts
+
+
+def run_case(
+    config: ParityConfig, requests: Sequence[ParityRequest]
+) -> tuple[Comparison, RunResult, RunResult]:
+    """Both sides on one case, and their comparison."""
+    vllm_run = drive(VllmSide, config, requests)
+    llmsched_run = drive(LlmschedSide, config, requests)
+    return compare(vllm_run, llmsched_run), vllm_run, llmsched_run
+
+
+def describe(comparison: Comparison, context: int = 0, runs: Iterable[RunResult] = ()) -> str:
+    """A human-readable account of a comparison (for assertion messages and the report)."""
+    lines = [f"steps compared {comparison.steps_compared}, identical {comparison.steps_identical}"]
+    if comparison.vllm_error:
+        lines.append(f"vLLM raised: {comparison.vllm_error}")
+    if comparison.llmsched_error:
+        lines.append(f"llmsched raised: {comparison.llmsched_error}")
+    if comparison.first_difference is not None:
+        lines.append(f"first difference at step {comparison.first_difference}:")
+        for key, value in comparison.detail.items():
+            lines.append(f"  {key}: {value}")
+        if context:
+            start = max(0, comparison.first_difference - context)
+            for run in runs:
+                for i in range(start, comparison.first_difference):
+                    if i < len(run.steps):
+                        lines.append(f"  [{run.side} step {i}] {run.steps[i]['scheduled']}")
+    return "\n".join(lines)

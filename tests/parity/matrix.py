@@ -1,0 +1,476 @@
+"""The parity matrix: workloads (synthetic presets and public traces) x scheduler configs.
+
+Workloads (24 requests each unless noted), lengths scaled down to keep runs short:
+
+- ``synthetic-conv``, ``synthetic-code``: ``llmsched.workload.synthetic`` presets;
+- ``synthetic-chat``: the conversation preset with short prompts and long outputs, so
+  that many requests decode at once (budget contention, draft truncation);
+- ``azure-conv``, ``azure-code``: the first requests of the Azure LLM inference trace 2023;
+- ``mooncake``: the first requests of the Mooncake conversation trace, prompts built from
+  ``hash_ids`` by ``RequestSpec.prompt_token_ids`` and then cut to a fraction of their
+  length: a prompt's first tokens are kept, so prompts that share leading ``hash_ids``
+  still share their (shortened) prefix (here every request shares block 0, i.e. up to 512
+  tokens);
+- ``mooncake-turns``: later Mooncake requests that continue an earlier conversation (they
+  share several leading ``hash_ids`` with it), each next to the request it continues, so
+  prefix-cache hits go deep.
+
+Prompts are cut to ``ceil(len / prompt_scale)`` tokens (a prefix of the trace's prompt),
+outputs to ``min(ceil(len / output_scale), output_cap)``. Arrival times are kept (relative
+order and ties, used by the priority policy as tie-breaker) and mapped to loop iterations
+spread over ``arrival_span`` iterations. Some requests get an EOS or a stop token at a
+planted output index; with the priority policy every request gets a priority in {0, 1, 2}.
+
+Configs: every combination of sync/async scheduling, ``K`` in {0, 1, 3} (ngram-style
+drafts), prefix caching on/off, FCFS/priority, and a roomy or a small KV pool (KV
+pressure: preemption), plus a few edge cases (:func:`edge_cases`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+
+from .harness import ParityConfig, ParityRequest, blocks_needed
+
+__all__ = [
+    "WORKLOADS",
+    "Case",
+    "WorkloadDef",
+    "base_cases",
+    "build_requests",
+    "cases",
+    "edge_cases",
+]
+
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+TRACES = Path(os.environ.get("LLMSCHED_TRACES", _PROJECT_ROOT.parent / "shared" / "traces"))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadDef:
+    name: str
+    source: str
+    """A ``llmsched.workload`` preset, ``trace:<relative path>`` or ``turns:<path>``."""
+    num_requests: int = 24
+    prompt_scale: int = 4
+    output_scale: int = 4
+    output_cap: int = 96
+    arrival_span: int = 40
+    pressure_output_factor: int = 4
+    """Under KV pressure, outputs are this many times longer (decode growth preempts)."""
+    pressure_blocks: int | None = None
+    """The tight pool's size, if not three average prompts' worth of blocks."""
+
+
+WORKLOADS: dict[str, WorkloadDef] = {
+    w.name: w
+    for w in (
+        WorkloadDef("synthetic-conv", "azure-conv"),
+        # Short prompts, long outputs: many requests decode at once.
+        WorkloadDef(
+            "synthetic-chat",
+            "azure-conv",
+            num_requests=32,
+            prompt_scale=128,
+            output_scale=2,
+            output_cap=160,
+            arrival_span=30,
+            pressure_output_factor=2,
+            pressure_blocks=40,
+        ),
+        WorkloadDef(
+            "synthetic-code",
+            "azure-code",
+            output_scale=1,
+            output_cap=48,
+            pressure_output_factor=8,
+        ),
+        WorkloadDef("azure-conv", "trace:azure-llm-2023/conv.csv"),
+        WorkloadDef(
+            "azure-code",
+            "trace:azure-llm-2023/code.csv",
+            output_scale=1,
+            output_cap=48,
+            pressure_output_factor=8,
+        ),
+        WorkloadDef(
+            "mooncake",
+            "trace:mooncake-fast25/conversation.jsonl",
+            prompt_scale=8,
+            output_scale=8,
+            output_cap=64,
+        ),
+        WorkloadDef(
+            "mooncake-turns",
+            "turns:mooncake-fast25/conversation.jsonl",
+            num_requests=16,
+            prompt_scale=8,
+            output_scale=8,
+            output_cap=48,
+        ),
+    )
+}
+
+
+def _trace_specs(workload: WorkloadDef) -> list:
+    from llmsched import workload as wl
+
+    kind, _, rel = workload.source.partition(":")
+    if not kind or not rel:
+        return wl.synthetic(
+            workload.source, num_requests=workload.num_requests, seed=zlib.crc32(b"parity")
+        ).requests
+    path = TRACES / rel
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: trace not found (set LLMSCHED_TRACES)")
+    if kind == "trace":
+        return wl.load_workload(str(path), limit=workload.num_requests).requests
+    # turns: pairs (earlier request, later request continuing it), in trace order.
+    specs = wl.load_mooncake_jsonl(path, limit=600).requests
+    chosen: dict[int, object] = {}
+    for i, spec in enumerate(specs):
+        if len(chosen) >= workload.num_requests:
+            break
+        for j in range(i - 1, max(-1, i - 300), -1):
+            other = specs[j].prefix_blocks
+            shared = 0
+            for x, y in zip(other, spec.prefix_blocks, strict=False):
+                if x != y:
+                    break
+                shared += 1
+            if shared >= 3:
+                chosen.setdefault(j, specs[j])
+                chosen.setdefault(i, spec)
+                break
+    ordered = [chosen[k] for k in sorted(chosen)][: workload.num_requests]
+    # Bring the pair members close in time: keep the order, space them evenly.
+    return [replace(spec, arrival_time=float(i)) for i, spec in enumerate(ordered)]
+
+
+@cache
+def _base_requests(name: str) -> tuple[ParityRequest, ...]:
+    """The workload's requests with priority 0 (independent of the config)."""
+    workload = WORKLOADS[name]
+    specs = _trace_specs(workload)
+    rng = random.Random(zlib.crc32(name.encode()))
+    t0 = min(s.arrival_time for s in specs)
+    t_max = max(s.arrival_time for s in specs) - t0
+    out = []
+    for spec in specs:
+        prompt_len = max(1, math.ceil(spec.prompt_len / workload.prompt_scale))
+        prompt = tuple(int(t) for t in spec.prompt_token_ids()[:prompt_len])
+        max_tokens = max(
+            1, min(math.ceil(spec.output_len / workload.output_scale), workload.output_cap)
+        )
+        rel = spec.arrival_time - t0
+        arrival_step = round(rel / t_max * workload.arrival_span) if t_max > 0 else 0
+        u = rng.random()
+        eos_at = stop_id = stop_at = None
+        if u < 0.2:
+            eos_at = rng.randrange(max_tokens)
+        elif u < 0.35:
+            stop_id = rng.randrange(3, 10)
+            stop_at = rng.randrange(max_tokens)
+        out.append(
+            ParityRequest(
+                request_id=spec.request_id,
+                prompt=prompt,
+                max_tokens=max_tokens,
+                arrival_step=arrival_step,
+                arrival_time=float(spec.arrival_time),
+                priority=rng.randrange(3),  # replaced by 0 under FCFS
+                eos_at=eos_at,
+                stop_token_id=stop_id,
+                stop_at=stop_at,
+            )
+        )
+    out.extend(_extra_requests(out, rng))
+    return tuple(out)
+
+
+def _extra_requests(base: list[ParityRequest], rng: random.Random) -> list[ParityRequest]:
+    """Requests added to every workload for the rules a trace rarely reaches, and aborts.
+
+    - Three repeats of earlier prompts, cut to ``16 k + 1`` tokens and arriving a few
+      steps later: with prefix caching they hit ``16 k`` tokens and leave one to compute,
+      which is what the waiting loop pads to ``1 + K``.
+    - A repeat cut to a whole number of blocks (the hit stops one block short).
+    - Two one-token prompts (padded too, when a running request is scheduled).
+    - Two requests with ``max_tokens=1``.
+    - Two requests aborted a few steps after they arrive.
+    """
+    extra: list[ParityRequest] = []
+    for i, tail in ((1, 1), (len(base) // 2, 1), (len(base) - 3, 1), (4, 0)):
+        src = base[i]
+        k = max(1, (src.prompt_len - 1) // 16)
+        extra.append(
+            replace(
+                src,
+                request_id=f"{src.request_id}-again",
+                prompt=src.prompt[: 16 * k + tail],
+                max_tokens=8,
+                arrival_step=src.arrival_step + 4 + i % 5,
+                arrival_time=src.arrival_time + 0.5,
+                eos_at=None,
+                stop_token_id=None,
+                stop_at=None,
+            )
+        )
+    for j, src in enumerate((base[2], base[len(base) // 3])):
+        extra.append(
+            replace(
+                src,
+                request_id=f"tiny-{j}",
+                prompt=src.prompt[:1],
+                max_tokens=6,
+                arrival_step=src.arrival_step + 2,
+                eos_at=None,
+                stop_token_id=None,
+                stop_at=None,
+            )
+        )
+    for j, src in enumerate((base[3], base[-2])):
+        extra.append(
+            replace(
+                src,
+                request_id=f"one-{j}",
+                prompt=src.prompt[: 1 + src.prompt_len // 2],
+                max_tokens=1,
+                arrival_step=src.arrival_step + 1,
+            )
+        )
+    for i in rng.sample(range(len(base)), 2):
+        base[i] = replace(base[i], abort_step=base[i].arrival_step + rng.randrange(2, 15))
+    return extra
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One workload under one config."""
+
+    workload: str
+    config: ParityConfig
+    output_factor: int = 1
+
+    @property
+    def id(self) -> str:
+        return f"{self.workload}/{self.config.name}"
+
+    def requests(self) -> list[ParityRequest]:
+        return build_requests(self.workload, self.config, output_factor=self.output_factor)
+
+
+def build_requests(
+    name: str, config: ParityConfig, *, output_factor: int = 1
+) -> list[ParityRequest]:
+    """The workload's requests fitted to ``config``: outputs ``output_factor`` times longer;
+    prompts shorter than ``max_model_len``; every request needing at most half the usable
+    KV pool (prompts cut first), so that a small pool holds several requests (llmsched
+    refuses a request that could outgrow the whole pool); priorities only under the
+    priority policy (vLLM's front-end rejects a priority without it)."""
+    out = []
+    cap_tokens = (config.num_gpu_blocks - 1) // 2 * config.block_size
+    allowed = cap_tokens - config.num_speculative_tokens
+    for req in _base_requests(name):
+        prompt = req.prompt[: config.max_model_len - 1]
+        max_tokens = req.max_tokens * output_factor
+        if len(prompt) + max_tokens > allowed:
+            if max_tokens >= allowed:
+                max_tokens = max(1, allowed // 2)
+            prompt = prompt[: max(1, allowed - max_tokens)]
+        req = replace(req, prompt=prompt, max_tokens=max_tokens)
+        if config.policy != "priority":
+            req = replace(req, priority=0)
+        out.append(req)
+    return out
+
+
+def _pool_sizes(name: str) -> tuple[int, int]:
+    """(roomy, tight) KV pool sizes for a workload: roomy never preempts; tight holds about
+    three average prompts, so decode growth preempts running requests."""
+    probe = ParityConfig("probe", False, 3, False, "fcfs", num_gpu_blocks=1 << 30)
+    reqs = _base_requests(name)
+    needs = [blocks_needed(r, probe) for r in reqs]
+    roomy = 2 * sum(needs) + 1
+    prompt_blocks = [-(-min(r.prompt_len, probe.max_model_len - 1) // 16) for r in reqs]
+    tight = math.ceil(3 * sum(prompt_blocks) / len(prompt_blocks)) + 1
+    return roomy, WORKLOADS[name].pressure_blocks or tight
+
+
+def base_cases(name: str) -> Iterator[Case]:
+    """The cross product for one workload (KV pressure: the tight pool, longer outputs)."""
+    roomy, tight = _pool_sizes(name)
+    for async_scheduling in (False, True):
+        for k in (0, 1, 3):
+            for apc in (False, True):
+                for policy in ("fcfs", "priority"):
+                    for pressure in (False, True):
+                        label = "-".join(
+                            [
+                                "async" if async_scheduling else "sync",
+                                f"K{k}",
+                                "apc" if apc else "noapc",
+                                "prio" if policy == "priority" else "fcfs",
+                                *(["kv"] if pressure else []),
+                            ]
+                        )
+                        config = ParityConfig(
+                            name=label,
+                            async_scheduling=async_scheduling,
+                            num_speculative_tokens=k,
+                            enable_prefix_caching=apc,
+                            policy=policy,
+                            num_gpu_blocks=tight if pressure else roomy,
+                        )
+                        factor = WORKLOADS[name].pressure_output_factor if pressure else 1
+                        yield Case(name, config, output_factor=factor)
+
+
+def edge_cases() -> list[Case]:
+    """Cases beyond the cross product. Long-prefill thresholds stay >= 1 + K (see the
+    harness docstring: llmsched deliberately does not pad below that)."""
+    out: list[Case] = []
+    for a in (False, True):
+        mode = "async" if a else "sync"
+        # Requests reach max_model_len: the running loop's M - C - s cap, the padding guard.
+        for k in (1, 3):
+            out.append(
+                Case(
+                    "synthetic-conv",
+                    ParityConfig(
+                        f"edge-tightM-{mode}-K{k}-apc",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy="fcfs",
+                        num_gpu_blocks=2048,
+                        max_model_len=288,
+                    ),
+                    output_factor=4,
+                )
+            )
+        # A long-prefill threshold, few sequences, a small token budget.
+        for k in (0, 3):
+            for policy in ("fcfs", "priority"):
+                out.append(
+                    Case(
+                        "azure-code",
+                        ParityConfig(
+                            f"edge-lpt-{mode}-K{k}-apc-{policy[:4]}",
+                            async_scheduling=a,
+                            num_speculative_tokens=k,
+                            enable_prefix_caching=True,
+                            policy=policy,
+                            num_gpu_blocks=4096,
+                            max_num_seqs=4,
+                            max_num_batched_tokens=256,
+                            long_prefill_token_threshold=48,
+                        ),
+                    )
+                )
+        # A token budget smaller than the decode batch: drafts cut by the budget, and a
+        # padded admission that does not fit the budget ends the waiting loop.
+        for k in (1, 3):
+            out.append(
+                Case(
+                    "synthetic-chat",
+                    ParityConfig(
+                        f"edge-budget-{mode}-K{k}-apc-fcfs",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy="fcfs",
+                        num_gpu_blocks=_pool_sizes("synthetic-chat")[0],
+                        max_num_seqs=16,
+                        max_num_batched_tokens=30,
+                    ),
+                )
+            )
+        # Knobs vLLM only has in SchedulerConfig: an admission cap below max_num_seqs, a
+        # scheduled-token cap below the batch budget, the adaptive long-prefill threshold.
+        for k in (0, 3):
+            out.append(
+                Case(
+                    "azure-conv",
+                    ParityConfig(
+                        f"edge-active-adaptive-{mode}-K{k}-apc-prio",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy="priority",
+                        num_gpu_blocks=_pool_sizes("azure-conv")[0],
+                        max_num_seqs=8,
+                        max_num_active_seqs=3,
+                        max_num_batched_tokens=256,
+                        max_num_scheduled_tokens=200,
+                        long_prefill_token_threshold=32,
+                        long_prefill_token_threshold_adaptive=True,
+                    ),
+                )
+            )
+        # Chunked prefill off: a prompt that does not fit the budget blocks the queue.
+        out.append(
+            Case(
+                "azure-conv",
+                ParityConfig(
+                    f"edge-nochunk-{mode}-K1-apc-fcfs",
+                    async_scheduling=a,
+                    num_speculative_tokens=1,
+                    enable_prefix_caching=True,
+                    policy="fcfs",
+                    num_gpu_blocks=_pool_sizes("azure-conv")[0],
+                    max_model_len=1024,
+                    max_num_batched_tokens=1024,
+                    enable_chunked_prefill=False,
+                ),
+            )
+        )
+        # A watermark under KV pressure.
+        out.append(
+            Case(
+                "mooncake",
+                ParityConfig(
+                    f"edge-watermark-{mode}-K1-apc-prio-kv",
+                    async_scheduling=a,
+                    num_speculative_tokens=1,
+                    enable_prefix_caching=True,
+                    policy="priority",
+                    num_gpu_blocks=_pool_sizes("mooncake")[1] + 16,
+                    watermark=0.05,
+                ),
+                output_factor=4,
+            )
+        )
+        # Few sequences under KV pressure, bigger blocks.
+        for policy in ("fcfs", "priority"):
+            out.append(
+                Case(
+                    "mooncake-turns",
+                    ParityConfig(
+                        f"edge-seqcap-B32-{mode}-K3-apc-{policy[:4]}-kv",
+                        async_scheduling=a,
+                        num_speculative_tokens=3,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=_pool_sizes("mooncake-turns")[1] // 2 + 1,
+                        max_num_seqs=3,
+                        block_size=32,
+                    ),
+                    output_factor=4,
+                )
+            )
+    return out
+
+
+def cases() -> list[Case]:
+    """Every case of the matrix: the cross product per workload, then the edge cases."""
+    out = [case for name in WORKLOADS for case in base_cases(name)]
+    out.extend(edge_cases())
+    return out
