@@ -86,6 +86,26 @@ def test_chunked_prefill_off_needs_a_budget_of_max_model_len() -> None:
     SchedulerConfig(enable_chunked_prefill=False, max_model_len=2048)
 
 
+def test_budgets_must_fit_the_steps_that_cannot_be_split() -> None:
+    """Found by fuzzing: a budget below a padded decode (1 + K), or below the longest
+    request with chunked prefill off, left a request waiting forever; both are refused."""
+    with pytest.raises(ConfigError, match="num_speculative_tokens"):
+        SchedulerConfig(num_speculative_tokens=4, max_num_scheduled_tokens=4)
+    SchedulerConfig(num_speculative_tokens=4, max_num_scheduled_tokens=5)
+    with pytest.raises(ConfigError, match="num_speculative_tokens"):
+        SchedulerConfig(
+            num_speculative_tokens=4,
+            max_num_new_slots_for_drafting=4,
+            max_num_seqs=8,
+            max_num_batched_tokens=8,
+        )
+    with pytest.raises(ConfigError, match="max_num_scheduled_tokens"):
+        SchedulerConfig(
+            enable_chunked_prefill=False, max_model_len=2048, max_num_scheduled_tokens=1024
+        )
+    SchedulerConfig(enable_chunked_prefill=False, max_model_len=2048, max_num_scheduled_tokens=2047)
+
+
 def test_config_is_a_value() -> None:
     cfg = SchedulerConfig(max_model_len=4096, num_speculative_tokens=2)
     assert cfg == SchedulerConfig(num_speculative_tokens=2, max_model_len=4096)

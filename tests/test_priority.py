@@ -334,38 +334,50 @@ def test_no_preemption_when_space_available() -> None:
     assert sched.stats()["num_preemptions"] == 0
 
 
-@pytest.mark.parametrize(
-    ("arrivals", "victim"),
-    [([1.0, 5.0, 2.0], "b"), ([2.0, 2.0, 2.0], "a")],
-    ids=["latest-arrival", "full-tie-first-in-running-order"],
-)
-def test_victim_ties_break_on_arrival_then_running_order(
-    arrivals: list[float], victim: str
-) -> None:
+def test_victim_is_the_latest_arrival_wherever_it_runs() -> None:
     """Spec §3.1 step 9: among equal priorities the victim is the latest arrival, wherever
-    it sits in ``running``; among equal (priority, arrival) it is the first in running
-    order (Python's ``max``), and the request id plays no part. Here the victim was
-    already scheduled in the step, before c (the tail, which FCFS would pick): undone."""
+    it sits in ``running``. Here the victim was already scheduled in the step, before c
+    (the tail, which FCFS would pick): its step is undone."""
     # 4 usable blocks of 16: a and b hold one each, c holds two and its next token needs a
     # third. Admitted one step apart so that running is [a, b, c] whatever the arrivals.
     sched = priority_scheduler(num_gpu_blocks=5, max_num_batched_tokens=200)
-    for i, (req_id, num_tokens) in enumerate([("a", 8), ("b", 8), ("c", 32)]):
+    for i, (req_id, num_tokens, arrival) in enumerate(
+        [("a", 8, 1.0), ("b", 8, 5.0), ("c", 32, 2.0)]
+    ):
         add_prioritized(
-            sched, [1], [arrivals[i]], req_ids=[req_id], num_tokens=num_tokens, first_token=i
+            sched, [1], [arrival], req_ids=[req_id], num_tokens=num_tokens, first_token=i
         )
         assert step(sched).new_req_ids == [req_id]
     assert sched.running_request_ids() == ["a", "b", "c"]
     assert sched.num_free_blocks == 0
 
     so = sched.schedule()
-    survivor = "b" if victim == "a" else "a"
-    assert so.preempted_req_ids == [victim]
-    assert scheduled(so) == {survivor: 1, "c": 1}
+    assert so.preempted_req_ids == ["b"]
+    assert scheduled(so) == {"a": 1, "c": 1}
     assert so.total_num_scheduled_tokens == 2
-    assert sched.running_request_ids() == [survivor, "c"]
-    assert status(sched, victim) == RequestStatus.PREEMPTED
-    assert sched.waiting_request_ids() == [victim]
+    assert sched.running_request_ids() == ["a", "c"]
+    assert status(sched, "b") == RequestStatus.PREEMPTED
+    assert sched.waiting_request_ids() == ["b"]
     assert sched.num_free_blocks == 0  # the victim's block went to c
+
+
+def test_victim_of_a_full_tie_is_the_largest_request_id() -> None:
+    """A deliberate deviation from vLLM: with equal (priority, arrival_time) vLLM takes the
+    first such request in running order, which lets two requests preempt each other
+    forever; llmsched ranks ties by request id, as the waiting queue does, so the victim is
+    the request that would be admitted last (here c, which then preempts itself)."""
+    sched = priority_scheduler(num_gpu_blocks=5, max_num_batched_tokens=200)
+    for i, (req_id, num_tokens) in enumerate([("a", 8), ("b", 8), ("c", 32)]):
+        add_prioritized(sched, [1], [2.0], req_ids=[req_id], num_tokens=num_tokens, first_token=i)
+        assert step(sched).new_req_ids == [req_id]
+    assert sched.running_request_ids() == ["a", "b", "c"]
+
+    so = sched.schedule()
+    assert so.preempted_req_ids == ["c"]
+    assert scheduled(so) == {"a": 1, "b": 1}
+    assert sched.running_request_ids() == ["a", "b"]
+    assert sched.waiting_request_ids() == ["c"]
+    assert sched.num_free_blocks == 2  # c's blocks are free again
 
 
 def test_self_preemption_continues_the_running_loop() -> None:

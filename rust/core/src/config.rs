@@ -167,6 +167,39 @@ impl SchedulerConfig {
                 ),
             ));
         }
+        // The most tokens one request can be given in a step: R = min(token budget,
+        // input budget - draft slots). Two rules would otherwise wait forever for a step
+        // that never comes: a request that cannot be chunked, and a padded decode.
+        let largest_request_budget =
+            max_num_scheduled_tokens.min(p.max_num_batched_tokens - p.max_num_new_slots_for_drafting);
+        if !p.enable_chunked_prefill && largest_request_budget < p.max_model_len - p.num_sampled_tokens_per_step {
+            return Err(CoreError::config(
+                "max_num_scheduled_tokens",
+                max_num_scheduled_tokens,
+                format!(
+                    "with enable_chunked_prefill False, a request of up to max_model_len - {} = {} tokens \
+                     must fit one step, but min(max_num_scheduled_tokens, max_num_batched_tokens - \
+                     max_num_new_slots_for_drafting) = {largest_request_budget}",
+                    p.num_sampled_tokens_per_step,
+                    p.max_model_len - p.num_sampled_tokens_per_step
+                ),
+            ));
+        }
+        if p.num_speculative_tokens > 0
+            && p.num_sampled_tokens_per_step > 0
+            && largest_request_budget < 1 + p.num_speculative_tokens
+        {
+            return Err(CoreError::config(
+                "num_speculative_tokens",
+                p.num_speculative_tokens,
+                format!(
+                    "a decode padded to 1 + num_speculative_tokens = {} tokens must fit one step, but \
+                     min(max_num_scheduled_tokens, max_num_batched_tokens - max_num_new_slots_for_drafting) \
+                     = {largest_request_budget}",
+                    1 + p.num_speculative_tokens
+                ),
+            ));
+        }
         if p.long_prefill_token_threshold > p.max_model_len {
             return Err(CoreError::config(
                 "long_prefill_token_threshold",

@@ -392,16 +392,18 @@ impl PyScheduler {
         req_ids: &Bound<'_, PyAny>,
         draft_token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let ids: Vec<String> = req_ids
+        let ids: Vec<Bound<'_, PyString>> = req_ids
             .try_iter()
             .map_err(|_| request_error(py, format!("req_ids: must be a sequence of str, got {}", type_name(req_ids))))?
             .enumerate()
             .map(|(i, id)| {
                 let id = id?;
-                id.cast::<PyString>()
-                    .map_err(|_| request_error(py, format!("req_ids[{i}]: must be a str, got {}", type_name(&id))))?
-                    .to_cow()
-                    .map(|c| c.into_owned())
+                id.cast_into::<PyString>().map_err(|e| {
+                    request_error(
+                        py,
+                        format!("req_ids[{i}]: must be a str, got {}", type_name(e.into_inner().as_any())),
+                    )
+                })
             })
             .collect::<PyResult<_>>()?;
         let drafts: Vec<Vec<i64>> = draft_token_ids
@@ -413,9 +415,14 @@ impl PyScheduler {
                 )
             })?
             .enumerate()
-            .map(|(i, row)| token_list(py, &row?, &format!("draft_token_ids[{i}]"), request_error))
+            .map(|(i, row)| {
+                let row = row?;
+                // The indexed field name is only built to report an error.
+                token_list(py, &row, "draft_token_ids", request_error)
+                    .map_err(|_| token_list(py, &row, &format!("draft_token_ids[{i}]"), request_error).unwrap_err())
+            })
             .collect::<PyResult<_>>()?;
-        let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let id_refs: Vec<&str> = ids.iter().map(|id| id.to_str()).collect::<PyResult<_>>()?;
         self.with_inner(py, |inner| inner.core.update_draft_token_ids(&id_refs, &drafts).map_err(core_err))
     }
 

@@ -134,6 +134,11 @@ impl BlockPool {
         }
     }
 
+    /// Forgets a block's cached content (it stays allocated).
+    pub fn uncache(&mut self, id: u32) {
+        self.evict(id);
+    }
+
     fn evict(&mut self, id: u32) {
         let Some(hash) = self.hash[id as usize].take() else { return };
         self.num_cached -= 1;

@@ -224,6 +224,15 @@ impl KvManager {
         }
     }
 
+    /// Takes the request's blocks from index `from` on out of the prefix cache (their
+    /// KV will not be computed after all).
+    pub fn uncache_from(&mut self, request: &mut Request, from: usize) {
+        for &block in &request.block_ids[from.min(request.num_cached_blocks)..request.num_cached_blocks] {
+            self.pool.uncache(block);
+        }
+        request.num_cached_blocks = request.num_cached_blocks.min(from);
+    }
+
     /// Releases a request's blocks, tail first, and empties its table.
     pub fn free(&mut self, request: &mut Request) {
         self.pool.free_blocks(request.block_ids.iter().rev().copied());

@@ -408,7 +408,9 @@ impl Scheduler {
     }
 
     /// Sync drafts for the next step (spec §4.7). Ids not live are ignored;
-    /// drafts of a request still in prefill are dropped.
+    /// drafts of a request still in prefill are dropped, and so are drafts of a
+    /// request that is not running (preempted or waiting: vLLM keeps them, and a
+    /// resumed request would then schedule drafts made before its preemption).
     pub fn update_draft_token_ids(&mut self, request_ids: &[&str], draft_token_ids: &[Vec<i64>]) -> CoreResult<()> {
         let k_spec = self.config.num_speculative_tokens();
         if request_ids.len() != draft_token_ids.len() {
@@ -443,7 +445,7 @@ impl Scheduler {
             let Some(&h) = self.ids.get(*id) else { continue };
             let request = &mut self.requests[h];
             request.spec_token_ids.clear();
-            if !request.is_prefill_chunk {
+            if !request.is_prefill_chunk && request.status == RequestStatus::Running {
                 request.spec_token_ids.extend(drafts.iter().map(|&t| t as i32));
             }
         }

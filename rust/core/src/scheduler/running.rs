@@ -42,6 +42,7 @@ impl Scheduler {
                 continue;
             }
 
+            let cached_blocks_before = self.requests[handle].num_cached_blocks;
             let first_new_block = loop {
                 let ask = SlotRequest {
                     num_new_tokens: n,
@@ -62,7 +63,11 @@ impl Scheduler {
                 }
                 // Under FCFS the victim is at or after `req_index`, never already scheduled.
                 if let Some(position) = b.entries.iter().position(|e| e.handle == victim) {
-                    b.undo(position);
+                    let undone = b.undo(position);
+                    // Its step will not run: the blocks its allocation registered in the
+                    // prefix cache will never hold their KV. (vLLM leaves them cached, so
+                    // a later hit would read KV that was never computed.)
+                    self.kv.uncache_from(&mut self.requests[victim], undone.cached_blocks_before);
                 }
                 self.preempt(victim, false);
                 b.preempted = true;
@@ -96,24 +101,35 @@ impl Scheduler {
                 num_computed_before: c,
                 num_spec,
                 kind: EntryKind::Running { first_new_block },
+                cached_blocks_before,
             });
             req_index += 1;
         }
     }
 
-    /// FCFS: the last running request. Priority: the running request with the
-    /// largest `(priority, arrival_time)`, the first such in running order.
+    /// FCFS: the last running request. Priority: the running request that ranks last
+    /// in the waiting queue's order, the largest `(priority, arrival_time, request_id)`.
+    ///
+    /// vLLM compares `(priority, arrival_time)` only and takes the first maximum in
+    /// running order: with tied keys two requests can then preempt each other forever
+    /// (each evicting the one that made progress). The request id makes the order total,
+    /// so the request that wins a tie always wins it.
     fn pick_victim(&self, priority_policy: bool) -> Handle {
         if !priority_policy {
             return *self.running.last().expect("running is non-empty while a running request allocates");
         }
+        let key = |h: Handle| {
+            let r = &self.requests[h];
+            (r.priority, r.arrival_time, r.id.clone())
+        };
         let mut best = self.running[0];
+        let mut best_key = key(best);
         for &h in &self.running[1..] {
-            let (a, b) = (&self.requests[h], &self.requests[best]);
-            if (a.priority, a.arrival_time).partial_cmp(&(b.priority, b.arrival_time))
-                == Some(std::cmp::Ordering::Greater)
-            {
+            let k = key(h);
+            let later = k.0.cmp(&best_key.0).then(k.1.total_cmp(&best_key.1)).then_with(|| k.2.cmp(&best_key.2));
+            if later == std::cmp::Ordering::Greater {
                 best = h;
+                best_key = k;
             }
         }
         best

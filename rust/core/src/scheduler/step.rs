@@ -26,6 +26,8 @@ pub(crate) struct Entry {
     /// Draft slots scheduled; their ids are in `StepBuilder::spec_token_ids` in entry order.
     pub num_spec: i64,
     pub kind: EntryKind,
+    /// The request's cached blocks before this step's allocation registered more.
+    pub cached_blocks_before: usize,
 }
 
 /// Budgets and decisions accumulated by the running and waiting loops.
@@ -55,7 +57,7 @@ impl StepBuilder {
     }
 
     /// Undoes a scheduled entry: its budget and its drafts come back (priority preemption).
-    pub fn undo(&mut self, position: usize) {
+    pub fn undo(&mut self, position: usize) -> Entry {
         let entry = self.entries.remove(position);
         self.token_budget += entry.num_new_tokens;
         self.input_budget += entry.num_new_tokens + self.draft_slots;
@@ -65,6 +67,7 @@ impl StepBuilder {
         let start: i64 = self.entries[..position].iter().map(|e| e.num_spec).sum();
         let start = start as usize;
         self.spec_token_ids.drain(start..start + entry.num_spec as usize);
+        entry
     }
 }
 

@@ -1,0 +1,1633 @@
+//! Property-based, stateful fuzzing of the scheduler core, without Python.
+//!
+//! A case is a random valid configuration (`M` down to a few blocks, block
+//! sizes 1..16, `K` 0..4 with its lookahead and draft slots, tight or loose
+//! budgets, `max_num_seqs` 1..64, few or many KV blocks, chunked prefill on or
+//! off, long-prefill threshold, sync or async, FCFS or priority, prefix caching,
+//! watermark, `scheduler_reserve_full_isl`, pooling `s = 0` now and then) plus a
+//! random sequence of operations (add a request — prompts of 1 token, of
+//! `M - s` tokens, one token too long, sharing prefixes, arriving with computed
+//! tokens, with EOS and stop tokens, priorities, cache salts —, add a duplicate
+//! id, abort, abort all, schedule, apply the oldest step in flight, sync drafts,
+//! reset the prefix cache), played against the core by a small deterministic
+//! runner; then a drain to completion with no new arrivals.
+//!
+//! The runner samples, for each entry of a step whose request is not a prefill
+//! chunk right after `schedule()`, `s * (1 + a)` tokens, `a` a random number of
+//! accepted drafts in `0..=num_spec` (like `tests/common.rs::sample`, with
+//! random tokens so that EOS and stop tokens fire), and sometimes reorders its
+//! rows (`row_of_entry`). Up to `depth` (1..=3) steps are in flight, applied in
+//! order; `depth > 1` with sync scheduling is the pipeline-parallel shape. Sync
+//! drafts are given, as vLLM's engine does, only to running requests and only
+//! when no step is in flight.
+//!
+//! Properties, after every `schedule()` and every `update_from_output()`:
+//! * `check_invariants()` is Ok;
+//! * every entry has `n >= 1`, `C + n + s <= M`, `num_spec <= min(n, K)`, and
+//!   `C` after the step is `C + n`; one entry per request;
+//! * `sum(n) = total <= max_num_scheduled_tokens`,
+//!   `sum(n + draft_slots) <= max_num_batched_tokens`, `len <= max_num_seqs`;
+//! * drafts: an admission has drafts only when padded (`n = 1 + K`, all -1);
+//!   async drafts are -1 placeholders; sync drafts are a prefix of the ones
+//!   given; a prefix hit is whole blocks and at most `N - 1` tokens;
+//! * the step's block columns, applied to a runner-side copy of each block
+//!   table (replace for new and resumed requests, append otherwise), give the
+//!   request's block table;
+//! * KV content: the runner records, per block slot, the token whose KV each
+//!   step computes (positions whose token is not known yet are resolved when
+//!   the step returns; rejected drafts leave garbage). Every block a running
+//!   request holds under its own hash (a prefix-cache block) must hold the KV
+//!   of its tokens. Checked where the position model is exact (not async with
+//!   drafts);
+//! * every token the runner returns is delivered once and only once (or dropped
+//!   with a reset's stale output): the tokens delivered to a request are its
+//!   output tokens; outputs never pass `max_tokens`, tokens never pass `M`;
+//! * events: at most one per request, none after its finish, the status is the
+//!   request's, a stop is the one `check_stop` gives on the last token.
+//!
+//! Operations check their own contracts: a request is refused exactly when it
+//! breaks a documented rule (and a refusal changes nothing), a duplicate live id
+//! is refused, an abort finishes exactly the live ids given, a prefix-cache
+//! reset succeeds exactly when no block is in use.
+//!
+//! At the end, with no new arrivals, the drain finishes within the bound derived
+//! at `Harness::liveness_bound`, every added request finished exactly once (a
+//! finished event or an abort, then reported once in a step's `finished`), every
+//! block is free and `has_requests()` is false. `drain_after_a_burst_is_live`
+//! is the liveness property alone: up to 31 arrivals, then only the drain.
+//!
+//! Findings are kept at the end as `regression_*` tests; they are fixed in the
+//! core (two as configuration rules, which the generator respects).
+//!
+//! Environment: `PROPTEST_CASES` overrides the default case counts (kept small
+//! so that `cargo test -p llmsched-core` stays fast); `PROPTEST_TRACE=1` prints
+//! every step and output (for replaying a minimized case);
+//! `cargo test --test proptest_scheduler coverage -- --ignored --nocapture`
+//! prints what the generators exercise.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use llmsched_core::{
+    ConfigParams, CoreError, Handle, NewRequest, Policy, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, Step,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, TestCaseError};
+
+/// Token ids the runner samples are in `0..VOCAB`; EOS and stop tokens are drawn
+/// from the same range, so a stop fires about once every `VOCAB` tokens.
+const VOCAB: u64 = 40;
+
+/// `PROPTEST_TRACE=1` prints every step and output (for minimized cases).
+fn tracing() -> bool {
+    std::env::var_os("PROPTEST_TRACE").is_some()
+}
+
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn proptest_config(default_cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases: cases(default_cases),
+        // Minimal cases become #[test] regressions in this file, not files on disk.
+        failure_persistence: None,
+        max_shrink_iters: 20_000,
+        ..ProptestConfig::default()
+    }
+}
+
+/// SplitMix64: the runner's randomness, seeded by the operations.
+#[derive(Clone, Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Generation
+// ---------------------------------------------------------------------------
+
+/// Raw knobs; `derive_config` maps them to a valid configuration. Kept raw so
+/// that shrinking works on independent numbers.
+#[derive(Clone, Debug)]
+struct RawConfig {
+    block_size_log2: u32,
+    model_blocks: i64,
+    model_extra: i64,
+    big_model: bool,
+    pooling: bool,
+    k: i64,
+    lookahead_sel: u8,
+    draft_slots_sel: u8,
+    max_num_seqs: i64,
+    budget_sel: u8,
+    budget_small: i64,
+    scheduled_sel: u8,
+    active_sel: u8,
+    blocks_sel: u8,
+    blocks_extra: i64,
+    chunked: bool,
+    long_prefill: i64,
+    adaptive: bool,
+    async_scheduling: bool,
+    priority: bool,
+    caching: bool,
+    watermark_sel: u8,
+    reserve_full_isl: bool,
+    depth: usize,
+}
+
+fn raw_config() -> impl Strategy<Value = RawConfig> {
+    let a = (
+        0u32..=4,
+        1i64..=12,
+        0i64..16,
+        prop::bool::weighted(0.1),
+        prop::bool::weighted(0.05),
+        0i64..=4,
+        0u8..3,
+        0u8..4,
+        prop_oneof![1i64..=4, 1i64..=64],
+        0u8..4,
+        1i64..=8,
+        0u8..6,
+    );
+    let b = (
+        0u8..6,
+        0u8..4,
+        0i64..4,
+        prop::bool::weighted(0.8),
+        prop_oneof![Just(0i64), 1i64..=4096],
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        0u8..4,
+        prop::bool::weighted(0.85),
+        1usize..=3,
+    );
+    (a, b).prop_map(|(a, b)| RawConfig {
+        block_size_log2: a.0,
+        model_blocks: a.1,
+        model_extra: a.2,
+        big_model: a.3,
+        pooling: a.4,
+        k: a.5,
+        lookahead_sel: a.6,
+        draft_slots_sel: a.7,
+        max_num_seqs: a.8,
+        budget_sel: a.9,
+        budget_small: a.10,
+        scheduled_sel: a.11,
+        active_sel: b.0,
+        blocks_sel: b.1,
+        blocks_extra: b.2,
+        chunked: b.3,
+        long_prefill: b.4,
+        adaptive: b.5,
+        async_scheduling: b.6,
+        priority: b.7,
+        caching: b.8,
+        watermark_sel: b.9,
+        reserve_full_isl: b.10,
+        depth: b.11,
+    })
+}
+
+fn derive_config(r: &RawConfig) -> ConfigParams {
+    let bs = 1i64 << r.block_size_log2;
+    let s = if r.pooling { 0 } else { 1 };
+    let m = if r.big_model { 256 + r.model_extra * 37 } else { bs * r.model_blocks + r.model_extra % bs };
+    let m = m.max(2);
+    let k = r.k;
+    let lookahead = match (k, r.lookahead_sel) {
+        (0, _) | (_, 0) => 0,
+        (_, 1) => k,
+        _ => k + 1,
+    };
+    let max_num_seqs = r.max_num_seqs;
+    let mut mnbt = match r.budget_sel {
+        0 => r.budget_small,
+        1 => m / 2,
+        2 => m,
+        _ => 4 * m,
+    }
+    .max(max_num_seqs);
+    if !r.chunked {
+        mnbt = mnbt.max(m);
+    }
+    // vLLM: 0 for most drafters, 1 for a plain draft model, K - 1 (P-EAGLE) or K (PARD).
+    let draft_slots = match r.draft_slots_sel {
+        0 => 0,
+        1 => k.min(1),
+        2 => (k - 1).max(0),
+        _ => k,
+    }
+    .min(mnbt - 1);
+    let max_num_scheduled_tokens = match r.scheduled_sel {
+        4 => Some((mnbt / 2).max(1)),
+        5 => Some(r.budget_small.min(mnbt)),
+        _ => None,
+    };
+    let max_num_active_seqs = match r.active_sel {
+        5 => Some((max_num_seqs / 2).max(1)),
+        _ => None,
+    };
+    let full_blocks = (m + bs - 1) / bs;
+    let num_gpu_blocks = match r.blocks_sel {
+        // Very few: many requests are refused as "could never finish".
+        0 => 2 + r.blocks_extra,
+        // Few: one longest request fits, with a little to spare; or about two.
+        1 => full_blocks + 1 + r.blocks_extra,
+        2 => 2 * full_blocks + 1 + r.blocks_extra,
+        _ => 4 * full_blocks + 64,
+    };
+    let long_prefill_token_threshold = if r.long_prefill == 0 { 0 } else { (r.long_prefill - 1) % m + 1 };
+    let mut p = ConfigParams {
+        max_model_len: m,
+        max_num_seqs,
+        max_num_batched_tokens: mnbt,
+        max_num_scheduled_tokens,
+        max_num_active_seqs,
+        block_size: bs,
+        num_gpu_blocks,
+        enable_chunked_prefill: r.chunked,
+        long_prefill_token_threshold,
+        long_prefill_token_threshold_adaptive: r.adaptive,
+        num_speculative_tokens: k,
+        num_lookahead_tokens: lookahead,
+        max_num_new_slots_for_drafting: draft_slots,
+        num_sampled_tokens_per_step: s,
+        async_scheduling: r.async_scheduling,
+        watermark: [0.0, 0.0, 0.1, 0.3][r.watermark_sel as usize],
+        scheduler_reserve_full_isl: r.reserve_full_isl,
+        enable_prefix_caching: r.caching,
+        policy: if r.priority { Policy::Priority } else { Policy::Fcfs },
+    };
+    fit_budget_rules(&mut p);
+    p
+}
+
+/// Raises the budget to what `SchedulerConfig` requires (rules added after this
+/// fuzz found requests that blocked the waiting queue forever, see the
+/// `regression_*_livelocks` tests): the per-request budget
+/// `R = min(max_num_scheduled_tokens, max_num_batched_tokens - draft_slots)`
+/// must fit a padded decode, `1 + K`, and, with chunked prefill off, the
+/// longest request, `M - s`.
+fn fit_budget_rules(p: &mut ConfigParams) {
+    let s = p.num_sampled_tokens_per_step;
+    let mut need = 1;
+    if p.num_speculative_tokens > 0 && s > 0 {
+        need = need.max(1 + p.num_speculative_tokens);
+    }
+    if !p.enable_chunked_prefill {
+        need = need.max(p.max_model_len - s);
+    }
+    p.max_num_batched_tokens = p.max_num_batched_tokens.max(need + p.max_num_new_slots_for_drafting);
+    p.max_num_scheduled_tokens = p.max_num_scheduled_tokens.map(|v| v.max(need));
+}
+
+/// A request to add, in raw form; `Harness::make_request` resolves it against `M`.
+#[derive(Clone, Debug)]
+struct AddOp {
+    /// 0: 1 token, 1: M - s (the longest legal), 2: M - s + 1 (refused),
+    /// 3: random, 4: short, 5: a multiple of B, or one more.
+    len_kind: u8,
+    len_raw: u16,
+    /// 0: random tokens; 1..=3: a shared prefix of `prefix_len` tokens first.
+    prefix: u8,
+    prefix_len: u16,
+    /// 0: 1, 1: small, 2: M, 3: random up to M.
+    max_tokens_kind: u8,
+    max_tokens_raw: u16,
+    /// Arrives with `num_computed_tokens > 0` (a KV-holding arrival) when set.
+    computed: Option<u16>,
+    eos: Option<u8>,
+    stops: [Option<u8>; 2],
+    min_tokens: u8,
+    priority: i8,
+    /// 0: same arrival time as the previous request (a tie), else later.
+    arrival_delta: u8,
+    salt: Option<u8>,
+    token_seed: u64,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Add(AddOp),
+    /// Schedules a step (first applying the oldest step when `depth` are in flight).
+    Schedule {
+        seed: u64,
+    },
+    /// Applies the oldest step in flight, if any.
+    Apply,
+    /// Aborts up to three requests picked among all ever added (finished ones
+    /// are ignored by the core), plus an unknown id when `ghost`.
+    Abort {
+        picks: [u16; 3],
+        num: u8,
+        ghost: bool,
+    },
+    AbortAll,
+    /// Sync drafts for some live requests (sync scheduling, nothing in flight).
+    Drafts {
+        seed: u64,
+    },
+    ResetPrefixCache {
+        reset_running: bool,
+    },
+    /// `add_request` with the id of a live request: refused, nothing changes.
+    Duplicate {
+        pick: u16,
+    },
+}
+
+fn add_op() -> impl Strategy<Value = AddOp> {
+    (
+        (0u8..6, any::<u16>(), 0u8..4, any::<u16>(), 0u8..4, any::<u16>()),
+        (
+            prop::option::weighted(0.15, any::<u16>()),
+            prop::option::weighted(0.5, 0u8..VOCAB as u8),
+            [prop::option::of(0u8..VOCAB as u8), prop::option::of(0u8..VOCAB as u8)],
+            0u8..4,
+            -2i8..=2,
+            0u8..3,
+            prop::option::weighted(0.2, 0u8..2),
+            any::<u64>(),
+        ),
+    )
+        .prop_map(|(a, b)| AddOp {
+            len_kind: a.0,
+            len_raw: a.1,
+            prefix: a.2,
+            prefix_len: a.3,
+            max_tokens_kind: a.4,
+            max_tokens_raw: a.5,
+            computed: b.0,
+            eos: b.1,
+            stops: b.2,
+            min_tokens: b.3,
+            priority: b.4,
+            arrival_delta: b.5,
+            salt: b.6,
+            token_seed: b.7,
+        })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        30 => add_op().prop_map(Op::Add),
+        35 => any::<u64>().prop_map(|seed| Op::Schedule { seed }),
+        15 => Just(Op::Apply),
+        6 => (any::<[u16; 3]>(), 1u8..=3, prop::bool::weighted(0.2))
+            .prop_map(|(picks, num, ghost)| Op::Abort { picks, num, ghost }),
+        1 => Just(Op::AbortAll),
+        6 => any::<u64>().prop_map(|seed| Op::Drafts { seed }),
+        3 => any::<bool>().prop_map(|reset_running| Op::ResetPrefixCache { reset_running }),
+        2 => any::<u16>().prop_map(|pick| Op::Duplicate { pick }),
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    config: ConfigParams,
+    /// Steps in flight at most (1..=3).
+    depth: usize,
+    ops: Vec<Op>,
+    drain_seed: u64,
+}
+
+fn case(max_ops: usize) -> impl Strategy<Value = Case> {
+    (raw_config(), prop::collection::vec(op(), 0..max_ops), any::<u64>()).prop_map(|(raw, ops, drain_seed)| Case {
+        config: derive_config(&raw),
+        depth: raw.depth,
+        ops,
+        drain_seed,
+    })
+}
+
+/// The liveness case: a burst of arrivals up front, then only the drain.
+fn burst_case() -> impl Strategy<Value = Case> {
+    (raw_config(), prop::collection::vec(add_op(), 1..32), any::<u64>()).prop_map(|(raw, adds, drain_seed)| Case {
+        config: derive_config(&raw),
+        depth: raw.depth,
+        ops: adds.into_iter().map(Op::Add).collect(),
+        drain_seed,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The harness: the core, a runner, and what the test knows about each request
+// ---------------------------------------------------------------------------
+
+#[derive(Debug)]
+struct Tracked {
+    id: String,
+    handle: Handle,
+    prompt_len: i64,
+    max_tokens: i64,
+    eos: Option<i32>,
+    stops: Vec<i32>,
+    /// Output tokens delivered through events.
+    delivered: i64,
+    /// Prompt and delivered tokens: the request's tokens, kept after it is gone.
+    tokens: Vec<i32>,
+    /// `num_computed_tokens` at arrival (KV loaded from elsewhere).
+    arrived_computed: i64,
+    /// Finished: a finished event, or an abort that returned its id.
+    finished: bool,
+    /// Reported in a step's `finished` list.
+    reported: bool,
+}
+
+/// The runner's model of one KV slot (a token position in a block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kv {
+    Empty,
+    /// KV computed for this token.
+    Token(i32),
+    /// Computed by step `step_id` for position `pos`, whose token was not known
+    /// when the step was scheduled (the sampled token of a step in flight, or a
+    /// draft): resolved when the step's output is applied.
+    Pending {
+        step_id: u64,
+        pos: i64,
+    },
+    /// Computed for a rejected draft, or for a token that was never appended.
+    Garbage,
+}
+
+/// A step in flight with the runner's output, decided right after `schedule()`.
+struct Pending {
+    /// KV slots written with `Kv::Pending`: `(entry, block, pos)`.
+    pending_kv: Vec<(usize, u32, i64)>,
+    step: Step,
+    /// Runner rows: tokens and counts in row order.
+    tokens: Vec<i32>,
+    counts: Vec<i32>,
+    /// `row_of_entry`, when the runner reordered its rows.
+    rows: Option<Vec<u32>>,
+}
+
+/// What a run exercised (printed by the ignored `coverage` test).
+#[derive(Clone, Debug, Default)]
+struct Coverage {
+    cases: u64,
+    accepted: u64,
+    refused: u64,
+    kv_holding_arrivals: u64,
+    steps: u64,
+    entries: u64,
+    padded: u64,
+    draft_slots: u64,
+    preemptions: u64,
+    prefix_hit_tokens: u64,
+    finished_stop: u64,
+    finished_length: u64,
+    aborted: u64,
+    resets_ok: u64,
+    resets_refused: u64,
+    max_in_flight: u64,
+    reordered_rows: u64,
+    at_model_len_edge: u64,
+    drain_iterations: u64,
+    max_drain_ratio: f64,
+}
+
+struct Harness {
+    cov: Coverage,
+    sched: Scheduler,
+    cfg: Arc<SchedulerConfig>,
+    depth: usize,
+    tracked: Vec<Tracked>,
+    by_handle: HashMap<Handle, usize>,
+    queue: VecDeque<Pending>,
+    /// The runner's copy of each request's block table.
+    tables: HashMap<Handle, Vec<i32>>,
+    /// Sync drafts given and not scheduled yet.
+    drafts_given: HashMap<Handle, Vec<i32>>,
+    /// What each KV slot holds, `[block][slot]`, when `kv_exact`.
+    kv: Vec<Vec<Kv>>,
+    /// The position model of `kv` is exact: not async with drafts (there a
+    /// rejection in one step shifts the real positions of the steps after it,
+    /// which the scheduler's bookkeeping leaves to the runner).
+    kv_exact: bool,
+    clock: f64,
+    next_id: u64,
+}
+
+macro_rules! invariants {
+    ($h:expr, $when:expr) => {
+        if let Err(e) = $h.sched.check_invariants() {
+            return Err(TestCaseError::fail(format!("{}: {e}\n{}", $when, $h.sched.debug_snapshot())));
+        }
+    };
+}
+
+fn shared_token(prefix: u8, i: usize) -> i64 {
+    ((prefix as usize * 7 + i * 3 + i / 5) % VOCAB as usize) as i64
+}
+
+impl Harness {
+    fn new(config: ConfigParams, depth: usize) -> Self {
+        let cfg = Arc::new(SchedulerConfig::new(config).expect("the generator makes valid configs"));
+        let config_kv = (
+            cfg.block_size() as usize,
+            cfg.num_gpu_blocks(),
+            !cfg.async_scheduling() || cfg.num_speculative_tokens() == 0,
+        );
+        Self {
+            cov: Coverage { cases: 1, ..Coverage::default() },
+            sched: Scheduler::new(cfg.clone()),
+            cfg,
+            depth,
+            tracked: Vec::new(),
+            by_handle: HashMap::new(),
+            queue: VecDeque::new(),
+            tables: HashMap::new(),
+            drafts_given: HashMap::new(),
+            kv: vec![vec![Kv::Empty; config_kv.0]; config_kv.1],
+            kv_exact: config_kv.2,
+            clock: 0.0,
+            next_id: 0,
+        }
+    }
+
+    fn m(&self) -> i64 {
+        self.cfg.max_model_len()
+    }
+    fn s(&self) -> i64 {
+        self.cfg.num_sampled_tokens_per_step()
+    }
+    fn k(&self) -> i64 {
+        self.cfg.num_speculative_tokens()
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Tracked> {
+        self.tracked.iter().filter(|t| !t.finished)
+    }
+
+    fn make_request(&mut self, op: &AddOp) -> NewRequest {
+        let (m, s, bs) = (self.m(), self.s(), self.cfg.block_size());
+        let longest = m - s;
+        let raw = op.len_raw as i64;
+        let len = match op.len_kind {
+            0 => 1,
+            1 => longest,
+            2 => longest + 1,
+            3 => raw % longest.max(1) + 1,
+            4 => raw % (2 * bs) + 1,
+            _ => (raw % (longest / bs + 1)) * bs + (raw / 7) % 2,
+        }
+        .max(1);
+        let mut rng = Rng(op.token_seed);
+        let shared = if op.prefix == 0 { 0 } else { (op.prefix_len as i64 % (len + 1)) as usize };
+        let prompt: Vec<i64> = (0..len as usize)
+            .map(|i| if i < shared { shared_token(op.prefix, i) } else { rng.below(VOCAB) as i64 })
+            .collect();
+        let max_tokens = match op.max_tokens_kind {
+            0 => 1,
+            1 => op.max_tokens_raw as i64 % 8 + 1,
+            2 => m,
+            _ => op.max_tokens_raw as i64 % m + 1,
+        };
+        self.next_id += 1;
+        // Tied (priority, arrival_time) keys are generated on purpose: they once let two
+        // requests preempt each other forever (`regression_priority_victim_ties_ping_pong_livelocks`).
+        if op.arrival_delta > 0 {
+            self.clock += 1.0;
+        }
+        let num_computed_tokens = match op.computed {
+            Some(c) if len > 1 => c as i64 % (len - 1) + 1,
+            _ => 0,
+        };
+        NewRequest {
+            request_id: format!("r{}", self.next_id),
+            prompt_token_ids: prompt,
+            max_tokens,
+            min_tokens: op.min_tokens as i64,
+            eos_token_id: op.eos.map(|t| t as i64),
+            stop_token_ids: op.stops.iter().flatten().map(|&t| t as i64).collect(),
+            arrival_time: Some(self.clock),
+            num_computed_tokens,
+            priority: op.priority as i64,
+            cache_salt: op.salt.map(|s| format!("salt{s}")),
+        }
+    }
+
+    /// Whether `add_request` must accept `r`, by the rules it documents.
+    fn acceptable(&self, r: &NewRequest) -> bool {
+        let (m, s, bs) = (self.m(), self.s(), self.cfg.block_size());
+        let len = r.prompt_token_ids.len() as i64;
+        let longest = (len + r.max_tokens + self.k() + self.cfg.num_lookahead_tokens()).min(m);
+        let blocks = (longest + bs - 1) / bs;
+        let usable_blocks = self.cfg.num_gpu_blocks() as i64 - 1;
+        len >= 1
+            && len <= m - s
+            && r.max_tokens >= 1
+            && (0..len).contains(&r.num_computed_tokens)
+            && blocks <= usable_blocks
+    }
+
+    fn add(&mut self, op: &AddOp) -> Result<(), TestCaseError> {
+        let request = self.make_request(op);
+        self.cov.kv_holding_arrivals += (request.num_computed_tokens > 0) as u64;
+        let acceptable = self.acceptable(&request);
+        let before = self.sched.debug_snapshot();
+        let (id, prompt_len, max_tokens) =
+            (request.request_id.clone(), request.prompt_token_ids.len() as i64, request.max_tokens);
+        let prompt: Vec<i32> = request.prompt_token_ids.iter().map(|&t| t as i32).collect();
+        let arrived_computed = request.num_computed_tokens;
+        let eos = request.eos_token_id.map(|t| t as i32);
+        let stops: Vec<i32> = request.stop_token_ids.iter().map(|&t| t as i32).collect();
+        match self.sched.add_request(request) {
+            Ok(handle) => {
+                self.cov.accepted += 1;
+                prop_assert!(acceptable, "add_request accepted {id}, which breaks a documented rule");
+                prop_assert!(!self.by_handle.contains_key(&handle), "handle {handle:?} given twice");
+                self.by_handle.insert(handle, self.tracked.len());
+                self.tracked.push(Tracked {
+                    id,
+                    handle,
+                    prompt_len,
+                    max_tokens,
+                    eos,
+                    stops,
+                    delivered: 0,
+                    tokens: prompt,
+                    arrived_computed,
+                    finished: false,
+                    reported: false,
+                });
+            }
+            Err(e) => {
+                self.cov.refused += 1;
+                prop_assert!(!acceptable, "add_request refused {id}: {e}");
+                prop_assert_eq!(self.sched.debug_snapshot(), before, "a refused request changed the state");
+            }
+        }
+        invariants!(self, "after add_request");
+        Ok(())
+    }
+
+    fn duplicate(&mut self, pick: u16) -> Result<(), TestCaseError> {
+        let live: Vec<&Tracked> = self.live().collect();
+        if live.is_empty() {
+            return Ok(());
+        }
+        let id = live[pick as usize % live.len()].id.clone();
+        let before = self.sched.debug_snapshot();
+        let err = self.sched.add_request(NewRequest::new(id.clone(), vec![1, 2, 3], 1));
+        prop_assert!(matches!(err, Err(CoreError::DuplicateRequest { .. })), "duplicate {id}: {err:?}");
+        prop_assert_eq!(self.sched.debug_snapshot(), before, "a refused duplicate changed the state");
+        Ok(())
+    }
+
+    fn schedule(&mut self, rng: &mut Rng) -> Result<usize, TestCaseError> {
+        let step = self.sched.schedule();
+        if tracing() {
+            let names: Vec<String> = step
+                .req_handles
+                .iter()
+                .enumerate()
+                .map(|(i, &h)| {
+                    let r = self.sched.request(h).expect("live");
+                    format!(
+                        "{}(C={} n={} spec={} -> C={} N={} P={} chunk={} blocks={:?})",
+                        r.id,
+                        step.num_computed_tokens[i],
+                        step.num_scheduled_tokens[i],
+                        step.num_spec_tokens[i],
+                        r.num_computed_tokens(),
+                        r.num_tokens(),
+                        r.num_output_placeholders(),
+                        r.is_prefill_chunk(),
+                        r.block_ids()
+                    )
+                })
+                .collect();
+            eprintln!(
+                "schedule step {}: {names:?} preempted={:?} finished={:?}",
+                step.step_id,
+                step.preempted.iter().map(|p| p.1.to_string()).collect::<Vec<_>>(),
+                step.finished.iter().map(|p| p.1.to_string()).collect::<Vec<_>>()
+            );
+        }
+        let pending_kv = self.check_step(&step)?;
+        let n = step.len();
+        if step.is_empty() {
+            return Ok(0);
+        }
+        // The runner: tokens for entries that reach the end of their known tokens.
+        let s = self.s();
+        let mut entry_tokens: Vec<Vec<i32>> = Vec::with_capacity(step.len());
+        for (i, &h) in step.req_handles.iter().enumerate() {
+            let r = self.sched.request(h).expect("scheduled request is live");
+            let spec = step.num_spec_tokens[i] as u64;
+            let count = if r.is_prefill_chunk() || s == 0 {
+                0
+            } else {
+                let accepted = match rng.below(4) {
+                    0 => 0,
+                    1 => spec,
+                    _ => rng.below(spec + 1),
+                };
+                1 + accepted
+            };
+            entry_tokens.push((0..count).map(|_| rng.below(VOCAB) as i32).collect());
+        }
+        // Sometimes the runner reorders its rows.
+        self.cov.steps += 1;
+        self.cov.entries += step.len() as u64;
+        for (i, &h) in step.req_handles.iter().enumerate() {
+            let spec = step.num_spec_tokens[i] as u64;
+            self.cov.draft_slots += spec;
+            if spec > 0 && (step.new_reqs.contains(&h) || step.resumed_reqs.contains(&h)) {
+                self.cov.padded += 1;
+            }
+            let end = (step.num_computed_tokens[i] + step.num_scheduled_tokens[i]) as i64 + s;
+            self.cov.at_model_len_edge += (end == self.m()) as u64;
+        }
+        let rows: Option<Vec<u32>> = if step.len() > 1 && rng.below(4) == 0 {
+            let mut order: Vec<u32> = (0..step.len() as u32).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            Some(order)
+        } else {
+            None
+        };
+        // row_of_entry[i] = row of entry i; rows are filled in row order.
+        let mut by_row: Vec<&Vec<i32>> = vec![&entry_tokens[0]; step.len()];
+        for (i, t) in entry_tokens.iter().enumerate() {
+            let row = rows.as_ref().map_or(i, |r| r[i] as usize);
+            by_row[row] = t;
+        }
+        let counts = by_row.iter().map(|t| t.len() as i32).collect();
+        let tokens = by_row.iter().flat_map(|t| t.iter().copied()).collect();
+        self.cov.reordered_rows += rows.is_some() as u64;
+        self.queue.push_back(Pending { pending_kv, step, tokens, counts, rows });
+        self.cov.max_in_flight = self.cov.max_in_flight.max(self.queue.len() as u64);
+        Ok(n)
+    }
+
+    fn check_step(&mut self, step: &Step) -> Result<Vec<(usize, u32, i64)>, TestCaseError> {
+        let cfg = self.cfg.clone();
+        let (m, s, k) = (self.m(), self.s(), self.k());
+        for (h, id) in &step.finished {
+            let idx = *self.by_handle.get(h).ok_or_else(|| TestCaseError::fail(format!("unknown finished {id}")))?;
+            let t = &mut self.tracked[idx];
+            prop_assert_eq!(&*t.id, &**id);
+            prop_assert!(t.finished, "{} reported finished, but it never finished", t.id);
+            prop_assert!(!t.reported, "{} reported finished twice", t.id);
+            t.reported = true;
+            prop_assert!(self.sched.request(*h).is_none(), "{id} is reported finished but still has its slot");
+            self.tables.remove(h);
+        }
+        for (h, _) in &step.preempted {
+            self.tables.remove(h);
+            self.drafts_given.remove(h); // a preemption drops the drafts
+        }
+        let r = step.len();
+        prop_assert!(r <= cfg.max_num_seqs(), "{r} entries > max_num_seqs");
+        prop_assert!([step.num_scheduled_tokens.len(), step.num_computed_tokens.len(), step.num_spec_tokens.len()]
+            .iter()
+            .all(|&l| l == r));
+        let total: i64 = step.num_scheduled_tokens.iter().map(|&n| n as i64).sum();
+        prop_assert_eq!(total, step.total_num_scheduled_tokens);
+        prop_assert!(total <= cfg.max_num_scheduled_tokens(), "sum(n) = {total} > max_num_scheduled_tokens");
+        let inputs = total + r as i64 * cfg.max_num_new_slots_for_drafting();
+        prop_assert!(inputs <= cfg.max_num_batched_tokens(), "sum(n + draft slots) = {inputs} > input budget");
+        let num_spec: i64 = step.num_spec_tokens.iter().map(|&x| x as i64).sum();
+        prop_assert_eq!(num_spec, step.spec_token_ids.len() as i64);
+        let mut seen = HashSet::new();
+        let mut block_offset = 0usize;
+        let mut pending_kv = Vec::new();
+        let mut spec_offset = 0usize;
+        for i in 0..r {
+            let h = step.req_handles[i];
+            prop_assert!(seen.insert(h), "a request is scheduled twice in one step");
+            let (c, n, spec) = (
+                step.num_computed_tokens[i] as i64,
+                step.num_scheduled_tokens[i] as i64,
+                step.num_spec_tokens[i] as i64,
+            );
+            let req = self.sched.request(h).ok_or_else(|| TestCaseError::fail("scheduled request has no slot"))?;
+            let id = req.id.clone();
+            prop_assert!(n >= 1, "{id}: n = {n}");
+            prop_assert!(c + n + s <= m, "{id}: C + n + s = {c} + {n} + {s} > M = {m}");
+            prop_assert!(spec <= k && spec <= n, "{id}: {spec} drafts, n = {n}, K = {k}");
+            prop_assert_eq!(req.status(), RequestStatus::Running);
+            prop_assert_eq!(req.num_computed_tokens(), c + n, "{}: C after the step", id);
+            let blocks = &step.block_ids[block_offset..block_offset + step.num_block_ids[i] as usize];
+            block_offset += blocks.len();
+            let fresh = step.new_reqs.contains(&h) || step.resumed_reqs.contains(&h);
+            let drafts = &step.spec_token_ids[spec_offset..spec_offset + spec as usize];
+            spec_offset += spec as usize;
+            if fresh && spec > 0 {
+                // Appendix A.4: only a padded admission has drafts, n = 1 + K placeholders.
+                prop_assert!(n == 1 + k && drafts.iter().all(|&d| d == -1), "{id}: admitted with drafts {drafts:?}");
+            }
+            if cfg.async_scheduling() {
+                prop_assert!(drafts.iter().all(|&d| d == -1), "{id}: async drafts {drafts:?}");
+            } else if !fresh {
+                // §3.1 step 11: a prefix of the drafts given, as many as the budget allowed.
+                let given = self.drafts_given.remove(&h).unwrap_or_default();
+                prop_assert!(
+                    drafts.len() <= given.len() && drafts == &given[..drafts.len()],
+                    "{id}: scheduled drafts {drafts:?}, given {given:?}"
+                );
+            }
+            if fresh {
+                // Appendix A.8: a prefix hit is whole blocks, at most N - 1 tokens
+                // (a request that arrived holding KV keeps its count instead).
+                let arrived = self.by_handle.get(&h).map_or(0, |&t| self.tracked[t].arrived_computed);
+                if arrived == 0 || req.num_preemptions() > 0 {
+                    let bs = cfg.block_size();
+                    prop_assert!(
+                        c == 0 || (cfg.enable_prefix_caching() && c % bs == 0 && c < req.num_tokens()),
+                        "{id}: admitted with C = {c} (B = {bs}, N = {})",
+                        req.num_tokens()
+                    );
+                }
+            }
+            if step.preempted.iter().any(|(p, _)| *p == h) {
+                prop_assert!(step.resumed_reqs.contains(&h), "{id} preempted, then scheduled as running");
+            }
+            if fresh {
+                self.tables.insert(h, blocks.to_vec());
+            } else {
+                let table = self
+                    .tables
+                    .get_mut(&h)
+                    .ok_or_else(|| TestCaseError::fail(format!("{id} scheduled as running, unknown to the runner")))?;
+                table.extend_from_slice(blocks);
+            }
+            let expected: Vec<i32> = req.block_ids().iter().map(|&b| b as i32).collect();
+            prop_assert_eq!(&self.tables[&h], &expected, "{}: the runner's block table", id);
+            // The runner computes KV for positions C..C+n (and, for a request that
+            // arrived holding KV, its external positions 0..C).
+            if self.kv_exact {
+                let arrived = self.by_handle.get(&h).map_or(0, |&t| self.tracked[t].arrived_computed);
+                let from = if step.new_reqs.contains(&h) && arrived > 0 && req.num_preemptions() == 0 { 0 } else { c };
+                let bs = cfg.block_size();
+                let table = &self.tables[&h];
+                prop_assert!((table.len() as i64) * bs >= c + n, "{id}: the table does not cover C + n");
+                for pos in from..c + n {
+                    let (block, slot) = (table[(pos / bs) as usize] as u32, (pos % bs) as usize);
+                    self.kv[block as usize][slot] = if pos < req.num_tokens() {
+                        Kv::Token(req.all_token_ids()[pos as usize])
+                    } else {
+                        pending_kv.push((i, block, pos));
+                        Kv::Pending { step_id: step.step_id, pos }
+                    };
+                }
+            }
+        }
+        prop_assert_eq!(block_offset, step.block_ids.len());
+        prop_assert_eq!(spec_offset, step.spec_token_ids.len());
+        for h in step.new_reqs.iter().chain(&step.resumed_reqs) {
+            prop_assert!(seen.contains(h), "an admission is not among the step's entries");
+        }
+        invariants!(self, format!("after schedule (step {})", step.step_id));
+        self.check_cached_kv(&format!("after schedule (step {})", step.step_id))?;
+        Ok(pending_kv)
+    }
+
+    /// Every block a running request holds under its own hash (a prefix-cache
+    /// block: hit, or registered for others to hit) holds the KV of its tokens,
+    /// or KV a step in flight computes.
+    fn check_cached_kv(&self, when: &str) -> Result<(), TestCaseError> {
+        if !self.kv_exact || !self.cfg.enable_prefix_caching() {
+            return Ok(());
+        }
+        let bs = self.cfg.block_size() as usize;
+        let pool = self.sched.kv().pool();
+        for t in self.tracked.iter().filter(|t| !t.finished) {
+            let Some(req) = self.sched.request(t.handle) else { continue };
+            if req.status() != RequestStatus::Running {
+                continue;
+            }
+            let (hashes, tokens) = (req.block_hashes(), req.all_token_ids());
+            for (i, &block) in req.block_ids().iter().enumerate() {
+                if i >= hashes.len() || pool.block_hash(block) != Some(hashes[i]) {
+                    continue;
+                }
+                for j in 0..bs {
+                    let held = self.kv[block as usize][j];
+                    let want = tokens[i * bs + j];
+                    prop_assert!(
+                        held == Kv::Token(want)
+                            || matches!(held, Kv::Pending { pos, .. } if pos == (i * bs + j) as i64),
+                        "{when}: {}: cached block {block} (table index {i}) slot {j} holds {held:?}, \
+                         but its token is {want}\n{}",
+                        t.id,
+                        self.sched.debug_snapshot()
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self) -> Result<bool, TestCaseError> {
+        let Some(p) = self.queue.pop_front() else { return Ok(false) };
+        let out =
+            RunnerOutput { sampled_token_ids: &p.tokens, num_sampled: &p.counts, row_of_entry: p.rows.as_deref() };
+        let events = match self.sched.update_from_output(p.step.step_id, &out) {
+            Ok(events) => events,
+            Err(e) => return Err(TestCaseError::fail(format!("update_from_output refused the runner: {e}"))),
+        };
+        if tracing() {
+            eprintln!("apply step {}: rows {:?} tokens {:?} -> {events:?}", p.step.step_id, p.counts, p.tokens);
+            for &h in &p.step.req_handles {
+                if let Some(r) = self.sched.request(h) {
+                    eprintln!(
+                        "    {}: C={} N={} P={} S={:?}",
+                        r.id,
+                        r.num_computed_tokens(),
+                        r.num_tokens(),
+                        r.num_output_placeholders(),
+                        r.spec_token_ids()
+                    );
+                }
+            }
+        }
+        let mut row_offsets = Vec::with_capacity(p.counts.len());
+        let mut offset = 0usize;
+        for &c in &p.counts {
+            row_offsets.push(offset);
+            offset += c as usize;
+        }
+        let (m, k) = (self.m(), self.k());
+        let mut seen = HashSet::new();
+        for e in &events {
+            let idx =
+                *self.by_handle.get(&e.handle).ok_or_else(|| TestCaseError::fail("event for an unknown handle"))?;
+            let i = p
+                .step
+                .req_handles
+                .iter()
+                .position(|&h| h == e.handle)
+                .ok_or_else(|| TestCaseError::fail("event for a request not in the step"))?;
+            let row = p.rows.as_ref().map_or(i, |r| r[i] as usize);
+            let t = &mut self.tracked[idx];
+            prop_assert!(seen.insert(e.handle), "{}: two events in one output", t.id);
+            prop_assert!(!t.finished, "{}: an event after its finish", t.id);
+            prop_assert_eq!(e.token_offset, row_offsets[row], "{}: token offset", t.id);
+            prop_assert!(e.num_tokens <= p.counts[row] as usize, "{}: more tokens than the runner gave", t.id);
+            prop_assert!(e.num_tokens as i64 <= 1 + k);
+            let req = self.sched.request(e.handle).ok_or_else(|| TestCaseError::fail("an event without a slot"))?;
+            t.delivered += e.num_tokens as i64;
+            t.tokens.extend_from_slice(&p.tokens[e.token_offset..e.token_offset + e.num_tokens]);
+            prop_assert_eq!(t.delivered, req.num_output_tokens(), "{}: delivered tokens vs output tokens", t.id);
+            let tail = &req.all_token_ids()[req.num_tokens() as usize - e.num_tokens..];
+            prop_assert_eq!(tail, &p.tokens[e.token_offset..e.token_offset + e.num_tokens]);
+            prop_assert_eq!(e.status, req.status(), "{}: event status", t.id);
+            prop_assert!(e.status != RequestStatus::FinishedAborted);
+            prop_assert!(e.num_tokens > 0 || e.status.is_finished(), "{}: an empty, unfinished event", t.id);
+            if e.status.is_finished() {
+                t.finished = true;
+                if e.status == RequestStatus::FinishedStopped {
+                    self.cov.finished_stop += 1;
+                } else {
+                    self.cov.finished_length += 1;
+                }
+                // The stop is the one check_stop gives, on the last delivered token.
+                let last = *req.all_token_ids().last().expect("a request has tokens");
+                let pooling = self.cfg.num_sampled_tokens_per_step() == 0;
+                match e.status {
+                    // Pooling: the output of the final prompt chunk finishes the request.
+                    RequestStatus::FinishedStopped if pooling => prop_assert!(
+                        e.num_tokens == 0 && e.stop_reason.is_none(),
+                        "{}: a pooling request finished with {} tokens",
+                        t.id,
+                        e.num_tokens
+                    ),
+                    RequestStatus::FinishedStopped => prop_assert!(
+                        (Some(last) == t.eos && e.stop_reason.is_none())
+                            || (Some(last) != t.eos && t.stops.contains(&last) && e.stop_reason == Some(last)),
+                        "{}: stopped on {last} with reason {:?}",
+                        t.id,
+                        e.stop_reason
+                    ),
+                    RequestStatus::FinishedLengthCapped => prop_assert!(
+                        Some(last) != t.eos
+                            && !t.stops.contains(&last)
+                            && (req.num_tokens() >= m || req.num_output_tokens() >= t.max_tokens),
+                        "{}: length-capped at N = {}, outputs = {}",
+                        t.id,
+                        req.num_tokens(),
+                        req.num_output_tokens()
+                    ),
+                    other => prop_assert!(false, "{}: finished as {other:?}", t.id),
+                }
+            }
+            prop_assert!(req.num_output_tokens() <= t.max_tokens, "{}: outputs > max_tokens", t.id);
+            prop_assert!(req.num_tokens() <= m, "{}: N > M", t.id);
+        }
+        // Resolve the KV the step computed for positions unknown at schedule time:
+        // rejected drafts and tokens never appended hold garbage.
+        for &(i, block, pos) in &p.pending_kv {
+            let (bs, s) = (self.cfg.block_size(), self.s());
+            let slot = &mut self.kv[block as usize][(pos % bs) as usize];
+            if *slot != (Kv::Pending { step_id: p.step.step_id, pos }) {
+                continue; // overwritten since
+            }
+            let h = p.step.req_handles[i];
+            let row = p.rows.as_ref().map_or(i, |r| r[i] as usize);
+            let (c, n, spec) = (
+                p.step.num_computed_tokens[i] as i64,
+                p.step.num_scheduled_tokens[i] as i64,
+                p.step.num_spec_tokens[i] as i64,
+            );
+            let count = p.counts[row] as i64;
+            let rejected = if spec > 0 && count > 0 { spec - (count - s).max(0) } else { 0 };
+            let tokens = &self.tracked[self.by_handle[&h]].tokens;
+            *slot = if pos >= c + n - rejected || pos >= tokens.len() as i64 {
+                Kv::Garbage
+            } else {
+                Kv::Token(tokens[pos as usize])
+            };
+        }
+        // Requests without an event got no tokens.
+        for t in self.tracked.iter().filter(|t| !t.finished) {
+            if let Some(req) = self.sched.request(t.handle) {
+                prop_assert_eq!(t.delivered, req.num_output_tokens(), "{}: tokens without an event", t.id);
+                prop_assert_eq!(t.prompt_len, req.num_prompt_tokens());
+            }
+        }
+        invariants!(self, format!("after update_from_output (step {})", p.step.step_id));
+        self.check_cached_kv(&format!("after update_from_output (step {})", p.step.step_id))?;
+        Ok(true)
+    }
+
+    fn abort(&mut self, ids: &[String]) -> Result<(), TestCaseError> {
+        let refs: Vec<&str> = ids.iter().map(|s| s.as_str()).collect();
+        let finished = self
+            .sched
+            .finish_requests(Some(&refs), RequestStatus::FinishedAborted)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut expected = Vec::new();
+        for id in ids {
+            if let Some(t) = self.tracked.iter().find(|t| &t.id == id && !t.finished) {
+                if !expected.contains(&t.id) {
+                    expected.push(t.id.clone());
+                }
+            }
+        }
+        let got: Vec<String> = finished.iter().map(|s| s.to_string()).collect();
+        prop_assert_eq!(&got, &expected, "abort finished these ids");
+        self.cov.aborted += got.len() as u64;
+        for id in &got {
+            let t = self.tracked.iter_mut().find(|t| &t.id == id).expect("tracked");
+            t.finished = true;
+        }
+        invariants!(self, "after abort");
+        Ok(())
+    }
+
+    fn abort_all(&mut self) -> Result<(), TestCaseError> {
+        let finished = self
+            .sched
+            .finish_requests(None, RequestStatus::FinishedAborted)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut got: Vec<String> = finished.iter().map(|s| s.to_string()).collect();
+        let mut expected: Vec<String> = self.live().map(|t| t.id.clone()).collect();
+        got.sort();
+        expected.sort();
+        prop_assert_eq!(&got, &expected);
+        self.cov.aborted += got.len() as u64;
+        for t in self.tracked.iter_mut() {
+            t.finished = true;
+        }
+        invariants!(self, "after abort all");
+        Ok(())
+    }
+
+    fn drafts(&mut self, rng: &mut Rng) -> Result<(), TestCaseError> {
+        let k = self.k();
+        if k == 0 || self.cfg.async_scheduling() || !self.queue.is_empty() {
+            return Ok(());
+        }
+        let mut ids: Vec<String> = Vec::new();
+        let mut drafts: Vec<Vec<i64>> = Vec::new();
+        for t in self.tracked.iter() {
+            // Like vLLM's runner, drafts only for running requests (the batch just
+            // executed; a prefill chunk's are dropped by the core). Finished
+            // requests now and then: they are ignored. See
+            // `regression_drafts_for_a_waiting_request_with_a_pipelined_sync_step`
+            // for drafts given to a waiting request.
+            let running = self.sched.request(t.handle).is_some_and(|r| r.status() == RequestStatus::Running);
+            if (running && !t.finished && rng.below(4) != 0) || (t.finished && rng.below(16) == 0) {
+                ids.push(t.id.clone());
+                let len = rng.below(k as u64 + 1);
+                drafts.push((0..len).map(|_| if rng.below(8) == 0 { -1 } else { rng.below(VOCAB) as i64 }).collect());
+            }
+        }
+        if rng.below(8) == 0 {
+            ids.push("ghost".into());
+            drafts.push(vec![]);
+        }
+        if tracing() {
+            eprintln!("drafts {ids:?} {drafts:?}");
+        }
+        let refs: Vec<&str> = ids.iter().map(|s| s.as_str()).collect();
+        if let Err(e) = self.sched.update_draft_token_ids(&refs, &drafts) {
+            return Err(TestCaseError::fail(format!("update_draft_token_ids: {e}")));
+        }
+        // What the next step may schedule: the drafts of live requests that are not prefill chunks.
+        for (id, d) in ids.iter().zip(&drafts) {
+            let Some(t) = self.tracked.iter().find(|t| &t.id == id && !t.finished) else { continue };
+            let chunk = self.sched.request(t.handle).is_some_and(|r| r.is_prefill_chunk());
+            self.drafts_given.insert(t.handle, if chunk { Vec::new() } else { d.iter().map(|&x| x as i32).collect() });
+        }
+        invariants!(self, "after update_draft_token_ids");
+        Ok(())
+    }
+
+    fn reset_prefix_cache(&mut self, reset_running: bool) -> Result<(), TestCaseError> {
+        let ok = self.sched.reset_prefix_cache(reset_running);
+        if ok {
+            self.cov.resets_ok += 1;
+        } else {
+            self.cov.resets_refused += 1;
+        }
+        if reset_running {
+            prop_assert_eq!(self.sched.get_request_counts().0, 0, "running requests left after a reset");
+        }
+        let all_free = self.sched.num_free_blocks() == self.cfg.num_gpu_blocks() - 1;
+        prop_assert_eq!(ok, all_free, "reset_prefix_cache succeeds exactly when no block is in use");
+        if ok {
+            prop_assert_eq!(self.sched.kv().pool().num_cached_blocks(), 0);
+        }
+        invariants!(self, "after reset_prefix_cache");
+        Ok(())
+    }
+
+    /// An upper bound on drain iterations (one `schedule()` each, plus at most
+    /// one output applied), with no new arrivals.
+    ///
+    /// It assumes the per-request budget `R = min(max_num_scheduled_tokens,
+    /// max_num_batched_tokens - draft_slots)` can admit any legal request alone:
+    /// `R >= 1 + K` with drafts, `R >= M - s` with chunked prefill off. Without
+    /// it a head-of-line request can block the waiting loop forever (findings
+    /// 1 and 2, `avoid_known_livelocks`).
+    ///
+    /// Derivation. Let `d` be the pipeline depth and, for each live request,
+    /// `w = min(Np + max_tokens, M) + K + 2` (the tokens it can ever hold, plus
+    /// slack for draft positions). FCFS: the head of `running` (or, when
+    /// `running` is empty, the request the waiting loop admits) is never
+    /// preempted: the victim is the tail, and it is the head itself only if it
+    /// cannot fit alone in the pool, which `add_request` rules out. It gets the
+    /// full budgets (>= 1 token) in every step where it is not waiting for its
+    /// own output (at most `d - 1` iterations in a row: the drain applies the
+    /// oldest step whenever `d` are in flight, and an empty step applies one
+    /// too). Each of its steps advances `C` by >= 1 during (re)computation or
+    /// appends >= 1 token when it decodes, so it finishes within
+    /// `d * (w + d + 2)` iterations; an admission of a new head waits at most
+    /// `d` iterations for stale output. Each request is head once:
+    /// `bound_fcfs = sum(d * (w + d + 3)) + 4d + 8`.
+    /// Priority, with distinct `(priority, arrival_time)` keys: the victim is
+    /// the running request with the largest key, so the live request with the
+    /// smallest key, once admitted, is never preempted; while it waits, it waits
+    /// only for requests already running (the waiting heap admits it first),
+    /// and those only leave `running` before it. Each request can thus be
+    /// recomputed once per request that overtakes it:
+    /// `bound_priority = R * bound_fcfs`, `R` the number of live requests.
+    /// With tied keys there is no bound: the tie goes to the first in running
+    /// order, and two tied requests can preempt each other forever
+    /// (`regression_priority_victim_ties_ping_pong_livelocks`), so the
+    /// generator gives distinct arrival times under the priority policy.
+    fn liveness_bound(&self) -> u64 {
+        let (m, k) = (self.m(), self.k());
+        let d = self.depth.max(self.queue.len()) as u64;
+        let live: Vec<&Tracked> = self.live().collect();
+        let fcfs: u64 =
+            live.iter().map(|t| d * (((t.prompt_len + t.max_tokens).min(m) + k + 2) as u64 + d + 3)).sum::<u64>()
+                + 4 * d
+                + 8;
+        match self.cfg.policy() {
+            Policy::Fcfs => fcfs,
+            Policy::Priority => fcfs * (live.len() as u64).max(1),
+        }
+    }
+
+    /// Runs to completion with no new arrivals, within `liveness_bound`.
+    fn drain(&mut self, seed: u64) -> Result<u64, TestCaseError> {
+        let mut rng = Rng(seed);
+        let bound = self.liveness_bound();
+        let mut iterations = 0u64;
+        while self.sched.has_requests() || !self.queue.is_empty() {
+            iterations += 1;
+            if iterations > bound {
+                return Err(TestCaseError::fail(format!(
+                    "drain did not finish within {bound} iterations\n{}",
+                    self.sched.debug_snapshot()
+                )));
+            }
+            if self.queue.len() >= self.depth {
+                self.apply()?;
+                if rng.below(2) == 0 {
+                    self.drafts(&mut rng)?;
+                }
+            }
+            let in_flight_before = self.queue.len();
+            let stats_before = self.sched.stats().num_preemptions;
+            let n = self.schedule(&mut rng)?;
+            if n == 0 && in_flight_before == 0 && self.sched.stats().num_preemptions == stats_before {
+                // Nothing scheduled, nothing in flight, nothing preempted: the
+                // next schedule() sees the same state. A livelock, found early.
+                prop_assert!(
+                    !self.sched.has_requests(),
+                    "drain is stuck: nothing schedulable and nothing in flight\n{}",
+                    self.sched.debug_snapshot()
+                );
+            }
+            if n == 0 && !self.queue.is_empty() {
+                self.apply()?;
+                if rng.below(2) == 0 {
+                    self.drafts(&mut rng)?;
+                }
+            }
+        }
+        self.cov.drain_iterations += iterations;
+        self.cov.max_drain_ratio = iterations as f64 / bound as f64;
+        Ok(iterations)
+    }
+
+    fn finish(&mut self) -> Result<(), TestCaseError> {
+        let (m, num_blocks) = (self.m(), self.cfg.num_gpu_blocks());
+        for t in &self.tracked {
+            prop_assert!(t.finished && t.reported, "{} did not finish exactly once: {t:?}", t.id);
+            prop_assert!(t.delivered <= t.max_tokens, "{}: {} outputs > max_tokens", t.id, t.delivered);
+            prop_assert!(t.prompt_len + t.delivered <= m, "{}: {} tokens > M", t.id, t.prompt_len + t.delivered);
+        }
+        prop_assert_eq!(self.sched.num_free_blocks(), num_blocks - 1, "blocks still in use after the drain");
+        prop_assert!(!self.sched.has_requests());
+        prop_assert_eq!(self.sched.get_request_counts(), (0, 0));
+        prop_assert_eq!(self.sched.num_steps_in_flight(), 0);
+        invariants!(self, "after the drain");
+        self.cov.preemptions = self.sched.stats().num_preemptions;
+        let stats = self.sched.prefix_cache_stats();
+        self.cov.prefix_hit_tokens = stats.hits + stats.preempted_hits;
+        Ok(())
+    }
+}
+
+fn run_case(case: &Case) -> Result<(), TestCaseError> {
+    run_case_with_coverage(case).map(|_| ())
+}
+
+fn run_case_with_coverage(case: &Case) -> Result<Coverage, TestCaseError> {
+    let mut h = Harness::new(case.config.clone(), case.depth);
+    for op in &case.ops {
+        match op {
+            Op::Add(add) => h.add(add)?,
+            Op::Schedule { seed } => {
+                if h.queue.len() >= h.depth {
+                    h.apply()?;
+                }
+                h.schedule(&mut Rng(*seed))?;
+            }
+            Op::Apply => {
+                h.apply()?;
+            }
+            Op::Abort { picks, num, ghost } => {
+                let mut ids: Vec<String> = if h.tracked.is_empty() {
+                    Vec::new()
+                } else {
+                    picks[..*num as usize].iter().map(|&p| h.tracked[p as usize % h.tracked.len()].id.clone()).collect()
+                };
+                if *ghost {
+                    ids.push("ghost".into());
+                }
+                h.abort(&ids)?;
+            }
+            Op::AbortAll => h.abort_all()?,
+            Op::Drafts { seed } => h.drafts(&mut Rng(*seed))?,
+            Op::ResetPrefixCache { reset_running } => h.reset_prefix_cache(*reset_running)?,
+            Op::Duplicate { pick } => h.duplicate(*pick)?,
+        }
+    }
+    h.drain(case.drain_seed)?;
+    h.finish()?;
+    Ok(h.cov)
+}
+
+proptest! {
+    #![proptest_config(proptest_config(512))]
+
+    /// Random configurations and operation sequences, then a drain.
+    #[test]
+    fn stateful_fuzz(case in case(120)) {
+        run_case(&case)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(proptest_config(256))]
+
+    /// Liveness: a burst of arrivals, then only the drain, within the bound.
+    #[test]
+    fn drain_after_a_burst_is_live(case in burst_case()) {
+        run_case(&case)?;
+    }
+}
+
+/// Prints what the generators exercise: `cargo test --test proptest_scheduler coverage -- --ignored --nocapture`.
+#[test]
+#[ignore = "a report, not a test"]
+fn coverage() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    for (name, strategy) in [("stateful_fuzz", case(120).boxed()), ("drain_after_a_burst", burst_case().boxed())] {
+        let mut runner = TestRunner::new(proptest_config(1000));
+        let mut total = Coverage::default();
+        let mut async_cases = 0;
+        let mut max_ratio: f64 = 0.0;
+        for _ in 0..cases(1000) {
+            let case = strategy.new_tree(&mut runner).expect("a case").current();
+            async_cases += case.config.async_scheduling as u64;
+            let c = run_case_with_coverage(&case).expect("the case passes");
+            max_ratio = max_ratio.max(c.max_drain_ratio);
+            macro_rules! add {
+                ($($f:ident),*) => { $(total.$f += c.$f;)* };
+            }
+            add!(
+                cases,
+                accepted,
+                refused,
+                kv_holding_arrivals,
+                steps,
+                entries,
+                padded,
+                draft_slots,
+                preemptions,
+                prefix_hit_tokens,
+                finished_stop,
+                finished_length,
+                aborted,
+                resets_ok,
+                resets_refused,
+                reordered_rows,
+                at_model_len_edge,
+                drain_iterations
+            );
+            total.max_in_flight = total.max_in_flight.max(c.max_in_flight);
+        }
+        total.max_drain_ratio = max_ratio;
+        eprintln!("{name}: async cases {async_cases}\n{total:#?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Regressions: minimal cases of what the fuzz found. Each accepts any of the
+// fixes (the configuration refused, the request refused, or the request
+// scheduled); they are ignored until the core is fixed.
+// ---------------------------------------------------------------------------
+
+fn sync_config(f: impl FnOnce(&mut ConfigParams)) -> Option<Arc<SchedulerConfig>> {
+    let mut p = ConfigParams { async_scheduling: false, enable_prefix_caching: false, ..ConfigParams::default() };
+    f(&mut p);
+    SchedulerConfig::new(p).ok().map(Arc::new)
+}
+
+/// Runs steps one at a time, sampling one token for each entry that is not a
+/// prefill chunk, until nothing is left or `max_steps` have run.
+fn run_sync(sched: &mut Scheduler, max_steps: usize) -> usize {
+    let mut steps = 0;
+    while sched.has_requests() && steps < max_steps {
+        steps += 1;
+        let step = sched.schedule();
+        if step.is_empty() {
+            continue;
+        }
+        let counts: Vec<i32> =
+            step.req_handles.iter().map(|&h| (!sched.request(h).expect("live").is_prefill_chunk()) as i32).collect();
+        let tokens = vec![7; counts.iter().sum::<i32>() as usize];
+        let out = RunnerOutput { sampled_token_ids: &tokens, num_sampled: &counts, row_of_entry: None };
+        sched.update_from_output(step.step_id, &out).expect("output matches its step");
+        sched.check_invariants().expect("invariants");
+    }
+    steps
+}
+
+/// Finding 1a. Chunked prefill off requires `max_num_batched_tokens >= M`, but
+/// `max_num_scheduled_tokens` (the token budget) may be smaller: a legal prompt
+/// of `M - 1` tokens then hits the waiting loop's "chunked prefill off and
+/// n > budget: break" in every step. It is never scheduled, and blocks every
+/// request queued behind it.
+#[test]
+fn regression_chunked_prefill_off_with_a_small_token_budget_livelocks() {
+    let Some(cfg) = sync_config(|p| {
+        p.max_model_len = 10;
+        p.max_num_seqs = 1;
+        p.max_num_batched_tokens = 10;
+        p.max_num_scheduled_tokens = Some(5);
+        p.block_size = 2;
+        p.num_gpu_blocks = 6;
+        p.enable_chunked_prefill = false;
+    }) else {
+        return; // fixed: the configuration is refused
+    };
+    let mut sched = Scheduler::new(cfg);
+    if sched.add_request(NewRequest::new("long", (1..=9).collect(), 1)).is_err() {
+        return; // fixed: the request is refused
+    }
+    run_sync(&mut sched, 100);
+    assert!(!sched.has_requests(), "the 9-token prompt was never scheduled:\n{}", sched.debug_snapshot());
+}
+
+/// Finding 1b. Same break, through draft slots: the per-request budget is
+/// `max_num_batched_tokens - max_num_new_slots_for_drafting`, 10 - 2 = 8 < 9.
+#[test]
+fn regression_chunked_prefill_off_with_draft_slots_livelocks() {
+    let Some(cfg) = sync_config(|p| {
+        p.max_model_len = 10;
+        p.max_num_seqs = 1;
+        p.max_num_batched_tokens = 10;
+        p.num_speculative_tokens = 2;
+        p.max_num_new_slots_for_drafting = 2;
+        p.enable_chunked_prefill = false;
+    }) else {
+        return;
+    };
+    let mut sched = Scheduler::new(cfg);
+    if sched.add_request(NewRequest::new("long", (1..=9).collect(), 1)).is_err() {
+        return;
+    }
+    run_sync(&mut sched, 100);
+    assert!(!sched.has_requests(), "the 9-token prompt was never scheduled:\n{}", sched.debug_snapshot());
+}
+
+/// Finding 2. A one-token admission with `C > 0` (a prefix-cache hit, here of
+/// the first block) is padded to `1 + K`, and "the padded size exceeds the
+/// request budget" breaks the waiting loop to wait for a step with more
+/// budget. With a budget below `1 + K` (here 2 < 5) that step never comes: the
+/// request is never scheduled, and blocks every request behind it.
+#[test]
+fn regression_padding_larger_than_the_token_budget_livelocks() {
+    let Some(cfg) = sync_config(|p| {
+        p.max_model_len = 64;
+        p.max_num_seqs = 1;
+        p.max_num_batched_tokens = 2;
+        p.block_size = 4;
+        p.num_speculative_tokens = 4;
+        p.enable_prefix_caching = true;
+    }) else {
+        return;
+    };
+    let mut sched = Scheduler::new(cfg);
+    // Caches the block [1, 2, 3, 4].
+    sched.add_request(NewRequest::new("first", (1..=5).collect(), 1)).expect("a valid request");
+    run_sync(&mut sched, 100);
+    assert!(!sched.has_requests());
+    // Hits 4 tokens: n = 1 with C = 4 > 0, padded to 5 > budget 2.
+    if sched.add_request(NewRequest::new("hit", (1..=5).collect(), 1)).is_err() {
+        return;
+    }
+    run_sync(&mut sched, 100);
+    assert!(!sched.has_requests(), "the prefix-hit request was never scheduled:\n{}", sched.debug_snapshot());
+}
+
+/// Finding 3 (outside vLLM's own call pattern, where drafts only come for the
+/// batch just executed). `update_draft_token_ids` keeps drafts given to a
+/// waiting request; the waiting loop admits it with `n = N - C`, leaving `S`
+/// set. If the next step is scheduled before the admission's output returns
+/// (two steps in flight, sync), the running loop schedules `n = N + len(S) - C
+/// = len(S)` positions, all of them drafts placed after a token that is not
+/// known yet. When the draft is rejected `C` is rolled back to `N - 2`, and
+/// `check_invariants` fails ("nothing in flight, decoding, but C != N - 1").
+#[test]
+fn regression_drafts_for_a_waiting_request_with_a_pipelined_sync_step() {
+    let cfg = sync_config(|p| p.num_speculative_tokens = 1).expect("a valid configuration");
+    let mut sched = Scheduler::new(cfg);
+    sched.add_request(NewRequest::new("a", vec![1, 2, 3], 8)).expect("a valid request");
+    sched.update_draft_token_ids(&["a"], &[vec![5]]).expect("valid drafts");
+    let first = sched.schedule();
+    assert_eq!(first.num_scheduled_tokens, vec![3]);
+    // Scheduled while the first step is in flight: the drafts given while the request
+    // was waiting were dropped, so there is nothing to schedule yet.
+    let second = sched.schedule();
+    assert!(second.is_empty(), "drafts given to a waiting request must not be scheduled");
+    sched.check_invariants().expect("invariants after the second schedule");
+    for (step, token) in [(&first, 7), (&second, 8)] {
+        if step.is_empty() {
+            continue;
+        }
+        let counts: Vec<i32> = vec![1; step.len()];
+        let tokens = vec![token; step.len()];
+        let out = RunnerOutput { sampled_token_ids: &tokens, num_sampled: &counts, row_of_entry: None };
+        sched.update_from_output(step.step_id, &out).expect("output matches its step");
+    }
+    sched.check_invariants().expect("invariants once nothing is in flight");
+}
+
+/// Finding 4. Priority policy, two requests with the same `(priority,
+/// arrival_time)`, both admitted mid-prefill (`scheduler_reserve_full_isl` off)
+/// and together larger than the pool. When one needs a block, the victim is
+/// "the running request with the largest key, the first such in running
+/// order": with tied keys that is the oldest admitted one, the one with the
+/// most progress. Each preemption throws away a prefill that has not produced
+/// a token yet, so the two preempt each other forever (1176 preemptions in
+/// 10000 steps). With distinct arrival times, or under FCFS, the same case
+/// finishes in 31 steps with 2 preemptions.
+#[test]
+fn regression_priority_victim_ties_ping_pong_livelocks() {
+    let cfg = sync_config(|p| {
+        p.max_model_len = 21;
+        p.max_num_seqs = 2;
+        p.max_num_batched_tokens = 2;
+        p.block_size = 2;
+        p.num_gpu_blocks = 13;
+        p.policy = Policy::Priority;
+        p.scheduler_reserve_full_isl = false;
+        p.long_prefill_token_threshold = 1;
+    })
+    .expect("a valid configuration");
+    let mut sched = Scheduler::new(cfg);
+    for id in ["a", "b"] {
+        // 10 blocks of 2 each, 11 with the sampled token: one fits in the 12 usable blocks, two do not.
+        let mut r = NewRequest::new(id, (1..=20).collect(), 1);
+        r.arrival_time = Some(0.0);
+        sched.add_request(r).expect("a valid request");
+    }
+    run_sync(&mut sched, 1000);
+    assert!(
+        !sched.has_requests(),
+        "not done after 1000 steps, {} preemptions:\n{}",
+        sched.stats().num_preemptions,
+        sched.debug_snapshot()
+    );
+}
+
+/// Finding 5 (serious: wrong KV served from the prefix cache). Priority policy,
+/// prefix caching on. `allocate_slots` registers in the prefix cache the full
+/// blocks the step will compute (spec §4.4: "prompt blocks become hits before
+/// their forward pass has run"). When a later running request then cannot
+/// allocate and the victim is a request already scheduled in this step, the
+/// victim's entry is undone (`StepBuilder::undo`) and it is preempted: the
+/// step never computes those positions, but the blocks stay registered. Here
+/// `a` has computed 23 tokens; its undone chunk (23..26) had registered its
+/// 6th block (tokens 20..23), so the cache now offers 24 tokens of `a`'s
+/// prompt, and `a` is resumed from C = 24 without ever computing position 23
+/// (the KV of the block's last slot is whatever the pool held).
+#[test]
+fn regression_priority_undo_leaves_uncomputed_blocks_in_the_prefix_cache() {
+    let cfg = sync_config(|p| {
+        p.max_model_len = 64;
+        p.max_num_seqs = 2;
+        p.max_num_batched_tokens = 8;
+        p.block_size = 4;
+        p.num_gpu_blocks = 12;
+        p.policy = Policy::Priority;
+        p.long_prefill_token_threshold = 3;
+        p.enable_prefix_caching = true;
+    })
+    .expect("a valid configuration");
+    let mut sched = Scheduler::new(cfg);
+    // `a` runs first; `b`, more important, joins behind it in running order.
+    let mut a = NewRequest::new("a", (1..=32).collect(), 1);
+    a.priority = 1;
+    a.arrival_time = Some(0.0);
+    sched.add_request(a).expect("a valid request");
+    run_sync(&mut sched, 1);
+    let mut b = NewRequest::new("b", (101..=132).collect(), 1);
+    b.arrival_time = Some(1.0);
+    sched.add_request(b).expect("a valid request");
+    // Steps run one at a time and their output is applied: while `a` runs,
+    // C is exactly what it has computed.
+    let mut computed = 0;
+    let mut preempted = false;
+    for _ in 0..40 {
+        run_sync(&mut sched, 1);
+        let Ok(a) = sched.get_request("a") else { break };
+        if a.status() == RequestStatus::Running {
+            computed = a.num_computed_tokens();
+        } else if a.num_preemptions() > 0 && !preempted {
+            preempted = true;
+            let (_, hit_tokens) = sched.kv().get_computed_blocks(a);
+            assert!(
+                hit_tokens <= computed,
+                "a computed {computed} tokens before its preemption, but the prefix cache offers {hit_tokens}"
+            );
+        }
+    }
+    assert!(preempted, "the scenario no longer preempts `a`");
+}
