@@ -139,8 +139,8 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "workload",
         nargs="?",
-        default="azure-conv",
-        help=f"a preset ({', '.join(sorted(PRESETS))}) or a trace file; default: azure-conv",
+        default="azure-conv-chat",
+        help=f"a preset ({', '.join(sorted(PRESETS))}) or a trace file; default: azure-conv-chat",
     )
     sim.add_argument("--limit", type=int, help="replay only the first N requests of a trace")
     sim.add_argument("--num-requests", type=int, default=1000, help="requests of a preset")

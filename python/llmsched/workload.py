@@ -81,10 +81,15 @@ class RequestSpec:
         if not self.prefix_blocks:
             return _tokens(self.key, self.prompt_len, vocab_size)
         blocks = [
-            _tokens(0x4D6F_6F6E_0000_0000 | block_id, MOONCAKE_BLOCK_TOKENS, vocab_size)
+            _tokens((0x4D6F_6F6E << 32) + block_id, MOONCAKE_BLOCK_TOKENS, vocab_size)
             for block_id in self.prefix_blocks
         ]
-        return np.concatenate(blocks)[: self.prompt_len]
+        shared = np.concatenate(blocks)
+        if len(shared) >= self.prompt_len:
+            return shared[: self.prompt_len]
+        # The rest of the prompt is the request's own.
+        own = _tokens(self.key, self.prompt_len - len(shared), vocab_size)
+        return np.concatenate([shared, own])
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,10 @@ class Preset:
     output: LengthFit
     requests_per_second: float
     source: str
+    system_prompts: int = 0
+    """> 0: each prompt starts with one of this many shared system prompts (chosen with
+    Zipf weights, so a few are common), as chat deployments send them."""
+    system_prompt_len: int = 512
 
 
 PRESETS: dict[str, Preset] = {
@@ -131,6 +140,15 @@ PRESETS: dict[str, Preset] = {
         output=LengthFit(median=129, mean=211, maximum=1000),
         requests_per_second=19366 / 3600,
         source="synthetic, fitted to the Azure LLM inference trace 2023 (conversation)",
+    ),
+    "azure-conv-chat": Preset(
+        "azure-conv-chat",
+        prompt=LengthFit(median=1020, mean=1155, maximum=14050),
+        output=LengthFit(median=129, mean=211, maximum=1000),
+        requests_per_second=19366 / 3600,
+        source="synthetic, fitted to the Azure LLM inference trace 2023 (conversation), "
+        "prompts opening with one of 8 shared system prompts",
+        system_prompts=8,
     ),
     "azure-code": Preset(
         "azure-code",
@@ -151,6 +169,12 @@ def synthetic(preset: str = "azure-conv", *, num_requests: int = 1000, seed: int
     gaps = rng.exponential(1.0 / fit.requests_per_second, size=num_requests)
     arrivals = np.cumsum(gaps) - gaps[0]
     keys = rng.integers(0, 2**62, size=num_requests)
+    systems: list[tuple[int, ...]] = [()] * num_requests
+    if fit.system_prompts:
+        weights = 1.0 / np.arange(1, fit.system_prompts + 1)
+        choice = rng.choice(fit.system_prompts, size=num_requests, p=weights / weights.sum())
+        # A system prompt is one shared block id of MOONCAKE_BLOCK_TOKENS tokens.
+        systems = [(-1 - int(c),) for c in choice]
     requests = [
         RequestSpec(
             f"{preset}-{i}",
@@ -158,6 +182,7 @@ def synthetic(preset: str = "azure-conv", *, num_requests: int = 1000, seed: int
             int(prompt_lens[i]),
             int(output_lens[i]),
             int(keys[i]),
+            systems[i],
         )
         for i in range(num_requests)
     ]
