@@ -24,6 +24,11 @@ test-rust:
 test-python:
 	$(BIN)/python -m pytest
 
+# The slow hypothesis profile (2,000 state-machine runs of 80 steps) and the million-step
+# soaks, which the default run (and CI) deselects; minutes, on a release build.
+test-slow:
+	HYPOTHESIS_PROFILE=slow $(BIN)/python -m pytest -m "" -s tests/test_fuzz_stateful.py tests/test_concurrency.py
+
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
@@ -61,7 +66,7 @@ clean:
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 
-.PHONY: vllm-env vllm-smoke
+.PHONY: vllm-env vllm-smoke test-slow
 
 $(VLLM_VENV)/.requirements-installed: benches/vllm-requirements.txt
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)

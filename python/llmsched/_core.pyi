@@ -22,6 +22,7 @@ __all__ = [
     "InvariantError",
     "LlmschedError",
     "OutputMismatchError",
+    "ReentrantCallError",
     "Request",
     "RequestOutput",
     "RequestOutputs",
@@ -55,6 +56,11 @@ class OutputMismatchError(LlmschedError, ValueError):
 
 class InvariantError(LlmschedError, AssertionError):
     """``Scheduler.check_invariants`` found a broken invariant (spec Appendix A)."""
+
+class ReentrantCallError(LlmschedError, RuntimeError):
+    """A ``Scheduler`` method called while the same thread is already inside a call on
+    that scheduler (from a finalizer, a signal handler or a callback). The inner call is
+    refused and changes nothing; the outer call completes."""
 
 class InternalError(LlmschedError, RuntimeError):
     """A bug inside llmsched. The scheduler refuses further calls after one."""

@@ -82,12 +82,13 @@ class Engine:
         check_invariants: bool = False,
         on_schedule: Callable[[SchedulerOutput], None] | None = None,
     ) -> None:
+        scheduler = Scheduler(config)  # first: it refuses what is not a SchedulerConfig
         if runner is None:
             runner = SimulatedModelRunner(config)
         else:
             _check_runner_config(config, runner)
         self._config = config
-        self._scheduler = Scheduler(config)
+        self._scheduler = scheduler
         self._runner: ModelRunner = runner
         self._take_drafts = getattr(runner, "take_draft_token_ids", None)
         self._check = check_invariants

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,18 @@ def _as_int32_vector(name: str, value: Any) -> npt.NDArray[np.int32]:
     return np.ascontiguousarray(array)
 
 
+def _as_id_list(value: Any) -> list[str]:
+    """``req_ids`` as a list (the very list when it is one; its items are checked by the
+    scheduler, which matches them to its step)."""
+    if type(value) is list:
+        return value
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise OutputMismatchError(
+            f"req_ids: expected a sequence of str, got {type(value).__name__}"
+        )
+    return list(value)
+
+
 class ModelRunnerOutput:
     """Sampled tokens of one executed step.
 
@@ -58,7 +70,7 @@ class ModelRunnerOutput:
     num_sampled: npt.NDArray[np.int32]
 
     def __init__(self, req_ids: Sequence[str], sampled_token_ids: Any, num_sampled: Any) -> None:
-        ids = req_ids if type(req_ids) is list else list(req_ids)
+        ids = _as_id_list(req_ids)
         sampled = _as_int32_vector("sampled_token_ids", sampled_token_ids)
         counts = _as_int32_vector("num_sampled", num_sampled)
         if len(counts) != len(ids):
@@ -81,15 +93,29 @@ class ModelRunnerOutput:
         cls, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]]
     ) -> ModelRunnerOutput:
         """Build from vLLM's shape: one list of token ids per request."""
-        rows = list(sampled_token_ids)
-        if len(rows) != len(req_ids):
+        ids = _as_id_list(req_ids)
+        if isinstance(sampled_token_ids, (str, bytes)) or not isinstance(
+            sampled_token_ids, Iterable
+        ):
             raise OutputMismatchError(
-                f"sampled_token_ids: has {len(rows)} rows for {len(req_ids)} req_ids"
+                "sampled_token_ids: expected a sequence of token id lists, got "
+                f"{type(sampled_token_ids).__name__}"
             )
+        rows = list(sampled_token_ids)
+        if len(rows) != len(ids):
+            raise OutputMismatchError(
+                f"sampled_token_ids: has {len(rows)} rows for {len(ids)} req_ids"
+            )
+        for i, row in enumerate(rows):
+            if isinstance(row, (str, bytes)) or not isinstance(row, Sequence | np.ndarray):
+                raise OutputMismatchError(
+                    f"sampled_token_ids[{i}]: expected a sequence of token ids, got "
+                    f"{type(row).__name__}"
+                )
         counts = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
         flat: list[int] = [token for row in rows for token in row]
         # No dtype here: a float or a bool among the tokens must fail the check, not be cast.
-        return cls(req_ids, np.asarray(flat) if flat else np.zeros(0, dtype=np.int32), counts)
+        return cls(ids, np.asarray(flat) if flat else np.zeros(0, dtype=np.int32), counts)
 
     @classmethod
     def empty(cls) -> ModelRunnerOutput:

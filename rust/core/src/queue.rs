@@ -170,10 +170,30 @@ impl RequestQueue {
         Some(handle)
     }
 
-    /// Accounts for a request removed from the middle; the caller clears its
-    /// `queued_in`, which makes its entry dead.
-    pub fn forget_one(&mut self) {
+    /// Accounts for a request removed from the middle, after the caller has
+    /// cleared its `queued_in` (which makes its entry dead).
+    ///
+    /// Dead entries leave at the front, but under the priority policy an entry
+    /// with a poor key may never reach it while better requests keep arriving,
+    /// so dead entries are swept out once they outnumber the live ones: the
+    /// sweep is O(raw length) and pays for the (at least `len + SLACK`) aborts
+    /// before it, which keeps an abort O(1) amortized and memory O(live).
+    pub fn forget_one(&mut self, slab: &Slab) {
         self.len -= 1;
+        if self.raw_len() > Self::max_raw_len(self.len) {
+            let kind = self.kind;
+            let live = |h: Handle| slab.get(h).is_some_and(|r| r.queued_in == Some(kind));
+            match &mut self.entries {
+                Entries::Fcfs(deque) => deque.retain(|&h| live(h)),
+                Entries::Priority { heap, .. } => heap.retain(|e| live(e.handle)),
+            }
+        }
+    }
+
+    /// The most entries (dead included) a queue of `len` live requests keeps.
+    pub(crate) fn max_raw_len(len: usize) -> usize {
+        const SLACK: usize = 64;
+        2 * len + SLACK
     }
 
     /// Live handles in queue order (FCFS) or key order (priority). O(n log n); not for the hot path.

@@ -179,3 +179,39 @@ fn invalid_requests_leave_the_state_unchanged() {
     let err = small.add_request(request("outgrows", 40, 9)).unwrap_err();
     assert!(err.to_string().contains("could never finish"), "{err}");
 }
+
+/// Aborted waiting requests whose keys never reach the front (low priority
+/// behind a steady stream of better ones) must not pile up in the queue.
+#[test]
+fn aborted_waiting_requests_do_not_accumulate_in_either_policy() {
+    for policy in [llmsched_core::Policy::Fcfs, llmsched_core::Policy::Priority] {
+        let cfg = config(|p| {
+            p.policy = policy;
+            p.max_num_seqs = 1;
+        });
+        let mut sched = Scheduler::new(cfg);
+        sched.add_request(request("busy", 4, 1_000_000)).unwrap();
+        let step = sched.schedule();
+        let (tokens, counts) = sample(&sched, &step, false);
+        apply(&mut sched, &step, &tokens, &counts);
+        // "keeper" waits at the front for the whole test (max_num_seqs = 1).
+        let mut keeper = request("keeper", 4, 4);
+        keeper.priority = 0;
+        sched.add_request(keeper).unwrap();
+        for i in 0..5_000 {
+            let id = format!("low-{i}");
+            let mut low = request(&id, 4, 4);
+            low.priority = 9;
+            sched.add_request(low).unwrap();
+            sched.finish_requests(Some(&[id.as_str()]), llmsched_core::RequestStatus::FinishedAborted).unwrap();
+            if i % 500 == 0 {
+                let step = sched.schedule();
+                let (tokens, counts) = sample(&sched, &step, false);
+                apply(&mut sched, &step, &tokens, &counts);
+            }
+        }
+        // The invariant bounds the entries a queue keeps by its live requests.
+        sched.check_invariants().unwrap_or_else(|e| panic!("{policy:?}: {e}"));
+        assert_eq!(sched.get_request_counts(), (1, 1));
+    }
+}

@@ -24,6 +24,13 @@ pub fn int_value(
     Err(make_error(py, format!("{field}={}: must be an integer, got {}", describe(), type_name(value))))
 }
 
+/// `numpy.bool_` (named `numpy.bool` since numpy 2), which is not a `bool` subclass.
+fn is_numpy_bool(value: &Bound<'_, PyAny>) -> bool {
+    let ty = value.get_type();
+    let named = |attr: &str| ty.getattr(attr).ok().and_then(|v| v.extract::<String>().ok());
+    named("__module__").as_deref() == Some("numpy") && matches!(named("__name__").as_deref(), Some("bool_" | "bool"))
+}
+
 pub fn bool_value(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
@@ -33,7 +40,7 @@ pub fn bool_value(
     if let Ok(b) = value.cast::<PyBool>() {
         return Ok(b.is_true());
     }
-    if type_name(value) == "bool_" {
+    if is_numpy_bool(value) {
         return value.is_truthy();
     }
     let repr = value.repr().map(|r| r.to_string()).unwrap_or_default();

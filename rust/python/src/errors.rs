@@ -19,6 +19,7 @@ pub struct Exceptions {
     pub output_mismatch: Py<PyType>,
     pub invariant: Py<PyType>,
     pub internal: Py<PyType>,
+    pub reentrant_call: Py<PyType>,
 }
 
 static EXCEPTIONS: PyOnceLock<Exceptions> = PyOnceLock::new();
@@ -44,6 +45,7 @@ pub fn exceptions(py: Python<'_>) -> &Exceptions {
                 unknown_request: new_class(py, "UnknownRequestError", vec![b.clone(), py.get_type::<PyKeyError>()], "A request id that is not live (never added, or already finished).")?,
                 output_mismatch: new_class(py, "OutputMismatchError", vec![b.clone(), value_error], "A runner output that does not match the scheduler output it answers, or a scheduler output applied twice or out of order.")?,
                 invariant: new_class(py, "InvariantError", vec![b.clone(), py.get_type::<PyAssertionError>()], "Scheduler.check_invariants found a broken invariant (spec Appendix A).")?,
+                reentrant_call: new_class(py, "ReentrantCallError", vec![b.clone(), py.get_type::<PyRuntimeError>()], "A Scheduler method called while the same thread is already inside a call on that Scheduler (from a finalizer, a signal handler or a callback). The inner call is refused and changes nothing; the outer call completes.")?,
                 internal: new_class(py, "InternalError", vec![b, py.get_type::<PyRuntimeError>()], "A bug inside llmsched. The scheduler refuses further calls after one.")?,
                 invalid_request,
                 base,
@@ -98,6 +100,10 @@ pub fn request_error(py: Python<'_>, message: String) -> PyErr {
 
 pub fn mismatch_error(py: Python<'_>, message: String) -> PyErr {
     raise(py, &exceptions(py).output_mismatch, message)
+}
+
+pub fn reentrant_call_error(py: Python<'_>, message: String) -> PyErr {
+    raise(py, &exceptions(py).reentrant_call, message)
 }
 
 pub fn internal_error(py: Python<'_>, message: String) -> PyErr {

@@ -31,6 +31,7 @@ mod _core {
         m.add("UnknownRequestError", e.unknown_request.clone_ref(py))?;
         m.add("OutputMismatchError", e.output_mismatch.clone_ref(py))?;
         m.add("InvariantError", e.invariant.clone_ref(py))?;
+        m.add("ReentrantCallError", e.reentrant_call.clone_ref(py))?;
         m.add("InternalError", e.internal.clone_ref(py))?;
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         Ok(())

@@ -42,6 +42,9 @@ pub struct PySchedulerOutput {
     pub step_id: u64,
     #[pyo3(get)]
     pub req_ids: Py<PyList>,
+    /// The same ids, immutable: `update_from_output` matches runner rows
+    /// against these, so a caller mutating `req_ids` cannot misroute tokens.
+    pub entry_ids: Py<PyTuple>,
     /// ``n`` per request: tokens to compute in this step (>= 1).
     #[pyo3(get)]
     pub num_scheduled_tokens: Py<PyArray1<i32>>,

@@ -2,21 +2,39 @@
 //! converts arguments and results. No scheduling logic lives here.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use llmsched_core::{Handle, NewRequest, RequestStatus, RunnerOutput, Scheduler, Step};
 use numpy::{PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::config::PySchedulerConfig;
 use crate::convert::{float_value, int_value, token_list, type_name};
-use crate::errors::{core_err, internal_error, mismatch_error, request_error};
+use crate::errors::{core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
 use crate::output::{frozen_array, PyRequest, PyRequestOutputs, PySchedulerOutput};
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THREAD_TOKEN: u8 = const { 0 };
+}
+
+/// A nonzero number unique among live threads: the address of a thread-local.
+fn thread_token() -> usize {
+    THREAD_TOKEN.with(|t| t as *const u8 as usize)
+}
+
+/// Clears the lock owner when a call ends, before its guard unlocks.
+struct OwnerRelease<'a>(&'a AtomicUsize);
+
+impl Drop for OwnerRelease<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::Release);
+    }
+}
 
 struct Inner {
     core: Scheduler,
@@ -51,16 +69,32 @@ pub struct PyScheduler {
     config: Py<PySchedulerConfig>,
     uid: u64,
     inner: Mutex<Inner>,
+    /// `thread_token()` of the thread inside a call, 0 if none. A call builds
+    /// Python objects while it holds the lock, which can run the garbage
+    /// collector and so a finalizer on the same thread; were that finalizer to
+    /// call the scheduler, it would wait forever on its own thread's lock.
+    owner: AtomicUsize,
 }
 
 impl PyScheduler {
     /// Runs `f` on the locked state; a panic inside becomes `InternalError`
     /// and marks the scheduler broken.
     fn with_inner<R>(&self, py: Python<'_>, f: impl FnOnce(&mut Inner) -> PyResult<R>) -> PyResult<R> {
+        let me = thread_token();
+        if self.owner.load(Ordering::Acquire) == me {
+            return Err(reentrant_call_error(
+                py,
+                "this thread is already inside a call on this Scheduler (the inner call came from a \
+                 finalizer or a callback run during it); refused, nothing changed"
+                    .into(),
+            ));
+        }
         let mut guard = self
             .inner
             .lock_py_attached(py)
             .map_err(|_| internal_error(py, "the scheduler's lock is poisoned".into()))?;
+        self.owner.store(me, Ordering::Release);
+        let _release = OwnerRelease(&self.owner);
         if let Some(reason) = &guard.broken {
             return Err(internal_error(py, format!("the scheduler is unusable after an internal error: {reason}")));
         }
@@ -83,6 +117,7 @@ impl PyScheduler {
             Ok(PyList::new(py, handles.iter().map(|&h| inner.live_py_id(py, h)))?.unbind())
         };
         let req_ids = ids(&step.req_handles)?;
+        let entry_ids = PyTuple::new(py, req_ids.bind(py).iter())?.unbind();
         let new_req_ids = ids(&step.new_reqs)?;
         let resumed_req_ids = ids(&step.resumed_reqs)?;
         let preempted_req_ids =
@@ -100,6 +135,7 @@ impl PyScheduler {
             scheduler_uid: self.uid,
             step_id: step.step_id,
             req_ids,
+            entry_ids,
             num_scheduled_tokens: frozen_array(py, step.num_scheduled_tokens),
             num_computed_tokens: frozen_array(py, step.num_computed_tokens),
             num_spec_tokens: frozen_array(py, step.num_spec_tokens),
@@ -140,7 +176,7 @@ fn int32_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>, field: &str) -> 
 /// For each step entry, the runner row holding it; `None` if the runner kept the step's order.
 fn runner_rows(
     py: Python<'_>,
-    step_ids: &Bound<'_, PyList>,
+    step_ids: &Bound<'_, PyTuple>,
     runner_ids: &Bound<'_, PyAny>,
 ) -> PyResult<Option<Vec<u32>>> {
     let runner_ids: Vec<Bound<'_, PyAny>> = runner_ids
@@ -205,11 +241,12 @@ impl PyScheduler {
                 format!("config: must be a SchedulerConfig, got {}", type_name(e.into_inner().as_any())),
             )
         })?;
-        let core = Scheduler::new(config.get().inner.clone());
+        let core = Scheduler::try_new(config.get().inner.clone()).map_err(core_err)?;
         Ok(Self {
             config: config.unbind(),
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             inner: Mutex::new(Inner { core, py_ids: Vec::new(), broken: None }),
+            owner: AtomicUsize::new(0),
         })
     }
 
@@ -342,7 +379,7 @@ impl PyScheduler {
                 )
             })
         };
-        let step_ids = so.req_ids.bind(py);
+        let step_ids = so.entry_ids.bind(py);
         let rows = runner_rows(py, step_ids, &attr("req_ids")?)?;
         let sampled_obj = attr("sampled_token_ids")?;
         let counts_obj = attr("num_sampled")?;
@@ -475,8 +512,12 @@ impl PyScheduler {
         PyList::new(py, finished.iter().map(|id| id.as_ref()))
     }
 
-    fn get_request(&self, py: Python<'_>, request_id: &str) -> PyResult<PyRequest> {
-        self.with_inner(py, |inner| Ok(PyRequest::snapshot(inner.core.get_request(request_id).map_err(core_err)?)))
+    fn get_request(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<PyRequest> {
+        let request_id = request_id
+            .cast::<PyString>()
+            .map_err(|_| request_error(py, format!("request_id: must be a str, got {}", type_name(request_id))))?;
+        let request_id = request_id.to_cow()?;
+        self.with_inner(py, |inner| Ok(PyRequest::snapshot(inner.core.get_request(&request_id).map_err(core_err)?)))
     }
 
     fn has_unfinished_requests(&self, py: Python<'_>) -> PyResult<bool> {

@@ -4,6 +4,8 @@
 //! `touch` can unlink a cached block from the middle in O(1). Block 0 is the
 //! null block: taken out at construction, never allocated, never freed.
 
+use std::collections::TryReserveError;
+
 use rustc_hash::FxHashMap;
 
 /// A full block's content hash, chained on its parent's (see `kv::prefix`).
@@ -31,27 +33,47 @@ pub struct BlockPool {
     enable_caching: bool,
 }
 
+fn filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>, TryReserveError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
 impl BlockPool {
     pub fn new(num_blocks: usize, enable_caching: bool) -> Self {
+        Self::try_new(num_blocks, enable_caching).expect("memory for the block table")
+    }
+
+    /// Like `new`, but reports a block table too large to allocate instead of
+    /// aborting the process (Rust's default on allocation failure).
+    pub fn try_new(num_blocks: usize, enable_caching: bool) -> Result<Self, TryReserveError> {
         let n = num_blocks;
         let mut pool = Self {
-            ref_cnt: vec![0; n],
-            hash: vec![None; n],
-            prev: vec![NIL; n],
-            next: vec![NIL; n],
-            in_free_queue: vec![false; n],
+            ref_cnt: filled(n, 0)?,
+            hash: filled(n, None)?,
+            prev: filled(n, NIL)?,
+            next: filled(n, NIL)?,
+            in_free_queue: filled(n, false)?,
             head: NIL,
             tail: NIL,
             num_free: 0,
             cached: FxHashMap::default(),
-            next_duplicate: vec![NIL; n],
+            next_duplicate: filled(n, NIL)?,
             num_cached: 0,
             enable_caching,
         };
         for id in 1..n as u32 {
             pool.push_back(id);
         }
-        pool
+        Ok(pool)
+    }
+
+    /// Bytes of per-block state a pool of `num_blocks` allocates up front.
+    pub fn table_bytes(num_blocks: usize) -> usize {
+        let per_block =
+            4 * std::mem::size_of::<u32>() + std::mem::size_of::<Option<BlockHash>>() + std::mem::size_of::<bool>();
+        num_blocks.saturating_mul(per_block)
     }
 
     pub fn num_blocks(&self) -> usize {

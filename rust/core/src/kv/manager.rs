@@ -58,16 +58,16 @@ impl KvManager {
         max_model_len: i64,
         watermark_blocks: usize,
         enable_caching: bool,
-    ) -> Self {
-        Self {
-            pool: BlockPool::new(num_gpu_blocks, enable_caching),
+    ) -> Result<Self, std::collections::TryReserveError> {
+        Ok(Self {
+            pool: BlockPool::try_new(num_gpu_blocks, enable_caching)?,
             block_size,
             max_model_len,
             watermark_blocks,
             enable_caching,
             stats: PrefixCacheStats::default(),
             scratch: Vec::new(),
-        }
+        })
     }
 
     pub fn pool(&self) -> &BlockPool {

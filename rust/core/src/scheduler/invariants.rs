@@ -6,6 +6,7 @@ use std::fmt::Write;
 use rustc_hash::FxHashMap;
 
 use crate::error::{CoreError, CoreResult};
+use crate::queue::RequestQueue;
 use crate::request::{QueueKind, RequestStatus};
 use crate::scheduler::Scheduler;
 use crate::slab::Handle;
@@ -46,6 +47,13 @@ impl Scheduler {
             }
             if queue.raw_len() < queue.len() {
                 return Err(broken(format!("{name} has fewer entries than live requests")));
+            }
+            if queue.raw_len() > RequestQueue::max_raw_len(queue.len()) {
+                return Err(broken(format!(
+                    "{name} keeps {} entries for {} live requests: dead entries are not swept",
+                    queue.raw_len(),
+                    queue.len()
+                )));
             }
         }
 

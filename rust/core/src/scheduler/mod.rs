@@ -18,7 +18,7 @@ use rustc_hash::FxHashMap;
 
 use crate::config::SchedulerConfig;
 use crate::error::{CoreError, CoreResult};
-use crate::kv::KvManager;
+use crate::kv::{BlockPool, KvManager};
 use crate::queue::RequestQueue;
 use crate::request::{QueueKind, Request, RequestStatus, StopParams};
 use crate::slab::{Handle, Slab};
@@ -97,16 +97,33 @@ fn token_id(field: &str, index: Option<usize>, value: i64) -> CoreResult<i32> {
 }
 
 impl Scheduler {
+    /// A scheduler over `config`. Panics if the KV block table cannot be
+    /// allocated; `try_new` reports that instead.
     pub fn new(config: Arc<SchedulerConfig>) -> Self {
+        Self::try_new(config).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    pub fn try_new(config: Arc<SchedulerConfig>) -> CoreResult<Self> {
         let policy = config.policy();
+        let num_blocks = config.num_gpu_blocks();
         let kv = KvManager::new(
-            config.num_gpu_blocks(),
+            num_blocks,
             config.block_size(),
             config.max_model_len(),
             config.watermark_blocks(),
             config.enable_prefix_caching(),
-        );
-        Self {
+        )
+        .map_err(|e| {
+            CoreError::config(
+                "num_gpu_blocks",
+                num_blocks,
+                format!(
+                    "cannot allocate the KV block table ({} bytes of per-block state): {e}",
+                    BlockPool::table_bytes(num_blocks)
+                ),
+            )
+        })?;
+        Ok(Self {
             requests: Slab::default(),
             ids: FxHashMap::default(),
             waiting: RequestQueue::new(QueueKind::Waiting, policy),
@@ -119,7 +136,7 @@ impl Scheduler {
             next_step_id: 1,
             stats: SchedulerStats::default(),
             config,
-        }
+        })
     }
 
     pub fn config(&self) -> &Arc<SchedulerConfig> {
@@ -356,14 +373,14 @@ impl Scheduler {
     /// Frees a request whose status is already a finished one. The caller
     /// takes it out of `running` if it was there.
     fn release_finished(&mut self, handle: Handle) {
-        let request = &mut self.requests[handle];
-        debug_assert!(request.status.is_finished());
-        if let Some(kind) = request.queued_in.take() {
+        debug_assert!(self.requests[handle].status.is_finished());
+        if let Some(kind) = self.requests[handle].queued_in.take() {
             match kind {
-                QueueKind::Waiting => self.waiting.forget_one(),
-                QueueKind::KvHolding => self.kv_holding_waiting.forget_one(),
+                QueueKind::Waiting => self.waiting.forget_one(&self.requests),
+                QueueKind::KvHolding => self.kv_holding_waiting.forget_one(&self.requests),
             }
         }
+        let request = &mut self.requests[handle];
         self.kv.free(request);
         request.spec_token_ids = Vec::new();
         self.ids.remove(&*request.id);
