@@ -45,16 +45,37 @@ Requests arrive, and some are aborted, at fixed loop iterations
 interleave.
 
 Deliberate deviations of llmsched (README, "Where llmsched deliberately differs") and how
-the harness treats them:
+the harness treats them. The comparison itself is never loosened: every step of every
+case is compared in full. Instead each deviation is either kept out of the compared
+workloads (:func:`deviation_triggers` lists what a case must avoid, and :func:`run_case`
+refuses a case that does not), emulated on vLLM's side, or out of the runner's reach; and
+``test_parity.test_deviation_*`` triggers each one on purpose and pins down the difference.
 
-- no padding when ``0 < long_prefill_token_threshold < 1 + K`` (#54028): the matrix never
-  uses such a threshold (vLLM trips an assertion there);
-- the running loop never schedules ``n <= 0``: unreachable while ``C + n + s <= M`` holds,
-  which both schedulers keep (vLLM since #53962);
-- a decode step whose output has no token is undone: this runner returns a token for
-  every decode step, so it never happens;
-- ``add_request`` refuses requests whose KV could outgrow the whole pool: the matrix never
-  builds one (:func:`blocks_needed`).
+- no padding when ``0 < long_prefill_token_threshold < 1 + K`` (#54028): kept out (no
+  case uses such a threshold; vLLM trips an assertion there);
+- the running loop never schedules ``n <= 0``: unreachable while ``C + n + s <= M``
+  holds, which both schedulers keep (vLLM since #53962); vLLM 0.33.0 also clamps the count
+  at zero before its ``n == 0`` skip (``_reserve_prefill_lookahead``), so even a forced
+  state would not tell the two apart;
+- a decode step whose output has no token is undone: out of reach (this runner returns a
+  token for every decode step);
+- ``add_request`` refuses requests whose KV could outgrow the whole pool: kept out
+  (:func:`blocks_needed`);
+- ``SchedulerConfig`` refuses budgets that cannot fit an unsplittable step (a padded
+  decode ``1 + K``, or with chunked prefill off the longest request): kept out (every
+  config must be one llmsched accepts, :func:`llmsched_refuses`; vLLM accepts these and
+  can then block its waiting queue forever);
+- the priority victim is the largest ``(priority, arrival_time, request_id)`` where vLLM
+  takes the first largest ``(priority, arrival_time)`` in running order: kept out (under
+  the priority policy no two requests of a case share ``(priority, arrival_time)``,
+  :func:`unique_priority_keys`; the two rules then pick the same victim);
+- when a priority victim was already scheduled in the step, llmsched takes the blocks its
+  allocation registered in the prefix cache out of the cache before freeing them:
+  emulated (:class:`UncacheUndoneSteps` patches vLLM's scheduler to do the same, so the
+  cache, the free queue and every later prefix hit agree; it counts what it uncached);
+- ``update_draft_token_ids`` ignores requests that are not running: out of reach (drafts
+  go only to the requests of the step just applied, running or finished; the llmsched
+  side checks that none is waiting).
 
 So no step summary needs to be normalized for a deviation.
 """
@@ -62,11 +83,12 @@ So no step summary needs to be normalized for a deviation.
 from __future__ import annotations
 
 import importlib
+import math
 import traceback
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -80,13 +102,17 @@ __all__ = [
     "ParityRequest",
     "RunResult",
     "Runner",
+    "UncacheUndoneSteps",
     "VllmSide",
     "blocks_needed",
     "compare",
     "coverage",
     "describe",
+    "deviation_triggers",
     "drive",
+    "llmsched_refuses",
     "run_case",
+    "unique_priority_keys",
     "vllm_reference",
 ]
 
@@ -124,6 +150,10 @@ the newly allocated ones otherwise); ``request_counts`` is ``(running, waiting)`
 after ``schedule()``; ``outputs`` is what ``update_from_output`` returned for this step:
 ``[(req_id, new_token_ids, finish_reason, stop_reason)]`` in order.
 """
+
+
+OutputRow = tuple[str, list[int], str | None, int | str | None]
+"""One entry of a step's ``outputs``: ``(req_id, new_token_ids, finish_reason, stop_reason)``."""
 
 
 def vllm_reference() -> ModuleType:
@@ -282,6 +312,72 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
     return -(-longest // config.block_size)
 
 
+def llmsched_refuses(config: ParityConfig) -> str | None:
+    """Why llmsched's ``SchedulerConfig`` refuses ``config`` (its ``ConfigError``, which
+    names the field first), or None if it accepts it. vLLM accepts some configs llmsched
+    refuses (budgets below an unsplittable step): no compared case may use one."""
+    import llmsched
+
+    try:
+        llmsched.SchedulerConfig(**config.llmsched_kwargs())
+    except llmsched.ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def unique_priority_keys(requests: Sequence[ParityRequest]) -> list[ParityRequest]:
+    """``requests`` with no two sharing ``(priority, arrival_time)``, for the priority
+    policy: a request whose key an earlier one (in list order) already holds gets the next
+    larger float as its arrival time (again if that is taken too). Only ties move: the
+    order against every other arrival time is kept, and the later request of a tie ranks
+    after the earlier one.
+
+    With unique keys llmsched's priority victim (the largest ``(priority, arrival_time,
+    request_id)``) and vLLM's (the first largest ``(priority, arrival_time)`` in running
+    order) are the same request; they differ only on a tie (``test_deviation_tied_*``)."""
+    seen: set[tuple[int, float]] = set()
+    out = []
+    for req in requests:
+        t = req.arrival_time
+        while (req.priority, t) in seen:
+            t = math.nextafter(t, math.inf)
+        seen.add((req.priority, t))
+        out.append(req if t == req.arrival_time else replace(req, arrival_time=t))
+    return out
+
+
+def deviation_triggers(config: ParityConfig, requests: Sequence[ParityRequest]) -> list[str]:
+    """What in this case would reach a deliberate deviation that the harness keeps out of
+    its compared workloads (module docstring), one line each; empty if none."""
+    found = []
+    refused = llmsched_refuses(config)
+    if refused is not None:
+        found.append(f"llmsched refuses the config: {refused}")
+    k = config.num_speculative_tokens
+    if 0 < config.long_prefill_token_threshold < 1 + k:
+        found.append(
+            f"#54028: 0 < long_prefill_token_threshold = {config.long_prefill_token_threshold}"
+            f" < 1 + K = {1 + k}"
+        )
+    usable = config.num_gpu_blocks - 1
+    for req in requests:
+        if blocks_needed(req, config) > usable:
+            found.append(
+                f"{req.request_id} could outgrow the pool: {blocks_needed(req, config)} blocks"
+                f" > {usable} usable"
+            )
+    if config.policy == "priority":
+        first: dict[tuple[int, float], str] = {}
+        for req in requests:
+            key = (req.priority, req.arrival_time)
+            if key in first:
+                found.append(
+                    f"{first[key]} and {req.request_id} tie on (priority, arrival_time) = {key}"
+                )
+            first.setdefault(key, req.request_id)
+    return found
+
+
 # ----------------------------------------------------------------------------- runner
 
 
@@ -424,7 +520,9 @@ class LlmschedSide:
         }
         return out, summary
 
-    def update(self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]) -> list:
+    def update(
+        self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]
+    ) -> list[OutputRow]:
         ids = [rid for rid, _ in summary["scheduled"]]
         runner_output = self._llmsched.ModelRunnerOutput.from_lists(
             ids, [sampled.get(rid, []) for rid in ids]
@@ -435,6 +533,11 @@ class LlmschedSide:
         ]
 
     def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
+        # llmsched drops drafts given to a request that is not running, vLLM keeps them (a
+        # documented deviation): the harness must never give any.
+        waiting = set(self.scheduler.waiting_request_ids()).intersection(req_ids)
+        if waiting:
+            raise RunnerError(f"drafts for requests that are not running: {sorted(waiting)}")
         self.scheduler.update_draft_token_ids(req_ids, drafts)
 
     def abort(self, request_id: str) -> list[str]:
@@ -442,12 +545,85 @@ class LlmschedSide:
         return list(self.scheduler.finish_requests(request_id, status))
 
 
+class UncacheUndoneSteps:
+    """llmsched's uncaching of an undone step, emulated on one vLLM scheduler (a patch of
+    that instance only; documented deviation, see the module docstring).
+
+    vLLM registers a block in the prefix cache as soon as ``allocate_slots`` gives a
+    request the slots for the tokens that fill it, before the step runs. When the running
+    loop of the priority policy preempts a victim it had already scheduled in this step, it
+    undoes the victim's step and frees its blocks, but the blocks that allocation registered
+    stay cached: their KV is never computed, a later prefix hit (the victim's own, when it
+    resumes, or another request's) reads it, and the free queue takes them at its tail as
+    cached blocks. llmsched takes them out of the cache before freeing them (so they go to
+    the head, as plain blocks). This patch makes vLLM do the same:
+
+    - ``schedule`` forgets, as each step starts, what the previous step allocated;
+    - ``kv_cache_manager.allocate_slots``, when it gives a RUNNING request its slots (only
+      the running loop allocates for a running request), remembers how many of the
+      request's blocks were cached before the call (``num_cached_block``);
+    - ``_preempt_request``, for a victim that got its slots in this step, first evicts the
+      blocks that allocation cached, ``req_to_blocks[before:num_cached_block]``, from the
+      prefix cache (``BlockPool._maybe_evict_cached_block``: their hashes leave
+      ``cached_block_hash_to_block`` and the block hash is reset) and sets the request's
+      ``num_cached_block`` back to ``before``; vLLM then frees the blocks as usual.
+
+    A request that preempts itself did not get its slots in the step: nothing to uncache,
+    as in llmsched. ``take_count`` returns the blocks uncached since it was last called.
+    Needs one KV cache group (the harness's) and prefix caching on.
+    """
+
+    def __init__(self, scheduler: Any) -> None:
+        from vllm.v1.request import RequestStatus
+
+        manager = scheduler.kv_cache_manager
+        (group,) = manager.coordinator.single_type_managers
+        pool = manager.block_pool
+        cached_before: dict[str, int] = {}
+        self._count = 0
+        original_schedule = scheduler.schedule
+        original_allocate = manager.allocate_slots
+        original_preempt = scheduler._preempt_request
+
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            cached_before.clear()
+            return original_schedule(*args, **kwargs)
+
+        def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
+            running = request.status == RequestStatus.RUNNING
+            before = group.num_cached_block.get(request.request_id, 0)
+            new_blocks = original_allocate(request, *args, **kwargs)
+            if running and new_blocks is not None:
+                cached_before[request.request_id] = before
+            return new_blocks
+
+        def preempt_request(request: Any, *args: Any, **kwargs: Any) -> Any:
+            before = cached_before.pop(request.request_id, None)
+            if before is not None:
+                after = group.num_cached_block.get(request.request_id, 0)
+                for block in group.req_to_blocks[request.request_id][before:after]:
+                    if not block.is_null and pool._maybe_evict_cached_block(block):
+                        self._count += 1
+                group.num_cached_block[request.request_id] = min(before, after)
+            return original_preempt(request, *args, **kwargs)
+
+        scheduler.schedule = schedule
+        manager.allocate_slots = allocate_slots
+        scheduler._preempt_request = preempt_request
+
+    def take_count(self) -> int:
+        count, self._count = self._count, 0
+        return count
+
+
 class VllmSide:
-    """vLLM 0.33.0's ``Scheduler``/``AsyncScheduler`` (``llmsched.vllm_reference``)."""
+    """vLLM 0.33.0's ``Scheduler``/``AsyncScheduler`` (``llmsched.vllm_reference``), with
+    llmsched's uncaching of undone steps emulated (:class:`UncacheUndoneSteps`) when prefix
+    caching is on, unless ``emulate_uncache`` is False (vLLM exactly as released)."""
 
     name = "vllm"
 
-    def __init__(self, config: ParityConfig) -> None:
+    def __init__(self, config: ParityConfig, *, emulate_uncache: bool = True) -> None:
         self.ref = vllm_reference()
         if self.ref.EOS_TOKEN_ID != EOS_TOKEN_ID:
             raise AssertionError("vllm_reference.EOS_TOKEN_ID changed")
@@ -463,6 +639,11 @@ class VllmSide:
         if config.max_num_active_seqs is not None:
             scheduler.max_num_active_reqs = config.max_num_active_seqs
         scheduler.adaptive_long_prefill_threshold = config.long_prefill_token_threshold_adaptive
+        self.uncache = (
+            UncacheUndoneSteps(scheduler)
+            if emulate_uncache and config.enable_prefix_caching
+            else None
+        )
         self.scheduler = scheduler
 
     def add(self, req: ParityRequest) -> None:
@@ -494,9 +675,13 @@ class VllmSide:
             blocks[rid] = [] if new_ids is None else [int(b) for b in new_ids[0]]
         summary["block_ids"] = {rid: blocks[rid] for rid, _ in summary["scheduled"]}
         summary["request_counts"] = tuple(self.scheduler.get_request_counts())
+        # Not compared (vLLM's side only): what the emulation of llmsched uncached.
+        summary["uncached_blocks"] = 0 if self.uncache is None else self.uncache.take_count()
         return out, summary
 
-    def update(self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]) -> list:
+    def update(
+        self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]
+    ) -> list[OutputRow]:
         engine_outputs = self.scheduler.update_from_output(
             out, self.ref.vllm_runner_output(out, sampled)
         )
@@ -669,8 +854,10 @@ def coverage(run: RunResult) -> dict[str, int]:
         "padded_admissions": 0,
         "finished_stop": 0,
         "finished_length": 0,
+        "uncached_blocks": 0,
     }
     for step in run.steps:
+        counts["uncached_blocks"] += step.get("uncached_blocks", 0)
         counts["empty_steps"] += step["total_num_scheduled_tokens"] == 0
         counts["preemptions"] += len(step["preempted"])
         counts["resumptions"] += len(step["resumed"])
@@ -689,9 +876,15 @@ def coverage(run: RunResult) -> dict[str, int]:
 
 
 def run_case(
-    config: ParityConfig, requests: Sequence[ParityRequest]
+    config: ParityConfig, requests: Sequence[ParityRequest], *, allow_deviations: bool = False
 ) -> tuple[Comparison, RunResult, RunResult]:
-    """Both sides on one case, and their comparison."""
+    """Both sides on one case, and their comparison. Raises ``ValueError`` if the case
+    would reach a deviation the harness keeps out (:func:`deviation_triggers`), unless
+    ``allow_deviations`` (the tests that trigger one on purpose)."""
+    if not allow_deviations:
+        found = deviation_triggers(config, requests)
+        if found:
+            raise ValueError(f"{config.name}: the case reaches a deviation: " + "; ".join(found))
     vllm_run = drive(VllmSide, config, requests)
     llmsched_run = drive(LlmschedSide, config, requests)
     return compare(vllm_run, llmsched_run), vllm_run, llmsched_run

@@ -16,10 +16,14 @@ Workloads (24 requests each unless noted), lengths scaled down to keep runs shor
   prefix-cache hits go deep.
 
 Prompts are cut to ``ceil(len / prompt_scale)`` tokens (a prefix of the trace's prompt),
-outputs to ``min(ceil(len / output_scale), output_cap)``. Arrival times are kept (relative
-order and ties, used by the priority policy as tie-breaker) and mapped to loop iterations
-spread over ``arrival_span`` iterations. Some requests get an EOS or a stop token at a
-planted output index; with the priority policy every request gets a priority in {0, 1, 2}.
+outputs to ``min(ceil(len / output_scale), output_cap)``. Arrival times are kept (their
+relative order: the priority policy's tie-breaker) and mapped to loop iterations spread
+over ``arrival_span`` iterations. Some requests get an EOS or a stop token at a planted
+output index; with the priority policy every request gets a priority in {0, 1, 2}, and
+requests that would tie on ``(priority, arrival_time)`` (the trace's equal timestamps, the
+extra requests that copy an earlier one's arrival) are moved apart by the smallest float
+step (``harness.unique_priority_keys``): on a tie llmsched deliberately picks another
+priority victim than vLLM.
 
 Configs: every combination of sync/async scheduling, ``K`` in {0, 1, 3} (ngram-style
 drafts), prefix caching on/off, FCFS/priority, and a roomy or a small KV pool (KV
@@ -36,8 +40,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .harness import ParityConfig, ParityRequest, blocks_needed
+from .harness import ParityConfig, ParityRequest, blocks_needed, unique_priority_keys
+
+if TYPE_CHECKING:
+    from llmsched.workload import RequestSpec
 
 __all__ = [
     "WORKLOADS",
@@ -119,7 +127,7 @@ WORKLOADS: dict[str, WorkloadDef] = {
 }
 
 
-def _trace_specs(workload: WorkloadDef) -> list:
+def _trace_specs(workload: WorkloadDef) -> list[RequestSpec]:
     from llmsched import workload as wl
 
     kind, _, rel = workload.source.partition(":")
@@ -134,7 +142,7 @@ def _trace_specs(workload: WorkloadDef) -> list:
         return wl.load_workload(str(path), limit=workload.num_requests).requests
     # turns: pairs (earlier request, later request continuing it), in trace order.
     specs = wl.load_mooncake_jsonl(path, limit=600).requests
-    chosen: dict[int, object] = {}
+    chosen: dict[int, RequestSpec] = {}
     for i, spec in enumerate(specs):
         if len(chosen) >= workload.num_requests:
             break
@@ -274,7 +282,8 @@ def build_requests(
     prompts shorter than ``max_model_len``; every request needing at most half the usable
     KV pool (prompts cut first), so that a small pool holds several requests (llmsched
     refuses a request that could outgrow the whole pool); priorities only under the
-    priority policy (vLLM's front-end rejects a priority without it)."""
+    priority policy (vLLM's front-end rejects a priority without it), and there with no
+    two requests tied on ``(priority, arrival_time)``."""
     out = []
     cap_tokens = (config.num_gpu_blocks - 1) // 2 * config.block_size
     allowed = cap_tokens - config.num_speculative_tokens
@@ -289,7 +298,7 @@ def build_requests(
         if config.policy != "priority":
             req = replace(req, priority=0)
         out.append(req)
-    return out
+    return unique_priority_keys(out) if config.policy == "priority" else out
 
 
 def _pool_sizes(name: str) -> tuple[int, int]:
@@ -335,7 +344,9 @@ def base_cases(name: str) -> Iterator[Case]:
 
 def edge_cases() -> list[Case]:
     """Cases beyond the cross product. Long-prefill thresholds stay >= 1 + K (see the
-    harness docstring: llmsched deliberately does not pad below that)."""
+    harness docstring: llmsched deliberately does not pad below that), and every budget
+    fits a padded decode (``1 + K``) and, with chunked prefill off, the longest request
+    (llmsched refuses smaller ones)."""
     out: list[Case] = []
     for a in (False, True):
         mode = "async" if a else "sync"

@@ -30,28 +30,90 @@ COVERAGE_COLUMNS = (
     ("draft_slots", "drafts"),
     ("finished_stop", "stop"),
     ("finished_length", "length"),
+    ("uncached_blocks", "uncached"),
 )
 
 DEVIATIONS_MD = """\
 ## Deliberate deviations and how the harness treats them
 
-llmsched's README lists where it deliberately differs from vLLM 0.33.0. None of them is
-reachable from this matrix, so no step is normalized before comparison:
+llmsched's README lists where it deliberately differs from vLLM 0.33.0; each difference
+fixes a crash, a livelock or wrong KV in vLLM. The comparison is never loosened for them:
+every step of every case is compared in full and no step summary is normalized. Instead
+each deviation is *kept out* of the compared cases (`harness.deviation_triggers` lists
+what a case must avoid, and `harness.run_case` refuses a case that does not avoid it),
+*emulated* on vLLM's side, or *out of reach* of the harness's runner. And a
+`test_deviation_*` test in `tests/parity/test_parity.py` triggers each reachable one on
+purpose and checks that the two schedulers agree up to that point, then differ exactly as
+documented (or, for 2, that they cannot differ).
 
-- **No padding when `0 < long_prefill_token_threshold < 1 + K`** (open vLLM PR #54028):
-  vLLM pads, clips, then trips `assert num_new_tokens == 1 + self.num_spec_tokens`.
-  Every threshold in the matrix is either 0 or at least `1 + K`.
-- **The running loop never schedules `n <= 0`**: vLLM skips only `n == 0`; a negative
-  count needs `C > M - s`, which neither scheduler lets happen (vLLM since #53962).
-- **A decode step whose output has no token is undone**: the harness's runner returns at
-  least one token for every step that reaches the end of a request's tokens.
-- **`add_request` refuses a request whose KV could outgrow the whole pool**: the matrix
-  never builds one (every request needs at most half the usable blocks).
-
-`tests/parity/test_parity.py` triggers three of them on purpose (`test_deviation_*`) and
-checks that the two schedulers agree up to that point and then differ exactly as
-documented (vLLM's assertion at `scheduler.py:1579`; vLLM never rescheduling the request;
-llmsched's `InvalidRequestError`).
+1. **No padding when `0 < long_prefill_token_threshold < 1 + K`** (open vLLM PR #54028).
+   *Why:* vLLM pads a one-token admission to `1 + K`, the threshold clips it, and
+   `assert num_new_tokens == 1 + self.num_spec_tokens` fails. *Harness:* kept out (every
+   threshold is 0 or at least `1 + K`). *Test:*
+   `test_deviation_54028_no_padding_that_the_threshold_would_clip` (vLLM's assertion;
+   llmsched schedules the one token unpadded).
+2. **The running loop never schedules `n <= 0`.** *Why:* a negative count must never reach the
+   runner (`np.repeat` fails on it); llmsched skips `n <= 0` by rule. *Harness:* out of reach: a
+   negative count needs `C > M - s`, and both schedulers keep `C + n + s <= M` (vLLM
+   since #53962). Moreover vLLM 0.33.0 as installed clamps the count at zero just before
+   its `n == 0` skip (`Scheduler._reserve_prefill_lookahead` returns `max(n, 0)`), so
+   the two skip alike even in a forced state: no observable difference. *Test:*
+   `test_deviation_nonpositive_count_is_never_scheduled` (at `M`, async, both skip the
+   zero count identically; a vLLM request forced to `C = M` by hand is skipped, where
+   without the clamp vLLM would schedule a count of -11).
+3. **A decode step whose output has no token is undone.** *Why:* vLLM leaves
+   `num_computed_tokens` one ahead of the tokens, and the request is never scheduled
+   again. *Harness:* out of reach (the runner returns at least one token for every step
+   that reaches the end of a request's tokens). *Test:*
+   `test_deviation_empty_decode_output_is_undone`.
+4. **`add_request` refuses a request whose KV could outgrow the whole pool.** *Why:* vLLM
+   admits it, and it preempts everything, then itself, forever. *Harness:* kept out
+   (matrix requests need at most half the usable blocks; fuzz pools hold the largest
+   request). *Test:* `test_deviation_requests_that_could_outgrow_the_pool_are_refused`.
+5. **`SchedulerConfig` refuses budgets that cannot fit an unsplittable step**: with
+   `R = min(max_num_scheduled_tokens, max_num_batched_tokens -
+   max_num_new_slots_for_drafting)`, `R < 1 + K` with `K > 0` (a padded decode), or, with
+   chunked prefill off, `R < max_model_len - s` (the longest request). *Why:* vLLM accepts
+   them; it then prefers not scheduling a padded admission to scheduling it unpadded, or
+   never fits the long prompt, and its waiting queue blocks forever. *Harness:* kept out:
+   every matrix config is one llmsched accepts, and the fuzz raises its token budget to at
+   least `1 + K` after its random draws (a seed that did not need it gives the same case
+   as before). *Test:* `test_deviation_budgets_below_an_unsplittable_step_are_refused`
+   (llmsched's `ConfigError` names `num_speculative_tokens` or
+   `max_num_scheduled_tokens`; vLLM accepts both configs and never schedules the request
+   that needs that step).
+6. **The priority victim is the largest `(priority, arrival_time, request_id)`**; vLLM's
+   is the first largest `(priority, arrival_time)` in running order. The two differ only
+   when running requests tie on `(priority, arrival_time)`. *Why:* with vLLM's rule two
+   tied requests can evict each other in turn (each losing the other's progress), forever
+   in the worst case; the request id makes the order total, the waiting queue's. *Harness:*
+   kept out: under the priority policy no two requests of a case share `(priority,
+   arrival_time)` (`harness.unique_priority_keys` moves a request whose key an earlier one
+   holds to the next larger float; ties came from traces' equal timestamps, from the extra
+   requests that copy their source's arrival, and from the fuzz, which ties on purpose);
+   both rules then pick the same victim. *Test:* `test_deviation_tied_priority_victim`
+   (three tied running requests: vLLM evicts the first in running order, llmsched the
+   largest id; over the run vLLM's choices ping-pong, llmsched's victim of a tie is always
+   the larger id).
+7. **An undone step's blocks leave the prefix cache.** When a priority victim was already
+   scheduled in the step, llmsched takes the blocks its allocation registered in the
+   prefix cache in this step out of the cache before freeing them. *Why:* vLLM registers a
+   block as soon as it allocates the slots that fill it, before the step runs; undoing the
+   step leaves blocks cached whose KV is never computed, so a later prefix hit reads
+   garbage, and its free queue keeps them at the tail as cached blocks (llmsched: at the
+   head, as plain blocks), which changes later block ids. *Harness:* emulated:
+   `harness.UncacheUndoneSteps` patches each vLLM scheduler instance (it wraps `schedule`,
+   `kv_cache_manager.allocate_slots` and `_preempt_request`) to evict those blocks from
+   vLLM's prefix cache (`BlockPool._maybe_evict_cached_block`) before vLLM frees them,
+   which is what llmsched does; the `uncached` column counts the blocks it evicted.
+   *Test:* `test_deviation_undone_step_blocks_leave_the_prefix_cache` (without the patch a
+   later request's prefix hit covers 28 tokens of which no step computed the last 4;
+   llmsched's and the patched vLLM's cover the 24 computed ones).
+8. **Drafts given to a request that is not running are dropped.** *Why:* vLLM keeps them,
+   and the request then schedules drafts made before it was preempted (or before it ran).
+   *Harness:* out of reach: the runner gives drafts only to the requests of the step just
+   applied, which are running or finished (the llmsched side raises if one is waiting).
+   *Test:* `test_deviation_drafts_for_requests_not_running`.
 """
 
 
@@ -139,7 +201,8 @@ def to_markdown(records: list[dict[str, Any]], versions: dict[str, str]) -> str:
         "cases are listed in `matrix.edge_cases`. The count columns say what a case "
         "exercised (counted on vLLM's side): preemptions, admissions with a prefix-cache "
         "hit, admissions padded to `1 + K`, draft slots scheduled, requests finished by "
-        "a stop/EOS token and by length.",
+        "a stop/EOS token and by length, and blocks that the emulation of deviation 7 "
+        "(below) took out of vLLM's prefix cache.",
         "",
         "## Summary by workload",
         "",
@@ -155,6 +218,7 @@ def to_markdown(records: list[dict[str, Any]], versions: dict[str, str]) -> str:
             f"{sum(r['steps_compared'] for r in rows):,} | "
             f"{sum(r['steps_identical'] for r in rows):,} |"
         )
+    lines.append(f"| **all** | {total} | {same} | {steps:,} | {steps_same:,} |")
     differing = [r for r in records if not r["identical"]]
     lines += ["", "## Differences", ""]
     if not differing:

@@ -8,23 +8,31 @@ engine loop, ``matrix`` for the workloads and configs.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 
 import pytest
 
+from . import harness
 from .fuzz import make_case
 from .harness import (
     LlmschedSide,
     ParityConfig,
     ParityRequest,
+    RunnerError,
+    RunResult,
     VllmSide,
     blocks_needed,
     compare,
     coverage,
     describe,
+    deviation_triggers,
     drive,
+    llmsched_refuses,
     run_case,
 )
 from .matrix import Case, cases
+from .report import DEVIATIONS_MD
 
 pytest.importorskip("vllm", reason="vLLM 0.33.0 is only installed in .venv-vllm")
 
@@ -62,6 +70,9 @@ def test_a_different_decision_is_caught() -> None:
         ),
         ("azure-conv/sync-K3-apc-fcfs", ("padded_admissions", "finished_stop")),
         ("synthetic-conv/edge-tightM-async-K3-apc", ("padded_admissions", "finished_length")),
+        # The emulation of llmsched's uncaching of an undone step (deviation below) fires.
+        ("azure-code/sync-K3-apc-prio-kv", ("uncached_blocks",)),
+        ("azure-code/async-K1-apc-prio-kv", ("uncached_blocks",)),
     ],
 )
 def test_the_matrix_reaches_the_rules(case_id: str, expected: tuple[str, ...]) -> None:
@@ -71,9 +82,29 @@ def test_the_matrix_reaches_the_rules(case_id: str, expected: tuple[str, ...]) -
     assert all(counts[key] > 0 for key in expected), counts
 
 
+def test_the_matrix_and_the_fuzz_keep_out_of_the_deviations() -> None:
+    """No compared case reaches a deviation the harness does not compare (``run_case``
+    refuses one too): every config is one llmsched accepts, no threshold in ``(0, 1 + K)``,
+    no request that could outgrow the pool, no tied priority keys."""
+    for case in CASES:
+        assert deviation_triggers(case.config, case.requests()) == [], case.id
+    for seed in range(2000):
+        config, requests = make_case(seed)  # asserts it too
+        assert deviation_triggers(config, requests) == [], seed
+
+
+def test_the_report_names_every_deviation_test() -> None:
+    """docs/parity.md's "Deliberate deviations" section (``report.DEVIATIONS_MD``) names
+    the tests below, and only tests that exist."""
+    named = set(re.findall(r"`(test_deviation_\w+)`", DEVIATIONS_MD))
+    defined = {name for name in globals() if name.startswith("test_deviation_")}
+    assert named == defined
+
+
 # Deliberate deviations (README, "Where llmsched deliberately differs from vLLM 0.33.0").
-# The matrix never reaches them; these tests pin each one down where it applies: identical
-# up to the point of the deviation, then exactly the documented difference.
+# The matrix never reaches them (or, for the uncaching of an undone step, emulates it on
+# vLLM's side); these tests pin each one down where it applies: identical up to the point
+# of the deviation, then exactly the documented difference.
 
 
 def test_deviation_54028_no_padding_that_the_threshold_would_clip() -> None:
@@ -94,7 +125,12 @@ def test_deviation_54028_no_padding_that_the_threshold_would_clip() -> None:
         ParityRequest("a", tuple(range(10, 60)), 20, arrival_step=0, arrival_time=0.0),
         ParityRequest("b", (11,), 5, arrival_step=3, arrival_time=1.0),  # 1 token: padded
     ]
-    comparison, vllm_run, llmsched_run = run_case(config, requests)
+    assert deviation_triggers(config, requests) == [
+        "#54028: 0 < long_prefill_token_threshold = 2 < 1 + K = 4"
+    ]
+    with pytest.raises(ValueError, match="#54028"):
+        run_case(config, requests)
+    comparison, vllm_run, llmsched_run = run_case(config, requests, allow_deviations=True)
     assert comparison.vllm_error is not None
     assert comparison.vllm_error.startswith("AssertionError")
     assert comparison.llmsched_error is None
@@ -102,6 +138,39 @@ def test_deviation_54028_no_padding_that_the_threshold_would_clip() -> None:
     assert step == len(vllm_run.steps) == comparison.steps_identical  # identical until then
     admitted = llmsched_run.steps[step]
     assert ("b", 1) in admitted["scheduled"] and "b" not in admitted["spec_tokens"]
+
+
+def test_deviation_nonpositive_count_is_never_scheduled() -> None:
+    """llmsched's running loop skips a count ``n <= 0``; the README says vLLM skips only
+    ``n == 0``. A negative count needs ``C > M - s``, which neither scheduler lets happen
+    (both keep ``C + n + s <= M``), so no input reaches it; and vLLM 0.33.0 clamps the
+    count at zero anyway (``Scheduler._reserve_prefill_lookahead`` returns ``max(n, 0)``
+    just before its ``n == 0`` skip). So there is no observable difference: at ``M`` both
+    skip the zero count alike, and a vLLM request forced past ``M - s`` by hand (no public
+    input can do that to llmsched) is skipped, not scheduled with a negative count
+    (without the clamp, vLLM would schedule it with ``n = -11``)."""
+    config = ParityConfig(
+        "deviation-nonpositive", True, 0, False, "fcfs", num_gpu_blocks=64, max_model_len=32
+    )
+    request = ParityRequest("a", tuple(range(10, 30)), 100, arrival_step=0, arrival_time=0.0)
+    comparison, vllm_run, _ = run_case(config, [request])
+    assert comparison.identical, describe(comparison)
+    # Async: with the step in flight ending at M - s, the next step's count is
+    # M - C - s = 0: skipped though the request still runs, identically on both sides.
+    zero = [s for s in vllm_run.steps if s["request_counts"] == (1, 0) and not s["scheduled"]]
+    assert zero, [s["scheduled"] for s in vllm_run.steps]
+    finished = [o for s in vllm_run.steps for o in s["outputs"] if o[2] is not None]
+    assert [(rid, reason) for rid, _, reason, _ in finished] == [("a", "length")]
+
+    side = VllmSide(dataclasses.replace(config, async_scheduling=False))
+    side.add(request)
+    out, prefill = side.schedule()
+    side.update(out, prefill, {"a": [100]})
+    vllm_request = side.scheduler.requests["a"]
+    vllm_request.num_computed_tokens = config.max_model_len  # C > M - s: n = 21 - 32 < 0
+    _, forced = side.schedule()
+    assert forced["scheduled"] == [] and forced["total_num_scheduled_tokens"] == 0
+    assert forced["request_counts"] == (1, 0)
 
 
 def test_deviation_empty_decode_output_is_undone() -> None:
@@ -139,6 +208,235 @@ def test_deviation_requests_that_could_outgrow_the_pool_are_refused() -> None:
     assert vllm_side.has_requests()
     with pytest.raises(InvalidRequestError, match="could never finish"):
         LlmschedSide(config).add(request)
+
+
+def _refused_configs() -> list[tuple[ParityConfig, str, list[ParityRequest]]]:
+    """Budgets llmsched refuses, the field its ``ConfigError`` names, and requests of which
+    vLLM then never schedules the last."""
+    prompt = tuple(range(10, 19))
+    return [
+        # A one-token admission after a prefix hit (8 of its 9 tokens, computed for
+        # "first") is padded to 1 + K = 4 tokens, more than the budget of 3.
+        (
+            ParityConfig(
+                "refused-padded-decode",
+                async_scheduling=False,
+                num_speculative_tokens=3,
+                enable_prefix_caching=True,
+                policy="fcfs",
+                num_gpu_blocks=64,
+                max_model_len=64,
+                max_num_seqs=2,
+                max_num_batched_tokens=3,
+                block_size=4,
+            ),
+            "num_speculative_tokens",
+            [
+                ParityRequest("first", prompt[:8], 2, arrival_step=0, arrival_time=0.0),
+                ParityRequest("again", prompt, 4, arrival_step=12, arrival_time=1.0),
+            ],
+        ),
+        # Chunked prefill off: a 40-token prompt never fits 32 scheduled tokens.
+        (
+            ParityConfig(
+                "refused-unchunked-prompt",
+                async_scheduling=False,
+                num_speculative_tokens=0,
+                enable_prefix_caching=True,
+                policy="fcfs",
+                num_gpu_blocks=64,
+                max_model_len=64,
+                max_num_seqs=2,
+                max_num_batched_tokens=64,
+                max_num_scheduled_tokens=32,
+                enable_chunked_prefill=False,
+            ),
+            "max_num_scheduled_tokens",
+            [ParityRequest("long", tuple(range(10, 50)), 4, arrival_step=0, arrival_time=0.0)],
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("config", "field", "requests"), _refused_configs(), ids=lambda v: getattr(v, "name", "")
+)
+def test_deviation_budgets_below_an_unsplittable_step_are_refused(
+    config: ParityConfig,
+    field: str,
+    requests: list[ParityRequest],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A budget below a padded decode (``1 + K``) or, with chunked prefill off, below the
+    longest request: llmsched's ``SchedulerConfig`` refuses it with a ``ConfigError`` that
+    names the field; vLLM accepts it, and a request that needs that step waits forever."""
+    import llmsched
+
+    with pytest.raises(llmsched.ConfigError, match=f"^{field}="):
+        llmsched.SchedulerConfig(**config.llmsched_kwargs())
+    assert (llmsched_refuses(config) or "").startswith(f"{field}=")
+    assert deviation_triggers(config, requests) == [
+        f"llmsched refuses the config: {llmsched_refuses(config)}"
+    ]
+    with pytest.raises(ValueError, match="llmsched refuses"):
+        run_case(config, requests)
+
+    blocked = requests[-1].request_id
+    monkeypatch.setattr(harness, "MAX_LOOP_ITERATIONS", 200)
+    run = drive(VllmSide, config, requests)
+    assert run.error is not None and "no end after 200 loop iterations" in run.error
+    assert not any(blocked in dict(step["scheduled"]) for step in run.steps)
+    assert run.steps[-1]["request_counts"] == (0, 1)  # it waits, nothing runs
+
+
+def _tie_wins(run: RunResult, requests: list[ParityRequest]) -> set[tuple[str, str]]:
+    """``(winner, victim)`` for each preemption of a request while a request tied with it
+    on ``(priority, arrival_time)`` kept running (scheduled by the same running loop)."""
+    key = {r.request_id: (r.priority, r.arrival_time) for r in requests}
+    wins: set[tuple[str, str]] = set()
+    for step in run.steps:
+        admitted = {*step["new"], *step["resumed"]}
+        for rid, _ in step["scheduled"]:
+            if rid not in admitted:
+                wins.update((rid, v) for v in step["preempted"] if key[v] == key[rid])
+    return wins
+
+
+def test_deviation_tied_priority_victim() -> None:
+    """Three running requests tied on ``(priority, arrival_time)``, a KV pool too small for
+    all three. vLLM's victim is the first of them in running order, llmsched's the largest
+    request id; steps are identical until then. Over the whole run vLLM's choices
+    ping-pong (a request evicts the one that evicted it earlier, whose progress is lost),
+    llmsched's never do: the victim of a tie is always the larger id."""
+    config = ParityConfig(
+        "deviation-tie",
+        async_scheduling=False,
+        num_speculative_tokens=0,
+        enable_prefix_caching=False,
+        policy="priority",
+        num_gpu_blocks=7,
+        max_model_len=64,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        block_size=4,
+    )
+    requests = [
+        ParityRequest("a", tuple(range(100, 102)), 19, arrival_step=3, arrival_time=0.0),
+        ParityRequest("b", tuple(range(200, 206)), 13, arrival_step=1, arrival_time=0.0),
+        ParityRequest("c", tuple(range(300, 303)), 8, arrival_step=2, arrival_time=0.0),
+    ]
+    assert deviation_triggers(config, requests) == [
+        "a and b tie on (priority, arrival_time) = (0, 0.0)",
+        "a and c tie on (priority, arrival_time) = (0, 0.0)",
+    ]
+    with pytest.raises(ValueError, match="tie on"):
+        run_case(config, requests)
+    comparison, vllm_run, llmsched_run = run_case(config, requests, allow_deviations=True)
+    assert comparison.vllm_error is None and comparison.llmsched_error is None
+
+    step = comparison.first_difference
+    assert step is not None and comparison.steps_identical >= step
+    assert all(not s["preempted"] for s in vllm_run.steps[:step])
+    running_order = [rid for rid, _ in vllm_run.steps[step - 1]["scheduled"]]
+    assert running_order == ["b", "c", "a"]  # all running, all tied
+    assert vllm_run.steps[step]["preempted"] == [running_order[0]]  # first in running order
+    assert llmsched_run.steps[step]["preempted"] == [max(running_order)]  # largest id
+
+    vllm_wins = _tie_wins(vllm_run, requests)
+    assert ("a", "b") in vllm_wins and ("b", "a") in vllm_wins  # ping-pong
+    llmsched_wins = _tie_wins(llmsched_run, requests)
+    assert llmsched_wins and all(winner < victim for winner, victim in llmsched_wins)
+    # Both finish every request (tokens identical, whatever the schedule).
+    for run in (vllm_run, llmsched_run):
+        outputs: dict[str, list[int]] = {}
+        for s in run.steps:
+            for rid, tokens, _, _ in s["outputs"]:
+                outputs.setdefault(rid, []).extend(tokens)
+        assert {rid: len(t) for rid, t in outputs.items()} == {"a": 19, "b": 13, "c": 8}
+
+
+def test_deviation_undone_step_blocks_leave_the_prefix_cache() -> None:
+    """A priority victim already scheduled in the step: vLLM as released leaves the blocks
+    its allocation registered in the prefix cache, so a later request's prefix hit covers
+    KV that no step computed; llmsched uncaches them, and so does the harness's emulation
+    (``harness.UncacheUndoneSteps``), which makes the two identical again.
+
+    ``v`` (priority 1) prefills 32 tokens in chunks (16, 8, 8; blocks of 4); ``x``
+    (priority 0) decodes behind it. In step 2 ``v``'s last chunk gets two blocks, which
+    vLLM registers right away, then ``x`` needs a block, none is free, and ``v`` is the
+    victim: its step is undone. ``y`` later asks for the same 32-token prompt."""
+    config = ParityConfig(
+        "deviation-uncache",
+        async_scheduling=False,
+        num_speculative_tokens=0,
+        enable_prefix_caching=True,
+        policy="priority",
+        num_gpu_blocks=10,
+        max_model_len=64,
+        max_num_seqs=2,
+        max_num_batched_tokens=16,
+        block_size=4,
+        long_prefill_token_threshold=8,
+    )
+    prompt = tuple(range(100, 132))
+    requests = [
+        ParityRequest("v", prompt, 1, arrival_step=0, arrival_time=0.0, priority=1),
+        ParityRequest("x", tuple(range(500, 504)), 2, arrival_step=1, arrival_time=1.0),
+        ParityRequest("y", prompt, 2, arrival_step=3, arrival_time=2.0),
+    ]
+    assert deviation_triggers(config, requests) == []
+
+    # With the emulation (the harness's default): identical, and it uncached two blocks.
+    comparison, patched_run, llmsched_run = run_case(config, requests)
+    assert comparison.identical, describe(comparison)
+    assert [s["uncached_blocks"] for s in patched_run.steps[:4]] == [0, 0, 2, 0]
+    assert patched_run.steps[2]["preempted"] == ["v"]
+
+    # vLLM as released: identical through the preemption, then y's prefix hit differs.
+    plain_run = drive(functools.partial(VllmSide, emulate_uncache=False), config, requests)
+    plain = compare(plain_run, llmsched_run)
+    assert plain.first_difference == 3
+    # Tokens of the prompt some step computed before y arrives: v's two chunks that ran.
+    computed = max(
+        s["num_computed_tokens"]["v"] + n
+        for s in plain_run.steps[:3]
+        for rid, n in s["scheduled"]
+        if rid == "v"
+    )
+    assert computed == 24
+    assert "y" in plain_run.steps[3]["new"]
+    assert plain_run.steps[3]["num_computed_tokens"]["y"] == 28  # a hit on 4 uncomputed tokens
+    assert llmsched_run.steps[3]["num_computed_tokens"]["y"] == 24
+
+
+def test_deviation_drafts_for_requests_not_running() -> None:
+    """Drafts given to a waiting request: vLLM keeps them and schedules them once the
+    request runs (drafts for positions it has not reached), llmsched drops them. The
+    harness never gives any (its llmsched side refuses to)."""
+    config = ParityConfig(
+        "deviation-drafts", False, 2, False, "fcfs", num_gpu_blocks=64, max_model_len=64
+    )
+    request = ParityRequest("a", tuple(range(10, 18)), 4, arrival_step=0, arrival_time=0.0)
+    with pytest.raises(RunnerError, match="not running"):
+        guarded = LlmschedSide(config)
+        guarded.add(request)
+        guarded.update_draft_token_ids(["a"], [[500, 501]])
+    scheduled = {}
+    vllm_side, llmsched_side = VllmSide(config), LlmschedSide(config)
+    for side in (vllm_side, llmsched_side):
+        side.add(request)
+    vllm_side.update_draft_token_ids(["a"], [[500, 501]])
+    llmsched_side.scheduler.update_draft_token_ids(["a"], [[500, 501]])  # past the guard
+    for side in (vllm_side, llmsched_side):
+        out, prefill = side.schedule()
+        side.update(out, prefill, {"a": [77]})
+        _, decode = side.schedule()
+        scheduled[side.name] = [
+            (prefill["scheduled"], prefill["spec_tokens"]),
+            (decode["scheduled"], decode["spec_tokens"]),
+        ]
+    assert scheduled["vllm"][0] == scheduled["llmsched"][0] == ([("a", 8)], {})
+    assert scheduled["vllm"][1] == ([("a", 3)], {"a": [500, 501]})
+    assert scheduled["llmsched"][1] == ([("a", 1)], {})
 
 
 @pytest.mark.parametrize("seed", range(40))

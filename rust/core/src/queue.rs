@@ -167,26 +167,32 @@ impl RequestQueue {
             Entries::Priority { heap, .. } => heap.pop().map(|e| e.handle),
         }?;
         self.len -= 1;
+        // One live entry fewer lowers the bound on dead ones.
+        self.sweep_if_needed(slab);
         Some(handle)
     }
 
     /// Accounts for a request removed from the middle, after the caller has
     /// cleared its `queued_in` (which makes its entry dead).
-    ///
-    /// Dead entries leave at the front, but under the priority policy an entry
-    /// with a poor key may never reach it while better requests keep arriving,
-    /// so dead entries are swept out once they outnumber the live ones: the
-    /// sweep is O(raw length) and pays for the (at least `len + SLACK`) aborts
-    /// before it, which keeps an abort O(1) amortized and memory O(live).
     pub fn forget_one(&mut self, slab: &Slab) {
         self.len -= 1;
-        if self.raw_len() > Self::max_raw_len(self.len) {
-            let kind = self.kind;
-            let live = |h: Handle| slab.get(h).is_some_and(|r| r.queued_in == Some(kind));
-            match &mut self.entries {
-                Entries::Fcfs(deque) => deque.retain(|&h| live(h)),
-                Entries::Priority { heap, .. } => heap.retain(|e| live(e.handle)),
-            }
+        self.sweep_if_needed(slab);
+    }
+
+    /// Dead entries leave at the front, but under the priority policy an entry
+    /// with a poor key may never reach it while better requests keep arriving,
+    /// so dead entries are swept out once they outnumber the live ones (plus a
+    /// slack). A sweep costs O(entries) < 2 x the dead entries it removes, each
+    /// made by one abort: O(1) amortized per abort, and memory O(live).
+    fn sweep_if_needed(&mut self, slab: &Slab) {
+        if self.raw_len() <= Self::max_raw_len(self.len) {
+            return;
+        }
+        let kind = self.kind;
+        let live = |h: Handle| slab.get(h).is_some_and(|r| r.queued_in == Some(kind));
+        match &mut self.entries {
+            Entries::Fcfs(deque) => deque.retain(|&h| live(h)),
+            Entries::Priority { heap, .. } => heap.retain(|e| live(e.handle)),
         }
     }
 

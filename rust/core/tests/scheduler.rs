@@ -215,3 +215,37 @@ fn aborted_waiting_requests_do_not_accumulate_in_either_policy() {
         assert_eq!(sched.get_request_counts(), (1, 1));
     }
 }
+
+/// The bound on dead queue entries must survive the queue draining: aborted
+/// entries behind (FCFS) or below (priority) the live ones stay until swept.
+#[test]
+fn dead_entries_stay_bounded_while_the_queue_drains() {
+    for policy in [llmsched_core::Policy::Fcfs, llmsched_core::Policy::Priority] {
+        let cfg = config(|p| {
+            p.policy = policy;
+            p.max_num_seqs = 4;
+        });
+        let mut sched = Scheduler::new(cfg);
+        for i in 0..150 {
+            sched.add_request(request(&format!("live-{i}"), 4, 1)).unwrap();
+        }
+        for i in 0..150 {
+            let mut doomed = request(&format!("doomed-{i}"), 4, 1);
+            doomed.priority = 9;
+            sched.add_request(doomed).unwrap();
+        }
+        let doomed: Vec<String> = (0..150).map(|i| format!("doomed-{i}")).collect();
+        let doomed: Vec<&str> = doomed.iter().map(String::as_str).collect();
+        sched.finish_requests(Some(&doomed), llmsched_core::RequestStatus::FinishedAborted).unwrap();
+        sched.check_invariants().unwrap();
+        while sched.has_requests() {
+            let step = sched.schedule();
+            check_step(&sched, &step);
+            if !step.is_empty() {
+                let (tokens, counts) = sample(&sched, &step, false);
+                apply(&mut sched, &step, &tokens, &counts);
+            }
+            sched.check_invariants().unwrap_or_else(|e| panic!("{policy:?}: {e}"));
+        }
+    }
+}

@@ -1,0 +1,23 @@
+"""Lets ``pytest tests/parity`` run in ``.venv-vllm`` as it is.
+
+pyproject's ``addopts`` passes ``--benchmark-disable``, an option of pytest-benchmark, which
+``.venv-vllm`` does not have (see ``requirements.txt``); without it pytest refuses the
+option before collecting anything. Where pytest-benchmark is missing, this registers the
+option as a no-op; where it is installed (``.venv``) pytest-benchmark's own stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    with contextlib.suppress(ValueError):  # already registered by pytest-benchmark
+        parser.addoption(
+            "--benchmark-disable",
+            action="store_true",
+            default=False,
+            help="no-op here: pytest-benchmark is not installed",
+        )
