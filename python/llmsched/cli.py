@@ -94,7 +94,32 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0 if report.num_finished == report.num_requests else 1
 
 
+# Thread pools of the numeric libraries (numpy's OpenBLAS; torch's OpenMP, once vLLM is
+# imported) spin on the second core after their first use; on a small machine that slowed
+# llmsched's measured step by 1.6-1.8x. Both schedulers are single-threaded, so the
+# benchmark runs with one thread per pool; the variables must be set before the libraries
+# load, hence a fresh interpreter.
+_BENCH_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _bench_in_single_threaded_interpreter(argv: list[str]) -> int | None:
+    """Reruns ``llmsched bench`` in a child with the pools at one thread; ``None`` if this
+    interpreter already is one (or the user set the variables)."""
+    import os
+    import subprocess
+
+    if all(var in os.environ for var in _BENCH_THREAD_VARS):
+        return None
+    env = dict(os.environ)
+    for var in _BENCH_THREAD_VARS:
+        env.setdefault(var, "1")
+    return subprocess.call([sys.executable, "-m", "llmsched", *argv], env=env)
+
+
 def _bench(args: argparse.Namespace) -> int:
+    code = _bench_in_single_threaded_interpreter(args.argv)
+    if code is not None:
+        return code
     from llmsched.bench import CASES, run_benchmarks, vllm_available
 
     with_vllm = {"auto": None, "on": True, "off": False}[args.vllm]
@@ -175,7 +200,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.argv = argv
     try:
         code: int = args.run(args)
     except (LlmschedError, ValueError, OSError) as e:

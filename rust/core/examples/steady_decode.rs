@@ -1,4 +1,5 @@
-//! Runs steady-decode steps of the core, for profilers (callgrind counts instructions,
+//! Runs steady-decode steps of the core and prints the time per request-step of each call;
+//! also for profilers (callgrind counts instructions,
 //! so its figures are repeatable on a busy machine):
 //! `cargo build --release --example steady_decode && valgrind --tool=callgrind target/release/examples/steady_decode 1024 200`
 
@@ -25,15 +26,25 @@ fn main() {
     }
     let (mut tokens, mut counts) = (Vec::new(), Vec::new());
     let mut scheduled = 0;
+    let (mut schedule_time, mut update_time) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
     for _ in 0..steps {
+        let t0 = std::time::Instant::now();
         let step = sched.schedule();
+        schedule_time += t0.elapsed();
         counts.clear();
         counts.extend(step.req_handles.iter().map(|&h| i32::from(!sched.request(h).expect("live").is_prefill_chunk())));
         tokens.clear();
         tokens.resize(counts.iter().sum::<i32>() as usize, 7);
         let out = RunnerOutput { sampled_token_ids: &tokens, num_sampled: &counts, row_of_entry: None };
+        let t1 = std::time::Instant::now();
         sched.update_from_output(step.step_id, &out).expect("applied");
+        update_time += t1.elapsed();
         scheduled += step.len();
     }
-    println!("{steps} steps, {scheduled} request-steps");
+    let per_request = |d: std::time::Duration| d.as_nanos() as f64 / scheduled.max(1) as f64;
+    println!(
+        "{steps} steps, {scheduled} request-steps: schedule {:.0} ns, update_from_output {:.0} ns per request-step",
+        per_request(schedule_time),
+        per_request(update_time)
+    );
 }
