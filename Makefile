@@ -85,7 +85,7 @@ vllm-smoke: vllm-env  ## the same small workload through vLLM and llmsched, step
 # workloads (synthetic presets, Azure and Mooncake traces) and configs through both, with
 # one deterministic model runner. `parity` writes the table to docs/parity.md and .json;
 # `parity-test` asserts every step identical with pytest (the main venv skips that module).
-.PHONY: parity parity-test
+.PHONY: parity parity-test bench-vllm-pytest
 
 $(VLLM_VENV)/.parity-requirements-installed: tests/parity/requirements.txt $(VLLM_VENV)/.requirements-installed
 	$(VLLM_BIN)/pip install -q --no-deps -r tests/parity/requirements.txt
@@ -95,4 +95,9 @@ parity: vllm-env  ## run the parity matrix in .venv-vllm; writes docs/parity.{md
 	$(VLLM_BIN)/python -m tests.parity.report
 
 parity-test: vllm-env $(VLLM_VENV)/.parity-requirements-installed  ## assert parity with pytest in .venv-vllm
-	$(VLLM_BIN)/python -m pytest -o addopts="-ra --strict-markers --strict-config" tests/parity
+	$(VLLM_BIN)/python -m pytest tests/parity
+
+# pytest-benchmark's view of the same cases, llmsched and vLLM rows side by side (one thread
+# per numeric pool: their spinning idle threads distort a 2-core machine's figures).
+bench-vllm-pytest: vllm-env $(VLLM_VENV)/.parity-requirements-installed
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VLLM_BIN)/python -m pytest benches --benchmark-enable

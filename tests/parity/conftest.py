@@ -1,9 +1,10 @@
 """Lets ``pytest tests/parity`` run in ``.venv-vllm`` as it is.
 
 pyproject's ``addopts`` passes ``--benchmark-disable``, an option of pytest-benchmark, which
-``.venv-vllm`` does not have (see ``requirements.txt``); without it pytest refuses the
-option before collecting anything. Where pytest-benchmark is missing, this registers the
-option as a no-op; where it is installed (``.venv``) pytest-benchmark's own stays.
+a ``.venv-vllm`` without ``requirements.txt`` installed (plain ``make vllm-env``) does not
+have; without it pytest refuses the option before collecting anything. Where
+pytest-benchmark is missing, this registers the option as a no-op; where it is installed,
+pytest-benchmark's own stays.
 """
 
 from __future__ import annotations
