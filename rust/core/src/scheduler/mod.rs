@@ -312,9 +312,14 @@ impl Scheduler {
                 }
             };
             step.num_block_ids.push(blocks.len() as i32);
-            step.block_ids.extend(blocks.iter().map(|&id| id as i32));
+            // Most decode steps add no block and no token: skip the reserve calls.
+            if !blocks.is_empty() {
+                step.block_ids.extend(blocks.iter().map(|&id| id as i32));
+            }
             step.num_all_token_ids.push(tokens.len() as i32);
-            step.all_token_ids.extend_from_slice(tokens);
+            if !tokens.is_empty() {
+                step.all_token_ids.extend_from_slice(tokens);
+            }
 
             request.num_computed_tokens += e.num_new_tokens;
             request.num_in_flight_tokens += e.num_new_tokens;
