@@ -48,7 +48,7 @@ struct Inner {
 impl Inner {
     /// The request's cached Python id; `fallback` is only called if the cache
     /// has no entry for this handle (not expected, but never wrong).
-    #[inline]
+    #[inline(always)]
     fn py_id<'py>(&self, py: Python<'py>, handle: Handle, fallback: impl FnOnce() -> String) -> Bound<'py, PyString> {
         match self.py_ids.get(handle.index as usize) {
             Some(Some((generation, id))) if *generation == handle.generation => id.bind(py).clone(),
@@ -179,6 +179,14 @@ fn runner_rows(
     step_ids: &Bound<'_, PyTuple>,
     runner_ids: &Bound<'_, PyAny>,
 ) -> PyResult<Option<Vec<u32>>> {
+    // Fast path without an iterator: a list of the very same id objects, in order.
+    if let Ok(list) = runner_ids.cast::<PyList>() {
+        if list.len() == step_ids.len()
+            && step_ids.iter_borrowed().enumerate().all(|(i, id)| list.get_item(i).is_ok_and(|r| r.is(&*id)))
+        {
+            return Ok(None);
+        }
+    }
     let runner_ids: Vec<Bound<'_, PyAny>> = runner_ids
         .try_iter()
         .map_err(|_| {
@@ -413,7 +421,12 @@ impl PyScheduler {
             outputs.offsets.push(0);
             for e in &events {
                 outputs.request_ids.push(inner.live_py_id(py, e.handle).unbind());
-                outputs.tokens.extend_from_slice(&sampled[e.token_offset..e.token_offset + e.num_tokens]);
+                let tokens = &sampled[e.token_offset..e.token_offset + e.num_tokens];
+                if let [token] = tokens {
+                    outputs.tokens.push(*token); // the usual decode step: no memcpy call
+                } else {
+                    outputs.tokens.extend_from_slice(tokens);
+                }
                 outputs.offsets.push(outputs.tokens.len() as u32);
                 outputs.statuses.push(e.status);
                 outputs.stop_reasons.push(e.stop_reason);
