@@ -8,7 +8,8 @@ every ``schedule()`` and every ``update_from_output()``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,6 +111,93 @@ def add_requests(
 
 def runner_output(so: SchedulerOutput, rows: Iterable[Sequence[int]]) -> ModelRunnerOutput:
     return ModelRunnerOutput.from_lists(so.req_ids, list(rows))
+
+
+class PipelinedRunner:
+    """An engine loop with a batch queue of ``depth`` steps (async scheduling, and pipeline
+    parallelism when ``depth > 2``) and a stand-in runner.
+
+    The runner knows each request only from what the scheduler outputs tell it: a new or
+    resumed request arrives with its tokens and ``C``; a preempted or finished one is
+    forgotten when the step that reports it executes. A request samples when a step reaches
+    the end of the sequence as the runner sees it, ``1 + accept(clock, req_id, drafts)``
+    tokens. Every sampled token is globally unique, and the position it was sampled for is
+    remembered. Subclasses observe steps through ``on_scheduled`` and ``on_outputs``.
+    """
+
+    def __init__(
+        self, sched: CheckedScheduler, depth: int, accept: Callable[[int, str, int], int]
+    ) -> None:
+        self.sched = sched
+        self.depth = depth
+        self.accept = accept
+        self.queue: deque[SchedulerOutput] = deque()
+        self.view: dict[str, list[int]] = {}  # req_id -> [sequence length, computed]
+        self.sampled: dict[str, list[int]] = defaultdict(list)
+        self.position_of: dict[int, int] = {}
+        self.iteration = 0
+        self.num_schedules = 0
+        self.next_token = 1000
+
+    def clock(self) -> int:
+        """The first argument ``accept`` is given: the loop iteration."""
+        return self.iteration
+
+    def on_scheduled(self, so: SchedulerOutput) -> None:
+        """Called after each ``schedule()``."""
+
+    def on_outputs(self, outs: Sequence[RequestOutput]) -> None:
+        """Called with what each ``update_from_output`` returned."""
+
+    def schedule(self) -> None:
+        so = self.sched.schedule()
+        self.num_schedules += 1
+        self.on_scheduled(so)
+        self.queue.append(so)  # empty steps too: their preempted/finished ids matter
+
+    def execute_oldest(self) -> None:
+        so = self.queue.popleft()
+        for req_id in (*so.preempted_req_ids, *so.finished_req_ids):
+            self.view.pop(req_id, None)
+        admitted = {*so.new_req_ids, *so.resumed_req_ids}
+        rows: list[list[int]] = []
+        for i, req_id in enumerate(so.req_ids):
+            if req_id in admitted:
+                self.view[req_id] = [int(so.num_all_token_ids[i]), int(so.num_computed_tokens[i])]
+            view = self.view.get(req_id)
+            if view is None:
+                rows.append([])
+                continue
+            end = view[1] + int(so.num_scheduled_tokens[i])
+            if end < view[0]:  # a non-final prefill chunk, by the runner's own count
+                view[1] = end
+                rows.append([])
+                continue
+            num_drafts = int(so.num_spec_tokens[i])
+            accepted = min(self.accept(self.clock(), req_id, num_drafts), num_drafts)
+            tokens = list(range(self.next_token, self.next_token + 1 + accepted))
+            self.next_token += len(tokens)
+            view[1] = end - (num_drafts - accepted)
+            view[0] = view[1] + 1
+            for j, token in enumerate(tokens):
+                self.position_of[token] = view[0] - len(tokens) + j
+            self.sampled[req_id].extend(tokens)
+            rows.append(tokens)
+        self.on_outputs(self.sched.update_from_output(so, runner_output(so, rows)))
+
+    def run(self, before_step: Callable[[int], None], max_iterations: int) -> None:
+        for i in range(max_iterations):
+            self.iteration = i
+            if not self.sched.has_requests() and not self.queue:
+                return
+            before_step(i)
+            if self.sched.has_requests() and len(self.queue) < self.depth:
+                self.schedule()
+                if len(self.queue) < self.depth:
+                    continue  # the batch queue has room: do not wait on an output yet
+            if self.queue:
+                self.execute_oldest()
+        raise AssertionError("the engine loop did not converge")
 
 
 def one_token_each(so: SchedulerOutput, token: int = 0) -> ModelRunnerOutput:

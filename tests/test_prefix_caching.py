@@ -26,6 +26,7 @@ from llmsched import RequestOutput, RequestStatus, SchedulerOutput, UnknownReque
 from conftest import (
     EOS_TOKEN_ID,
     CheckedScheduler,
+    PipelinedRunner,
     add_requests,
     make_scheduler,
     one_token_each,
@@ -509,60 +510,20 @@ def _stale_state(sched: CheckedScheduler) -> dict[str, tuple[int, int, bool]]:
     return found
 
 
-class _Pipeline:
-    """An engine loop with a batch queue of ``depth`` steps and a stand-in runner that
-    knows each request only from the scheduler outputs (new and resumed requests arrive
-    with their tokens and C; preempted and finished ones are forgotten when the step that
-    reports them executes). Every sampled token is globally unique and remembers the
-    position it was sampled for."""
+class _Pipeline(PipelinedRunner):
+    """``PipelinedRunner`` (``accept`` gets the loop iteration) that collects what each
+    request was delivered and how it finished, and checks the stale counters after every
+    applied step."""
 
     def __init__(
         self, sched: CheckedScheduler, depth: int, accept: Callable[[int, str, int], int]
     ) -> None:
-        self.sched = sched
-        self.depth = depth
-        self.accept = accept
-        self.queue: deque[SchedulerOutput] = deque()
-        self.view: dict[str, list[int]] = {}  # req_id -> [length, computed]
-        self.sampled: dict[str, list[int]] = defaultdict(list)
+        super().__init__(sched, depth, accept)
         self.delivered: dict[str, list[int]] = defaultdict(list)
         self.final: dict[str, RequestStatus] = {}
-        self.position_of: dict[int, int] = {}
-        self.iteration = 0
-        self.next_token = 1000
 
-    def schedule(self) -> None:
-        self.queue.append(self.sched.schedule())  # empty steps too: they report ids
-
-    def execute_oldest(self) -> None:
-        so = self.queue.popleft()
-        for req_id in (*so.preempted_req_ids, *so.finished_req_ids):
-            self.view.pop(req_id, None)
-        admitted = {*so.new_req_ids, *so.resumed_req_ids}
-        rows: list[list[int]] = []
-        for i, req_id in enumerate(so.req_ids):
-            if req_id in admitted:
-                self.view[req_id] = [int(so.num_all_token_ids[i]), int(so.num_computed_tokens[i])]
-            view = self.view.get(req_id)
-            if view is None:
-                rows.append([])
-                continue
-            end = view[1] + int(so.num_scheduled_tokens[i])
-            if end < view[0]:
-                view[1] = end
-                rows.append([])
-                continue
-            drafts = int(so.num_spec_tokens[i])
-            accepted = min(self.accept(self.iteration, req_id, drafts), drafts)
-            tokens = list(range(self.next_token, self.next_token + 1 + accepted))
-            self.next_token += len(tokens)
-            view[1] = end - (drafts - accepted)
-            view[0] = view[1] + 1
-            for j, token in enumerate(tokens):
-                self.position_of[token] = view[0] - len(tokens) + j
-            self.sampled[req_id].extend(tokens)
-            rows.append(tokens)
-        for out in self.sched.update_from_output(so, runner_output(so, rows)):
+    def on_outputs(self, outs: Sequence[RequestOutput]) -> None:
+        for out in outs:
             assert out.request_id not in self.final, "output after the request finished"
             self.delivered[out.request_id].extend(out.new_token_ids)
             if out.finished:
@@ -574,18 +535,7 @@ class _Pipeline:
                 assert stale == 0, req_id
 
     def run(self, before_step: Callable[[int], None], max_iterations: int = 3000) -> None:
-        for i in range(max_iterations):
-            self.iteration = i
-            if not self.sched.has_requests() and not self.queue:
-                return
-            before_step(i)
-            if self.sched.has_requests() and len(self.queue) < self.depth:
-                self.schedule()
-                if len(self.queue) < self.depth:
-                    continue  # the batch queue has room: do not wait on an output yet
-            if self.queue:
-                self.execute_oldest()
-        raise AssertionError("the engine loop did not converge")
+        super().run(before_step, max_iterations)
 
 
 @pytest.mark.parametrize("pp_size", [1, 3])

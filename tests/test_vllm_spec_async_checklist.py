@@ -26,6 +26,7 @@ from llmsched import (
 from conftest import (
     EOS_TOKEN_ID,
     CheckedScheduler,
+    PipelinedRunner,
     add_requests,
     make_scheduler,
     one_token_each,
@@ -208,16 +209,9 @@ def test_abort() -> None:
 # ------------------------------------------------- test_async_scheduler.py, item 8
 
 
-class _PipelinedDriver:
-    """An engine loop with a batch queue of ``depth`` steps (async scheduling with pipeline
-    parallelism) and a stand-in runner.
-
-    The runner knows each request only from what the scheduler outputs tell it: a new or
-    resumed request arrives with its tokens and ``C``; a preempted or finished one is
-    forgotten when the step that reports it is executed. A request samples when a step
-    reaches the end of the sequence as the runner sees it. Every sampled token is globally
-    unique, and the position it was sampled for is remembered.
-    """
+class _PipelinedDriver(PipelinedRunner):
+    """``PipelinedRunner`` whose ``accept`` gets the number of ``schedule()`` calls so far;
+    it logs every output and counts preemptions of requests with output in flight."""
 
     def __init__(
         self,
@@ -225,68 +219,23 @@ class _PipelinedDriver:
         depth: int,
         accept: Callable[[int, str, int], int],
     ) -> None:
-        self.sched = sched
-        self.depth = depth
-        self.accept = accept
-        self.queue: deque[SchedulerOutput] = deque()
-        self.view: dict[str, list[int]] = {}  # req_id -> [sequence length, computed]
-        self.sampled: dict[str, list[int]] = defaultdict(list)
-        self.position_of: dict[int, int] = {}
+        super().__init__(sched, depth, accept)
         self.log = _Log()
-        self.num_schedules = 0
-        self.next_token = 1000
         self.preempted_with_output_in_flight = 0
 
-    def schedule(self) -> None:
-        so = self.sched.schedule()
-        self.num_schedules += 1
+    def clock(self) -> int:
+        return self.num_schedules
+
+    def on_scheduled(self, so: SchedulerOutput) -> None:
         for req_id in so.preempted_req_ids:
             if self.sched.get_request(req_id).num_in_flight_tokens > 0:
                 self.preempted_with_output_in_flight += 1
-        self.queue.append(so)  # empty steps too: their preempted/finished ids matter
 
-    def execute_oldest(self) -> None:
-        so = self.queue.popleft()
-        for req_id in (*so.preempted_req_ids, *so.finished_req_ids):
-            self.view.pop(req_id, None)
-        admitted = {*so.new_req_ids, *so.resumed_req_ids}
-        rows: list[list[int]] = []
-        for i, req_id in enumerate(so.req_ids):
-            if req_id in admitted:
-                self.view[req_id] = [int(so.num_all_token_ids[i]), int(so.num_computed_tokens[i])]
-            view = self.view.get(req_id)
-            if view is None:
-                rows.append([])
-                continue
-            end = view[1] + int(so.num_scheduled_tokens[i])
-            if end < view[0]:  # a non-final prefill chunk, by the runner's own count
-                view[1] = end
-                rows.append([])
-                continue
-            num_drafts = int(so.num_spec_tokens[i])
-            accepted = min(self.accept(self.num_schedules, req_id, num_drafts), num_drafts)
-            tokens = list(range(self.next_token, self.next_token + 1 + accepted))
-            self.next_token += len(tokens)
-            view[1] = end - (num_drafts - accepted)
-            view[0] = view[1] + 1
-            for j, token in enumerate(tokens):
-                self.position_of[token] = view[0] - len(tokens) + j
-            self.sampled[req_id].extend(tokens)
-            rows.append(tokens)
-        self.log.record(self.sched.update_from_output(so, runner_output(so, rows)))
+    def on_outputs(self, outs: Sequence[RequestOutput]) -> None:
+        self.log.record(outs)
 
     def run(self, before_step: Callable[[], None], max_iterations: int = 2000) -> None:
-        for _ in range(max_iterations):
-            if not self.sched.has_requests() and not self.queue:
-                return
-            before_step()
-            if self.sched.has_requests() and len(self.queue) < self.depth:
-                self.schedule()
-                if len(self.queue) < self.depth:
-                    continue  # the batch queue has room: do not block on an output yet
-            if self.queue:
-                self.execute_oldest()
-        raise AssertionError("the engine loop did not converge")
+        super().run(lambda _: before_step(), max_iterations)
 
 
 @pytest.mark.parametrize("num_spec", [0, 3])
