@@ -23,13 +23,19 @@ struct PriorityEntry {
     handle: Handle,
 }
 
+/// The priority policy's order of requests, `(priority, arrival_time, request_id)`:
+/// the waiting queue serves the smallest first and preemption takes the largest.
+pub(crate) fn priority_order(a: (i32, f64, &str), b: (i32, f64, &str)) -> Ordering {
+    a.0.cmp(&b.0).then_with(|| a.1.total_cmp(&b.1)).then_with(|| a.2.cmp(b.2))
+}
+
 impl PriorityEntry {
     fn key_cmp(&self, other: &Self) -> Ordering {
-        self.priority
-            .cmp(&other.priority)
-            .then_with(|| self.arrival_time.total_cmp(&other.arrival_time))
-            .then_with(|| self.request_id.cmp(&other.request_id))
-            .then_with(|| self.sequence.cmp(&other.sequence))
+        priority_order(
+            (self.priority, self.arrival_time, &self.request_id),
+            (other.priority, other.arrival_time, &other.request_id),
+        )
+        .then_with(|| self.sequence.cmp(&other.sequence))
     }
 }
 

@@ -243,6 +243,18 @@ pub struct PyRequestOutputs {
 }
 
 impl PyRequestOutputs {
+    pub fn with_capacity(n: usize) -> Self {
+        let mut offsets = Vec::with_capacity(n + 1);
+        offsets.push(0);
+        Self {
+            request_ids: Vec::with_capacity(n),
+            tokens: Vec::with_capacity(n),
+            offsets,
+            statuses: Vec::with_capacity(n),
+            stop_reasons: Vec::with_capacity(n),
+        }
+    }
+
     fn element(&self, py: Python<'_>, i: usize) -> PyRequestOutput {
         let (start, end) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
         PyRequestOutput {

@@ -397,13 +397,7 @@ impl PyScheduler {
             if counts.len() != 0 || sampled.len() != 0 {
                 return Err(mismatch_error(py, "runner_output: has tokens for a step that scheduled nothing".into()));
             }
-            return Ok(PyRequestOutputs {
-                request_ids: Vec::new(),
-                tokens: Vec::new(),
-                offsets: vec![0],
-                statuses: Vec::new(),
-                stop_reasons: Vec::new(),
-            });
+            return Ok(PyRequestOutputs::with_capacity(0));
         }
         let sampled = sampled.as_slice()?;
         let counts = counts.as_slice()?;
@@ -411,14 +405,7 @@ impl PyScheduler {
             let out = RunnerOutput { sampled_token_ids: sampled, num_sampled: counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
             let events = py.detach(|| core.update_from_output(so.step_id, &out)).map_err(core_err)?;
-            let mut outputs = PyRequestOutputs {
-                request_ids: Vec::with_capacity(events.len()),
-                tokens: Vec::with_capacity(events.len()),
-                offsets: Vec::with_capacity(events.len() + 1),
-                statuses: Vec::with_capacity(events.len()),
-                stop_reasons: Vec::with_capacity(events.len()),
-            };
-            outputs.offsets.push(0);
+            let mut outputs = PyRequestOutputs::with_capacity(events.len());
             for e in &events {
                 outputs.request_ids.push(inner.live_py_id(py, e.handle).unbind());
                 let tokens = &sampled[e.token_offset..e.token_offset + e.num_tokens];

@@ -150,18 +150,15 @@ impl BlockPool {
         for _ in 0..k {
             let id = self.head;
             self.unlink(id);
-            self.evict(id);
+            self.uncache(id);
             self.ref_cnt[id as usize] = 1;
             out.push(id);
         }
     }
 
-    /// Forgets a block's cached content (it stays allocated).
+    /// Forgets a block's cached content, if any: when the block is reused
+    /// (eviction), or when its KV will not be computed after all.
     pub fn uncache(&mut self, id: u32) {
-        self.evict(id);
-    }
-
-    fn evict(&mut self, id: u32) {
         let Some(hash) = self.hash[id as usize].take() else { return };
         self.num_cached -= 1;
         let next = std::mem::replace(&mut self.next_duplicate[id as usize], NIL);

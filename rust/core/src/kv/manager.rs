@@ -165,41 +165,43 @@ impl KvManager {
     #[inline]
     pub fn allocate_slots(&mut self, request: &mut Request, ask: SlotRequest<'_>) -> Option<usize> {
         debug_assert!(ask.num_new_tokens > 0 || ask.num_new_computed_tokens > 0);
+        let m = self.max_model_len;
+        let total_computed = (request.num_computed_tokens + ask.num_new_computed_tokens).min(m);
+        // min(C + h + n + L, M): lookahead slots never pass the model length.
+        let tokens_needing_slots = (total_computed + ask.num_new_tokens + ask.num_lookahead_tokens).min(m);
+        let watermark =
+            if ask.has_scheduled_reqs && matches!(request.status, RequestStatus::Waiting | RequestStatus::Preempted) {
+                self.watermark_blocks
+            } else {
+                0
+            };
         // The common decode step, inlined into the loops: no hit, no gate, no watermark,
         // and the table already covers the step (no division, no call).
-        if ask.new_computed_blocks.is_empty() && !ask.full_sequence_must_fit && self.watermark(request, &ask) == 0 {
-            let m = self.max_model_len;
-            let total_computed = (request.num_computed_tokens + ask.num_new_computed_tokens).min(m);
-            let tokens_needing_slots = (total_computed + ask.num_new_tokens + ask.num_lookahead_tokens).min(m);
-            let held = request.block_ids.len();
-            if tokens_needing_slots <= held as i64 * self.block_size {
-                self.cache_blocks(request, (total_computed + ask.num_new_tokens).min(request.num_tokens()));
-                return Some(held);
-            }
+        let held = request.block_ids.len();
+        if ask.new_computed_blocks.is_empty()
+            && !ask.full_sequence_must_fit
+            && watermark == 0
+            && tokens_needing_slots <= held as i64 * self.block_size
+        {
+            self.cache_blocks(request, (total_computed + ask.num_new_tokens).min(request.num_tokens()));
+            return Some(held);
         }
-        self.allocate_new_slots(request, ask)
-    }
-
-    /// Blocks kept free when admitting a request while others are scheduled.
-    #[inline]
-    fn watermark(&self, request: &Request, ask: &SlotRequest<'_>) -> usize {
-        if ask.has_scheduled_reqs && matches!(request.status, RequestStatus::Waiting | RequestStatus::Preempted) {
-            self.watermark_blocks
-        } else {
-            0
-        }
+        self.allocate_new_slots(request, &ask, total_computed, tokens_needing_slots, watermark)
     }
 
     /// `allocate_slots` when the table must grow, or a hit, the admission gate or the
     /// watermark is involved.
     #[inline(never)]
-    fn allocate_new_slots(&mut self, request: &mut Request, ask: SlotRequest<'_>) -> Option<usize> {
+    fn allocate_new_slots(
+        &mut self,
+        request: &mut Request,
+        ask: &SlotRequest<'_>,
+        total_computed: i64,
+        tokens_needing_slots: i64,
+        watermark: usize,
+    ) -> Option<usize> {
         let m = self.max_model_len;
-        let total_computed = (request.num_computed_tokens + ask.num_new_computed_tokens).min(m);
-        let watermark = self.watermark(request, &ask);
         let hits = ask.new_computed_blocks;
-        // min(C + h + n + L, M): lookahead slots never pass the model length.
-        let tokens_needing_slots = (total_computed + ask.num_new_tokens + ask.num_lookahead_tokens).min(m);
         let free = self.pool.num_free_blocks();
         if ask.full_sequence_must_fit {
             let full = request.num_tokens().min(m);

@@ -4,6 +4,7 @@
 use crate::capacity;
 use crate::config::Policy;
 use crate::kv::SlotRequest;
+use crate::queue::priority_order;
 use crate::request::RequestStatus;
 use crate::scheduler::step::{Entry, EntryKind, StepBuilder};
 use crate::scheduler::Scheduler;
@@ -118,6 +119,8 @@ impl Scheduler {
         if !priority_policy {
             return *self.running.last().expect("running is non-empty while a running request allocates");
         }
+        // Owned ids (a cold path): borrowed ones changed the codegen of the running loop
+        // around this call, +3% instructions per steady decode step (callgrind).
         let key = |h: Handle| {
             let r = &self.requests[h];
             (r.priority, r.arrival_time, r.id.clone())
@@ -126,8 +129,7 @@ impl Scheduler {
         let mut best_key = key(best);
         for &h in &self.running[1..] {
             let k = key(h);
-            let later = k.0.cmp(&best_key.0).then(k.1.total_cmp(&best_key.1)).then_with(|| k.2.cmp(&best_key.2));
-            if later == std::cmp::Ordering::Greater {
+            if priority_order((k.0, k.1, &k.2), (best_key.0, best_key.1, &best_key.2)) == std::cmp::Ordering::Greater {
                 best = h;
                 best_key = k;
             }
