@@ -123,7 +123,6 @@ class LlmschedStepper:
         self.next_id = 0
         for _ in range(case.running + case.waiting):
             self._add()
-        self.drafts: tuple[list[str], list[list[int]]] | None = None
 
     def _add(self) -> None:
         case = self.case
@@ -167,13 +166,16 @@ class LlmschedStepper:
 
 class VllmStepper:
     def __init__(self, case: Case) -> None:
-        from llmsched.vllm_reference import make_vllm_request, make_vllm_scheduler
+        from llmsched.vllm_reference import (
+            make_vllm_request,
+            make_vllm_scheduler,
+            vllm_runner_output,
+        )
 
         self.case = case
-        kwargs = case.config_kwargs()
-        kwargs.pop("async_scheduling")
-        self.sched = make_vllm_scheduler(**kwargs)
+        self.sched = make_vllm_scheduler(**case.config_kwargs())
         self.make_request = make_vllm_request
+        self.runner_output = vllm_runner_output
         self.next_id = 0
         for _ in range(case.running + case.waiting):
             self._add()
@@ -192,7 +194,6 @@ class VllmStepper:
 
     def step(self) -> tuple[float, float, int]:
         from vllm.v1.outputs import DraftTokenIds
-        from vllm.v1.outputs import ModelRunnerOutput as VllmOutput
 
         sched, k = self.sched, self.case.num_speculative_tokens
         t0 = time.perf_counter()
@@ -200,16 +201,13 @@ class VllmStepper:
         t1 = time.perf_counter()
         ids = list(so.num_scheduled_tokens)
         spec = so.scheduled_spec_decode_tokens
-        rows = []
+        sampled: dict[str, list[int]] = {}
         for rid in ids:
             request = sched.requests[rid]
-            done = request.num_computed_tokens - len(spec.get(rid, ())) >= request.num_tokens
-            rows.append([7] * (1 + len(spec.get(rid, ()))) if done else [])
-        output = VllmOutput(
-            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=rows
-        )
-        sampled = [rid for rid, row in zip(ids, rows, strict=True) if row]
-        drafts = DraftTokenIds(sampled, [[7] * k for _ in sampled])
+            if request.num_computed_tokens - len(spec.get(rid, ())) >= request.num_tokens:
+                sampled[rid] = [7] * (1 + len(spec.get(rid, ())))
+        output = self.runner_output(so, sampled)
+        drafts = DraftTokenIds(list(sampled), [[7] * k for _ in sampled])
         t2 = time.perf_counter()
         result = sched.update_from_output(so, output)
         if k:

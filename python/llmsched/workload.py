@@ -44,8 +44,6 @@ __all__ = [
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` entry of the Mooncake trace."""
 
-_MASK64 = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
-
 
 def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """splitmix64's finalizer, on arrays (numpy wraps uint64 arithmetic silently)."""
@@ -127,9 +125,9 @@ class Preset:
     requests_per_second: float
     source: str
     system_prompts: int = 0
-    """> 0: each prompt starts with one of this many shared system prompts (chosen with
-    Zipf weights, so a few are common), as chat deployments send them."""
-    system_prompt_len: int = 512
+    """> 0: each prompt starts with one of this many shared system prompts of
+    ``MOONCAKE_BLOCK_TOKENS`` tokens (chosen with Zipf weights, so a few are common), as
+    chat deployments send them."""
 
 
 PRESETS: dict[str, Preset] = {

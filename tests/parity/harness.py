@@ -361,10 +361,10 @@ def deviation_triggers(config: ParityConfig, requests: Sequence[ParityRequest]) 
         )
     usable = config.num_gpu_blocks - 1
     for req in requests:
-        if blocks_needed(req, config) > usable:
+        needed = blocks_needed(req, config)
+        if needed > usable:
             found.append(
-                f"{req.request_id} could outgrow the pool: {blocks_needed(req, config)} blocks"
-                f" > {usable} usable"
+                f"{req.request_id} could outgrow the pool: {needed} blocks > {usable} usable"
             )
     if config.policy == "priority":
         first: dict[tuple[int, float], str] = {}
