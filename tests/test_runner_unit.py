@@ -41,6 +41,7 @@ class StepOutput:
     num_computed_tokens: np.ndarray
     num_spec_tokens: np.ndarray
     spec_token_ids: np.ndarray
+    num_output_tokens: np.ndarray
     num_block_ids: np.ndarray
     block_ids: np.ndarray
     num_all_token_ids: np.ndarray
@@ -48,6 +49,7 @@ class StepOutput:
     total_num_scheduled_tokens: int
     new_req_ids: list[str]
     resumed_req_ids: list[str]
+    rescheduled_req_ids: list[str]
     preempted_req_ids: list[str]
     finished_req_ids: list[str]
 
@@ -76,6 +78,7 @@ def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> StepOutput
         num_computed_tokens=i32([r["C"] for r in reqs]),
         num_spec_tokens=i32([len(r.get("spec", ())) for r in reqs]),
         spec_token_ids=i32([t for r in reqs for t in r.get("spec", ())]),
+        num_output_tokens=i32([0 for _ in reqs]),
         num_block_ids=i32([len(r.get("blocks", ())) for r in reqs]),
         block_ids=i32([b for r in reqs for b in r.get("blocks", ())]),
         num_all_token_ids=i32([len(r.get("tokens", ())) for r in reqs]),
@@ -83,6 +86,7 @@ def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> StepOutput
         total_num_scheduled_tokens=sum(r["n"] for r in reqs),
         new_req_ids=[r["id"] for r in admitted if not r.get("resumed")],
         resumed_req_ids=[r["id"] for r in admitted if r.get("resumed")],
+        rescheduled_req_ids=[],
         preempted_req_ids=[],
         finished_req_ids=list(finished),
     )

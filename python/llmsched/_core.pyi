@@ -168,6 +168,9 @@ class SchedulerOutput:
     def spec_token_ids(self) -> _Int32Array:
         """All scheduled drafts, flat, split by ``num_spec_tokens``; -1 is a placeholder."""
     @property
+    def num_output_tokens(self) -> _Int32Array:
+        """Output tokens per request before this step, placeholders included."""
+    @property
     def num_block_ids(self) -> _Int32Array:
         """Block ids per request in ``block_ids``: the whole table for new and
         resumed requests (replace), the newly allocated blocks otherwise (append)."""
@@ -186,6 +189,9 @@ class SchedulerOutput:
     def new_req_ids(self) -> list[str]: ...
     @property
     def resumed_req_ids(self) -> list[str]: ...
+    @property
+    def rescheduled_req_ids(self) -> list[str]:
+        """Running requests scheduled in this step that the previous step did not schedule."""
     @property
     def preempted_req_ids(self) -> list[str]:
         """Requests preempted since the previous ``schedule()``, this step included."""
@@ -244,6 +250,10 @@ class RequestOutputs(Sequence[RequestOutput]):
     def statuses(self) -> _Int32Array:
         """``RequestStatus`` values per request (int32; a copy)."""
     @property
+    def num_cached_blocks(self) -> _Int32Array:
+        """Each request's prefix-cached blocks after this output, counted before a finish
+        freed them (int32; a copy)."""
+    @property
     def finished_req_ids(self) -> list[str]:
         """Ids of the requests that finished in this step."""
 
@@ -295,6 +305,9 @@ class Request:
     def block_hashes(self) -> list[int]:
         """One 128-bit hash per full block of the request's tokens (empty without
         prefix caching)."""
+    @property
+    def num_cached_blocks(self) -> int:
+        """Leading blocks of ``block_ids`` registered in the prefix cache."""
 
 @final
 class Scheduler:
@@ -349,6 +362,11 @@ class Scheduler:
     def get_request_counts(self) -> tuple[int, int]:
         """``(running, waiting)``."""
     def get_kv_cache_usage(self) -> float: ...
+    @property
+    def pause_state(self) -> int:
+        """vLLM's pause state: 0 unpaused, 1 no new admissions, 2 nothing scheduled."""
+    def set_pause_state(self, pause_state: int) -> None:
+        """Set the pause state (0 unpaused, 1 no new admissions, 2 nothing scheduled)."""
     @property
     def num_free_blocks(self) -> int: ...
     @property

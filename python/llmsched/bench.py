@@ -221,6 +221,89 @@ class VllmStepper:
         return t1 - t0, t3 - t2, len(ids)
 
 
+class PluginStepper:
+    """``llmsched.vllm.Scheduler`` (the plug-in) as vLLM's engine drives it: vLLM
+    ``Request``s in, vLLM ``SchedulerOutput`` and ``ModelRunnerOutput`` objects through,
+    ``EngineCoreOutputs`` out, on the very configs of :class:`VllmStepper`'s scheduler."""
+
+    def __init__(self, case: Case) -> None:
+        from llmsched.vllm import Scheduler as PluginScheduler
+        from llmsched.vllm_reference import (
+            make_vllm_request,
+            make_vllm_scheduler,
+            vllm_runner_output,
+        )
+
+        self.case = case
+        reference = make_vllm_scheduler(**case.config_kwargs())
+        self.sched = PluginScheduler(
+            vllm_config=reference.vllm_config,
+            kv_cache_config=reference.kv_cache_config,
+            structured_output_manager=reference.structured_output_manager,
+            block_size=case.block_size,
+            log_stats=True,
+        )
+        self.sched.use_v2_model_runner = False
+        self.make_request = make_vllm_request
+        self.runner_output = vllm_runner_output
+        self.known: dict[str, int] = {}
+        self.next_id = 0
+        for _ in range(case.running + case.waiting):
+            self._add()
+
+    def _add(self) -> None:
+        case = self.case
+        prompt = _prompt(case, self.next_id)
+        request = self.make_request(
+            f"r{self.next_id}",
+            prompt,
+            max_tokens=case.churn_max_tokens or case.max_tokens,
+            block_size=case.block_size,
+            prefix_caching=case.prefix_caching,
+        )
+        self.next_id += 1
+        self.known[request.request_id] = len(prompt)
+        self.sched.add_request(request)
+
+    def step(self) -> tuple[float, float, int]:
+        from vllm.v1.outputs import DraftTokenIds
+
+        sched, known, k = self.sched, self.known, self.case.num_speculative_tokens
+        t0 = time.perf_counter()
+        so = sched.schedule()
+        t1 = time.perf_counter()
+        computed = dict(
+            zip(
+                so.scheduled_cached_reqs.req_ids,
+                so.scheduled_cached_reqs.num_computed_tokens,
+                strict=True,
+            )
+        )
+        for new_req in so.scheduled_new_reqs:
+            computed[new_req.req_id] = new_req.num_computed_tokens
+        spec = so.scheduled_spec_decode_tokens
+        sampled: dict[str, list[int]] = {}
+        for rid, n in so.num_scheduled_tokens.items():
+            drafts = len(spec.get(rid, ()))
+            if computed[rid] + n - drafts >= known[rid]:
+                sampled[rid] = [7] * (1 + drafts)
+                known[rid] += 1 + drafts
+        output = self.runner_output(so, sampled)
+        drafts = DraftTokenIds(list(sampled), [[7] * k for _ in sampled])
+        t2 = time.perf_counter()
+        result = sched.update_from_output(so, output)
+        if k:
+            sched.update_draft_token_ids(drafts)
+        t3 = time.perf_counter()
+        for outputs in result.values():
+            for out in outputs.outputs:
+                if out.finish_reason is not None:
+                    del known[out.request_id]
+                    if self.case.churn_max_tokens:
+                        self._add()
+        return t1 - t0, t3 - t2, len(so.num_scheduled_tokens)
+
+
 def vllm_available() -> bool:
     try:
         from llmsched.vllm_reference import vllm_available as available
@@ -249,9 +332,12 @@ def measure(
     case: Case, implementation: str = "llmsched", *, steps: int = 300, warmup: int = 200
 ) -> Measurement:
     """Median per-step cost over ``steps`` steps, after the case reached its steady state."""
-    make: Callable[[Case], Stepper] = (
-        LlmschedStepper if implementation == "llmsched" else VllmStepper
-    )
+    steppers: dict[str, Callable[[Case], Stepper]] = {
+        "llmsched": LlmschedStepper,
+        "llmsched.vllm": PluginStepper,
+        "vllm": VllmStepper,
+    }
+    make = steppers[implementation]
     stepper = make(case)
     for _ in range(warmup):
         stepper.step()

@@ -811,7 +811,10 @@ def _diff_value(a: Any, b: Any) -> tuple[Any, Any]:
     return a, b
 
 
-def compare(vllm_run: RunResult, llmsched_run: RunResult) -> Comparison:
+def compare(
+    vllm_run: RunResult, llmsched_run: RunResult, keys: Sequence[str] = STEP_KEYS
+) -> Comparison:
+    """Line up two runs step by step over ``keys`` (the summary's, by default)."""
     a, b = vllm_run.steps, llmsched_run.steps
     identical = 0
     first: int | None = None
@@ -819,7 +822,7 @@ def compare(vllm_run: RunResult, llmsched_run: RunResult) -> Comparison:
     for i in range(max(len(a), len(b))):
         sa = a[i] if i < len(a) else None
         sb = b[i] if i < len(b) else None
-        if sa is not None and sb is not None and all(sa[k] == sb[k] for k in STEP_KEYS):
+        if sa is not None and sb is not None and all(sa[k] == sb[k] for k in keys):
             identical += 1
             continue
         if first is None:
@@ -827,7 +830,7 @@ def compare(vllm_run: RunResult, llmsched_run: RunResult) -> Comparison:
             if sa is None or sb is None:
                 detail = {"missing_on": "vllm" if sa is None else "llmsched"}
             else:
-                for k in STEP_KEYS:
+                for k in keys:
                     if sa[k] != sb[k]:
                         va, vb = _diff_value(sa[k], sb[k])
                         detail[k] = {"vllm": va, "llmsched": vb}

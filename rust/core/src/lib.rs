@@ -19,5 +19,5 @@ pub use config::{ConfigParams, Policy, SchedulerConfig};
 pub use error::{CoreError, CoreResult};
 pub use request::{Request, RequestStatus};
 pub use scheduler::step::Step;
-pub use scheduler::{NewRequest, RequestEvent, RunnerOutput, Scheduler, SchedulerStats};
+pub use scheduler::{NewRequest, PauseState, RequestEvent, RunnerOutput, Scheduler, SchedulerStats};
 pub use slab::Handle;

@@ -85,6 +85,9 @@ pub struct Request {
     pub(crate) block_ids: Vec<u32>,
     /// Leading blocks of `block_ids` already registered in the prefix cache.
     pub(crate) num_cached_blocks: usize,
+    /// The id of the last step that scheduled the request (0: never). A runner that did not
+    /// see the request in the step before this one may hold stale state for it.
+    pub(crate) last_scheduled_step: u64,
     /// One hash per full block of `token_ids` (empty when prefix caching is off).
     pub(crate) block_hashes: Vec<BlockHash>,
     pub(crate) status: RequestStatus,
@@ -139,6 +142,7 @@ impl Request {
             stop_reason: None,
             block_ids: Vec::new(),
             num_cached_blocks: 0,
+            last_scheduled_step: 0,
             block_hashes: Vec::new(),
             cache_salt: None,
             queued_in: None,
@@ -211,6 +215,10 @@ impl Request {
     }
     pub fn block_ids(&self) -> &[u32] {
         &self.block_ids
+    }
+    /// Leading blocks of `block_ids` registered in the prefix cache.
+    pub fn num_cached_blocks(&self) -> usize {
+        self.num_cached_blocks
     }
     pub fn block_hashes(&self) -> &[BlockHash] {
         &self.block_hashes

@@ -57,6 +57,9 @@ pub struct PySchedulerOutput {
     /// All scheduled drafts, flat, split by ``num_spec_tokens``; -1 is a placeholder.
     #[pyo3(get)]
     pub spec_token_ids: Py<PyArray1<i32>>,
+    /// Output tokens per request before this step, placeholders included.
+    #[pyo3(get)]
+    pub num_output_tokens: Py<PyArray1<i32>>,
     /// Block ids per request in ``block_ids``: the whole table for new and
     /// resumed requests (replace), the newly allocated blocks otherwise (append).
     #[pyo3(get)]
@@ -76,6 +79,9 @@ pub struct PySchedulerOutput {
     pub new_req_ids: Py<PyList>,
     #[pyo3(get)]
     pub resumed_req_ids: Py<PyList>,
+    /// Running requests scheduled in this step that the previous step did not schedule.
+    #[pyo3(get)]
+    pub rescheduled_req_ids: Py<PyList>,
     /// Requests preempted since the previous ``schedule()``, this step included.
     #[pyo3(get)]
     pub preempted_req_ids: Py<PyList>,
@@ -240,6 +246,7 @@ pub struct PyRequestOutputs {
     pub offsets: Vec<u32>,
     pub statuses: Vec<RequestStatus>,
     pub stop_reasons: Vec<Option<i32>>,
+    pub cached_blocks: Vec<i32>,
 }
 
 impl PyRequestOutputs {
@@ -252,6 +259,7 @@ impl PyRequestOutputs {
             offsets,
             statuses: Vec::with_capacity(n),
             stop_reasons: Vec::with_capacity(n),
+            cached_blocks: Vec::with_capacity(n),
         }
     }
 
@@ -338,6 +346,13 @@ impl PyRequestOutputs {
         numpy::IntoPyArray::into_pyarray(values, py)
     }
 
+    /// Each request's prefix-cached blocks after this output, counted before a finish
+    /// freed them (int32; a copy).
+    #[getter]
+    fn num_cached_blocks<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        numpy::IntoPyArray::into_pyarray(self.cached_blocks.clone(), py)
+    }
+
     /// Ids of the requests that finished in this step.
     #[getter]
     fn finished_req_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -390,6 +405,9 @@ pub struct PyRequest {
     block_ids: Vec<u32>,
     #[pyo3(get)]
     block_hashes: Vec<u128>,
+    /// Leading blocks of ``block_ids`` registered in the prefix cache.
+    #[pyo3(get)]
+    num_cached_blocks: usize,
 }
 
 impl PyRequest {
@@ -415,6 +433,7 @@ impl PyRequest {
             is_prefill_chunk: r.is_prefill_chunk(),
             block_ids: r.block_ids().to_vec(),
             block_hashes: r.block_hashes().to_vec(),
+            num_cached_blocks: r.num_cached_blocks(),
         }
     }
 }

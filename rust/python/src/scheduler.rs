@@ -120,6 +120,7 @@ impl PyScheduler {
         let entry_ids = PyTuple::new(py, req_ids.bind(py).iter())?.unbind();
         let new_req_ids = ids(&step.new_reqs)?;
         let resumed_req_ids = ids(&step.resumed_reqs)?;
+        let rescheduled_req_ids = ids(&step.rescheduled_reqs)?;
         let preempted_req_ids =
             PyList::new(py, step.preempted.iter().map(|(h, id)| inner.py_id(py, *h, || id.to_string())))?.unbind();
         let finished_req_ids =
@@ -140,6 +141,7 @@ impl PyScheduler {
             num_computed_tokens: frozen_array(py, step.num_computed_tokens),
             num_spec_tokens: frozen_array(py, step.num_spec_tokens),
             spec_token_ids: frozen_array(py, step.spec_token_ids),
+            num_output_tokens: frozen_array(py, step.num_output_tokens),
             num_block_ids: frozen_array(py, step.num_block_ids),
             block_ids: frozen_array(py, step.block_ids),
             num_all_token_ids: frozen_array(py, step.num_all_token_ids),
@@ -147,6 +149,7 @@ impl PyScheduler {
             total_num_scheduled_tokens: step.total_num_scheduled_tokens,
             new_req_ids,
             resumed_req_ids,
+            rescheduled_req_ids,
             preempted_req_ids,
             finished_req_ids,
         })
@@ -417,6 +420,7 @@ impl PyScheduler {
                 outputs.offsets.push(outputs.tokens.len() as u32);
                 outputs.statuses.push(e.status);
                 outputs.stop_reasons.push(e.stop_reason);
+                outputs.cached_blocks.push(e.num_cached_blocks as i32);
             }
             Ok(outputs)
         })
@@ -535,6 +539,23 @@ impl PyScheduler {
     /// ``(running, waiting)``.
     fn get_request_counts(&self, py: Python<'_>) -> PyResult<(usize, usize)> {
         self.with_inner(py, |inner| Ok(inner.core.get_request_counts()))
+    }
+
+    /// vLLM's pause state: 0 unpaused, 1 no new admissions, 2 nothing scheduled.
+    #[getter]
+    fn pause_state(&self, py: Python<'_>) -> PyResult<u8> {
+        self.with_inner(py, |inner| Ok(inner.core.pause_state() as u8))
+    }
+
+    /// Set the pause state (0 unpaused, 1 no new admissions, 2 nothing scheduled).
+    fn set_pause_state(&self, py: Python<'_>, pause_state: i64) -> PyResult<()> {
+        let Some(state) = llmsched_core::PauseState::from_value(pause_state) else {
+            return Err(request_error(py, format!("pause_state={pause_state}: must be 0, 1 or 2")));
+        };
+        self.with_inner(py, |inner| {
+            inner.core.set_pause_state(state);
+            Ok(())
+        })
     }
 
     fn get_kv_cache_usage(&self, py: Python<'_>) -> PyResult<f64> {

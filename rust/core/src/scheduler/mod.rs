@@ -82,6 +82,25 @@ pub struct Scheduler {
     in_flight: VecDeque<StepRecord>,
     next_step_id: u64,
     stats: SchedulerStats,
+    pause_state: PauseState,
+}
+
+/// vLLM's `PauseState`: what `schedule()` may still schedule.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PauseState {
+    #[default]
+    Unpaused = 0,
+    /// No new admissions; running requests (and waiting ones that hold KV) go on.
+    PausedNew = 1,
+    /// Nothing is scheduled; finished and preempted requests are still reported.
+    PausedAll = 2,
+}
+
+impl PauseState {
+    pub fn from_value(value: i64) -> Option<Self> {
+        [Self::Unpaused, Self::PausedNew, Self::PausedAll].into_iter().find(|p| *p as i64 == value)
+    }
 }
 
 fn token_id(field: &str, index: Option<usize>, value: i64) -> CoreResult<i32> {
@@ -135,6 +154,7 @@ impl Scheduler {
             in_flight: VecDeque::new(),
             next_step_id: 1,
             stats: SchedulerStats::default(),
+            pause_state: PauseState::Unpaused,
             config,
         })
     }
@@ -248,8 +268,9 @@ impl Scheduler {
         if long_prefill_threshold > 0 && cfg.long_prefill_token_threshold_adaptive() {
             long_prefill_threshold = long_prefill_threshold.max(input_budget / num_eligible as i64);
         }
+        let paused_all = self.pause_state == PauseState::PausedAll;
         let mut b = StepBuilder {
-            token_budget: cfg.max_num_scheduled_tokens(),
+            token_budget: if paused_all { 0 } else { cfg.max_num_scheduled_tokens() },
             input_budget,
             draft_slots: cfg.max_num_new_slots_for_drafting(),
             long_prefill_threshold,
@@ -282,6 +303,7 @@ impl Scheduler {
             num_computed_tokens: Vec::with_capacity(r),
             num_spec_tokens: Vec::with_capacity(r),
             spec_token_ids: b.spec_token_ids,
+            num_output_tokens: Vec::with_capacity(r),
             num_block_ids: Vec::with_capacity(r),
             block_ids: Vec::new(),
             num_all_token_ids: Vec::with_capacity(r),
@@ -289,19 +311,30 @@ impl Scheduler {
             total_num_scheduled_tokens: 0,
             new_reqs: Vec::new(),
             resumed_reqs: Vec::new(),
+            rescheduled_reqs: Vec::new(),
             preempted: Vec::new(),
             finished: Vec::new(),
         };
         let mut record = Vec::with_capacity(r);
+        let step_id = self.next_step_id;
+        self.next_step_id += 1;
         for e in &b.entries {
             let request = &mut self.requests[e.handle];
             step.req_handles.push(e.handle);
             step.num_scheduled_tokens.push(e.num_new_tokens as i32);
             step.num_computed_tokens.push(e.num_computed_before as i32);
             step.num_spec_tokens.push(e.num_spec as i32);
+            step.num_output_tokens.push((request.num_output_tokens() + request.num_output_placeholders) as i32);
             step.total_num_scheduled_tokens += e.num_new_tokens;
+            let scheduled_in_previous_step = request.last_scheduled_step + 1 == step_id;
+            request.last_scheduled_step = step_id;
             let (blocks, tokens): (&[u32], &[i32]) = match e.kind {
-                EntryKind::Running { first_new_block } => (&request.block_ids[first_new_block..], &[]),
+                EntryKind::Running { first_new_block } => {
+                    if !scheduled_in_previous_step {
+                        step.rescheduled_reqs.push(e.handle);
+                    }
+                    (&request.block_ids[first_new_block..], &[])
+                }
                 EntryKind::New => {
                     step.new_reqs.push(e.handle);
                     (&request.block_ids, &request.token_ids)
@@ -338,8 +371,6 @@ impl Scheduler {
                 prefill_chunk: request.is_prefill_chunk,
             });
         }
-        let step_id = self.next_step_id;
-        self.next_step_id += 1;
         step.step_id = step_id;
         if !record.is_empty() {
             self.in_flight.push_back(StepRecord { step_id, entries: record });
@@ -490,9 +521,22 @@ impl Scheduler {
         (self.running.len(), self.waiting.len() + self.kv_holding_waiting.len())
     }
 
+    /// Requests still to be served: what `schedule()` may schedule under the pause state.
     pub fn get_num_unfinished_requests(&self) -> usize {
         let (running, waiting) = self.get_request_counts();
-        running + waiting
+        match self.pause_state {
+            PauseState::Unpaused => running + waiting,
+            PauseState::PausedNew => running + self.kv_holding_waiting.len(),
+            PauseState::PausedAll => 0,
+        }
+    }
+
+    pub fn pause_state(&self) -> PauseState {
+        self.pause_state
+    }
+
+    pub fn set_pause_state(&mut self, pause_state: PauseState) {
+        self.pause_state = pause_state;
     }
 
     pub fn has_unfinished_requests(&self) -> bool {

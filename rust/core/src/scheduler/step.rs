@@ -81,6 +81,8 @@ pub struct Step {
     pub num_computed_tokens: Vec<i32>,
     pub num_spec_tokens: Vec<i32>,
     pub spec_token_ids: Vec<i32>,
+    /// Output tokens per request before this step, placeholders included (`N - Np + P`).
+    pub num_output_tokens: Vec<i32>,
     pub num_block_ids: Vec<i32>,
     pub block_ids: Vec<i32>,
     pub num_all_token_ids: Vec<i32>,
@@ -88,6 +90,8 @@ pub struct Step {
     pub total_num_scheduled_tokens: i64,
     pub new_reqs: Vec<Handle>,
     pub resumed_reqs: Vec<Handle>,
+    /// Running requests scheduled in this step that the previous step did not schedule.
+    pub rescheduled_reqs: Vec<Handle>,
     /// Requests preempted since the previous step, this one included.
     pub preempted: Vec<(Handle, Arc<str>)>,
     /// Requests finished since the previous step. Their slots are released

@@ -28,6 +28,8 @@ pub struct RequestEvent {
     pub num_tokens: usize,
     pub status: RequestStatus,
     pub stop_reason: Option<i32>,
+    /// The request's prefix-cached blocks after this output (before a finish freed them).
+    pub num_cached_blocks: usize,
 }
 
 impl Scheduler {
@@ -196,7 +198,8 @@ impl Scheduler {
                     request.num_output_placeholders = (request.num_output_placeholders - undone).max(0);
                 }
             }
-            let (status, stop_reason) = (request.status, request.stop_reason);
+            let (status, stop_reason, num_cached_blocks) =
+                (request.status, request.stop_reason, request.num_cached_blocks);
             if stopped {
                 stopped_running |= status_before == RequestStatus::Running;
                 self.release_finished(entry.handle);
@@ -208,6 +211,7 @@ impl Scheduler {
                     num_tokens: delivered,
                     status,
                     stop_reason,
+                    num_cached_blocks,
                 });
             }
         }

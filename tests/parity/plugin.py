@@ -1,0 +1,144 @@
+"""Field equality of vLLM's own objects: vLLM 0.33.0's scheduler and ``llmsched.vllm``'s.
+
+The parity harness (``harness``) compares plain-data summaries of what two schedulers
+decide. Here both sides are vLLM schedulers as an engine sees them: vLLM's own, and the
+plug-in (``llmsched.vllm.Scheduler``) built from the same ``VllmConfig`` and
+``KVCacheConfig``. Both are fed the same vLLM ``Request`` objects (one copy each) and the
+same vLLM ``ModelRunnerOutput``s by the harness's runner and engine loop, and at every step
+every field of the ``SchedulerOutput`` (new-request data with block tables, cached-request
+data, counts, drafts, finished and preempted ids, and the rest) and of the returned
+``EngineCoreOutputs`` (every ``EngineCoreOutput`` field, the scheduler stats) is recorded
+for comparison.
+
+Normalized, not loosened: objects that are per-side copies of the same input (the
+requests' ``SamplingParams``) are compared by value; event timestamps and
+``EngineCoreOutputs.timestamp`` (wall-clock readings) are left out, event types kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .harness import STEP_KEYS, ParityConfig, VllmSide
+
+__all__ = ["FIELD_KEYS", "PluginFieldSide", "VllmFieldSide", "engine_outputs_fields"]
+
+FIELD_KEYS = (*STEP_KEYS, "scheduler_output", "engine_outputs")
+"""What is compared at every step: the harness's summary, and every field of vLLM's
+``SchedulerOutput`` and ``EngineCoreOutputs``."""
+
+# EngineCoreOutputs fields that are wall-clock readings.
+_CLOCK_FIELDS = frozenset({"timestamp"})
+
+
+def _value(obj: Any) -> Any:
+    """A comparable plain-data view of one field value."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, dict):
+        return {k: _value(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_value(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return sorted(_value(v) for v in obj)
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    type_name = type(obj).__name__
+    if type_name == "EngineCoreEvent":
+        return ("event", int(obj.type))
+    if type_name == "SamplingParams":
+        return repr(obj)
+    if dataclasses.is_dataclass(obj):
+        return {
+            f.name: _value(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not f.name.startswith("_")
+        }
+    fields = getattr(type(obj), "__struct_fields__", None)
+    if fields is not None:
+        return {name: _value(getattr(obj, name)) for name in fields}
+    if hasattr(obj, "_asdict"):
+        return _value(obj._asdict())
+    return repr(obj)
+
+
+def scheduler_output_fields(out: Any) -> dict[str, Any]:
+    """Every field of a vLLM ``SchedulerOutput``; ``num_scheduled_tokens`` keeps its order
+    (the runner's batch order follows it)."""
+    fields = {f.name: _value(getattr(out, f.name)) for f in dataclasses.fields(out)}
+    fields["num_scheduled_tokens"] = list(out.num_scheduled_tokens.items())
+    return fields
+
+
+def engine_outputs_fields(engine_outputs: dict[int, Any]) -> dict[int, dict[str, Any]]:
+    """Every field of each client's ``EngineCoreOutputs``, wall-clock readings left out."""
+    return {
+        client: {
+            name: _value(getattr(eco, name))
+            for name in type(eco).__struct_fields__
+            if name not in _CLOCK_FIELDS
+        }
+        for client, eco in sorted(engine_outputs.items())
+    }
+
+
+class VllmFieldSide(VllmSide):
+    """vLLM's scheduler, recording its objects' fields at every step."""
+
+    name = "vllm"
+
+    def schedule(self) -> tuple[Any, dict[str, Any]]:
+        out, summary = super().schedule()
+        summary["scheduler_output"] = scheduler_output_fields(out)
+        return out, summary
+
+    def update(self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]) -> Any:
+        engine_outputs = self.scheduler.update_from_output(
+            out, self.ref.vllm_runner_output(out, sampled)
+        )
+        summary["engine_outputs"] = engine_outputs_fields(engine_outputs)
+        rows = []
+        for client_outputs in engine_outputs.values():
+            for o in client_outputs.outputs:
+                reason = None if o.finish_reason is None else str(o.finish_reason)
+                rows.append((o.request_id, list(o.new_token_ids), reason, o.stop_reason))
+        return rows
+
+
+class PluginFieldSide(VllmFieldSide):
+    """``llmsched.vllm.Scheduler`` (or ``AsyncScheduler``), built from the very configs of a
+    vLLM scheduler made for ``config``, as EngineCore would build it."""
+
+    name = "llmsched.vllm"
+
+    def __init__(self, config: ParityConfig) -> None:
+        super().__init__(config, emulate_uncache=False)
+        from llmsched.vllm import AsyncScheduler, Scheduler
+
+        reference = self.scheduler
+        vllm_config = reference.vllm_config
+        # The knobs the harness sets on vLLM's scheduler object, set where the plug-in
+        # (like vLLM's own constructor) reads them: the scheduler config.
+        sched = vllm_config.scheduler_config
+        object.__setattr__(sched, "max_num_scheduled_tokens", config.max_num_scheduled_tokens)
+        object.__setattr__(sched, "max_num_active_seqs", config.max_num_active_seqs)
+        object.__setattr__(
+            sched,
+            "long_prefill_token_threshold_adaptive",
+            config.long_prefill_token_threshold_adaptive,
+        )
+        cls = AsyncScheduler if config.async_scheduling else Scheduler
+        plugin = cls(
+            vllm_config=vllm_config,
+            kv_cache_config=reference.kv_cache_config,
+            structured_output_manager=reference.structured_output_manager,
+            block_size=config.block_size,
+            hash_block_size=config.block_size,
+            include_finished_set=False,
+            log_stats=True,
+        )
+        # vllm_reference picks the V1 model runner on vLLM's scheduler object.
+        plugin.use_v2_model_runner = reference.use_v2_model_runner
+        self.scheduler = plugin
+        self.uncache = None

@@ -1,0 +1,252 @@
+"""``llmsched.vllm`` beyond the scheduling loop: what it refuses (at engine start, and per
+request while the engine goes on), versions, pause states, per-client outputs and the
+finished sets, each against vLLM 0.33.0's own scheduler where vLLM has the behaviour.
+Runs where vLLM is importable (``make parity-test``)."""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM 0.33.0 is only installed in .venv-vllm")
+
+import vllm
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.interface import PauseState
+from vllm.v1.engine import FinishReason
+from vllm.v1.request import RequestStatus
+
+import llmsched.vllm as plugin
+from llmsched import vllm_reference as ref
+
+BLOCK = 4
+
+
+def reference(**overrides: Any) -> Any:
+    kwargs: dict[str, Any] = {
+        "max_model_len": 256,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 64,
+        "block_size": BLOCK,
+        "num_gpu_blocks": 200,
+        "enable_prefix_caching": True,
+    }
+    kwargs.update(overrides)
+    return ref.make_vllm_scheduler(**kwargs)
+
+
+def build(scheduler: Any, cls: type = plugin.Scheduler, **kwargs: Any) -> Any:
+    ours = cls(
+        vllm_config=scheduler.vllm_config,
+        kv_cache_config=scheduler.kv_cache_config,
+        structured_output_manager=scheduler.structured_output_manager,
+        block_size=BLOCK,
+        log_stats=True,
+        **kwargs,
+    )
+    ours.use_v2_model_runner = scheduler.use_v2_model_runner
+    return ours
+
+
+def request(req_id: str, prompt_len: int = 10, max_tokens: int = 4, **params: Any) -> Any:
+    r = ref.make_vllm_request(
+        req_id, list(range(1, prompt_len + 1)), max_tokens=max_tokens, block_size=BLOCK
+    )
+    for name, value in params.items():
+        setattr(r, name, value)
+    return r
+
+
+def run_to_end(sched: Any, max_steps: int = 100) -> dict[str, list[Any]]:
+    """Drive a sync scheduler with a runner sampling token 7; every output by request."""
+    seen: dict[str, list[Any]] = defaultdict(list)
+    for step in range(max_steps):
+        if not sched.has_requests():
+            break
+        so = sched.schedule()
+        sampled = {rid: [7 + step % 3] for rid in so.num_scheduled_tokens}
+        for client, eco in sched.update_from_output(
+            so, ref.vllm_runner_output(so, sampled)
+        ).items():
+            for out in eco.outputs:
+                seen[out.request_id].append((client, out))
+    return seen
+
+
+# ------------------------------------------------------------------- engine start
+
+
+def test_an_untested_vllm_version_is_refused_naming_the_tested_ones(monkeypatch: Any) -> None:
+    monkeypatch.setattr(vllm, "__version__", "0.31.9")
+    with pytest.raises(plugin.UnsupportedVersionError, match=r"0\.33\.0 and 0\.32\.0.*0\.31\.9"):
+        build(reference())
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)
+
+
+ENGINE_REFUSALS = {
+    "LoRA": lambda s: _set(s.vllm_config, "lora_config", object()),
+    "KV connectors": lambda s: _set(s.vllm_config, "kv_transfer_config", object()),
+    "pipeline parallelism": lambda s: _set(
+        s.vllm_config.parallel_config, "pipeline_parallel_size", 2
+    ),
+    "data parallelism": lambda s: _set(s.vllm_config.parallel_config, "data_parallel_size", 2),
+    "more than one KV-cache group": lambda s: s.kv_cache_config.kv_cache_groups.append(
+        s.kv_cache_config.kv_cache_groups[0]
+    ),
+    "prefill cadence": lambda s: _set(
+        s.vllm_config.scheduler_config, "prefill_schedule_interval", 4
+    ),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(ENGINE_REFUSALS))
+def test_an_engine_asking_for_an_unsupported_feature_fails_at_start(feature: str) -> None:
+    sched = reference()
+    sched.vllm_config = copy.copy(sched.vllm_config)
+    ENGINE_REFUSALS[feature](sched)
+    with pytest.raises(plugin.UnsupportedFeatureError, match=feature):
+        build(sched)
+
+
+def test_a_speculative_method_other_than_ngram_is_refused() -> None:
+    sched = reference(num_speculative_tokens=2)
+    _set(sched.vllm_config.speculative_config, "method", "eagle")
+    with pytest.raises(plugin.UnsupportedFeatureError, match="method='eagle'"):
+        build(sched)
+
+
+def test_a_hash_block_size_other_than_the_block_size_is_refused() -> None:
+    sched = reference()
+    with pytest.raises(plugin.UnsupportedFeatureError, match="hash_block_size=2"):
+        build(sched, hash_block_size=2)
+
+
+# ------------------------------------------------------------------- per request
+
+REQUEST_REFUSALS: dict[str, dict[str, Any]] = {
+    "LoRA": {"lora_request": object()},
+    "multimodal inputs": {"mm_features": [object()]},
+    "structured output": {"structured_output_request": object()},
+    "prompt logprobs with prefix caching": {"skip_reading_prefix_cache": True},
+}
+
+
+@pytest.mark.parametrize("feature", sorted(REQUEST_REFUSALS))
+def test_a_request_asking_for_an_unsupported_feature_fails_alone(feature: str) -> None:
+    sched = build(reference())
+    sched.add_request(request("ok-before"))
+    sched.add_request(request("bad", **REQUEST_REFUSALS[feature]))
+    sched.add_request(request("ok-after"))
+    assert sched.has_request("bad") and sched.get_num_unfinished_requests() == 3
+    seen = run_to_end(sched)
+    ((_client, error),) = seen["bad"]
+    assert error.finish_reason == FinishReason.ERROR and error.new_token_ids == []
+    assert feature in error.error.message
+    for rid in ("ok-before", "ok-after"):
+        tokens = [t for _, out in seen[rid] for t in out.new_token_ids]
+        assert len(tokens) == 4 and seen[rid][-1][1].finish_reason == FinishReason.LENGTH
+    assert not sched.has_request("bad") and not sched.has_requests()
+
+
+def test_a_refused_request_can_be_aborted_before_it_is_reported() -> None:
+    sched = build(reference())
+    sched.add_request(request("bad", lora_request=object()))
+    (aborted,) = sched.finish_requests("bad", RequestStatus.FINISHED_ABORTED)
+    assert aborted.request_id == "bad" and aborted.status == RequestStatus.FINISHED_ABORTED
+    assert not sched.has_requests()
+
+
+# ------------------------------------------------------------------- vs vLLM
+
+
+def test_pause_states_match_vllms() -> None:
+    def drive(sched: Any) -> list[Any]:
+        trace = []
+        sched.add_request(request("a", max_tokens=6))
+        for step in range(12):
+            if step == 1:
+                sched.add_request(request("b", max_tokens=3))
+                sched.set_pause_state(PauseState.PAUSED_NEW)
+            if step == 4:
+                sched.set_pause_state(PauseState.PAUSED_ALL)
+            if step == 6:
+                sched.set_pause_state(PauseState.UNPAUSED)
+            so = sched.schedule()
+            trace.append(
+                (
+                    int(sched.pause_state),
+                    dict(so.num_scheduled_tokens),
+                    sorted(so.finished_req_ids),
+                    sched.get_num_unfinished_requests(),
+                    sched.has_requests(),
+                )
+            )
+            sampled = {rid: [9] for rid in so.num_scheduled_tokens}
+            sched.update_from_output(so, ref.vllm_runner_output(so, sampled))
+        return trace
+
+    assert drive(reference()) == drive(build(reference()))
+
+
+def test_per_client_outputs_and_finished_sets_match_vllms() -> None:
+    def drive(sched: Any) -> list[Any]:
+        trace = []
+        for i in range(4):
+            r = request(f"r{i}", max_tokens=2 + i)
+            r.client_index = i % 2
+            sched.add_request(r)
+        for step in range(8):
+            so = sched.schedule()
+            sampled = {rid: [9] for rid in so.num_scheduled_tokens}
+            if step == 2:
+                sched.finish_requests("r3", RequestStatus.FINISHED_ABORTED)
+            ecos = sched.update_from_output(so, ref.vllm_runner_output(so, sampled))
+            trace.append(
+                {
+                    client: (
+                        [(o.request_id, o.new_token_ids, o.finish_reason) for o in eco.outputs],
+                        sorted(eco.finished_requests or ()),
+                    )
+                    for client, eco in sorted(ecos.items())
+                }
+            )
+        return trace
+
+    theirs = reference()
+    theirs.finished_req_ids_dict = defaultdict(set)
+    ours = build(reference(), include_finished_set=True)
+    assert drive(theirs) == drive(ours)
+
+
+def test_logprobs_and_nan_counts_pass_through() -> None:
+    """The runner's logprobs rows reach the requests that asked for them, sliced as vLLM
+    slices them, and ``num_nans_in_logits`` is reported per request."""
+    from vllm.v1.outputs import LogprobsLists
+
+    def drive(sched: Any) -> list[Any]:
+        sched.add_request(request("plain", max_tokens=2))
+        sched.add_request(
+            request("lp", max_tokens=2, sampling_params=SamplingParams(max_tokens=2, logprobs=1))
+        )
+        trace = []
+        for _ in range(3):
+            so = sched.schedule()
+            mro = ref.vllm_runner_output(so, {rid: [11] for rid in so.num_scheduled_tokens})
+            rows = len(mro.req_ids)
+            mro.logprobs = LogprobsLists([[11, 12]] * rows, [[-0.5, -1.5]] * rows, [1] * rows, None)
+            mro.num_nans_in_logits = {"lp": 2}
+            for eco in sched.update_from_output(so, mro).values():
+                for o in eco.outputs:
+                    trace.append((o.request_id, o.new_logprobs, o.num_nans_in_logits))
+        return trace
+
+    theirs, ours = drive(reference()), drive(build(reference()))
+    assert theirs == ours
+    assert any(lp is not None for rid, lp, _ in ours if rid == "lp")
+    assert all(lp is None for rid, lp, _ in ours if rid == "plain")
