@@ -194,3 +194,16 @@ def test_fitting_leaves_the_room_the_config_samples_per_step() -> None:
     workload = Workload("w", [RequestSpec("a", 0.0, 5000, 1, key=1)], "test")
     (spec,) = fit_to_max_model_len(workload, 4096, 3).requests
     assert (spec.prompt_len, spec.output_len) == (4093, 1)
+
+
+def test_azure_timestamps_with_any_fraction_parse_on_every_python(tmp_path: Path) -> None:
+    # Python 3.10's datetime.fromisoformat reads only 3 or 6 fractional digits.
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46,5,1\n"
+        "2023-11-16 18:15:46.5,5,1\n"
+        "2023-11-16 18:15:47.2500001,5,1\n"
+    )
+    assert [r.arrival_time for r in load_azure_csv(path).requests] == [0.0, 0.5, 1.25]
+    assert load_azure_csv(path).requests[2].origin == f"{path}, line 4"

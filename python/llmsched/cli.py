@@ -195,7 +195,7 @@ class _Output:
         if self.console is None:
             print(text, flush=True)
         else:
-            self.console.print(text, markup=False, highlight=True, soft_wrap=True)
+            self.console.print(text, markup=False, highlight=True)
 
     def report(self, report: SimulationReport) -> None:
         if self.console is None:

@@ -300,7 +300,11 @@ class _Interrupt:
 
     @contextmanager
     def active(self, enabled: bool) -> Iterator[_Interrupt]:
-        if not enabled or threading.current_thread() is not threading.main_thread():
+        if (
+            not enabled
+            or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # e.g. started with `&`
+        ):
             yield self
             return
 
