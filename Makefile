@@ -3,15 +3,23 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: dev build test test-rust test-python lint fmt stubtest check bench bench-vllm simulate clean
+.PHONY: dev build wheel test test-rust test-python lint fmt stubtest check bench bench-vllm simulate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 dev: $(BIN)/python  ## editable install (debug build) with the test extras
-	$(BIN)/pip install -q maturin numpy pytest hypothesis pytest-benchmark mypy ruff
+	$(BIN)/pip install -q maturin numpy rich pytest hypothesis pytest-benchmark mypy ruff
+	rm -f python/llmsched/_core.cpython-*.so  # a per-version build would shadow the abi3 one
 	$(BIN)/maturin develop --profile dev
+
+# One abi3 wheel for every CPython >= 3.10, manylinux-tagged by maturin's audit of the
+# glibc symbols it links (the oldest policy the build machine's glibc allows).
+wheel: $(BIN)/python  ## dist/llmsched-*-cp310-abi3-manylinux_*.whl (a release build)
+	$(BIN)/pip install -q 'maturin>=1.9.4,<2'
+	rm -rf dist
+	$(BIN)/maturin build --release --out dist
 
 build: $(BIN)/python  ## the release build, as a user gets it
 	$(BIN)/pip install -q '.[test]'
@@ -56,7 +64,7 @@ simulate:
 	$(BIN)/llmsched simulate
 
 clean:
-	rm -rf target $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf target dist $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
 # vLLM 0.33.0's own v1 scheduler, for the benchmarks and parity checks that run it next to
 # llmsched (llmsched.vllm_reference). A separate venv: vLLM pins torch and much else.

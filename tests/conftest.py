@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,31 @@ from llmsched import (
     SchedulerOutput,
 )
 from llmsched.testing import check_scheduler_output
+
+
+def _package_dir() -> Path:
+    import llmsched
+    import llmsched._core
+
+    return Path(llmsched._core.__file__).resolve().parent
+
+
+def pytest_report_header() -> str:
+    import llmsched._core
+
+    return f"llmsched: {Path(llmsched._core.__file__).resolve()}"
+
+
+def pytest_configure() -> None:
+    """With LLMSCHED_TEST_INSTALLED=1 (CI's run against the wheel), refuse to test the
+    source tree's package instead of the installed one."""
+    if os.environ.get("LLMSCHED_TEST_INSTALLED") == "1":
+        source = (Path(__file__).resolve().parents[1] / "python").resolve()
+        if _package_dir().is_relative_to(source):
+            raise pytest.UsageError(
+                f"LLMSCHED_TEST_INSTALLED=1 but llmsched is imported from {_package_dir()}"
+            )
+
 
 settings.register_profile(
     "fast", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -213,6 +213,18 @@ def test_scheduler_output_arrays_are_read_only_int32_and_ids_are_the_same_object
     assert so.req_ids[0] is request_id
 
 
+def test_request_outputs_columns_are_read_only_int32() -> None:
+    sched = make_scheduler()
+    sched.add_request("a", [1, 2, 3], max_tokens=5)
+    outs = sched.update_from_output(sched.schedule(), ModelRunnerOutput.from_lists(["a"], [[7]]))
+    for name in ("new_token_ids", "num_new_tokens", "statuses"):
+        array = getattr(outs, name)
+        assert array.dtype == np.int32 and not array.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            array[...] = 0
+    assert outs.new_token_ids.tolist() == [7] and outs.num_new_tokens.tolist() == [1]
+
+
 def test_request_output_fields() -> None:
     sched = make_scheduler()
     sched.add_request("a", [1, 2], max_tokens=5, stop_token_ids=[42])

@@ -288,6 +288,7 @@ BAD_KWARGS: list[tuple[str, dict[str, Any], str]] = [
     ("min_tokens-str", {"min_tokens": "1"}, "min_tokens"),
     ("min_tokens-int32-overflow", {"min_tokens": 2**31}, "min_tokens"),
     ("min_tokens-bool", {"min_tokens": True}, "min_tokens"),
+    ("min_tokens-above-max_tokens", {"max_tokens": 3, "min_tokens": 4}, "min_tokens.*max_tokens"),
     ("eos-negative", {"eos_token_id": -1}, "eos_token_id"),
     ("eos-int32-overflow", {"eos_token_id": 2**31}, "eos_token_id"),
     ("eos-float", {"eos_token_id": 1.5}, "eos_token_id"),
@@ -1052,6 +1053,12 @@ ENGINE_CASES: list[tuple[str, Callable[[Engine], object], type[Exception], str]]
         DuplicateRequestError,
         ".a.",
     ),
+    (
+        "add-min_tokens-above-max_tokens",
+        lambda e: e.add_request("x", [1], max_tokens=2, min_tokens=3),
+        InvalidRequestError,
+        "min_tokens",
+    ),
     ("abort-int", lambda e: e.abort_requests(5), InvalidRequestError, "request_ids"),
     ("abort-int-element", lambda e: e.abort_requests(["a", 5]), InvalidRequestError, "request_ids"),
 ]
@@ -1072,6 +1079,19 @@ def test_engine_refuses_bad_requests_and_changes_nothing(
         call(engine)
     assert (state(engine.scheduler), repr(engine.results)) == before
     assert engine.run()["a"].finished
+
+
+def test_engine_refuses_the_id_of_a_finished_request_and_keeps_its_result() -> None:
+    engine = engine_world()
+    engine.abort_requests("a")  # a finished request, by abort...
+    engine.add_request("b", [1, 2], max_tokens=2)
+    engine.run()  # ...and one by length
+    for request_id, reason in (("a", "abort"), ("b", "length")):
+        before = (state(engine.scheduler), repr(engine.results))
+        with pytest.raises(DuplicateRequestError, match=f"request_id='{request_id}'.*finished"):
+            engine.add_request(request_id, [4, 5], max_tokens=1)
+        assert (state(engine.scheduler), repr(engine.results)) == before
+        assert engine.results[request_id].finish_reason == reason
 
 
 @pytest.mark.parametrize(

@@ -531,6 +531,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         as_array = data.draw(st.sampled_from([None, np.int32, np.int64, np.uint16]))
         prompt_arg: Any = prompt if as_array is None else np.asarray(prompt, dtype=as_array)
         before = self.sched.debug_snapshot()
+        if kwargs["min_tokens"] > max_tokens:
+            with pytest.raises(InvalidRequestError, match="min_tokens"):
+                self.sched.add_request(rid, prompt_arg, **kwargs)
+            self.snapshot_unchanged(before)
+            self.events["refused"] += 1
+            return
         if never_finishes(self.config, len(prompt), max_tokens):
             with pytest.raises(InvalidRequestError, match="could never finish"):
                 self.sched.add_request(rid, prompt_arg, **kwargs)

@@ -11,12 +11,13 @@ import pytest
 
 from llmsched import SchedulerConfig
 from llmsched.cli import main
-from llmsched.simulate import CostModel, simulate
+from llmsched.simulate import CostModel, check_workload, simulate
 from llmsched.workload import (
     MOONCAKE_BLOCK_TOKENS,
     PRESETS,
     RequestSpec,
     Workload,
+    WorkloadError,
     fit_to_max_model_len,
     load_azure_csv,
     load_mooncake_jsonl,
@@ -150,3 +151,59 @@ def test_mooncake_replay_hits_the_prefix_cache() -> None:
         f"\nMooncake, first 150 requests: prefix-cache hit rate "
         f"{report.prefix_cache['hit_rate']:.1%}, preemptions {report.num_preemptions}"
     )
+
+
+# ------------------------------------------------------------------ bad input (library)
+
+
+def test_trace_loaders_refuse_a_bad_row_with_a_value_error_naming_file_and_line(
+    tmp_path: Path,
+) -> None:
+    csv_path = tmp_path / "t.csv"
+    csv_path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,5,-1\n")
+    with pytest.raises(WorkloadError, match=r"t\.csv, line 2: GeneratedTokens='-1'"):
+        load_azure_csv(csv_path)
+    jsonl_path = tmp_path / "t.jsonl"
+    jsonl_path.write_text('{"timestamp": 0, "input_length": 0, "output_length": 1}\n')
+    with pytest.raises(WorkloadError, match=r"t\.jsonl, line 1: input_length=0"):
+        load_mooncake_jsonl(jsonl_path)
+    assert issubclass(WorkloadError, ValueError)
+    with pytest.raises(WorkloadError, match="limit=0"):
+        load_azure_csv(csv_path, limit=0)
+    with pytest.raises(WorkloadError, match="num_requests=0"):
+        synthetic("azure-conv", num_requests=0)
+
+
+def test_simulate_refuses_bad_arguments_and_an_unservable_request() -> None:
+    config = SchedulerConfig(max_model_len=4096, num_gpu_blocks=100)
+    workload = synthetic("azure-conv", num_requests=3)
+    with pytest.raises(ValueError, match="fixed_ms=-6"):
+        CostModel(fixed_ms=-6)
+    with pytest.raises(ValueError, match="time_scale=-1"):
+        simulate(config, workload, time_scale=-1)
+    with pytest.raises(ValueError, match="acceptance_rate=2"):
+        simulate(config, workload, acceptance_rate=2)
+    with pytest.raises(WorkloadError, match="no requests"):
+        simulate(config, Workload("w", [], "test"))
+    big = Workload("w", [RequestSpec("a", 0.0, 3000, 1000, key=1, origin="w.csv, line 9")], "t")
+    with pytest.raises(WorkloadError, match=r"w\.csv, line 9: max_tokens=1000.*could never finish"):
+        check_workload(config, big)
+
+
+def test_fitting_leaves_the_room_the_config_samples_per_step() -> None:
+    workload = Workload("w", [RequestSpec("a", 0.0, 5000, 1, key=1)], "test")
+    (spec,) = fit_to_max_model_len(workload, 4096, 3).requests
+    assert (spec.prompt_len, spec.output_len) == (4093, 1)
+
+
+def test_azure_timestamps_with_any_fraction_parse_on_every_python(tmp_path: Path) -> None:
+    # Python 3.10's datetime.fromisoformat reads only 3 or 6 fractional digits.
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46,5,1\n"
+        "2023-11-16 18:15:46.5,5,1\n"
+        "2023-11-16 18:15:47.2500001,5,1\n"
+    )
+    assert [r.arrival_time for r in load_azure_csv(path).requests] == [0.0, 0.5, 1.25]
+    assert load_azure_csv(path).requests[2].origin == f"{path}, line 4"

@@ -467,18 +467,21 @@ def test_check_stop_min_tokens(
 
 
 @pytest.mark.parametrize(
-    ("max_model_len", "max_tokens", "num_outputs"),
+    ("max_model_len", "max_tokens", "min_tokens", "num_outputs"),
     [
-        pytest.param(10, 500, 7, id="max-model-len"),
-        pytest.param(100, 3, 3, id="max-tokens-below-min-tokens"),
+        pytest.param(10, 500, 500, 7, id="max-model-len"),
+        # min_tokens > max_tokens is refused (as vLLM's SamplingParams refuses it).
+        pytest.param(100, 3, 3, 3, id="max-tokens-equal-to-min-tokens"),
     ],
 )
 def test_check_stop_length_cap_below_min_tokens(
-    max_model_len: int, max_tokens: int, num_outputs: int
+    max_model_len: int, max_tokens: int, min_tokens: int, num_outputs: int
 ) -> None:
     """vLLM test_check_stop_length_cap_below_min_tokens: length caps fire below min_tokens."""
     sched = make_scheduler(max_model_len=max_model_len)
-    sched.add_request("r", [0, 1, 2], max_tokens=max_tokens, min_tokens=500, eos_token_id=None)
+    sched.add_request(
+        "r", [0, 1, 2], max_tokens=max_tokens, min_tokens=min_tokens, eos_token_id=None
+    )
     tokens = list(range(10, 10 + num_outputs))
     seen = _run_script(sched, "r", tokens)
     assert all(out is not None for out in seen)

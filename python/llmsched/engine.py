@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from llmsched._core import (
     ConfigError,
+    DuplicateRequestError,
     RequestOutput,
     RequestOutputs,
     Scheduler,
@@ -143,7 +144,16 @@ class Engine:
         prompt_token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
         **kwargs: Any,
     ) -> None:
-        """Queue a request; ``kwargs`` go to ``Scheduler.add_request`` (``max_tokens``...)."""
+        """Queue a request; ``kwargs`` go to ``Scheduler.add_request`` (``max_tokens``...).
+
+        Raises ``DuplicateRequestError`` for the id of a request this engine has finished:
+        its summary in ``results`` would be lost."""
+        previous = self._summaries.get(request_id) if isinstance(request_id, str) else None
+        if previous is not None and previous.finished:
+            raise DuplicateRequestError(
+                f"request_id={request_id!r}: this engine already finished a request with this "
+                f"id ({previous.finish_reason}); its result is in Engine.results: use a new id"
+            )
         self._scheduler.add_request(request_id, prompt_token_ids, **kwargs)
         self._summaries[request_id] = RequestSummary(request_id)
 

@@ -19,22 +19,45 @@ from __future__ import annotations
 
 import json
 import math
-import sys
+import re
+import signal
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
 
-from llmsched._core import SchedulerConfig, SchedulerOutput
+from llmsched._checks import Range
+from llmsched._core import InvalidRequestError, Scheduler, SchedulerConfig, SchedulerOutput
 from llmsched.engine import Engine
 from llmsched.outputs import ModelRunnerOutput
 from llmsched.runner import SimulatedModelRunner
-from llmsched.workload import Workload, fit_to_max_model_len
+from llmsched.status import RequestStatus
+from llmsched.workload import RequestSpec, Workload, WorkloadError, fit_to_max_model_len
 
-__all__ = ["CostModel", "SimulationReport", "simulate"]
+__all__ = [
+    "ACCEPTANCE_RATE",
+    "COST_TERM",
+    "TIME_SCALE",
+    "CostModel",
+    "SimulationReport",
+    "chart_paths",
+    "check_workload",
+    "simulate",
+    "write_plots",
+]
+
+COST_TERM = Range(0)
+"""Every cost-model term, in milliseconds."""
+TIME_SCALE = Range(0, low_open=True)
+"""Arrival times are multiplied by this."""
+ACCEPTANCE_RATE = Range(0, 1)
+"""The probability that the simulated runner accepts a draft token."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +68,10 @@ class CostModel:
     prefill_token_ms: float = 0.06
     decode_request_ms: float = 0.08
     kv_token_ms: float = 0.00002
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            COST_TERM.check(f.name, getattr(self, f.name))
 
     def step_seconds(self, so: SchedulerOutput) -> float:
         n = so.num_scheduled_tokens.astype(np.int64)
@@ -133,6 +160,8 @@ class SimulationReport:
     kv_usage: dict[str, float]
     timeline: dict[str, list[float]] = field(repr=False)
     latencies: dict[str, list[float]] = field(repr=False)
+    partial: bool = False
+    """The replay was interrupted: the figures cover what was replayed until then."""
 
     def to_json(self) -> str:
         def clean(value: Any) -> Any:
@@ -146,10 +175,14 @@ class SimulationReport:
 
         return json.dumps(clean(asdict(self)), indent=1)
 
-    def table(self) -> str:
+    def rows(self) -> list[tuple[str, str]]:
+        """The report as (heading, figures) rows."""
         lat = self.latency_seconds
+        finished = f"{self.num_finished:,} finished of {self.num_requests:,}"
+        if self.partial:
+            finished += " (partial: the replay was interrupted)"
         rows: list[tuple[str, str]] = [
-            ("requests", f"{self.num_finished:,} finished of {self.num_requests:,}"),
+            ("requests", finished),
             (
                 "finish reasons",
                 ", ".join(f"{k} {v:,}" for k, v in sorted(self.finish_reasons.items())),
@@ -207,35 +240,106 @@ class SimulationReport:
                 f"wall {self.wall_seconds:.1f} s",
             )
         )
+        return rows
+
+    def table(self) -> str:
+        """The report as plain text, one row a line."""
+        rows = self.rows()
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
 
 
 class _Progress:
-    """A one-line progress bar on stderr, shown once a run has taken more than a second."""
+    """A progress bar on stderr (rich's), updated at most ten times a second."""
 
     def __init__(self, total: int, enabled: bool) -> None:
-        self.total = max(total, 1)
-        self.enabled = enabled
-        self.started = time.monotonic()
         self.last = 0.0
+        self.bar: Any = None
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.bar = Progress(
+            TextColumn("  replaying"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("requests finished, virtual {task.fields[clock]:,.0f} s"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self.task = self.bar.add_task("replay", total=total, clock=0.0)
+        self.bar.start()
 
     def update(self, done: int, clock: float) -> None:
-        now = time.monotonic()
-        if not self.enabled or now - self.started < 1.0 or now - self.last < 0.2:
+        if self.bar is None:
             return
-        self.last = now
-        frac = min(done / self.total, 1.0)
-        bar = "#" * int(30 * frac)
-        sys.stderr.write(
-            f"\r  [{bar:<30}] {done:,}/{self.total:,} requests finished, "
-            f"virtual {clock:,.0f} s, {now - self.started:,.0f} s"
-        )
-        sys.stderr.flush()
+        now = time.monotonic()
+        if now - self.last >= 0.1:
+            self.last = now
+            self.bar.update(self.task, completed=done, clock=clock)
 
     def close(self) -> None:
-        if self.enabled and time.monotonic() - self.started >= 1.0:
-            sys.stderr.write("\n")
+        if self.bar is not None:
+            self.bar.stop()
+
+
+class _Interrupt:
+    """While active, a first SIGINT (Ctrl-C) sets ``requested`` instead of raising, so the
+    replay can stop between two steps; a second one raises ``KeyboardInterrupt``."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    @contextmanager
+    def active(self, enabled: bool) -> Iterator[_Interrupt]:
+        if (
+            not enabled
+            or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # e.g. started with `&`
+        ):
+            yield self
+            return
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if self.requested:
+                raise KeyboardInterrupt
+            self.requested = True
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def check_workload(config: SchedulerConfig, workload: Workload) -> Workload:
+    """``workload`` fitted to ``config.max_model_len``, every request checked against the
+    scheduler's own rules before a replay: ``WorkloadError`` names the first request (by
+    its file and line) that ``add_request`` would refuse, e.g. one whose KV could outgrow
+    the pool."""
+    if not workload.requests:
+        raise WorkloadError(f"workload {workload.name!r} has no requests")
+    workload = fit_to_max_model_len(
+        workload, config.max_model_len, config.num_sampled_tokens_per_step
+    )
+    probe = Scheduler(config)
+    longest = max(spec.prompt_len for spec in workload.requests)
+    prompt = np.ones(longest, dtype=np.int32)
+    for spec in workload.requests:
+        try:
+            probe.add_request("probe", prompt[: spec.prompt_len], max_tokens=spec.output_len)
+        except InvalidRequestError as e:
+            raise WorkloadError(f"{spec.origin or spec.request_id}: {e}") from None
+        probe.finish_requests("probe", RequestStatus.FINISHED_ABORTED)
+    return workload
 
 
 def simulate(
@@ -248,10 +352,21 @@ def simulate(
     time_scale: float = 1.0,
     progress: bool = False,
     check_invariants: bool = False,
+    interruptible: bool = False,
+    on_start: Callable[[Workload], None] | None = None,
 ) -> SimulationReport:
-    """Replay ``workload`` (arrivals stretched by ``time_scale``) and report what happened."""
+    """Replay ``workload`` (arrivals stretched by ``time_scale``) and report what happened.
+
+    The workload is checked first (``check_workload``); ``on_start`` is then called with
+    the workload as replayed. With ``interruptible``, Ctrl-C (SIGINT, in the main thread)
+    ends the replay after the current step and the report, of what was replayed so far,
+    is marked ``partial``."""
     cost = cost or CostModel()
-    workload = fit_to_max_model_len(workload, config.max_model_len)
+    time_scale = TIME_SCALE.check("time_scale", time_scale)
+    acceptance_rate = ACCEPTANCE_RATE.check("acceptance_rate", acceptance_rate)
+    workload = check_workload(config, workload)
+    if on_start is not None:
+        on_start(workload)
     specs = sorted(workload.requests, key=lambda r: r.arrival_time)
     runner = _TimedRunner(SimulatedModelRunner(config, seed, acceptance_rate=acceptance_rate), cost)
     engine = Engine(config, runner, check_invariants=check_invariants)
@@ -271,11 +386,38 @@ def simulate(
         timeline["waiting"].append(waiting)
 
     runner.on_execute = on_execute
-    bar = _Progress(len(specs), progress)
-    started = time.perf_counter()
+    interrupt = _Interrupt()
+    with interrupt.active(interruptible):
+        bar = _Progress(len(specs), progress)
+        try:
+            started = time.perf_counter()
+            _replay(specs, time_scale, runner, engine, times, bar, interrupt)
+            wall = time.perf_counter() - started
+        finally:
+            bar.close()
+    report = _report(config, workload, cost, engine, times, timeline, wall)
+    report.partial = interrupt.requested
+    report.num_requests = len(specs)
+    if report.partial:
+        report.finish_reasons["not arrived"] = len(specs) - len(times)
+    return report
+
+
+def _replay(
+    specs: list[RequestSpec],
+    time_scale: float,
+    runner: _TimedRunner,
+    engine: Engine,
+    times: dict[str, _RequestTimes],
+    bar: _Progress,
+    interrupt: _Interrupt,
+) -> None:
+    scheduler = engine.scheduler
     next_arrival = 0
     num_finished = 0
     while next_arrival < len(specs) or scheduler.has_requests() or engine.num_steps_in_flight:
+        if interrupt.requested:
+            return
         while (
             next_arrival < len(specs)
             and specs[next_arrival].arrival_time * time_scale <= runner.clock
@@ -309,9 +451,6 @@ def simulate(
                 record.status = output.finish_reason or "finished"
                 num_finished += 1
         bar.update(num_finished, runner.clock)
-    bar.close()
-    wall = time.perf_counter() - started
-    return _report(config, workload, cost, engine, times, timeline, wall)
 
 
 def _report(
@@ -390,17 +529,30 @@ def _report(
     )
 
 
+PLOT_HINT = "pip install 'llmsched[plot]'"
+"""How to install what ``write_plots`` needs (the README's words)."""
+
+
+def chart_paths(directory: str | Path, workload: str) -> tuple[Path, Path]:
+    """Where ``write_plots`` puts a workload's two charts: file names carry the workload's
+    name, so that replays of several workloads into one folder keep every chart."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", workload).strip("._") or "workload"
+    out = Path(directory)
+    return out / f"{stem}_kv_and_queues.png", out / f"{stem}_latency_cdfs.png"
+
+
 def write_plots(report: SimulationReport, directory: str | Path) -> list[Path]:
-    """PNG charts: KV usage and queue length over time, latency CDFs. Needs matplotlib."""
+    """PNG charts: KV usage and queue length over time, latency CDFs (``chart_paths``).
+    Needs matplotlib (``ImportError`` saying how to install it otherwise)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError("--plot needs matplotlib: pip install 'llmsched[plot]'") from e
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    except ImportError as e:
+        raise ImportError(f"the charts need matplotlib: {PLOT_HINT}") from e
+    kv_path, cdf_path = chart_paths(directory, report.workload)
+    kv_path.parent.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
     t = np.asarray(report.timeline["time"])
 
@@ -415,7 +567,7 @@ def write_plots(report: SimulationReport, directory: str | Path) -> list[Path]:
     ax2.legend(loc="upper left")
     fig.suptitle(f"{report.workload}: KV usage and queues")
     fig.tight_layout()
-    paths.append(out / "kv_and_queues.png")
+    paths.append(kv_path)
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
@@ -433,7 +585,7 @@ def write_plots(report: SimulationReport, directory: str | Path) -> list[Path]:
         ax.grid(alpha=0.3)
     fig.suptitle(f"{report.workload}: latency CDFs")
     fig.tight_layout()
-    paths.append(out / "latency_cdfs.png")
+    paths.append(cdf_path)
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths

@@ -620,7 +620,7 @@ impl Harness {
             request_id: format!("r{}", self.next_id),
             prompt_token_ids: prompt,
             max_tokens,
-            min_tokens: op.min_tokens as i64,
+            min_tokens: (op.min_tokens as i64).min(max_tokens),
             eos_token_id: op.eos.map(|t| t as i64),
             stop_token_ids: op.stops.iter().flatten().map(|&t| t as i64).collect(),
             arrival_time: Some(self.clock),

@@ -329,21 +329,21 @@ impl PyRequestOutputs {
     /// Every delivered token, flat, split by ``num_new_tokens`` (int32; a copy).
     #[getter]
     fn new_token_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        PyArray1::from_slice(py, &self.tokens)
+        frozen_array(py, self.tokens.to_vec()).into_bound(py)
     }
 
     /// Tokens delivered per request (int32; a copy).
     #[getter]
     fn num_new_tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
         let counts: Vec<i32> = self.offsets.windows(2).map(|w| (w[1] - w[0]) as i32).collect();
-        numpy::IntoPyArray::into_pyarray(counts, py)
+        frozen_array(py, counts).into_bound(py)
     }
 
     /// ``RequestStatus`` values per request (int32; a copy).
     #[getter]
     fn statuses<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
         let values: Vec<i32> = self.statuses.iter().map(|&s| s as i32).collect();
-        numpy::IntoPyArray::into_pyarray(values, py)
+        frozen_array(py, values).into_bound(py)
     }
 
     /// Each request's prefix-cached blocks after this output, counted before a finish

@@ -204,6 +204,13 @@ impl Scheduler {
         if new.min_tokens < 0 || new.min_tokens > i32::MAX as i64 {
             return Err(CoreError::request("min_tokens", new.min_tokens, format!("must be in [0, {}]", i32::MAX)));
         }
+        if new.min_tokens > new.max_tokens {
+            return Err(CoreError::request(
+                "min_tokens",
+                new.min_tokens,
+                format!("must be at most max_tokens = {}", new.max_tokens),
+            ));
+        }
         let eos_token_id = new.eos_token_id.map(|t| token_id("eos_token_id", None, t)).transpose()?;
         let stop_token_ids: Box<[i32]> = new
             .stop_token_ids

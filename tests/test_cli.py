@@ -1,0 +1,317 @@
+"""The ``llmsched`` console script, run as a user runs it: in a subprocess.
+
+Bad input ends it with one line on stderr that names the culprit (flag, or file and line),
+exit status 2, no traceback and no report; Ctrl-C gives a partial report and 130; a closed
+pipe ends it quietly."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llmsched import SchedulerConfig
+from llmsched.cli import SIMULATE_DEFAULTS
+from llmsched.simulate import chart_paths
+
+SCRIPT = Path(sys.executable).with_name("llmsched")
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+ROW = "2023-11-16 18:15:46.6805900,374,44\n"
+LATER_ROW = "2023-11-16 18:15:47.0000000,200,10\n"
+SMALL = ["simulate", "--num-requests", "4", "--no-progress"]
+
+
+def run(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    assert SCRIPT.exists(), f"the console script is not installed at {SCRIPT}"
+    return subprocess.run(
+        [str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+
+
+def refused(result: subprocess.CompletedProcess[str], *names: str) -> str:
+    """Asserts a refusal: exit 2, one line on stderr naming every ``names``, no report."""
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    assert "TTFT" not in result.stdout  # no report, not even a partial one
+    return lines[0]
+
+
+def trace(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# ------------------------------------------------------------------ trace rows
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "names"),
+    [
+        ("ts,prompt,output\n" + ROW, 1, ["header", "TIMESTAMP,ContextTokens,GeneratedTokens"]),
+        (AZURE_HEADER + "2023-11-16 18:15:46.6805900,374\n", 2, ["2 cells"]),
+        (AZURE_HEADER + ROW + "2023-11-16 18:15:47.0,12a,4\n", 3, ["ContextTokens", "'12a'"]),
+        (AZURE_HEADER + "yesterday,12,4\n", 2, ["TIMESTAMP", "'yesterday'"]),
+        (AZURE_HEADER + "2023-11-16 18:15:46.6805900,374,0\n", 2, ["GeneratedTokens", "'0'"]),
+        (AZURE_HEADER + "2023-11-16 18:15:46.6805900,-5,3\n", 2, ["ContextTokens", "'-5'"]),
+        (AZURE_HEADER + LATER_ROW + ROW, 3, ["TIMESTAMP", "earlier"]),
+    ],
+    ids=["wrong-header", "short-row", "non-numeric", "bad-time", "zero", "negative", "order"],
+)
+def test_a_bad_azure_row_is_named_by_file_and_line(
+    tmp_path: Path, text: str, line: int, names: list[str]
+) -> None:
+    path = trace(tmp_path, "azure.csv", text)
+    refused(run("simulate", path, "--no-progress"), f"{path}, line {line}", *names)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "names"),
+    [
+        ('{"timestamp": 0, "input_length": 10, "hash_ids": [0]}\n', 1, ["'output_length'"]),
+        (
+            '{"timestamp": 0, "input_length": 10, "output_length": 2}\n'
+            '{"timestamp": 5, "input_length": 10, "output_length": -2}\n',
+            2,
+            ["output_length=-2"],
+        ),
+        ('{"timestamp": 0, "input_length": "10", "output_length": 2}\n', 1, ["input_length"]),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 2}\n[1, 2]\n', 2, ["JSON object"]),
+        ('{"timestamp": 0, "input_length": 10\n', 1, ["not JSON"]),
+        (
+            '{"timestamp": 9, "input_length": 10, "output_length": 2}\n'
+            '{"timestamp": 3, "input_length": 10, "output_length": 2}\n',
+            2,
+            ["timestamp=3", "earlier"],
+        ),
+        (
+            '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1, 2]}\n',
+            1,
+            ["2 hash_ids", "input_length=10"],
+        ),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [-1]}\n', 1, []),
+    ],
+    ids=[
+        "no-output_length",
+        "negative",
+        "string",
+        "not-an-object",
+        "not-json",
+        "order",
+        "hash-ids-beyond-prompt",
+        "negative-hash-id",
+    ],
+)
+def test_a_bad_mooncake_line_is_named_by_file_and_line(
+    tmp_path: Path, text: str, line: int, names: list[str]
+) -> None:
+    path = trace(tmp_path, "mooncake.jsonl", text)
+    refused(run("simulate", path, "--no-progress"), f"{path}, line {line}", *names)
+
+
+def test_a_header_only_trace_is_refused_not_reported_as_nans(tmp_path: Path) -> None:
+    path = trace(tmp_path, "empty.csv", AZURE_HEADER)
+    refused(run("simulate", path), path, "no requests")
+    refused(run("simulate", trace(tmp_path, "empty.jsonl", "\n")), "empty.jsonl", "no requests")
+
+
+def test_a_missing_trace_and_an_unknown_workload_are_named(tmp_path: Path) -> None:
+    refused(run("simulate", str(tmp_path / "gone.csv")), "gone.csv", "no such file")
+    refused(run("simulate", "no-such-preset"), "workload='no-such-preset'", "azure-conv")
+
+
+def test_a_request_whose_kv_could_outgrow_the_pool_is_named_by_its_row(tmp_path: Path) -> None:
+    path = trace(tmp_path, "big.csv", AZURE_HEADER + ROW + "2023-11-16 18:15:47.0,9000,800\n")
+    line = refused(
+        run(
+            "simulate", path, "--no-progress", "--max-model-len", "16384", "--num-gpu-blocks", "300"
+        ),
+        f"{path}, line 3",
+        "could never finish",
+    )
+    assert "299 usable blocks" in line
+
+
+# ------------------------------------------------------------------ flags
+
+
+@pytest.mark.parametrize(
+    ("flags", "names"),
+    [
+        (["--num-requests", "0"], ["--num-requests", "'0'"]),
+        (["--limit", "-3"], ["--limit", "'-3'"]),
+        (["--seed", "-1"], ["--seed"]),
+        (["--fixed-ms", "-6"], ["--fixed-ms", "'-6'"]),
+        (["--kv-token-ms", "nan"], ["--kv-token-ms", "'nan'"]),
+        (["--time-scale", "-1"], ["--time-scale", "'-1'"]),
+        (["--time-scale", "0"], ["--time-scale"]),
+        (["--acceptance-rate", "1.5"], ["--acceptance-rate"]),
+        (["--num-requests", "many"], ["--num-requests", "'many'"]),
+        (["--max-num-seqs", "0"], ["max_num_seqs", "0"]),
+        (["--policy", "lifo"], ["policy", "lifo"]),
+    ],
+    ids=lambda v: "_".join(v) if isinstance(v, list) else None,
+)
+def test_a_bad_number_is_refused_where_it_is_parsed(flags: list[str], names: list[str]) -> None:
+    refused(run(*SMALL, *flags), *names)
+
+
+def test_an_unknown_flag_prints_the_subcommands_usage() -> None:
+    result = run("simulate", "--num-request", "5")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("usage: llmsched simulate ")
+    assert result.stderr.splitlines()[-1] == (
+        "llmsched simulate: error: unrecognized arguments: --num-request"
+    )
+
+
+def test_help_has_no_rest_markup_and_every_flag_has_help_and_its_default() -> None:
+    top = run("--help")
+    assert top.returncode == 0 and "``" not in top.stdout
+    for command in ("simulate", "bench"):
+        result = run(command, "--help")
+        assert result.returncode == 0
+        assert "``" not in result.stdout and ":class:" not in result.stdout
+        options = result.stdout.split("options:", 1)[1]
+        # Each option's entry: its flags, then its help text (which may wrap).
+        entries = re.split(r"\n  (?=-)", options)[1:]
+        assert entries
+        for entry in entries:
+            flags, _, text = entry.partition("  ")
+            if flags.startswith("-h"):
+                continue
+            assert text.strip(), f"{command}: {flags} has no help text"
+            assert "default" in " ".join(entry.split()), f"{command}: {flags} shows no default"
+
+
+def test_the_cli_defaults_are_the_librarys_or_the_help_says_why() -> None:
+    help_text = " ".join(run("simulate", "--help").stdout.split())
+    library = SchedulerConfig().to_dict()
+    for name in ("max_model_len", "max_num_seqs", "num_gpu_blocks"):
+        assert SIMULATE_DEFAULTS[name] != library[name]
+        assert f"SchedulerConfig's default: {library[name]:,}" in help_text
+    assert "vLLM's are sized for small GPUs" in help_text
+    for name, value in library.items():
+        if name not in SIMULATE_DEFAULTS and not isinstance(value, bool) and value is not None:
+            flag = "--" + name.replace("_", "-")
+            assert flag in help_text
+
+
+# ------------------------------------------------------------------ destinations
+
+
+def test_output_destinations_are_checked_before_the_replay(tmp_path: Path) -> None:
+    started = time.monotonic()
+    refused(run(*SMALL, "--json", str(tmp_path / "missing" / "r.json")), "--json", "missing")
+    refused(run(*SMALL, "--json", str(tmp_path)), "--json", "a folder")
+    a_file = tmp_path / "charts"
+    a_file.write_text("not a folder")
+    refused(run(*SMALL, "--plot", str(a_file)), "--plot", "a file")
+    assert time.monotonic() - started < 60
+
+
+def test_plot_without_matplotlib_gives_the_readmes_install_hint(tmp_path: Path) -> None:
+    # A matplotlib that cannot be imported, ahead of any installed one.
+    fake = tmp_path / "site" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])}
+    line = refused(run(*SMALL, "--plot", str(tmp_path / "charts"), env=env), "--plot")
+    assert "pip install 'llmsched[plot]'" in line
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    if readme.exists():  # the source tree's README (absent where only the wheel is)
+        assert "pip install 'llmsched[plot]'" in readme.read_text()
+
+
+def test_chart_file_names_carry_the_workloads_name(tmp_path: Path) -> None:
+    a = chart_paths(tmp_path, "conv")
+    b = chart_paths(tmp_path, "azure-conv-chat")
+    assert not set(a) & set(b)
+    assert [p.name for p in a] == ["conv_kv_and_queues.png", "conv_latency_cdfs.png"]
+    assert all(p.parent == tmp_path for p in (*a, *b))
+    assert chart_paths(tmp_path, "../x y")[0].name == "x_y_kv_and_queues.png"
+
+
+def test_plots_of_two_workloads_share_a_folder(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    for preset in ("azure-conv", "azure-code"):
+        result = run(*SMALL, preset, "--plot", str(tmp_path))
+        assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for w in ("azure-conv", "azure-code") for p in chart_paths(tmp_path, w)
+    )
+
+
+# ------------------------------------------------------------------ interruption, pipes, output
+
+
+def test_ctrl_c_prints_a_partial_report_and_exits_130(tmp_path: Path) -> None:
+    out = tmp_path / "partial.json"
+    process = subprocess.Popen(
+        [str(SCRIPT), "simulate", "--num-requests", "5000", "--json", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    # The header is printed once the workload is checked, as the replay starts.
+    header = process.stdout.readline() + process.stdout.readline()
+    assert "5,000 requests" in header
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert "of 5,000 (partial" in stdout and "TTFT" in stdout
+    assert "partial report" in stdout
+    report = json.loads(out.read_text())
+    assert report["partial"] is True and report["num_requests"] == 5000
+    assert report["num_finished"] < 5000
+
+
+def test_a_closed_pipe_ends_the_command_quietly() -> None:
+    process = subprocess.Popen(
+        [str(SCRIPT), "simulate", "--num-requests", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.readline().startswith("llmsched simulate:")
+    process.stdout.close()  # as `| head -1` does
+    stderr = process.stderr.read()
+    process.stderr.close()
+    assert process.wait(timeout=120) == 141
+    assert stderr == ""
+
+
+def test_the_report_is_plain_text_in_a_pipe_and_a_table_in_a_terminal() -> None:
+    piped = run(*SMALL, env={"NO_COLOR": "1", "TERM": "dumb"})
+    assert piped.returncode == 0
+    assert "\x1b[" not in piped.stdout
+    assert re.search(r"^  requests +4 finished of 4$", piped.stdout, re.M)
+    assert re.search(r"^  TTFT \(s\) +p50 ", piped.stdout, re.M)
+    # FORCE_COLOR makes rich treat the pipe as a terminal.
+    terminal = run(*SMALL, env={"FORCE_COLOR": "1", "COLUMNS": "120"})
+    assert terminal.returncode == 0
+    assert "\x1b[" in terminal.stdout
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", terminal.stdout)
+    assert re.search(r"requests +4 finished of 4", plain)
