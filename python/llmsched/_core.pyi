@@ -327,8 +327,9 @@ class Scheduler:
 
         ``runner_output`` is a ``llmsched.ModelRunnerOutput`` (or any object
         with ``req_ids``, ``sampled_token_ids`` and ``num_sampled``). Outputs
-        must be applied once each, in the order the steps were scheduled. Reads the
-        runner's arrays in place (no copy): do not modify them during the call.
+        must be applied once each, in the order the steps were scheduled. Copies the
+        runner's arrays before it releases the GIL, so a thread writing into them during the
+        call cannot change what is applied.
         Returns a sequence of ``RequestOutput``, one per request that produced tokens
         or finished.
         """

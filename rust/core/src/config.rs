@@ -336,6 +336,25 @@ impl PartialEq for SchedulerConfig {
     }
 }
 
+// Validation refuses a NaN watermark, so equality is an equivalence.
+impl Eq for SchedulerConfig {}
+
+/// Hashes what equality compares: the resolved values, with `-0.0` hashed as
+/// `0.0` (they compare equal).
+impl std::hash::Hash for SchedulerConfig {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let r = self.resolved();
+        (r.max_model_len, r.max_num_seqs, r.max_num_batched_tokens).hash(state);
+        (r.max_num_scheduled_tokens, r.max_num_active_seqs, r.block_size, r.num_gpu_blocks).hash(state);
+        (r.enable_chunked_prefill, r.long_prefill_token_threshold, r.long_prefill_token_threshold_adaptive).hash(state);
+        (r.num_speculative_tokens, r.num_lookahead_tokens, r.max_num_new_slots_for_drafting).hash(state);
+        (r.num_sampled_tokens_per_step, r.async_scheduling).hash(state);
+        // -0.0 + 0.0 is 0.0: one bit pattern for the two zeros.
+        (r.watermark + 0.0).to_bits().hash(state);
+        (r.scheduler_reserve_full_isl, r.enable_prefix_caching, r.policy).hash(state);
+    }
+}
+
 impl Default for SchedulerConfig {
     fn default() -> Self {
         Self::new(ConfigParams::default()).expect("the default configuration is valid")

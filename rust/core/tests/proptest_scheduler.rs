@@ -553,7 +553,7 @@ impl Harness {
         );
         Self {
             cov: Coverage { cases: 1, ..Coverage::default() },
-            sched: Scheduler::new(cfg.clone()),
+            sched: Scheduler::new(cfg.clone()).expect("a valid scheduler"),
             cfg,
             depth,
             tracked: Vec::new(),
@@ -917,7 +917,6 @@ impl Harness {
             return Ok(());
         }
         let bs = self.cfg.block_size() as usize;
-        let pool = self.sched.kv().pool();
         for t in self.tracked.iter().filter(|t| !t.finished) {
             let Some(req) = self.sched.request(t.handle) else { continue };
             if req.status() != RequestStatus::Running {
@@ -925,7 +924,7 @@ impl Harness {
             }
             let (hashes, tokens) = (req.block_hashes(), req.all_token_ids());
             for (i, &block) in req.block_ids().iter().enumerate() {
-                if i >= hashes.len() || pool.block_hash(block) != Some(hashes[i]) {
+                if i >= hashes.len() || self.sched.cached_block_hash(block) != Some(hashes[i]) {
                     continue;
                 }
                 for j in 0..bs {
@@ -1174,7 +1173,7 @@ impl Harness {
         let all_free = self.sched.num_free_blocks() == self.cfg.num_gpu_blocks() - 1;
         prop_assert_eq!(ok, all_free, "reset_prefix_cache succeeds exactly when no block is in use");
         if ok {
-            prop_assert_eq!(self.sched.kv().pool().num_cached_blocks(), 0);
+            prop_assert_eq!(self.sched.num_cached_blocks(), 0);
         }
         invariants!(self, "after reset_prefix_cache");
         Ok(())
@@ -1446,7 +1445,7 @@ fn regression_chunked_prefill_off_with_a_small_token_budget_livelocks() {
     }) else {
         return; // fixed: the configuration is refused
     };
-    let mut sched = Scheduler::new(cfg);
+    let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     if sched.add_request(NewRequest::new("long", (1..=9).collect(), 1)).is_err() {
         return; // fixed: the request is refused
     }
@@ -1468,7 +1467,7 @@ fn regression_chunked_prefill_off_with_draft_slots_livelocks() {
     }) else {
         return;
     };
-    let mut sched = Scheduler::new(cfg);
+    let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     if sched.add_request(NewRequest::new("long", (1..=9).collect(), 1)).is_err() {
         return;
     }
@@ -1493,7 +1492,7 @@ fn regression_padding_larger_than_the_token_budget_livelocks() {
     }) else {
         return;
     };
-    let mut sched = Scheduler::new(cfg);
+    let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     // Caches the block [1, 2, 3, 4].
     sched.add_request(NewRequest::new("first", (1..=5).collect(), 1)).expect("a valid request");
     run_sync(&mut sched, 100);
@@ -1517,7 +1516,7 @@ fn regression_padding_larger_than_the_token_budget_livelocks() {
 #[test]
 fn regression_drafts_for_a_waiting_request_with_a_pipelined_sync_step() {
     let cfg = sync_config(|p| p.num_speculative_tokens = 1).expect("a valid configuration");
-    let mut sched = Scheduler::new(cfg);
+    let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     sched.add_request(NewRequest::new("a", vec![1, 2, 3], 8)).expect("a valid request");
     sched.update_draft_token_ids(&["a"], &[vec![5]]).expect("valid drafts");
     let first = sched.schedule();
@@ -1561,7 +1560,7 @@ fn regression_priority_victim_ties_ping_pong_livelocks() {
         p.long_prefill_token_threshold = 1;
     })
     .expect("a valid configuration");
-    let mut sched = Scheduler::new(cfg);
+    let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     for id in ["a", "b"] {
         // 10 blocks of 2 each, 11 with the sampled token: one fits in the 12 usable blocks, two do not.
         let mut r = NewRequest::new(id, (1..=20).collect(), 1);
@@ -1601,7 +1600,7 @@ fn regression_priority_undo_leaves_uncomputed_blocks_in_the_prefix_cache() {
         p.enable_prefix_caching = true;
     })
     .expect("a valid configuration");
-    let mut sched = Scheduler::new(cfg);
+    let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     // `a` runs first; `b`, more important, joins behind it in running order.
     let mut a = NewRequest::new("a", (1..=32).collect(), 1);
     a.priority = 1;
@@ -1622,7 +1621,7 @@ fn regression_priority_undo_leaves_uncomputed_blocks_in_the_prefix_cache() {
             computed = a.num_computed_tokens();
         } else if a.num_preemptions() > 0 && !preempted {
             preempted = true;
-            let (_, hit_tokens) = sched.kv().get_computed_blocks(a);
+            let hit_tokens = sched.prefix_cache_hit_tokens(a);
             assert!(
                 hit_tokens <= computed,
                 "a computed {computed} tokens before its preemption, but the prefix cache offers {hit_tokens}"

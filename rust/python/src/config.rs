@@ -33,8 +33,8 @@ const FIELDS: [&str; 19] = [
 ];
 
 fn apply(py: Python<'_>, params: &mut ConfigParams, field: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
-    let int = |v: &Bound<'_, PyAny>| int_value(py, v, field, config_error);
-    let flag = |v: &Bound<'_, PyAny>| bool_value(py, v, field, config_error);
+    let int = |v: &Bound<'_, PyAny>| int_value(py, v, &field, config_error);
+    let flag = |v: &Bound<'_, PyAny>| bool_value(py, v, &field, config_error);
     match field {
         "max_model_len" => params.max_model_len = int(value)?,
         "max_num_seqs" => params.max_num_seqs = int(value)?,
@@ -53,7 +53,7 @@ fn apply(py: Python<'_>, params: &mut ConfigParams, field: &str, value: &Bound<'
         "max_num_new_slots_for_drafting" => params.max_num_new_slots_for_drafting = int(value)?,
         "num_sampled_tokens_per_step" => params.num_sampled_tokens_per_step = int(value)?,
         "async_scheduling" => params.async_scheduling = flag(value)?,
-        "watermark" => params.watermark = float_value(py, value, field, config_error)?,
+        "watermark" => params.watermark = float_value(py, value, &field, config_error)?,
         "scheduler_reserve_full_isl" => params.scheduler_reserve_full_isl = flag(value)?,
         "enable_prefix_caching" => params.enable_prefix_caching = flag(value)?,
         "policy" => {
@@ -126,7 +126,7 @@ impl PySchedulerConfig {
             }
             "enable_prefix_caching" => pyo3::types::PyBool::new(py, c.enable_prefix_caching()).to_owned().into_any(),
             "policy" => PyString::new(py, c.policy().as_str()).into_any(),
-            _ => unreachable!("FIELDS lists every field"),
+            other => return Err(config_error(py, format!("{other}: not a SchedulerConfig field"))),
         })
     }
 }
@@ -174,7 +174,7 @@ impl PySchedulerConfig {
 
     fn __hash__(&self) -> u64 {
         let mut hasher = DefaultHasher::new();
-        format!("{:?}", self.inner.resolved()).hash(&mut hasher);
+        self.inner.hash(&mut hasher);
         hasher.finish()
     }
 

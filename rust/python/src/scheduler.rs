@@ -12,7 +12,7 @@ use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::config::PySchedulerConfig;
-use crate::convert::{float_value, int_value, token_list, type_name};
+use crate::convert::{bool_value, float_value, int_value, token_list, type_name, Indexed};
 use crate::errors::{core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
 use crate::output::{frozen_array, PyRequest, PyRequestOutputs, PySchedulerOutput};
 
@@ -249,7 +249,7 @@ impl PyScheduler {
                 format!("config: must be a SchedulerConfig, got {}", type_name(e.into_inner().as_any())),
             )
         })?;
-        let core = Scheduler::try_new(config.get().inner.clone()).map_err(core_err)?;
+        let core = Scheduler::new(config.get().inner.clone()).map_err(core_err)?;
         Ok(Self {
             config: config.unbind(),
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
@@ -293,27 +293,27 @@ impl PyScheduler {
                 ),
             )
         })?;
-        let optional_int = |value: Option<&Bound<'_, PyAny>>, field: &str, default: i64| -> PyResult<i64> {
+        let optional_int = |value: Option<&Bound<'_, PyAny>>, field: &'static str, default: i64| -> PyResult<i64> {
             match value {
-                Some(v) if !v.is_none() => int_value(py, v, field, request_error),
+                Some(v) if !v.is_none() => int_value(py, v, &field, request_error),
                 _ => Ok(default),
             }
         };
         let new = NewRequest {
             request_id: id.to_cow()?.into_owned(),
-            prompt_token_ids: token_list(py, prompt_token_ids, "prompt_token_ids", request_error)?,
-            max_tokens: int_value(py, max_tokens, "max_tokens", request_error)?,
+            prompt_token_ids: token_list(py, prompt_token_ids, &"prompt_token_ids", request_error)?,
+            max_tokens: int_value(py, max_tokens, &"max_tokens", request_error)?,
             min_tokens: optional_int(min_tokens, "min_tokens", 0)?,
             eos_token_id: match eos_token_id {
-                Some(v) if !v.is_none() => Some(int_value(py, v, "eos_token_id", request_error)?),
+                Some(v) if !v.is_none() => Some(int_value(py, v, &"eos_token_id", request_error)?),
                 _ => None,
             },
             stop_token_ids: match stop_token_ids {
-                Some(v) if !v.is_none() => token_list(py, v, "stop_token_ids", request_error)?,
+                Some(v) if !v.is_none() => token_list(py, v, &"stop_token_ids", request_error)?,
                 _ => Vec::new(),
             },
             arrival_time: match arrival_time {
-                Some(v) if !v.is_none() => Some(float_value(py, v, "arrival_time", request_error)?),
+                Some(v) if !v.is_none() => Some(float_value(py, v, &"arrival_time", request_error)?),
                 _ => None,
             },
             num_computed_tokens: optional_int(num_computed_tokens, "num_computed_tokens", 0)?,
@@ -355,8 +355,8 @@ impl PyScheduler {
         })
     }
 
-    /// Apply a runner's output for ``scheduler_output``. Reads the runner's
-    /// arrays in place (no copy); do not modify them during the call.
+    /// Apply a runner's output for ``scheduler_output``. Copies the runner's
+    /// arrays before it releases the GIL.
     fn update_from_output<'py>(
         &self,
         py: Python<'py>,
@@ -391,18 +391,19 @@ impl PyScheduler {
         let rows = runner_rows(py, step_ids, &attr("req_ids")?)?;
         let sampled_obj = attr("sampled_token_ids")?;
         let counts_obj = attr("num_sampled")?;
-        let sampled = int32_array(py, &sampled_obj, "sampled_token_ids")?;
-        let counts = int32_array(py, &counts_obj, "num_sampled")?;
+        // Copied while the GIL is held: another Python thread may write into the runner's
+        // arrays once the GIL is released, and the core must see one consistent snapshot
+        // (a step's int32 columns copy in nanoseconds).
+        let sampled = int32_array(py, &sampled_obj, "sampled_token_ids")?.as_slice()?.to_vec();
+        let counts = int32_array(py, &counts_obj, "num_sampled")?.as_slice()?.to_vec();
         if step_ids.is_empty() {
-            if counts.len() != 0 || sampled.len() != 0 {
+            if !counts.is_empty() || !sampled.is_empty() {
                 return Err(mismatch_error(py, "runner_output: has tokens for a step that scheduled nothing".into()));
             }
             return Ok(PyRequestOutputs::with_capacity(0));
         }
-        let sampled = sampled.as_slice()?;
-        let counts = counts.as_slice()?;
         self.with_inner(py, |inner| {
-            let out = RunnerOutput { sampled_token_ids: sampled, num_sampled: counts, row_of_entry: rows.as_deref() };
+            let out = RunnerOutput { sampled_token_ids: &sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
             let events = py.detach(|| core.update_from_output(so.step_id, &out)).map_err(core_err)?;
             let mut outputs = PyRequestOutputs::with_capacity(events.len());
@@ -452,12 +453,7 @@ impl PyScheduler {
                 )
             })?
             .enumerate()
-            .map(|(i, row)| {
-                let row = row?;
-                // The indexed field name is only built to report an error.
-                token_list(py, &row, "draft_token_ids", request_error)
-                    .map_err(|_| token_list(py, &row, &format!("draft_token_ids[{i}]"), request_error).unwrap_err())
-            })
+            .map(|(i, row)| token_list(py, &row?, &Indexed(&"draft_token_ids", i), request_error))
             .collect::<PyResult<_>>()?;
         let id_refs: Vec<&str> = ids.iter().map(|id| id.to_str()).collect::<PyResult<_>>()?;
         self.with_inner(py, |inner| inner.core.update_draft_token_ids(&id_refs, &drafts).map_err(core_err))
@@ -471,7 +467,7 @@ impl PyScheduler {
         request_ids: &Bound<'py, PyAny>,
         status: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let value = int_value(py, status, "status", request_error)?;
+        let value = int_value(py, status, &"status", request_error)?;
         let status = RequestStatus::from_value(value)
             .filter(|s| s.is_finished())
             .ok_or_else(|| request_error(py, format!("status={value}: must be a finished RequestStatus (7 to 12)")))?;
@@ -575,7 +571,7 @@ impl PyScheduler {
     #[pyo3(signature = (reset_running_requests=None), text_signature = "(self, reset_running_requests=False)")]
     fn reset_prefix_cache(&self, py: Python<'_>, reset_running_requests: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let reset_running = match reset_running_requests {
-            Some(v) => crate::convert::bool_value(py, v, "reset_running_requests", request_error)?,
+            Some(v) => bool_value(py, v, &"reset_running_requests", request_error)?,
             None => false,
         };
         self.with_inner(py, |inner| Ok(inner.core.reset_prefix_cache(reset_running)))
@@ -595,7 +591,7 @@ impl PyScheduler {
 
     /// The free-block queue, head first (blocks are reused from the head).
     fn free_block_queue<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let queue = self.with_inner(py, |inner| Ok(inner.core.kv().pool().free_queue()))?;
+        let queue = self.with_inner(py, |inner| Ok(inner.core.free_block_queue()))?;
         PyList::new(py, queue)
     }
 

@@ -97,13 +97,8 @@ fn token_id(field: &str, index: Option<usize>, value: i64) -> CoreResult<i32> {
 }
 
 impl Scheduler {
-    /// A scheduler over `config`. Panics if the KV block table cannot be
-    /// allocated; `try_new` reports that instead.
-    pub fn new(config: Arc<SchedulerConfig>) -> Self {
-        Self::try_new(config).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    pub fn try_new(config: Arc<SchedulerConfig>) -> CoreResult<Self> {
+    /// A scheduler over `config`; an error if the KV block table cannot be allocated.
+    pub fn new(config: Arc<SchedulerConfig>) -> CoreResult<Self> {
         let policy = config.policy();
         let num_blocks = config.num_gpu_blocks();
         let kv = KvManager::new(
@@ -537,8 +532,28 @@ impl Scheduler {
         &self.stats
     }
 
-    pub fn kv(&self) -> &KvManager {
-        &self.kv
+    /// The free-block queue, head first (blocks are reused from the head).
+    pub fn free_block_queue(&self) -> Vec<u32> {
+        self.kv.pool().free_queue()
+    }
+
+    /// Blocks registered in the prefix cache.
+    pub fn num_cached_blocks(&self) -> usize {
+        self.kv.pool().num_cached_blocks()
+    }
+
+    /// The hash `block` is registered under in the prefix cache, if any.
+    pub fn cached_block_hash(&self, block: u32) -> Option<crate::kv::BlockHash> {
+        if (block as usize) < self.kv.pool().num_blocks() {
+            self.kv.pool().block_hash(block)
+        } else {
+            None
+        }
+    }
+
+    /// The tokens of `request` a prefix-cache lookup would find computed now.
+    pub fn prefix_cache_hit_tokens(&self, request: &Request) -> i64 {
+        self.kv.get_computed_blocks(request).1
     }
 
     /// Running requests in running order.
