@@ -548,7 +548,7 @@ impl Harness {
         let cfg = Arc::new(SchedulerConfig::new(config).expect("the generator makes valid configs"));
         let config_kv = (
             cfg.block_size() as usize,
-            cfg.num_gpu_blocks(),
+            cfg.num_gpu_blocks() as usize,
             !cfg.async_scheduling() || cfg.num_speculative_tokens() == 0,
         );
         Self {
@@ -636,7 +636,7 @@ impl Harness {
         let len = r.prompt_token_ids.len() as i64;
         let longest = (len + r.max_tokens + self.k() + self.cfg.num_lookahead_tokens()).min(m);
         let blocks = (longest + bs - 1) / bs;
-        let usable_blocks = self.cfg.num_gpu_blocks() as i64 - 1;
+        let usable_blocks = self.cfg.num_gpu_blocks() - 1;
         len >= 1
             && len <= m - s
             && r.max_tokens >= 1
@@ -804,7 +804,7 @@ impl Harness {
             self.drafts_given.remove(h); // a preemption drops the drafts
         }
         let r = step.len();
-        prop_assert!(r <= cfg.max_num_seqs(), "{r} entries > max_num_seqs");
+        prop_assert!(r as i64 <= cfg.max_num_seqs(), "{r} entries > max_num_seqs");
         prop_assert!([step.num_scheduled_tokens.len(), step.num_computed_tokens.len(), step.num_spec_tokens.len()]
             .iter()
             .all(|&l| l == r));
@@ -1170,7 +1170,7 @@ impl Harness {
         if reset_running {
             prop_assert_eq!(self.sched.get_request_counts().0, 0, "running requests left after a reset");
         }
-        let all_free = self.sched.num_free_blocks() == self.cfg.num_gpu_blocks() - 1;
+        let all_free = self.sched.num_free_blocks() as i64 == self.cfg.num_gpu_blocks() - 1;
         prop_assert_eq!(ok, all_free, "reset_prefix_cache succeeds exactly when no block is in use");
         if ok {
             prop_assert_eq!(self.sched.num_cached_blocks(), 0);
@@ -1271,7 +1271,7 @@ impl Harness {
     }
 
     fn finish(&mut self) -> Result<(), TestCaseError> {
-        let (m, num_blocks) = (self.m(), self.cfg.num_gpu_blocks());
+        let (m, num_blocks) = (self.m(), self.cfg.num_gpu_blocks() as usize);
         for t in &self.tracked {
             prop_assert!(t.finished && t.reported, "{} did not finish exactly once: {t:?}", t.id);
             prop_assert!(t.delivered <= t.max_tokens, "{}: {} outputs > max_tokens", t.id, t.delivered);

@@ -20,7 +20,7 @@ impl Scheduler {
         let cfg = &self.config;
         let (m, s, b) = (cfg.max_model_len(), cfg.num_sampled_tokens_per_step(), cfg.block_size());
         let lookahead = cfg.num_lookahead_tokens();
-        if self.running.len() > cfg.max_num_seqs() {
+        if self.running.len() as i64 > cfg.max_num_seqs() {
             return Err(broken(format!(
                 "{} running requests > max_num_seqs {}",
                 self.running.len(),

@@ -100,7 +100,7 @@ impl Scheduler {
     /// A scheduler over `config`; an error if the KV block table cannot be allocated.
     pub fn new(config: Arc<SchedulerConfig>) -> CoreResult<Self> {
         let policy = config.policy();
-        let num_blocks = config.num_gpu_blocks();
+        let num_blocks = config.num_gpu_blocks() as usize;
         let kv = KvManager::new(
             num_blocks,
             config.block_size(),
@@ -199,7 +199,7 @@ impl Scheduler {
         let cfg = &self.config;
         let longest = (prompt_len + new.max_tokens + cfg.num_speculative_tokens() + cfg.num_lookahead_tokens()).min(m);
         let blocks_needed = (longest + cfg.block_size() - 1) / cfg.block_size();
-        let usable_blocks = cfg.num_gpu_blocks() as i64 - 1;
+        let usable_blocks = cfg.num_gpu_blocks() - 1;
         if blocks_needed > usable_blocks {
             return Err(CoreError::request(
                 "max_tokens",
@@ -248,7 +248,7 @@ impl Scheduler {
             input_budget,
             draft_slots: cfg.max_num_new_slots_for_drafting(),
             long_prefill_threshold,
-            entries: Vec::with_capacity(num_eligible.min(cfg.max_num_seqs())),
+            entries: Vec::with_capacity(num_eligible.min(cfg.max_num_seqs() as usize)),
             spec_token_ids: Vec::new(),
             num_running_entries: 0,
             prefill_scheduled: false,
