@@ -15,6 +15,7 @@ from llmsched.status import RequestStatus
 _Int32Array = npt.NDArray[np.int32]
 
 __all__ = [
+    "REQUEST_STATUSES",
     "ConfigError",
     "DuplicateRequestError",
     "InternalError",
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 __version__: Final[str]
+REQUEST_STATUSES: Final[tuple[tuple[str, int, str | None], ...]]
+"""Every request status as ``(name, value, finish reason)``, in value order: the
+declaration ``llmsched.RequestStatus`` is checked against."""
 
 class LlmschedError(Exception):
     """Base class of every error llmsched raises on purpose."""

@@ -7,41 +7,55 @@ use std::sync::Arc;
 
 use crate::kv::BlockHash;
 
-/// vLLM's `RequestStatus`: values and order matter. Every status after
-/// `Preempted` is a finished one.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum RequestStatus {
-    Waiting = 1,
-    WaitingForStructuredOutputGrammar = 2,
-    WaitingForRemoteKvs = 3,
-    WaitingForStreamingReq = 4,
-    Running = 5,
-    Preempted = 6,
-    FinishedStopped = 7,
-    FinishedLengthCapped = 8,
-    FinishedAborted = 9,
-    FinishedIgnored = 10,
-    FinishedError = 11,
-    FinishedRepetition = 12,
+/// Declares `RequestStatus` from one table: variant, value, vLLM's name, finish reason.
+macro_rules! request_statuses {
+    ($( $variant:ident = $value:literal, $name:literal, $reason:expr; )+) => {
+        /// vLLM's `RequestStatus`: values and order matter. Every status after
+        /// `Preempted` is a finished one.
+        #[repr(u8)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum RequestStatus {
+            $( $variant = $value, )+
+        }
+
+        impl RequestStatus {
+            /// Every status, in value order.
+            pub const ALL: &'static [RequestStatus] = &[$( Self::$variant, )+];
+
+            /// vLLM's name of the status (`"FINISHED_STOPPED"`).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( Self::$variant => $name, )+
+                }
+            }
+
+            /// vLLM's finish reason of the status (`"stop"`, `"length"`...), None for
+            /// an unfinished one (and `"stop"` for `WaitingForStreamingReq`, as vLLM has it).
+            pub fn finish_reason(self) -> Option<&'static str> {
+                match self {
+                    $( Self::$variant => $reason, )+
+                }
+            }
+        }
+    };
+}
+
+request_statuses! {
+    Waiting = 1, "WAITING", None;
+    WaitingForStructuredOutputGrammar = 2, "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR", None;
+    WaitingForRemoteKvs = 3, "WAITING_FOR_REMOTE_KVS", None;
+    WaitingForStreamingReq = 4, "WAITING_FOR_STREAMING_REQ", Some("stop");
+    Running = 5, "RUNNING", None;
+    Preempted = 6, "PREEMPTED", None;
+    FinishedStopped = 7, "FINISHED_STOPPED", Some("stop");
+    FinishedLengthCapped = 8, "FINISHED_LENGTH_CAPPED", Some("length");
+    FinishedAborted = 9, "FINISHED_ABORTED", Some("abort");
+    FinishedIgnored = 10, "FINISHED_IGNORED", Some("length");
+    FinishedError = 11, "FINISHED_ERROR", Some("error");
+    FinishedRepetition = 12, "FINISHED_REPETITION", Some("repetition");
 }
 
 impl RequestStatus {
-    pub const ALL: [RequestStatus; 12] = [
-        Self::Waiting,
-        Self::WaitingForStructuredOutputGrammar,
-        Self::WaitingForRemoteKvs,
-        Self::WaitingForStreamingReq,
-        Self::Running,
-        Self::Preempted,
-        Self::FinishedStopped,
-        Self::FinishedLengthCapped,
-        Self::FinishedAborted,
-        Self::FinishedIgnored,
-        Self::FinishedError,
-        Self::FinishedRepetition,
-    ];
-
     #[inline]
     pub fn is_finished(self) -> bool {
         self > Self::Preempted

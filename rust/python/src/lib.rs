@@ -40,6 +40,7 @@ mod _core {
         m.add("ReentrantCallError", e.reentrant_call.clone_ref(py))?;
         m.add("InternalError", e.internal.clone_ref(py))?;
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("REQUEST_STATUSES", crate::output::request_statuses(py)?)?;
         crate::config::install_signature(py, py.get_type::<PySchedulerConfig>().as_any())?;
         Ok(())
     }

@@ -7,16 +7,35 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString, PyTuple};
 
-/// `llmsched.status.RequestStatus` members, indexed by value - 1.
-static STATUS_MEMBERS: PyOnceLock<Py<PyTuple>> = PyOnceLock::new();
+/// `llmsched.status.RequestStatus` members, by value (index 0 unused).
+static STATUS_MEMBERS: PyOnceLock<Vec<Py<PyAny>>> = PyOnceLock::new();
 
+/// The `llmsched.status.RequestStatus` member of `status`, looked up by value.
 pub fn status_object(py: Python<'_>, status: RequestStatus) -> PyResult<Bound<'_, PyAny>> {
-    let members = STATUS_MEMBERS.get_or_try_init(py, || -> PyResult<Py<PyTuple>> {
+    let members = STATUS_MEMBERS.get_or_try_init(py, || -> PyResult<Vec<Py<PyAny>>> {
         let enum_class = py.import("llmsched.status")?.getattr("RequestStatus")?;
-        let members: Vec<Bound<'_, PyAny>> = enum_class.try_iter()?.collect::<PyResult<_>>()?;
-        Ok(PyTuple::new(py, members)?.unbind())
+        let mut members: Vec<Py<PyAny>> = (0..=RequestStatus::ALL.len()).map(|_| py.None()).collect();
+        for &s in RequestStatus::ALL {
+            if let Some(slot) = members.get_mut(s as usize) {
+                *slot = enum_class.call1((s as u8,))?.unbind();
+            }
+        }
+        Ok(members)
     })?;
-    members.bind(py).get_item(status as usize - 1)
+    match members.get(status as usize) {
+        Some(member) => Ok(member.bind(py).clone()),
+        None => py.import("llmsched.status")?.getattr("RequestStatus")?.call1((status as u8,)),
+    }
+}
+
+/// The statuses as `(name, value, finish reason)`, exported as `_core.REQUEST_STATUSES`
+/// for `llmsched.status` (its enum is checked against it by a test).
+pub fn request_statuses(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
+    let rows: Vec<Bound<'_, PyTuple>> = RequestStatus::ALL
+        .iter()
+        .map(|&s| (s.name(), s as u8, s.finish_reason()).into_pyobject(py))
+        .collect::<PyResult<_>>()?;
+    PyTuple::new(py, rows)
 }
 
 /// A read-only int32 array that owns `values` (moved, not copied).
@@ -143,17 +162,6 @@ pub struct PyRequestOutput {
     pub stop_reason: Option<i32>,
 }
 
-pub fn finish_reason(status: RequestStatus) -> Option<&'static str> {
-    match status {
-        RequestStatus::FinishedStopped | RequestStatus::WaitingForStreamingReq => Some("stop"),
-        RequestStatus::FinishedLengthCapped | RequestStatus::FinishedIgnored => Some("length"),
-        RequestStatus::FinishedAborted => Some("abort"),
-        RequestStatus::FinishedError => Some("error"),
-        RequestStatus::FinishedRepetition => Some("repetition"),
-        _ => None,
-    }
-}
-
 #[pymethods]
 impl PyRequestOutput {
     #[getter]
@@ -175,7 +183,7 @@ impl PyRequestOutput {
     #[getter]
     fn finish_reason(&self) -> Option<&'static str> {
         if self.status.is_finished() {
-            finish_reason(self.status)
+            self.status.finish_reason()
         } else {
             None
         }
@@ -202,26 +210,9 @@ impl PyRequestOutput {
             "RequestOutput(request_id={}, new_token_ids={:?}, status={}{})",
             self.request_id.bind(py).repr().map(|r| r.to_string()).unwrap_or_default(),
             self.new_token_ids.as_slice(),
-            status_name(self.status),
+            self.status.name(),
             self.stop_reason.map(|t| format!(", stop_reason={t}")).unwrap_or_default(),
         )
-    }
-}
-
-fn status_name(status: RequestStatus) -> &'static str {
-    match status {
-        RequestStatus::Waiting => "WAITING",
-        RequestStatus::WaitingForStructuredOutputGrammar => "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR",
-        RequestStatus::WaitingForRemoteKvs => "WAITING_FOR_REMOTE_KVS",
-        RequestStatus::WaitingForStreamingReq => "WAITING_FOR_STREAMING_REQ",
-        RequestStatus::Running => "RUNNING",
-        RequestStatus::Preempted => "PREEMPTED",
-        RequestStatus::FinishedStopped => "FINISHED_STOPPED",
-        RequestStatus::FinishedLengthCapped => "FINISHED_LENGTH_CAPPED",
-        RequestStatus::FinishedAborted => "FINISHED_ABORTED",
-        RequestStatus::FinishedIgnored => "FINISHED_IGNORED",
-        RequestStatus::FinishedError => "FINISHED_ERROR",
-        RequestStatus::FinishedRepetition => "FINISHED_REPETITION",
     }
 }
 
