@@ -251,3 +251,24 @@ fn dead_entries_stay_bounded_while_the_queue_drains() {
         }
     }
 }
+
+/// A step that scheduled nothing is not in flight: its empty output applies as a
+/// no-op however often it comes, and tokens for it are refused.
+#[test]
+fn an_empty_step_applies_as_a_no_op() {
+    let mut sched = Scheduler::new(config(|_| {})).unwrap();
+    let empty = sched.schedule();
+    assert_eq!(empty.len(), 0);
+    let before = sched.debug_snapshot();
+    for _ in 0..2 {
+        assert_eq!(apply(&mut sched, &empty, &[], &[]), vec![]);
+    }
+    let tokens = llmsched_core::RunnerOutput { sampled_token_ids: &[7], num_sampled: &[1], row_of_entry: None };
+    let refused = sched.update_from_output(empty.step_id, &tokens).unwrap_err();
+    assert!(refused.to_string().contains("scheduled nothing"), "{refused}");
+    assert_eq!(sched.debug_snapshot(), before);
+    // A step this scheduler never scheduled is refused, empty or not.
+    let none = llmsched_core::RunnerOutput { sampled_token_ids: &[], num_sampled: &[], row_of_entry: None };
+    assert!(sched.update_from_output(empty.step_id + 1, &none).is_err());
+    assert!(sched.update_from_output(0, &none).is_err());
+}

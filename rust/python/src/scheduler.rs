@@ -396,12 +396,6 @@ impl PyScheduler {
         // (a step's int32 columns copy in nanoseconds).
         let sampled = int32_array(py, &sampled_obj, "sampled_token_ids")?.as_slice()?.to_vec();
         let counts = int32_array(py, &counts_obj, "num_sampled")?.as_slice()?.to_vec();
-        if step_ids.is_empty() {
-            if !counts.is_empty() || !sampled.is_empty() {
-                return Err(mismatch_error(py, "runner_output: has tokens for a step that scheduled nothing".into()));
-            }
-            return Ok(PyRequestOutputs::with_capacity(0));
-        }
         self.with_inner(py, |inner| {
             let out = RunnerOutput { sampled_token_ids: &sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
