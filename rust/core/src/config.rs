@@ -47,18 +47,18 @@ impl Policy {
 macro_rules! config_fields {
     ($callback:ident) => {
         $callback! {
-            /// `M`: the most tokens a request may hold, prompt and output. Every scheduled
-            /// request keeps `C + n + s <= M`.
+            /// ``M``: the most tokens a request may hold, prompt and output. Every scheduled
+            /// request keeps ``C + n + s <= M``.
             max_model_len: Int = 2048;
             /// The most requests running at once.
             max_num_seqs: Int = 128;
             /// The input budget of a step: scheduled tokens plus draft slots.
             max_num_batched_tokens: Int = 2048;
-            /// The token budget of a step; None takes `max_num_batched_tokens`.
+            /// The token budget of a step; None takes ``max_num_batched_tokens``.
             max_num_scheduled_tokens: Derived(max_num_batched_tokens) = None;
-            /// The most requests the waiting loop lets run; None takes `max_num_seqs`.
+            /// The most requests the waiting loop lets run; None takes ``max_num_seqs``.
             max_num_active_seqs: Derived(max_num_seqs) = None;
-            /// `B`: tokens per KV block.
+            /// ``B``: tokens per KV block.
             block_size: Int = 16;
             /// KV blocks in the pool; block 0 is the null block, never allocated.
             num_gpu_blocks: Int = 10_000;
@@ -66,15 +66,15 @@ macro_rules! config_fields {
             enable_chunked_prefill: Bool = true;
             /// Caps a prefill chunk while more than one request is eligible (0: no cap).
             long_prefill_token_threshold: Int = 0;
-            /// Raise that cap to `max_num_batched_tokens // eligible requests` when larger.
+            /// Raise that cap to ``max_num_batched_tokens // eligible requests`` when larger.
             long_prefill_token_threshold_adaptive: Bool = false;
-            /// `K`: draft tokens per decode step (0: no speculative decoding).
+            /// ``K``: draft tokens per decode step (0: no speculative decoding).
             num_speculative_tokens: Int = 0;
-            /// `L`: KV slots reserved ahead of the drafts for the drafter.
+            /// ``L``: KV slots reserved ahead of the drafts for the drafter.
             num_lookahead_tokens: Int = 0;
             /// Input-budget slots charged per scheduled request for the drafter's tokens.
             max_num_new_slots_for_drafting: Int = 0;
-            /// `s`: tokens sampled per step: 1 for generation, 0 for pooling.
+            /// ``s``: tokens sampled per step: 1 for generation, 0 for pooling.
             num_sampled_tokens_per_step: Int = 1;
             /// Schedule a step before the previous one's output returns (placeholders).
             async_scheduling: Bool = true;
@@ -85,7 +85,7 @@ macro_rules! config_fields {
             scheduler_reserve_full_isl: Bool = true;
             /// Reuse the KV blocks of identical prompt prefixes.
             enable_prefix_caching: Bool = true;
-            /// `"fcfs"`, or `"priority"` (lower value first, then arrival).
+            /// ``"fcfs"``, or ``"priority"`` (lower value first, then arrival).
             policy: Policy = Policy::Fcfs;
         }
     };

@@ -39,14 +39,14 @@ pub fn exceptions(py: Python<'_>) -> PyResult<&Exceptions> {
             let base = new_class(py, "LlmschedError", vec![py.get_type::<PyException>()], "Base class of every error llmsched raises on purpose.")?;
             let b = base.bind(py).clone();
             let value_error = py.get_type::<PyValueError>();
-            let invalid_request = new_class(py, "InvalidRequestError", vec![b.clone(), value_error.clone()], "A bad argument to a request-level call.")?;
+            let invalid_request = new_class(py, "InvalidRequestError", vec![b.clone(), value_error.clone()], "A bad argument to a request-level call (``add_request`` and friends).")?;
             Ok(Exceptions {
-                config: new_class(py, "ConfigError", vec![b.clone(), value_error.clone()], "An invalid SchedulerConfig field or combination of fields.")?,
-                duplicate_request: new_class(py, "DuplicateRequestError", vec![invalid_request.bind(py).clone()], "add_request with the id of a request that is still live.")?,
+                config: new_class(py, "ConfigError", vec![b.clone(), value_error.clone()], "An invalid ``SchedulerConfig`` field or combination of fields.")?,
+                duplicate_request: new_class(py, "DuplicateRequestError", vec![invalid_request.bind(py).clone()], "``add_request`` with the id of a request that is still live.")?,
                 unknown_request: new_class(py, "UnknownRequestError", vec![b.clone(), py.get_type::<PyKeyError>()], "A request id that is not live (never added, or already finished).")?,
                 output_mismatch: new_class(py, "OutputMismatchError", vec![b.clone(), value_error], "A runner output that does not match the scheduler output it answers, or a scheduler output applied twice or out of order.")?,
-                invariant: new_class(py, "InvariantError", vec![b.clone(), py.get_type::<PyAssertionError>()], "Scheduler.check_invariants found a broken invariant (spec Appendix A).")?,
-                reentrant_call: new_class(py, "ReentrantCallError", vec![b.clone(), py.get_type::<PyRuntimeError>()], "A Scheduler method called while the same thread is already inside a call on that Scheduler (from a finalizer, a signal handler or a callback). The inner call is refused and changes nothing; the outer call completes.")?,
+                invariant: new_class(py, "InvariantError", vec![b.clone(), py.get_type::<PyAssertionError>()], "``Scheduler.check_invariants`` found a broken invariant.")?,
+                reentrant_call: new_class(py, "ReentrantCallError", vec![b.clone(), py.get_type::<PyRuntimeError>()], "A ``Scheduler`` method called while the same thread is already inside a call on that scheduler (from a finalizer, a signal handler or a callback). The inner call is refused and changes nothing; the outer call completes.")?,
                 internal: new_class(py, "InternalError", vec![b, py.get_type::<PyRuntimeError>()], "A bug inside llmsched. The scheduler refuses further calls after one.")?,
                 invalid_request,
                 base,

@@ -57,8 +57,10 @@ pub fn frozen_array(py: Python<'_>, values: Vec<i32>) -> Py<PyArray1<i32>> {
 #[pyclass(frozen, module = "llmsched", name = "SchedulerOutput")]
 pub struct PySchedulerOutput {
     pub scheduler_uid: u64,
+    /// The step's number, counting from 1; its output must be applied in this order.
     #[pyo3(get)]
     pub step_id: u64,
+    /// The scheduled requests, in the order of the per-request arrays.
     #[pyo3(get)]
     pub req_ids: Py<PyList>,
     /// The same ids, immutable: `update_from_output` matches runner rows
@@ -80,6 +82,7 @@ pub struct PySchedulerOutput {
     /// resumed requests (replace), the newly allocated blocks otherwise (append).
     #[pyo3(get)]
     pub num_block_ids: Py<PyArray1<i32>>,
+    /// The block ids counted by ``num_block_ids``, flat.
     #[pyo3(get)]
     pub block_ids: Py<PyArray1<i32>>,
     /// For new and resumed requests, how many tokens they hold (prompt and
@@ -89,10 +92,14 @@ pub struct PySchedulerOutput {
     /// The tokens counted by ``num_all_token_ids``, flat.
     #[pyo3(get)]
     pub all_token_ids: Py<PyArray1<i32>>,
+    /// The sum of ``num_scheduled_tokens``.
     #[pyo3(get)]
     pub total_num_scheduled_tokens: i64,
+    /// Requests scheduled for the first time in this step.
     #[pyo3(get)]
     pub new_req_ids: Py<PyList>,
+    /// Preempted requests scheduled again in this step (from scratch, or from a
+    /// prefix-cache hit).
     #[pyo3(get)]
     pub resumed_req_ids: Py<PyList>,
     /// Requests preempted since the previous ``schedule()``, this step included.
@@ -153,6 +160,7 @@ impl Tokens {
 /// What one step produced for one request.
 #[pyclass(frozen, module = "llmsched", name = "RequestOutput")]
 pub struct PyRequestOutput {
+    /// The request's id.
     #[pyo3(get)]
     pub request_id: Py<PyString>,
     pub new_token_ids: Tokens,
@@ -164,16 +172,19 @@ pub struct PyRequestOutput {
 
 #[pymethods]
 impl PyRequestOutput {
+    /// The tokens this step delivered to the request (after a stop, none past it).
     #[getter]
     fn new_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         PyList::new(py, self.new_token_ids.as_slice())
     }
 
+    /// The request's status after the step.
     #[getter]
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         status_object(py, self.status)
     }
 
+    /// Whether the request finished in this step.
     #[getter]
     fn finished(&self) -> bool {
         self.status.is_finished()
@@ -342,43 +353,63 @@ impl PyRequestOutputs {
 /// A snapshot of one live request, taken by ``Scheduler.get_request``.
 #[pyclass(frozen, module = "llmsched", name = "Request")]
 pub struct PyRequest {
+    /// The request's id.
     #[pyo3(get)]
     request_id: String,
     status: RequestStatus,
+    /// ``C``: tokens whose KV is computed or scheduled to be.
     #[pyo3(get)]
     num_computed_tokens: i64,
+    /// ``N``: prompt and output tokens so far.
     #[pyo3(get)]
     num_tokens: i64,
+    /// Tokens in the prompt.
     #[pyo3(get)]
     num_prompt_tokens: i64,
+    /// ``N`` plus the drafts waiting to be scheduled.
     #[pyo3(get)]
     num_tokens_with_spec: i64,
+    /// The prompt.
     #[pyo3(get)]
     prompt_token_ids: Vec<i32>,
+    /// The output tokens so far.
     #[pyo3(get)]
     output_token_ids: Vec<i32>,
+    /// Drafts to schedule next (-1 placeholders under async scheduling).
     #[pyo3(get)]
     spec_token_ids: Vec<i32>,
+    /// Output positions scheduled whose tokens have not returned yet (async).
     #[pyo3(get)]
     num_output_placeholders: i64,
+    /// Tokens scheduled whose output has not been applied yet.
     #[pyo3(get)]
     num_in_flight_tokens: i64,
+    /// In-flight tokens scheduled before the request's last preemption.
     #[pyo3(get)]
     num_stale_output_tokens: i64,
+    /// Whether that stale output is dropped rather than delivered.
     #[pyo3(get)]
     drop_stale_output: bool,
+    /// How often the request has been preempted.
     #[pyo3(get)]
     num_preemptions: u32,
+    /// The most output tokens the request may produce.
     #[pyo3(get)]
     max_tokens: i64,
+    /// Its priority under the priority policy (lower runs first).
     #[pyo3(get)]
     priority: i32,
+    /// When the request arrived (seconds; the caller's clock or the epoch).
     #[pyo3(get)]
     arrival_time: f64,
+    /// Whether the last scheduled chunk ended before the request's known tokens.
     #[pyo3(get)]
     is_prefill_chunk: bool,
+    /// The request's KV block table.
     #[pyo3(get)]
     block_ids: Vec<u32>,
+    /// One 128-bit hash per full block of the request's tokens (empty without
+    /// prefix caching).
     #[pyo3(get)]
     block_hashes: Vec<u128>,
 }
@@ -412,6 +443,7 @@ impl PyRequest {
 
 #[pymethods]
 impl PyRequest {
+    /// The request's status when the snapshot was taken.
     #[getter]
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         status_object(py, self.status)

@@ -258,12 +258,18 @@ impl PyScheduler {
         })
     }
 
+    /// The configuration the scheduler was built with.
     #[getter]
     fn config(&self, py: Python<'_>) -> Py<PySchedulerConfig> {
         self.config.clone_ref(py)
     }
 
     /// Queue a request. Copies the prompt into the scheduler.
+    ///
+    /// Raises ``InvalidRequestError`` (``DuplicateRequestError`` for an id still live)
+    /// naming the field and the value, and changes nothing, for a request that could
+    /// never finish: an empty prompt, one longer than ``max_model_len`` minus the sampled
+    /// token, a token id outside int32, or one whose KV could outgrow the pool.
     #[pyo3(signature = (request_id, prompt_token_ids, *, max_tokens, min_tokens=None, eos_token_id=None,
         stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None, cache_salt=None),
         text_signature = "(self, request_id, prompt_token_ids, *, max_tokens, min_tokens=0, eos_token_id=None, \
@@ -347,6 +353,12 @@ impl PyScheduler {
         })
     }
 
+    /// Decide the next step: which requests run and how many tokens each.
+    ///
+    /// Runs the running loop (decodes and prefill chunks of running requests, preempting
+    /// the lowest-priority running request when KV blocks run out), then, if nothing was
+    /// preempted, admits waiting requests in order. Every scheduled request keeps
+    /// ``C + n + s <= max_model_len``. Returns the step as a ``SchedulerOutput``.
     fn schedule(&self, py: Python<'_>) -> PyResult<PySchedulerOutput> {
         self.with_inner(py, |inner| {
             let core = &mut inner.core;
@@ -355,8 +367,15 @@ impl PyScheduler {
         })
     }
 
-    /// Apply a runner's output for ``scheduler_output``. Copies the runner's
-    /// arrays before it releases the GIL.
+    /// Apply a runner's output for ``scheduler_output``.
+    ///
+    /// ``runner_output`` is a ``llmsched.ModelRunnerOutput`` (or any object with
+    /// ``req_ids``, ``sampled_token_ids`` and ``num_sampled``). Outputs must be applied
+    /// once each, in the order the steps were scheduled; the output of a step that
+    /// scheduled nothing is a no-op. Copies the runner's arrays before it releases the
+    /// GIL, so a thread writing into them during the call cannot change what is applied.
+    /// Returns a sequence of ``RequestOutput``, one per request that produced tokens or
+    /// finished.
     fn update_from_output<'py>(
         &self,
         py: Python<'py>,
@@ -417,6 +436,11 @@ impl PyScheduler {
         })
     }
 
+    /// Give running requests the drafts to verify in the next step (sync scheduling).
+    ///
+    /// ``draft_token_ids[i]`` (at most ``num_speculative_tokens`` ids; -1 is a drafter's
+    /// padding) replaces the drafts of ``req_ids[i]``. Ids that are not live are ignored;
+    /// drafts of a request that is not running or still in prefill are dropped.
     #[pyo3(signature = (req_ids, draft_token_ids))]
     fn update_draft_token_ids(
         &self,
@@ -502,6 +526,8 @@ impl PyScheduler {
         PyList::new(py, finished.iter().map(|id| id.as_ref()))
     }
 
+    /// A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
+    /// live request has that id.
     fn get_request(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<PyRequest> {
         let request_id = request_id
             .cast::<PyString>()
@@ -510,14 +536,18 @@ impl PyScheduler {
         self.with_inner(py, |inner| Ok(PyRequest::snapshot(inner.core.get_request(&request_id).map_err(core_err)?)))
     }
 
+    /// Whether any request is running or waiting.
     fn has_unfinished_requests(&self, py: Python<'_>) -> PyResult<bool> {
         self.with_inner(py, |inner| Ok(inner.core.has_unfinished_requests()))
     }
 
+    /// How many requests are running or waiting.
     fn get_num_unfinished_requests(&self, py: Python<'_>) -> PyResult<usize> {
         self.with_inner(py, |inner| Ok(inner.core.get_num_unfinished_requests()))
     }
 
+    /// Whether any request is unfinished, or finished but not yet reported by a
+    /// ``schedule()``.
     fn has_requests(&self, py: Python<'_>) -> PyResult<bool> {
         self.with_inner(py, |inner| Ok(inner.core.has_requests()))
     }
@@ -527,21 +557,34 @@ impl PyScheduler {
         self.with_inner(py, |inner| Ok(inner.core.get_request_counts()))
     }
 
+    /// The fraction of usable KV blocks in use, in [0, 1].
     fn get_kv_cache_usage(&self, py: Python<'_>) -> PyResult<f64> {
         self.with_inner(py, |inner| Ok(inner.core.kv_cache_usage()))
     }
 
+    /// KV blocks in the free queue (cached ones included: they are reusable).
     #[getter]
     fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
         self.with_inner(py, |inner| Ok(inner.core.num_free_blocks()))
     }
 
+    /// Scheduled steps with requests whose output has not been applied yet.
     #[getter]
     fn num_steps_in_flight(&self, py: Python<'_>) -> PyResult<usize> {
         self.with_inner(py, |inner| Ok(inner.core.num_steps_in_flight()))
     }
 
-    /// Counters over the scheduler's life.
+    /// Counters over the scheduler's life, as a dict:
+    ///
+    /// - ``num_steps``: ``schedule()`` calls;
+    /// - ``num_preemptions``: requests preempted;
+    /// - ``num_draft_tokens``, ``num_accepted_tokens``: draft slots scheduled and
+    ///   drafts the runner accepted;
+    /// - ``prefix_cache_requests``, ``prefix_cache_queries``, ``prefix_cache_hits``:
+    ///   prefix-cache lookups at first admission (requests, prompt tokens looked up,
+    ///   tokens found);
+    /// - ``prefix_cache_preempted_requests``, ``prefix_cache_preempted_queries``,
+    ///   ``prefix_cache_preempted_hits``: the same at re-admission after a preemption.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (stats, prefix) =
             self.with_inner(py, |inner| Ok((inner.core.stats().clone(), inner.core.prefix_cache_stats().clone())))?;
@@ -589,7 +632,9 @@ impl PyScheduler {
         PyList::new(py, queue)
     }
 
-    /// Check the invariants of spec Appendix A over the whole state.
+    /// Check every invariant of the whole state: the capacity rule, queues and
+    /// statuses, counters, block tables, reference counts, the free queue and the
+    /// prefix cache's hashes.
     ///
     /// O(everything): meant for tests and debugging, not the hot path.
     /// Raises ``InvariantError`` naming the first broken one.
