@@ -45,9 +45,7 @@ def runtime_doc(name: str) -> str | None:
 
 def same_text(a: str | None, b: str | None) -> bool:
     """Equal but for line breaks and indentation (the stub wraps long lines)."""
-    return (a is None) == (b is None) and " ".join((a or "").split()) == " ".join(
-        (b or "").split()
-    )
+    return (a is None) == (b is None) and " ".join((a or "").split()) == " ".join((b or "").split())
 
 
 def _docstring_source(doc: str, indent: str) -> str:
