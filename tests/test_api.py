@@ -289,8 +289,13 @@ def test_runner_output_must_match_its_step() -> None:
         assert sched.debug_snapshot() == before
     with pytest.raises(OutputMismatchError, match="sampled_token_ids"):
         ModelRunnerOutput(["0", "1"], np.array([1.0, 2.0]), np.array([1, 1]))
-    with pytest.raises(OutputMismatchError, match="num_sampled"):
-        ModelRunnerOutput(["0", "1"], np.array([1, 2]), np.array([1]))
+    # How the counts fit the ids and the tokens is the scheduler's check, at apply time.
+    for counts in ([1], [1, 1, 0], [2, 1], [-1, 3]):
+        with pytest.raises(OutputMismatchError, match=r"num_sampled|requests|tokens"):
+            sched.update_from_output(
+                so, ModelRunnerOutput(["0", "1"], np.array([1, 2], np.int32), np.array(counts))
+            )
+        assert sched.debug_snapshot() == before
     with pytest.raises(OutputMismatchError, match="cannot be negative"):
         sched.update_from_output(so, runner_output(so, [[1], [-1]]))
     # Any order of the same requests is fine.

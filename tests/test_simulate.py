@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.parity.matrix import TRACES  # one setting for every suite: LLMSCHED_TRACES
 
 from llmsched import SchedulerConfig
 from llmsched.cli import main
@@ -25,7 +26,6 @@ from llmsched.workload import (
     synthetic,
 )
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 needs_traces = pytest.mark.skipif(
     not TRACES.is_dir(), reason=f"the workplace's traces are not at {TRACES}"
 )

@@ -1,7 +1,9 @@
 """Type stubs of the Rust extension ``llmsched._core``.
 
-Hand-written, and checked against the compiled module by ``mypy.stubtest``
-(``make stubtest``). Import these names from ``llmsched``, not from here.
+Signatures are written here and checked against the compiled module by ``mypy.stubtest``
+(``make stubtest``); docstrings are the compiled module's own, copied by
+``python -m tests.stub_docs`` and held equal by ``tests/test_docstrings.py``. Import these
+names from ``llmsched``, not from here.
 """
 
 from collections.abc import Iterable, Iterator, Sequence
@@ -15,6 +17,7 @@ from llmsched.status import RequestStatus
 _Int32Array = npt.NDArray[np.int32]
 
 __all__ = [
+    "REQUEST_STATUSES",
     "ConfigError",
     "DuplicateRequestError",
     "InternalError",
@@ -34,6 +37,9 @@ __all__ = [
 ]
 
 __version__: Final[str]
+REQUEST_STATUSES: Final[tuple[tuple[str, int, str | None], ...]]
+"""Every request status as ``(name, value, finish reason)``, in value order: the
+declaration ``llmsched.RequestStatus`` is checked against."""
 
 class LlmschedError(Exception):
     """Base class of every error llmsched raises on purpose."""
@@ -51,16 +57,16 @@ class UnknownRequestError(LlmschedError, KeyError):
     """A request id that is not live (never added, or already finished)."""
 
 class OutputMismatchError(LlmschedError, ValueError):
-    """A runner output that does not match the scheduler output it answers,
-    or a scheduler output applied twice or out of order."""
+    """A runner output that does not match the scheduler output it answers, or a scheduler output
+    applied twice or out of order."""
 
 class InvariantError(LlmschedError, AssertionError):
-    """``Scheduler.check_invariants`` found a broken invariant (spec Appendix A)."""
+    """``Scheduler.check_invariants`` found a broken invariant."""
 
 class ReentrantCallError(LlmschedError, RuntimeError):
-    """A ``Scheduler`` method called while the same thread is already inside a call on
-    that scheduler (from a finalizer, a signal handler or a callback). The inner call is
-    refused and changes nothing; the outer call completes."""
+    """A ``Scheduler`` method called while the same thread is already inside a call on that
+    scheduler (from a finalizer, a signal handler or a callback). The inner call is refused
+    and changes nothing; the outer call completes."""
 
 class InternalError(LlmschedError, RuntimeError):
     """A bug inside llmsched. The scheduler refuses further calls after one."""
@@ -69,9 +75,12 @@ class InternalError(LlmschedError, RuntimeError):
 class SchedulerConfig:
     """The validated configuration of a scheduler. Immutable.
 
+    Every field is a keyword argument and a read-only property (see each property's
+    documentation); a derived field left to None reads as the value it derives.
+    ``replace(**changes)`` makes a new validated config.
+
     This object is the one home of ``max_model_len``: the scheduler, the
-    simulated runner and the engine all read it from here.
-    """
+    simulated runner and the engine all read it from here."""
 
     def __new__(
         cls,
@@ -97,43 +106,64 @@ class SchedulerConfig:
         policy: str = "fcfs",
     ) -> SchedulerConfig: ...
     @property
-    def max_model_len(self) -> int: ...
+    def max_model_len(self) -> int:
+        """``M``: the most tokens a request may hold, prompt and output. Every scheduled
+        request keeps ``C + n + s <= M``."""
     @property
-    def max_num_seqs(self) -> int: ...
+    def max_num_seqs(self) -> int:
+        """The most requests running at once."""
     @property
-    def max_num_batched_tokens(self) -> int: ...
+    def max_num_batched_tokens(self) -> int:
+        """The input budget of a step: scheduled tokens plus draft slots."""
     @property
-    def max_num_scheduled_tokens(self) -> int: ...
+    def max_num_scheduled_tokens(self) -> int:
+        """The token budget of a step; None takes ``max_num_batched_tokens``."""
     @property
-    def max_num_active_seqs(self) -> int: ...
+    def max_num_active_seqs(self) -> int:
+        """The most requests the waiting loop lets run; None takes ``max_num_seqs``."""
     @property
-    def block_size(self) -> int: ...
+    def block_size(self) -> int:
+        """``B``: tokens per KV block."""
     @property
-    def num_gpu_blocks(self) -> int: ...
+    def num_gpu_blocks(self) -> int:
+        """KV blocks in the pool; block 0 is the null block, never allocated."""
     @property
-    def enable_chunked_prefill(self) -> bool: ...
+    def enable_chunked_prefill(self) -> bool:
+        """Split a prompt over several steps when it does not fit a step's budget."""
     @property
-    def long_prefill_token_threshold(self) -> int: ...
+    def long_prefill_token_threshold(self) -> int:
+        """Caps a prefill chunk while more than one request is eligible (0: no cap)."""
     @property
-    def long_prefill_token_threshold_adaptive(self) -> bool: ...
+    def long_prefill_token_threshold_adaptive(self) -> bool:
+        """Raise that cap to ``max_num_batched_tokens // eligible requests`` when larger."""
     @property
-    def num_speculative_tokens(self) -> int: ...
+    def num_speculative_tokens(self) -> int:
+        """``K``: draft tokens per decode step (0: no speculative decoding)."""
     @property
-    def num_lookahead_tokens(self) -> int: ...
+    def num_lookahead_tokens(self) -> int:
+        """``L``: KV slots reserved ahead of the drafts for the drafter."""
     @property
-    def max_num_new_slots_for_drafting(self) -> int: ...
+    def max_num_new_slots_for_drafting(self) -> int:
+        """Input-budget slots charged per scheduled request for the drafter's tokens."""
     @property
-    def num_sampled_tokens_per_step(self) -> int: ...
+    def num_sampled_tokens_per_step(self) -> int:
+        """``s``: tokens sampled per step: 1 for generation, 0 for pooling."""
     @property
-    def async_scheduling(self) -> bool: ...
+    def async_scheduling(self) -> bool:
+        """Schedule a step before the previous one's output returns (placeholders)."""
     @property
-    def watermark(self) -> float: ...
+    def watermark(self) -> float:
+        """Fraction of the KV pool, in [0, 1), kept free when admitting a request
+        while others run."""
     @property
-    def scheduler_reserve_full_isl(self) -> bool: ...
+    def scheduler_reserve_full_isl(self) -> bool:
+        """Admit a request only if the free blocks can hold its whole sequence."""
     @property
-    def enable_prefix_caching(self) -> bool: ...
+    def enable_prefix_caching(self) -> bool:
+        """Reuse the KV blocks of identical prompt prefixes."""
     @property
-    def policy(self) -> str: ...
+    def policy(self) -> str:
+        """``"fcfs"``, or ``"priority"`` (lower value first, then arrival)."""
     def replace(self, **changes: Any) -> SchedulerConfig:
         """A new validated config with ``changes`` applied."""
     def to_dict(self) -> dict[str, Any]:
@@ -148,13 +178,14 @@ class SchedulerOutput:
 
     Every array is int32, built in Rust and moved into numpy without a copy;
     arrays are read-only. Per-request arrays are aligned with ``req_ids``:
-    running requests first (in running order), then this step's admissions.
-    """
+    running requests first (in running order), then this step's admissions."""
 
     @property
-    def step_id(self) -> int: ...
+    def step_id(self) -> int:
+        """The step's number, counting from 1; its output must be applied in this order."""
     @property
-    def req_ids(self) -> list[str]: ...
+    def req_ids(self) -> list[str]:
+        """The scheduled requests, in the order of the per-request arrays."""
     @property
     def num_scheduled_tokens(self) -> _Int32Array:
         """``n`` per request: tokens to compute in this step (>= 1)."""
@@ -175,7 +206,8 @@ class SchedulerOutput:
         """Block ids per request in ``block_ids``: the whole table for new and
         resumed requests (replace), the newly allocated blocks otherwise (append)."""
     @property
-    def block_ids(self) -> _Int32Array: ...
+    def block_ids(self) -> _Int32Array:
+        """The block ids counted by ``num_block_ids``, flat."""
     @property
     def num_all_token_ids(self) -> _Int32Array:
         """For new and resumed requests, how many tokens they hold (prompt and
@@ -184,11 +216,15 @@ class SchedulerOutput:
     def all_token_ids(self) -> _Int32Array:
         """The tokens counted by ``num_all_token_ids``, flat."""
     @property
-    def total_num_scheduled_tokens(self) -> int: ...
+    def total_num_scheduled_tokens(self) -> int:
+        """The sum of ``num_scheduled_tokens``."""
     @property
-    def new_req_ids(self) -> list[str]: ...
+    def new_req_ids(self) -> list[str]:
+        """Requests scheduled for the first time in this step."""
     @property
-    def resumed_req_ids(self) -> list[str]: ...
+    def resumed_req_ids(self) -> list[str]:
+        """Preempted requests scheduled again in this step (from scratch, or from a
+        prefix-cache hit)."""
     @property
     def rescheduled_req_ids(self) -> list[str]:
         """Running requests scheduled in this step that the previous step did not schedule."""
@@ -205,13 +241,17 @@ class RequestOutput:
     """What one step produced for one request."""
 
     @property
-    def request_id(self) -> str: ...
+    def request_id(self) -> str:
+        """The request's id."""
     @property
-    def new_token_ids(self) -> list[int]: ...
+    def new_token_ids(self) -> list[int]:
+        """The tokens this step delivered to the request (after a stop, none past it)."""
     @property
-    def status(self) -> RequestStatus: ...
+    def status(self) -> RequestStatus:
+        """The request's status after the step."""
     @property
-    def finished(self) -> bool: ...
+    def finished(self) -> bool:
+        """Whether the request finished in this step."""
     @property
     def finish_reason(self) -> str | None:
         """vLLM's finish reason (``"stop"``, ``"length"``, ``"abort"``...), or None."""
@@ -223,12 +263,13 @@ class RequestOutput:
 
 @final
 class RequestOutputs(Sequence[RequestOutput]):
-    """The outputs of one step: a sequence of ``RequestOutput`` (each request that
+    """The outputs of one step: a sequence of ``RequestOutput`` (a request that
     produced tokens or finished), stored as columns.
 
-    Elements are built when accessed, so a caller that reads the columns never pays for
-    one Python object per request. The column properties copy into new numpy arrays on
-    each access."""
+    Elements are built when accessed, so a caller that reads the columns
+    (``req_ids``, ``new_token_ids``, ``num_new_tokens``, ``statuses``) never pays
+    for one Python object per request. The column properties copy into new
+    numpy arrays on each access."""
 
     def __len__(self) -> int: ...
     @overload
@@ -262,27 +303,38 @@ class Request:
     """A snapshot of one live request, taken by ``Scheduler.get_request``."""
 
     @property
-    def request_id(self) -> str: ...
+    def request_id(self) -> str:
+        """The request's id."""
     @property
-    def status(self) -> RequestStatus: ...
+    def status(self) -> RequestStatus:
+        """The request's status when the snapshot was taken."""
     @property
-    def num_computed_tokens(self) -> int: ...
+    def num_computed_tokens(self) -> int:
+        """``C``: tokens whose KV is computed or scheduled to be."""
     @property
-    def num_tokens(self) -> int: ...
+    def num_tokens(self) -> int:
+        """``N``: prompt and output tokens so far."""
     @property
-    def num_prompt_tokens(self) -> int: ...
+    def num_prompt_tokens(self) -> int:
+        """Tokens in the prompt."""
     @property
-    def num_tokens_with_spec(self) -> int: ...
+    def num_tokens_with_spec(self) -> int:
+        """``N`` plus the drafts waiting to be scheduled."""
     @property
-    def prompt_token_ids(self) -> list[int]: ...
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt."""
     @property
-    def output_token_ids(self) -> list[int]: ...
+    def output_token_ids(self) -> list[int]:
+        """The output tokens so far."""
     @property
-    def spec_token_ids(self) -> list[int]: ...
+    def spec_token_ids(self) -> list[int]:
+        """Drafts to schedule next (-1 placeholders under async scheduling)."""
     @property
-    def num_output_placeholders(self) -> int: ...
+    def num_output_placeholders(self) -> int:
+        """Output positions scheduled whose tokens have not returned yet (async)."""
     @property
-    def num_in_flight_tokens(self) -> int: ...
+    def num_in_flight_tokens(self) -> int:
+        """Tokens scheduled whose output has not been applied yet."""
     @property
     def num_stale_output_tokens(self) -> int:
         """In-flight tokens scheduled before the request's last preemption."""
@@ -290,17 +342,23 @@ class Request:
     def drop_stale_output(self) -> bool:
         """Whether that stale output is dropped rather than delivered."""
     @property
-    def num_preemptions(self) -> int: ...
+    def num_preemptions(self) -> int:
+        """How often the request has been preempted."""
     @property
-    def max_tokens(self) -> int: ...
+    def max_tokens(self) -> int:
+        """The most output tokens the request may produce."""
     @property
-    def priority(self) -> int: ...
+    def priority(self) -> int:
+        """Its priority under the priority policy (lower runs first)."""
     @property
-    def arrival_time(self) -> float: ...
+    def arrival_time(self) -> float:
+        """When the request arrived (seconds; the caller's clock or the epoch)."""
     @property
-    def is_prefill_chunk(self) -> bool: ...
+    def is_prefill_chunk(self) -> bool:
+        """Whether the last scheduled chunk ended before the request's known tokens."""
     @property
-    def block_ids(self) -> list[int]: ...
+    def block_ids(self) -> list[int]:
+        """The request's KV block table."""
     @property
     def block_hashes(self) -> list[int]:
         """One 128-bit hash per full block of the request's tokens (empty without
@@ -316,7 +374,8 @@ class Scheduler:
 
     def __new__(cls, config: SchedulerConfig) -> Scheduler: ...
     @property
-    def config(self) -> SchedulerConfig: ...
+    def config(self) -> SchedulerConfig:
+        """The configuration the scheduler was built with."""
     def add_request(
         self,
         request_id: str,
@@ -331,51 +390,83 @@ class Scheduler:
         priority: int = 0,
         cache_salt: str | None = None,
     ) -> None:
-        """Queue a request. Copies the prompt into the scheduler."""
-    def schedule(self) -> SchedulerOutput: ...
+        """Queue a request. Copies the prompt into the scheduler.
+
+        Raises ``InvalidRequestError`` (``DuplicateRequestError`` for an id still live)
+        naming the field and the value, and changes nothing, for a request that could
+        never finish: an empty prompt, one longer than ``max_model_len`` minus the sampled
+        token, a token id outside int32, or one whose KV could outgrow the pool."""
+    def schedule(self) -> SchedulerOutput:
+        """Decide the next step: which requests run and how many tokens each.
+
+        Runs the running loop (decodes and prefill chunks of running requests, preempting
+        the lowest-priority running request when KV blocks run out), then, if nothing was
+        preempted, admits waiting requests in order. Every scheduled request keeps
+        ``C + n + s <= max_model_len``. Returns the step as a ``SchedulerOutput``."""
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: Any
     ) -> RequestOutputs:
         """Apply a runner's output for ``scheduler_output``.
 
-        ``runner_output`` is a ``llmsched.ModelRunnerOutput`` (or any object
-        with ``req_ids``, ``sampled_token_ids`` and ``num_sampled``). Outputs
-        must be applied once each, in the order the steps were scheduled. Reads the
-        runner's arrays in place (no copy): do not modify them during the call.
-        Returns a sequence of ``RequestOutput``, one per request that produced tokens
-        or finished.
-        """
+        ``runner_output`` is a ``llmsched.ModelRunnerOutput`` (or any object with
+        ``req_ids``, ``sampled_token_ids`` and ``num_sampled``). Outputs must be applied
+        once each, in the order the steps were scheduled; the output of a step that
+        scheduled nothing is a no-op. Copies the runner's arrays before it releases the
+        GIL, so a thread writing into them during the call cannot change what is applied.
+        Returns a sequence of ``RequestOutput``, one per request that produced tokens or
+        finished."""
     def update_draft_token_ids(
         self,
         req_ids: Sequence[str],
         draft_token_ids: Sequence[Sequence[int]],
-    ) -> None: ...
+    ) -> None:
+        """Give running requests the drafts to verify in the next step (sync scheduling).
+
+        ``draft_token_ids[i]`` (at most ``num_speculative_tokens`` ids; -1 is a drafter's
+        padding) replaces the drafts of ``req_ids[i]``. Ids that are not live are ignored;
+        drafts of a request that is not running or still in prefill are dropped."""
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, status: RequestStatus | int
     ) -> list[str]:
         """Finish live requests with a finished ``status``; returns the ids
         finished (ids not live are ignored, as in vLLM). None means all."""
-    def get_request(self, request_id: str) -> Request: ...
-    def has_unfinished_requests(self) -> bool: ...
-    def get_num_unfinished_requests(self) -> int: ...
-    def has_requests(self) -> bool: ...
+    def get_request(self, request_id: str) -> Request:
+        """A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
+        live request has that id."""
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is running or waiting."""
+    def get_num_unfinished_requests(self) -> int:
+        """How many requests are running or waiting."""
+    def has_requests(self) -> bool:
+        """Whether any request is unfinished, or finished but not yet reported by a
+        ``schedule()``."""
     def get_request_counts(self) -> tuple[int, int]:
         """``(running, waiting)``."""
-    def get_kv_cache_usage(self) -> float: ...
+    def get_kv_cache_usage(self) -> float:
+        """The fraction of usable KV blocks in use, in [0, 1]."""
     @property
     def pause_state(self) -> int:
         """vLLM's pause state: 0 unpaused, 1 no new admissions, 2 nothing scheduled."""
     def set_pause_state(self, pause_state: int) -> None:
         """Set the pause state (0 unpaused, 1 no new admissions, 2 nothing scheduled)."""
     @property
-    def num_free_blocks(self) -> int: ...
+    def num_free_blocks(self) -> int:
+        """KV blocks in the free queue (cached ones included: they are reusable)."""
     @property
-    def num_steps_in_flight(self) -> int: ...
+    def num_steps_in_flight(self) -> int:
+        """Scheduled steps with requests whose output has not been applied yet."""
     def stats(self) -> dict[str, int]:
-        """Counters over the scheduler's life: num_steps, num_preemptions,
-        num_draft_tokens, num_accepted_tokens, and the prefix cache's lookups recorded
-        at admission: prefix_cache_{requests,queries,hits} for first admissions and
-        prefix_cache_preempted_{requests,queries,hits} for re-admissions."""
+        """Counters over the scheduler's life, as a dict:
+
+        - ``num_steps``: ``schedule()`` calls;
+        - ``num_preemptions``: requests preempted;
+        - ``num_draft_tokens``, ``num_accepted_tokens``: draft slots scheduled and
+          drafts the runner accepted;
+        - ``prefix_cache_requests``, ``prefix_cache_queries``, ``prefix_cache_hits``:
+          prefix-cache lookups at first admission (requests, prompt tokens looked up,
+          tokens found);
+        - ``prefix_cache_preempted_requests``, ``prefix_cache_preempted_queries``,
+          ``prefix_cache_preempted_hits``: the same at re-admission after a preemption."""
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prefix block. With ``reset_running_requests``, first
         preempt every running request (their output in flight is dropped). Returns
@@ -387,7 +478,9 @@ class Scheduler:
     def free_block_queue(self) -> list[int]:
         """The free-block queue, head first (blocks are reused from the head)."""
     def check_invariants(self) -> None:
-        """Check the invariants of spec Appendix A over the whole state.
+        """Check every invariant of the whole state: the capacity rule, queues and
+        statuses, counters, block tables, reference counts, the free queue and the
+        prefix cache's hashes.
 
         O(everything): meant for tests and debugging, not the hot path.
         Raises ``InvariantError`` naming the first broken one."""

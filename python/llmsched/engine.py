@@ -32,7 +32,6 @@ from llmsched._core import (
 )
 from llmsched.runner import SimulatedModelRunner
 from llmsched.status import RequestStatus
-from llmsched.testing import check_scheduler_output
 
 __all__ = ["BATCH_QUEUE_SIZE", "Engine", "ModelRunner", "RequestSummary"]
 
@@ -69,9 +68,9 @@ class Engine:
     """Drives a ``Scheduler`` built from ``config`` and a model runner (by default a
     ``SimulatedModelRunner`` on the same config).
 
-    With ``check_invariants``, every ``schedule()`` is followed by
-    ``Scheduler.check_invariants()`` and ``llmsched.testing.check_scheduler_output``, and
-    every ``update_from_output`` by ``Scheduler.check_invariants()``. ``on_schedule`` is
+    With ``check_invariants``, every ``schedule()`` and every ``update_from_output`` is
+    followed by ``Scheduler.check_invariants()`` (the simulated runner asserts what vLLM's
+    GPU runner asserts on every step it executes). ``on_schedule`` is
     called with every ``SchedulerOutput``, before the runner executes it.
     """
 
@@ -250,7 +249,6 @@ class Engine:
             self._on_schedule(scheduler_output)
         if self._check:
             self._scheduler.check_invariants()
-            check_scheduler_output(self._config, scheduler_output)
         return scheduler_output
 
     def _update(

@@ -263,15 +263,7 @@ class SimulatedModelRunner:
                 f"config.max_model_len is {max_model_len}"
             )
         self._pending_drafts = None
-
-        # (a) State diff: forget finished requests; preempted ones keep their state (they
-        # may resume) but lose the drafts they held.
-        for req_id in so.finished_req_ids:
-            self._forget(req_id)
-        for req_id in so.preempted_req_ids:
-            row = self._row_of.get(req_id)
-            if row is not None:
-                self._draft_base[row] = -1
+        self._apply_state_diff(so)
 
         req_ids = so.req_ids
         num_reqs = len(req_ids)
@@ -293,6 +285,86 @@ class SimulatedModelRunner:
         start = self._num_computed[rows]
         self._check_computed(req_ids, sched_computed, start, is_async)
 
+        req_indices, positions = self._expand_counts(so, req_ids, rows, ns, start)
+
+        # Draft slots: the last k positions of a request's step. They must sit right after
+        # the request's known tokens; the non-draft positions may not run past them.
+        ntok = self._num_tokens[rows]
+        known_end = start + ns
+        num_spec = np.zeros(0, dtype=np.int32)
+        has_spec = False
+        if num_spec_cfg > 0 or len(so.spec_token_ids):
+            num_spec = np.asarray(so.num_spec_tokens)
+            has_spec = bool(num_spec.any())
+        if has_spec:
+            known_end = known_end - num_spec
+        over = known_end > ntok
+        if over.any():
+            i = int(np.argmax(over))
+            raise AssertionError(
+                f"request {req_ids[i]!r}: the step computes positions up to "
+                f"{int(known_end[i]) - 1} but the request has only {int(ntok[i])} tokens"
+            )
+        drafts = np.zeros(0, dtype=np.int32)
+        spec_rows = np.zeros(0, dtype=np.intp)
+        spec_index = np.zeros(0, dtype=np.int64)
+        if has_spec:
+            drafts, spec_rows, spec_index = self._draft_slots(
+                so, req_ids, rows, ns, num_spec, known_end, ntok, num_spec_cfg, is_async
+            )
+            self._tokens[spec_rows, spec_index] = drafts  # vLLM writes drafts after the tokens
+
+        flat_rows = rows[req_indices]
+        input_ids = self._tokens.reshape(-1)[positions + flat_rows * max_model_len]
+        block_ids = self._block_table[flat_rows, positions // block_size].astype(np.int64)
+        slot_mapping = block_ids * block_size + positions % block_size
+        self.last_step_inputs = StepInputs(req_indices, positions, input_ids, slot_mapping)
+
+        # Sampling. A request samples when the step reaches the end of its known tokens;
+        # otherwise it is a non-final prefill chunk and gets an empty row.
+        if num_sampled_per_step == 0:
+            self._num_computed[rows] = start + ns
+            return self._output(req_ids, np.zeros(0, np.int32), np.zeros(num_reqs, np.int32))
+        samples = known_end >= ntok
+        sampled, counts = self._sample(
+            req_ids,
+            rows,
+            start,
+            ns,
+            ntok,
+            samples,
+            num_spec,
+            has_spec,
+            (drafts, spec_rows, spec_index),
+        )
+        return self._output(req_ids, sampled, counts)
+
+    # ------------------------------------------------------------------ step parts
+
+    def _apply_state_diff(self, so: SchedulerOutputLike) -> None:
+        """(a) Forget finished requests; preempted ones keep their state (they may
+        resume) but lose the drafts they held."""
+        for req_id in so.finished_req_ids:
+            self._forget(req_id)
+        for req_id in so.preempted_req_ids:
+            row = self._row_of.get(req_id)
+            if row is not None:
+                self._draft_base[row] = -1
+
+    def _expand_counts(
+        self,
+        so: SchedulerOutputLike,
+        req_ids: list[str],
+        rows: npt.NDArray[np.intp],
+        ns: npt.NDArray[np.int32],
+        start: Int64Array,
+    ) -> tuple[Int64Array, Int64Array]:
+        """(c) The step's tokens as ``(request index, position)`` pairs, checked as vLLM's
+        runner checks them: positions stay below ``max_model_len`` and inside the block
+        table."""
+        max_model_len = int(self.config.max_model_len)
+        block_size = int(self.config.block_size)
+        num_reqs = len(req_ids)
         # (c) Expand the counts as vLLM's _prepare_inputs does. np.repeat comes first so
         # that a negative count raises numpy's ValueError "repeats may not contain negative
         # values." (vLLM would assert total > 0 first when the counts sum to <= 0).
@@ -334,46 +406,27 @@ class SimulatedModelRunner:
                 f"#{int(last_pos[i]) // block_size} but its block table has "
                 f"{int(self._num_blocks[rows[i]])} blocks"
             )
+        return req_indices, positions
 
-        # Draft slots: the last k positions of a request's step. They must sit right after
-        # the request's known tokens; the non-draft positions may not run past them.
-        ntok = self._num_tokens[rows]
-        known_end = start + ns
-        num_spec = np.zeros(0, dtype=np.int32)
-        has_spec = False
-        if num_spec_cfg > 0 or len(so.spec_token_ids):
-            num_spec = np.asarray(so.num_spec_tokens)
-            has_spec = bool(num_spec.any())
-        if has_spec:
-            known_end = known_end - num_spec
-        over = known_end > ntok
-        if over.any():
-            i = int(np.argmax(over))
-            raise AssertionError(
-                f"request {req_ids[i]!r}: the step computes positions up to "
-                f"{int(known_end[i]) - 1} but the request has only {int(ntok[i])} tokens"
-            )
-        drafts = np.zeros(0, dtype=np.int32)
-        spec_rows = np.zeros(0, dtype=np.intp)
-        spec_index = np.zeros(0, dtype=np.int64)
-        if has_spec:
-            drafts, spec_rows, spec_index = self._draft_slots(
-                so, req_ids, rows, ns, num_spec, known_end, ntok, num_spec_cfg, is_async
-            )
-            self._tokens[spec_rows, spec_index] = drafts  # vLLM writes drafts after the tokens
-
-        flat_rows = rows[req_indices]
-        input_ids = self._tokens.reshape(-1)[positions + flat_rows * max_model_len]
-        block_ids = self._block_table[flat_rows, positions // block_size].astype(np.int64)
-        slot_mapping = block_ids * block_size + positions % block_size
-        self.last_step_inputs = StepInputs(req_indices, positions, input_ids, slot_mapping)
-
-        # Sampling. A request samples when the step reaches the end of its known tokens;
-        # otherwise it is a non-final prefill chunk and gets an empty row.
-        if num_sampled_per_step == 0:
-            self._num_computed[rows] = start + ns
-            return self._output(req_ids, np.zeros(0, np.int32), np.zeros(num_reqs, np.int32))
-        samples = known_end >= ntok
+    def _sample(
+        self,
+        req_ids: list[str],
+        rows: npt.NDArray[np.intp],
+        start: Int64Array,
+        ns: npt.NDArray[np.int32],
+        ntok: Int64Array,
+        samples: npt.NDArray[np.bool_],
+        num_spec: npt.NDArray[np.int32],
+        has_spec: bool,
+        spec_slots: tuple[npt.NDArray[np.int32], npt.NDArray[np.intp], Int64Array],
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """(d) Sample for the requests that reached their known tokens, then (§6.3) the
+        bookkeeping, with vLLM's assertion; returns the sampled tokens and their counts."""
+        max_model_len = int(self.config.max_model_len)
+        num_spec_cfg = int(self.config.num_speculative_tokens)
+        is_async = bool(self.config.async_scheduling)
+        drafts, spec_rows, spec_index = spec_slots
+        num_reqs = len(req_ids)
         accepted = np.zeros(num_reqs, dtype=np.int64)
         if has_spec:
             accepted = self._accepted(rows, num_spec, drafts, spec_rows, spec_index)
@@ -399,9 +452,7 @@ class SimulatedModelRunner:
 
         if num_spec_cfg > 0:
             self._propose(req_ids, rows, samples, end, num_spec_cfg, is_async)
-        return self._output(req_ids, sampled, counts.astype(np.int32))
-
-    # ------------------------------------------------------------------ step parts
+        return sampled, counts.astype(np.int32)
 
     def _output(
         self, req_ids: list[str], sampled: Int32Array, counts: Int32Array

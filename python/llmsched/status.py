@@ -1,8 +1,15 @@
-"""Request statuses, with vLLM's members, values and order."""
+"""Request statuses, with vLLM's members, values and order.
+
+The compiled core declares the statuses and exports them as
+``_core.REQUEST_STATUSES``; the members are written out here so that type checkers see
+them, and a test holds them equal to the core's. Finish reasons are the core's.
+"""
 
 from __future__ import annotations
 
 import enum
+
+from llmsched._core import REQUEST_STATUSES
 
 
 class RequestStatus(enum.IntEnum):
@@ -35,12 +42,4 @@ class RequestStatus(enum.IntEnum):
         return _FINISH_REASONS.get(self)
 
 
-_FINISH_REASONS = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
-    RequestStatus.FINISHED_ABORTED: "abort",
-    RequestStatus.FINISHED_IGNORED: "length",
-    RequestStatus.FINISHED_ERROR: "error",
-    RequestStatus.WAITING_FOR_STREAMING_REQ: "stop",
-    RequestStatus.FINISHED_REPETITION: "repetition",
-}
+_FINISH_REASONS = {RequestStatus(value): reason for _, value, reason in REQUEST_STATUSES}

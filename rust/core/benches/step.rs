@@ -21,7 +21,7 @@ fn steady_decode(running: usize, waiting: usize) -> Scheduler {
         enable_prefix_caching: false,
         ..ConfigParams::default()
     };
-    let mut sched = Scheduler::new(Arc::new(SchedulerConfig::new(params).unwrap()));
+    let mut sched = Scheduler::new(Arc::new(SchedulerConfig::new(params).unwrap())).unwrap();
     for i in 0..running + waiting {
         sched.add_request(NewRequest::new(format!("r{i}"), vec![(i % 1000) as i64 + 1; 16], 120_000)).unwrap();
     }

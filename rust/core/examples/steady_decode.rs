@@ -20,7 +20,7 @@ fn main() {
         enable_prefix_caching: false,
         ..ConfigParams::default()
     };
-    let mut sched = Scheduler::new(Arc::new(SchedulerConfig::new(params).expect("valid config")));
+    let mut sched = Scheduler::new(Arc::new(SchedulerConfig::new(params).expect("valid config"))).expect("a scheduler");
     for i in 0..running {
         sched.add_request(NewRequest::new(format!("r{i}"), vec![(i % 1000) as i64 + 1; 16], 4000)).expect("added");
     }

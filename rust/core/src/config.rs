@@ -34,55 +34,191 @@ impl Policy {
     }
 }
 
-/// Unvalidated knobs, as a caller gives them. `None` means "derive it".
-#[derive(Clone, Debug, PartialEq)]
-pub struct ConfigParams {
-    pub max_model_len: i64,
-    pub max_num_seqs: i64,
-    pub max_num_batched_tokens: i64,
-    pub max_num_scheduled_tokens: Option<i64>,
-    pub max_num_active_seqs: Option<i64>,
-    pub block_size: i64,
-    pub num_gpu_blocks: i64,
-    pub enable_chunked_prefill: bool,
-    pub long_prefill_token_threshold: i64,
-    pub long_prefill_token_threshold_adaptive: bool,
-    pub num_speculative_tokens: i64,
-    pub num_lookahead_tokens: i64,
-    pub max_num_new_slots_for_drafting: i64,
-    pub num_sampled_tokens_per_step: i64,
-    pub async_scheduling: bool,
-    pub watermark: f64,
-    pub scheduler_reserve_full_isl: bool,
-    pub enable_prefix_caching: bool,
-    pub policy: Policy,
+/// The one declaration of the configuration's fields: name, kind, default and doc.
+///
+/// `config_fields!(callback)` hands the table to the macro `callback`. The core builds
+/// `ConfigParams`, its defaults, the field list and the accessors from it; the Python
+/// binding builds the `SchedulerConfig` class's properties and their docstrings. Adding
+/// a field is one entry here, its validation in `SchedulerConfig::new`, and its tests.
+///
+/// Kinds: `Int` (i64), `Bool`, `Float` (f64), `Policy`, and `Derived(from)`: an optional
+/// i64 that, left `None`, takes the value of the field `from`.
+#[macro_export]
+macro_rules! config_fields {
+    ($callback:ident) => {
+        $callback! {
+            /// ``M``: the most tokens a request may hold, prompt and output. Every scheduled
+            /// request keeps ``C + n + s <= M``.
+            max_model_len: Int = 2048;
+            /// The most requests running at once.
+            max_num_seqs: Int = 128;
+            /// The input budget of a step: scheduled tokens plus draft slots.
+            max_num_batched_tokens: Int = 2048;
+            /// The token budget of a step; None takes ``max_num_batched_tokens``.
+            max_num_scheduled_tokens: Derived(max_num_batched_tokens) = None;
+            /// The most requests the waiting loop lets run; None takes ``max_num_seqs``.
+            max_num_active_seqs: Derived(max_num_seqs) = None;
+            /// ``B``: tokens per KV block.
+            block_size: Int = 16;
+            /// KV blocks in the pool; block 0 is the null block, never allocated.
+            num_gpu_blocks: Int = 10_000;
+            /// Split a prompt over several steps when it does not fit a step's budget.
+            enable_chunked_prefill: Bool = true;
+            /// Caps a prefill chunk while more than one request is eligible (0: no cap).
+            long_prefill_token_threshold: Int = 0;
+            /// Raise that cap to ``max_num_batched_tokens // eligible requests`` when larger.
+            long_prefill_token_threshold_adaptive: Bool = false;
+            /// ``K``: draft tokens per decode step (0: no speculative decoding).
+            num_speculative_tokens: Int = 0;
+            /// ``L``: KV slots reserved ahead of the drafts for the drafter.
+            num_lookahead_tokens: Int = 0;
+            /// Input-budget slots charged per scheduled request for the drafter's tokens.
+            max_num_new_slots_for_drafting: Int = 0;
+            /// ``s``: tokens sampled per step: 1 for generation, 0 for pooling.
+            num_sampled_tokens_per_step: Int = 1;
+            /// Schedule a step before the previous one's output returns (placeholders).
+            async_scheduling: Bool = true;
+            /// Fraction of the KV pool, in [0, 1), kept free when admitting a request
+            /// while others run.
+            watermark: Float = 0.0;
+            /// Admit a request only if the free blocks can hold its whole sequence.
+            scheduler_reserve_full_isl: Bool = true;
+            /// Reuse the KV blocks of identical prompt prefixes.
+            enable_prefix_caching: Bool = true;
+            /// ``"fcfs"``, or ``"priority"`` (lower value first, then arrival).
+            policy: Policy = Policy::Fcfs;
+        }
+    };
 }
 
-impl Default for ConfigParams {
-    fn default() -> Self {
-        Self {
-            max_model_len: 2048,
-            max_num_seqs: 128,
-            max_num_batched_tokens: 2048,
-            max_num_scheduled_tokens: None,
-            max_num_active_seqs: None,
-            block_size: 16,
-            num_gpu_blocks: 10_000,
-            enable_chunked_prefill: true,
-            long_prefill_token_threshold: 0,
-            long_prefill_token_threshold_adaptive: false,
-            num_speculative_tokens: 0,
-            num_lookahead_tokens: 0,
-            max_num_new_slots_for_drafting: 0,
-            num_sampled_tokens_per_step: 1,
-            async_scheduling: true,
-            watermark: 0.0,
-            scheduler_reserve_full_isl: true,
-            enable_prefix_caching: true,
-            policy: Policy::Fcfs,
+/// How a field's value is typed (`config_fields!` kinds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldKind {
+    Int,
+    Bool,
+    Float,
+    Policy,
+    /// An optional integer derived from another field when `None`.
+    Derived,
+}
+
+/// One field's value, as `ConfigParams::get` reads it and `set` writes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FieldValue {
+    Int(i64),
+    Bool(bool),
+    Float(f64),
+    Policy(Policy),
+    Derived(Option<i64>),
+}
+
+impl std::hash::Hash for FieldValue {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::mem::discriminant(self).hash(state);
+        match *self {
+            Self::Int(v) => v.hash(state),
+            Self::Bool(v) => v.hash(state),
+            // -0.0 + 0.0 is 0.0: the two zeros, equal, hash alike.
+            Self::Float(v) => (v + 0.0).to_bits().hash(state),
+            Self::Policy(v) => v.hash(state),
+            Self::Derived(v) => v.hash(state),
         }
     }
 }
+
+/// A field's name, kind and documentation.
+#[derive(Clone, Copy, Debug)]
+pub struct FieldInfo {
+    pub name: &'static str,
+    pub kind: FieldKind,
+    pub doc: &'static str,
+}
+
+macro_rules! config_field_type {
+    (Int) => { i64 };
+    (Bool) => { bool };
+    (Float) => { f64 };
+    (Policy) => { Policy };
+    (Derived) => { Option<i64> };
+}
+
+macro_rules! config_accessor {
+    ($(#[doc = $doc:literal])+ $name:ident Derived $from:ident) => {
+        $(#[doc = $doc])+
+        #[inline]
+        pub fn $name(&self) -> i64 {
+            self.params.$name.unwrap_or(self.params.$from)
+        }
+    };
+    ($(#[doc = $doc:literal])+ $name:ident $kind:ident) => {
+        $(#[doc = $doc])+
+        #[inline]
+        pub fn $name(&self) -> config_field_type!($kind) {
+            self.params.$name
+        }
+    };
+}
+
+macro_rules! define_config {
+    ($( $(#[doc = $doc:literal])+ $name:ident: $kind:ident $(($from:ident))? = $default:expr; )+) => {
+        /// Unvalidated knobs, as a caller gives them (`config_fields!` declares them).
+        #[derive(Clone, Debug, PartialEq)]
+        pub struct ConfigParams {
+            $( $(#[doc = $doc])+ pub $name: config_field_type!($kind), )+
+        }
+
+        impl Default for ConfigParams {
+            fn default() -> Self {
+                Self { $( $name: $default, )+ }
+            }
+        }
+
+        impl ConfigParams {
+            /// Every field, in declaration order.
+            pub const FIELDS: &'static [FieldInfo] = &[
+                $( FieldInfo { name: stringify!($name), kind: FieldKind::$kind, doc: concat!($($doc, "\n"),+) }, )+
+            ];
+
+            /// These parameters with every `Derived` field that is `None` given the value
+            /// of the field it derives from.
+            pub fn resolved(&self) -> Self {
+                let mut resolved = self.clone();
+                $( $( resolved.$name = Some(self.$name.unwrap_or(self.$from)); )? )+
+                resolved
+            }
+
+            /// The value of the field `name`, or None if there is no such field.
+            pub fn get(&self, name: &str) -> Option<FieldValue> {
+                match name {
+                    $( stringify!($name) => Some(FieldValue::$kind(self.$name)), )+
+                    _ => None,
+                }
+            }
+
+            /// Sets the field `name`; an error if there is no such field or `value`
+            /// is of another kind. Values are checked by `SchedulerConfig::new`.
+            pub fn set(&mut self, name: &str, value: FieldValue) -> CoreResult<()> {
+                match (name, value) {
+                    $( (stringify!($name), FieldValue::$kind(v)) => self.$name = v, )+
+                    (name, value) => {
+                        let known = Self::FIELDS.iter().map(|f| f.name).collect::<Vec<_>>().join(", ");
+                        return Err(match Self::FIELDS.iter().find(|f| f.name == name) {
+                            Some(field) => CoreError::config(field.name, format!("{value:?}"), format!("must be a {:?} value", field.kind)),
+                            None => CoreError::config("field", name, format!("not a SchedulerConfig field (fields: {known})")),
+                        });
+                    }
+                }
+                Ok(())
+            }
+        }
+
+        impl SchedulerConfig {
+            $( config_accessor!($(#[doc = $doc])+ $name $kind $($from)?); )+
+        }
+    };
+}
+
+config_fields!(define_config);
 
 /// A validated configuration. Fields are private so that no invalid
 /// combination can exist; read them through the accessors. Two configs are
@@ -90,8 +226,6 @@ impl Default for ConfigParams {
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
     params: ConfigParams,
-    max_num_scheduled_tokens: u32,
-    max_num_active_seqs: u32,
     watermark_blocks: u32,
 }
 
@@ -152,9 +286,11 @@ impl SchedulerConfig {
                 format!("must be at least max_num_seqs={}", p.max_num_seqs),
             ));
         }
-        let max_num_scheduled_tokens = p.max_num_scheduled_tokens.unwrap_or(p.max_num_batched_tokens);
+        let resolved = p.resolved();
+        // A resolved derived field is always Some.
+        let max_num_scheduled_tokens = resolved.max_num_scheduled_tokens.unwrap_or(0);
         positive("max_num_scheduled_tokens", max_num_scheduled_tokens, I32_MAX / 2)?;
-        let max_num_active_seqs = p.max_num_active_seqs.unwrap_or(p.max_num_seqs);
+        let max_num_active_seqs = resolved.max_num_active_seqs.unwrap_or(0);
         positive("max_num_active_seqs", max_num_active_seqs, p.max_num_seqs)?;
         if !p.enable_chunked_prefill && p.max_num_batched_tokens < p.max_model_len {
             return Err(CoreError::config(
@@ -241,92 +377,27 @@ impl SchedulerConfig {
         }
         // vLLM: int(watermark * num_blocks).
         let watermark_blocks = (p.watermark * p.num_gpu_blocks as f64) as u32;
-        Ok(Self {
-            max_num_scheduled_tokens: max_num_scheduled_tokens as u32,
-            max_num_active_seqs: max_num_active_seqs as u32,
-            watermark_blocks,
-            params,
-        })
+        Ok(Self { watermark_blocks, params })
     }
 
     pub fn params(&self) -> &ConfigParams {
         &self.params
     }
-    /// `M`.
-    pub fn max_model_len(&self) -> i64 {
-        self.params.max_model_len
-    }
-    pub fn max_num_seqs(&self) -> usize {
-        self.params.max_num_seqs as usize
-    }
-    pub fn max_num_batched_tokens(&self) -> i64 {
-        self.params.max_num_batched_tokens
-    }
-    pub fn max_num_scheduled_tokens(&self) -> i64 {
-        self.max_num_scheduled_tokens as i64
-    }
-    pub fn max_num_active_seqs(&self) -> usize {
-        self.max_num_active_seqs as usize
-    }
-    /// `B`.
-    pub fn block_size(&self) -> i64 {
-        self.params.block_size
-    }
-    pub fn num_gpu_blocks(&self) -> usize {
-        self.params.num_gpu_blocks as usize
-    }
-    pub fn enable_chunked_prefill(&self) -> bool {
-        self.params.enable_chunked_prefill
-    }
-    pub fn long_prefill_token_threshold(&self) -> i64 {
-        self.params.long_prefill_token_threshold
-    }
-    pub fn long_prefill_token_threshold_adaptive(&self) -> bool {
-        self.params.long_prefill_token_threshold_adaptive
-    }
-    /// `K`.
-    pub fn num_speculative_tokens(&self) -> i64 {
-        self.params.num_speculative_tokens
-    }
-    /// `L`.
-    pub fn num_lookahead_tokens(&self) -> i64 {
-        self.params.num_lookahead_tokens
-    }
-    pub fn max_num_new_slots_for_drafting(&self) -> i64 {
-        self.params.max_num_new_slots_for_drafting
-    }
-    /// `s`.
-    pub fn num_sampled_tokens_per_step(&self) -> i64 {
-        self.params.num_sampled_tokens_per_step
-    }
-    pub fn async_scheduling(&self) -> bool {
-        self.params.async_scheduling
-    }
-    pub fn watermark(&self) -> f64 {
-        self.params.watermark
-    }
     pub fn watermark_blocks(&self) -> usize {
         self.watermark_blocks as usize
-    }
-    pub fn scheduler_reserve_full_isl(&self) -> bool {
-        self.params.scheduler_reserve_full_isl
-    }
-    pub fn enable_prefix_caching(&self) -> bool {
-        self.params.enable_prefix_caching
-    }
-    pub fn policy(&self) -> Policy {
-        self.params.policy
     }
 }
 
 impl SchedulerConfig {
     /// The parameters with every derived value filled in.
     pub fn resolved(&self) -> ConfigParams {
-        ConfigParams {
-            max_num_scheduled_tokens: Some(self.max_num_scheduled_tokens as i64),
-            max_num_active_seqs: Some(self.max_num_active_seqs as i64),
-            ..self.params.clone()
-        }
+        self.params.resolved()
+    }
+
+    /// The field `name` as the scheduler uses it (a derived field holds the value it
+    /// derives), or None if there is no such field.
+    pub fn resolved_value(&self, name: &str) -> Option<FieldValue> {
+        self.params.resolved().get(name)
     }
 }
 
@@ -336,8 +407,75 @@ impl PartialEq for SchedulerConfig {
     }
 }
 
+// Validation refuses a NaN watermark, so equality is an equivalence.
+impl Eq for SchedulerConfig {}
+
+/// Hashes what equality compares: the resolved values (`FieldValue`'s hash takes
+/// `-0.0` as `0.0`, which it equals).
+impl std::hash::Hash for SchedulerConfig {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        for field in ConfigParams::FIELDS {
+            self.resolved_value(field.name).hash(state);
+        }
+    }
+}
+
 impl Default for SchedulerConfig {
     fn default() -> Self {
         Self::new(ConfigParams::default()).expect("the default configuration is valid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::{DefaultHasher, Hash, Hasher};
+
+    fn hash_of(config: &SchedulerConfig) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        config.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    #[test]
+    fn every_declared_field_reads_and_writes_through_the_table() {
+        let defaults = ConfigParams::default();
+        for field in ConfigParams::FIELDS {
+            let value = defaults.get(field.name).expect("a declared field has a value");
+            let mut params = ConfigParams::default();
+            params.set(field.name, value).expect("its own kind is accepted");
+            assert_eq!(params, defaults);
+            assert!(!field.doc.trim().is_empty(), "{} has no documentation", field.name);
+        }
+        assert!(defaults.get("no_such_field").is_none());
+        let mut params = ConfigParams::default();
+        assert!(params.set("max_model_len", FieldValue::Bool(true)).is_err());
+        assert!(params.set("no_such_field", FieldValue::Int(1)).is_err());
+        assert_eq!(params, defaults, "a refused set changes nothing");
+    }
+
+    #[test]
+    fn derived_fields_resolve_from_their_source() {
+        let params = ConfigParams { max_num_batched_tokens: 4096, max_num_seqs: 7, ..ConfigParams::default() };
+        let config = SchedulerConfig::new(params).unwrap();
+        assert_eq!(config.max_num_scheduled_tokens(), 4096);
+        assert_eq!(config.max_num_active_seqs(), 7);
+        assert_eq!(config.resolved_value("max_num_scheduled_tokens"), Some(FieldValue::Derived(Some(4096))));
+    }
+
+    #[test]
+    fn equal_configs_hash_equal() {
+        let zero = SchedulerConfig::new(ConfigParams { watermark: 0.0, ..ConfigParams::default() }).unwrap();
+        let negative_zero = SchedulerConfig::new(ConfigParams { watermark: -0.0, ..ConfigParams::default() }).unwrap();
+        assert_eq!(zero, negative_zero);
+        assert_eq!(hash_of(&zero), hash_of(&negative_zero));
+        let derived = SchedulerConfig::default();
+        let explicit =
+            SchedulerConfig::new(ConfigParams { max_num_scheduled_tokens: Some(2048), ..ConfigParams::default() })
+                .unwrap();
+        assert_eq!(derived, explicit);
+        assert_eq!(hash_of(&derived), hash_of(&explicit));
+        let other = SchedulerConfig::new(ConfigParams { watermark: 0.5, ..ConfigParams::default() }).unwrap();
+        assert_ne!(hash_of(&zero), hash_of(&other));
     }
 }

@@ -9,14 +9,17 @@
 pub mod capacity;
 pub mod config;
 pub mod error;
-pub mod kv;
-pub mod queue;
+// The block pool, the KV manager, the queues and the slab mutate the scheduler's
+// state: only the scheduler calls them. Callers read through `Scheduler`.
+mod kv;
+mod queue;
 pub mod request;
 pub mod scheduler;
-pub mod slab;
+mod slab;
 
 pub use config::{ConfigParams, Policy, SchedulerConfig};
 pub use error::{CoreError, CoreResult};
+pub use kv::{BlockHash, PrefixCacheStats};
 pub use request::{Request, RequestStatus};
 pub use scheduler::step::Step;
 pub use scheduler::{NewRequest, PauseState, RequestEvent, RunnerOutput, Scheduler, SchedulerStats};

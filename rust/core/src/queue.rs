@@ -80,10 +80,6 @@ impl RequestQueue {
         Self { kind, entries, len: 0 }
     }
 
-    pub fn kind(&self) -> QueueKind {
-        self.kind
-    }
-
     pub fn len(&self) -> usize {
         self.len
     }

@@ -4,44 +4,61 @@
 //! written as they are; the invariants keep every one of them in range.
 
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::config::SchedulerConfig;
+use crate::error::{CoreError, CoreResult};
 use crate::kv::BlockHash;
 
-/// vLLM's `RequestStatus`: values and order matter. Every status after
-/// `Preempted` is a finished one.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum RequestStatus {
-    Waiting = 1,
-    WaitingForStructuredOutputGrammar = 2,
-    WaitingForRemoteKvs = 3,
-    WaitingForStreamingReq = 4,
-    Running = 5,
-    Preempted = 6,
-    FinishedStopped = 7,
-    FinishedLengthCapped = 8,
-    FinishedAborted = 9,
-    FinishedIgnored = 10,
-    FinishedError = 11,
-    FinishedRepetition = 12,
+/// Declares `RequestStatus` from one table: variant, value, vLLM's name, finish reason.
+macro_rules! request_statuses {
+    ($( $variant:ident = $value:literal, $name:literal, $reason:expr; )+) => {
+        /// vLLM's `RequestStatus`: values and order matter. Every status after
+        /// `Preempted` is a finished one.
+        #[repr(u8)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum RequestStatus {
+            $( $variant = $value, )+
+        }
+
+        impl RequestStatus {
+            /// Every status, in value order.
+            pub const ALL: &'static [RequestStatus] = &[$( Self::$variant, )+];
+
+            /// vLLM's name of the status (`"FINISHED_STOPPED"`).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( Self::$variant => $name, )+
+                }
+            }
+
+            /// vLLM's finish reason of the status (`"stop"`, `"length"`...), None for
+            /// an unfinished one (and `"stop"` for `WaitingForStreamingReq`, as vLLM has it).
+            pub fn finish_reason(self) -> Option<&'static str> {
+                match self {
+                    $( Self::$variant => $reason, )+
+                }
+            }
+        }
+    };
+}
+
+request_statuses! {
+    Waiting = 1, "WAITING", None;
+    WaitingForStructuredOutputGrammar = 2, "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR", None;
+    WaitingForRemoteKvs = 3, "WAITING_FOR_REMOTE_KVS", None;
+    WaitingForStreamingReq = 4, "WAITING_FOR_STREAMING_REQ", Some("stop");
+    Running = 5, "RUNNING", None;
+    Preempted = 6, "PREEMPTED", None;
+    FinishedStopped = 7, "FINISHED_STOPPED", Some("stop");
+    FinishedLengthCapped = 8, "FINISHED_LENGTH_CAPPED", Some("length");
+    FinishedAborted = 9, "FINISHED_ABORTED", Some("abort");
+    FinishedIgnored = 10, "FINISHED_IGNORED", Some("length");
+    FinishedError = 11, "FINISHED_ERROR", Some("error");
+    FinishedRepetition = 12, "FINISHED_REPETITION", Some("repetition");
 }
 
 impl RequestStatus {
-    pub const ALL: [RequestStatus; 12] = [
-        Self::Waiting,
-        Self::WaitingForStructuredOutputGrammar,
-        Self::WaitingForRemoteKvs,
-        Self::WaitingForStreamingReq,
-        Self::Running,
-        Self::Preempted,
-        Self::FinishedStopped,
-        Self::FinishedLengthCapped,
-        Self::FinishedAborted,
-        Self::FinishedIgnored,
-        Self::FinishedError,
-        Self::FinishedRepetition,
-    ];
-
     #[inline]
     pub fn is_finished(self) -> bool {
         self > Self::Preempted
@@ -49,6 +66,50 @@ impl RequestStatus {
 
     pub fn from_value(value: i64) -> Option<Self> {
         Self::ALL.iter().copied().find(|s| *s as i64 == value)
+    }
+}
+
+/// Arguments of `add_request`, before validation.
+#[derive(Clone, Debug)]
+pub struct NewRequest {
+    pub request_id: String,
+    pub prompt_token_ids: Vec<i64>,
+    pub max_tokens: i64,
+    pub min_tokens: i64,
+    pub eos_token_id: Option<i64>,
+    pub stop_token_ids: Vec<i64>,
+    pub arrival_time: Option<f64>,
+    pub num_computed_tokens: i64,
+    pub priority: i64,
+    pub cache_salt: Option<String>,
+}
+
+impl NewRequest {
+    pub fn new(request_id: impl Into<String>, prompt_token_ids: Vec<i64>, max_tokens: i64) -> Self {
+        Self {
+            request_id: request_id.into(),
+            prompt_token_ids,
+            max_tokens,
+            min_tokens: 0,
+            eos_token_id: None,
+            stop_token_ids: Vec::new(),
+            arrival_time: None,
+            num_computed_tokens: 0,
+            priority: 0,
+            cache_salt: None,
+        }
+    }
+}
+
+fn token_id(field: &str, index: Option<usize>, value: i64) -> CoreResult<i32> {
+    if (0..=i32::MAX as i64).contains(&value) {
+        Ok(value as i32)
+    } else {
+        let field = match index {
+            Some(i) => format!("{field}[{i}]"),
+            None => field.to_string(),
+        };
+        Err(CoreError::request(field, value, format!("a token id must be in [0, {}]", i32::MAX)))
     }
 }
 
@@ -147,6 +208,92 @@ impl Request {
             cache_salt: None,
             queued_in: None,
         }
+    }
+
+    /// A request from `add_request`'s arguments, each checked against `cfg`: the
+    /// error names the field and the value. Whether the id is already live is the
+    /// scheduler's check.
+    pub(crate) fn from_new(new: NewRequest, cfg: &SchedulerConfig) -> CoreResult<Self> {
+        let m = cfg.max_model_len();
+        let s = cfg.num_sampled_tokens_per_step();
+        if new.request_id.is_empty() {
+            return Err(CoreError::request("request_id", "''", "must be a non-empty string"));
+        }
+        let prompt_len = new.prompt_token_ids.len() as i64;
+        if prompt_len == 0 {
+            return Err(CoreError::request("prompt_token_ids", "[]", "a prompt needs at least one token"));
+        }
+        // A generating request needs room for one sampled token: N <= M - s.
+        if prompt_len > m - s {
+            return Err(CoreError::request(
+                "prompt_token_ids",
+                format!("<{prompt_len} tokens>"),
+                format!("the prompt must be at most max_model_len - {s} = {} tokens long", m - s),
+            ));
+        }
+        let prompt: Vec<i32> = new
+            .prompt_token_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| token_id("prompt_token_ids", Some(i), t))
+            .collect::<CoreResult<_>>()?;
+        if new.max_tokens < 1 || new.max_tokens > i32::MAX as i64 {
+            return Err(CoreError::request("max_tokens", new.max_tokens, format!("must be in [1, {}]", i32::MAX)));
+        }
+        if new.min_tokens < 0 || new.min_tokens > i32::MAX as i64 {
+            return Err(CoreError::request("min_tokens", new.min_tokens, format!("must be in [0, {}]", i32::MAX)));
+        }
+        if new.min_tokens > new.max_tokens {
+            return Err(CoreError::request(
+                "min_tokens",
+                new.min_tokens,
+                format!("must be at most max_tokens = {}", new.max_tokens),
+            ));
+        }
+        let eos_token_id = new.eos_token_id.map(|t| token_id("eos_token_id", None, t)).transpose()?;
+        let stop_token_ids: Box<[i32]> = new
+            .stop_token_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| token_id("stop_token_ids", Some(i), t))
+            .collect::<CoreResult<_>>()?;
+        if new.num_computed_tokens < 0 || new.num_computed_tokens >= prompt_len {
+            return Err(CoreError::request(
+                "num_computed_tokens",
+                new.num_computed_tokens,
+                format!("must be in [0, len(prompt_token_ids)) = [0, {prompt_len}): the last prompt token is always computed"),
+            ));
+        }
+        // A request whose KV could outgrow the whole pool would preempt everything, then
+        // itself, and recompute forever: refuse it now (vLLM refuses a pool smaller than
+        // max_model_len at startup instead).
+        let longest = (prompt_len + new.max_tokens + cfg.num_speculative_tokens() + cfg.num_lookahead_tokens()).min(m);
+        let blocks_needed = (longest + cfg.block_size() - 1) / cfg.block_size();
+        let usable_blocks = cfg.num_gpu_blocks() - 1;
+        if blocks_needed > usable_blocks {
+            return Err(CoreError::request(
+                "max_tokens",
+                new.max_tokens,
+                format!(
+                    "the request could grow to {longest} tokens ({blocks_needed} KV blocks of {}), \
+                     but the pool has {usable_blocks} usable blocks: it could never finish",
+                    cfg.block_size()
+                ),
+            ));
+        }
+        let priority = i32::try_from(new.priority)
+            .map_err(|_| CoreError::request("priority", new.priority, "must fit in a 32-bit signed integer"))?;
+        let arrival_time = match new.arrival_time {
+            Some(t) if t.is_finite() => t,
+            Some(t) => return Err(CoreError::request("arrival_time", t, "must be a finite number")),
+            None => SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
+        };
+
+        let stop = StopParams { max_tokens: new.max_tokens, min_tokens: new.min_tokens, eos_token_id, stop_token_ids };
+        let mut request =
+            Request::new(Arc::from(new.request_id), prompt, stop, priority, arrival_time, new.num_computed_tokens);
+        request.cache_salt = new.cache_salt.map(|salt| salt.into_bytes().into_boxed_slice());
+        Ok(request)
     }
 
     /// `N`.

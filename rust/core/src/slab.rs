@@ -70,14 +70,6 @@ impl Slab {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = (Handle, &Request)> {
         self.slots.iter().enumerate().filter_map(|(index, slot)| {
             slot.request.as_ref().map(|r| (Handle { index: index as u32, generation: slot.generation }, r))

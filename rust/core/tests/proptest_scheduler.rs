@@ -285,7 +285,7 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
 
 /// Raises the budget to what `SchedulerConfig` requires (rules added after this
 /// fuzz found requests that blocked the waiting queue forever, see the
-/// `regression_*_livelocks` tests): the per-request budget
+/// `regression_*_does_not_livelock` tests): the per-request budget
 /// `R = min(max_num_scheduled_tokens, max_num_batched_tokens - draft_slots)`
 /// must fit a padded decode, `1 + K`, and, with chunked prefill off, the
 /// longest request, `M - s`.
@@ -548,12 +548,12 @@ impl Harness {
         let cfg = Arc::new(SchedulerConfig::new(config).expect("the generator makes valid configs"));
         let config_kv = (
             cfg.block_size() as usize,
-            cfg.num_gpu_blocks(),
+            cfg.num_gpu_blocks() as usize,
             !cfg.async_scheduling() || cfg.num_speculative_tokens() == 0,
         );
         Self {
             cov: Coverage { cases: 1, ..Coverage::default() },
-            sched: Scheduler::new(cfg.clone()),
+            sched: Scheduler::new(cfg.clone()).expect("a valid scheduler"),
             cfg,
             depth,
             tracked: Vec::new(),
@@ -608,7 +608,7 @@ impl Harness {
         };
         self.next_id += 1;
         // Tied (priority, arrival_time) keys are generated on purpose: they once let two
-        // requests preempt each other forever (`regression_priority_victim_ties_ping_pong_livelocks`).
+        // requests preempt each other forever (`regression_priority_victim_ties_do_not_ping_pong`).
         if op.arrival_delta > 0 {
             self.clock += 1.0;
         }
@@ -636,7 +636,7 @@ impl Harness {
         let len = r.prompt_token_ids.len() as i64;
         let longest = (len + r.max_tokens + self.k() + self.cfg.num_lookahead_tokens()).min(m);
         let blocks = (longest + bs - 1) / bs;
-        let usable_blocks = self.cfg.num_gpu_blocks() as i64 - 1;
+        let usable_blocks = self.cfg.num_gpu_blocks() - 1;
         len >= 1
             && len <= m - s
             && r.max_tokens >= 1
@@ -699,7 +699,9 @@ impl Harness {
     }
 
     fn schedule(&mut self, rng: &mut Rng) -> Result<usize, TestCaseError> {
+        let waiting_before = self.sched.waiting_ids();
         let step = self.sched.schedule();
+        self.check_admission_order(&waiting_before, &step)?;
         if tracing() {
             let names: Vec<String> = step
                 .req_handles
@@ -786,6 +788,39 @@ impl Harness {
         Ok(n)
     }
 
+    /// The waiting loop admits in waiting order and stops at the first request it cannot
+    /// admit (a failed allocation ends admission): the admissions are a prefix of the
+    /// waiting order, except that the loop passes over a preempted request whose output
+    /// from before the preemption is still in flight (spec §3.3). With one step in flight
+    /// at a time (vLLM's sync loop) there is none, and the admissions are a prefix.
+    fn check_admission_order(&self, waiting_before: &[Arc<str>], step: &Step) -> Result<(), TestCaseError> {
+        let admitted: Vec<&str> = step
+            .req_handles
+            .iter()
+            .filter(|h| step.new_reqs.contains(h) || step.resumed_reqs.contains(h))
+            .map(|&h| self.sched.request(h).map(|r| &*r.id).ok_or_else(|| TestCaseError::fail("admitted, no slot")))
+            .collect::<Result<_, _>>()?;
+        let Some(last) = admitted.last() else { return Ok(()) };
+        let end = waiting_before
+            .iter()
+            .position(|id| &**id == *last)
+            .ok_or_else(|| TestCaseError::fail(format!("{last} admitted, but it was not waiting")))?;
+        let passed = &waiting_before[..=end];
+        let in_waiting_order: Vec<&str> = passed.iter().map(|id| &**id).filter(|id| admitted.contains(id)).collect();
+        prop_assert_eq!(&in_waiting_order, &admitted, "admissions out of waiting order");
+        for id in passed.iter().filter(|id| !admitted.contains(&&***id)) {
+            let r = self.sched.get_request(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert!(
+                r.status() == RequestStatus::Preempted && r.num_stale_output_tokens() > 0 && !r.drop_stale_output(),
+                "{} passed over by the waiting loop as {:?} with {} tokens from before a preemption in flight",
+                id,
+                r.status(),
+                r.num_stale_output_tokens()
+            );
+        }
+        Ok(())
+    }
+
     fn check_step(&mut self, step: &Step) -> Result<Vec<(usize, u32, i64)>, TestCaseError> {
         let cfg = self.cfg.clone();
         let (m, s, k) = (self.m(), self.s(), self.k());
@@ -804,7 +839,7 @@ impl Harness {
             self.drafts_given.remove(h); // a preemption drops the drafts
         }
         let r = step.len();
-        prop_assert!(r <= cfg.max_num_seqs(), "{r} entries > max_num_seqs");
+        prop_assert!(r as i64 <= cfg.max_num_seqs(), "{r} entries > max_num_seqs");
         prop_assert!([step.num_scheduled_tokens.len(), step.num_computed_tokens.len(), step.num_spec_tokens.len()]
             .iter()
             .all(|&l| l == r));
@@ -917,7 +952,6 @@ impl Harness {
             return Ok(());
         }
         let bs = self.cfg.block_size() as usize;
-        let pool = self.sched.kv().pool();
         for t in self.tracked.iter().filter(|t| !t.finished) {
             let Some(req) = self.sched.request(t.handle) else { continue };
             if req.status() != RequestStatus::Running {
@@ -925,7 +959,7 @@ impl Harness {
             }
             let (hashes, tokens) = (req.block_hashes(), req.all_token_ids());
             for (i, &block) in req.block_ids().iter().enumerate() {
-                if i >= hashes.len() || pool.block_hash(block) != Some(hashes[i]) {
+                if i >= hashes.len() || self.sched.cached_block_hash(block) != Some(hashes[i]) {
                     continue;
                 }
                 for j in 0..bs {
@@ -995,6 +1029,14 @@ impl Harness {
             let req = self.sched.request(e.handle).ok_or_else(|| TestCaseError::fail("an event without a slot"))?;
             t.delivered += e.num_tokens as i64;
             t.tokens.extend_from_slice(&p.tokens[e.token_offset..e.token_offset + e.num_tokens]);
+            // A stop ends the output: no token before the last is an EOS or a stop id
+            // (min_tokens does not hold a stop back: the sampler masks those tokens).
+            let outputs = &t.tokens[t.prompt_len as usize..];
+            if let Some(j) =
+                outputs[..outputs.len().saturating_sub(1)].iter().position(|x| Some(*x) == t.eos || t.stops.contains(x))
+            {
+                prop_assert!(false, "{}: output {} is a stop token ({}) but more followed", t.id, j, outputs[j]);
+            }
             prop_assert_eq!(t.delivered, req.num_output_tokens(), "{}: delivered tokens vs output tokens", t.id);
             let tail = &req.all_token_ids()[req.num_tokens() as usize - e.num_tokens..];
             prop_assert_eq!(tail, &p.tokens[e.token_offset..e.token_offset + e.num_tokens]);
@@ -1171,10 +1213,10 @@ impl Harness {
         if reset_running {
             prop_assert_eq!(self.sched.get_request_counts().0, 0, "running requests left after a reset");
         }
-        let all_free = self.sched.num_free_blocks() == self.cfg.num_gpu_blocks() - 1;
+        let all_free = self.sched.num_free_blocks() as i64 == self.cfg.num_gpu_blocks() - 1;
         prop_assert_eq!(ok, all_free, "reset_prefix_cache succeeds exactly when no block is in use");
         if ok {
-            prop_assert_eq!(self.sched.kv().pool().num_cached_blocks(), 0);
+            prop_assert_eq!(self.sched.num_cached_blocks(), 0);
         }
         invariants!(self, "after reset_prefix_cache");
         Ok(())
@@ -1187,7 +1229,7 @@ impl Harness {
     /// max_num_batched_tokens - draft_slots)` can admit any legal request alone:
     /// `R >= 1 + K` with drafts, `R >= M - s` with chunked prefill off. Without
     /// it a head-of-line request can block the waiting loop forever (findings
-    /// 1 and 2, `avoid_known_livelocks`).
+    /// 1 and 2, `fit_budget_rules`).
     ///
     /// Derivation. Let `d` be the pipeline depth and, for each live request,
     /// `w = min(Np + max_tokens, M) + K + 2` (the tokens it can ever hold, plus
@@ -1212,7 +1254,7 @@ impl Harness {
     /// `bound_priority = R * bound_fcfs`, `R` the number of live requests.
     /// With tied keys there is no bound: the tie goes to the first in running
     /// order, and two tied requests can preempt each other forever
-    /// (`regression_priority_victim_ties_ping_pong_livelocks`), so the
+    /// (`regression_priority_victim_ties_do_not_ping_pong`), so the
     /// generator gives distinct arrival times under the priority policy.
     fn liveness_bound(&self) -> u64 {
         let (m, k) = (self.m(), self.k());
@@ -1272,7 +1314,7 @@ impl Harness {
     }
 
     fn finish(&mut self) -> Result<(), TestCaseError> {
-        let (m, num_blocks) = (self.m(), self.cfg.num_gpu_blocks());
+        let (m, num_blocks) = (self.m(), self.cfg.num_gpu_blocks() as usize);
         for t in &self.tracked {
             prop_assert!(t.finished && t.reported, "{} did not finish exactly once: {t:?}", t.id);
             prop_assert!(t.delivered <= t.max_tokens, "{}: {} outputs > max_tokens", t.id, t.delivered);
@@ -1397,9 +1439,9 @@ fn coverage() {
 }
 
 // ---------------------------------------------------------------------------
-// Regressions: minimal cases of what the fuzz found. Each accepts any of the
-// fixes (the configuration refused, the request refused, or the request
-// scheduled); they are ignored until the core is fixed.
+// Regressions: minimal cases of what the fuzz found, each named for what it
+// now asserts. The livelock cases accept any of the fixes (the configuration
+// refused, the request refused, or the request scheduled to completion).
 // ---------------------------------------------------------------------------
 
 fn sync_config(f: impl FnOnce(&mut ConfigParams)) -> Option<Arc<SchedulerConfig>> {
@@ -1434,7 +1476,7 @@ fn run_sync(sched: &mut Scheduler, max_steps: usize) -> usize {
 /// n > budget: break" in every step. It is never scheduled, and blocks every
 /// request queued behind it.
 #[test]
-fn regression_chunked_prefill_off_with_a_small_token_budget_livelocks() {
+fn regression_chunked_prefill_off_with_a_small_token_budget_does_not_livelock() {
     let Some(cfg) = sync_config(|p| {
         p.max_model_len = 10;
         p.max_num_seqs = 1;
@@ -1446,7 +1488,7 @@ fn regression_chunked_prefill_off_with_a_small_token_budget_livelocks() {
     }) else {
         return; // fixed: the configuration is refused
     };
-    let mut sched = Scheduler::new(cfg);
+    let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     if sched.add_request(NewRequest::new("long", (1..=9).collect(), 1)).is_err() {
         return; // fixed: the request is refused
     }
@@ -1457,7 +1499,7 @@ fn regression_chunked_prefill_off_with_a_small_token_budget_livelocks() {
 /// Finding 1b. Same break, through draft slots: the per-request budget is
 /// `max_num_batched_tokens - max_num_new_slots_for_drafting`, 10 - 2 = 8 < 9.
 #[test]
-fn regression_chunked_prefill_off_with_draft_slots_livelocks() {
+fn regression_chunked_prefill_off_with_draft_slots_does_not_livelock() {
     let Some(cfg) = sync_config(|p| {
         p.max_model_len = 10;
         p.max_num_seqs = 1;
@@ -1468,7 +1510,7 @@ fn regression_chunked_prefill_off_with_draft_slots_livelocks() {
     }) else {
         return;
     };
-    let mut sched = Scheduler::new(cfg);
+    let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     if sched.add_request(NewRequest::new("long", (1..=9).collect(), 1)).is_err() {
         return;
     }
@@ -1482,7 +1524,7 @@ fn regression_chunked_prefill_off_with_draft_slots_livelocks() {
 /// budget. With a budget below `1 + K` (here 2 < 5) that step never comes: the
 /// request is never scheduled, and blocks every request behind it.
 #[test]
-fn regression_padding_larger_than_the_token_budget_livelocks() {
+fn regression_padding_larger_than_the_token_budget_does_not_livelock() {
     let Some(cfg) = sync_config(|p| {
         p.max_model_len = 64;
         p.max_num_seqs = 1;
@@ -1493,7 +1535,7 @@ fn regression_padding_larger_than_the_token_budget_livelocks() {
     }) else {
         return;
     };
-    let mut sched = Scheduler::new(cfg);
+    let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     // Caches the block [1, 2, 3, 4].
     sched.add_request(NewRequest::new("first", (1..=5).collect(), 1)).expect("a valid request");
     run_sync(&mut sched, 100);
@@ -1517,7 +1559,7 @@ fn regression_padding_larger_than_the_token_budget_livelocks() {
 #[test]
 fn regression_drafts_for_a_waiting_request_with_a_pipelined_sync_step() {
     let cfg = sync_config(|p| p.num_speculative_tokens = 1).expect("a valid configuration");
-    let mut sched = Scheduler::new(cfg);
+    let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     sched.add_request(NewRequest::new("a", vec![1, 2, 3], 8)).expect("a valid request");
     sched.update_draft_token_ids(&["a"], &[vec![5]]).expect("valid drafts");
     let first = sched.schedule();
@@ -1549,7 +1591,7 @@ fn regression_drafts_for_a_waiting_request_with_a_pipelined_sync_step() {
 /// 10000 steps). With distinct arrival times, or under FCFS, the same case
 /// finishes in 31 steps with 2 preemptions.
 #[test]
-fn regression_priority_victim_ties_ping_pong_livelocks() {
+fn regression_priority_victim_ties_do_not_ping_pong() {
     let cfg = sync_config(|p| {
         p.max_model_len = 21;
         p.max_num_seqs = 2;
@@ -1561,7 +1603,7 @@ fn regression_priority_victim_ties_ping_pong_livelocks() {
         p.long_prefill_token_threshold = 1;
     })
     .expect("a valid configuration");
-    let mut sched = Scheduler::new(cfg);
+    let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     for id in ["a", "b"] {
         // 10 blocks of 2 each, 11 with the sampled token: one fits in the 12 usable blocks, two do not.
         let mut r = NewRequest::new(id, (1..=20).collect(), 1);
@@ -1589,7 +1631,7 @@ fn regression_priority_victim_ties_ping_pong_livelocks() {
 /// prompt, and `a` is resumed from C = 24 without ever computing position 23
 /// (the KV of the block's last slot is whatever the pool held).
 #[test]
-fn regression_priority_undo_leaves_uncomputed_blocks_in_the_prefix_cache() {
+fn regression_priority_undo_uncaches_the_victims_uncomputed_blocks() {
     let cfg = sync_config(|p| {
         p.max_model_len = 64;
         p.max_num_seqs = 2;
@@ -1601,7 +1643,7 @@ fn regression_priority_undo_leaves_uncomputed_blocks_in_the_prefix_cache() {
         p.enable_prefix_caching = true;
     })
     .expect("a valid configuration");
-    let mut sched = Scheduler::new(cfg);
+    let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     // `a` runs first; `b`, more important, joins behind it in running order.
     let mut a = NewRequest::new("a", (1..=32).collect(), 1);
     a.priority = 1;
@@ -1622,7 +1664,7 @@ fn regression_priority_undo_leaves_uncomputed_blocks_in_the_prefix_cache() {
             computed = a.num_computed_tokens();
         } else if a.num_preemptions() > 0 && !preempted {
             preempted = true;
-            let (_, hit_tokens) = sched.kv().get_computed_blocks(a);
+            let hit_tokens = sched.prefix_cache_hit_tokens(a);
             assert!(
                 hit_tokens <= computed,
                 "a computed {computed} tokens before its preemption, but the prefix cache offers {hit_tokens}"

@@ -9,7 +9,7 @@ fn ids(sched: &Scheduler, step: &llmsched_core::Step) -> Vec<String> {
 
 #[test]
 fn schedules_every_prompt_in_full_in_arrival_order() {
-    let mut sched = Scheduler::new(config(|_| {}));
+    let mut sched = Scheduler::new(config(|_| {})).unwrap();
     for i in 0..10 {
         sched.add_request(request(&i.to_string(), 10, 16)).unwrap();
     }
@@ -33,7 +33,8 @@ fn padding_needs_room_for_the_sampled_token() {
                     p.max_model_len = m;
                     p.num_speculative_tokens = k;
                     p.async_scheduling = async_scheduling;
-                }));
+                }))
+                .unwrap();
                 sched.add_request(request("decoding", 8, 100)).unwrap();
                 let step = sched.schedule();
                 let (t, c) = sample(&sched, &step, false);
@@ -66,7 +67,8 @@ fn preemption_takes_the_tail_and_blocks_admissions() {
         p.num_gpu_blocks = 11;
         p.block_size = 16;
         p.max_num_batched_tokens = 200;
-    }));
+    }))
+    .unwrap();
     sched.add_request(request("0", 80, 16)).unwrap();
     sched.add_request(request("1", 80, 16)).unwrap();
     let step = sched.schedule();
@@ -86,7 +88,7 @@ fn preemption_takes_the_tail_and_blocks_admissions() {
 
 #[test]
 fn stop_conditions_in_vllm_order_and_trim() {
-    let mut sched = Scheduler::new(config(|p| p.num_speculative_tokens = 2));
+    let mut sched = Scheduler::new(config(|p| p.num_speculative_tokens = 2)).unwrap();
     let mut a = request("eos", 4, 10);
     a.eos_token_id = Some(9);
     let mut b = request("stop", 4, 10);
@@ -126,7 +128,7 @@ fn stop_conditions_in_vllm_order_and_trim() {
 #[test]
 fn async_total_tokens_are_prompt_plus_max_tokens_minus_one() {
     for max_tokens in [1, 2, 3, 5] {
-        let mut sched = Scheduler::new(config(|p| p.async_scheduling = true));
+        let mut sched = Scheduler::new(config(|p| p.async_scheduling = true)).unwrap();
         let mut queue = std::collections::VecDeque::new();
         sched.add_request(request("0", 10, max_tokens)).unwrap();
         queue.push_back(sched.schedule());
@@ -156,7 +158,7 @@ fn async_total_tokens_are_prompt_plus_max_tokens_minus_one() {
 
 #[test]
 fn invalid_requests_leave_the_state_unchanged() {
-    let mut sched = Scheduler::new(config(|p| p.max_model_len = 32));
+    let mut sched = Scheduler::new(config(|p| p.max_model_len = 32)).unwrap();
     sched.add_request(request("a", 4, 4)).unwrap();
     let before = sched.debug_snapshot();
     let bad = [
@@ -174,7 +176,7 @@ fn invalid_requests_leave_the_state_unchanged() {
         assert_eq!(sched.debug_snapshot(), before);
     }
     // 3 usable blocks of 16 tokens: a request that could reach 49 tokens would need 4.
-    let mut small = Scheduler::new(config(|p| p.num_gpu_blocks = 4));
+    let mut small = Scheduler::new(config(|p| p.num_gpu_blocks = 4)).unwrap();
     assert!(small.add_request(request("fits", 40, 8)).is_ok());
     let err = small.add_request(request("outgrows", 40, 9)).unwrap_err();
     assert!(err.to_string().contains("could never finish"), "{err}");
@@ -189,7 +191,7 @@ fn aborted_waiting_requests_do_not_accumulate_in_either_policy() {
             p.policy = policy;
             p.max_num_seqs = 1;
         });
-        let mut sched = Scheduler::new(cfg);
+        let mut sched = Scheduler::new(cfg).unwrap();
         sched.add_request(request("busy", 4, 1_000_000)).unwrap();
         let step = sched.schedule();
         let (tokens, counts) = sample(&sched, &step, false);
@@ -225,7 +227,7 @@ fn dead_entries_stay_bounded_while_the_queue_drains() {
             p.policy = policy;
             p.max_num_seqs = 4;
         });
-        let mut sched = Scheduler::new(cfg);
+        let mut sched = Scheduler::new(cfg).unwrap();
         for i in 0..150 {
             sched.add_request(request(&format!("live-{i}"), 4, 1)).unwrap();
         }
@@ -248,4 +250,25 @@ fn dead_entries_stay_bounded_while_the_queue_drains() {
             sched.check_invariants().unwrap_or_else(|e| panic!("{policy:?}: {e}"));
         }
     }
+}
+
+/// A step that scheduled nothing is not in flight: its empty output applies as a
+/// no-op however often it comes, and tokens for it are refused.
+#[test]
+fn an_empty_step_applies_as_a_no_op() {
+    let mut sched = Scheduler::new(config(|_| {})).unwrap();
+    let empty = sched.schedule();
+    assert_eq!(empty.len(), 0);
+    let before = sched.debug_snapshot();
+    for _ in 0..2 {
+        assert_eq!(apply(&mut sched, &empty, &[], &[]), vec![]);
+    }
+    let tokens = llmsched_core::RunnerOutput { sampled_token_ids: &[7], num_sampled: &[1], row_of_entry: None };
+    let refused = sched.update_from_output(empty.step_id, &tokens).unwrap_err();
+    assert!(refused.to_string().contains("scheduled nothing"), "{refused}");
+    assert_eq!(sched.debug_snapshot(), before);
+    // A step this scheduler never scheduled is refused, empty or not.
+    let none = llmsched_core::RunnerOutput { sampled_token_ids: &[], num_sampled: &[], row_of_entry: None };
+    assert!(sched.update_from_output(empty.step_id + 1, &none).is_err());
+    assert!(sched.update_from_output(0, &none).is_err());
 }

@@ -1,85 +1,91 @@
 //! `SchedulerConfig`: a frozen Python view of the core's validated config.
+//!
+//! Every field comes from the core's one declaration (`llmsched_core::config_fields!`):
+//! the keyword arguments, the properties and their docstrings, `to_dict`, the
+//! constructor's signature (`__signature__`, with the core's defaults) and the hash.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
+use llmsched_core::config::{FieldInfo, FieldKind, FieldValue};
 use llmsched_core::{ConfigParams, Policy, SchedulerConfig};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyBool, PyDict, PyString};
 
-use crate::convert::{bool_value, float_value, int_value, type_name};
+use crate::convert::{bool_value, describe, float_value, int_value, type_name};
 use crate::errors::{config_error, core_err};
 
-const FIELDS: [&str; 19] = [
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_num_scheduled_tokens",
-    "max_num_active_seqs",
-    "block_size",
-    "num_gpu_blocks",
-    "enable_chunked_prefill",
-    "long_prefill_token_threshold",
-    "long_prefill_token_threshold_adaptive",
-    "num_speculative_tokens",
-    "num_lookahead_tokens",
-    "max_num_new_slots_for_drafting",
-    "num_sampled_tokens_per_step",
-    "async_scheduling",
-    "watermark",
-    "scheduler_reserve_full_isl",
-    "enable_prefix_caching",
-    "policy",
-];
+fn field_names() -> String {
+    ConfigParams::FIELDS.iter().map(|f| f.name).collect::<Vec<_>>().join(", ")
+}
 
-fn apply(py: Python<'_>, params: &mut ConfigParams, field: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
-    let int = |v: &Bound<'_, PyAny>| int_value(py, v, field, config_error);
-    let flag = |v: &Bound<'_, PyAny>| bool_value(py, v, field, config_error);
-    match field {
-        "max_model_len" => params.max_model_len = int(value)?,
-        "max_num_seqs" => params.max_num_seqs = int(value)?,
-        "max_num_batched_tokens" => params.max_num_batched_tokens = int(value)?,
-        "max_num_scheduled_tokens" => {
-            params.max_num_scheduled_tokens = if value.is_none() { None } else { Some(int(value)?) }
-        }
-        "max_num_active_seqs" => params.max_num_active_seqs = if value.is_none() { None } else { Some(int(value)?) },
-        "block_size" => params.block_size = int(value)?,
-        "num_gpu_blocks" => params.num_gpu_blocks = int(value)?,
-        "enable_chunked_prefill" => params.enable_chunked_prefill = flag(value)?,
-        "long_prefill_token_threshold" => params.long_prefill_token_threshold = int(value)?,
-        "long_prefill_token_threshold_adaptive" => params.long_prefill_token_threshold_adaptive = flag(value)?,
-        "num_speculative_tokens" => params.num_speculative_tokens = int(value)?,
-        "num_lookahead_tokens" => params.num_lookahead_tokens = int(value)?,
-        "max_num_new_slots_for_drafting" => params.max_num_new_slots_for_drafting = int(value)?,
-        "num_sampled_tokens_per_step" => params.num_sampled_tokens_per_step = int(value)?,
-        "async_scheduling" => params.async_scheduling = flag(value)?,
-        "watermark" => params.watermark = float_value(py, value, field, config_error)?,
-        "scheduler_reserve_full_isl" => params.scheduler_reserve_full_isl = flag(value)?,
-        "enable_prefix_caching" => params.enable_prefix_caching = flag(value)?,
-        "policy" => {
+fn find_field(py: Python<'_>, name: &str) -> PyResult<&'static FieldInfo> {
+    ConfigParams::FIELDS
+        .iter()
+        .find(|f| f.name == name)
+        .ok_or_else(|| config_error(py, format!("{name}: not a SchedulerConfig field (fields: {})", field_names())))
+}
+
+/// A Python value as the field's kind, refused with `ConfigError` naming the field.
+fn field_from_python(py: Python<'_>, field: &FieldInfo, value: &Bound<'_, PyAny>) -> PyResult<FieldValue> {
+    let name = &field.name;
+    Ok(match field.kind {
+        FieldKind::Int => FieldValue::Int(int_value(py, value, name, config_error)?),
+        FieldKind::Derived if value.is_none() => FieldValue::Derived(None),
+        FieldKind::Derived => FieldValue::Derived(Some(int_value(py, value, name, config_error)?)),
+        FieldKind::Bool => FieldValue::Bool(bool_value(py, value, name, config_error)?),
+        FieldKind::Float => FieldValue::Float(float_value(py, value, name, config_error)?),
+        FieldKind::Policy => {
             let text = value.cast::<PyString>().map_err(|_| {
-                config_error(
-                    py,
-                    format!(
-                        "policy={}: must be a str, got {}",
-                        value.repr().map(|r| r.to_string()).unwrap_or_default(),
-                        type_name(value)
-                    ),
-                )
+                config_error(py, format!("{name}={}: must be a str, got {}", describe(value), type_name(value)))
             })?;
-            params.policy = Policy::parse(&text.to_cow()?).map_err(core_err)?;
+            FieldValue::Policy(Policy::parse(&text.to_cow()?).map_err(core_err)?)
         }
-        other => {
-            return Err(config_error(
-                py,
-                format!("{other}: not a SchedulerConfig field (fields: {})", FIELDS.join(", ")),
-            ))
+    })
+}
+
+fn field_to_python(py: Python<'_>, value: FieldValue) -> PyResult<Bound<'_, PyAny>> {
+    Ok(match value {
+        FieldValue::Int(v) | FieldValue::Derived(Some(v)) => v.into_pyobject(py)?.into_any(),
+        FieldValue::Derived(None) => py.None().into_bound(py),
+        FieldValue::Bool(v) => PyBool::new(py, v).to_owned().into_any(),
+        FieldValue::Float(v) => v.into_pyobject(py)?.into_any(),
+        FieldValue::Policy(v) => PyString::new(py, v.as_str()).into_any(),
+    })
+}
+
+/// The constructor's signature, keyword-only fields with the core's defaults, set as the
+/// class's `__signature__` (what `inspect.signature`, `help()` and stubtest read).
+pub fn install_signature(py: Python<'_>, class: &Bound<'_, PyAny>) -> PyResult<()> {
+    let inspect = py.import("inspect")?;
+    let parameter = inspect.getattr("Parameter")?;
+    let keyword_only = parameter.getattr("KEYWORD_ONLY")?;
+    let defaults = ConfigParams::default();
+    let mut parameters = Vec::with_capacity(ConfigParams::FIELDS.len());
+    for field in ConfigParams::FIELDS {
+        let kwargs = PyDict::new(py);
+        if let Some(value) = defaults.get(field.name) {
+            kwargs.set_item("default", field_to_python(py, value)?)?;
         }
+        let annotation = match field.kind {
+            FieldKind::Int => "int",
+            FieldKind::Derived => "int | None",
+            FieldKind::Bool => "bool",
+            FieldKind::Float => "float",
+            FieldKind::Policy => "str",
+        };
+        kwargs.set_item("annotation", annotation)?;
+        parameters.push(parameter.call((field.name, &keyword_only), Some(&kwargs))?);
     }
-    Ok(())
+    let signature = inspect.getattr("Signature")?.call1((parameters,))?;
+    class.setattr("__signature__", signature)
 }
 
 /// The validated configuration of a scheduler. Immutable.
+///
+/// Every field is a keyword argument and a read-only property (see each property's
+/// documentation); a derived field left to None reads as the value it derives.
+/// ``replace(**changes)`` makes a new validated config.
 ///
 /// This object is the one home of ``max_model_len``: the scheduler, the
 /// simulated runner and the engine all read it from here.
@@ -93,181 +99,91 @@ impl PySchedulerConfig {
         if let Some(kwargs) = kwargs {
             for (key, value) in kwargs.iter() {
                 let key = key.cast::<PyString>()?.to_cow()?.into_owned();
-                apply(py, &mut params, &key, &value)?;
+                let field = find_field(py, &key)?;
+                let value = field_from_python(py, field, &value)?;
+                params.set(field.name, value).map_err(core_err)?;
             }
         }
         let config = SchedulerConfig::new(params).map_err(core_err)?;
         Ok(Self { inner: Arc::new(config) })
     }
 
-    fn field_value<'py>(&self, py: Python<'py>, field: &str) -> PyResult<Bound<'py, PyAny>> {
-        let c = &self.inner;
-        Ok(match field {
-            "max_model_len" => c.max_model_len().into_pyobject(py)?.into_any(),
-            "max_num_seqs" => c.max_num_seqs().into_pyobject(py)?.into_any(),
-            "max_num_batched_tokens" => c.max_num_batched_tokens().into_pyobject(py)?.into_any(),
-            "max_num_scheduled_tokens" => c.max_num_scheduled_tokens().into_pyobject(py)?.into_any(),
-            "max_num_active_seqs" => c.max_num_active_seqs().into_pyobject(py)?.into_any(),
-            "block_size" => c.block_size().into_pyobject(py)?.into_any(),
-            "num_gpu_blocks" => c.num_gpu_blocks().into_pyobject(py)?.into_any(),
-            "enable_chunked_prefill" => pyo3::types::PyBool::new(py, c.enable_chunked_prefill()).to_owned().into_any(),
-            "long_prefill_token_threshold" => c.long_prefill_token_threshold().into_pyobject(py)?.into_any(),
-            "long_prefill_token_threshold_adaptive" => {
-                pyo3::types::PyBool::new(py, c.long_prefill_token_threshold_adaptive()).to_owned().into_any()
-            }
-            "num_speculative_tokens" => c.num_speculative_tokens().into_pyobject(py)?.into_any(),
-            "num_lookahead_tokens" => c.num_lookahead_tokens().into_pyobject(py)?.into_any(),
-            "max_num_new_slots_for_drafting" => c.max_num_new_slots_for_drafting().into_pyobject(py)?.into_any(),
-            "num_sampled_tokens_per_step" => c.num_sampled_tokens_per_step().into_pyobject(py)?.into_any(),
-            "async_scheduling" => pyo3::types::PyBool::new(py, c.async_scheduling()).to_owned().into_any(),
-            "watermark" => c.watermark().into_pyobject(py)?.into_any(),
-            "scheduler_reserve_full_isl" => {
-                pyo3::types::PyBool::new(py, c.scheduler_reserve_full_isl()).to_owned().into_any()
-            }
-            "enable_prefix_caching" => pyo3::types::PyBool::new(py, c.enable_prefix_caching()).to_owned().into_any(),
-            "policy" => PyString::new(py, c.policy().as_str()).into_any(),
-            _ => unreachable!("FIELDS lists every field"),
-        })
+    fn field_value<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        match self.inner.resolved_value(name) {
+            Some(value) => field_to_python(py, value),
+            None => Err(find_field(py, name).err().unwrap_or_else(|| config_error(py, format!("{name}: no value")))),
+        }
     }
 }
 
-#[pymethods]
-impl PySchedulerConfig {
-    #[new]
-    #[pyo3(signature = (**kwargs), text_signature = "(*, max_model_len=2048, max_num_seqs=128, \
-        max_num_batched_tokens=2048, max_num_scheduled_tokens=None, max_num_active_seqs=None, \
-        block_size=16, num_gpu_blocks=10000, enable_chunked_prefill=True, \
-        long_prefill_token_threshold=0, long_prefill_token_threshold_adaptive=False, \
-        num_speculative_tokens=0, num_lookahead_tokens=0, max_num_new_slots_for_drafting=0, \
-        num_sampled_tokens_per_step=1, async_scheduling=True, watermark=0.0, \
-        scheduler_reserve_full_isl=True, enable_prefix_caching=True, policy='fcfs')")]
-    fn new(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        Self::build(py, ConfigParams::default(), kwargs)
-    }
+/// The class's methods, and one property per field with the field's documentation.
+macro_rules! py_config_methods {
+    ($( $(#[doc = $doc:literal])+ $name:ident: $kind:ident $(($from:ident))? = $default:expr; )+) => {
+        #[pymethods]
+        impl PySchedulerConfig {
+            #[new]
+            #[pyo3(signature = (**kwargs))]
+            fn new(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+                Self::build(py, ConfigParams::default(), kwargs)
+            }
 
-    /// A new validated config with ``changes`` applied.
-    #[pyo3(signature = (**changes))]
-    fn replace(&self, py: Python<'_>, changes: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        Self::build(py, self.inner.params().clone(), changes)
-    }
+            /// A new validated config with ``changes`` applied.
+            #[pyo3(signature = (**changes))]
+            fn replace(&self, py: Python<'_>, changes: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+                Self::build(py, self.inner.params().clone(), changes)
+            }
 
-    /// Every field with its resolved value.
-    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let dict = PyDict::new(py);
-        for field in FIELDS {
-            dict.set_item(field, self.field_value(py, field)?)?;
+            /// Every field with its resolved value.
+            fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+                let dict = PyDict::new(py);
+                for field in ConfigParams::FIELDS {
+                    dict.set_item(field.name, self.field_value(py, field.name)?)?;
+                }
+                Ok(dict)
+            }
+
+            fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+                let mut parts = Vec::with_capacity(ConfigParams::FIELDS.len());
+                for field in ConfigParams::FIELDS {
+                    parts.push(format!("{}={}", field.name, self.field_value(py, field.name)?.repr()?));
+                }
+                Ok(format!("SchedulerConfig({})", parts.join(", ")))
+            }
+
+            fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+                other.cast::<PySchedulerConfig>().is_ok_and(|o| o.get().inner == self.inner)
+            }
+
+            fn __hash__(&self) -> u64 {
+                let mut hasher = DefaultHasher::new();
+                self.inner.hash(&mut hasher);
+                hasher.finish()
+            }
+
+            fn __reduce__<'py>(slf: &Bound<'py, Self>, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, ())> {
+                // Rebuilt through the validating constructor: functools.partial(SchedulerConfig, **fields)().
+                let partial = py.import("functools")?.getattr("partial")?;
+                let params = slf.get().inner.params();
+                let dict = slf.get().to_dict(py)?;
+                // Keep derived fields derived, so the copy derives them the same way.
+                for field in ConfigParams::FIELDS {
+                    if params.get(field.name) == Some(FieldValue::Derived(None)) {
+                        dict.del_item(field.name)?;
+                    }
+                }
+                let factory = partial.call((slf.get_type(),), Some(&dict))?;
+                Ok((factory, ()))
+            }
+
+            $(
+                #[getter]
+                $(#[doc = $doc])+
+                fn $name<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+                    self.field_value(py, stringify!($name))
+                }
+            )+
         }
-        Ok(dict)
-    }
-
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let mut parts = Vec::with_capacity(FIELDS.len());
-        for field in FIELDS {
-            parts.push(format!("{field}={}", self.field_value(py, field)?.repr()?));
-        }
-        Ok(format!("SchedulerConfig({})", parts.join(", ")))
-    }
-
-    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
-        other.cast::<PySchedulerConfig>().is_ok_and(|o| o.get().inner == self.inner)
-    }
-
-    fn __hash__(&self) -> u64 {
-        let mut hasher = DefaultHasher::new();
-        format!("{:?}", self.inner.resolved()).hash(&mut hasher);
-        hasher.finish()
-    }
-
-    fn __reduce__<'py>(slf: &Bound<'py, Self>, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, ())> {
-        // Rebuilt through the validating constructor: functools.partial(SchedulerConfig, **fields)().
-        let partial = py.import("functools")?.getattr("partial")?;
-        let params = slf.get().inner.params();
-        let dict = slf.get().to_dict(py)?;
-        // Keep derived fields derived, so the copy derives them the same way.
-        if params.max_num_scheduled_tokens.is_none() {
-            dict.del_item("max_num_scheduled_tokens")?;
-        }
-        if params.max_num_active_seqs.is_none() {
-            dict.del_item("max_num_active_seqs")?;
-        }
-        let factory = partial.call((slf.get_type(),), Some(&dict))?;
-        Ok((factory, ()))
-    }
-
-    #[getter]
-    fn max_model_len(&self) -> i64 {
-        self.inner.max_model_len()
-    }
-    #[getter]
-    fn max_num_seqs(&self) -> usize {
-        self.inner.max_num_seqs()
-    }
-    #[getter]
-    fn max_num_batched_tokens(&self) -> i64 {
-        self.inner.max_num_batched_tokens()
-    }
-    #[getter]
-    fn max_num_scheduled_tokens(&self) -> i64 {
-        self.inner.max_num_scheduled_tokens()
-    }
-    #[getter]
-    fn max_num_active_seqs(&self) -> usize {
-        self.inner.max_num_active_seqs()
-    }
-    #[getter]
-    fn block_size(&self) -> i64 {
-        self.inner.block_size()
-    }
-    #[getter]
-    fn num_gpu_blocks(&self) -> usize {
-        self.inner.num_gpu_blocks()
-    }
-    #[getter]
-    fn enable_chunked_prefill(&self) -> bool {
-        self.inner.enable_chunked_prefill()
-    }
-    #[getter]
-    fn long_prefill_token_threshold(&self) -> i64 {
-        self.inner.long_prefill_token_threshold()
-    }
-    #[getter]
-    fn long_prefill_token_threshold_adaptive(&self) -> bool {
-        self.inner.long_prefill_token_threshold_adaptive()
-    }
-    #[getter]
-    fn num_speculative_tokens(&self) -> i64 {
-        self.inner.num_speculative_tokens()
-    }
-    #[getter]
-    fn num_lookahead_tokens(&self) -> i64 {
-        self.inner.num_lookahead_tokens()
-    }
-    #[getter]
-    fn max_num_new_slots_for_drafting(&self) -> i64 {
-        self.inner.max_num_new_slots_for_drafting()
-    }
-    #[getter]
-    fn num_sampled_tokens_per_step(&self) -> i64 {
-        self.inner.num_sampled_tokens_per_step()
-    }
-    #[getter]
-    fn async_scheduling(&self) -> bool {
-        self.inner.async_scheduling()
-    }
-    #[getter]
-    fn watermark(&self) -> f64 {
-        self.inner.watermark()
-    }
-    #[getter]
-    fn scheduler_reserve_full_isl(&self) -> bool {
-        self.inner.scheduler_reserve_full_isl()
-    }
-    #[getter]
-    fn enable_prefix_caching(&self) -> bool {
-        self.inner.enable_prefix_caching()
-    }
-    #[getter]
-    fn policy(&self) -> &'static str {
-        self.inner.policy().as_str()
-    }
+    };
 }
+
+llmsched_core::config_fields!(py_config_methods);

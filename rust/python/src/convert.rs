@@ -1,27 +1,60 @@
 //! Argument conversion with errors that name the field and the value.
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyString};
 
-/// `value` as an i64; bools and non-integers are refused with `make_error`.
+/// A field's name for an error message, built only when an error is reported (the
+/// indexed names of a long token list would otherwise cost a `format!` per token).
+pub trait Field {
+    fn name(&self) -> String;
+}
+
+impl Field for &str {
+    fn name(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// Element `.1` of the field `.0`: `draft_token_ids[3]`, then `draft_token_ids[3][0]`.
+pub struct Indexed<'a>(pub &'a dyn Field, pub usize);
+
+impl Field for Indexed<'_> {
+    fn name(&self) -> String {
+        format!("{}[{}]", self.0.name(), self.1)
+    }
+}
+
+/// `repr(value)`, or a placeholder when its `__repr__` fails.
+pub fn describe(value: &Bound<'_, PyAny>) -> String {
+    value.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into())
+}
+
+/// `value` as an i64; bools and non-integers are refused with `make_error`. The value is
+/// read once: an `__index__` that fails is reported as it failed, whatever a second
+/// call would return.
 pub fn int_value(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
-    field: &str,
+    field: &dyn Field,
     make_error: fn(Python<'_>, String) -> PyErr,
 ) -> PyResult<i64> {
-    let describe = || value.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into());
     if value.is_instance_of::<PyBool>() || value.is_instance_of::<PyFloat>() {
-        return Err(make_error(py, format!("{field}={}: must be an integer", describe())));
+        return Err(make_error(py, format!("{}={}: must be an integer", field.name(), describe(value))));
     }
     // Python ints and numpy integers (anything with __index__).
     if value.is_instance_of::<PyInt>() || value.hasattr("__index__").unwrap_or(false) {
-        return value
-            .extract::<i64>()
-            .map_err(|_| make_error(py, format!("{field}={}: out of the 64-bit integer range", describe())));
+        return value.extract::<i64>().map_err(|error| {
+            let reason = if error.is_instance_of::<PyOverflowError>(py) {
+                "out of the 64-bit integer range".to_string()
+            } else {
+                format!("cannot be read as an integer ({error})")
+            };
+            make_error(py, format!("{}={}: {reason}", field.name(), describe(value)))
+        });
     }
-    Err(make_error(py, format!("{field}={}: must be an integer, got {}", describe(), type_name(value))))
+    Err(make_error(py, format!("{}={}: must be an integer, got {}", field.name(), describe(value), type_name(value))))
 }
 
 /// `numpy.bool_` (named `numpy.bool` since numpy 2), which is not a `bool` subclass.
@@ -34,7 +67,7 @@ fn is_numpy_bool(value: &Bound<'_, PyAny>) -> bool {
 pub fn bool_value(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
-    field: &str,
+    field: &dyn Field,
     make_error: fn(Python<'_>, String) -> PyErr,
 ) -> PyResult<bool> {
     if let Ok(b) = value.cast::<PyBool>() {
@@ -43,28 +76,20 @@ pub fn bool_value(
     if is_numpy_bool(value) {
         return value.is_truthy();
     }
-    let repr = value.repr().map(|r| r.to_string()).unwrap_or_default();
-    Err(make_error(py, format!("{field}={repr}: must be a bool, got {}", type_name(value))))
+    Err(make_error(py, format!("{}={}: must be a bool, got {}", field.name(), describe(value), type_name(value))))
 }
 
 pub fn float_value(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
-    field: &str,
+    field: &dyn Field,
     make_error: fn(Python<'_>, String) -> PyErr,
 ) -> PyResult<f64> {
     if value.is_instance_of::<PyBool>() {
-        return Err(make_error(py, format!("{field}={}: must be a number", value.repr()?)));
+        return Err(make_error(py, format!("{}={}: must be a number", field.name(), describe(value))));
     }
     value.extract::<f64>().map_err(|_| {
-        make_error(
-            py,
-            format!(
-                "{field}={}: must be a number, got {}",
-                value.repr().map(|r| r.to_string()).unwrap_or_default(),
-                type_name(value)
-            ),
-        )
+        make_error(py, format!("{}={}: must be a number, got {}", field.name(), describe(value), type_name(value)))
     })
 }
 
@@ -76,7 +101,7 @@ pub fn type_name(value: &Bound<'_, PyAny>) -> String {
 pub fn token_list(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
-    field: &str,
+    field: &dyn Field,
     make_error: fn(Python<'_>, String) -> PyErr,
 ) -> PyResult<Vec<i64>> {
     if let Ok(array) = value.cast::<PyArray1<i32>>() {
@@ -87,16 +112,19 @@ pub fn token_list(
     }
     if let Ok(array) = value.cast::<numpy::PyUntypedArray>() {
         if array.ndim() != 1 {
-            return Err(make_error(py, format!("{field}: must be 1-D, got an array of shape {:?}", array.shape())));
+            return Err(make_error(
+                py,
+                format!("{}: must be 1-D, got an array of shape {:?}", field.name(), array.shape()),
+            ));
         }
         let kind = array.dtype().kind();
         if kind != b'i' && kind != b'u' {
-            return Err(make_error(py, format!("{field}: must hold integers, got dtype {}", array.dtype())));
+            return Err(make_error(py, format!("{}: must hold integers, got dtype {}", field.name(), array.dtype())));
         }
         // Other integer widths: convert element by element, range-checked.
     }
     if value.is_instance_of::<PyString>() {
-        return Err(make_error(py, format!("{field}: must be a sequence of token ids, got a str")));
+        return Err(make_error(py, format!("{}: must be a sequence of token ids, got a str", field.name())));
     }
     // Fast path: a list of exact ints (no bools, no numpy scalars), read in place.
     if let Ok(list) = value.cast::<PyList>() {
@@ -118,17 +146,12 @@ pub fn token_list(
             return Ok(out);
         }
     }
-    let iter = value
-        .try_iter()
-        .map_err(|_| make_error(py, format!("{field}: must be a sequence of token ids, got {}", type_name(value))))?;
+    let iter = value.try_iter().map_err(|_| {
+        make_error(py, format!("{}: must be a sequence of token ids, got {}", field.name(), type_name(value)))
+    })?;
     let mut out = Vec::with_capacity(value.len().unwrap_or(0));
     for (i, item) in iter.enumerate() {
-        let item = item?;
-        // The field name with its index is only built when reporting an error.
-        match int_value(py, &item, field, make_error) {
-            Ok(token) => out.push(token),
-            Err(_) => return Err(int_value(py, &item, &format!("{field}[{i}]"), make_error).unwrap_err()),
-        }
+        out.push(int_value(py, &item?, &Indexed(field, i), make_error)?);
     }
     Ok(out)
 }

@@ -32,31 +32,34 @@ fn new_class<'py>(py: Python<'py>, name: &str, bases: Vec<Bound<'py, PyType>>, d
     Ok(class.cast_into::<PyType>()?.unbind())
 }
 
-pub fn exceptions(py: Python<'_>) -> &Exceptions {
-    EXCEPTIONS.get_or_init(py, || {
-        let build = || -> PyResult<Exceptions> {
+/// The classes, built on first use. Building them can only fail if the interpreter
+/// cannot create a class (out of memory); that error is returned, never a panic.
+pub fn exceptions(py: Python<'_>) -> PyResult<&Exceptions> {
+    EXCEPTIONS.get_or_try_init(py, || {
             let base = new_class(py, "LlmschedError", vec![py.get_type::<PyException>()], "Base class of every error llmsched raises on purpose.")?;
             let b = base.bind(py).clone();
             let value_error = py.get_type::<PyValueError>();
-            let invalid_request = new_class(py, "InvalidRequestError", vec![b.clone(), value_error.clone()], "A bad argument to a request-level call.")?;
+            let invalid_request = new_class(py, "InvalidRequestError", vec![b.clone(), value_error.clone()], "A bad argument to a request-level call (``add_request`` and friends).")?;
             Ok(Exceptions {
-                config: new_class(py, "ConfigError", vec![b.clone(), value_error.clone()], "An invalid SchedulerConfig field or combination of fields.")?,
-                duplicate_request: new_class(py, "DuplicateRequestError", vec![invalid_request.bind(py).clone()], "add_request with the id of a request that is still live.")?,
+                config: new_class(py, "ConfigError", vec![b.clone(), value_error.clone()], "An invalid ``SchedulerConfig`` field or combination of fields.")?,
+                duplicate_request: new_class(py, "DuplicateRequestError", vec![invalid_request.bind(py).clone()], "``add_request`` with the id of a request that is still live.")?,
                 unknown_request: new_class(py, "UnknownRequestError", vec![b.clone(), py.get_type::<PyKeyError>()], "A request id that is not live (never added, or already finished).")?,
                 output_mismatch: new_class(py, "OutputMismatchError", vec![b.clone(), value_error], "A runner output that does not match the scheduler output it answers, or a scheduler output applied twice or out of order.")?,
-                invariant: new_class(py, "InvariantError", vec![b.clone(), py.get_type::<PyAssertionError>()], "Scheduler.check_invariants found a broken invariant (spec Appendix A).")?,
-                reentrant_call: new_class(py, "ReentrantCallError", vec![b.clone(), py.get_type::<PyRuntimeError>()], "A Scheduler method called while the same thread is already inside a call on that Scheduler (from a finalizer, a signal handler or a callback). The inner call is refused and changes nothing; the outer call completes.")?,
+                invariant: new_class(py, "InvariantError", vec![b.clone(), py.get_type::<PyAssertionError>()], "``Scheduler.check_invariants`` found a broken invariant.")?,
+                reentrant_call: new_class(py, "ReentrantCallError", vec![b.clone(), py.get_type::<PyRuntimeError>()], "A ``Scheduler`` method called while the same thread is already inside a call on that scheduler (from a finalizer, a signal handler or a callback). The inner call is refused and changes nothing; the outer call completes.")?,
                 internal: new_class(py, "InternalError", vec![b, py.get_type::<PyRuntimeError>()], "A bug inside llmsched. The scheduler refuses further calls after one.")?,
                 invalid_request,
                 base,
             })
-        };
-        build().expect("creating llmsched's exception classes")
     })
 }
 
-pub fn raise(py: Python<'_>, class: &Py<PyType>, message: String) -> PyErr {
-    PyErr::from_type(class.bind(py).clone(), message)
+/// `message` as an instance of the class `pick` chooses.
+fn raise(py: Python<'_>, pick: impl FnOnce(&Exceptions) -> &Py<PyType>, message: String) -> PyErr {
+    match exceptions(py) {
+        Ok(e) => PyErr::from_type(pick(e).bind(py).clone(), message),
+        Err(error) => error,
+    }
 }
 
 /// `CoreError` as a Python exception. A newtype because neither `CoreError`
@@ -72,16 +75,19 @@ impl From<CoreError> for PyCoreError {
 impl From<PyCoreError> for PyErr {
     fn from(error: PyCoreError) -> PyErr {
         Python::attach(|py| {
-            let e = exceptions(py);
-            let class = match &error.0 {
-                CoreError::InvalidConfig { .. } => &e.config,
-                CoreError::InvalidRequest { .. } => &e.invalid_request,
-                CoreError::DuplicateRequest { .. } => &e.duplicate_request,
-                CoreError::UnknownRequest { .. } => &e.unknown_request,
-                CoreError::OutputMismatch { .. } => &e.output_mismatch,
-                CoreError::Invariant { .. } => &e.invariant,
-            };
-            raise(py, class, error.0.to_string())
+            let message = error.0.to_string();
+            raise(
+                py,
+                |e| match &error.0 {
+                    CoreError::InvalidConfig { .. } => &e.config,
+                    CoreError::InvalidRequest { .. } => &e.invalid_request,
+                    CoreError::DuplicateRequest { .. } => &e.duplicate_request,
+                    CoreError::UnknownRequest { .. } => &e.unknown_request,
+                    CoreError::OutputMismatch { .. } => &e.output_mismatch,
+                    CoreError::Invariant { .. } => &e.invariant,
+                },
+                message,
+            )
         })
     }
 }
@@ -91,21 +97,21 @@ pub fn core_err(error: CoreError) -> PyErr {
 }
 
 pub fn config_error(py: Python<'_>, message: String) -> PyErr {
-    raise(py, &exceptions(py).config, message)
+    raise(py, |e| &e.config, message)
 }
 
 pub fn request_error(py: Python<'_>, message: String) -> PyErr {
-    raise(py, &exceptions(py).invalid_request, message)
+    raise(py, |e| &e.invalid_request, message)
 }
 
 pub fn mismatch_error(py: Python<'_>, message: String) -> PyErr {
-    raise(py, &exceptions(py).output_mismatch, message)
+    raise(py, |e| &e.output_mismatch, message)
 }
 
 pub fn reentrant_call_error(py: Python<'_>, message: String) -> PyErr {
-    raise(py, &exceptions(py).reentrant_call, message)
+    raise(py, |e| &e.reentrant_call, message)
 }
 
 pub fn internal_error(py: Python<'_>, message: String) -> PyErr {
-    raise(py, &exceptions(py).internal, message)
+    raise(py, |e| &e.internal, message)
 }

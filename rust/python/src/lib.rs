@@ -1,5 +1,11 @@
 //! The Python bindings of llmsched (`llmsched._core`). Conversion only: every
 //! decision is made in `llmsched-core`.
+//!
+//! Nothing a caller passes may panic here: a panic would reach Python as
+//! `PanicException`, a `BaseException` that `except Exception` misses. So the
+//! crate denies the lints below; conversions return errors instead.
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::unreachable, clippy::todo)]
+#![deny(clippy::unimplemented)]
 
 mod config;
 mod convert;
@@ -23,7 +29,7 @@ mod _core {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let py = m.py();
-        let e = errors::exceptions(py);
+        let e = errors::exceptions(py)?;
         m.add("LlmschedError", e.base.clone_ref(py))?;
         m.add("ConfigError", e.config.clone_ref(py))?;
         m.add("InvalidRequestError", e.invalid_request.clone_ref(py))?;
@@ -34,6 +40,8 @@ mod _core {
         m.add("ReentrantCallError", e.reentrant_call.clone_ref(py))?;
         m.add("InternalError", e.internal.clone_ref(py))?;
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("REQUEST_STATUSES", crate::output::request_statuses(py)?)?;
+        crate::config::install_signature(py, py.get_type::<PySchedulerConfig>().as_any())?;
         Ok(())
     }
 }

@@ -7,16 +7,35 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString, PyTuple};
 
-/// `llmsched.status.RequestStatus` members, indexed by value - 1.
-static STATUS_MEMBERS: PyOnceLock<Py<PyTuple>> = PyOnceLock::new();
+/// `llmsched.status.RequestStatus` members, by value (index 0 unused).
+static STATUS_MEMBERS: PyOnceLock<Vec<Py<PyAny>>> = PyOnceLock::new();
 
+/// The `llmsched.status.RequestStatus` member of `status`, looked up by value.
 pub fn status_object(py: Python<'_>, status: RequestStatus) -> PyResult<Bound<'_, PyAny>> {
-    let members = STATUS_MEMBERS.get_or_try_init(py, || -> PyResult<Py<PyTuple>> {
+    let members = STATUS_MEMBERS.get_or_try_init(py, || -> PyResult<Vec<Py<PyAny>>> {
         let enum_class = py.import("llmsched.status")?.getattr("RequestStatus")?;
-        let members: Vec<Bound<'_, PyAny>> = enum_class.try_iter()?.collect::<PyResult<_>>()?;
-        Ok(PyTuple::new(py, members)?.unbind())
+        let mut members: Vec<Py<PyAny>> = (0..=RequestStatus::ALL.len()).map(|_| py.None()).collect();
+        for &s in RequestStatus::ALL {
+            if let Some(slot) = members.get_mut(s as usize) {
+                *slot = enum_class.call1((s as u8,))?.unbind();
+            }
+        }
+        Ok(members)
     })?;
-    members.bind(py).get_item(status as usize - 1)
+    match members.get(status as usize) {
+        Some(member) => Ok(member.bind(py).clone()),
+        None => py.import("llmsched.status")?.getattr("RequestStatus")?.call1((status as u8,)),
+    }
+}
+
+/// The statuses as `(name, value, finish reason)`, exported as `_core.REQUEST_STATUSES`
+/// for `llmsched.status` (its enum is checked against it by a test).
+pub fn request_statuses(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
+    let rows: Vec<Bound<'_, PyTuple>> = RequestStatus::ALL
+        .iter()
+        .map(|&s| (s.name(), s as u8, s.finish_reason()).into_pyobject(py))
+        .collect::<PyResult<_>>()?;
+    PyTuple::new(py, rows)
 }
 
 /// A read-only int32 array that owns `values` (moved, not copied).
@@ -38,8 +57,10 @@ pub fn frozen_array(py: Python<'_>, values: Vec<i32>) -> Py<PyArray1<i32>> {
 #[pyclass(frozen, module = "llmsched", name = "SchedulerOutput")]
 pub struct PySchedulerOutput {
     pub scheduler_uid: u64,
+    /// The step's number, counting from 1; its output must be applied in this order.
     #[pyo3(get)]
     pub step_id: u64,
+    /// The scheduled requests, in the order of the per-request arrays.
     #[pyo3(get)]
     pub req_ids: Py<PyList>,
     /// The same ids, immutable: `update_from_output` matches runner rows
@@ -64,6 +85,7 @@ pub struct PySchedulerOutput {
     /// resumed requests (replace), the newly allocated blocks otherwise (append).
     #[pyo3(get)]
     pub num_block_ids: Py<PyArray1<i32>>,
+    /// The block ids counted by ``num_block_ids``, flat.
     #[pyo3(get)]
     pub block_ids: Py<PyArray1<i32>>,
     /// For new and resumed requests, how many tokens they hold (prompt and
@@ -73,10 +95,14 @@ pub struct PySchedulerOutput {
     /// The tokens counted by ``num_all_token_ids``, flat.
     #[pyo3(get)]
     pub all_token_ids: Py<PyArray1<i32>>,
+    /// The sum of ``num_scheduled_tokens``.
     #[pyo3(get)]
     pub total_num_scheduled_tokens: i64,
+    /// Requests scheduled for the first time in this step.
     #[pyo3(get)]
     pub new_req_ids: Py<PyList>,
+    /// Preempted requests scheduled again in this step (from scratch, or from a
+    /// prefix-cache hit).
     #[pyo3(get)]
     pub resumed_req_ids: Py<PyList>,
     /// Running requests scheduled in this step that the previous step did not schedule.
@@ -140,6 +166,7 @@ impl Tokens {
 /// What one step produced for one request.
 #[pyclass(frozen, module = "llmsched", name = "RequestOutput")]
 pub struct PyRequestOutput {
+    /// The request's id.
     #[pyo3(get)]
     pub request_id: Py<PyString>,
     pub new_token_ids: Tokens,
@@ -149,29 +176,21 @@ pub struct PyRequestOutput {
     pub stop_reason: Option<i32>,
 }
 
-pub fn finish_reason(status: RequestStatus) -> Option<&'static str> {
-    match status {
-        RequestStatus::FinishedStopped | RequestStatus::WaitingForStreamingReq => Some("stop"),
-        RequestStatus::FinishedLengthCapped | RequestStatus::FinishedIgnored => Some("length"),
-        RequestStatus::FinishedAborted => Some("abort"),
-        RequestStatus::FinishedError => Some("error"),
-        RequestStatus::FinishedRepetition => Some("repetition"),
-        _ => None,
-    }
-}
-
 #[pymethods]
 impl PyRequestOutput {
+    /// The tokens this step delivered to the request (after a stop, none past it).
     #[getter]
     fn new_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         PyList::new(py, self.new_token_ids.as_slice())
     }
 
+    /// The request's status after the step.
     #[getter]
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         status_object(py, self.status)
     }
 
+    /// Whether the request finished in this step.
     #[getter]
     fn finished(&self) -> bool {
         self.status.is_finished()
@@ -181,7 +200,7 @@ impl PyRequestOutput {
     #[getter]
     fn finish_reason(&self) -> Option<&'static str> {
         if self.status.is_finished() {
-            finish_reason(self.status)
+            self.status.finish_reason()
         } else {
             None
         }
@@ -208,26 +227,9 @@ impl PyRequestOutput {
             "RequestOutput(request_id={}, new_token_ids={:?}, status={}{})",
             self.request_id.bind(py).repr().map(|r| r.to_string()).unwrap_or_default(),
             self.new_token_ids.as_slice(),
-            status_name(self.status),
+            self.status.name(),
             self.stop_reason.map(|t| format!(", stop_reason={t}")).unwrap_or_default(),
         )
-    }
-}
-
-fn status_name(status: RequestStatus) -> &'static str {
-    match status {
-        RequestStatus::Waiting => "WAITING",
-        RequestStatus::WaitingForStructuredOutputGrammar => "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR",
-        RequestStatus::WaitingForRemoteKvs => "WAITING_FOR_REMOTE_KVS",
-        RequestStatus::WaitingForStreamingReq => "WAITING_FOR_STREAMING_REQ",
-        RequestStatus::Running => "RUNNING",
-        RequestStatus::Preempted => "PREEMPTED",
-        RequestStatus::FinishedStopped => "FINISHED_STOPPED",
-        RequestStatus::FinishedLengthCapped => "FINISHED_LENGTH_CAPPED",
-        RequestStatus::FinishedAborted => "FINISHED_ABORTED",
-        RequestStatus::FinishedIgnored => "FINISHED_IGNORED",
-        RequestStatus::FinishedError => "FINISHED_ERROR",
-        RequestStatus::FinishedRepetition => "FINISHED_REPETITION",
     }
 }
 
@@ -366,43 +368,63 @@ impl PyRequestOutputs {
 /// A snapshot of one live request, taken by ``Scheduler.get_request``.
 #[pyclass(frozen, module = "llmsched", name = "Request")]
 pub struct PyRequest {
+    /// The request's id.
     #[pyo3(get)]
     request_id: String,
     status: RequestStatus,
+    /// ``C``: tokens whose KV is computed or scheduled to be.
     #[pyo3(get)]
     num_computed_tokens: i64,
+    /// ``N``: prompt and output tokens so far.
     #[pyo3(get)]
     num_tokens: i64,
+    /// Tokens in the prompt.
     #[pyo3(get)]
     num_prompt_tokens: i64,
+    /// ``N`` plus the drafts waiting to be scheduled.
     #[pyo3(get)]
     num_tokens_with_spec: i64,
+    /// The prompt.
     #[pyo3(get)]
     prompt_token_ids: Vec<i32>,
+    /// The output tokens so far.
     #[pyo3(get)]
     output_token_ids: Vec<i32>,
+    /// Drafts to schedule next (-1 placeholders under async scheduling).
     #[pyo3(get)]
     spec_token_ids: Vec<i32>,
+    /// Output positions scheduled whose tokens have not returned yet (async).
     #[pyo3(get)]
     num_output_placeholders: i64,
+    /// Tokens scheduled whose output has not been applied yet.
     #[pyo3(get)]
     num_in_flight_tokens: i64,
+    /// In-flight tokens scheduled before the request's last preemption.
     #[pyo3(get)]
     num_stale_output_tokens: i64,
+    /// Whether that stale output is dropped rather than delivered.
     #[pyo3(get)]
     drop_stale_output: bool,
+    /// How often the request has been preempted.
     #[pyo3(get)]
     num_preemptions: u32,
+    /// The most output tokens the request may produce.
     #[pyo3(get)]
     max_tokens: i64,
+    /// Its priority under the priority policy (lower runs first).
     #[pyo3(get)]
     priority: i32,
+    /// When the request arrived (seconds; the caller's clock or the epoch).
     #[pyo3(get)]
     arrival_time: f64,
+    /// Whether the last scheduled chunk ended before the request's known tokens.
     #[pyo3(get)]
     is_prefill_chunk: bool,
+    /// The request's KV block table.
     #[pyo3(get)]
     block_ids: Vec<u32>,
+    /// One 128-bit hash per full block of the request's tokens (empty without
+    /// prefix caching).
     #[pyo3(get)]
     block_hashes: Vec<u128>,
     /// Leading blocks of ``block_ids`` registered in the prefix cache.
@@ -440,6 +462,7 @@ impl PyRequest {
 
 #[pymethods]
 impl PyRequest {
+    /// The request's status when the snapshot was taken.
     #[getter]
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         status_object(py, self.status)

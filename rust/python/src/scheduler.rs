@@ -12,7 +12,7 @@ use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::config::PySchedulerConfig;
-use crate::convert::{float_value, int_value, token_list, type_name};
+use crate::convert::{bool_value, float_value, int_value, token_list, type_name, Indexed};
 use crate::errors::{core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
 use crate::output::{frozen_array, PyRequest, PyRequestOutputs, PySchedulerOutput};
 
@@ -252,7 +252,7 @@ impl PyScheduler {
                 format!("config: must be a SchedulerConfig, got {}", type_name(e.into_inner().as_any())),
             )
         })?;
-        let core = Scheduler::try_new(config.get().inner.clone()).map_err(core_err)?;
+        let core = Scheduler::new(config.get().inner.clone()).map_err(core_err)?;
         Ok(Self {
             config: config.unbind(),
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
@@ -261,12 +261,18 @@ impl PyScheduler {
         })
     }
 
+    /// The configuration the scheduler was built with.
     #[getter]
     fn config(&self, py: Python<'_>) -> Py<PySchedulerConfig> {
         self.config.clone_ref(py)
     }
 
     /// Queue a request. Copies the prompt into the scheduler.
+    ///
+    /// Raises ``InvalidRequestError`` (``DuplicateRequestError`` for an id still live)
+    /// naming the field and the value, and changes nothing, for a request that could
+    /// never finish: an empty prompt, one longer than ``max_model_len`` minus the sampled
+    /// token, a token id outside int32, or one whose KV could outgrow the pool.
     #[pyo3(signature = (request_id, prompt_token_ids, *, max_tokens, min_tokens=None, eos_token_id=None,
         stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None, cache_salt=None),
         text_signature = "(self, request_id, prompt_token_ids, *, max_tokens, min_tokens=0, eos_token_id=None, \
@@ -296,27 +302,27 @@ impl PyScheduler {
                 ),
             )
         })?;
-        let optional_int = |value: Option<&Bound<'_, PyAny>>, field: &str, default: i64| -> PyResult<i64> {
+        let optional_int = |value: Option<&Bound<'_, PyAny>>, field: &'static str, default: i64| -> PyResult<i64> {
             match value {
-                Some(v) if !v.is_none() => int_value(py, v, field, request_error),
+                Some(v) if !v.is_none() => int_value(py, v, &field, request_error),
                 _ => Ok(default),
             }
         };
         let new = NewRequest {
             request_id: id.to_cow()?.into_owned(),
-            prompt_token_ids: token_list(py, prompt_token_ids, "prompt_token_ids", request_error)?,
-            max_tokens: int_value(py, max_tokens, "max_tokens", request_error)?,
+            prompt_token_ids: token_list(py, prompt_token_ids, &"prompt_token_ids", request_error)?,
+            max_tokens: int_value(py, max_tokens, &"max_tokens", request_error)?,
             min_tokens: optional_int(min_tokens, "min_tokens", 0)?,
             eos_token_id: match eos_token_id {
-                Some(v) if !v.is_none() => Some(int_value(py, v, "eos_token_id", request_error)?),
+                Some(v) if !v.is_none() => Some(int_value(py, v, &"eos_token_id", request_error)?),
                 _ => None,
             },
             stop_token_ids: match stop_token_ids {
-                Some(v) if !v.is_none() => token_list(py, v, "stop_token_ids", request_error)?,
+                Some(v) if !v.is_none() => token_list(py, v, &"stop_token_ids", request_error)?,
                 _ => Vec::new(),
             },
             arrival_time: match arrival_time {
-                Some(v) if !v.is_none() => Some(float_value(py, v, "arrival_time", request_error)?),
+                Some(v) if !v.is_none() => Some(float_value(py, v, &"arrival_time", request_error)?),
                 _ => None,
             },
             num_computed_tokens: optional_int(num_computed_tokens, "num_computed_tokens", 0)?,
@@ -350,6 +356,12 @@ impl PyScheduler {
         })
     }
 
+    /// Decide the next step: which requests run and how many tokens each.
+    ///
+    /// Runs the running loop (decodes and prefill chunks of running requests, preempting
+    /// the lowest-priority running request when KV blocks run out), then, if nothing was
+    /// preempted, admits waiting requests in order. Every scheduled request keeps
+    /// ``C + n + s <= max_model_len``. Returns the step as a ``SchedulerOutput``.
     fn schedule(&self, py: Python<'_>) -> PyResult<PySchedulerOutput> {
         self.with_inner(py, |inner| {
             let core = &mut inner.core;
@@ -358,8 +370,15 @@ impl PyScheduler {
         })
     }
 
-    /// Apply a runner's output for ``scheduler_output``. Reads the runner's
-    /// arrays in place (no copy); do not modify them during the call.
+    /// Apply a runner's output for ``scheduler_output``.
+    ///
+    /// ``runner_output`` is a ``llmsched.ModelRunnerOutput`` (or any object with
+    /// ``req_ids``, ``sampled_token_ids`` and ``num_sampled``). Outputs must be applied
+    /// once each, in the order the steps were scheduled; the output of a step that
+    /// scheduled nothing is a no-op. Copies the runner's arrays before it releases the
+    /// GIL, so a thread writing into them during the call cannot change what is applied.
+    /// Returns a sequence of ``RequestOutput``, one per request that produced tokens or
+    /// finished.
     fn update_from_output<'py>(
         &self,
         py: Python<'py>,
@@ -394,18 +413,13 @@ impl PyScheduler {
         let rows = runner_rows(py, step_ids, &attr("req_ids")?)?;
         let sampled_obj = attr("sampled_token_ids")?;
         let counts_obj = attr("num_sampled")?;
-        let sampled = int32_array(py, &sampled_obj, "sampled_token_ids")?;
-        let counts = int32_array(py, &counts_obj, "num_sampled")?;
-        if step_ids.is_empty() {
-            if counts.len() != 0 || sampled.len() != 0 {
-                return Err(mismatch_error(py, "runner_output: has tokens for a step that scheduled nothing".into()));
-            }
-            return Ok(PyRequestOutputs::with_capacity(0));
-        }
-        let sampled = sampled.as_slice()?;
-        let counts = counts.as_slice()?;
+        // Copied while the GIL is held: another Python thread may write into the runner's
+        // arrays once the GIL is released, and the core must see one consistent snapshot
+        // (a step's int32 columns copy in nanoseconds).
+        let sampled = int32_array(py, &sampled_obj, "sampled_token_ids")?.as_slice()?.to_vec();
+        let counts = int32_array(py, &counts_obj, "num_sampled")?.as_slice()?.to_vec();
         self.with_inner(py, |inner| {
-            let out = RunnerOutput { sampled_token_ids: sampled, num_sampled: counts, row_of_entry: rows.as_deref() };
+            let out = RunnerOutput { sampled_token_ids: &sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
             let events = py.detach(|| core.update_from_output(so.step_id, &out)).map_err(core_err)?;
             let mut outputs = PyRequestOutputs::with_capacity(events.len());
@@ -426,6 +440,11 @@ impl PyScheduler {
         })
     }
 
+    /// Give running requests the drafts to verify in the next step (sync scheduling).
+    ///
+    /// ``draft_token_ids[i]`` (at most ``num_speculative_tokens`` ids; -1 is a drafter's
+    /// padding) replaces the drafts of ``req_ids[i]``. Ids that are not live are ignored;
+    /// drafts of a request that is not running or still in prefill are dropped.
     #[pyo3(signature = (req_ids, draft_token_ids))]
     fn update_draft_token_ids(
         &self,
@@ -456,12 +475,7 @@ impl PyScheduler {
                 )
             })?
             .enumerate()
-            .map(|(i, row)| {
-                let row = row?;
-                // The indexed field name is only built to report an error.
-                token_list(py, &row, "draft_token_ids", request_error)
-                    .map_err(|_| token_list(py, &row, &format!("draft_token_ids[{i}]"), request_error).unwrap_err())
-            })
+            .map(|(i, row)| token_list(py, &row?, &Indexed(&"draft_token_ids", i), request_error))
             .collect::<PyResult<_>>()?;
         let id_refs: Vec<&str> = ids.iter().map(|id| id.to_str()).collect::<PyResult<_>>()?;
         self.with_inner(py, |inner| inner.core.update_draft_token_ids(&id_refs, &drafts).map_err(core_err))
@@ -475,7 +489,7 @@ impl PyScheduler {
         request_ids: &Bound<'py, PyAny>,
         status: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let value = int_value(py, status, "status", request_error)?;
+        let value = int_value(py, status, &"status", request_error)?;
         let status = RequestStatus::from_value(value)
             .filter(|s| s.is_finished())
             .ok_or_else(|| request_error(py, format!("status={value}: must be a finished RequestStatus (7 to 12)")))?;
@@ -516,6 +530,8 @@ impl PyScheduler {
         PyList::new(py, finished.iter().map(|id| id.as_ref()))
     }
 
+    /// A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
+    /// live request has that id.
     fn get_request(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<PyRequest> {
         let request_id = request_id
             .cast::<PyString>()
@@ -524,14 +540,18 @@ impl PyScheduler {
         self.with_inner(py, |inner| Ok(PyRequest::snapshot(inner.core.get_request(&request_id).map_err(core_err)?)))
     }
 
+    /// Whether any request is running or waiting.
     fn has_unfinished_requests(&self, py: Python<'_>) -> PyResult<bool> {
         self.with_inner(py, |inner| Ok(inner.core.has_unfinished_requests()))
     }
 
+    /// How many requests are running or waiting.
     fn get_num_unfinished_requests(&self, py: Python<'_>) -> PyResult<usize> {
         self.with_inner(py, |inner| Ok(inner.core.get_num_unfinished_requests()))
     }
 
+    /// Whether any request is unfinished, or finished but not yet reported by a
+    /// ``schedule()``.
     fn has_requests(&self, py: Python<'_>) -> PyResult<bool> {
         self.with_inner(py, |inner| Ok(inner.core.has_requests()))
     }
@@ -558,21 +578,34 @@ impl PyScheduler {
         })
     }
 
+    /// The fraction of usable KV blocks in use, in [0, 1].
     fn get_kv_cache_usage(&self, py: Python<'_>) -> PyResult<f64> {
         self.with_inner(py, |inner| Ok(inner.core.kv_cache_usage()))
     }
 
+    /// KV blocks in the free queue (cached ones included: they are reusable).
     #[getter]
     fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
         self.with_inner(py, |inner| Ok(inner.core.num_free_blocks()))
     }
 
+    /// Scheduled steps with requests whose output has not been applied yet.
     #[getter]
     fn num_steps_in_flight(&self, py: Python<'_>) -> PyResult<usize> {
         self.with_inner(py, |inner| Ok(inner.core.num_steps_in_flight()))
     }
 
-    /// Counters over the scheduler's life.
+    /// Counters over the scheduler's life, as a dict:
+    ///
+    /// - ``num_steps``: ``schedule()`` calls;
+    /// - ``num_preemptions``: requests preempted;
+    /// - ``num_draft_tokens``, ``num_accepted_tokens``: draft slots scheduled and
+    ///   drafts the runner accepted;
+    /// - ``prefix_cache_requests``, ``prefix_cache_queries``, ``prefix_cache_hits``:
+    ///   prefix-cache lookups at first admission (requests, prompt tokens looked up,
+    ///   tokens found);
+    /// - ``prefix_cache_preempted_requests``, ``prefix_cache_preempted_queries``,
+    ///   ``prefix_cache_preempted_hits``: the same at re-admission after a preemption.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (stats, prefix) =
             self.with_inner(py, |inner| Ok((inner.core.stats().clone(), inner.core.prefix_cache_stats().clone())))?;
@@ -596,7 +629,7 @@ impl PyScheduler {
     #[pyo3(signature = (reset_running_requests=None), text_signature = "(self, reset_running_requests=False)")]
     fn reset_prefix_cache(&self, py: Python<'_>, reset_running_requests: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let reset_running = match reset_running_requests {
-            Some(v) => crate::convert::bool_value(py, v, "reset_running_requests", request_error)?,
+            Some(v) => bool_value(py, v, &"reset_running_requests", request_error)?,
             None => false,
         };
         self.with_inner(py, |inner| Ok(inner.core.reset_prefix_cache(reset_running)))
@@ -616,11 +649,13 @@ impl PyScheduler {
 
     /// The free-block queue, head first (blocks are reused from the head).
     fn free_block_queue<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let queue = self.with_inner(py, |inner| Ok(inner.core.kv().pool().free_queue()))?;
+        let queue = self.with_inner(py, |inner| Ok(inner.core.free_block_queue()))?;
         PyList::new(py, queue)
     }
 
-    /// Check the invariants of spec Appendix A over the whole state.
+    /// Check every invariant of the whole state: the capacity rule, queues and
+    /// statuses, counters, block tables, reference counts, the free queue and the
+    /// prefix cache's hashes.
     ///
     /// O(everything): meant for tests and debugging, not the hot path.
     /// Raises ``InvariantError`` naming the first broken one.

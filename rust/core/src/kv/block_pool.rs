@@ -41,12 +41,8 @@ fn filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>, TryReserveError> {
 }
 
 impl BlockPool {
-    pub fn new(num_blocks: usize, enable_caching: bool) -> Self {
-        Self::try_new(num_blocks, enable_caching).expect("memory for the block table")
-    }
-
-    /// Like `new`, but reports a block table too large to allocate instead of
-    /// aborting the process (Rust's default on allocation failure).
+    /// Reports a block table too large to allocate instead of aborting the
+    /// process (Rust's default on allocation failure).
     pub fn try_new(num_blocks: usize, enable_caching: bool) -> Result<Self, TryReserveError> {
         let n = num_blocks;
         let mut pool = Self {
@@ -94,10 +90,6 @@ impl BlockPool {
         self.hash[block as usize]
     }
 
-    pub fn enable_caching(&self) -> bool {
-        self.enable_caching
-    }
-
     fn unlink(&mut self, id: u32) {
         let (p, n) = (self.prev[id as usize], self.next[id as usize]);
         if p == NIL {
@@ -143,9 +135,11 @@ impl BlockPool {
     }
 
     /// Pops `k` blocks from the head of the free queue into `out`, evicting
-    /// any cached content they hold. The caller has checked `k <= num_free`.
+    /// any cached content they hold. The caller has checked `k <= num_free`;
+    /// checked again in release builds, where a short queue would otherwise
+    /// walk off its end (the `NIL` link is `u32::MAX`).
     pub fn get_new_blocks(&mut self, k: usize, out: &mut Vec<u32>) {
-        debug_assert!(k <= self.num_free);
+        assert!(k <= self.num_free, "{k} blocks asked of a free queue of {}", self.num_free);
         out.reserve(k);
         for _ in 0..k {
             let id = self.head;
@@ -345,7 +339,7 @@ mod tests {
 
     #[test]
     fn allocation_starts_after_the_null_block_in_id_order() {
-        let mut pool = BlockPool::new(6, false);
+        let mut pool = BlockPool::try_new(6, false).unwrap();
         assert_eq!(pool.num_free_blocks(), 5);
         let mut out = Vec::new();
         pool.get_new_blocks(3, &mut out);
@@ -356,7 +350,7 @@ mod tests {
 
     #[test]
     fn unhashed_blocks_return_to_the_head_in_the_given_order() {
-        let mut pool = BlockPool::new(8, false);
+        let mut pool = BlockPool::try_new(8, false).unwrap();
         let mut table = Vec::new();
         pool.get_new_blocks(4, &mut table);
         // A request frees its table tail first.
@@ -369,7 +363,7 @@ mod tests {
     /// [1,2,3,4] (4 partial), req1 holds [1,2,3,5] (5 partial).
     #[test]
     fn free_queue_order_of_vllms_test_prefill() {
-        let mut pool = BlockPool::new(11, true);
+        let mut pool = BlockPool::try_new(11, true).unwrap();
         let mut req0 = Vec::new();
         pool.get_new_blocks(4, &mut req0);
         pool.cache_full_blocks(&req0, &[10, 20, 30], 0, 3);
@@ -391,7 +385,7 @@ mod tests {
     /// vLLM's test_evict: req0 holds 1..=6 (6 partial), req1 holds 7..=9.
     #[test]
     fn free_queue_order_of_vllms_test_evict() {
-        let mut pool = BlockPool::new(11, true);
+        let mut pool = BlockPool::try_new(11, true).unwrap();
         let mut req0 = Vec::new();
         pool.get_new_blocks(6, &mut req0);
         pool.cache_full_blocks(&req0, &[1, 2, 3, 4, 5], 0, 5);
@@ -407,7 +401,7 @@ mod tests {
 
     #[test]
     fn duplicate_content_is_kept_and_lookup_returns_the_first() {
-        let mut pool = BlockPool::new(5, true);
+        let mut pool = BlockPool::try_new(5, true).unwrap();
         let mut blocks = Vec::new();
         pool.get_new_blocks(2, &mut blocks);
         pool.cache_full_blocks(&blocks, &[7, 7], 0, 2);
@@ -425,7 +419,7 @@ mod tests {
 
     #[test]
     fn reset_needs_every_block_free() {
-        let mut pool = BlockPool::new(4, true);
+        let mut pool = BlockPool::try_new(4, true).unwrap();
         let mut blocks = Vec::new();
         pool.get_new_blocks(1, &mut blocks);
         pool.cache_full_blocks(&blocks, &[9], 0, 1);
@@ -438,7 +432,7 @@ mod tests {
 
     #[test]
     fn shared_block_is_freed_only_with_its_last_reference() {
-        let mut pool = BlockPool::new(4, true);
+        let mut pool = BlockPool::try_new(4, true).unwrap();
         let mut a = Vec::new();
         pool.get_new_blocks(1, &mut a);
         pool.touch(&a);

@@ -74,10 +74,6 @@ impl KvManager {
         &self.pool
     }
 
-    pub fn block_size(&self) -> i64 {
-        self.block_size
-    }
-
     pub fn enable_caching(&self) -> bool {
         self.enable_caching
     }

@@ -18,7 +18,7 @@ use xxhash_rust::xxh3::xxh3_128_with_seed;
 use crate::kv::block_pool::BlockHash;
 
 /// Fixed so that the same tokens hash the same in every process.
-const SEED: u64 = 0x6c6c_6d73_6368_6564; // "llmsched"
+pub(crate) const SEED: u64 = 0x6c6c_6d73_6368_6564; // "llmsched"
 
 /// The parent of the first block (vLLM's `NONE_HASH`).
 pub const NONE_HASH: BlockHash = 0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834;

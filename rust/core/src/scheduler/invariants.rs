@@ -15,12 +15,29 @@ fn broken(reason: String) -> CoreError {
     CoreError::Invariant { reason }
 }
 
+/// The block hash of spec §5.3, written again from its definition for the checker:
+/// XXH3-128 (seed `prefix::SEED`) of the parent hash, each token, then, for a salted
+/// first block, a 0xff separator, the salt's length and the salt, all little-endian.
+/// A second writing, not a call of `prefix::hash_block`: a checker that called the
+/// code it checks could not see it broken.
+fn reference_block_hash(parent: u128, tokens: &[i32], salt: Option<&[u8]>, bytes: &mut Vec<u8>) -> u128 {
+    bytes.clear();
+    bytes.extend(parent.to_le_bytes());
+    bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    if let Some(salt) = salt {
+        bytes.push(0xff);
+        bytes.extend((salt.len() as u64).to_le_bytes());
+        bytes.extend(salt.iter().copied());
+    }
+    xxhash_rust::xxh3::xxh3_128_with_seed(bytes, crate::kv::prefix::SEED)
+}
+
 impl Scheduler {
     pub fn check_invariants(&self) -> CoreResult<()> {
         let cfg = &self.config;
         let (m, s, b) = (cfg.max_model_len(), cfg.num_sampled_tokens_per_step(), cfg.block_size());
         let lookahead = cfg.num_lookahead_tokens();
-        if self.running.len() > cfg.max_num_seqs() {
+        if self.running.len() as i64 > cfg.max_num_seqs() {
             return Err(broken(format!(
                 "{} running requests > max_num_seqs {}",
                 self.running.len(),
@@ -114,12 +131,11 @@ impl Scheduler {
                     in_flight.get(&h).copied().unwrap_or(0)
                 )));
             }
-            // The capacity rule, in state form: room M - C - s never goes negative.
-            if c < 0 || crate::capacity::room(c, m, s) < 0 {
-                return Err(broken(format!(
-                    "request {id:?}: C={c} leaves negative room M - C - s = {} (M={m}, s={s})",
-                    crate::capacity::room(c, m, s)
-                )));
+            // The capacity rule in state form, restated from the spec rather than taken
+            // from `capacity` (a checker that called the rule it checks could not see it
+            // broken): every step kept C + n + s <= M and C advanced by n, so C + s <= M.
+            if c < 0 || c + s > m {
+                return Err(broken(format!("request {id:?}: C={c}, s={s}: C + s > M={m}")));
             }
             if n > m - s + 1 || n > m {
                 return Err(broken(format!("request {id:?}: N={n} exceeds max_model_len={m}")));
@@ -175,7 +191,7 @@ impl Scheduler {
                     let parent = if i == 0 { crate::kv::prefix::NONE_HASH } else { r.block_hashes[i - 1] };
                     let salt = if i == 0 { r.cache_salt.as_deref() } else { None };
                     let tokens = &r.token_ids[i * b as usize..(i + 1) * b as usize];
-                    if crate::kv::prefix::hash_block(parent, tokens, salt, &mut scratch) != r.block_hashes[i] {
+                    if reference_block_hash(parent, tokens, salt, &mut scratch) != r.block_hashes[i] {
                         return Err(broken(format!("request {id:?}: block {i}'s hash does not match its tokens")));
                     }
                 }
@@ -216,6 +232,29 @@ impl Scheduler {
                 )));
             }
         }
+        // The free queue, walked from outside the pool: exactly the blocks no table holds,
+        // each once, never the null block.
+        let queue = pool.free_queue();
+        let mut queued = vec![false; block_refs.len()];
+        for &block in &queue {
+            let Some(slot) = queued.get_mut(block as usize) else {
+                return Err(broken(format!("block {block} in the free queue is not in the pool")));
+            };
+            if block == crate::kv::NULL_BLOCK || std::mem::replace(slot, true) {
+                return Err(broken(format!("block {block} is the null block or twice in the free queue")));
+            }
+        }
+        if let Some(block) = (1..block_refs.len()).find(|&b| queued[b] != (block_refs[b] == 0)) {
+            return Err(broken(format!(
+                "block {block}: held by {} tables but {}in the free queue",
+                block_refs[block],
+                if queued[block] { "" } else { "not " }
+            )));
+        }
+        if queue.len() != self.kv.num_free_blocks() {
+            return Err(broken(format!("{} free blocks counted, {} queued", self.kv.num_free_blocks(), queue.len())));
+        }
+        // The pool's own structure (links, flags, the hash chains).
         self.kv.check().map_err(broken)?;
         let mut ids = rustc_hash::FxHashSet::default();
         for record in &self.in_flight {

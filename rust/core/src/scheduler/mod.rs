@@ -12,7 +12,6 @@ mod waiting;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustc_hash::FxHashMap;
 
@@ -20,43 +19,12 @@ use crate::config::SchedulerConfig;
 use crate::error::{CoreError, CoreResult};
 use crate::kv::{BlockPool, KvManager};
 use crate::queue::RequestQueue;
-use crate::request::{QueueKind, Request, RequestStatus, StopParams};
+pub use crate::request::NewRequest;
+use crate::request::{QueueKind, Request, RequestStatus};
 use crate::slab::{Handle, Slab};
 use step::{EntryKind, InFlightEntry, Step, StepBuilder, StepRecord};
 
 pub use update::{RequestEvent, RunnerOutput};
-
-/// Arguments of `add_request`, before validation.
-#[derive(Clone, Debug)]
-pub struct NewRequest {
-    pub request_id: String,
-    pub prompt_token_ids: Vec<i64>,
-    pub max_tokens: i64,
-    pub min_tokens: i64,
-    pub eos_token_id: Option<i64>,
-    pub stop_token_ids: Vec<i64>,
-    pub arrival_time: Option<f64>,
-    pub num_computed_tokens: i64,
-    pub priority: i64,
-    pub cache_salt: Option<String>,
-}
-
-impl NewRequest {
-    pub fn new(request_id: impl Into<String>, prompt_token_ids: Vec<i64>, max_tokens: i64) -> Self {
-        Self {
-            request_id: request_id.into(),
-            prompt_token_ids,
-            max_tokens,
-            min_tokens: 0,
-            eos_token_id: None,
-            stop_token_ids: Vec::new(),
-            arrival_time: None,
-            num_computed_tokens: 0,
-            priority: 0,
-            cache_salt: None,
-        }
-    }
-}
 
 /// Counters over the scheduler's life.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -103,28 +71,11 @@ impl PauseState {
     }
 }
 
-fn token_id(field: &str, index: Option<usize>, value: i64) -> CoreResult<i32> {
-    if (0..=i32::MAX as i64).contains(&value) {
-        Ok(value as i32)
-    } else {
-        let field = match index {
-            Some(i) => format!("{field}[{i}]"),
-            None => field.to_string(),
-        };
-        Err(CoreError::request(field, value, format!("a token id must be in [0, {}]", i32::MAX)))
-    }
-}
-
 impl Scheduler {
-    /// A scheduler over `config`. Panics if the KV block table cannot be
-    /// allocated; `try_new` reports that instead.
-    pub fn new(config: Arc<SchedulerConfig>) -> Self {
-        Self::try_new(config).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    pub fn try_new(config: Arc<SchedulerConfig>) -> CoreResult<Self> {
+    /// A scheduler over `config`; an error if the KV block table cannot be allocated.
+    pub fn new(config: Arc<SchedulerConfig>) -> CoreResult<Self> {
         let policy = config.policy();
-        let num_blocks = config.num_gpu_blocks();
+        let num_blocks = config.num_gpu_blocks() as usize;
         let kv = KvManager::new(
             num_blocks,
             config.block_size(),
@@ -172,91 +123,13 @@ impl Scheduler {
 
     /// Validates and queues a request; returns its handle.
     pub fn add_request(&mut self, new: NewRequest) -> CoreResult<Handle> {
-        let m = self.config.max_model_len();
-        let s = self.config.num_sampled_tokens_per_step();
-        if new.request_id.is_empty() {
-            return Err(CoreError::request("request_id", "''", "must be a non-empty string"));
-        }
         if self.ids.contains_key(new.request_id.as_str()) {
             return Err(CoreError::DuplicateRequest { request_id: new.request_id });
         }
-        let prompt_len = new.prompt_token_ids.len() as i64;
-        if prompt_len == 0 {
-            return Err(CoreError::request("prompt_token_ids", "[]", "a prompt needs at least one token"));
-        }
-        // A generating request needs room for one sampled token: N <= M - s.
-        if prompt_len > m - s {
-            return Err(CoreError::request(
-                "prompt_token_ids",
-                format!("<{prompt_len} tokens>"),
-                format!("the prompt must be at most max_model_len - {s} = {} tokens long", m - s),
-            ));
-        }
-        let prompt: Vec<i32> = new
-            .prompt_token_ids
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| token_id("prompt_token_ids", Some(i), t))
-            .collect::<CoreResult<_>>()?;
-        if new.max_tokens < 1 || new.max_tokens > i32::MAX as i64 {
-            return Err(CoreError::request("max_tokens", new.max_tokens, format!("must be in [1, {}]", i32::MAX)));
-        }
-        if new.min_tokens < 0 || new.min_tokens > i32::MAX as i64 {
-            return Err(CoreError::request("min_tokens", new.min_tokens, format!("must be in [0, {}]", i32::MAX)));
-        }
-        if new.min_tokens > new.max_tokens {
-            return Err(CoreError::request(
-                "min_tokens",
-                new.min_tokens,
-                format!("must be at most max_tokens = {}", new.max_tokens),
-            ));
-        }
-        let eos_token_id = new.eos_token_id.map(|t| token_id("eos_token_id", None, t)).transpose()?;
-        let stop_token_ids: Box<[i32]> = new
-            .stop_token_ids
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| token_id("stop_token_ids", Some(i), t))
-            .collect::<CoreResult<_>>()?;
-        if new.num_computed_tokens < 0 || new.num_computed_tokens >= prompt_len {
-            return Err(CoreError::request(
-                "num_computed_tokens",
-                new.num_computed_tokens,
-                format!("must be in [0, len(prompt_token_ids)) = [0, {prompt_len}): the last prompt token is always computed"),
-            ));
-        }
-        // A request whose KV could outgrow the whole pool would preempt everything, then
-        // itself, and recompute forever: refuse it now (vLLM refuses a pool smaller than
-        // max_model_len at startup instead).
-        let cfg = &self.config;
-        let longest = (prompt_len + new.max_tokens + cfg.num_speculative_tokens() + cfg.num_lookahead_tokens()).min(m);
-        let blocks_needed = (longest + cfg.block_size() - 1) / cfg.block_size();
-        let usable_blocks = cfg.num_gpu_blocks() as i64 - 1;
-        if blocks_needed > usable_blocks {
-            return Err(CoreError::request(
-                "max_tokens",
-                new.max_tokens,
-                format!(
-                    "the request could grow to {longest} tokens ({blocks_needed} KV blocks of {}), \
-                     but the pool has {usable_blocks} usable blocks: it could never finish",
-                    cfg.block_size()
-                ),
-            ));
-        }
-        let priority = i32::try_from(new.priority)
-            .map_err(|_| CoreError::request("priority", new.priority, "must fit in a 32-bit signed integer"))?;
-        let arrival_time = match new.arrival_time {
-            Some(t) if t.is_finite() => t,
-            Some(t) => return Err(CoreError::request("arrival_time", t, "must be a finite number")),
-            None => SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
-        };
-
-        let id: Arc<str> = Arc::from(new.request_id);
-        let stop = StopParams { max_tokens: new.max_tokens, min_tokens: new.min_tokens, eos_token_id, stop_token_ids };
-        let mut request = Request::new(id.clone(), prompt, stop, priority, arrival_time, new.num_computed_tokens);
-        request.cache_salt = new.cache_salt.map(|salt| salt.into_bytes().into_boxed_slice());
+        let mut request = Request::from_new(new, &self.config)?;
+        let id = request.id.clone();
         self.kv.update_block_hashes(&mut request);
-        let kind = if new.num_computed_tokens > 0 { QueueKind::KvHolding } else { QueueKind::Waiting };
+        let kind = if request.num_computed_tokens > 0 { QueueKind::KvHolding } else { QueueKind::Waiting };
         request.queued_in = Some(kind);
         let handle = self.requests.insert(request);
         self.ids.insert(id, handle);
@@ -281,7 +154,7 @@ impl Scheduler {
             input_budget,
             draft_slots: cfg.max_num_new_slots_for_drafting(),
             long_prefill_threshold,
-            entries: Vec::with_capacity(num_eligible.min(cfg.max_num_seqs())),
+            entries: Vec::with_capacity(num_eligible.min(cfg.max_num_seqs() as usize)),
             spec_token_ids: Vec::new(),
             num_running_entries: 0,
             prefill_scheduled: false,
@@ -588,8 +461,28 @@ impl Scheduler {
         &self.stats
     }
 
-    pub fn kv(&self) -> &KvManager {
-        &self.kv
+    /// The free-block queue, head first (blocks are reused from the head).
+    pub fn free_block_queue(&self) -> Vec<u32> {
+        self.kv.pool().free_queue()
+    }
+
+    /// Blocks registered in the prefix cache.
+    pub fn num_cached_blocks(&self) -> usize {
+        self.kv.pool().num_cached_blocks()
+    }
+
+    /// The hash `block` is registered under in the prefix cache, if any.
+    pub fn cached_block_hash(&self, block: u32) -> Option<crate::kv::BlockHash> {
+        if (block as usize) < self.kv.pool().num_blocks() {
+            self.kv.pool().block_hash(block)
+        } else {
+            None
+        }
+    }
+
+    /// The tokens of `request` a prefix-cache lookup would find computed now.
+    pub fn prefix_cache_hit_tokens(&self, request: &Request) -> i64 {
+        self.kv.get_computed_blocks(request).1
     }
 
     /// Running requests in running order.

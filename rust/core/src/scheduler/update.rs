@@ -114,7 +114,22 @@ impl Scheduler {
     }
 
     /// Applies the output of the oldest step in flight. On error nothing changes.
+    ///
+    /// A step that scheduled nothing is never in flight (as in vLLM): an output with no
+    /// rows for it, or for any step already applied, is a no-op however often it comes.
     pub fn update_from_output(&mut self, step_id: u64, out: &RunnerOutput<'_>) -> CoreResult<Vec<RequestEvent>> {
+        let scheduled_here = step_id > 0 && step_id < self.next_step_id;
+        let in_flight = self.in_flight.iter().any(|r| r.step_id == step_id);
+        if scheduled_here && !in_flight {
+            if out.num_sampled.is_empty() && out.sampled_token_ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            return Err(CoreError::mismatch(format!(
+                "step {step_id} is not in flight: it scheduled nothing, or its output was already applied; \
+                 the runner output has {} requests",
+                out.num_sampled.len()
+            )));
+        }
         let record = self.locate_step(step_id)?;
         let offsets = self.validate_output(record, out)?;
         let record = self.in_flight.pop_front().expect("located");

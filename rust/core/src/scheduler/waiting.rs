@@ -17,7 +17,7 @@ impl Scheduler {
         let lookahead = self.config.num_lookahead_tokens();
         let chunked_prefill = self.config.enable_chunked_prefill();
         let reserve_full_isl = self.config.scheduler_reserve_full_isl();
-        let max_active = self.config.max_num_active_seqs();
+        let max_active = self.config.max_num_active_seqs() as usize;
         // #54028: a threshold below 1 + K would clip a padded step after padding.
         let threshold_clips_padding = 0 < b.long_prefill_threshold && b.long_prefill_threshold < 1 + k_spec;
 
