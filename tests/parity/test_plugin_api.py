@@ -250,3 +250,54 @@ def test_logprobs_and_nan_counts_pass_through() -> None:
     assert theirs == ours
     assert any(lp is not None for rid, lp, _ in ours if rid == "lp")
     assert all(lp is None for rid, lp, _ in ours if rid == "plain")
+
+
+def test_per_request_spec_decode_metrics_match_vllms() -> None:
+    """With ``per_request_spec_decode_metrics``, each request's draft acceptance reaches its
+    final output, as vLLM records it."""
+
+    def drive(sched: Any) -> list[Any]:
+        from vllm.v1.outputs import DraftTokenIds
+
+        sched.add_request(request("a", max_tokens=8))
+        trace = []
+        for step in range(10):
+            if not sched.has_requests():
+                break
+            so = sched.schedule()
+            spec = so.scheduled_spec_decode_tokens
+            sampled = {
+                rid: [9] * (1 + min(len(spec.get(rid, ())), step % 3))
+                for rid in so.num_scheduled_tokens
+            }
+            for eco in sched.update_from_output(so, ref.vllm_runner_output(so, sampled)).values():
+                trace += [
+                    (o.request_id, o.new_token_ids, o.spec_decode_metrics) for o in eco.outputs
+                ]
+            sched.update_draft_token_ids(DraftTokenIds(["a"], [[9, 9]]))
+        return trace
+
+    def configured() -> Any:
+        sched = reference(num_speculative_tokens=2)
+        _set(sched.vllm_config.observability_config, "per_request_spec_decode_metrics", "detailed")
+        return sched
+
+    vllm_trace = drive(_with_metrics(configured()))
+    ours_trace = drive(build(configured()))
+    assert vllm_trace == ours_trace
+    assert ours_trace[-1][2] is not None and ours_trace[-1][2].num_draft_tokens > 0
+
+
+def _with_metrics(sched: Any) -> Any:
+    """vLLM's scheduler reads the level at construction: rebuild it with the level set."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    rebuilt = Scheduler(
+        vllm_config=sched.vllm_config,
+        kv_cache_config=sched.kv_cache_config,
+        structured_output_manager=sched.structured_output_manager,
+        block_size=BLOCK,
+        log_stats=True,
+    )
+    rebuilt.use_v2_model_runner = sched.use_v2_model_runner
+    return rebuilt

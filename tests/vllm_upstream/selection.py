@@ -1,0 +1,732 @@
+"""Which of vLLM 0.33.0's scheduler tests run against ``llmsched.vllm``, and why the others
+do not.
+
+``INCLUDED`` lists, per file, every test that drives the scheduler only through vLLM's
+``SchedulerInterface`` (and the ``SchedulerOutput`` / ``EngineCoreOutputs`` it returns) and
+passes: ``run.py`` fails if one of them fails. ``EXCLUDED`` maps every other test to the
+reason: the vLLM scheduler internal it reads or patches (``scheduler.running``,
+``scheduler.kv_cache_manager``, ...), the fields of vLLM's ``Request`` that only vLLM's own
+scheduler updates (``num_output_tokens``, ``output_token_ids``, ``spec_token_ids``, ...), or
+the feature llmsched.vllm refuses by design (KV and encoder-cache connectors, multimodal
+inputs, LoRA, structured output, pooling, pipeline / data parallelism, hybrid KV-cache
+groups, speculative methods other than ``ngram``), or the deliberate deviation of
+``docs/parity.md`` it trips. A key is a test function name (every parametrization) or
+``name[params]`` (one parametrization; it wins over the name). A test of these files that is
+in neither list fails the run, so that a new vLLM test is classified before it counts.
+
+Each reason names the first thing that stops the test; "also" lists the other vLLM scheduler
+internals it touches and "Request fields" the ``Request`` attributes it reads that vLLM's
+scheduler maintains (not mirrored by llmsched.vllm).
+"""
+
+from __future__ import annotations
+
+SCHEDULER_TESTS = "tests/v1/core/test_scheduler.py"
+ASYNC_SCHEDULER_TESTS = "tests/v1/core/test_async_scheduler.py"
+
+#: The test files run, relative to the extracted sdist.
+FILES: tuple[str, ...] = (SCHEDULER_TESTS, ASYNC_SCHEDULER_TESTS)
+
+#: Tests that use only the public interface; every one must pass.
+INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
+    SCHEDULER_TESTS: (
+        "test_get_num_unfinished_requests",
+        "test_scheduler_stats_route_to_existing_output_client",
+        "test_schedule_prefills_gating[False]",
+        "test_long_prefill_threshold_ignored_when_alone",
+        "test_long_prefill_threshold_applies_with_other_requests",
+        "test_long_prefill_threshold_floored_by_fair_share",
+        "test_schedule_concurrent_batches[False-None]",
+        "test_schedule_order[True]",
+        "test_spec_decoding_stats_empty_output",
+        "test_spec_decode_padding_first_decode_step",
+        "test_priority_scheduling_basic_ordering",
+        "test_priority_scheduling_arrival_time_tiebreaker",
+        "test_priority_scheduling_mixed_priority_and_arrival",
+        "test_priority_scheduling_fcfs_fallback",
+        "test_schedule_skip_tokenizer_init",
+        "test_scheduler_no_ec_connector_by_default",
+        # These two also read scheduler.requests[id].spec_decode_metrics and
+        # scheduler.spec_decode_metrics_level, which llmsched.vllm keeps as vLLM's does.
+        "test_per_request_spec_decode_detailed_records_per_step",
+        "test_per_request_spec_decode_acceptance_disabled_by_default",
+    ),
+    ASYNC_SCHEDULER_TESTS: ("test_prefix_caching_for_prefill_dedup",),
+}
+
+#: Tests not run, each with the internal or the feature it needs.
+EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
+    SCHEDULER_TESTS: {
+        "test_make_scheduled_encoder_input_stats_output_embeddings": (
+            "scheduler internal: scheduler._make_scheduled_encoder_input_stats"
+        ),
+        "test_scheduled_encoder_input_stats_disabled_without_iteration_logging": (
+            "patches scheduler internal: scheduler._make_scheduled_encoder_input_stats (multimodal"
+            " encoder stats)"
+        ),
+        "test_scheduled_encoder_input_stats_disabled_without_log_stats": (
+            "scheduler internal: scheduler.observability_config"
+        ),
+        "test_add_requests": "scheduler internal: scheduler.waiting",
+        "test_routed_experts_prompt_start_at_prompt_end": (
+            "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector"
+        ),
+        "test_routed_experts_hashes_follow_scheduled_tokens": (
+            "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector; "
+            "Request fields: is_finished, num_computed_tokens, num_tokens"
+        ),
+        "test_prefix_hit_is_capped_at_retained_auxiliary_outputs": (
+            "scheduler internal: scheduler.kv_cache_manager / refused feature: KV-cache layouts "
+            "other than full attention (SlidingWindowSpec) / refused feature: KV connectors "
+            "(kv_transfer_config is set); also scheduler.aux_output_connector"
+        ),
+        "test_evicted_blocks_release_their_auxiliary_outputs_past_capacity": (
+            "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector"
+        ),
+        "test_finish_request": (
+            "scheduler internal: scheduler.waiting; also scheduler.aux_output_connector"
+        ),
+        "test_max_num_active_seqs_caps_admission": (
+            "scheduler internal: scheduler.running; also scheduler.max_num_running_reqs, "
+            "scheduler.waiting"
+        ),
+        "test_pending_hisparse_spill_keeps_scheduler_alive": (
+            "KV connector internals (HiSparse connector, object.__new__ scheduler with mocked "
+            "connector)"
+        ),
+        "test_schedule[False-None]": "scheduler internals: scheduler.waiting, scheduler.running",
+        "test_schedule[True-5]": (
+            "prompt logprobs with prefix caching (request refused by design); scheduler.waiting / "
+            "scheduler.running"
+        ),
+        "test_pooling_chunked_prefill_can_finish_at_max_model_len": (
+            "refused feature: pooling models (runner_type='pooling')"
+        ),
+        "test_scheduler_publishes_lookahead_blocks_at_allocation": (
+            "scheduler internal: scheduler.kv_cache_manager"
+        ),
+        "test_finished_spec_request_caches_completed_blocks": (
+            "refused feature: this speculative decoding method (method='ngram_gpu'; supported: "
+            "ngram); also scheduler.kv_cache_manager; Request fields: all_token_ids, is_finished, "
+            "num_output_placeholders"
+        ),
+        "test_async_output_does_not_cache_inflight_tokens": (
+            "scheduler internal: scheduler.kv_cache_manager / refused feature: this speculative "
+            "decoding method (method='ngram_gpu'; supported: ngram)"
+        ),
+        "test_streaming_lookahead_hashes_follow_recomputed_kv": (
+            "hybrid KV cache (Qwen3-Next model, mamba groups); kv_cache_manager and block-hash "
+            "internals; also scheduler._preempt_request, scheduler.kv_cache_manager, "
+            "scheduler.num_hash_lookahead_tokens, scheduler.running"
+        ),
+        "test_schedule_multimodal_requests": (
+            "multimodal inputs (llava-1.5 model; refused by design)"
+        ),
+        "test_async_scheduling_pp_allows_rescheduling_with_output_placeholders": (
+            "refused feature: pipeline parallelism (pipeline_parallel_size=2); Request fields: "
+            "num_output_placeholders"
+        ),
+        "test_max_loras_counts_running_request_awaiting_output": (
+            "refused feature: LoRA (lora_config is set); Request fields: status"
+        ),
+        "test_max_loras_counts_running_request_skipped_for_encoder_budget": (
+            "refused feature: LoRA (lora_config is set); also scheduler.encoder_cache_manager, "
+            "scheduler.max_num_encoder_input_tokens; Request fields: status"
+        ),
+        "test_cached_request_data_resumed_all_token_ids_mrv1_only": (
+            "scheduler internal: scheduler.prev_step_scheduled_req_ids; also "
+            "scheduler._make_cached_request_data; Request fields: all_token_ids, "
+            "append_output_token_ids"
+        ),
+        "test_schedule_partial_requests": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler.max_num_encoder_input_tokens, scheduler.running"
+        ),
+        "test_encoder_only_prompt_longer_than_budget_is_chunked": (
+            "multimodal inputs (llava-1.5 model; refused by design)"
+        ),
+        "test_schedule_prefills_gating[True]": "scheduler internal: scheduler.running",
+        "test_local_prefill_interval_holds_prefill_between_bursts": (
+            "refused feature: prefill cadence (prefill_schedule_interval=2) / refused feature: "
+            "prefill cadence (prefill_schedule_interval=4); also scheduler.last_prefill_step, "
+            "scheduler.num_executed_steps, scheduler.running"
+        ),
+        "test_empty_schedule_does_not_advance_the_prefill_cadence": (
+            "refused feature: prefill cadence (prefill_schedule_interval=4); also "
+            "scheduler.current_step, scheduler.num_executed_steps, scheduler.running"
+        ),
+        "test_prefill_cadence_counts_executed_steps_not_schedule_calls": (
+            "refused feature: prefill cadence (prefill_schedule_interval=4); also "
+            "scheduler.current_step, scheduler.num_executed_steps, scheduler.running"
+        ),
+        "test_local_prefill_interval_defaults_to_no_gating": (
+            "scheduler internal: scheduler.local_prefill_interval; also scheduler.running"
+        ),
+        "test_local_prefill_interval_left_to_engine_under_dp": (
+            "refused feature: data parallelism (data_parallel_size=2); also "
+            "scheduler.local_prefill_interval, scheduler.running"
+        ),
+        "test_local_prefill_interval_never_idles_the_model": (
+            "refused feature: prefill cadence (prefill_schedule_interval=8); also scheduler.running"
+        ),
+        "test_local_prefill_interval_defers_inflight_prefill_chunk": (
+            "refused feature: prefill cadence (prefill_schedule_interval=2) / refused feature: "
+            "prefill cadence (prefill_schedule_interval=3); also scheduler.running"
+        ),
+        "test_throttle_prefills_excludes_fully_transferred_remote_kv": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
+            "scheduler.running, scheduler.waiting; Request fields: status"
+        ),
+        "test_throttle_prefills_defers_remote_kv_resume_with_local_prefill": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
+            "scheduler.running, scheduler.waiting; Request fields: status"
+        ),
+        "test_throttle_defers_inflight_prefill_chunk": "scheduler internal: scheduler.running",
+        "test_throttle_capacity_bound_guard_admits": (
+            "scheduler internal: scheduler.prefill_capacity_bound"
+        ),
+        "test_same_step_duplicate_encoder_input_stays_cached": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler.encoder_cache_manager"
+        ),
+        "test_no_mm_input_chunking": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler.encoder_cache_manager, scheduler.running"
+        ),
+        "test_no_mm_input_chunking_for_same_step_duplicate": (
+            "multimodal inputs (llava-1.5 model; refused by design)"
+        ),
+        "test_no_mm_input_chunking_at_item_boundary": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler._try_schedule_encoder_inputs"
+        ),
+        "test_schedule_concurrent_partial_requests": "scheduler internal: scheduler.running",
+        "test_update_from_output_routes_sampling_masks_by_request": (
+            "scheduler internal: scheduler.running; also scheduler.return_sampling_mask; Request "
+            "fields: num_computed_tokens (written), num_tokens, status (written)"
+        ),
+        "test_update_from_output_routes_multi_position_sampling_masks": (
+            "scheduler internal: scheduler.running; also scheduler.return_sampling_mask; Request "
+            "fields: num_computed_tokens (written), num_tokens, status (written)"
+        ),
+        "test_stop_via_update_from_output": (
+            "scheduler internal: scheduler.running; also scheduler.finished_req_ids; Request "
+            "fields: is_finished, num_computed_tokens (written), num_tokens, output_token_ids, "
+            "status, status (written), stop_reason"
+        ),
+        "test_check_stop_min_tokens": (
+            "tests vLLM's check_stop() helper on Request objects; no scheduler"
+        ),
+        "test_check_stop_length_cap_below_min_tokens": (
+            "tests vLLM's check_stop() helper on Request objects; no scheduler"
+        ),
+        "test_schedule_concurrent_batches[True-5]": (
+            "prompt logprobs with prefix caching (request refused by design)"
+        ),
+        "test_schedule_order[False]": (
+            "deliberate deviation 5 (docs/parity.md): chunked prefill off with "
+            "max_num_batched_tokens=1024 < max_model_len=2048 is refused (ConfigError)"
+        ),
+        "test_preempt_during_execution": (
+            "scheduler internal: scheduler.running; Request fields: output_token_ids, status"
+        ),
+        "test_pending_hisparse_reclamation_defers_preemption": (
+            "scheduler internal: scheduler.kv_cache_manager; also scheduler.running; Request "
+            "fields: num_preemptions, status"
+        ),
+        "test_prefix_cache_query_not_inflated_by_connector_defer": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.kv_cache_manager; Request fields: num_tokens"
+        ),
+        "test_preemption_re_records_prefix_cache_query": (
+            "scheduler internal: scheduler.kv_cache_manager; also scheduler._preempt_request, "
+            "scheduler.running; Request fields: status"
+        ),
+        "test_preemption_processes_stale_aux_output": (
+            "scheduler internal: scheduler.running; also scheduler._preempt_request, "
+            "scheduler.aux_output_connector"
+        ),
+        "test_prefix_cache_stats_not_recorded_when_caching_disabled": (
+            "scheduler internal: scheduler.kv_cache_manager"
+        ),
+        "test_prefix_cache_stats_counted_once_for_retried_then_scheduled_request": (
+            "scheduler internal: scheduler.running; also scheduler.kv_cache_manager; Request "
+            "fields: num_tokens"
+        ),
+        "test_scheduler_reset_prefix_cache": (
+            "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector, "
+            "scheduler.running, scheduler.waiting"
+        ),
+        "test_aux_output_reset_follows_kv_reset_result": (
+            "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector"
+        ),
+        "test_kv_cache_release_after_keep_pause_preserves_requests": (
+            "scheduler internal: scheduler.kv_cache_manager; also scheduler.running, "
+            "scheduler.waiting; Request fields: num_computed_tokens, num_tokens, output_token_ids,"
+            " status"
+        ),
+        "test_kv_cache_release_rejects_nonresident_memory": (
+            "EngineCore sleep internals (object.__new__(EngineCore), mocked executor); the "
+            "scheduler is never called"
+        ),
+        "test_reset_connector_cache_no_connector_is_no_op_success": (
+            "scheduler internal: scheduler.reset_connector_cache"
+        ),
+        "test_draft_slots_budgeted_per_scheduled_request": (
+            "scheduler internal: scheduler.max_num_scheduled_tokens"
+        ),
+        "test_block_drafters_cap_requests_instead_of_draft_slots": (
+            "refused feature: this speculative decoding method (method='dflash'; supported: ngram)"
+            " / refused feature: this speculative decoding method (method='dspark'; supported: "
+            "ngram)"
+        ),
+        "test_schedule_spec_decoding_stats": (
+            "scheduler internal: scheduler.running; Request fields: num_computed_tokens, "
+            "num_tokens, num_tokens_with_spec"
+        ),
+        "test_per_request_spec_decode_subtracts_invalid_drafts": (
+            "per-request spec-decode metrics + structured output (num_invalid_spec_tokens); reads "
+            "Request.spec_decode_metrics"
+        ),
+        "test_no_spec_tokens_scheduled_for_prefill_chunks": (
+            "reads vLLM Request field request.spec_token_ids (set by vLLM's scheduler; not "
+            "mirrored)"
+        ),
+        "test_spec_decode_padding_resumed_request_without_running_requests": (
+            "refused feature: KV connectors (kv_transfer_config is set)"
+        ),
+        "test_spec_decode_padding_skipped_for_diffusion": (
+            "diffusion (sets scheduler internal scheduler.num_sampled_tokens_per_step = 0)"
+        ),
+        "test_spec_decode_padding_dropped_when_recurrent_alignment_clips": (
+            "scheduler internal: scheduler._mamba_block_aligned_split; also "
+            "scheduler.need_mamba_block_aligned_split"
+        ),
+        "test_spec_decode_padding_skipped_with_prefill_in_batch": (
+            "scheduler internal: scheduler.finished_req_ids"
+        ),
+        "test_scheduler_stats_waiting_queues": (
+            "scheduler internal: scheduler.waiting; also scheduler.deferred_waiting; Request "
+            "fields: status (written)"
+        ),
+        "test_pause_new_drains_async_kv_loads": (
+            "refused feature: KV connectors (kv_transfer_config is set); also scheduler.waiting; "
+            "Request fields: status"
+        ),
+        "test_pause_new_ignores_streaming_session_waiting_for_input": (
+            "scheduler internal: scheduler.kv_holding_waiting"
+        ),
+        "test_has_sync_kv_loads": "refused feature: KV connectors (kv_transfer_config is set)",
+        "test_kv_connector_honors_skip_reading_prefix_cache": (
+            "refused feature: KV connectors (kv_transfer_config is set)"
+        ),
+        "test_kv_connector_records_external_cache_hit_sources": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.connector_prefix_cache_stats, scheduler.finished_recving_kv_req_ids, "
+            "scheduler.kv_cache_manager, scheduler.kv_holding_waiting; Request fields: status"
+        ),
+        "test_kv_connector_basic": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.finished_recving_kv_req_ids, scheduler.kv_cache_manager, "
+            "scheduler.kv_holding_waiting, scheduler.running; Request fields: status"
+        ),
+        "test_external_prefix_cache_metrics": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
+            "scheduler.running, scheduler.waiting; Request fields: status"
+        ),
+        "test_kv_connector_unable_to_allocate": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
+        ),
+        "test_kv_connector_handles_preemption": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.finished_recving_kv_req_ids, scheduler.kv_cache_manager, "
+            "scheduler.kv_holding_waiting, scheduler.running; Request fields: status"
+        ),
+        "test_memory_leak": (
+            "scheduler internal: scheduler.running; also scheduler.encoder_cache_manager, "
+            "scheduler.finished_req_ids, scheduler.kv_cache_manager, scheduler.waiting"
+        ),
+        "test_priority_scheduling_preemption": (
+            "scheduler internal: scheduler.running; Request fields: status"
+        ),
+        "test_priority_scheduling_no_preemption_when_space_available": (
+            "scheduler internal: scheduler.running; also scheduler.waiting"
+        ),
+        "test_priority_scheduling_preemption_victim_selection": (
+            "scheduler internal: scheduler.waiting"
+        ),
+        "test_priority_scheduling_equal_priority_preemption": (
+            "scheduler internal: scheduler.waiting"
+        ),
+        "test_priority_scheduling_waiting_queue_order": "scheduler internal: scheduler.waiting",
+        "test_priority_scheduling_with_limited_slots": "scheduler internal: scheduler.waiting",
+        "test_priority_scheduling_heap_property": "scheduler internal: scheduler.waiting",
+        "test_schedule_skip_tokenizer_init_structured_output_request": (
+            "scheduler internal: scheduler.running; also scheduler.deferred_waiting, "
+            "scheduler.waiting"
+        ),
+        "test_grammar_compile_error_finishes_only_request": (
+            "structured output (refused by design: the request is failed with that reason); "
+            "Request fields: status"
+        ),
+        "test_abort_request_when_structured_output_fsm_cannot_advance": (
+            "structured output; builds the scheduler with object.__new__ (no __init__) and sets "
+            "vLLM's internals by hand (requests, running, waiting, kv_cache_manager, "
+            "structured_output_manager, ...); also scheduler._free_request, "
+            "scheduler.aux_output_connector, scheduler.defer_block_free, "
+            "scheduler.encoder_cache_mismatch_reqs; Request fields: num_computed_tokens (written),"
+            " num_tokens, status, status (written)"
+        ),
+        "test_priority_scheduling_preemption_and_resumption_when_out_of_kv": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
+        ),
+        "test_chunked_prefill_disabled_for_encoder_decoder": (
+            "encoder-decoder config only (SchedulerConfig); no scheduler"
+        ),
+        "test_mamba_align_encoder_cache_cap_makes_progress": (
+            "multimodal inputs + mamba alignment internals "
+            "(scheduler.need_mamba_block_aligned_split, encoder_cache_manager); also "
+            "scheduler.encoder_cache_manager, scheduler.max_num_encoder_input_tokens"
+        ),
+        "test_mamba_align_eagle_schedules_encoder_at_boundary": (
+            "multimodal inputs + mamba/EAGLE internals (scheduler.need_mamba_block_aligned_split, "
+            "use_eagle, encoder_cache_manager); also scheduler.encoder_cache_manager, "
+            "scheduler.max_num_encoder_input_tokens, scheduler.num_prefill_lookahead, "
+            "scheduler.use_eagle"
+        ),
+        "test_ec_connector_text_only_request": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design); also scheduler.encoder_cache_manager"
+        ),
+        "test_ec_connector_cache_hit_external_load": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design); also scheduler.encoder_cache_manager"
+        ),
+        "test_ec_connector_cache_miss_computes_locally": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design); also scheduler.encoder_cache_manager"
+        ),
+        "test_ec_connector_with_partial_cache_hit_multi_round": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design); also scheduler.encoder_cache_manager"
+        ),
+        "test_ec_connector_schedule_multiple_requests": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design); also scheduler.encoder_cache_manager"
+        ),
+        "test_ec_connector_unable_to_allocate": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design); also scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
+        ),
+        "test_priority_scheduling_ec_connector_preemption_and_resumption": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design); also scheduler.encoder_cache_manager, scheduler.kv_cache_manager, "
+            "scheduler.running, scheduler.waiting"
+        ),
+        "test_ec_connector_allocate_encoder_tokens_with_external_load": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design); also scheduler.encoder_cache_manager"
+        ),
+        "test_prepend_skipped_requests_order": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.kv_holding_waiting, scheduler.waiting; Request fields: status (written)"
+        ),
+        "test_remote_kv_promotion_drains_before_grammar_prefix": (
+            "scheduler internal: scheduler.kv_holding_waiting; also "
+            "scheduler._update_waiting_for_remote_kv, scheduler.finished_recving_kv_req_ids, "
+            "scheduler.waiting; Request fields: status (written)"
+        ),
+        "test_fcfs_mixed_blocked_types_remote_load_drains_first": (
+            "scheduler internal: scheduler.waiting; also scheduler._update_waiting_for_remote_kv, "
+            "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
+            "scheduler.running; Request fields: status (written)"
+        ),
+        "test_abort_request_waiting_for_remote_kvs": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.finished_recving_kv_req_ids; Request fields: status, status (written)"
+        ),
+        "test_abort_request_finished_recving": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.finished_recving_kv_req_ids; Request fields: status, status (written)"
+        ),
+        "test_delayed_kv_connector_free_keeps_scheduler_active": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.finished_req_ids; Request fields: status (written)"
+        ),
+        "test_scheduler_kv_connector_stats": (
+            "KV connector stats (hand-built SchedulerOutput with kv_connector_output; "
+            "scheduler.connector)"
+        ),
+        "test_scheduler_ec_connector_stats": (
+            "EC connector stats (hand-built SchedulerOutput with ec_connector_output; "
+            "scheduler.ec_connector)"
+        ),
+        "test_ec_connector_update_connector_output_called": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design)"
+        ),
+        "test_variable_length_cross_attn_block_allocation": (
+            "refused feature: more than one KV-cache group (hybrid models) (2 groups); also "
+            "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
+            "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
+        ),
+        "test_cross_attn_blocks_not_over_allocated": (
+            "refused feature: more than one KV-cache group (hybrid models) (2 groups); also "
+            "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
+            "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
+        ),
+        "test_cross_attn_blocks_not_under_allocated": (
+            "refused feature: more than one KV-cache group (hybrid models) (2 groups); also "
+            "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
+            "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
+        ),
+        "test_cross_attn_zero_blocks_without_encoder_inputs": (
+            "refused feature: more than one KV-cache group (hybrid models) (2 groups); also "
+            "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
+            "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
+        ),
+        "test_eagle3_mm_encoder_cache_with_shift": (
+            "multimodal inputs (llava-1.5 model; refused by design); Request fields: "
+            "num_computed_tokens, num_computed_tokens (written)"
+        ),
+        "test_free_encoder_inputs_respects_unconfirmed_placeholders": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; Request fields: "
+            "num_computed_tokens (written), num_output_placeholders (written)"
+        ),
+        "test_free_encoder_inputs_notifies_the_ec_connector": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design); also scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; "
+            "Request fields: num_computed_tokens (written)"
+        ),
+        "test_unavailable_encoder_input_fails_the_request_as_retryable": (
+            "multimodal inputs (llava-1.5 model; refused by design); Request fields: status"
+        ),
+        "test_encoder_cache_accepts_matching_embed_count": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler.encoder_cache_manager, scheduler.encoder_cache_mismatch_reqs"
+        ),
+        "test_encoder_cache_rejects_mismatched_embed_count": (
+            "multimodal inputs (llava-1.5 model; refused by design); "
+            "scheduler.encoder_cache_manager; also scheduler.encoder_cache_mismatch_reqs; Request "
+            "fields: status"
+        ),
+        "test_encoder_cache_embed_count_mismatch_restores_prior_hit_state": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler.encoder_cache_manager, scheduler.encoder_cache_mismatch_reqs; Request "
+            "fields: status"
+        ),
+        "test_encoder_cache_rejects_mismatched_embed_count_within_request": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler.encoder_cache_manager, scheduler.encoder_cache_mismatch_reqs; Request "
+            "fields: status"
+        ),
+        "test_drafter_lookahead_encoder_cache_cap_makes_progress": (
+            "multimodal inputs (request refused by design); scheduler.encoder_cache_manager, "
+            "num_prefill_lookahead; also scheduler.max_num_encoder_input_tokens, "
+            "scheduler.num_prefill_lookahead; Request fields: num_computed_tokens"
+        ),
+        "test_drafter_lookahead_encoder_cache_cap_respects_token_budget": (
+            "multimodal inputs (request refused by design); scheduler.encoder_cache_manager, "
+            "num_prefill_lookahead; also scheduler.max_num_encoder_input_tokens, "
+            "scheduler.num_prefill_lookahead"
+        ),
+        "test_free_encoder_inputs_unchanged_without_spec_decode": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; Request fields: "
+            "num_computed_tokens (written)"
+        ),
+        "test_waiting_encoder_stall_does_not_starve_later_requests": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler.max_num_encoder_input_tokens"
+        ),
+        "test_waiting_encoder_stall_is_counted_as_deferred": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler.deferred_waiting, scheduler.max_num_encoder_input_tokens"
+        ),
+        "test_waiting_encoder_stall_kv_holder_keeps_drain_priority": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler.kv_holding_waiting, scheduler.max_num_encoder_input_tokens"
+        ),
+        "test_encoder_cache_retained_across_preemption_and_resume": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler.encoder_cache_manager; Request fields: num_computed_tokens (written)"
+        ),
+        "test_encoder_cache_recomputed_when_evicted_during_preemption": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler.encoder_cache_manager; Request fields: num_computed_tokens (written)"
+        ),
+        "test_ec_connector_ensure_cache_available_defers_request": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design); also scheduler.encoder_cache_manager, scheduler.kv_cache_manager"
+        ),
+        "test_ec_connector_waits_for_embeddings_in_prefix_replay": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design); also scheduler.encoder_cache_manager, scheduler.kv_cache_manager, "
+            "scheduler.prefix_replay_group_ids, scheduler.prefix_replay_tokens; Request fields: "
+            "num_computed_tokens"
+        ),
+        "test_ec_connector_defers_running_request_for_async_reload": (
+            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
+            "design)"
+        ),
+        "test_ec_connector_pending_prefetch_only_checks_future_mm_features": (
+            "EC connector + multimodal helper; no scheduler"
+        ),
+        "test_async_load_reservation_prevents_wedge_e2e": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.kv_cache_manager, scheduler.running; Request fields: num_computed_tokens, "
+            "num_preemptions, status"
+        ),
+        "test_hybrid_per_group_hit_divergence_with_connector": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.kv_cache_manager; Request fields: num_computed_tokens (written), num_tokens"
+        ),
+        "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.aux_output_connector, scheduler.kv_cache_manager; Request fields: "
+            "num_computed_tokens (written)"
+        ),
+        "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.kv_cache_manager; Request fields: num_computed_tokens (written), num_tokens"
+        ),
+        "test_encoder_instance_defers_stop_until_prompt_is_consumed": (
+            "refused feature: multimodal inputs (model 'facebook/opt-125m'); also "
+            "scheduler.encoder_cache_manager, scheduler.max_num_encoder_input_tokens; Request "
+            "fields: is_finished, num_output_tokens"
+        ),
+        "test_encoder_instance_finishes_request_once_prompt_is_consumed": (
+            "refused feature: multimodal inputs (model 'facebook/opt-125m'); also "
+            "scheduler.encoder_cache_manager, scheduler.max_num_encoder_input_tokens; Request "
+            "fields: num_output_tokens, status"
+        ),
+        "test_encoder_input_skipped_when_connector_already_has_the_item": (
+            "refused feature: multimodal inputs (model 'facebook/opt-125m') / refused feature: "
+            "encoder-cache connectors (ec_transfer_config is set); also "
+            "scheduler.encoder_cache_manager, scheduler.max_num_encoder_input_tokens"
+        ),
+        "test_update_draft_token_ids_strips_ngram_padding": (
+            "structured output (request.structured_output_request grammar validates drafts); reads"
+            " Request.spec_token_ids"
+        ),
+        "test_update_draft_token_ids_in_output_strips_padding": (
+            "structured output (grammar validation of drafts in update_draft_token_ids_in_output)"
+        ),
+        "test_diffusion_canvas_width_defaults_to_the_served_canvas": (
+            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
+        ),
+        "test_diffusion_scheduler_is_selected_by_default": (
+            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
+        ),
+        "test_diffusion_scheduler_narrows_the_canvas_per_request": (
+            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
+        ),
+        "test_diffusion_scheduler_trims_full_width_worker_drafts": (
+            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
+        ),
+        "test_sync_diffusion_step_commits_only_emitted_tokens": (
+            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
+        ),
+        "test_diffusion_scheduler_defers_a_read_with_every_step_in_flight": (
+            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
+        ),
+        "test_diffusion_read_deferral_keeps_a_longer_pp_wait": (
+            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
+        ),
+        "test_skip_drafts_only_when_no_request_can_use_them": (
+            "sets scheduler internal scheduler.can_skip_drafts (SchedulerOutput.skip_drafts); "
+            "reads Request.num_computed_tokens / num_tokens"
+        ),
+        "test_drafts_unused_with_async_placeholders": (
+            "scheduler internal: scheduler._drafts_unused; Request fields: "
+            "append_output_token_ids, num_output_placeholders (written)"
+        ),
+        "test_cpu_encoder_input_updates_wait_for_completed_prefill": (
+            "multimodal inputs (llava-1.5 model; refused by design)"
+        ),
+        "test_cpu_encoder_input_updates_resume_and_abort": (
+            "multimodal inputs (llava-1.5 model; refused by design)"
+        ),
+        "test_cpu_encoder_input_updates_restore_after_kv_load_failure": (
+            "multimodal inputs (llava-1.5 model; refused by design); also "
+            "scheduler.kv_cache_manager; Request fields: num_computed_tokens"
+        ),
+        "test_cpu_encoder_input_updates_preserve_shm_handles": (
+            "multimodal inputs (llava-1.5 model; refused by design)"
+        ),
+    },
+    ASYNC_SCHEDULER_TESTS: {
+        "test_stop_by_max_tokens": (
+            "reads vLLM Request field request.num_output_tokens (not mirrored)"
+        ),
+        "test_no_spec_decode_padding_up_to_max_model_len": (
+            "refused feature: this speculative decoding method (method='ngram_gpu'; supported: "
+            "ngram); Request fields: num_computed_tokens, num_computed_tokens (written), "
+            "num_tokens, status"
+        ),
+        "test_abort": (
+            "reads vLLM Request fields request.num_output_tokens and request.status "
+            "(num_output_tokens not mirrored)"
+        ),
+        "test_connector_metadata_precedes_async_placeholder_advance": (
+            "refused feature: KV connectors (kv_transfer_config is set); Request fields: "
+            "num_output_placeholders"
+        ),
+        "test_prefix_caching_for_multi_turn": (
+            "reads vLLM Request field request.output_token_ids to build the next turn (not "
+            "mirrored); writes Request._all_token_ids"
+        ),
+        "test_abort_request_when_structured_output_fsm_cannot_advance": (
+            "structured output; builds the scheduler with object.__new__ (no __init__) and sets "
+            "vLLM's internals by hand (requests, running, waiting, kv_cache_manager, "
+            "structured_output_manager, ...); also scheduler._free_request, "
+            "scheduler.aux_output_connector, scheduler.defer_block_free, "
+            "scheduler.encoder_cache_mismatch_reqs; Request fields: num_computed_tokens (written),"
+            " num_output_placeholders (written), num_tokens, status, status (written)"
+        ),
+        "test_kv_pressure_preemption_with_inflight_output": (
+            "pipeline parallelism emulated through scheduler internals (sets scheduler.pp_size, "
+            "scheduler.use_pp; wraps scheduler._preempt_request); [3] also the refused speculative"
+            " method ngram_gpu; Request fields: is_finished, num_computed_tokens, "
+            "num_output_tokens, output_token_ids"
+        ),
+        "test_reset_prefix_cache_with_inflight_output_under_kv_pressure": (
+            "refused speculative method ngram_gpu; pipeline parallelism emulated through scheduler"
+            " internals (sets scheduler.pp_size, scheduler.use_pp; wraps "
+            "scheduler._preempt_request); also scheduler.running; Request fields: is_finished, "
+            "num_computed_tokens, num_output_tokens, output_token_ids"
+        ),
+        "test_requires_kv_delivery_defaults_to_producer_role": (
+            "scheduler internal: scheduler.requires_kv_delivery"
+        ),
+        "test_kv_pressure_preempt_mid_handoff": (
+            "refused feature: KV connectors (kv_transfer_config is set); also "
+            "scheduler.defer_block_free, scheduler.requires_kv_delivery; Request fields: "
+            "is_finished, num_output_placeholders, num_output_tokens, status"
+        ),
+        "test_resumable_request_handoff": (
+            "streaming-input (resumable) requests (refused by design); PipelinedEngine reads "
+            "Request.output_token_ids / all_token_ids; Request fields: num_computed_tokens"
+        ),
+    },
+}
+
+
+def _flatten(by_file: dict[str, dict[str, str]]) -> dict[str, str]:
+    return {
+        f"{path}::{name}": value for path, names in by_file.items() for name, value in names.items()
+    }
+
+
+#: ``file::name`` or ``file::name[params]`` (pytest node ids, relative to the sdist's root).
+INCLUDED: frozenset[str] = frozenset(
+    f"{path}::{name}" for path, names in INCLUDED_BY_FILE.items() for name in names
+)
+#: Node id (or id prefix without parameters) -> reason.
+EXCLUDED: dict[str, str] = _flatten(EXCLUDED_BY_FILE)
