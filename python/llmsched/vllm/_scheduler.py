@@ -123,7 +123,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         # Requests finished since the last schedule() (vLLM's has_finished_requests).
         self._num_finished_unreported = 0
         self._in_flight: deque[_Step] = deque()
-        self._logprob_req_ids: set[str] = set()
+        # Requests whose outputs carry more than id and tokens: always (logprobs, trace
+        # headers, a client other than 0) or until their next output (events recorded,
+        # prefill stats pending). The others' outputs are built in one pass.
+        self._always_full: set[str] = set()
+        self._next_full: set[str] = set()
+        self._num_other_clients = 0
         self._prefix_stats_seen = {key: 0 for key in _PREFIX_STAT_KEYS}
         self._prefix_cache_reset = False
 
@@ -157,8 +162,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._refused[req_id] = (request, reason)
             return
         self.requests[req_id] = request
-        if params.logprobs is not None:
-            self._logprob_req_ids.add(req_id)
+        if params.logprobs is not None or request.trace_headers or request.client_index:
+            self._always_full.add(req_id)
+        if request.client_index:
+            self._num_other_clients += 1
+        self._next_full.add(req_id)  # its first output carries its prefill stats
         if self.spec_decode_metrics_level != "none":
             request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
         if self.log_stats:
@@ -187,7 +195,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     def _forget(self, req_id: str, status: int) -> Request:
         request = self.requests.pop(req_id)
         request.status = RequestStatus(status)
-        self._logprob_req_ids.discard(req_id)
+        self._always_full.discard(req_id)
+        self._next_full.discard(req_id)
+        if request.client_index:
+            self._num_other_clients -= 1
         self._num_finished_unreported += 1
         if self.finished_req_ids_dict is not None:
             self.finished_req_ids_dict[request.client_index].add(req_id)
@@ -293,10 +304,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if self.log_stats:
             for req_id in chain(new_ids, resumed_ids):
                 self.requests[req_id].record_event(EngineCoreEventType.SCHEDULED, timestamp)
+                self._next_full.add(req_id)
             for req_id in core_out.preempted_req_ids:
                 preempted = self.requests.get(req_id)
                 if preempted is not None:
                     preempted.record_event(EngineCoreEventType.PREEMPTED, timestamp)
+                    self._next_full.add(req_id)
 
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs_data,
@@ -422,65 +435,82 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         mro: Any,
         outputs: dict[int, list[EngineCoreOutput]],
     ) -> None:
-        """One ``EngineCoreOutput`` per request the core reported."""
-        num = len(core_outputs)
+        """One ``EngineCoreOutput`` per request the core reported: built from id and tokens
+        in one pass, then completed for the few that carry more (a finish, logprobs,
+        events, prefill stats, NaN counts, prompt logprobs, trace headers)."""
+        out_ids: list[str] = core_outputs.req_ids
+        num = len(out_ids)
         if not num:
             return
-        out_ids = core_outputs.req_ids
-        counts = core_outputs.num_new_tokens.tolist()
+        counts = core_outputs.num_new_tokens
         flat = core_outputs.new_token_ids.tolist()
-        statuses = core_outputs.statuses
-        finished_at = set(np.flatnonzero(statuses >= _FIRST_FINISHED).tolist())
-        status_list = statuses.tolist() if finished_at else ()
-        logprobs = mro.logprobs if self._logprob_req_ids else None
+        if len(flat) == num and (counts == 1).all():
+            token_lists = [[token] for token in flat]
+        else:
+            ends = np.cumsum(counts).tolist()
+            token_lists = [
+                flat[end - n : end] for end, n in zip(ends, counts.tolist(), strict=True)
+            ]
+        built = [EngineCoreOutput(r, t) for r, t in zip(out_ids, token_lists, strict=True)]
+
+        full = set(np.flatnonzero(core_outputs.statuses >= _FIRST_FINISHED).tolist())
+        nans = getattr(mro, "num_nans_in_logits", None) or {}
         prompt_logprobs = mro.prompt_logprobs_dict
+        watched = self._always_full | self._next_full
+        if watched or nans or prompt_logprobs:
+            wanted = watched.union(nans, prompt_logprobs).intersection(out_ids)
+            if wanted:
+                position = dict(zip(out_ids, range(num), strict=True))
+                full.update(position[req_id] for req_id in wanted)
+        statuses: list[int] = core_outputs.statuses.tolist() if full else []
+        if full:
+            cached_blocks = core_outputs.num_cached_blocks.tolist()
+            for i in sorted(full):
+                self._complete(built[i], core_outputs, i, statuses[i], cached_blocks[i], mro)
+        if self._num_other_clients:
+            requests = self.requests
+            for req_id, output in zip(out_ids, built, strict=True):
+                outputs[requests[req_id].client_index].append(output)
+        else:
+            outputs[0].extend(built)
+        for i in full:
+            if statuses[i] >= _FIRST_FINISHED:
+                self._forget(out_ids[i], statuses[i])
+
+    def _complete(
+        self,
+        output: EngineCoreOutput,
+        core_outputs: llmsched.RequestOutputs,
+        i: int,
+        status: int,
+        cached_blocks: int,
+        mro: Any,
+    ) -> None:
+        """Everything of one request's output beyond id and tokens, as vLLM fills it."""
+        req_id = output.request_id
+        request = self.requests[req_id]
+        count = len(output.new_token_ids)
+        finished = status >= _FIRST_FINISHED
+        if finished:
+            output.finish_reason = _FINISH_REASON[status]
+            output.stop_reason = core_outputs[i].stop_reason
+            output.spec_decode_metrics = request.spec_decode_metrics
+        if count and mro.logprobs and request.sampling_params.logprobs is not None:
+            output.new_logprobs = mro.logprobs.slice_request(mro.req_id_to_index[req_id], count)
+        output.new_prompt_logprobs_tensors = mro.prompt_logprobs_dict.get(req_id)
         nans = getattr(mro, "num_nans_in_logits", None)
-        index = mro.req_id_to_index
-        take_events = self.log_stats
-        cached_blocks: list[int] | None = None
-        requests = self.requests
-        start = 0
-        for i in range(num):
-            req_id = out_ids[i]
-            request = requests[req_id]
-            count = counts[i]
-            new_token_ids = flat[start : start + count]
-            start += count
-            finish_reason = None
-            stop_reason = None
-            if i in finished_at:
-                finish_reason = _FINISH_REASON[status_list[i]]
-                stop_reason = core_outputs[i].stop_reason
-            new_logprobs = None
-            if logprobs and req_id in self._logprob_req_ids and count:
-                new_logprobs = logprobs.slice_request(index[req_id], count)
-            if nans and req_id in nans:
-                request.num_nans_in_logits = nans[req_id]
-            prefill_stats = request.take_prefill_stats()
-            if prefill_stats is not None:
-                # vLLM's estimate_cached_tokens: the request's cached blocks, in tokens.
-                if cached_blocks is None:
-                    cached_blocks = core_outputs.num_cached_blocks.tolist()
-                prefill_stats.finalize(cached_blocks[i] * self.block_size)
-            outputs[request.client_index].append(
-                EngineCoreOutput(
-                    request_id=req_id,
-                    new_token_ids=new_token_ids,
-                    finish_reason=finish_reason,
-                    new_logprobs=new_logprobs,
-                    new_prompt_logprobs_tensors=prompt_logprobs.get(req_id),
-                    stop_reason=stop_reason,
-                    events=request.take_events() if take_events else None,
-                    trace_headers=request.trace_headers,
-                    prefill_stats=prefill_stats,
-                    spec_decode_metrics=(
-                        request.spec_decode_metrics if finish_reason is not None else None
-                    ),
-                    num_nans_in_logits=request.num_nans_in_logits,
-                )
-            )
-            if finish_reason is not None:
-                self._forget(req_id, status_list[i])
+        if nans and req_id in nans:
+            request.num_nans_in_logits = nans[req_id]
+        output.num_nans_in_logits = request.num_nans_in_logits
+        prefill_stats = request.take_prefill_stats()
+        if prefill_stats is not None:
+            # vLLM's estimate_cached_tokens: the request's cached blocks, in tokens.
+            prefill_stats.finalize(cached_blocks * self.block_size)
+            output.prefill_stats = prefill_stats
+        if self.log_stats:
+            output.events = request.take_events()
+        output.trace_headers = request.trace_headers
+        self._next_full.discard(req_id)
 
     def _observe_drafts(
         self, scheduler_output: SchedulerOutput, index: dict[str, int], counts: Any
@@ -572,6 +602,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             timestamp = time.monotonic()
             for req_id in self.core.running_request_ids():
                 self.requests[req_id].record_event(EngineCoreEventType.PREEMPTED, timestamp)
+                self._next_full.add(req_id)
         done = self.core.reset_prefix_cache(reset_running_requests)
         if reset_running_requests and not done:
             raise RuntimeError("the prefix cache could not be reset after preempting every request")
