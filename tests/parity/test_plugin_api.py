@@ -301,3 +301,36 @@ def _with_metrics(sched: Any) -> Any:
     )
     rebuilt.use_v2_model_runner = sched.use_v2_model_runner
     return rebuilt
+
+
+@pytest.mark.parametrize(
+    ("async_scheduling", "cls"),
+    [(True, plugin.Scheduler), (False, plugin.AsyncScheduler)],
+    ids=["Scheduler-with-async-engine", "AsyncScheduler-with-sync-engine"],
+)
+def test_the_class_follows_the_engines_async_setting(async_scheduling: bool, cls: type) -> None:
+    """Whichever class a config names, the plug-in schedules as the engine runs: with async
+    scheduling, step t+1 is scheduled before step t's output (placeholders), as vLLM's
+    AsyncScheduler does; without, as its Scheduler does."""
+
+    def drive(sched: Any) -> list[Any]:
+        for i in range(3):
+            sched.add_request(request(f"r{i}", prompt_len=6 + i, max_tokens=5))
+        trace, in_flight = [], []
+        for _ in range(12):
+            if sched.has_requests():
+                so = sched.schedule()
+                trace.append(dict(so.num_scheduled_tokens))
+                in_flight.append(so)
+            if in_flight and (len(in_flight) == 2 or not async_scheduling):
+                so = in_flight.pop(0)
+                sampled = {rid: [9] for rid in so.num_scheduled_tokens}
+                for eco in sched.update_from_output(
+                    so, ref.vllm_runner_output(so, sampled)
+                ).values():
+                    trace += [(o.request_id, o.new_token_ids, o.finish_reason) for o in eco.outputs]
+        return trace
+
+    theirs = drive(reference(async_scheduling=async_scheduling))
+    ours = drive(build(reference(async_scheduling=async_scheduling), cls=cls))
+    assert theirs == ours

@@ -442,16 +442,14 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         num = len(out_ids)
         if not num:
             return
-        counts = core_outputs.num_new_tokens
-        flat = core_outputs.new_token_ids.tolist()
-        if len(flat) == num and (counts == 1).all():
-            token_lists = [[token] for token in flat]
+        # Each output's tokens are the runner's own row list, as vLLM passes it on (a stop
+        # mid-row trims it, in _complete): no list is allocated per request.
+        sampled = mro.sampled_token_ids
+        if sampled:
+            index = mro.req_id_to_index
+            built = [EngineCoreOutput(r, sampled[index[r]]) for r in out_ids]
         else:
-            ends = np.cumsum(counts).tolist()
-            token_lists = [
-                flat[end - n : end] for end, n in zip(ends, counts.tolist(), strict=True)
-            ]
-        built = [EngineCoreOutput(r, t) for r, t in zip(out_ids, token_lists, strict=True)]
+            built = [EngineCoreOutput(r, []) for r in out_ids]
 
         full = set(np.flatnonzero(core_outputs.statuses >= _FIRST_FINISHED).tolist())
         nans = getattr(mro, "num_nans_in_logits", None) or {}
@@ -465,8 +463,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         statuses: list[int] = core_outputs.statuses.tolist() if full else []
         if full:
             cached_blocks = core_outputs.num_cached_blocks.tolist()
+            counts = core_outputs.num_new_tokens.tolist()
             for i in sorted(full):
-                self._complete(built[i], core_outputs, i, statuses[i], cached_blocks[i], mro)
+                self._complete(
+                    built[i], core_outputs, i, statuses[i], counts[i], cached_blocks[i], mro
+                )
         if self._num_other_clients:
             requests = self.requests
             for req_id, output in zip(out_ids, built, strict=True):
@@ -483,15 +484,17 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         core_outputs: llmsched.RequestOutputs,
         i: int,
         status: int,
+        count: int,
         cached_blocks: int,
         mro: Any,
     ) -> None:
         """Everything of one request's output beyond id and tokens, as vLLM fills it."""
         req_id = output.request_id
         request = self.requests[req_id]
-        count = len(output.new_token_ids)
         finished = status >= _FIRST_FINISHED
         if finished:
+            # A stop mid-row delivers only the tokens up to it.
+            del output.new_token_ids[count:]
             output.finish_reason = _FINISH_REASON[status]
             output.stop_reason = core_outputs[i].stop_reason
             output.spec_decode_metrics = request.spec_decode_metrics
