@@ -48,20 +48,7 @@ fn requests_that_run_into_max_model_len() {
 fn one_token_admissions_at_the_padding_edge() {
     for k in [1i64, 3] {
         for offset in [1, 2] {
-            let m = 64;
-            let mut sched = Scheduler::new(config(|p| {
-                p.max_model_len = m;
-                p.num_speculative_tokens = k;
-            }))
-            .unwrap();
-            sched.add_request(request("decoding", 8, 100)).unwrap();
-            let step = sched.schedule();
-            let (t, c) = sample(&sched, &step, false);
-            apply(&mut sched, &step, &t, &c);
-            let c_new = m - offset - k;
-            let mut late = request("late", (c_new + 1) as usize, 100);
-            late.num_computed_tokens = c_new;
-            sched.add_request(late).unwrap();
+            let mut sched = at_the_padding_edge(64, k, offset, false);
             sched.schedule();
             checked(&sched, &format!("K={k}, C=M-{offset}-K"));
         }

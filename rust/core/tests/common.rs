@@ -52,3 +52,24 @@ pub fn check_step(sched: &Scheduler, step: &Step) {
     }
     sched.check_invariants().expect("invariants after schedule");
 }
+
+/// The seed boundary's setup (vLLM #53962): a request decoding, and `late` waiting with
+/// `C = M - offset - K` computed tokens, one left to compute: its admission is a
+/// one-token step that padding would grow to `1 + K`.
+pub fn at_the_padding_edge(m: i64, k: i64, offset: i64, async_scheduling: bool) -> Scheduler {
+    let mut sched = Scheduler::new(config(|p| {
+        p.max_model_len = m;
+        p.num_speculative_tokens = k;
+        p.async_scheduling = async_scheduling;
+    }))
+    .expect("a valid scheduler");
+    sched.add_request(request("decoding", 8, 100)).expect("a valid request");
+    let step = sched.schedule();
+    let (t, c) = sample(&sched, &step, false);
+    apply(&mut sched, &step, &t, &c);
+    let c_new = m - offset - k;
+    let mut late = request("late", (c_new + 1) as usize, 100);
+    late.num_computed_tokens = c_new;
+    sched.add_request(late).expect("a valid request");
+    sched
+}

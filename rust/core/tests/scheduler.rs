@@ -29,20 +29,7 @@ fn padding_needs_room_for_the_sampled_token() {
         for k in [1i64, 3] {
             for (offset, padded) in [(1, false), (2, true)] {
                 let m = 2048;
-                let mut sched = Scheduler::new(config(|p| {
-                    p.max_model_len = m;
-                    p.num_speculative_tokens = k;
-                    p.async_scheduling = async_scheduling;
-                }))
-                .unwrap();
-                sched.add_request(request("decoding", 8, 100)).unwrap();
-                let step = sched.schedule();
-                let (t, c) = sample(&sched, &step, false);
-                apply(&mut sched, &step, &t, &c);
-                let c_new = m - offset - k;
-                let mut late = request("late", (c_new + 1) as usize, 100);
-                late.num_computed_tokens = c_new;
-                sched.add_request(late).unwrap();
+                let mut sched = at_the_padding_edge(m, k, offset, async_scheduling);
                 sched.add_request(request("behind", 4, 10)).unwrap();
                 let step = sched.schedule();
                 check_step(&sched, &step);

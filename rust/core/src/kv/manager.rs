@@ -93,7 +93,8 @@ impl KvManager {
     }
 
     /// Hashes the full blocks of `request` not hashed yet (no-op without caching).
-    #[inline]
+    // Always inlined: every applied step calls it, and the early return is the common case.
+    #[inline(always)]
     pub fn update_block_hashes(&mut self, request: &mut Request) {
         if self.enable_caching && (request.block_hashes.len() + 1) * self.block_size as usize <= request.token_ids.len()
         {
@@ -225,7 +226,8 @@ impl KvManager {
     }
 
     /// Registers the request's full blocks holding its first `upto` tokens.
-    #[inline]
+    // Always inlined: every allocation calls it, and the early return is the common case.
+    #[inline(always)]
     pub fn cache_blocks(&mut self, request: &mut Request, upto: i64) {
         if !self.enable_caching {
             return;
