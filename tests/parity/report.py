@@ -116,6 +116,40 @@ documented (or, for 2, that they cannot differ).
    *Test:* `test_deviation_drafts_for_requests_not_running`.
 """
 
+PLUGIN_MD = """\
+## The plug-in, `llmsched.vllm`
+
+The plug-in gives vLLM's engine vLLM's own objects, so its parity is checked on those:
+`tests/parity/test_plugin.py` drives vLLM 0.33.0's scheduler and `llmsched.vllm.Scheduler`
+(or `AsyncScheduler`) with the same vLLM `Request`s and `ModelRunnerOutput`s and compares,
+at every step, every field of the `SchedulerOutput` (new-request data with block tables,
+cached-request data with resumed ids, new block ids, computed and output-token counts and
+the token lists a runner reloads, counts, drafts, finished and preempted ids, and the rest)
+and of the `EngineCoreOutputs` (each `EngineCoreOutput`: tokens, finish and stop reasons,
+logprobs, events, prefill stats, NaN counts; the scheduler stats: queue lengths, KV usage,
+prefix-cache and speculative-decoding stats). Event timestamps are wall-clock readings and
+are left out; their types are compared. The deviations above hold for the plug-in as they
+do for the core, kept out the same way. Beyond them, the plug-in:
+
+- **refuses what llmsched does not implement**, naming the feature: at construction, LoRA,
+  multimodal models, pooling models, prompt embeddings, encoder-decoder models, KV and
+  encoder-cache connectors, KV events, pipeline, data and decode-context parallelism, more
+  than one KV-cache group or a layout other than full attention, a hash block size other
+  than the block size, prefill cadence, speculative methods other than `ngram`, dynamic
+  speculative decoding; per request (the request finishes with `FinishReason.ERROR` and the
+  reason, every other request goes on), LoRA adapters, multimodal inputs, structured
+  output, streaming input, repetition detection, KV transfer parameters, and prompt
+  logprobs with prefix caching on (vLLM serves those by skipping the prefix cache for that
+  request; llmsched has no per-request switch);
+- **keeps vLLM's `Request` objects as the engine hands them over**: their status is set when
+  they finish, their events, prefill stats and per-request speculative-decoding metrics are
+  filled as vLLM fills them, but the counters vLLM's own scheduler keeps on them
+  (`num_computed_tokens`, output tokens, drafts) live in llmsched's core instead. Nothing in
+  vLLM's engine reads them; vLLM's scheduler tests that do are listed in
+  `tests/vllm_upstream/selection.py`;
+- **follows the engine's `async_scheduling`** whichever of its two classes is named.
+"""
+
 
 def _versions() -> dict[str, str]:
     import vllm
@@ -225,7 +259,7 @@ def to_markdown(records: list[dict[str, Any]], versions: dict[str, str]) -> str:
         lines.append("None: every step of every case is identical.")
     for r in differing:
         lines += [f"### {r['workload']}/{r['config']}", "", "```", r["detail"], "```", ""]
-    lines += ["", DEVIATIONS_MD]
+    lines += ["", DEVIATIONS_MD, PLUGIN_MD]
     header = " | ".join(label for _, label in COVERAGE_COLUMNS)
     for name, rows in by_workload.items():
         lines += [f"## {name}", "", _describe_workload(name), ""]
