@@ -244,21 +244,22 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         num_blocks = core_out.num_block_ids
         block_rows: dict[int, list[int]] = {}
         if num_blocks.any():
-            block_ids = core_out.block_ids
+            flat_blocks = core_out.block_ids.tolist()
             ends = np.cumsum(num_blocks).tolist()
             for i in np.flatnonzero(num_blocks).tolist():
-                block_rows[i] = block_ids[ends[i] - int(num_blocks[i]) : ends[i]].tolist()
+                block_rows[i] = flat_blocks[ends[i] - int(num_blocks[i]) : ends[i]]
         admitted_at = {req_id: i for i, req_id in enumerate(req_ids[num_running:], num_running)}
 
         timestamp = time.monotonic() if self.log_stats else 0.0
         new_reqs_data = []
         admissions = new_ids + resumed_ids if self.use_v2_model_runner else new_ids
         all_tokens = self._admitted_tokens(core_out) if self.use_v2_model_runner else {}
+        first_admissions = set(new_ids)
         for req_id in admissions:
             i = admitted_at[req_id]
             request = self.requests[req_id]
             request.num_computed_tokens = computed[i]
-            if req_id in admitted_at and request.prefill_stats is not None and req_id in new_ids:
+            if req_id in first_admissions and request.prefill_stats is not None:
                 request.prefill_stats.set(
                     num_prompt_tokens=request.num_prompt_tokens,
                     num_local_cached_tokens=computed[i],
