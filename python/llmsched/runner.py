@@ -28,6 +28,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from llmsched._hashing import mix64
 from llmsched.outputs import ModelRunnerOutput
 
 __all__ = [
@@ -47,26 +48,10 @@ _G = TypeVar("_G", bound=np.generic)
 _MASK64 = (1 << 64) - 1
 _INT32_MAX = (1 << 31) - 1
 
-# splitmix64 constants, as numpy scalars so that array operations never see a Python int
-# (an int above int64's range would otherwise make numpy pick another dtype).
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
-_MUL2 = np.uint64(0x94D049BB133111EB)
-_SHIFT30 = np.uint64(30)
-_SHIFT27 = np.uint64(27)
-_SHIFT31 = np.uint64(31)
 _SHIFT11 = np.uint64(11)
 _SALT_EOS = np.uint64(0xE05E05E05E05E05E)
 _SALT_ACCEPT = np.uint64(0xACCE97ACCE97ACCE)
 _TO_UNIT = 2.0**-53
-
-
-def _mix64(x: U64Array) -> U64Array:
-    """splitmix64's finaliser, element-wise on a ``uint64`` array (wrapping arithmetic)."""
-    z = x + _GOLDEN
-    z = (z ^ (z >> _SHIFT30)) * _MUL1
-    z = (z ^ (z >> _SHIFT27)) * _MUL2
-    return z ^ (z >> _SHIFT31)
 
 
 def _unit(h: U64Array) -> npt.NDArray[np.float64]:
@@ -184,7 +169,7 @@ class SimulatedModelRunner:
         self.eos_probability = eos_probability
         self.accept_padded_drafts = accept_padded_drafts
         self._eos_in_vocab = eos_in_vocab
-        self._seed_key = _mix64(np.array([seed & _MASK64], dtype=np.uint64))
+        self._seed_key = mix64(np.array([seed & _MASK64], dtype=np.uint64))
 
         width = int(config.max_model_len)
         block_size = int(config.block_size)
@@ -696,10 +681,10 @@ class SimulatedModelRunner:
 
     def _request_key(self, req_id: str) -> U64Array:
         crc = np.array([zlib.crc32(req_id.encode("utf-8"))], dtype=np.uint64)
-        return _mix64(self._seed_key ^ _mix64(crc))
+        return mix64(self._seed_key ^ mix64(crc))
 
     def _hash(self, keys: U64Array, index: Int64Array) -> U64Array:
-        return _mix64(keys ^ _mix64(index.astype(np.uint64)))
+        return mix64(keys ^ mix64(index.astype(np.uint64)))
 
     def _targets(self, keys: U64Array, index: Int64Array) -> Int64Array:
         """``T`` at each (request key, token index)."""
@@ -714,7 +699,7 @@ class SimulatedModelRunner:
         else:
             tokens = (h % np.uint64(vocab)).astype(np.int64)
         if eos is not None and self.eos_probability > 0.0:
-            is_eos = _unit(_mix64(h ^ _SALT_EOS)) < self.eos_probability
+            is_eos = _unit(mix64(h ^ _SALT_EOS)) < self.eos_probability
             tokens = np.where(is_eos, np.int64(eos), tokens)
         return tokens
 
@@ -727,7 +712,7 @@ class SimulatedModelRunner:
         other = (targets + 1) % vocab
         if self._eos_in_vocab:
             other = np.where(other == self.eos_token_id, (targets + 2) % vocab, other)
-        hit = _unit(_mix64(h ^ _SALT_ACCEPT)) < self.acceptance_rate
+        hit = _unit(mix64(h ^ _SALT_ACCEPT)) < self.acceptance_rate
         return np.where(hit, targets, other)
 
     # ------------------------------------------------------------------ rows

@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llmsched._checks import Range
+from llmsched._hashing import GOLDEN, finalize64
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -63,20 +64,11 @@ class WorkloadError(ValueError):
     argument, or a request the configuration could never serve."""
 
 
-def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """splitmix64's finalizer, on arrays (numpy wraps uint64 arithmetic silently)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def _tokens(key: int, count: int, vocab_size: int) -> npt.NDArray[np.int32]:
     """``count`` tokens in ``[1, vocab_size)`` determined by ``key``."""
-    base = np.uint64((key * 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF)
+    base = np.uint64((key * int(GOLDEN)) & 0xFFFF_FFFF_FFFF_FFFF)
     index = np.arange(count, dtype=np.uint64)
-    values = _mix(index + base) % np.uint64(vocab_size - 1)
+    values = finalize64(index + base) % np.uint64(vocab_size - 1)
     return (values + np.uint64(1)).astype(np.int32)
 
 
