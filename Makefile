@@ -106,8 +106,8 @@ parity-test: vllm-env  ## assert parity, and the plug-in's field equality, with 
 	$(VLLM_BIN)/python $(VLLM_PYTEST) tests/parity
 
 # The plug-in (llmsched.vllm) against vLLM 0.33.0's scheduler: every field of every
-# SchedulerOutput and EngineCoreOutputs, on the CI subset of the parity matrix
-# (LLMSCHED_PLUGIN_CASES=all for the whole matrix), and its refusals, pause states, clients.
+# SchedulerOutput and EngineCoreOutputs over the whole parity matrix (about 5 minutes), and
+# its refusals, pause states, clients.
 test-plugin: vllm-env  ## the plug-in's field equality with vLLM 0.33.0, and its API
 	$(VLLM_BIN)/python $(VLLM_PYTEST) tests/parity/test_plugin.py tests/parity/test_plugin_api.py
 

@@ -11,7 +11,6 @@ importable (``make parity-test``).
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import pytest
@@ -22,18 +21,8 @@ from .plugin import FIELD_KEYS, PluginFieldSide, VllmFieldSide
 
 pytest.importorskip("vllm", reason="vLLM 0.33.0 is only installed in .venv-vllm")
 
-_ALL_CASES = cases()
-_BY_ID = {case.id: case for case in _ALL_CASES}
-# The whole matrix takes about 20 minutes here; by default (and in CI) every synthetic-conv
-# case (sync and async, K in {0, 1, 3}, prefix caching, priority, KV pressure, the
-# max_model_len boundary) and every edge case; LLMSCHED_PLUGIN_CASES=all for all of them.
-CASES = [
-    case
-    for case in _ALL_CASES
-    if os.environ.get("LLMSCHED_PLUGIN_CASES") == "all"
-    or case.id.startswith("synthetic-conv/")
-    or "/edge-" in case.id
-]
+CASES = cases()
+_BY_ID = {case.id: case for case in CASES}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
