@@ -111,6 +111,7 @@ __all__ = [
     "deviation_triggers",
     "drive",
     "llmsched_refuses",
+    "output_rows",
     "run_case",
     "unique_priority_keys",
     "vllm_reference",
@@ -616,6 +617,16 @@ class UncacheUndoneSteps:
         return count
 
 
+def output_rows(engine_outputs: dict[int, Any]) -> list[OutputRow]:
+    """A step's ``EngineCoreOutputs`` (every client's) as the summary's ``outputs`` rows."""
+    rows = []
+    for client_outputs in engine_outputs.values():
+        for o in client_outputs.outputs:
+            reason = None if o.finish_reason is None else str(o.finish_reason)
+            rows.append((o.request_id, list(o.new_token_ids), reason, o.stop_reason))
+    return rows
+
+
 class VllmSide:
     """vLLM 0.33.0's ``Scheduler``/``AsyncScheduler`` (``llmsched.vllm_reference``), with
     llmsched's uncaching of undone steps emulated (:class:`UncacheUndoneSteps`) when prefix
@@ -685,12 +696,7 @@ class VllmSide:
         engine_outputs = self.scheduler.update_from_output(
             out, self.ref.vllm_runner_output(out, sampled)
         )
-        result = []
-        for client_outputs in engine_outputs.values():
-            for o in client_outputs.outputs:
-                reason = None if o.finish_reason is None else str(o.finish_reason)
-                result.append((o.request_id, list(o.new_token_ids), reason, o.stop_reason))
-        return result
+        return output_rows(engine_outputs)
 
     def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
         self.scheduler.update_draft_token_ids(self._draft_token_ids(req_ids, drafts))

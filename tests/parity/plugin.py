@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .harness import STEP_KEYS, ParityConfig, VllmSide
+from .harness import STEP_KEYS, ParityConfig, VllmSide, output_rows
 
 __all__ = ["FIELD_KEYS", "PluginFieldSide", "VllmFieldSide", "engine_outputs_fields"]
 
@@ -98,12 +98,7 @@ class VllmFieldSide(VllmSide):
             out, self.ref.vllm_runner_output(out, sampled)
         )
         summary["engine_outputs"] = engine_outputs_fields(engine_outputs)
-        rows = []
-        for client_outputs in engine_outputs.values():
-            for o in client_outputs.outputs:
-                reason = None if o.finish_reason is None else str(o.finish_reason)
-                rows.append((o.request_id, list(o.new_token_ids), reason, o.stop_reason))
-        return rows
+        return output_rows(engine_outputs)
 
 
 class PluginFieldSide(VllmFieldSide):
