@@ -21,6 +21,7 @@ scalar overflow warns (and the test suite turns warnings into errors).
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Protocol, TypeVar
@@ -52,6 +53,31 @@ _SHIFT11 = np.uint64(11)
 _SALT_EOS = np.uint64(0xE05E05E05E05E05E)
 _SALT_ACCEPT = np.uint64(0xACCE97ACCE97ACCE)
 _TO_UNIT = 2.0**-53
+
+
+def check_draft_slots(
+    req_ids: Sequence[str],
+    ns: npt.NDArray[np.integer],
+    num_spec: npt.NDArray[np.integer],
+    spec_ids: npt.NDArray[np.integer],
+    num_spec_cfg: int,
+) -> int:
+    """What a runner asserts of a step's draft slots: ``0 <= num_spec <= min(K, n)`` per
+    request, and ``spec_token_ids`` split exactly by ``num_spec_tokens``. Returns the
+    number of slots; raises ``AssertionError`` naming the first request that breaks it."""
+    bad = (num_spec < 0) | (num_spec > ns) | (num_spec > num_spec_cfg)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise AssertionError(
+            f"request {req_ids[i]!r}: {int(num_spec[i])} draft slots with n={int(ns[i])} "
+            f"and num_speculative_tokens={num_spec_cfg}"
+        )
+    num_slots = int(num_spec.sum(dtype=np.int64))
+    if len(spec_ids) != num_slots:
+        raise AssertionError(
+            f"spec_token_ids has {len(spec_ids)} ids but num_spec_tokens sums to {num_slots}"
+        )
+    return num_slots
 
 
 def _unit(h: U64Array) -> npt.NDArray[np.float64]:
@@ -593,18 +619,7 @@ class SimulatedModelRunner:
         proposed for that request at its previous step, or padding if it holds none.
         With ``accept_padded_drafts`` a padding slot is a real draft (see ``_propose``)."""
         spec_ids = np.asarray(so.spec_token_ids)
-        num_slots = int(num_spec.sum())
-        bad = (num_spec < 0) | (num_spec > ns) | (num_spec > num_spec_cfg)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise AssertionError(
-                f"request {req_ids[i]!r}: {int(num_spec[i])} draft slots with n={int(ns[i])} "
-                f"and num_speculative_tokens={num_spec_cfg}"
-            )
-        if len(spec_ids) != num_slots:
-            raise AssertionError(
-                f"spec_token_ids has {len(spec_ids)} ids but num_spec_tokens sums to {num_slots}"
-            )
+        num_slots = check_draft_slots(req_ids, ns, num_spec, spec_ids, num_spec_cfg)
         misplaced = (num_spec > 0) & (known_end != ntok)
         if misplaced.any():
             i = int(np.argmax(misplaced))

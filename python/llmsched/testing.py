@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from llmsched.runner import SchedulerConfigLike, SchedulerOutputLike
+from llmsched.runner import SchedulerConfigLike, SchedulerOutputLike, check_draft_slots
 
 __all__ = ["check_scheduler_output"]
 
@@ -86,19 +86,8 @@ def check_scheduler_output(config: SchedulerConfigLike, so: SchedulerOutputLike)
             f"{total} tokens scheduled > max_num_scheduled_tokens {config.max_num_scheduled_tokens}"
         )
 
-    # Draft slots.
-    bad = (num_spec < 0) | (num_spec > num_spec_cfg) | (num_spec > ns)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise AssertionError(
-            f"request {req_ids[i]!r}: {int(num_spec[i])} draft slots with n={int(ns[i])} "
-            f"and K={num_spec_cfg}"
-        )
-    if len(spec_ids) != int(num_spec.sum(dtype=np.int64)):
-        raise AssertionError(
-            f"spec_token_ids has {len(spec_ids)} ids but num_spec_tokens sums to "
-            f"{int(num_spec.sum(dtype=np.int64))}"
-        )
+    # Draft slots: what a runner asserts of them (the simulated runner's own check).
+    check_draft_slots(req_ids, ns, num_spec, spec_ids, num_spec_cfg)
 
     # Block ids.
     if (num_block_ids < 0).any():
