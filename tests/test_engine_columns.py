@@ -4,13 +4,14 @@ requests a runner may hold stale state for, the pause state, and the cached-bloc
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from llmsched import InvalidRequestError
+from llmsched import InvalidRequestError, OutputMismatchError
 
 from conftest import add_requests, make_scheduler, one_token_each, runner_output
 
@@ -145,3 +146,49 @@ def test_importing_the_vllm_plugin_without_vllm_is_one_clear_line() -> None:
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: llmsched.vllm needs vLLM")
     assert "pip install 'llmsched[vllm]'" in last
+
+
+def _rows_output(req_ids: list[str], rows: object) -> object:
+    """vLLM's runner shape: one token list per request, ``num_sampled=None``."""
+
+    class Rows:
+        num_sampled = None
+
+        def __init__(self) -> None:
+            self.req_ids = req_ids
+            self.sampled_token_ids = rows
+
+    return Rows()
+
+
+def test_vllms_token_lists_apply_like_the_flat_arrays() -> None:
+    flat, lists = make_scheduler(), make_scheduler()
+    for sched in (flat, lists):
+        add_requests(sched, 3, num_tokens=4, max_tokens=3, ignore_eos=True)
+    for step in range(4):
+        a, b = flat.schedule(), lists.schedule()
+        rows = [[20 + step + i] for i in range(len(a.req_ids))]
+        out_a = flat.update_from_output(a, runner_output(a, rows))
+        out_b = lists.update_from_output(b, _rows_output(list(reversed(b.req_ids)), rows[::-1]))
+        assert list(out_a) == list(out_b)
+    assert flat.debug_snapshot() == lists.debug_snapshot()
+
+
+@pytest.mark.parametrize(
+    ("rows", "names"),
+    [
+        ((7,), "sampled_token_ids: with num_sampled=None"),
+        ([[7], (8,)], "sampled_token_ids[1]: must be a list"),
+        ([[7], [8, "x"]], "sampled_token_ids[1][1]: must be an int32"),
+        ([[7], [2**31]], "sampled_token_ids[1][0]"),
+    ],
+)
+def test_bad_token_lists_name_the_row_and_change_nothing(rows: object, names: str) -> None:
+    sched = make_scheduler()
+    add_requests(sched, 2, num_tokens=4, max_tokens=3, ignore_eos=True)
+    so = sched.schedule()
+    before = sched.debug_snapshot()
+    with pytest.raises(OutputMismatchError, match=re.escape(names)):
+        sched.update_from_output(so, _rows_output(so.req_ids, rows))
+    assert sched.debug_snapshot() == before
+    sched.update_from_output(so, one_token_each(so))  # the step still applies

@@ -409,7 +409,9 @@ class Scheduler:
         """Apply a runner's output for ``scheduler_output``.
 
         ``runner_output`` is a ``llmsched.ModelRunnerOutput`` (or any object with
-        ``req_ids``, ``sampled_token_ids`` and ``num_sampled``). Outputs must be applied
+        ``req_ids``, ``sampled_token_ids`` and ``num_sampled``; with ``num_sampled=None``,
+        ``sampled_token_ids`` may be vLLM's shape, a list of token-id lists, one per entry of
+        ``req_ids``, flattened here without a Python object per token). Outputs must be applied
         once each, in the order the steps were scheduled; the output of a step that
         scheduled nothing is a no-op. Copies the runner's arrays before it releases the
         GIL, so a thread writing into them during the call cannot change what is applied.

@@ -70,6 +70,17 @@ class _Step:
         self.core = core_output
 
 
+class _RunnerRows:
+    """vLLM's runner output as the core reads it: the ids, and one token list per id."""
+
+    __slots__ = ("num_sampled", "req_ids", "sampled_token_ids")
+
+    def __init__(self, req_ids: list[str], rows: list[Any]) -> None:
+        self.req_ids = req_ids
+        self.sampled_token_ids = rows
+        self.num_sampled = None
+
+
 class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stubs
     """vLLM's scheduler slot filled by llmsched (``--scheduler-cls llmsched.vllm.Scheduler``).
 
@@ -364,18 +375,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             step = self._pop_step(scheduler_output)
             mro = model_runner_output
             runner_ids: list[str] = mro.req_ids
-            sampled = mro.sampled_token_ids
-            if sampled:
-                counts = np.fromiter(map(len, sampled), dtype=np.int32, count=len(sampled))
-                tokens = np.fromiter(chain.from_iterable(sampled), dtype=np.int32)
-            else:
-                counts = np.zeros(len(runner_ids), dtype=np.int32)
-                tokens = counts[:0]
+            sampled = mro.sampled_token_ids or [[] for _ in runner_ids]
             if scheduler_output.scheduled_spec_decode_tokens:
-                spec_stats = self._observe_drafts(scheduler_output, mro.req_id_to_index, counts)
-            core_outputs = self.core.update_from_output(
-                step.core, llmsched.ModelRunnerOutput(runner_ids, tokens, counts)
-            )
+                spec_stats = self._observe_drafts(scheduler_output, mro.req_id_to_index, sampled)
+            # vLLM's rows go to the core as they are: it flattens them without a Python
+            # object per token.
+            core_outputs = self.core.update_from_output(step.core, _RunnerRows(runner_ids, sampled))
             self._emit(core_outputs, mro, outputs)
         for req_id, (request, reason) in self._refused.items():
             request.status = RequestStatus.FINISHED_ERROR
@@ -517,7 +522,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._next_full.discard(req_id)
 
     def _observe_drafts(
-        self, scheduler_output: SchedulerOutput, index: dict[str, int], counts: Any
+        self, scheduler_output: SchedulerOutput, index: dict[str, int], sampled: list[Any]
     ) -> SpecDecodingStats | None:
         """The step's drafts and accepted drafts, as vLLM counts them: into the step's
         ``SpecDecodingStats`` (with ``log_stats``) and into each request's
@@ -530,7 +535,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         stats = None
         for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
             request = self.requests.get(req_id)
-            generated = int(counts[index[req_id]])
+            generated = len(sampled[index[req_id]])
             if request is None or not generated or not drafts:
                 continue
             accepted = generated - 1

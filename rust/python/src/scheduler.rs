@@ -176,6 +176,49 @@ fn int32_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>, field: &str) -> 
     Ok(array)
 }
 
+/// vLLM's runner shape, one list of token ids per request, as flat tokens and counts (read
+/// while the GIL is held, like the arrays).
+fn token_rows(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<(Vec<i32>, Vec<i32>)> {
+    let rows = value.cast::<PyList>().map_err(|_| {
+        mismatch_error(
+            py,
+            format!(
+                "runner_output.sampled_token_ids: with num_sampled=None, must be a list of token-id lists, got {}",
+                type_name(value)
+            ),
+        )
+    })?;
+    let mut tokens = Vec::with_capacity(rows.len());
+    let mut counts = Vec::with_capacity(rows.len());
+    for (i, row) in rows.iter().enumerate() {
+        let row = row.cast_into::<PyList>().map_err(|e| {
+            mismatch_error(
+                py,
+                format!(
+                    "runner_output.sampled_token_ids[{i}]: must be a list of token ids, got {}",
+                    type_name(e.into_inner().as_any())
+                ),
+            )
+        })?;
+        let count = i32::try_from(row.len())
+            .map_err(|_| mismatch_error(py, format!("runner_output.sampled_token_ids[{i}]: {} tokens", row.len())))?;
+        for (j, token) in row.iter().enumerate() {
+            let token = token.extract::<i32>().map_err(|_| {
+                mismatch_error(
+                    py,
+                    format!(
+                        "runner_output.sampled_token_ids[{i}][{j}]: must be an int32 token id, got {}",
+                        type_name(&token)
+                    ),
+                )
+            })?;
+            tokens.push(token);
+        }
+        counts.push(count);
+    }
+    Ok((tokens, counts))
+}
+
 /// For each step entry, the runner row holding it; `None` if the runner kept the step's order.
 fn runner_rows(
     py: Python<'_>,
@@ -373,7 +416,9 @@ impl PyScheduler {
     /// Apply a runner's output for ``scheduler_output``.
     ///
     /// ``runner_output`` is a ``llmsched.ModelRunnerOutput`` (or any object with
-    /// ``req_ids``, ``sampled_token_ids`` and ``num_sampled``). Outputs must be applied
+    /// ``req_ids``, ``sampled_token_ids`` and ``num_sampled``; with ``num_sampled=None``,
+    /// ``sampled_token_ids`` may be vLLM's shape, a list of token-id lists, one per entry of
+    /// ``req_ids``, flattened here without a Python object per token). Outputs must be applied
     /// once each, in the order the steps were scheduled; the output of a step that
     /// scheduled nothing is a no-op. Copies the runner's arrays before it releases the
     /// GIL, so a thread writing into them during the call cannot change what is applied.
@@ -416,8 +461,14 @@ impl PyScheduler {
         // Copied while the GIL is held: another Python thread may write into the runner's
         // arrays once the GIL is released, and the core must see one consistent snapshot
         // (a step's int32 columns copy in nanoseconds).
-        let sampled = int32_array(py, &sampled_obj, "sampled_token_ids")?.as_slice()?.to_vec();
-        let counts = int32_array(py, &counts_obj, "num_sampled")?.as_slice()?.to_vec();
+        let (sampled, counts) = if counts_obj.is_none() {
+            token_rows(py, &sampled_obj)?
+        } else {
+            (
+                int32_array(py, &sampled_obj, "sampled_token_ids")?.as_slice()?.to_vec(),
+                int32_array(py, &counts_obj, "num_sampled")?.as_slice()?.to_vec(),
+            )
+        };
         self.with_inner(py, |inner| {
             let out = RunnerOutput { sampled_token_ids: &sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
