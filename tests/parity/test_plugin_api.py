@@ -334,3 +334,39 @@ def test_the_class_follows_the_engines_async_setting(async_scheduling: bool, cls
     theirs = drive(reference(async_scheduling=async_scheduling))
     ours = drive(build(reference(async_scheduling=async_scheduling), cls=cls))
     assert theirs == ours
+
+
+@pytest.mark.parametrize("reset_running", [False, True])
+def test_reset_prefix_cache_matches_vllms(reset_running: bool) -> None:
+    """Mid-run: a reset refused while blocks are in use, or (resetting the running requests)
+    every running request preempted, its events recorded, and the run going on alike."""
+
+    def drive(sched: Any) -> list[Any]:
+        for i in range(3):
+            sched.add_request(request(f"r{i}", prompt_len=9, max_tokens=6))
+        trace: list[Any] = []
+        for step in range(14):
+            if step == 3:
+                trace.append(
+                    ("reset", sched.reset_prefix_cache(reset_running_requests=reset_running))
+                )
+            if not sched.has_requests():
+                break
+            so = sched.schedule()
+            trace.append((dict(so.num_scheduled_tokens), sorted(so.preempted_req_ids or ())))
+            sampled = {rid: [9] for rid in so.num_scheduled_tokens}
+            for eco in sched.update_from_output(so, ref.vllm_runner_output(so, sampled)).values():
+                trace += [
+                    (
+                        o.request_id,
+                        o.new_token_ids,
+                        o.finish_reason,
+                        [int(e.type) for e in o.events or ()],
+                    )
+                    for o in eco.outputs
+                ]
+                if eco.scheduler_stats is not None:
+                    trace.append(eco.scheduler_stats.prefix_cache_stats.reset)
+        return trace
+
+    assert drive(reference()) == drive(build(reference()))

@@ -142,6 +142,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._num_other_clients = 0
         self._prefix_stats_seen = {key: 0 for key in _PREFIX_STAT_KEYS}
         self._prefix_cache_reset = False
+        # Requests reset_prefix_cache preempted (their event is recorded there).
+        self._preempted_by_reset: set[str] = set()
 
     # -- requests ----------------------------------------------------------------------
 
@@ -314,12 +316,14 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     start += k
 
         if self.log_stats:
+            self._preempted_by_reset, preempted_by_reset = set(), self._preempted_by_reset
             for req_id in chain(new_ids, resumed_ids):
                 self.requests[req_id].record_event(EngineCoreEventType.SCHEDULED, timestamp)
                 self._next_full.add(req_id)
             for req_id in core_out.preempted_req_ids:
                 preempted = self.requests.get(req_id)
-                if preempted is not None:
+                # reset_prefix_cache recorded its own preemptions when it made them.
+                if preempted is not None and req_id not in preempted_by_reset:
                     preempted.record_event(EngineCoreEventType.PREEMPTED, timestamp)
                     self._next_full.add(req_id)
 
@@ -611,6 +615,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             timestamp = time.monotonic()
             for req_id in self.core.running_request_ids():
                 self.requests[req_id].record_event(EngineCoreEventType.PREEMPTED, timestamp)
+                self._preempted_by_reset.add(req_id)
                 self._next_full.add(req_id)
         done = self.core.reset_prefix_cache(reset_running_requests)
         if reset_running_requests and not done:
