@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from .fuzz import make_case
 from .harness import compare, describe, drive
 from .matrix import Case, cases
 from .plugin import FIELD_KEYS, PluginFieldSide, VllmFieldSide
@@ -91,3 +92,15 @@ def test_a_different_block_pool_is_caught() -> None:
         FIELD_KEYS,
     )
     assert not comparison.identical
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_small_configs_field_equal(seed: int) -> None:
+    """Odd small configs and workloads (``fuzz.make_case``: block sizes down to 1, tiny
+    pools and budgets, thresholds, chunked prefill off), every field of every step."""
+    config, requests = make_case(seed)
+    comparison = compare(
+        drive(VllmFieldSide, config, requests), drive(PluginFieldSide, config, requests), FIELD_KEYS
+    )
+    assert comparison.steps_compared > 0
+    assert comparison.identical, f"seed {seed}\n" + describe(comparison)
