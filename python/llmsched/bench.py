@@ -16,6 +16,7 @@ requests (it must be linear) and with waiting requests (it must not grow).
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -418,7 +419,63 @@ def run_benchmarks(
             )
             results["scaling_waiting"].append({"waiting": waiting, **_plain(m)})
             print_row(f"  {waiting:>6} waiting  {m.step_us:>9.1f} us/step")
+    memory = memory_per_request()
+    results["memory"] = memory
+    print_row("")
+    print_row(
+        f"memory (RSS growth, 16-token prompts): {memory['bytes_per_waiting_request']:,.0f} "
+        f"bytes per waiting request, {memory['bytes_per_running_request']:,.0f} per running "
+        f"request; the 100,000-request waiting queue holds "
+        f"{memory['waiting_queue_rss_bytes'] / 2**20:,.1f} MiB"
+    )
     return results
+
+
+def _rss_bytes() -> int:
+    """This process's resident set size, from Linux's /proc (0 where it is not there)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def memory_per_request(waiting: int = 100_000, running: int = 4096) -> dict[str, float]:
+    """Resident memory the scheduler holds per request (16-token prompts, ids kept as the
+    Python strings the binding hands back): a queue of ``waiting`` waiting requests, and
+    what ``running`` requests add once they run (block tables, step state). Measured as
+    the growth of this process's RSS, so allocator slack is included."""
+    prompt = np.arange(1, 17, dtype=np.int32)
+    config = SchedulerConfig(
+        max_model_len=2048,
+        max_num_seqs=max(running, 256),
+        max_num_batched_tokens=8192,
+        num_gpu_blocks=8 * running + 64,  # 5 blocks each at most: the pool is not measured
+        enable_prefix_caching=False,
+        async_scheduling=False,
+    )
+    # Running first: memory the waiting queue freed would be reused without growing RSS.
+    gc.collect()
+    sched = Scheduler(config)
+    before = _rss_bytes()
+    for i in range(running):
+        sched.add_request(f"r{i}", prompt, max_tokens=64)
+    while len(sched.running_request_ids()) < running:  # admitted a token budget at a time
+        so = sched.schedule()
+        ends = (so.num_computed_tokens + so.num_scheduled_tokens).tolist()
+        rows = [[7] if end >= len(prompt) else [] for end in ends]  # chunks sample nothing
+        sched.update_from_output(so, ModelRunnerOutput.from_lists(so.req_ids, rows))
+    running_rss = _rss_bytes() - before
+    queue = Scheduler(config)
+    before = _rss_bytes()
+    for i in range(waiting):
+        queue.add_request(f"w{i}", prompt, max_tokens=64)
+    queue_rss = _rss_bytes() - before
+    return {
+        "waiting_queue_rss_bytes": queue_rss,
+        "bytes_per_waiting_request": queue_rss / waiting,
+        "bytes_per_running_request": running_rss / running,
+    }
 
 
 def _plain(m: Measurement) -> dict[str, Any]:
