@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .harness import ParityConfig, ParityRequest, blocks_needed, unique_priority_keys
 
@@ -53,8 +53,11 @@ __all__ = [
     "WorkloadDef",
     "base_cases",
     "build_requests",
+    "case_by_id",
+    "case_params",
     "cases",
     "edge_cases",
+    "missing_trace",
 ]
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -125,6 +128,18 @@ WORKLOADS: dict[str, WorkloadDef] = {
         ),
     )
 }
+
+
+def missing_trace(workload: str) -> str | None:
+    """Why ``workload`` cannot be built here (its trace file is absent), or None.
+
+    The traces are the workplace's (``../shared/traces`` beside the clone, or
+    ``LLMSCHED_TRACES``); the synthetic workloads need none.
+    """
+    rel = WORKLOADS[workload].source.partition(":")[2]
+    if rel and not (TRACES / rel).is_file():
+        return f"trace {TRACES / rel} not found (set LLMSCHED_TRACES)"
+    return None
 
 
 def _trace_specs(workload: WorkloadDef) -> list[RequestSpec]:
@@ -303,7 +318,12 @@ def build_requests(
 
 def _pool_sizes(name: str) -> tuple[int, int]:
     """(roomy, tight) KV pool sizes for a workload: roomy never preempts; tight holds about
-    three average prompts, so decode growth preempts running requests."""
+    three average prompts, so decode growth preempts running requests.
+
+    A workload whose trace is absent gets a placeholder (0, 0): its cases keep their ids
+    and are skipped (:func:`case_params`), and building their requests raises."""
+    if missing_trace(name):
+        return 0, 0
     probe = ParityConfig("probe", False, 3, False, "fcfs", num_gpu_blocks=1 << 30)
     reqs = _base_requests(name)
     needs = [blocks_needed(r, probe) for r in reqs]
@@ -485,3 +505,28 @@ def cases() -> list[Case]:
     out = [case for name in WORKLOADS for case in base_cases(name)]
     out.extend(edge_cases())
     return out
+
+
+def case_params(selected: list[Case]) -> list[Any]:
+    """``selected`` as pytest parameters named by case id; a case whose trace is absent is
+    skipped, saying which file is missing."""
+    import pytest
+
+    params = []
+    for case in selected:
+        reason = missing_trace(case.workload)
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        params.append(pytest.param(case, id=case.id, marks=marks))
+    return params
+
+
+def case_by_id(case_id: str) -> Case:
+    """The matrix case ``case_id``, for a test that needs that one; skips the test when its
+    trace is absent."""
+    import pytest
+
+    case = next(c for c in cases() if c.id == case_id)
+    reason = missing_trace(case.workload)
+    if reason:
+        pytest.skip(reason)
+    return case

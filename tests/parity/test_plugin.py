@@ -17,16 +17,13 @@ import pytest
 
 from .fuzz import make_case
 from .harness import compare, describe, drive
-from .matrix import Case, cases
+from .matrix import Case, case_by_id, case_params, cases
 from .plugin import FIELD_KEYS, PluginFieldSide, VllmFieldSide
 
 pytest.importorskip("vllm", reason="vLLM 0.33.0 is only installed in .venv-vllm")
 
-CASES = cases()
-_BY_ID = {case.id: case for case in CASES}
 
-
-@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+@pytest.mark.parametrize("case", case_params(cases()))
 def test_every_field_of_every_step_equal(case: Case) -> None:
     requests = case.requests()
     vllm_run = drive(VllmFieldSide, case.config, requests)
@@ -70,7 +67,7 @@ class _NoRescheduledTokens(PluginFieldSide):
 )
 def test_a_wrong_field_is_caught(side: Any, case_id: str, field: str) -> None:
     """The comparison is not vacuous: one field a runner reads, got wrong, shows up."""
-    case = _BY_ID[case_id]
+    case = case_by_id(case_id)
     requests = case.requests()
     comparison = compare(
         drive(VllmFieldSide, case.config, requests),
@@ -83,7 +80,7 @@ def test_a_wrong_field_is_caught(side: Any, case_id: str, field: str) -> None:
 
 def test_a_different_block_pool_is_caught() -> None:
     """Block ids are compared: a pool one block larger on the plug-in's side differs."""
-    case = _BY_ID["synthetic-chat/sync-K0-apc-fcfs-kv"]
+    case = case_by_id("synthetic-chat/sync-K0-apc-fcfs-kv")
     requests = case.requests()
     bigger = dataclasses.replace(case.config, num_gpu_blocks=case.config.num_gpu_blocks + 1)
     comparison = compare(
