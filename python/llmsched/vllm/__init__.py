@@ -26,13 +26,8 @@ except ImportError:
         "pip install 'llmsched[vllm]'"
     ) from None
 
-from llmsched.vllm._scheduler import (
-    TESTED_VLLM_VERSIONS,
-    AsyncScheduler,
-    Scheduler,
-    UnsupportedFeatureError,
-    UnsupportedVersionError,
-)
+from llmsched.vllm._config import UnsupportedFeatureError, UnsupportedVersionError
+from llmsched.vllm._scheduler import TESTED_VLLM_VERSIONS, AsyncScheduler, Scheduler
 
 __all__ = [
     "TESTED_VLLM_VERSIONS",

