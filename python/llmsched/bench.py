@@ -16,8 +16,11 @@ requests (it must be linear) and with waiting requests (it must not grow).
 from __future__ import annotations
 
 import gc
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -166,24 +169,26 @@ class LlmschedStepper:
 
 
 class VllmStepper:
+    """vLLM 0.33.0's own scheduler, driven as vLLM's engine drives it: vLLM ``Request``s in,
+    ``SchedulerOutput`` and ``ModelRunnerOutput`` objects through."""
+
     def __init__(self, case: Case) -> None:
-        from llmsched.vllm_reference import (
-            make_vllm_request,
-            make_vllm_scheduler,
-            vllm_runner_output,
-        )
+        from llmsched.vllm_reference import make_vllm_scheduler
 
         self.case = case
-        self.sched = make_vllm_scheduler(**case.config_kwargs())
-        self.make_request = make_vllm_request
-        self.runner_output = vllm_runner_output
+        self.sched = self._scheduler(make_vllm_scheduler(**case.config_kwargs()))
         self.next_id = 0
         for _ in range(case.running + case.waiting):
             self._add()
 
-    def _add(self) -> None:
+    def _scheduler(self, reference: Any) -> Any:
+        return reference
+
+    def _add(self) -> Any:
+        from llmsched.vllm_reference import make_vllm_request
+
         case = self.case
-        request = self.make_request(
+        request = make_vllm_request(
             f"r{self.next_id}",
             _prompt(case, self.next_id),
             max_tokens=case.churn_max_tokens or case.max_tokens,
@@ -192,104 +197,38 @@ class VllmStepper:
         )
         self.next_id += 1
         self.sched.add_request(request)
+        return request
+
+    def _samples(self, so: Any) -> dict[str, bool]:
+        """Whether each request of the scheduler output samples a token this step (the
+        step reaches the end of its prompt and output so far)."""
+        requests, spec = self.sched.requests, so.scheduled_spec_decode_tokens
+        out = {}
+        for rid in so.num_scheduled_tokens:
+            request = requests[rid]
+            out[rid] = request.num_computed_tokens - len(spec.get(rid, ())) >= request.num_tokens
+        return out
+
+    def _finished(self, request_id: str) -> None:
+        if self.case.churn_max_tokens:
+            self._add()
 
     def step(self) -> tuple[float, float, int]:
         from vllm.v1.outputs import DraftTokenIds
+
+        from llmsched.vllm_reference import vllm_runner_output
 
         sched, k = self.sched, self.case.num_speculative_tokens
         t0 = time.perf_counter()
         so = sched.schedule()
         t1 = time.perf_counter()
-        ids = list(so.num_scheduled_tokens)
         spec = so.scheduled_spec_decode_tokens
-        sampled: dict[str, list[int]] = {}
-        for rid in ids:
-            request = sched.requests[rid]
-            if request.num_computed_tokens - len(spec.get(rid, ())) >= request.num_tokens:
-                sampled[rid] = [7] * (1 + len(spec.get(rid, ())))
-        output = self.runner_output(so, sampled)
-        drafts = DraftTokenIds(list(sampled), [[7] * k for _ in sampled])
-        t2 = time.perf_counter()
-        result = sched.update_from_output(so, output)
-        if k:
-            sched.update_draft_token_ids(drafts)
-        t3 = time.perf_counter()
-        if self.case.churn_max_tokens:
-            for outputs in result.values():
-                for out in outputs.outputs:
-                    if out.finish_reason is not None:
-                        self._add()
-        return t1 - t0, t3 - t2, len(ids)
-
-
-class PluginStepper:
-    """``llmsched.vllm.Scheduler`` (the plug-in) as vLLM's engine drives it: vLLM
-    ``Request``s in, vLLM ``SchedulerOutput`` and ``ModelRunnerOutput`` objects through,
-    ``EngineCoreOutputs`` out, on the very configs of :class:`VllmStepper`'s scheduler."""
-
-    def __init__(self, case: Case) -> None:
-        from llmsched.vllm import Scheduler as PluginScheduler
-        from llmsched.vllm_reference import (
-            make_vllm_request,
-            make_vllm_scheduler,
-            vllm_runner_output,
-        )
-
-        self.case = case
-        reference = make_vllm_scheduler(**case.config_kwargs())
-        self.sched = PluginScheduler(
-            vllm_config=reference.vllm_config,
-            kv_cache_config=reference.kv_cache_config,
-            structured_output_manager=reference.structured_output_manager,
-            block_size=case.block_size,
-            log_stats=True,
-        )
-        self.sched.use_v2_model_runner = False
-        self.make_request = make_vllm_request
-        self.runner_output = vllm_runner_output
-        self.known: dict[str, int] = {}
-        self.next_id = 0
-        for _ in range(case.running + case.waiting):
-            self._add()
-
-    def _add(self) -> None:
-        case = self.case
-        prompt = _prompt(case, self.next_id)
-        request = self.make_request(
-            f"r{self.next_id}",
-            prompt,
-            max_tokens=case.churn_max_tokens or case.max_tokens,
-            block_size=case.block_size,
-            prefix_caching=case.prefix_caching,
-        )
-        self.next_id += 1
-        self.known[request.request_id] = len(prompt)
-        self.sched.add_request(request)
-
-    def step(self) -> tuple[float, float, int]:
-        from vllm.v1.outputs import DraftTokenIds
-
-        sched, known, k = self.sched, self.known, self.case.num_speculative_tokens
-        t0 = time.perf_counter()
-        so = sched.schedule()
-        t1 = time.perf_counter()
-        computed = dict(
-            zip(
-                so.scheduled_cached_reqs.req_ids,
-                so.scheduled_cached_reqs.num_computed_tokens,
-                strict=True,
-            )
-        )
-        for new_req in so.scheduled_new_reqs:
-            computed[new_req.req_id] = new_req.num_computed_tokens
-        spec = so.scheduled_spec_decode_tokens
-        sampled: dict[str, list[int]] = {}
-        for rid, n in so.num_scheduled_tokens.items():
-            drafts = len(spec.get(rid, ()))
-            if computed[rid] + n - drafts >= known[rid]:
-                sampled[rid] = [7] * (1 + drafts)
-                known[rid] += 1 + drafts
-        output = self.runner_output(so, sampled)
+        sampled = {
+            rid: [7] * (1 + len(spec.get(rid, ())))
+            for rid, samples in self._samples(so).items()
+            if samples
+        }
+        output = vllm_runner_output(so, sampled)
         drafts = DraftTokenIds(list(sampled), [[7] * k for _ in sampled])
         t2 = time.perf_counter()
         result = sched.update_from_output(so, output)
@@ -299,10 +238,46 @@ class PluginStepper:
         for outputs in result.values():
             for out in outputs.outputs:
                 if out.finish_reason is not None:
-                    del known[out.request_id]
-                    if self.case.churn_max_tokens:
-                        self._add()
+                    self._finished(out.request_id)
         return t1 - t0, t3 - t2, len(so.num_scheduled_tokens)
+
+
+class PluginStepper(VllmStepper):
+    """``llmsched.vllm.Scheduler`` (the plug-in) driven as :class:`VllmStepper` drives
+    vLLM's, on the very configs of vLLM's scheduler. The plug-in keeps no vLLM ``Request``
+    to read, so the stepper counts each request's tokens itself, as a model runner does."""
+
+    def __init__(self, case: Case) -> None:
+        self.known: dict[str, int] = {}  # request id -> tokens so far
+        super().__init__(case)
+
+    def _scheduler(self, reference: Any) -> Any:
+        from llmsched.vllm_reference import scheduler_from
+
+        return scheduler_from(reference)
+
+    def _add(self) -> Any:
+        request = super()._add()
+        self.known[request.request_id] = request.num_prompt_tokens
+        return request
+
+    def _samples(self, so: Any) -> dict[str, bool]:
+        cached = so.scheduled_cached_reqs
+        computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        for new_req in so.scheduled_new_reqs:
+            computed[new_req.req_id] = new_req.num_computed_tokens
+        spec, known = so.scheduled_spec_decode_tokens, self.known
+        out = {}
+        for rid, n in so.num_scheduled_tokens.items():
+            drafts = len(spec.get(rid, ()))
+            out[rid] = samples = computed[rid] + n - drafts >= known[rid]
+            if samples:
+                known[rid] += 1 + drafts
+        return out
+
+    def _finished(self, request_id: str) -> None:
+        del self.known[request_id]
+        super()._finished(request_id)
 
 
 def vllm_available() -> bool:
@@ -381,7 +356,7 @@ def run_benchmarks(
     results: dict[str, Any] = {"cases": [], "scaling_running": [], "scaling_waiting": []}
     header = f"{'case':<16}{'reqs/step':>10}{'schedule':>11}{'update':>10}{'step':>10}{'ns/req':>9}"
     if use_vllm:
-        header += f"{'vLLM step':>12}{'vLLM/llmsched':>15}"
+        header += f"{'vLLM step':>12}{'vLLM/llmsched':>15}{'plug-in step':>14}{'vLLM/plug-in':>14}"
     print_row(header)
     for name in names:
         case = CASES[name]
@@ -397,6 +372,12 @@ def run_benchmarks(
             row += f"{theirs.step_us / 1000:>10.2f}ms{ratio:>14.0f}x"
             entry["vllm"] = _plain(theirs)
             entry["ratio"] = ratio
+            # llmsched.vllm: the core behind vLLM's objects, as a vLLM engine runs it.
+            plugin = measure(case, "llmsched.vllm", steps=max(30, steps // 2), warmup=50)
+            plugin_ratio = theirs.step_us / plugin.step_us
+            row += f"{plugin.step_us:>12.1f}us{plugin_ratio:>13.0f}x"
+            entry["llmsched.vllm"] = _plain(plugin)
+            entry["plugin_ratio"] = plugin_ratio
         print_row(row)
         results["cases"].append(entry)
     if scaling:
@@ -419,7 +400,7 @@ def run_benchmarks(
             )
             results["scaling_waiting"].append({"waiting": waiting, **_plain(m)})
             print_row(f"  {waiting:>6} waiting  {m.step_us:>9.1f} us/step")
-    memory = memory_per_request()
+    memory = memory_in_fresh_process()
     results["memory"] = memory
     print_row("")
     print_row(
@@ -476,6 +457,14 @@ def memory_per_request(waiting: int = 100_000, running: int = 4096) -> dict[str,
         "bytes_per_waiting_request": queue_rss / waiting,
         "bytes_per_running_request": running_rss / running,
     }
+
+
+def memory_in_fresh_process() -> dict[str, float]:
+    """:func:`memory_per_request` in a new interpreter: in this one the benchmarks before
+    it have left freed heap that new requests would reuse without growing the RSS."""
+    code = "import json; from llmsched.bench import memory_per_request as m; print(json.dumps(m()))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return dict(json.loads(done.stdout))
 
 
 def _plain(m: Measurement) -> dict[str, Any]:

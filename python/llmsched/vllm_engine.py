@@ -31,7 +31,7 @@ import random
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -111,15 +111,9 @@ def write_model(path: str | Path | None = None, spec: ModelSpec | None = None) -
     transformers = importlib.import_module("transformers")
     out = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="llmsched-llama-"))
     out.mkdir(parents=True, exist_ok=True)
+    architecture = {k: v for k, v in asdict(spec).items() if k != "seed"}
     config = transformers.LlamaConfig(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim,
-        max_position_embeddings=spec.max_position_embeddings,
+        **architecture,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,

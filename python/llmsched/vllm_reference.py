@@ -10,6 +10,7 @@ The API::
     make_vllm_scheduler(*, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,
                         num_gpu_blocks, ...) -> vllm Scheduler | AsyncScheduler
     make_vllm_request(request_id, prompt_token_ids, *, max_tokens, block_size, ...) -> Request
+    scheduler_from(reference, cls=None, **kwargs) -> the plug-in (or ``cls``) on its configs
     vllm_runner_output(scheduler_output, sampled) -> vllm ModelRunnerOutput
     step_summary(scheduler_output) -> dict
 
@@ -51,6 +52,7 @@ __all__ = [
     "EOS_TOKEN_ID",
     "make_vllm_request",
     "make_vllm_scheduler",
+    "scheduler_from",
     "step_summary",
     "vllm_available",
     "vllm_runner_output",
@@ -235,6 +237,31 @@ def make_vllm_scheduler(
         structured_output_manager=StructuredOutputManager(vllm_config),
     )
     scheduler.use_v2_model_runner = use_v2_model_runner
+    return scheduler
+
+
+def scheduler_from(reference: Any, cls: type | None = None, **kwargs: Any) -> Any:
+    """A scheduler built from the very configs of ``reference`` (a scheduler from
+    :func:`make_vllm_scheduler`), as vLLM's EngineCore builds its ``scheduler_cls``.
+
+    ``cls`` defaults to the plug-in: ``llmsched.vllm.AsyncScheduler`` when the reference's
+    config has async scheduling on, ``llmsched.vllm.Scheduler`` otherwise. ``kwargs`` go to
+    the constructor (``log_stats=True`` unless given), and the new scheduler reports resumed
+    requests for the same model runner as ``reference``.
+    """
+    if cls is None:
+        from llmsched.vllm import AsyncScheduler, Scheduler
+
+        cls = AsyncScheduler if reference.scheduler_config.async_scheduling else Scheduler
+    kwargs.setdefault("log_stats", True)
+    scheduler = cls(
+        vllm_config=reference.vllm_config,
+        kv_cache_config=reference.kv_cache_config,
+        structured_output_manager=reference.structured_output_manager,
+        block_size=reference.block_size,
+        **kwargs,
+    )
+    scheduler.use_v2_model_runner = reference.use_v2_model_runner
     return scheduler
 
 

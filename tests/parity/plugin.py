@@ -109,13 +109,10 @@ class PluginFieldSide(VllmFieldSide):
 
     def __init__(self, config: ParityConfig) -> None:
         super().__init__(config, emulate_uncache=False)
-        from llmsched.vllm import AsyncScheduler, Scheduler
-
         reference = self.scheduler
-        vllm_config = reference.vllm_config
         # The knobs the harness sets on vLLM's scheduler object, set where the plug-in
         # (like vLLM's own constructor) reads them: the scheduler config.
-        sched = vllm_config.scheduler_config
+        sched = reference.scheduler_config
         object.__setattr__(sched, "max_num_scheduled_tokens", config.max_num_scheduled_tokens)
         object.__setattr__(sched, "max_num_active_seqs", config.max_num_active_seqs)
         object.__setattr__(
@@ -123,17 +120,7 @@ class PluginFieldSide(VllmFieldSide):
             "long_prefill_token_threshold_adaptive",
             config.long_prefill_token_threshold_adaptive,
         )
-        cls = AsyncScheduler if config.async_scheduling else Scheduler
-        plugin = cls(
-            vllm_config=vllm_config,
-            kv_cache_config=reference.kv_cache_config,
-            structured_output_manager=reference.structured_output_manager,
-            block_size=config.block_size,
-            hash_block_size=config.block_size,
-            include_finished_set=False,
-            log_stats=True,
+        self.scheduler = self.ref.scheduler_from(
+            reference, hash_block_size=config.block_size, include_finished_set=False
         )
-        # vllm_reference picks the V1 model runner on vLLM's scheduler object.
-        plugin.use_v2_model_runner = reference.use_v2_model_runner
-        self.scheduler = plugin
         self.uncache = None

@@ -38,17 +38,9 @@ def reference(**overrides: Any) -> Any:
     return ref.make_vllm_scheduler(**kwargs)
 
 
-def build(scheduler: Any, cls: type = plugin.Scheduler, **kwargs: Any) -> Any:
-    ours = cls(
-        vllm_config=scheduler.vllm_config,
-        kv_cache_config=scheduler.kv_cache_config,
-        structured_output_manager=scheduler.structured_output_manager,
-        block_size=BLOCK,
-        log_stats=True,
-        **kwargs,
-    )
-    ours.use_v2_model_runner = scheduler.use_v2_model_runner
-    return ours
+def build(scheduler: Any, cls: type | None = None, **kwargs: Any) -> Any:
+    """The plug-in (or ``cls``) on the configs of vLLM's ``scheduler``."""
+    return ref.scheduler_from(scheduler, cls, **kwargs)
 
 
 def request(req_id: str, prompt_len: int = 10, max_tokens: int = 4, **params: Any) -> Any:
@@ -292,15 +284,7 @@ def _with_metrics(sched: Any) -> Any:
     """vLLM's scheduler reads the level at construction: rebuild it with the level set."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    rebuilt = Scheduler(
-        vllm_config=sched.vllm_config,
-        kv_cache_config=sched.kv_cache_config,
-        structured_output_manager=sched.structured_output_manager,
-        block_size=BLOCK,
-        log_stats=True,
-    )
-    rebuilt.use_v2_model_runner = sched.use_v2_model_runner
-    return rebuilt
+    return build(sched, Scheduler)
 
 
 @pytest.mark.parametrize(
@@ -370,3 +354,14 @@ def test_reset_prefix_cache_matches_vllms(reset_running: bool) -> None:
         return trace
 
     assert drive(reference()) == drive(build(reference()))
+
+
+@pytest.mark.parametrize("case", ["decode-64", "spec-decode-k3", "kv-pressure"])
+def test_the_benchmark_times_the_same_steps_for_vllm_and_the_plugin(case: str) -> None:
+    """``llmsched bench``'s plug-in column and vLLM's time the same decisions: the same
+    number of requests in every timed step (churn, preemption and drafts included)."""
+    from llmsched.bench import CASES, measure
+
+    theirs = measure(CASES[case], "vllm", steps=20, warmup=10)
+    ours = measure(CASES[case], "llmsched.vllm", steps=20, warmup=10)
+    assert ours.requests_per_step == theirs.requests_per_step > 0
