@@ -23,7 +23,7 @@ from llmsched import (
     UnknownRequestError,
 )
 
-from conftest import add_requests, make_scheduler, one_token_each, runner_output
+from conftest import add_requests, make_scheduler, one_token_each, runner_output, spec_tokens
 
 # ------------------------------------------------------------------------------ config
 
@@ -343,6 +343,26 @@ def test_draft_validation() -> None:
     with pytest.raises(InvalidRequestError, match="appears twice"):
         sched.update_draft_token_ids(["0", "0"], [[1], [2]])
     sched.update_draft_token_ids(["gone"], [[1]])  # finished or unknown ids are ignored
+
+
+def test_flat_drafts_schedule_as_draft_lists_do() -> None:
+    """``update_draft_token_ids(ids, flat, counts)`` gives each request the same drafts
+    as the list of rows: rows of every length up to K, padding, unknown ids."""
+    lists, flat = make_scheduler(num_speculative_tokens=3), make_scheduler(num_speculative_tokens=3)
+    for sched in (lists, flat):
+        add_requests(sched, 5, max_tokens=12)
+    rng = np.random.default_rng(7)
+    for _ in range(10):
+        so_lists, so_flat = lists.schedule(), flat.schedule()
+        assert spec_tokens(so_lists) == spec_tokens(so_flat)
+        lists.update_from_output(so_lists, one_token_each(so_lists))
+        flat.update_from_output(so_flat, one_token_each(so_flat))
+        ids = [*so_lists.req_ids, "gone"]
+        rows = [[int(t) for t in rng.integers(-1, 50, rng.integers(0, 4))] for _ in ids]
+        lists.update_draft_token_ids(ids, rows)
+        tokens = np.array([t for row in rows for t in row], dtype=np.int32)
+        flat.update_draft_token_ids(ids, tokens, np.array([len(r) for r in rows], np.int32))
+    assert any(spec_tokens(lists.schedule()).values())
 
 
 # ------------------------------------------------------------------------------ threads

@@ -20,6 +20,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -598,6 +599,31 @@ DRAFT_CASES: list[tuple[str, Any, Any, str, str]] = [
 for label, ids, rows, pattern, world in DRAFT_CASES:
     error: type[Exception] = ValueError if pattern == "surrogate" else InvalidRequestError
     case(f"update_draft_token_ids-{label}", drafts(ids, rows), error, pattern, world)
+
+# Flat drafts: one int array and a count per request id (K = 2 in the sync world).
+_i32 = partial(np.array, dtype=np.int32)
+FLAT_DRAFT_CASES: list[tuple[str, Any, Any, Any, str]] = [
+    ("counts-sum-short", ["a", "b"], _i32([1, 2, 3]), _i32([1, 1]), "num_draft_tokens.*sum 2"),
+    ("counts-sum-long", ["a", "b"], _i32([1]), _i32([1, 1]), "num_draft_tokens.*sum 2"),
+    ("counts-fewer", ["a", "b"], _i32([1]), _i32([1]), "draft_token_ids.*1 rows"),
+    ("count-negative", ["a", "b"], _i32([1]), _i32([2, -1]), r"draft_token_ids\[1\]"),
+    ("count-more-than-K", ["a"], _i32([1, 2, 3]), _i32([3]), r"draft_token_ids\[0\]"),
+    ("draft-negative", ["a", "b"], _i32([1, 2, -5]), _i32([2, 1]), r"draft_token_ids\[1\]\[0\]"),
+    ("drafts-float", ["a"], np.array([1.0]), _i32([1]), "draft_token_ids.*dtype"),
+    ("drafts-2d", ["a"], _i32([[1]]), _i32([1]), "draft_token_ids.*1-D"),
+    ("counts-float", ["a"], _i32([1]), np.array([1.0]), "num_draft_tokens.*dtype"),
+    ("counts-none-element", ["a"], [1], [None], r"num_draft_tokens\[0\]"),
+    ("drafts-int64-overflow", ["a"], np.array([2**40]), _i32([1]), r"draft_token_ids\[0\]\[0\]"),
+]
+for label, ids, flat, counts, pattern in FLAT_DRAFT_CASES:
+    case(
+        f"update_draft_token_ids-flat-{label}",
+        lambda w, ids=ids, flat=flat, counts=counts: w.sched.update_draft_token_ids(
+            ids, flat, counts
+        ),
+        InvalidRequestError,
+        pattern,
+    )
 
 # ------------------------------------------------------------------------------ finish_requests
 

@@ -420,13 +420,17 @@ class Scheduler:
     def update_draft_token_ids(
         self,
         req_ids: Sequence[str],
-        draft_token_ids: Sequence[Sequence[int]],
+        draft_token_ids: Sequence[Sequence[int]] | Sequence[int] | npt.NDArray[np.integer[Any]],
+        num_draft_tokens: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
     ) -> None:
         """Give running requests the drafts to verify in the next step (sync scheduling).
 
         ``draft_token_ids[i]`` (at most ``num_speculative_tokens`` ids; -1 is a drafter's
-        padding) replaces the drafts of ``req_ids[i]``. Ids that are not live are ignored;
-        drafts of a request that is not running or still in prefill are dropped."""
+        padding) replaces the drafts of ``req_ids[i]``. Flat, as a runner holds them: with
+        ``num_draft_tokens`` given, ``draft_token_ids`` is one int array (or sequence) and
+        ``num_draft_tokens[i]`` of its ids, in order, belong to ``req_ids[i]``; the arrays
+        are copied, under the GIL, before the call returns. Ids that are not live are
+        ignored; drafts of a request that is not running or still in prefill are dropped."""
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, status: RequestStatus | int
     ) -> list[str]:

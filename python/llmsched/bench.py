@@ -152,9 +152,12 @@ class LlmschedStepper:
                 counts[i] = 1 + spec[i]
                 known[rid] += counts[i]
         runner_output = ModelRunnerOutput(ids, np.full(int(counts.sum()), 7, np.int32), counts)
+        # Drafts flat, as a drafter holds them: K ids for each request that sampled.
+        drafted = [rid for i, rid in enumerate(ids) if counts[i]]
         drafts = (
-            [rid for i, rid in enumerate(ids) if counts[i]],
-            [[7] * k] * int((counts > 0).sum()),
+            drafted,
+            np.full(k * len(drafted), 7, np.int32),
+            np.full(len(drafted), k, np.int32),
         )
         t2 = time.perf_counter()
         outputs = sched.update_from_output(so, runner_output)

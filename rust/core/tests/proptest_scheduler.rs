@@ -1190,7 +1190,9 @@ impl Harness {
             eprintln!("drafts {ids:?} {drafts:?}");
         }
         let refs: Vec<&str> = ids.iter().map(|s| s.as_str()).collect();
-        if let Err(e) = self.sched.update_draft_token_ids(&refs, &drafts) {
+        let flat: Vec<i64> = drafts.concat();
+        let counts: Vec<i64> = drafts.iter().map(|d| d.len() as i64).collect();
+        if let Err(e) = self.sched.update_draft_token_ids(&refs, &flat, &counts) {
             return Err(TestCaseError::fail(format!("update_draft_token_ids: {e}")));
         }
         // What the next step may schedule: the drafts of live requests that are not prefill chunks.
@@ -1561,7 +1563,7 @@ fn regression_drafts_for_a_waiting_request_with_a_pipelined_sync_step() {
     let cfg = sync_config(|p| p.num_speculative_tokens = 1).expect("a valid configuration");
     let mut sched = Scheduler::new(cfg).expect("a valid scheduler");
     sched.add_request(NewRequest::new("a", vec![1, 2, 3], 8)).expect("a valid request");
-    sched.update_draft_token_ids(&["a"], &[vec![5]]).expect("valid drafts");
+    sched.update_draft_token_ids(&["a"], &[5], &[1]).expect("valid drafts");
     let first = sched.schedule();
     assert_eq!(first.num_scheduled_tokens, vec![3]);
     // Scheduled while the first step is in flight: the drafts given while the request

@@ -86,7 +86,7 @@ fn stop_conditions_in_vllm_order_and_trim() {
     }
     let step = sched.schedule();
     apply(&mut sched, &step, &[1, 1, 1], &[1, 1, 1]);
-    sched.update_draft_token_ids(&["eos", "stop", "cap"], &[vec![5, 6], vec![5, 6], vec![5, 6]]).unwrap();
+    sched.update_draft_token_ids(&["eos", "stop", "cap"], &[5, 6, 5, 6, 5, 6], &[2, 2, 2]).unwrap();
     let step = sched.schedule();
     assert_eq!(step.num_scheduled_tokens, vec![3, 3, 3]);
     let events = apply(&mut sched, &step, &[9, 3, 3, 10, 42, 12, 10, 11, 12], &[3, 3, 3]);

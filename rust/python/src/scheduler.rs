@@ -494,14 +494,18 @@ impl PyScheduler {
     /// Give running requests the drafts to verify in the next step (sync scheduling).
     ///
     /// ``draft_token_ids[i]`` (at most ``num_speculative_tokens`` ids; -1 is a drafter's
-    /// padding) replaces the drafts of ``req_ids[i]``. Ids that are not live are ignored;
-    /// drafts of a request that is not running or still in prefill are dropped.
-    #[pyo3(signature = (req_ids, draft_token_ids))]
+    /// padding) replaces the drafts of ``req_ids[i]``. Flat, as a runner holds them: with
+    /// ``num_draft_tokens`` given, ``draft_token_ids`` is one int array (or sequence) and
+    /// ``num_draft_tokens[i]`` of its ids, in order, belong to ``req_ids[i]``; the arrays
+    /// are copied, under the GIL, before the call returns. Ids that are not live are
+    /// ignored; drafts of a request that is not running or still in prefill are dropped.
+    #[pyo3(signature = (req_ids, draft_token_ids, num_draft_tokens=None))]
     fn update_draft_token_ids(
         &self,
         py: Python<'_>,
         req_ids: &Bound<'_, PyAny>,
         draft_token_ids: &Bound<'_, PyAny>,
+        num_draft_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let ids: Vec<Bound<'_, PyString>> = req_ids
             .try_iter()
@@ -517,19 +521,32 @@ impl PyScheduler {
                 })
             })
             .collect::<PyResult<_>>()?;
-        let drafts: Vec<Vec<i64>> = draft_token_ids
-            .try_iter()
-            .map_err(|_| {
-                request_error(
-                    py,
-                    format!("draft_token_ids: must be a sequence of token lists, got {}", type_name(draft_token_ids)),
-                )
-            })?
-            .enumerate()
-            .map(|(i, row)| token_list(py, &row?, &Indexed(&"draft_token_ids", i), request_error))
-            .collect::<PyResult<_>>()?;
+        let (drafts, counts) = match num_draft_tokens {
+            Some(counts) => (
+                token_list(py, draft_token_ids, &"draft_token_ids", request_error)?,
+                token_list(py, counts, &"num_draft_tokens", request_error)?,
+            ),
+            None => {
+                let rows = draft_token_ids.try_iter().map_err(|_| {
+                    request_error(
+                        py,
+                        format!(
+                            "draft_token_ids: must be a sequence of token lists, got {}",
+                            type_name(draft_token_ids)
+                        ),
+                    )
+                })?;
+                let (mut drafts, mut counts) = (Vec::new(), Vec::with_capacity(ids.len()));
+                for (i, row) in rows.enumerate() {
+                    let row = token_list(py, &row?, &Indexed(&"draft_token_ids", i), request_error)?;
+                    counts.push(row.len() as i64);
+                    drafts.extend_from_slice(&row);
+                }
+                (drafts, counts)
+            }
+        };
         let id_refs: Vec<&str> = ids.iter().map(|id| id.to_str()).collect::<PyResult<_>>()?;
-        self.with_inner(py, |inner| inner.core.update_draft_token_ids(&id_refs, &drafts).map_err(core_err))
+        self.with_inner(py, |inner| inner.core.update_draft_token_ids(&id_refs, &drafts, &counts).map_err(core_err))
     }
 
     /// Finish live requests with a finished ``status``; returns the ids

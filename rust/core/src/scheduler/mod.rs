@@ -340,42 +340,74 @@ impl Scheduler {
         Ok(finished)
     }
 
-    /// Sync drafts for the next step (spec §4.7). Ids not live are ignored;
-    /// drafts of a request still in prefill are dropped, and so are drafts of a
-    /// request that is not running (preempted or waiting: vLLM keeps them, and a
-    /// resumed request would then schedule drafts made before its preemption).
-    pub fn update_draft_token_ids(&mut self, request_ids: &[&str], draft_token_ids: &[Vec<i64>]) -> CoreResult<()> {
+    /// Sync drafts for the next step (spec §4.7), flat: ``num_draft_tokens[i]`` ids of
+    /// ``draft_token_ids``, in order, are the drafts of ``request_ids[i]``. Ids not live
+    /// are ignored; drafts of a request still in prefill are dropped, and so are drafts
+    /// of a request that is not running (preempted or waiting: vLLM keeps them, and a
+    /// resumed request would then schedule drafts made before its preemption). Nothing
+    /// changes unless every row is valid.
+    pub fn update_draft_token_ids(
+        &mut self,
+        request_ids: &[&str],
+        draft_token_ids: &[i64],
+        num_draft_tokens: &[i64],
+    ) -> CoreResult<()> {
         let k_spec = self.config.num_speculative_tokens();
-        if request_ids.len() != draft_token_ids.len() {
+        if request_ids.len() != num_draft_tokens.len() {
             return Err(CoreError::request(
                 "draft_token_ids",
-                format!("<{} lists>", draft_token_ids.len()),
-                format!("must have one list per request id ({} ids)", request_ids.len()),
+                format!("<{} rows>", num_draft_tokens.len()),
+                format!(
+                    "must have one row of drafts (one num_draft_tokens count) per request id ({} ids)",
+                    request_ids.len()
+                ),
             ));
         }
-        let mut seen = rustc_hash::FxHashSet::default();
-        for (i, (id, drafts)) in request_ids.iter().zip(draft_token_ids).enumerate() {
-            if !seen.insert(*id) {
+        // One lookup per id; duplicates found by handle (and, for ids not live, by name).
+        let mut handles = Vec::with_capacity(request_ids.len());
+        let mut seen = rustc_hash::FxHashSet::with_capacity_and_hasher(request_ids.len(), Default::default());
+        let mut seen_unknown = rustc_hash::FxHashSet::default();
+        let mut total: i64 = 0;
+        for (i, (id, &count)) in request_ids.iter().zip(num_draft_tokens).enumerate() {
+            let handle = self.ids.get(*id).copied();
+            let first = match handle {
+                Some(h) => seen.insert(h.index),
+                None => seen_unknown.insert(*id),
+            };
+            if !first {
                 return Err(CoreError::request(format!("req_ids[{i}]"), format!("{id:?}"), "appears twice"));
             }
-            if drafts.len() as i64 > k_spec {
+            handles.push(handle);
+            if !(0..=k_spec).contains(&count) {
                 return Err(CoreError::request(
                     format!("draft_token_ids[{i}]"),
-                    format!("<{} drafts>", drafts.len()),
+                    format!("<{count} drafts>"),
                     format!("at most num_speculative_tokens={k_spec} drafts per request"),
                 ));
             }
-            // -1 is a drafter's padding: kept, and rejected by the sampler like vLLM does.
-            if let Some((j, &bad)) = drafts.iter().enumerate().find(|(_, &t)| !(-1..=i32::MAX as i64).contains(&t)) {
-                return Err(CoreError::request(
-                    format!("draft_token_ids[{i}][{j}]"),
-                    bad,
-                    format!("a draft must be a token id in [0, {}] or the -1 placeholder", i32::MAX),
-                ));
-            }
+            total += count;
         }
-        for (id, drafts) in request_ids.iter().zip(draft_token_ids) {
-            let Some(&h) = self.ids.get(*id) else { continue };
+        if total != draft_token_ids.len() as i64 {
+            return Err(CoreError::request(
+                "num_draft_tokens",
+                format!("<sum {total}>"),
+                format!("must add up to the {} draft ids given", draft_token_ids.len()),
+            ));
+        }
+        // -1 is a drafter's padding: kept, and rejected by the sampler like vLLM does.
+        if let Some(at) = draft_token_ids.iter().position(|t| !(-1..=i32::MAX as i64).contains(t)) {
+            let (i, j) = row_and_column(num_draft_tokens, at);
+            return Err(CoreError::request(
+                format!("draft_token_ids[{i}][{j}]"),
+                draft_token_ids[at],
+                format!("a draft must be a token id in [0, {}] or the -1 placeholder", i32::MAX),
+            ));
+        }
+        let mut start = 0;
+        for (handle, &count) in handles.into_iter().zip(num_draft_tokens) {
+            let drafts = &draft_token_ids[start..start + count as usize];
+            start += count as usize;
+            let Some(h) = handle else { continue };
             let request = &mut self.requests[h];
             request.spec_token_ids.clear();
             if !request.is_prefill_chunk && request.status == RequestStatus::Running {
@@ -496,4 +528,16 @@ impl Scheduler {
         let waiting = self.waiting.live_handles(&self.requests);
         kv.into_iter().chain(waiting).map(|h| self.requests[h].id.clone()).collect()
     }
+}
+
+/// The (row, column) of flat index ``at`` in rows of ``counts`` items each (counts
+/// checked non-negative and adding up past ``at``).
+fn row_and_column(counts: &[i64], mut at: usize) -> (usize, usize) {
+    for (row, &count) in counts.iter().enumerate() {
+        if at < count as usize {
+            return (row, at);
+        }
+        at -= count as usize;
+    }
+    unreachable!("the counts add up to the number of drafts")
 }
