@@ -315,3 +315,38 @@ def test_the_report_is_plain_text_in_a_pipe_and_a_table_in_a_terminal() -> None:
     assert "\x1b[" in terminal.stdout
     plain = re.sub(r"\x1b\[[0-9;]*m", "", terminal.stdout)
     assert re.search(r"requests +4 finished of 4", plain)
+
+
+def test_bench_reports_warm_and_cold_figures(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    args = ("--steps", "5", "--no-scaling", "--vllm", "off", "--cold-mib", "2", "--json")
+    result = run("bench", *args, str(out), "decode-64")
+    assert result.returncode == 0, result.stderr
+    assert "warm step" in result.stdout and "cold step" in result.stdout
+    report = json.loads(out.read_text())
+    assert report["cold_mib"] == 2
+    (case,) = report["cases"]
+    for figure in ("llmsched", "llmsched_cold"):
+        assert case[figure]["requests_per_step"] == 64 and case[figure]["step_us"] > 0
+    assert report["memory"]["bytes_per_waiting_request"] > 0
+
+
+def test_bench_refuses_a_negative_cold_working_set() -> None:
+    result = run("bench", "--cold-mib", "-1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("llmsched bench: error: argument --cold-mib")
+
+
+def test_the_cold_figure_evicts_before_each_timed_call() -> None:
+    """Before ``schedule()`` and again before the update, every timed step."""
+    from llmsched.bench import CASES, LlmschedStepper, measure
+
+    calls: list[str] = []
+    measure(CASES["decode-64"], steps=4, warmup=2, evict=lambda: calls.append("evict"))
+    assert calls == ["evict"] * 8
+    # ``between`` runs while the step is in flight: after schedule(), before the update.
+    stepper = LlmschedStepper(CASES["decode-64"])
+    in_flight: list[int] = []
+    stepper.between = lambda: in_flight.append(stepper.sched.num_steps_in_flight)
+    stepper.step()
+    assert in_flight == [1]

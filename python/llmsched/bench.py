@@ -11,6 +11,13 @@ prefill of 2,000-token prompts beside decodes), spec decode K=3, prefix caching 
 sharing a 1,024-token prefix), KV pressure with preemptions, and a 100,000-request waiting
 queue behind 256 running requests. Two sweeps show how the cost grows with running
 requests (it must be linear) and with waiting requests (it must not grow).
+
+Warm and cold: back to back, the scheduler's data stays in the CPU caches from one call to
+the next. In an engine a model step, the sampler and Python bookkeeping run in between, and
+the next call starts cold. The cold figure (:class:`Evictor`) writes one byte in every
+cache line of an unrelated buffer (8 MiB by default: a few MiB of host-side work per
+model step; 32 MiB, this machine's L3, leaves nothing warm) before ``schedule()`` and
+again before ``update_from_output()``, untimed, as that work would.
 """
 
 from __future__ import annotations
@@ -28,10 +35,20 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from llmsched._checks import Range
 from llmsched._core import Scheduler, SchedulerConfig
 from llmsched.outputs import ModelRunnerOutput
 
-__all__ = ["CASES", "Case", "Measurement", "measure", "run_benchmarks", "vllm_available"]
+__all__ = [
+    "CASES",
+    "COLD_MIB",
+    "Case",
+    "Evictor",
+    "Measurement",
+    "measure",
+    "run_benchmarks",
+    "vllm_available",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,14 +131,40 @@ def _prompt(case: Case, i: int) -> list[int]:
 class Stepper(Protocol):
     """One implementation driven through a case, one step at a time."""
 
-    def step(self) -> tuple[float, float, int]:
-        """Runs a step: (seconds in schedule, seconds in update, requests scheduled)."""
+    between: Callable[[], None]
+    """Runs, untimed, between ``schedule()`` and the update (the model step's place)."""
+
+    def step(self) -> tuple[float, float, int, int]:
+        """Runs a step: (seconds in schedule, seconds in update, requests scheduled,
+        tokens scheduled)."""
         ...
+
+
+def _nothing() -> None:
+    pass
+
+
+COLD_MIB = Range(0, 4096, integer=True)
+"""The cold figure's working set, in MiB (0: no cold figure)."""
+
+
+class Evictor:
+    """Stands in for the work an engine does between the scheduler's calls: writes one
+    byte in every 64-byte cache line of a buffer of ``mib`` MiB, which evicts what the
+    scheduler left in the caches up to that size."""
+
+    def __init__(self, mib: int) -> None:
+        self.buffer = np.zeros(mib << 20, dtype=np.uint8)
+        self.lines = self.buffer[::64]
+
+    def __call__(self) -> None:
+        self.lines += 1
 
 
 class LlmschedStepper:
     def __init__(self, case: Case) -> None:
         self.case = case
+        self.between = _nothing
         self.sched = Scheduler(SchedulerConfig(**case.config_kwargs()))
         self.known: dict[str, int] = {}
         self.next_id = 0
@@ -136,7 +179,7 @@ class LlmschedStepper:
         self.sched.add_request(rid, prompt, max_tokens=case.churn_max_tokens or case.max_tokens)
         self.known[rid] = len(prompt)
 
-    def step(self) -> tuple[float, float, int]:
+    def step(self) -> tuple[float, float, int, int]:
         sched, known, k = self.sched, self.known, self.case.num_speculative_tokens
         t0 = time.perf_counter()
         so = sched.schedule()
@@ -159,6 +202,7 @@ class LlmschedStepper:
             np.full(k * len(drafted), 7, np.int32),
             np.full(len(drafted), k, np.int32),
         )
+        self.between()
         t2 = time.perf_counter()
         outputs = sched.update_from_output(so, runner_output)
         if k:
@@ -168,7 +212,7 @@ class LlmschedStepper:
             del known[rid]
             if self.case.churn_max_tokens:
                 self._add()
-        return t1 - t0, t3 - t2, len(ids)
+        return t1 - t0, t3 - t2, len(ids), so.total_num_scheduled_tokens
 
 
 class VllmStepper:
@@ -179,6 +223,7 @@ class VllmStepper:
         from llmsched.vllm_reference import make_vllm_scheduler
 
         self.case = case
+        self.between = _nothing
         self.sched = self._scheduler(make_vllm_scheduler(**case.config_kwargs()))
         self.next_id = 0
         for _ in range(case.running + case.waiting):
@@ -216,7 +261,7 @@ class VllmStepper:
         if self.case.churn_max_tokens:
             self._add()
 
-    def step(self) -> tuple[float, float, int]:
+    def step(self) -> tuple[float, float, int, int]:
         from vllm.v1.outputs import DraftTokenIds
 
         from llmsched.vllm_reference import vllm_runner_output
@@ -233,6 +278,7 @@ class VllmStepper:
         }
         output = vllm_runner_output(so, sampled)
         drafts = DraftTokenIds(list(sampled), [[7] * k for _ in sampled])
+        self.between()
         t2 = time.perf_counter()
         result = sched.update_from_output(so, output)
         if k:
@@ -242,7 +288,7 @@ class VllmStepper:
             for out in outputs.outputs:
                 if out.finish_reason is not None:
                     self._finished(out.request_id)
-        return t1 - t0, t3 - t2, len(so.num_scheduled_tokens)
+        return t1 - t0, t3 - t2, len(so.num_scheduled_tokens), so.total_num_scheduled_tokens
 
 
 class PluginStepper(VllmStepper):
@@ -297,6 +343,7 @@ class Measurement:
     implementation: str
     steps: int
     requests_per_step: float
+    tokens_per_step: float
     schedule_us: float
     update_us: float
     step_us: float
@@ -306,11 +353,23 @@ class Measurement:
     def ns_per_request(self) -> float:
         return 1000.0 * self.step_us / max(self.requests_per_step, 1.0)
 
+    @property
+    def ns_per_token(self) -> float:
+        """The step's cost per token scheduled (prompt tokens, in a prefill step)."""
+        return 1000.0 * self.step_us / max(self.tokens_per_step, 1.0)
+
 
 def measure(
-    case: Case, implementation: str = "llmsched", *, steps: int = 300, warmup: int = 200
+    case: Case,
+    implementation: str = "llmsched",
+    *,
+    steps: int = 300,
+    warmup: int = 200,
+    evict: Callable[[], None] | None = None,
 ) -> Measurement:
-    """Median per-step cost over ``steps`` steps, after the case reached its steady state."""
+    """Median per-step cost over ``steps`` steps, after the case reached its steady state.
+
+    ``evict`` (an :class:`Evictor`) runs before every timed call: the cold figure."""
     steppers: dict[str, Callable[[Case], Stepper]] = {
         "llmsched": LlmschedStepper,
         "llmsched.vllm": PluginStepper,
@@ -320,16 +379,20 @@ def measure(
     stepper = make(case)
     for _ in range(warmup):
         stepper.step()
-    sched_t, upd_t, total, sizes = [], [], [], []
+    before_step = evict or _nothing
+    stepper.between = before_step
+    sched_t, upd_t, total, sizes, tokens = [], [], [], [], []
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in range(steps):
-            s, u, n = stepper.step()
+            before_step()
+            s, u, n, t = stepper.step()
             sched_t.append(s)
             upd_t.append(u)
             total.append(s + u)
             sizes.append(n)
+            tokens.append(t)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -338,6 +401,7 @@ def measure(
         implementation=implementation,
         steps=steps,
         requests_per_step=statistics.fmean(sizes),
+        tokens_per_step=statistics.fmean(tokens),
         schedule_us=1e6 * statistics.median(sched_t),
         update_us=1e6 * statistics.median(upd_t),
         step_us=1e6 * statistics.median(total),
@@ -351,38 +415,82 @@ def run_benchmarks(
     with_vllm: bool | None = None,
     steps: int = 300,
     scaling: bool = True,
+    cold_mib: int = 8,
     print_row: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Runs the cases (and the scaling sweeps), printing a row per case as it completes."""
+    """Runs the cases (and the scaling sweeps), printing a row per case as it completes:
+    warm, and cold after evicting ``cold_mib`` MiB (0: warm only)."""
     use_vllm = vllm_available() if with_vllm is None else with_vllm
     names = cases or list(CASES)
-    results: dict[str, Any] = {"cases": [], "scaling_running": [], "scaling_waiting": []}
-    header = f"{'case':<16}{'reqs/step':>10}{'schedule':>11}{'update':>10}{'step':>10}{'ns/req':>9}"
+    cold_mib = int(COLD_MIB.check("cold_mib", cold_mib))
+    evict = Evictor(cold_mib) if cold_mib > 0 else None
+    results: dict[str, Any] = {
+        "cold_mib": cold_mib,
+        "cases": [],
+        "scaling_running": [],
+        "scaling_waiting": [],
+    }
+    columns = [("case", -15), ("reqs/step", 10), ("schedule", 10), ("update", 10)]
+    columns += [("warm step", 10), ("ns/req", 7)]
+    if evict:
+        columns += [("cold step", 10), ("ns/req", 7)]
     if use_vllm:
-        header += f"{'vLLM step':>12}{'vLLM/llmsched':>15}{'plug-in step':>14}{'vLLM/plug-in':>14}"
-    print_row(header)
+        columns += [("vLLM warm", 10), ("x warm", 7)]
+        if evict:
+            columns += [("vLLM cold", 10), ("x cold", 7)]
+        columns += [("plug-in", 10), ("x plug-in", 10)]
+
+    def line(cells: list[str]) -> str:
+        return "".join(
+            f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}"
+            for cell, (_, width) in zip(cells, columns, strict=True)
+        )
+
+    def us(m: Measurement) -> str:
+        return f"{m.step_us / 1000:.2f}ms" if m.step_us >= 1000 else f"{m.step_us:.1f}us"
+
+    print_row(line([name for name, _ in columns]))
     for name in names:
         case = CASES[name]
         ours = measure(case, "llmsched", steps=steps)
-        row = (
-            f"{name:<16}{ours.requests_per_step:>10.0f}{ours.schedule_us:>9.1f}us"
-            f"{ours.update_us:>8.1f}us{ours.step_us:>8.1f}us{ours.ns_per_request:>9.0f}"
-        )
         entry: dict[str, Any] = {"case": name, "llmsched": _plain(ours)}
+        cells = [name, f"{ours.requests_per_step:.0f}", f"{ours.schedule_us:.1f}us"]
+        cells += [f"{ours.update_us:.1f}us", us(ours), f"{ours.ns_per_request:.0f}"]
+        if evict:
+            ours_cold = measure(case, "llmsched", steps=steps, evict=evict)
+            entry["llmsched_cold"] = _plain(ours_cold)
+            cells += [us(ours_cold), f"{ours_cold.ns_per_request:.0f}"]
         if use_vllm:
-            theirs = measure(case, "vllm", steps=max(30, steps // 5), warmup=20)
-            ratio = theirs.step_us / ours.step_us
-            row += f"{theirs.step_us / 1000:>10.2f}ms{ratio:>14.0f}x"
+            vllm_steps = max(30, steps // 5)
+            theirs = measure(case, "vllm", steps=vllm_steps, warmup=20)
             entry["vllm"] = _plain(theirs)
-            entry["ratio"] = ratio
+            entry["ratio"] = theirs.step_us / ours.step_us
+            cells += [us(theirs), f"{entry['ratio']:.0f}x"]
+            if evict:
+                theirs_cold = measure(case, "vllm", steps=vllm_steps, warmup=20, evict=evict)
+                entry["vllm_cold"] = _plain(theirs_cold)
+                entry["ratio_cold"] = theirs_cold.step_us / ours_cold.step_us
+                cells += [us(theirs_cold), f"{entry['ratio_cold']:.0f}x"]
             # llmsched.vllm: the core behind vLLM's objects, as a vLLM engine runs it.
             plugin = measure(case, "llmsched.vllm", steps=max(30, steps // 2), warmup=50)
-            plugin_ratio = theirs.step_us / plugin.step_us
-            row += f"{plugin.step_us:>12.1f}us{plugin_ratio:>13.0f}x"
             entry["llmsched.vllm"] = _plain(plugin)
-            entry["plugin_ratio"] = plugin_ratio
-        print_row(row)
+            entry["plugin_ratio"] = theirs.step_us / plugin.step_us
+            cells += [us(plugin), f"{entry['plugin_ratio']:.0f}x"]
+        print_row(line(cells))
         results["cases"].append(entry)
+    for entry in results["cases"]:
+        ours = entry["llmsched"]
+        if ours["tokens_per_step"] < 2 * ours["requests_per_step"]:
+            continue  # mostly decode: the cost per request says it
+        figures = [f"{ours['ns_per_token']:.1f} ns warm"]
+        if "llmsched_cold" in entry:
+            figures.append(f"{entry['llmsched_cold']['ns_per_token']:.1f} cold")
+        if "vllm" in entry:
+            figures.append(f"vLLM {entry['vllm']['ns_per_token']:.1f}")
+        print_row(
+            f"{entry['case']}: {ours['tokens_per_step']:,.0f} tokens per step, cost per "
+            f"scheduled token: {', '.join(figures)}"
+        )
     if scaling:
         print_row("")
         print_row(
@@ -478,4 +586,6 @@ def _plain(m: Measurement) -> dict[str, Any]:
         "update_us": m.update_us,
         "step_us": m.step_us,
         "ns_per_request": m.ns_per_request,
+        "tokens_per_step": m.tokens_per_step,
+        "ns_per_token": m.ns_per_token,
     }

@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 
 from llmsched._checks import Range
 from llmsched._core import LlmschedError, SchedulerConfig
+from llmsched.bench import COLD_MIB, run_benchmarks
 from llmsched.simulate import (
     ACCEPTANCE_RATE,
     COST_TERM,
@@ -289,7 +290,7 @@ def _bench(args: argparse.Namespace) -> int:
     code = _bench_in_single_threaded_interpreter(args.argv)
     if code is not None:
         return code
-    from llmsched.bench import CASES, run_benchmarks, vllm_available
+    from llmsched.bench import CASES, vllm_available
 
     with_vllm = {"auto": None, "on": True, "off": False}[args.vllm]
     if with_vllm and not vllm_available():
@@ -301,10 +302,15 @@ def _bench(args: argparse.Namespace) -> int:
     json_path = _json_destination(args.json)
     print(
         "llmsched bench: median per-step cost of schedule() + update_from_output() "
-        f"over {args.steps} steps (vLLM 0.33.0 alongside when importable)"
+        f"over {args.steps} steps, warm and cold (after {args.cold_mib} MiB of other work), "
+        "vLLM 0.33.0 alongside when importable"
     )
     results = run_benchmarks(
-        cases, with_vllm=with_vllm, steps=args.steps, scaling=not args.no_scaling
+        cases,
+        with_vllm=with_vllm,
+        steps=args.steps,
+        scaling=not args.no_scaling,
+        cold_mib=args.cold_mib,
     )
     if json_path is not None:
         import json
@@ -412,6 +418,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         choices=("auto", "on", "off"),
         default="auto",
         help="compare with vLLM's scheduler (auto: when importable)",
+    )
+    bench.add_argument(
+        "--cold-mib",
+        type=_number(COLD_MIB),
+        metavar="N",
+        default=_default(run_benchmarks, "cold_mib"),
+        help="also time each call cold, after writing every cache line of N MiB (0: warm only)",
     )
     bench.add_argument("--no-scaling", action="store_true", help="skip the scaling sweeps")
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
