@@ -365,3 +365,35 @@ def test_the_benchmark_times_the_same_steps_for_vllm_and_the_plugin(case: str) -
     theirs = measure(CASES[case], "vllm", steps=20, warmup=10)
     ours = measure(CASES[case], "llmsched.vllm", steps=20, warmup=10)
     assert ours.requests_per_step == theirs.requests_per_step > 0
+
+
+@pytest.mark.parametrize("logprobs", [None, 2])
+def test_a_step_allocates_nothing_per_waiting_request(logprobs: int | None) -> None:
+    """What a step costs does not grow with the waiting queue: a step of 8 running
+    requests allocates about as much behind 20,000 waiting requests as behind none
+    (memory allocated, a deterministic stand-in for time; watching every waiting request
+    for its first output once copied a set of all of them per step)."""
+    import tracemalloc
+
+    def peak_of_a_step(waiting: int) -> int:
+        sched = build(reference(max_num_seqs=8, num_gpu_blocks=20_000))
+        for i in range(8 + waiting):
+            r = request(f"r{i}", max_tokens=50)
+            r.sampling_params.logprobs = logprobs
+            sched.add_request(r)
+        for _ in range(3):  # the 8 running ones are past their prefill
+            so = sched.schedule()
+            sched.update_from_output(
+                so, ref.vllm_runner_output(so, {rid: [7] for rid in so.num_scheduled_tokens})
+            )
+        so = sched.schedule()
+        assert len(so.num_scheduled_tokens) == 8 and not so.scheduled_new_reqs
+        output = ref.vllm_runner_output(so, {rid: [7] for rid in so.num_scheduled_tokens})
+        tracemalloc.start()
+        try:
+            sched.update_from_output(so, output)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    assert peak_of_a_step(20_000) < peak_of_a_step(0) + 64 * 1024

@@ -170,7 +170,6 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._always_full.add(req_id)
         if request.client_index:
             self._num_other_clients += 1
-        self._next_full.add(req_id)  # its first output carries its prefill stats
         if self.spec_decode_metrics_level != "none":
             request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
         if self.log_stats:
@@ -306,6 +305,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     spec_tokens[req_ids[i]] = flat[start : start + k]
                     start += k
 
+        # A first output carries the request's prefill stats (and, with log_stats, its
+        # events): watched from its first step on, not while it waits (a long waiting
+        # queue would make every step pay for it).
+        self._next_full.update(new_ids)
         if self.log_stats:
             self._preempted_by_reset, preempted_by_reset = set(), self._preempted_by_reset
             for req_id in chain(new_ids, resumed_ids):
@@ -455,9 +458,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         full = set(np.flatnonzero(core_outputs.statuses >= _FIRST_FINISHED).tolist())
         nans = getattr(mro, "num_nans_in_logits", None) or {}
         prompt_logprobs = mro.prompt_logprobs_dict
-        watched = self._always_full | self._next_full
-        if watched or nans or prompt_logprobs:
-            wanted = watched.union(nans, prompt_logprobs).intersection(out_ids)
+        if self._always_full or self._next_full or nans or prompt_logprobs:
+            # Each intersection iterates the smaller side: the step's outputs, or the few
+            # watched requests; never a whole queue.
+            ids = set(out_ids)
+            wanted = ids & self._always_full | ids & self._next_full
+            wanted |= ids.intersection(nans) | ids.intersection(prompt_logprobs)
             if wanted:
                 position = dict(zip(out_ids, range(num), strict=True))
                 full.update(position[req_id] for req_id in wanted)
