@@ -3,7 +3,7 @@
 Benchmarks are disabled by default (``--benchmark-disable`` in pyproject), so a plain
 ``pytest`` runs each case once, as a test. ``pytest benches --benchmark-enable`` measures.
 Every case of ``llmsched.bench.CASES`` runs on llmsched and, when ``vllm`` is importable
-(``make vllm-env``, then run pytest from ``.venv-vllm``), on vLLM 0.33.0's own scheduler
+(``make bench-vllm-pytest`` runs pytest in the vLLM 0.33.0 venv), on vLLM 0.33.0's own scheduler
 with the same workload, so the two rows of a case compare in the same run.
 
 pytest-benchmark times the whole ``stepper.step()``: the scheduler's two calls plus the

@@ -2,7 +2,7 @@
 
 Run inside the vLLM reference environment::
 
-    make vllm-env && .venv-vllm/bin/python benches/vllm_smoke.py
+    make vllm-smoke
 
 Four requests (prompts of 10 to 200 tokens, 8 output tokens each) go through both
 schedulers with the same trivial model runner: one token for every scheduled request whose
@@ -100,7 +100,7 @@ def fmt(scheduled: list[tuple[str, int]]) -> str:
 
 def main() -> int:
     if not ref.vllm_available():
-        print("vLLM is not importable here: run inside .venv-vllm (make vllm-env)")
+        print("vLLM is not importable here: run it in the vLLM 0.33.0 venv (make vllm-smoke)")
         return 2
     a, b = run_vllm(), run_llmsched()
     keys = ("scheduled", "num_computed_tokens", "new", "resumed", "preempted", "finished")

@@ -1,6 +1,7 @@
 """vLLM 0.33.0's own v1 scheduler, built offline, as the reference for benchmarks and parity.
 
-Only usable inside the separate ``.venv-vllm`` environment (``make vllm-env``), which holds
+Only usable inside the separate vLLM venv (``make vllm-env``; ``benches/vllm-env.sh
+reference`` prints its path), which holds
 ``vllm==0.33.0`` and the few packages its scheduler path imports. Elsewhere
 :func:`vllm_available` returns False and the other functions raise ``ImportError``.
 

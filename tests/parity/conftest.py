@@ -1,7 +1,7 @@
-"""Lets ``pytest tests/parity`` run in ``.venv-vllm`` as it is.
+"""Lets ``pytest tests/parity`` run in the vLLM 0.33.0 venv as it is.
 
 pyproject's ``addopts`` passes ``--benchmark-disable``, an option of pytest-benchmark, which
-a ``.venv-vllm`` without ``requirements.txt`` installed (plain ``make vllm-env``) does not
+a vLLM venv without ``requirements.txt`` installed (plain ``make vllm-env``) does not
 have; without it pytest refuses the option before collecting anything. Where
 pytest-benchmark is missing, this registers the option as a no-op; where it is installed,
 pytest-benchmark's own stays.

@@ -3,7 +3,7 @@ steps identical in llmsched and vLLM 0.33.0 (and what each case exercised).
 
 Run inside the vLLM reference environment (``make parity``)::
 
-    .venv-vllm/bin/python -m tests.parity.report [-k SUBSTRING] [--md PATH] [--json PATH]
+    python -m tests.parity.report [-k SUBSTRING] [--md PATH] [--json PATH]
 
 Prints the table, writes it as markdown (default ``docs/parity.md``) and JSON (default
 ``docs/parity.json``), and exits non-zero if any step differs or a side raised.
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true", help="no per-case lines")
     args = parser.parse_args(argv)
     if not vllm_reference().vllm_available():
-        print("vLLM is not importable here: run inside .venv-vllm (make parity)")
+        print("vLLM is not importable here: run it in the vLLM 0.33.0 venv (make parity)")
         return 2
     selected = [c for c in cases() if not args.filter or args.filter in c.id]
     started = time.perf_counter()

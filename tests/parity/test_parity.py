@@ -1,6 +1,6 @@
 """Every step of every parity case is identical in llmsched and in vLLM 0.33.0's scheduler.
 
-Runs only where vLLM is importable (``.venv-vllm``: ``make parity-test``); skipped
+Runs only where vLLM is importable (the vLLM 0.33.0 venv: ``make parity-test``); skipped
 elsewhere, which is the only skip in the suite. See ``harness`` for the runner and the
 engine loop, ``matrix`` for the workloads and configs.
 """
@@ -34,7 +34,7 @@ from .harness import (
 from .matrix import Case, case_by_id, case_params, cases, missing_trace
 from .report import DEVIATIONS_MD
 
-pytest.importorskip("vllm", reason="vLLM 0.33.0 is only installed in .venv-vllm")
+pytest.importorskip("vllm", reason="vLLM 0.33.0 is installed in its own venv: make parity-test")
 
 CASES = cases()
 

@@ -20,7 +20,7 @@ from .harness import compare, describe, drive
 from .matrix import Case, case_by_id, case_params, cases
 from .plugin import FIELD_KEYS, PluginFieldSide, VllmFieldSide
 
-pytest.importorskip("vllm", reason="vLLM 0.33.0 is only installed in .venv-vllm")
+pytest.importorskip("vllm", reason="vLLM 0.33.0 is installed in its own venv: make parity-test")
 
 
 @pytest.mark.parametrize("case", case_params(cases()))

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM 0.33.0 is only installed in .venv-vllm")
+pytest.importorskip("vllm", reason="vLLM 0.33.0 is installed in its own venv: make parity-test")
 
 import vllm
 from vllm.sampling_params import SamplingParams
