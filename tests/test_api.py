@@ -193,6 +193,25 @@ def test_prompt_as_numpy_array_of_any_integer_width() -> None:
     assert so.all_token_ids.tolist() == list(range(5)) * 4
 
 
+def test_prompt_as_a_strided_or_a_long_array_is_read_in_order() -> None:
+    """Every int32 layout (contiguous, strided, reversed) and a long prompt with a bad id
+    at its very end: the same tokens, or the bad one named by its index."""
+    sched = make_scheduler(max_model_len=4096)
+    base = np.arange(40, dtype=np.int32)
+    layouts = {"contiguous": base[:20], "strided": base[::2], "reversed": base[::-1][:20]}
+    for name, prompt in layouts.items():
+        sched.add_request(name, prompt, max_tokens=1)
+    so = sched.schedule()
+    assert so.all_token_ids.tolist() == [t for p in layouts.values() for t in p.tolist()]
+    long_prompt = np.arange(1, 3001, dtype=np.int64)
+    long_prompt[-1] = 2**31
+    with pytest.raises(InvalidRequestError, match=r"prompt_token_ids\[2999\]=2147483648"):
+        sched.add_request("long", long_prompt, max_tokens=1)
+    long_prompt[-1] = -1
+    with pytest.raises(InvalidRequestError, match=r"prompt_token_ids\[2999\]=-1"):
+        sched.add_request("long", long_prompt, max_tokens=1)
+
+
 # ------------------------------------------------------------------------------ outputs
 
 

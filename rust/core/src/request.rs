@@ -101,16 +101,33 @@ impl NewRequest {
     }
 }
 
-fn token_id(field: &str, index: Option<usize>, value: i64) -> CoreResult<i32> {
-    if (0..=i32::MAX as i64).contains(&value) {
+fn is_token_id(value: &i64) -> bool {
+    (0..=i32::MAX as i64).contains(value)
+}
+
+fn bad_token_id(field: String, value: i64) -> CoreError {
+    CoreError::request(field, value, format!("a token id must be in [0, {}]", i32::MAX))
+}
+
+fn token_id(field: &str, value: i64) -> CoreResult<i32> {
+    if is_token_id(&value) {
         Ok(value as i32)
     } else {
-        let field = match index {
-            Some(i) => format!("{field}[{i}]"),
-            None => field.to_string(),
-        };
-        Err(CoreError::request(field, value, format!("a token id must be in [0, {}]", i32::MAX)))
+        Err(bad_token_id(field.to_string(), value))
     }
+}
+
+/// Token ids as the core stores them, checked: one pass the compiler vectorizes over a
+/// valid list (a prompt is thousands of tokens), the index of the first bad one otherwise.
+fn token_ids(field: &str, values: &[i64]) -> CoreResult<Vec<i32>> {
+    // Every id in [0, 2^31) has no bit set from bit 31 up (a negative one has them all):
+    // one OR over the list, without an early exit, which the compiler vectorizes.
+    if values.iter().fold(0u64, |bits, &t| bits | (t as u64 >> 31)) != 0 {
+        if let Some(i) = values.iter().position(|t| !is_token_id(t)) {
+            return Err(bad_token_id(format!("{field}[{i}]"), values[i]));
+        }
+    }
+    Ok(values.iter().map(|&t| t as i32).collect())
 }
 
 /// What stops a request (spec §4.3).
@@ -231,12 +248,7 @@ impl Request {
                 format!("the prompt must be at most max_model_len - {s} = {} tokens long", m - s),
             ));
         }
-        let prompt: Vec<i32> = new
-            .prompt_token_ids
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| token_id("prompt_token_ids", Some(i), t))
-            .collect::<CoreResult<_>>()?;
+        let prompt = token_ids("prompt_token_ids", &new.prompt_token_ids)?;
         if new.max_tokens < 1 || new.max_tokens > i32::MAX as i64 {
             return Err(CoreError::request("max_tokens", new.max_tokens, format!("must be in [1, {}]", i32::MAX)));
         }
@@ -250,13 +262,8 @@ impl Request {
                 format!("must be at most max_tokens = {}", new.max_tokens),
             ));
         }
-        let eos_token_id = new.eos_token_id.map(|t| token_id("eos_token_id", None, t)).transpose()?;
-        let stop_token_ids: Box<[i32]> = new
-            .stop_token_ids
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| token_id("stop_token_ids", Some(i), t))
-            .collect::<CoreResult<_>>()?;
+        let eos_token_id = new.eos_token_id.map(|t| token_id("eos_token_id", t)).transpose()?;
+        let stop_token_ids: Box<[i32]> = token_ids("stop_token_ids", &new.stop_token_ids)?.into();
         if new.num_computed_tokens < 0 || new.num_computed_tokens >= prompt_len {
             return Err(CoreError::request(
                 "num_computed_tokens",

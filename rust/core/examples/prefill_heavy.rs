@@ -1,0 +1,62 @@
+//! `llmsched bench`'s prefill-heavy case in the core alone: 2,000-token prompts prefilled
+//! in chunks beside decodes, requests finishing after 32 tokens and replaced. Prints the
+//! time per step and per scheduled token; for profilers as `steady_decode` is:
+//! `cargo build --release --example prefill_heavy && valgrind --tool=callgrind target/release/examples/prefill_heavy 300`
+
+use std::sync::Arc;
+
+use llmsched_core::{ConfigParams, NewRequest, RunnerOutput, Scheduler, SchedulerConfig};
+
+fn main() {
+    let steps = std::env::args().nth(1).map_or(300, |a| a.parse::<usize>().expect("a number"));
+    let params = ConfigParams {
+        max_model_len: 8192,
+        max_num_seqs: 128,
+        max_num_batched_tokens: 8192,
+        num_gpu_blocks: 128 * 140,
+        async_scheduling: false,
+        enable_prefix_caching: false,
+        ..ConfigParams::default()
+    };
+    let mut sched = Scheduler::new(Arc::new(SchedulerConfig::new(params).expect("valid config"))).expect("a scheduler");
+    let mut next = 0usize;
+    let mut add = |sched: &mut Scheduler| {
+        let prompt = (0..2000).map(|j| ((next * 131 + j) % 30000) as i64 + 1).collect();
+        sched.add_request(NewRequest::new(format!("r{next}"), prompt, 32)).expect("added");
+        next += 1;
+    };
+    for _ in 0..464 {
+        add(&mut sched);
+    }
+    let (mut tokens, mut counts) = (Vec::new(), Vec::new());
+    let (mut scheduled_tokens, mut schedule_time, mut update_time) =
+        (0i64, std::time::Duration::ZERO, std::time::Duration::ZERO);
+    for step_index in 0..(steps + 100) {
+        let t0 = std::time::Instant::now();
+        let step = sched.schedule();
+        let t1 = t0.elapsed();
+        counts.clear();
+        counts.extend(step.req_handles.iter().map(|&h| i32::from(!sched.request(h).expect("live").is_prefill_chunk())));
+        tokens.clear();
+        tokens.resize(counts.iter().sum::<i32>() as usize, 7);
+        let out = RunnerOutput { sampled_token_ids: &tokens, num_sampled: &counts, row_of_entry: None };
+        let t2 = std::time::Instant::now();
+        let events = sched.update_from_output(step.step_id, &out).expect("applied");
+        if step_index >= 100 {
+            schedule_time += t1;
+            update_time += t2.elapsed();
+            scheduled_tokens += step.total_num_scheduled_tokens;
+        }
+        for _ in events.iter().filter(|e| e.status.is_finished()) {
+            add(&mut sched);
+        }
+    }
+    let elapsed = schedule_time + update_time;
+    let per_step = |d: std::time::Duration| d.as_secs_f64() * 1e6 / steps as f64;
+    println!(
+        "{steps} steps: schedule {:.1} us, update_from_output {:.1} us per step; {:.2} ns per scheduled token",
+        per_step(schedule_time),
+        per_step(update_time),
+        elapsed.as_nanos() as f64 / scheduled_tokens.max(1) as f64
+    );
+}
