@@ -340,6 +340,31 @@ def test_outputs_apply_once_and_in_order() -> None:
     assert sched.num_steps_in_flight == 0
 
 
+@pytest.mark.parametrize("ids", ["same objects", "equal copies"])
+def test_runner_rows_in_the_runners_own_order_reach_their_requests(ids: str) -> None:
+    """A runner keeps its own batch order (vLLM's does): rows are matched to the step's
+    requests by id, whether the ids are the step's own objects or equal strings."""
+    sched = make_scheduler()
+    add_requests(sched, 6, req_ids=[f"request-{i}" for i in range(6)])
+    so = sched.schedule()
+    order = [so.req_ids[i] for i in (3, 0, 5, 1, 4, 2)]
+    if ids == "equal copies":
+        order = ["".join(list(rid)) for rid in order]
+        assert not {id(rid) for rid in order} & {id(rid) for rid in so.req_ids}
+    tokens = {rid: 100 + i for i, rid in enumerate(order)}
+    rows = [[tokens[rid]] for rid in order]
+    outputs = sched.update_from_output(so, ModelRunnerOutput.from_lists(order, rows))
+    outputs_by_id = {o.request_id: o.new_token_ids for o in outputs}
+    assert outputs_by_id == {rid: [tokens[rid]] for rid in order}
+    assert len(outputs_by_id) == 6
+    twice = make_scheduler()
+    add_requests(twice, 2)
+    so = twice.schedule()
+    first = so.req_ids[0]
+    with pytest.raises(OutputMismatchError, match="appears twice"):
+        twice.update_from_output(so, ModelRunnerOutput.from_lists([first, first], [[1], [2]]))
+
+
 def test_finish_requests_validates_its_status_and_ignores_unknown_ids() -> None:
     sched = make_scheduler()
     add_requests(sched, 3)

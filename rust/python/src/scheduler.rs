@@ -256,6 +256,20 @@ fn runner_rows(
     if runner_ids.iter().zip(step_ids.iter()).all(|(a, b)| a.is(&b)) {
         return Ok(None);
     }
+    // An engine's runner keeps its own batch order, with the very id objects the step
+    // handed out: match them by object, and by text only if some id is another object.
+    // (n distinct step objects found among n runner rows: the rows are a permutation.)
+    let mut row_of_object = rustc_hash::FxHashMap::with_capacity_and_hasher(runner_ids.len(), Default::default());
+    for (row, id) in runner_ids.iter().enumerate() {
+        if row_of_object.insert(id.as_ptr() as usize, row as u32).is_some() {
+            break; // the same object twice: the text path below names it
+        }
+    }
+    let rows: Vec<u32> =
+        step_ids.iter_borrowed().map_while(|id| row_of_object.get(&(id.as_ptr() as usize)).copied()).collect();
+    if rows.len() == step_ids.len() && row_of_object.len() == runner_ids.len() {
+        return Ok(Some(rows));
+    }
     let mut row_of_id = std::collections::HashMap::with_capacity(runner_ids.len());
     for (row, id) in runner_ids.iter().enumerate() {
         let id = id
