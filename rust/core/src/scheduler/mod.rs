@@ -340,8 +340,8 @@ impl Scheduler {
         Ok(finished)
     }
 
-    /// Sync drafts for the next step (spec §4.7), flat: ``num_draft_tokens[i]`` ids of
-    /// ``draft_token_ids``, in order, are the drafts of ``request_ids[i]``. Ids not live
+    /// Sync drafts for the next step (spec §4.7), flat: `num_draft_tokens[i]` ids of
+    /// `draft_token_ids`, in order, are the drafts of `request_ids[i]`. Ids not live
     /// are ignored; drafts of a request still in prefill are dropped, and so are drafts
     /// of a request that is not running (preempted or waiting: vLLM keeps them, and a
     /// resumed request would then schedule drafts made before its preemption). Nothing
@@ -530,8 +530,8 @@ impl Scheduler {
     }
 }
 
-/// The (row, column) of flat index ``at`` in rows of ``counts`` items each (counts
-/// checked non-negative and adding up past ``at``).
+/// The (row, column) of flat index `at` in rows of `counts` items each (counts
+/// checked non-negative and adding up past `at`).
 fn row_and_column(counts: &[i64], mut at: usize) -> (usize, usize) {
     for (row, &count) in counts.iter().enumerate() {
         if at < count as usize {
