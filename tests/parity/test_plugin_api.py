@@ -397,3 +397,23 @@ def test_a_step_allocates_nothing_per_waiting_request(logprobs: int | None) -> N
             tracemalloc.stop()
 
     assert peak_of_a_step(20_000) < peak_of_a_step(0) + 64 * 1024
+
+
+def test_spec_decoding_stats_counted_at_once_equal_vllms_per_request_counting() -> None:
+    """The plug-in counts a step's drafts in one pass; vLLM calls ``observe_draft`` per
+    request: the same ``SpecDecodingStats``, for random steps."""
+    import random
+
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    from llmsched.vllm._scheduler import _spec_decoding_stats
+
+    rng = random.Random(5)
+    for k in (1, 3, 5):
+        for _ in range(50):
+            num_drafts = [rng.randint(1, k) for _ in range(rng.randint(1, 30))]
+            num_accepted = [rng.randint(0, n) for n in num_drafts]
+            theirs = SpecDecodingStats.new(k)
+            for n, a in zip(num_drafts, num_accepted, strict=True):
+                theirs.observe_draft(n, a)
+            assert _spec_decoding_stats(k, num_drafts, num_accepted) == theirs

@@ -51,6 +51,21 @@ _FINISH_REASON: dict[int, FinishReason | None] = {
 _OUTPUT_HAS_ERROR = "error" in EngineCoreOutput.__struct_fields__
 
 
+def _spec_decoding_stats(k: int, num_drafts: list[int], num_accepted: list[int]) -> Any:
+    """vLLM's ``SpecDecodingStats`` after ``observe_draft(num_drafts[i], num_accepted[i])``
+    for every i, counted at once: per position, the drafts (and accepted drafts) that
+    reach it."""
+    stats = SpecDecodingStats.new(k)
+    drafts_at = np.bincount(num_drafts, minlength=k + 1)[::-1].cumsum()[::-1]
+    accepted_at = np.bincount(num_accepted, minlength=k + 1)[::-1].cumsum()[::-1]
+    stats.num_drafts = len(num_drafts)
+    stats.num_draft_tokens = sum(num_drafts)
+    stats.num_accepted_tokens = sum(num_accepted)
+    stats.num_draft_tokens_per_pos = drafts_at[1 : k + 1].tolist()
+    stats.num_accepted_tokens_per_pos = accepted_at[1 : k + 1].tolist()
+    return stats
+
+
 class _Step:
     """A scheduled step until its output is applied: vLLM's object and the core's."""
 
@@ -533,22 +548,22 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if not (self.log_stats or per_request):
             return None
         detailed = self.spec_decode_metrics_level == "detailed"
-        stats = None
+        num_drafts: list[int] = []
+        num_accepted: list[int] = []
         for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
             request = self.requests.get(req_id)
             generated = len(sampled[index[req_id]])
             if request is None or not generated or not drafts:
                 continue
-            accepted = generated - 1
-            if self.log_stats:
-                if stats is None:
-                    stats = SpecDecodingStats.new(self.num_spec_tokens)
-                stats.observe_draft(len(drafts), accepted)
+            num_drafts.append(len(drafts))
+            num_accepted.append(generated - 1)
             if per_request and request.spec_decode_metrics is not None:
                 request.spec_decode_metrics.observe(
-                    num_draft_tokens=len(drafts), num_accepted=accepted, detailed=detailed
+                    num_draft_tokens=len(drafts), num_accepted=generated - 1, detailed=detailed
                 )
-        return stats
+        if not (self.log_stats and num_drafts):
+            return None
+        return _spec_decoding_stats(self.num_spec_tokens, num_drafts, num_accepted)
 
     # -- drafts, grammar, stats, lifecycle ---------------------------------------------
 
