@@ -162,6 +162,9 @@ class Evictor:
 
 
 class LlmschedStepper:
+    """llmsched's ``Scheduler`` through its Python API, with a stand-in runner (untimed)
+    between the calls that samples one token per request, and every draft."""
+
     def __init__(self, case: Case) -> None:
         self.case = case
         self.between = _nothing
