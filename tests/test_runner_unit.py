@@ -149,7 +149,9 @@ def test_sampled_tokens_past_max_model_len_raise_vllms_assertion() -> None:
         runner_config(max_model_len=8, num_speculative_tokens=2), acceptance_rate=1.0
     )
     runner.execute_model(make_so({"id": "a", "n": 5, "C": 0, "blocks": [1, 2], "tokens": [1] * 5}))
-    _, drafts = runner.take_draft_token_ids()
+    _, flat, counts = runner.take_draft_token_ids()
+    drafts = [flat.tolist()]
+    assert counts.tolist() == [2]
     assert drafts == [[runner.target_token("a", 6), runner.target_token("a", 7)]]
     message = (
         "Sampled token IDs exceed the max model length. "
@@ -241,10 +243,9 @@ def test_accept_padded_drafts_turns_a_padding_slot_into_a_real_draft() -> None:
         row = rows_of(runner.execute_model(so))[0]
         assert row == [runner.target_token("p", 5 + j) for j in range(expected)]
         assert runner.num_computed_tokens("p") == runner.num_tokens("p") - 1
-        req_ids, drafts = runner.take_draft_token_ids()
-        assert req_ids == ["p"] and drafts == [
-            [runner.target_token("p", 5 + expected + j) for j in range(2)]
-        ]
+        req_ids, flat, counts = runner.take_draft_token_ids()
+        assert req_ids == ["p"] and counts.tolist() == [2]
+        assert flat.tolist() == [runner.target_token("p", 5 + expected + j) for j in range(2)]
         assert runner.take_draft_token_ids() is None
 
 
@@ -324,7 +325,7 @@ def _up_to_the_padded_step(
 
     def drafts() -> list[int]:  # sync: the drafts the runner proposed; async: a placeholder
         taken = runner.take_draft_token_ids()
-        return [-1] if taken is None else taken[1][0]
+        return [-1] if taken is None else taken[1].tolist()
 
     runner.execute_model(
         make_so({"id": "filler", "n": 4, "C": 0, "blocks": [1], "tokens": [1] * 4})

@@ -45,7 +45,9 @@ in flight: the scheduler's state can no longer change, so it would loop forever.
 
 class ModelRunner(Protocol):
     """What the engine needs from a runner. A runner may also have ``config`` (checked
-    against the engine's) and ``take_draft_token_ids()`` (used in sync spec decode)."""
+    against the engine's) and ``take_draft_token_ids()`` (sync spec decode: the arguments
+    of ``Scheduler.update_draft_token_ids``, ids and rows or ids, flat drafts and counts;
+    or None)."""
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> Any: ...
 

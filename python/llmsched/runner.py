@@ -219,7 +219,7 @@ class SimulatedModelRunner:
         self._row_of: dict[str, int] = {}
         self._free_rows: list[int] = list(range(capacity - 1, -1, -1))
 
-        self._pending_drafts: tuple[list[str], list[list[int]]] | None = None
+        self._pending_drafts: tuple[list[str], Int32Array, Int32Array] | None = None
         self.last_step_inputs: StepInputs | None = None
         """Positions, input ids and slot mapping of the last step that scheduled tokens."""
 
@@ -249,10 +249,12 @@ class SimulatedModelRunner:
         keys = self._request_key(req_id)
         return int(self._targets(keys, np.array([index], dtype=np.int64))[0])
 
-    def take_draft_token_ids(self) -> tuple[list[str], list[list[int]]] | None:
-        """Sync spec decode: ``(req_ids, drafts)`` of the requests that sampled in the last
-        executed step, ``K`` drafts each, then forget them. None when there is nothing, and
-        always None under async scheduling (drafts stay in the runner, as on a GPU)."""
+    def take_draft_token_ids(self) -> tuple[list[str], Int32Array, Int32Array] | None:
+        """Sync spec decode: the drafts of the requests that sampled in the last executed
+        step, ``K`` each, then forget them; flat, as a GPU runner holds them:
+        ``(req_ids, draft_token_ids, num_draft_tokens)``, the arguments of
+        ``Scheduler.update_draft_token_ids``. None when there is nothing, and always None
+        under async scheduling (drafts stay in the runner, as on a GPU)."""
         drafts = self._pending_drafts
         self._pending_drafts = None
         return drafts
@@ -690,7 +692,8 @@ class SimulatedModelRunner:
                 if len(sampled_at) == len(req_ids)
                 else [req_ids[i] for i in sampled_at.tolist()]
             )
-            self._pending_drafts = (list(ids), proposals.tolist())
+            counts = np.full(len(ids), num_spec_cfg, dtype=np.int32)
+            self._pending_drafts = (list(ids), proposals.ravel(), counts)
 
     # ------------------------------------------------------------------ hashing
 

@@ -36,7 +36,7 @@ from llmsched._checks import Range
 from llmsched._core import InvalidRequestError, Scheduler, SchedulerConfig, SchedulerOutput
 from llmsched.engine import Engine
 from llmsched.outputs import ModelRunnerOutput
-from llmsched.runner import SimulatedModelRunner
+from llmsched.runner import Int32Array, SimulatedModelRunner
 from llmsched.status import RequestStatus
 from llmsched.workload import RequestSpec, Workload, WorkloadError, fit_to_max_model_len
 
@@ -120,7 +120,7 @@ class _TimedRunner:
             self.on_execute(so, start, self.clock)
         return self.runner.execute_model(so)
 
-    def take_draft_token_ids(self) -> tuple[list[str], list[list[int]]] | None:
+    def take_draft_token_ids(self) -> tuple[list[str], Int32Array, Int32Array] | None:
         return self.runner.take_draft_token_ids()
 
 
