@@ -24,6 +24,15 @@ from __future__ import annotations
 SCHEDULER_TESTS = "tests/v1/core/test_scheduler.py"
 ASYNC_SCHEDULER_TESTS = "tests/v1/core/test_async_scheduler.py"
 
+# The reason shared by the test of that name in both files (their Request fields differ).
+_FSM_ABORT_BY_HAND = (
+    "structured output; builds the scheduler with object.__new__ (no __init__) and sets "
+    "vLLM's internals by hand (requests, running, waiting, kv_cache_manager, "
+    "structured_output_manager, ...); also scheduler._free_request, "
+    "scheduler.aux_output_connector, scheduler.defer_block_free, "
+    "scheduler.encoder_cache_mismatch_reqs; Request fields: num_computed_tokens (written),"
+)
+
 #: The test files run, relative to the extracted sdist.
 FILES: tuple[str, ...] = (SCHEDULER_TESTS, ASYNC_SCHEDULER_TESTS)
 
@@ -374,12 +383,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "Request fields: status"
         ),
         "test_abort_request_when_structured_output_fsm_cannot_advance": (
-            "structured output; builds the scheduler with object.__new__ (no __init__) and sets "
-            "vLLM's internals by hand (requests, running, waiting, kv_cache_manager, "
-            "structured_output_manager, ...); also scheduler._free_request, "
-            "scheduler.aux_output_connector, scheduler.defer_block_free, "
-            "scheduler.encoder_cache_mismatch_reqs; Request fields: num_computed_tokens (written),"
-            " num_tokens, status, status (written)"
+            _FSM_ABORT_BY_HAND + " num_tokens, status, status (written)"
         ),
         "test_priority_scheduling_preemption_and_resumption_when_out_of_kv": (
             "refused feature: KV connectors (kv_transfer_config is set); also "
@@ -683,12 +687,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "mirrored); writes Request._all_token_ids"
         ),
         "test_abort_request_when_structured_output_fsm_cannot_advance": (
-            "structured output; builds the scheduler with object.__new__ (no __init__) and sets "
-            "vLLM's internals by hand (requests, running, waiting, kv_cache_manager, "
-            "structured_output_manager, ...); also scheduler._free_request, "
-            "scheduler.aux_output_connector, scheduler.defer_block_free, "
-            "scheduler.encoder_cache_mismatch_reqs; Request fields: num_computed_tokens (written),"
-            " num_output_placeholders (written), num_tokens, status, status (written)"
+            _FSM_ABORT_BY_HAND + " num_output_placeholders (written), num_tokens, status, status"
+            " (written)"
         ),
         "test_kv_pressure_preemption_with_inflight_output": (
             "pipeline parallelism emulated through scheduler internals (sets scheduler.pp_size, "
