@@ -328,7 +328,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._preempted_by_reset, preempted_by_reset = set(), self._preempted_by_reset
             for req_id in chain(new_ids, resumed_ids):
                 self.requests[req_id].record_event(EngineCoreEventType.SCHEDULED, timestamp)
-                self._next_full.add(req_id)
+            self._next_full.update(resumed_ids)
             for req_id in core_out.preempted_req_ids:
                 preempted = self.requests.get(req_id)
                 # reset_prefix_cache recorded its own preemptions when it made them.
