@@ -1,14 +1,20 @@
 //! `llmsched bench`'s prefill-heavy case in the core alone: 2,000-token prompts prefilled
 //! in chunks beside decodes, requests finishing after 32 tokens and replaced. Prints the
-//! time per step and per scheduled token; for profilers as `steady_decode` is:
+//! time per step and per scheduled token. Arguments: steps, and MiB of other memory written
+//! before each call (0 by default: warm; `llmsched bench` writes 8). For profilers as `steady_decode` is:
 //! `cargo build --release --example prefill_heavy && valgrind --tool=callgrind target/release/examples/prefill_heavy 300`
 
 use std::sync::Arc;
 
 use llmsched_core::{ConfigParams, NewRequest, RunnerOutput, Scheduler, SchedulerConfig};
 
+#[path = "common/evict.rs"]
+mod evict;
+
 fn main() {
-    let steps = std::env::args().nth(1).map_or(300, |a| a.parse::<usize>().expect("a number"));
+    let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>().expect("a number"));
+    let steps = args.next().unwrap_or(300);
+    let mut evictor = evict::Evictor::new(args.next().unwrap_or(0));
     let params = ConfigParams {
         max_model_len: 8192,
         max_num_seqs: 128,
@@ -32,6 +38,7 @@ fn main() {
     let (mut scheduled_tokens, mut schedule_time, mut update_time) =
         (0i64, std::time::Duration::ZERO, std::time::Duration::ZERO);
     for step_index in 0..(steps + 100) {
+        evictor.as_mut().map(evict::Evictor::evict);
         let t0 = std::time::Instant::now();
         let step = sched.schedule();
         let t1 = t0.elapsed();
@@ -40,6 +47,7 @@ fn main() {
         tokens.clear();
         tokens.resize(counts.iter().sum::<i32>() as usize, 7);
         let out = RunnerOutput { sampled_token_ids: &tokens, num_sampled: &counts, row_of_entry: None };
+        evictor.as_mut().map(evict::Evictor::evict);
         let t2 = std::time::Instant::now();
         let events = sched.update_from_output(step.step_id, &out).expect("applied");
         if step_index >= 100 {

@@ -1,4 +1,6 @@
-//! Runs steady-decode steps of the core and prints the time per request-step of each call;
+//! Runs steady-decode steps of the core and prints the time per request-step of each call.
+//! Arguments: running requests, steps, and MiB of other memory written before each call
+//! (0 by default: warm; `llmsched bench` writes 8);
 //! also for profilers (callgrind counts instructions,
 //! so its figures are repeatable on a busy machine):
 //! `cargo build --release --example steady_decode && valgrind --tool=callgrind target/release/examples/steady_decode 1024 200`
@@ -7,10 +9,14 @@ use std::sync::Arc;
 
 use llmsched_core::{ConfigParams, NewRequest, RunnerOutput, Scheduler, SchedulerConfig};
 
+#[path = "common/evict.rs"]
+mod evict;
+
 fn main() {
     let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>().expect("a number"));
     let running = args.next().unwrap_or(1024);
     let steps = args.next().unwrap_or(200);
+    let mut evictor = evict::Evictor::new(args.next().unwrap_or(0));
     let params = ConfigParams {
         max_model_len: 1 << 16,
         max_num_seqs: running as i64,
@@ -28,6 +34,7 @@ fn main() {
     let mut scheduled = 0;
     let (mut schedule_time, mut update_time) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
     for _ in 0..steps {
+        evictor.as_mut().map(evict::Evictor::evict);
         let t0 = std::time::Instant::now();
         let step = sched.schedule();
         schedule_time += t0.elapsed();
@@ -36,6 +43,7 @@ fn main() {
         tokens.clear();
         tokens.resize(counts.iter().sum::<i32>() as usize, 7);
         let out = RunnerOutput { sampled_token_ids: &tokens, num_sampled: &counts, row_of_entry: None };
+        evictor.as_mut().map(evict::Evictor::evict);
         let t1 = std::time::Instant::now();
         sched.update_from_output(step.step_id, &out).expect("applied");
         update_time += t1.elapsed();

@@ -14,13 +14,25 @@ pub type BlockHash = u128;
 const NIL: u32 = u32::MAX;
 pub const NULL_BLOCK: u32 = 0;
 
+/// What the free queue and the ref counts keep of one block, together: popping a block
+/// touches one 16-byte node (and its neighbour's), not one line per array.
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    prev: u32,
+    next: u32,
+    ref_cnt: u32,
+    in_free_queue: bool,
+    /// `hash[id]` holds the block's hash and the block is in the prefix cache.
+    hashed: bool,
+}
+
+const FREE_NODE: Node = Node { prev: NIL, next: NIL, ref_cnt: 0, in_free_queue: false, hashed: false };
+
 #[derive(Clone, Debug)]
 pub struct BlockPool {
-    ref_cnt: Vec<u32>,
-    hash: Vec<Option<BlockHash>>,
-    prev: Vec<u32>,
-    next: Vec<u32>,
-    in_free_queue: Vec<bool>,
+    nodes: Vec<Node>,
+    /// Read only where `nodes[id].hashed` (prefix caching on).
+    hash: Vec<BlockHash>,
     head: u32,
     tail: u32,
     num_free: usize,
@@ -45,17 +57,16 @@ impl BlockPool {
     /// process (Rust's default on allocation failure).
     pub fn try_new(num_blocks: usize, enable_caching: bool) -> Result<Self, TryReserveError> {
         let n = num_blocks;
+        // Without prefix caching no block is ever hashed: the hash columns stay empty.
+        let hashed_blocks = if enable_caching { n } else { 0 };
         let mut pool = Self {
-            ref_cnt: filled(n, 0)?,
-            hash: filled(n, None)?,
-            prev: filled(n, NIL)?,
-            next: filled(n, NIL)?,
-            in_free_queue: filled(n, false)?,
+            nodes: filled(n, FREE_NODE)?,
+            hash: filled(hashed_blocks, 0)?,
             head: NIL,
             tail: NIL,
             num_free: 0,
             cached: FxHashMap::default(),
-            next_duplicate: filled(n, NIL)?,
+            next_duplicate: filled(hashed_blocks, NIL)?,
             num_cached: 0,
             enable_caching,
         };
@@ -67,13 +78,12 @@ impl BlockPool {
 
     /// Bytes of per-block state a pool of `num_blocks` allocates up front.
     pub fn table_bytes(num_blocks: usize) -> usize {
-        let per_block =
-            4 * std::mem::size_of::<u32>() + std::mem::size_of::<Option<BlockHash>>() + std::mem::size_of::<bool>();
+        let per_block = std::mem::size_of::<Node>() + std::mem::size_of::<BlockHash>() + std::mem::size_of::<u32>();
         num_blocks.saturating_mul(per_block)
     }
 
     pub fn num_blocks(&self) -> usize {
-        self.ref_cnt.len()
+        self.nodes.len()
     }
 
     /// Blocks with `ref_cnt == 0`, cached ones (eviction candidates) included.
@@ -83,54 +93,57 @@ impl BlockPool {
     }
 
     pub fn ref_cnt(&self, block: u32) -> u32 {
-        self.ref_cnt[block as usize]
+        self.nodes[block as usize].ref_cnt
     }
 
     pub fn block_hash(&self, block: u32) -> Option<BlockHash> {
-        self.hash[block as usize]
+        self.nodes[block as usize].hashed.then(|| self.hash[block as usize])
     }
 
     fn unlink(&mut self, id: u32) {
-        let (p, n) = (self.prev[id as usize], self.next[id as usize]);
+        let Node { prev: p, next: n, .. } = self.nodes[id as usize];
         if p == NIL {
             self.head = n;
         } else {
-            self.next[p as usize] = n;
+            self.nodes[p as usize].next = n;
         }
         if n == NIL {
             self.tail = p;
         } else {
-            self.prev[n as usize] = p;
+            self.nodes[n as usize].prev = p;
         }
-        self.prev[id as usize] = NIL;
-        self.next[id as usize] = NIL;
-        self.in_free_queue[id as usize] = false;
+        let node = &mut self.nodes[id as usize];
+        node.prev = NIL;
+        node.next = NIL;
+        node.in_free_queue = false;
         self.num_free -= 1;
     }
 
     fn push_back(&mut self, id: u32) {
-        self.prev[id as usize] = self.tail;
-        self.next[id as usize] = NIL;
+        let node = &mut self.nodes[id as usize];
+        node.prev = self.tail;
+        node.next = NIL;
+        node.in_free_queue = true;
         if self.tail == NIL {
             self.head = id;
         } else {
-            self.next[self.tail as usize] = id;
+            self.nodes[self.tail as usize].next = id;
         }
         self.tail = id;
-        self.in_free_queue[id as usize] = true;
         self.num_free += 1;
     }
 
     fn push_front(&mut self, id: u32) {
-        self.next[id as usize] = self.head;
-        self.prev[id as usize] = NIL;
+        let node = &mut self.nodes[id as usize];
+        node.next = self.head;
+        node.prev = NIL;
+        node.in_free_queue = true;
         if self.head == NIL {
             self.tail = id;
         } else {
-            self.prev[self.head as usize] = id;
+            self.nodes[self.head as usize].prev = id;
         }
         self.head = id;
-        self.in_free_queue[id as usize] = true;
         self.num_free += 1;
     }
 
@@ -145,7 +158,7 @@ impl BlockPool {
             let id = self.head;
             self.unlink(id);
             self.uncache(id);
-            self.ref_cnt[id as usize] = 1;
+            self.nodes[id as usize].ref_cnt = 1;
             out.push(id);
         }
     }
@@ -153,7 +166,10 @@ impl BlockPool {
     /// Forgets a block's cached content, if any: when the block is reused
     /// (eviction), or when its KV will not be computed after all.
     pub fn uncache(&mut self, id: u32) {
-        let Some(hash) = self.hash[id as usize].take() else { return };
+        if !std::mem::replace(&mut self.nodes[id as usize].hashed, false) {
+            return;
+        }
+        let hash = self.hash[id as usize];
         self.num_cached -= 1;
         let next = std::mem::replace(&mut self.next_duplicate[id as usize], NIL);
         let first = self.cached.get_mut(&hash).expect("a hashed block is cached");
@@ -182,14 +198,16 @@ impl BlockPool {
     /// the same content as one already cached is registered too (duplicates are
     /// kept, never merged, so block tables stay append-only).
     pub fn cache_full_blocks(&mut self, blocks: &[u32], hashes: &[BlockHash], from: usize, to: usize) {
+        debug_assert!(self.enable_caching, "cache_full_blocks without prefix caching");
         for i in from..to {
             let id = blocks[i];
             if id == NULL_BLOCK {
                 continue;
             }
             let hash = hashes[i];
-            debug_assert!(self.hash[id as usize].is_none(), "block {id} cached twice");
-            self.hash[id as usize] = Some(hash);
+            debug_assert!(!self.nodes[id as usize].hashed, "block {id} cached twice");
+            self.nodes[id as usize].hashed = true;
+            self.hash[id as usize] = hash;
             self.num_cached += 1;
             match self.cached.entry(hash) {
                 std::collections::hash_map::Entry::Vacant(slot) => {
@@ -212,7 +230,7 @@ impl BlockPool {
             return false;
         }
         self.cached.clear();
-        self.hash.iter_mut().for_each(|h| *h = None);
+        self.nodes.iter_mut().for_each(|node| node.hashed = false);
         self.next_duplicate.iter_mut().for_each(|n| *n = NIL);
         self.num_cached = 0;
         true
@@ -228,10 +246,10 @@ impl BlockPool {
             if id == NULL_BLOCK {
                 continue;
             }
-            if self.ref_cnt[id as usize] == 0 {
+            if self.nodes[id as usize].ref_cnt == 0 {
                 self.unlink(id);
             }
-            self.ref_cnt[id as usize] += 1;
+            self.nodes[id as usize].ref_cnt += 1;
         }
     }
 
@@ -244,10 +262,10 @@ impl BlockPool {
             if id == NULL_BLOCK {
                 continue;
             }
-            let count = &mut self.ref_cnt[id as usize];
-            *count -= 1;
-            if *count == 0 {
-                if self.hash[id as usize].is_none() || !self.enable_caching {
+            let node = &mut self.nodes[id as usize];
+            node.ref_cnt -= 1;
+            if node.ref_cnt == 0 {
+                if !node.hashed {
                     to_head.push(id);
                 } else {
                     self.push_back(id);
@@ -265,7 +283,7 @@ impl BlockPool {
         let mut id = self.head;
         while id != NIL {
             out.push(id);
-            id = self.next[id as usize];
+            id = self.nodes[id as usize].next;
         }
         out
     }
@@ -284,15 +302,15 @@ impl BlockPool {
             if std::mem::replace(&mut seen[id as usize], true) {
                 return Err(format!("block {id} is twice in the free queue"));
             }
-            if self.ref_cnt[id as usize] != 0 {
-                return Err(format!("block {id} is free with ref_cnt {}", self.ref_cnt[id as usize]));
+            if self.nodes[id as usize].ref_cnt != 0 {
+                return Err(format!("block {id} is free with ref_cnt {}", self.nodes[id as usize].ref_cnt));
             }
         }
         for (id, &in_queue) in seen.iter().enumerate().skip(1) {
-            if self.ref_cnt[id] == 0 && !in_queue {
+            if self.nodes[id].ref_cnt == 0 && !in_queue {
                 return Err(format!("block {id} has ref_cnt 0 but is not in the free queue"));
             }
-            if in_queue != self.in_free_queue[id] {
+            if in_queue != self.nodes[id].in_free_queue {
                 return Err(format!("block {id}: in_free_queue flag disagrees with the queue"));
             }
         }
@@ -300,27 +318,24 @@ impl BlockPool {
         for (hash, &first) in &self.cached {
             let mut id = first;
             while id != NIL {
-                if self.hash[id as usize] != Some(*hash) {
-                    return Err(format!(
-                        "block {id} is cached under {hash:032x} but holds {:?}",
-                        self.hash[id as usize]
-                    ));
+                if self.block_hash(id) != Some(*hash) {
+                    return Err(format!("block {id} is cached under {hash:032x} but holds {:?}", self.block_hash(id)));
                 }
                 chained += 1;
                 id = self.next_duplicate[id as usize];
             }
         }
-        let hashed = self.hash.iter().filter(|h| h.is_some()).count();
+        let hashed = self.nodes.iter().filter(|node| node.hashed).count();
         if hashed != chained || chained != self.num_cached {
             return Err(format!(
                 "{hashed} blocks hold a hash, the cache chains {chained} and counts {}",
                 self.num_cached
             ));
         }
-        if self.hash[NULL_BLOCK as usize].is_some() {
+        if self.nodes[NULL_BLOCK as usize].hashed {
             return Err("the null block holds a hash".into());
         }
-        let used = (1..self.num_blocks()).filter(|&id| self.ref_cnt[id] > 0).count();
+        let used = self.nodes.iter().skip(1).filter(|node| node.ref_cnt > 0).count();
         if self.num_free + used + 1 != self.num_blocks() {
             return Err(format!(
                 "KV conservation: free {} + used {} + null 1 != num_gpu_blocks {}",
