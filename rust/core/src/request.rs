@@ -130,59 +130,101 @@ fn token_ids(field: &str, values: &[i64]) -> CoreResult<Vec<i32>> {
     Ok(values.iter().map(|&t| t as i32).collect())
 }
 
-/// What stops a request (spec §4.3).
-#[derive(Clone, Debug, PartialEq)]
-pub struct StopParams {
-    pub max_tokens: i64,
-    pub min_tokens: i64,
-    pub eos_token_id: Option<i32>,
-    pub stop_token_ids: Box<[i32]>,
-}
+/// A token id no token equals: every id is in `[0, 2^31)`.
+const NO_TOKEN: i32 = -1;
 
 /// One request. Symbols in comments are the spec's: `C`, `N`, `Np`, `S`, `P`, `F`.
 ///
-/// `repr(C)` keeps the declaration order: the fields every step touches come
-/// first, so a running request's step reads two cache lines, not five.
+/// Laid out for the step loops: the slab keeps each request in a slot aligned to a cache
+/// line, 8 bytes in, and every field a step reads or writes (the running loop, the
+/// step's columns, the update, the stop check) sits in the slot's first two cache lines:
+/// a decode step touches those two lines and the token list's tail, nothing else of the
+/// request. The counters are stored as `i32` (every one is bounded by `max_model_len`,
+/// which the config caps at `2^30`) and read as `i64` through the accessors, so the
+/// spec's formulas subtract in `i64` as written.
 #[derive(Clone, Debug)]
 #[repr(C)]
 pub struct Request {
-    /// `C`: tokens whose KV is computed or scheduled to be (optimistic).
-    pub(crate) num_computed_tokens: i64,
-    /// `P`: async output positions scheduled but not yet returned.
-    pub(crate) num_output_placeholders: i64,
-    /// `F`: tokens scheduled whose output has not been processed.
-    pub(crate) num_in_flight_tokens: i64,
-    pub(crate) num_stale_output_tokens: i64,
-    /// `Np`.
-    pub(crate) num_prompt_tokens: i64,
+    // The slot's first line.
     /// Prompt followed by every output token appended so far (`N = len`).
     pub(crate) token_ids: Vec<i32>,
-    /// `S`: drafts to schedule next (real ids in sync mode, -1 placeholders in async).
-    pub(crate) spec_token_ids: Vec<i32>,
-    /// The KV block table; append-only while running, emptied on preemption and finish.
-    pub(crate) block_ids: Vec<u32>,
-    /// Leading blocks of `block_ids` already registered in the prefix cache.
-    pub(crate) num_cached_blocks: usize,
-    /// The id of the last step that scheduled the request (0: never). A runner that did not
-    /// see the request in the step before this one may hold stale state for it.
-    pub(crate) last_scheduled_step: u64,
-    /// One hash per full block of `token_ids` (empty when prefix caching is off).
-    pub(crate) block_hashes: Vec<BlockHash>,
+    /// `C`: tokens whose KV is computed or scheduled to be (optimistic).
+    num_computed_tokens: i32,
+    /// `P`: async output positions scheduled but not yet returned.
+    num_output_placeholders: i32,
+    /// `F`: tokens scheduled whose output has not been processed.
+    num_in_flight_tokens: i32,
+    num_stale_output_tokens: i32,
+    /// `Np`.
+    num_prompt_tokens: i32,
+    max_tokens: i32,
+    /// `NO_TOKEN` for none: it never equals a sampled token.
+    eos_token_id: i32,
     pub(crate) status: RequestStatus,
     /// The last scheduled chunk did not reach the end of the known tokens.
     pub(crate) is_prefill_chunk: bool,
     pub(crate) drop_stale_output: bool,
+    /// `stop_token_ids` is not empty (the stop check reads it only then).
+    has_stop_token_ids: bool,
+    // The slot's second line.
+    /// The KV block table; append-only while running, emptied on preemption and finish.
+    pub(crate) block_ids: Vec<u32>,
+    /// `S`: drafts to schedule next (real ids in sync mode, -1 placeholders in async).
+    pub(crate) spec_token_ids: Vec<i32>,
+    /// The id of the last step that scheduled the request (0: never). A runner that did not
+    /// see the request in the step before this one may hold stale state for it.
+    pub(crate) last_scheduled_step: u64,
+    /// Leading blocks of `block_ids` already registered in the prefix cache.
+    pub(crate) num_cached_blocks: usize,
+    // Cold: read with prefix caching, at admission, on stops and by the API.
+    /// One hash per full block of `token_ids` (empty when prefix caching is off).
+    pub(crate) block_hashes: Vec<BlockHash>,
+    stop_token_ids: Box<[i32]>,
     /// Which waiting queue holds the request, if one does.
     pub(crate) queued_in: Option<QueueKind>,
-    pub(crate) stop: StopParams,
-    // Cold: read at admission, on stops and by the API.
-    pub id: Arc<str>,
+    pub(crate) id: Arc<str>,
     pub(crate) priority: i32,
     pub(crate) num_preemptions: u32,
     pub(crate) arrival_time: f64,
     pub(crate) stop_reason: Option<i32>,
     /// Enters the first block's hash: requests share cached blocks only with the same salt.
     pub(crate) cache_salt: Option<Box<[u8]>>,
+}
+
+impl Request {
+    /// `(offset, size)` of each field a step reads or writes (the running loop, the step's
+    /// columns, the update and the stop check); the slab's layout test keeps them together.
+    #[cfg(test)]
+    pub(crate) const HOT_FIELDS: &'static [(usize, usize)] = {
+        macro_rules! fields {
+            ($($field:ident: $ty:ty),+) => { &[$((std::mem::offset_of!(Request, $field), std::mem::size_of::<$ty>())),+] };
+        }
+        fields!(
+            token_ids: Vec<i32>,
+            num_computed_tokens: i32,
+            num_output_placeholders: i32,
+            num_in_flight_tokens: i32,
+            num_stale_output_tokens: i32,
+            num_prompt_tokens: i32,
+            max_tokens: i32,
+            eos_token_id: i32,
+            status: RequestStatus,
+            is_prefill_chunk: bool,
+            drop_stale_output: bool,
+            has_stop_token_ids: bool,
+            block_ids: Vec<u32>,
+            spec_token_ids: Vec<i32>,
+            last_scheduled_step: u64,
+            num_cached_blocks: usize
+        )
+    };
+}
+
+/// A counter as stored: every counter is bounded by `max_model_len`, which fits.
+#[inline(always)]
+fn stored(value: i64) -> i32 {
+    debug_assert!(i32::try_from(value).is_ok(), "counter {value} out of range");
+    value as i32
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,41 +234,6 @@ pub enum QueueKind {
 }
 
 impl Request {
-    pub(crate) fn new(
-        id: Arc<str>,
-        prompt_token_ids: Vec<i32>,
-        stop: StopParams,
-        priority: i32,
-        arrival_time: f64,
-        num_computed_tokens: i64,
-    ) -> Self {
-        let num_prompt_tokens = prompt_token_ids.len() as i64;
-        Self {
-            id,
-            token_ids: prompt_token_ids,
-            num_prompt_tokens,
-            stop,
-            priority,
-            arrival_time,
-            status: RequestStatus::Waiting,
-            num_computed_tokens,
-            spec_token_ids: Vec::new(),
-            num_output_placeholders: 0,
-            num_in_flight_tokens: 0,
-            num_stale_output_tokens: 0,
-            drop_stale_output: false,
-            is_prefill_chunk: false,
-            num_preemptions: 0,
-            stop_reason: None,
-            block_ids: Vec::new(),
-            num_cached_blocks: 0,
-            last_scheduled_step: 0,
-            block_hashes: Vec::new(),
-            cache_salt: None,
-            queued_in: None,
-        }
-    }
-
     /// A request from `add_request`'s arguments, each checked against `cfg`: the
     /// error names the field and the value. Whether the id is already live is the
     /// scheduler's check.
@@ -296,11 +303,34 @@ impl Request {
             None => SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
         };
 
-        let stop = StopParams { max_tokens: new.max_tokens, min_tokens: new.min_tokens, eos_token_id, stop_token_ids };
-        let mut request =
-            Request::new(Arc::from(new.request_id), prompt, stop, priority, arrival_time, new.num_computed_tokens);
-        request.cache_salt = new.cache_salt.map(|salt| salt.into_bytes().into_boxed_slice());
-        Ok(request)
+        let num_prompt_tokens = stored(prompt_len);
+        Ok(Self {
+            token_ids: prompt,
+            num_computed_tokens: stored(new.num_computed_tokens),
+            num_output_placeholders: 0,
+            num_in_flight_tokens: 0,
+            num_stale_output_tokens: 0,
+            num_prompt_tokens,
+            max_tokens: stored(new.max_tokens),
+            eos_token_id: eos_token_id.unwrap_or(NO_TOKEN),
+            status: RequestStatus::Waiting,
+            is_prefill_chunk: false,
+            drop_stale_output: false,
+            has_stop_token_ids: !stop_token_ids.is_empty(),
+            block_ids: Vec::new(),
+            spec_token_ids: Vec::new(),
+            last_scheduled_step: 0,
+            num_cached_blocks: 0,
+            block_hashes: Vec::new(),
+            stop_token_ids,
+            queued_in: None,
+            id: Arc::from(new.request_id),
+            priority,
+            num_preemptions: 0,
+            arrival_time,
+            stop_reason: None,
+            cache_salt: new.cache_salt.map(|salt| salt.into_bytes().into_boxed_slice()),
+        })
     }
 
     /// `N`.
@@ -310,7 +340,7 @@ impl Request {
     }
     #[inline]
     pub fn num_output_tokens(&self) -> i64 {
-        self.num_tokens() - self.num_prompt_tokens
+        self.num_tokens() - self.num_prompt_tokens()
     }
     /// `N + len(S)`.
     #[inline]
@@ -320,11 +350,18 @@ impl Request {
     pub fn status(&self) -> RequestStatus {
         self.status
     }
-    pub fn num_computed_tokens(&self) -> i64 {
-        self.num_computed_tokens
+    pub fn id(&self) -> &Arc<str> {
+        &self.id
     }
+    /// `C`.
+    #[inline]
+    pub fn num_computed_tokens(&self) -> i64 {
+        self.num_computed_tokens.into()
+    }
+    /// `Np`.
+    #[inline]
     pub fn num_prompt_tokens(&self) -> i64 {
-        self.num_prompt_tokens
+        self.num_prompt_tokens.into()
     }
     pub fn prompt_token_ids(&self) -> &[i32] {
         &self.token_ids[..self.num_prompt_tokens as usize]
@@ -338,15 +375,36 @@ impl Request {
     pub fn spec_token_ids(&self) -> &[i32] {
         &self.spec_token_ids
     }
+    /// `P`.
+    #[inline]
     pub fn num_output_placeholders(&self) -> i64 {
-        self.num_output_placeholders
+        self.num_output_placeholders.into()
     }
+    /// `F`.
+    #[inline]
     pub fn num_in_flight_tokens(&self) -> i64 {
-        self.num_in_flight_tokens
+        self.num_in_flight_tokens.into()
     }
     /// In-flight tokens scheduled before the request's last preemption.
+    #[inline]
     pub fn num_stale_output_tokens(&self) -> i64 {
-        self.num_stale_output_tokens
+        self.num_stale_output_tokens.into()
+    }
+    #[inline]
+    pub(crate) fn set_num_computed_tokens(&mut self, value: i64) {
+        self.num_computed_tokens = stored(value);
+    }
+    #[inline]
+    pub(crate) fn set_num_output_placeholders(&mut self, value: i64) {
+        self.num_output_placeholders = stored(value);
+    }
+    #[inline]
+    pub(crate) fn set_num_in_flight_tokens(&mut self, value: i64) {
+        self.num_in_flight_tokens = stored(value);
+    }
+    #[inline]
+    pub(crate) fn set_num_stale_output_tokens(&mut self, value: i64) {
+        self.num_stale_output_tokens = stored(value);
     }
     /// Whether that stale output is dropped rather than delivered.
     pub fn drop_stale_output(&self) -> bool {
@@ -355,8 +413,15 @@ impl Request {
     pub fn num_preemptions(&self) -> u32 {
         self.num_preemptions
     }
+    #[inline]
     pub fn max_tokens(&self) -> i64 {
-        self.stop.max_tokens
+        self.max_tokens.into()
+    }
+    pub fn eos_token_id(&self) -> Option<i32> {
+        (self.eos_token_id != NO_TOKEN).then_some(self.eos_token_id)
+    }
+    pub fn stop_token_ids(&self) -> &[i32] {
+        &self.stop_token_ids
     }
     pub fn priority(&self) -> i32 {
         self.priority
@@ -385,16 +450,16 @@ impl Request {
     /// is vLLM's and matters (spec §4.3). Sets the finished status.
     pub(crate) fn check_stop(&mut self, max_model_len: i64) -> bool {
         let last = *self.token_ids.last().expect("check_stop after an append");
-        if Some(last) == self.stop.eos_token_id {
+        if last == self.eos_token_id {
             self.status = RequestStatus::FinishedStopped;
             return true;
         }
-        if self.stop.stop_token_ids.contains(&last) {
+        if self.has_stop_token_ids && self.stop_token_ids.contains(&last) {
             self.status = RequestStatus::FinishedStopped;
             self.stop_reason = Some(last);
             return true;
         }
-        if self.num_tokens() >= max_model_len || self.num_output_tokens() >= self.stop.max_tokens {
+        if self.num_tokens() >= max_model_len || self.num_output_tokens() >= self.max_tokens() {
             self.status = RequestStatus::FinishedLengthCapped;
             return true;
         }

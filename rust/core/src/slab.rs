@@ -10,7 +10,10 @@ pub struct Handle {
     pub generation: u32,
 }
 
+/// Aligned to a cache line, so the fields `Request` keeps first for the step loops (and
+/// the generation every lookup checks) fill whole lines of their own.
 #[derive(Clone, Debug)]
+#[repr(C, align(64))]
 struct Slot {
     generation: u32,
     request: Option<Request>,
@@ -89,5 +92,21 @@ impl std::ops::IndexMut<Handle> for Slab {
     #[inline]
     fn index_mut(&mut self, handle: Handle) -> &mut Request {
         self.get_mut(handle).expect("a live handle")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A decode step reads and writes these fields of every scheduled request: they, and
+    /// the generation, must sit in the slot's first two cache lines.
+    #[test]
+    fn the_step_fields_fill_the_first_two_cache_lines() {
+        assert_eq!(std::mem::align_of::<Slot>(), 64);
+        let request = std::mem::offset_of!(Slot, request);
+        let hot_end = Request::HOT_FIELDS.iter().map(|&(offset, size)| request + offset + size).max().unwrap();
+        assert!(hot_end <= 128, "the step's fields end at byte {hot_end} of the slot");
+        assert!(std::mem::offset_of!(Slot, generation) < 64);
     }
 }

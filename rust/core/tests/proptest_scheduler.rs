@@ -711,7 +711,7 @@ impl Harness {
                     let r = self.sched.request(h).expect("live");
                     format!(
                         "{}(C={} n={} spec={} -> C={} N={} P={} chunk={} blocks={:?})",
-                        r.id,
+                        r.id(),
                         step.num_computed_tokens[i],
                         step.num_scheduled_tokens[i],
                         step.num_spec_tokens[i],
@@ -798,7 +798,7 @@ impl Harness {
             .req_handles
             .iter()
             .filter(|h| step.new_reqs.contains(h) || step.resumed_reqs.contains(h))
-            .map(|&h| self.sched.request(h).map(|r| &*r.id).ok_or_else(|| TestCaseError::fail("admitted, no slot")))
+            .map(|&h| self.sched.request(h).map(|r| &**r.id()).ok_or_else(|| TestCaseError::fail("admitted, no slot")))
             .collect::<Result<_, _>>()?;
         let Some(last) = admitted.last() else { return Ok(()) };
         let end = waiting_before
@@ -863,7 +863,7 @@ impl Harness {
                 step.num_spec_tokens[i] as i64,
             );
             let req = self.sched.request(h).ok_or_else(|| TestCaseError::fail("scheduled request has no slot"))?;
-            let id = req.id.clone();
+            let id = req.id().clone();
             prop_assert!(n >= 1, "{id}: n = {n}");
             prop_assert!(c + n + s <= m, "{id}: C + n + s = {c} + {n} + {s} > M = {m}");
             prop_assert!(spec <= k && spec <= n, "{id}: {spec} drafts, n = {n}, K = {k}");
@@ -993,7 +993,7 @@ impl Harness {
                 if let Some(r) = self.sched.request(h) {
                     eprintln!(
                         "    {}: C={} N={} P={} S={:?}",
-                        r.id,
+                        r.id(),
                         r.num_computed_tokens(),
                         r.num_tokens(),
                         r.num_output_placeholders(),

@@ -4,7 +4,7 @@ use common::*;
 use llmsched_core::{NewRequest, RequestStatus, Scheduler};
 
 fn ids(sched: &Scheduler, step: &llmsched_core::Step) -> Vec<String> {
-    step.req_handles.iter().map(|&h| sched.request(h).unwrap().id.to_string()).collect()
+    step.req_handles.iter().map(|&h| sched.request(h).unwrap().id().to_string()).collect()
 }
 
 #[test]
@@ -92,7 +92,7 @@ fn stop_conditions_in_vllm_order_and_trim() {
     let events = apply(&mut sched, &step, &[9, 3, 3, 10, 42, 12, 10, 11, 12], &[3, 3, 3]);
     let delivered: Vec<(String, usize, RequestStatus, Option<i32>)> = events
         .iter()
-        .map(|e| (sched.request(e.handle).unwrap().id.to_string(), e.num_tokens, e.status, e.stop_reason))
+        .map(|e| (sched.request(e.handle).unwrap().id().to_string(), e.num_tokens, e.status, e.stop_reason))
         .collect();
     assert_eq!(
         delivered,
@@ -128,7 +128,7 @@ fn async_total_tokens_are_prompt_plus_max_tokens_minus_one() {
             total += step.total_num_scheduled_tokens;
             let (t, c) = sample(&sched, &step, false);
             for e in apply(&mut sched, &step, &t, &c) {
-                *outputs.entry(sched.request(e.handle).unwrap().id.to_string()).or_default() += e.num_tokens;
+                *outputs.entry(sched.request(e.handle).unwrap().id().to_string()).or_default() += e.num_tokens;
             }
             sched.check_invariants().unwrap();
             let next = sched.schedule();

@@ -435,7 +435,7 @@ pub struct PyRequest {
 impl PyRequest {
     pub fn snapshot(r: &Request) -> Self {
         Self {
-            request_id: r.id.to_string(),
+            request_id: r.id().to_string(),
             status: r.status(),
             num_computed_tokens: r.num_computed_tokens(),
             num_tokens: r.num_tokens(),

@@ -58,7 +58,7 @@ impl Inner {
 
     #[inline]
     fn live_py_id<'py>(&self, py: Python<'py>, handle: Handle) -> Bound<'py, PyString> {
-        self.py_id(py, handle, || self.core.request(handle).map(|r| r.id.to_string()).unwrap_or_default())
+        self.py_id(py, handle, || self.core.request(handle).map(|r| r.id().to_string()).unwrap_or_default())
     }
 }
 

@@ -163,7 +163,7 @@ impl KvManager {
     pub fn allocate_slots(&mut self, request: &mut Request, ask: SlotRequest<'_>) -> Option<usize> {
         debug_assert!(ask.num_new_tokens > 0 || ask.num_new_computed_tokens > 0);
         let m = self.max_model_len;
-        let total_computed = (request.num_computed_tokens + ask.num_new_computed_tokens).min(m);
+        let total_computed = (request.num_computed_tokens() + ask.num_new_computed_tokens).min(m);
         // min(C + h + n + L, M): lookahead slots never pass the model length.
         let tokens_needing_slots = (total_computed + ask.num_new_tokens + ask.num_lookahead_tokens).min(m);
         let watermark =

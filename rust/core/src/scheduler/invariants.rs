@@ -87,7 +87,7 @@ impl Scheduler {
         for (h, r) in self.requests.iter() {
             let id = &r.id;
             let (c, n, p, f) =
-                (r.num_computed_tokens, r.num_tokens(), r.num_output_placeholders, r.num_in_flight_tokens);
+                (r.num_computed_tokens(), r.num_tokens(), r.num_output_placeholders(), r.num_in_flight_tokens());
             if r.status.is_finished() {
                 if self.ids.get(&**id) == Some(&h) {
                     return Err(broken(format!("finished request {id:?} is still registered")));
@@ -119,10 +119,10 @@ impl Scheduler {
             if where_ != expected_place {
                 return Err(broken(format!("request {id:?} is {:?} but sits in {where_}", r.status)));
             }
-            if p < 0 || f < 0 || r.num_stale_output_tokens < 0 || r.num_stale_output_tokens > f {
+            if p < 0 || f < 0 || r.num_stale_output_tokens() < 0 || r.num_stale_output_tokens() > f {
                 return Err(broken(format!(
                     "request {id:?}: counters out of range: P={p}, F={f}, stale={}",
-                    r.num_stale_output_tokens
+                    r.num_stale_output_tokens()
                 )));
             }
             if in_flight.get(&h).copied().unwrap_or(0) != f {

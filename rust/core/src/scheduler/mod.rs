@@ -129,7 +129,7 @@ impl Scheduler {
         let mut request = Request::from_new(new, &self.config)?;
         let id = request.id.clone();
         self.kv.update_block_hashes(&mut request);
-        let kind = if request.num_computed_tokens > 0 { QueueKind::KvHolding } else { QueueKind::Waiting };
+        let kind = if request.num_computed_tokens() > 0 { QueueKind::KvHolding } else { QueueKind::Waiting };
         request.queued_in = Some(kind);
         let handle = self.requests.insert(request);
         self.ids.insert(id, handle);
@@ -204,7 +204,7 @@ impl Scheduler {
             step.num_scheduled_tokens.push(e.num_new_tokens as i32);
             step.num_computed_tokens.push(e.num_computed_before as i32);
             step.num_spec_tokens.push(e.num_spec as i32);
-            step.num_output_tokens.push((request.num_output_tokens() + request.num_output_placeholders) as i32);
+            step.num_output_tokens.push((request.num_output_tokens() + request.num_output_placeholders()) as i32);
             step.total_num_scheduled_tokens += e.num_new_tokens;
             let scheduled_in_previous_step = request.last_scheduled_step + 1 == step_id;
             request.last_scheduled_step = step_id;
@@ -234,13 +234,13 @@ impl Scheduler {
                 step.all_token_ids.extend_from_slice(tokens);
             }
 
-            request.num_computed_tokens += e.num_new_tokens;
-            request.num_in_flight_tokens += e.num_new_tokens;
+            request.set_num_computed_tokens(request.num_computed_tokens() + e.num_new_tokens);
+            request.set_num_in_flight_tokens(request.num_in_flight_tokens() + e.num_new_tokens);
             request.is_prefill_chunk =
-                request.num_computed_tokens < request.num_tokens() + request.num_output_placeholders;
+                request.num_computed_tokens() < request.num_tokens() + request.num_output_placeholders();
             if async_scheduling && !request.is_prefill_chunk {
                 // The step's outputs (sampled tokens and drafts) are placeholders until it returns.
-                request.num_output_placeholders += s + e.num_spec;
+                request.set_num_output_placeholders(request.num_output_placeholders() + s + e.num_spec);
                 request.spec_token_ids.clear();
                 request.spec_token_ids.resize(k_spec, -1);
             }
@@ -272,13 +272,13 @@ impl Scheduler {
         debug_assert_eq!(request.status, RequestStatus::Running);
         self.kv.free(request);
         request.status = RequestStatus::Preempted;
-        request.num_computed_tokens = 0;
+        request.set_num_computed_tokens(0);
         request.spec_token_ids.clear();
         request.drop_stale_output =
-            drop_stale_output || (request.drop_stale_output && request.num_stale_output_tokens > 0);
+            drop_stale_output || (request.drop_stale_output && request.num_stale_output_tokens() > 0);
         // Output of steps in flight now belongs to the request's previous life.
-        request.num_stale_output_tokens = request.num_in_flight_tokens;
-        request.num_output_placeholders = 0;
+        request.set_num_stale_output_tokens(request.num_in_flight_tokens());
+        request.set_num_output_placeholders(0);
         request.num_preemptions += 1;
         request.queued_in = Some(QueueKind::Waiting);
         self.waiting.prepend(&self.requests, handle);

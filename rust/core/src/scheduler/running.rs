@@ -24,10 +24,10 @@ impl Scheduler {
             }
             let handle = self.running[req_index];
             let request = &self.requests[handle];
-            let (c, p) = (request.num_computed_tokens, request.num_output_placeholders);
+            let (c, p) = (request.num_computed_tokens(), request.num_output_placeholders());
             // Async: the step in flight reaches max_tokens even if every draft
             // in it is rejected, (C + 1) - (P - 1) >= Np + max_tokens.
-            if p > 0 && c + 2 - p >= request.num_prompt_tokens + request.stop.max_tokens {
+            if p > 0 && c + 2 - p >= request.num_prompt_tokens() + request.max_tokens() {
                 req_index += 1;
                 continue;
             }

@@ -142,10 +142,10 @@ impl Scheduler {
 
         for (entry, &(offset, count)) in record.entries.iter().zip(&offsets) {
             let Some(request) = self.requests.get_mut(entry.handle) else { continue };
-            request.num_in_flight_tokens -= entry.num_new_tokens;
-            let stale = request.num_stale_output_tokens > 0;
+            request.set_num_in_flight_tokens(request.num_in_flight_tokens() - entry.num_new_tokens);
+            let stale = request.num_stale_output_tokens() > 0;
             if stale {
-                request.num_stale_output_tokens -= entry.num_new_tokens;
+                request.set_num_stale_output_tokens(request.num_stale_output_tokens() - entry.num_new_tokens);
             }
             if request.status.is_finished() || (stale && request.drop_stale_output) {
                 continue;
@@ -157,11 +157,11 @@ impl Scheduler {
                 let rejected = entry.num_spec - accepted;
                 if !stale {
                     // The rejected draft positions hold no usable KV and no output.
-                    if request.num_computed_tokens > 0 {
-                        request.num_computed_tokens -= rejected;
+                    if request.num_computed_tokens() > 0 {
+                        request.set_num_computed_tokens(request.num_computed_tokens() - rejected);
                     }
-                    if request.num_output_placeholders > 0 {
-                        request.num_output_placeholders -= rejected;
+                    if request.num_output_placeholders() > 0 {
+                        request.set_num_output_placeholders(request.num_output_placeholders() - rejected);
                     }
                 }
                 self.stats.num_draft_tokens += entry.num_spec as u64;
@@ -169,7 +169,7 @@ impl Scheduler {
             }
 
             let status_before = request.status;
-            let had_placeholders = request.num_output_placeholders > 0;
+            let had_placeholders = request.num_output_placeholders() > 0;
             let mut delivered = 0;
             let mut stopped = false;
             if !generated.is_empty() {
@@ -179,7 +179,9 @@ impl Scheduler {
                         delivered = i + 1;
                         if !stale {
                             // Keep C = N - 1 after trimming the tokens past the stop.
-                            request.num_computed_tokens -= (generated.len() - delivered) as i64;
+                            request.set_num_computed_tokens(
+                                request.num_computed_tokens() - (generated.len() - delivered) as i64,
+                            );
                         }
                         stopped = true;
                         break;
@@ -188,14 +190,14 @@ impl Scheduler {
                 if !stopped {
                     delivered = generated.len();
                 }
-                if !stale && request.num_output_placeholders > 0 {
+                if !stale && request.num_output_placeholders() > 0 {
                     // Every returned token resolves a placeholder, trimmed ones too.
-                    request.num_output_placeholders -= generated.len() as i64;
+                    request.set_num_output_placeholders(request.num_output_placeholders() - generated.len() as i64);
                 }
                 self.kv.update_block_hashes(request);
                 if !stale && status_before == RequestStatus::Running && (had_placeholders || k_spec > 0) {
                     // Only KV that is computed and processed is cacheable: C - F.
-                    let upto = request.num_computed_tokens - request.num_in_flight_tokens;
+                    let upto = request.num_computed_tokens() - request.num_in_flight_tokens();
                     self.kv.cache_blocks(request, upto);
                 }
             } else if s == 0 && !entry.prefill_chunk {
@@ -208,9 +210,9 @@ impl Scheduler {
                 // the request can never be scheduled again; undo the step's draft and
                 // sampled positions instead, so the next step samples again (K + s).
                 let undone = entry.num_spec + s;
-                request.num_computed_tokens = (request.num_computed_tokens - undone).max(0);
+                request.set_num_computed_tokens((request.num_computed_tokens() - undone).max(0));
                 if async_scheduling {
-                    request.num_output_placeholders = (request.num_output_placeholders - undone).max(0);
+                    request.set_num_output_placeholders((request.num_output_placeholders() - undone).max(0));
                 }
             }
             let (status, stop_reason, num_cached_blocks) =

@@ -43,17 +43,17 @@ impl Scheduler {
 
             // Output from before a preemption is still in flight: resuming now
             // would interleave it with the recomputed stream.
-            if request.num_stale_output_tokens > 0 && !request.drop_stale_output {
+            if request.num_stale_output_tokens() > 0 && !request.drop_stale_output {
                 self.skip_waiting(kind, &mut skipped_waiting, &mut skipped_kv_holding);
                 continue;
             }
 
             // New and preempted requests look up the prefix cache; a request that
             // arrived with computed tokens keeps them.
-            let looked_up = request.num_computed_tokens == 0;
+            let looked_up = request.num_computed_tokens() == 0;
             let (hit_blocks, hit_tokens) =
                 if looked_up { self.kv.get_computed_blocks(request) } else { (Vec::new(), 0) };
-            let num_computed = if looked_up { hit_tokens } else { request.num_computed_tokens };
+            let num_computed = if looked_up { hit_tokens } else { request.num_computed_tokens() };
             let request_budget = b.token_budget.min(b.input_budget - b.draft_slots);
             // n = N - C_new, capped by the same room as the running loop (a no-op
             // for a live request, whose N <= M - s).
@@ -112,7 +112,7 @@ impl Scheduler {
             let entry_kind =
                 if request.status == RequestStatus::Preempted { EntryKind::Resumed } else { EntryKind::New };
             request.status = RequestStatus::Running;
-            request.num_computed_tokens = num_computed;
+            request.set_num_computed_tokens(num_computed);
             let num_spec = if pad { k_spec } else { 0 };
             if pad {
                 b.spec_token_ids.extend(std::iter::repeat_n(-1, k_spec as usize));
@@ -133,7 +133,7 @@ impl Scheduler {
         for &h in skipped_kv_holding.iter().chain(&skipped_waiting) {
             let request = &mut self.requests[h];
             request.queued_in =
-                Some(if request.num_computed_tokens > 0 { QueueKind::KvHolding } else { QueueKind::Waiting });
+                Some(if request.num_computed_tokens() > 0 { QueueKind::KvHolding } else { QueueKind::Waiting });
         }
     }
 
@@ -147,7 +147,7 @@ impl Scheduler {
         let handle = queue.pop(slab).expect("peeked");
         // Still "waiting" for counts while it is set aside in this step.
         self.requests[handle].queued_in = None;
-        if self.requests[handle].num_computed_tokens > 0 {
+        if self.requests[handle].num_computed_tokens() > 0 {
             skipped_kv_holding.push(handle);
         } else {
             skipped_waiting.push(handle);
