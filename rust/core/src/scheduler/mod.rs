@@ -22,7 +22,7 @@ use crate::queue::RequestQueue;
 pub use crate::request::NewRequest;
 use crate::request::{QueueKind, Request, RequestStatus};
 use crate::slab::{Handle, Slab};
-use step::{EntryKind, InFlightEntry, Step, StepBuilder, StepRecord};
+use step::{Entry, EntryKind, InFlightEntry, Step, StepBuilder, StepRecord, Undo};
 
 pub use update::{RequestEvent, RunnerOutput};
 
@@ -149,17 +149,31 @@ impl Scheduler {
             long_prefill_threshold = long_prefill_threshold.max(input_budget / num_eligible as i64);
         }
         let paused_all = self.pause_state == PauseState::PausedAll;
+        let capacity = num_eligible.min(cfg.max_num_seqs() as usize);
         let mut b = StepBuilder {
             token_budget: if paused_all { 0 } else { cfg.max_num_scheduled_tokens() },
             input_budget,
             draft_slots: cfg.max_num_new_slots_for_drafting(),
             long_prefill_threshold,
-            entries: Vec::with_capacity(num_eligible.min(cfg.max_num_seqs() as usize)),
-            spec_token_ids: Vec::new(),
+            step: Step {
+                step_id: self.next_step_id,
+                req_handles: Vec::with_capacity(capacity),
+                num_scheduled_tokens: Vec::with_capacity(capacity),
+                num_computed_tokens: Vec::with_capacity(capacity),
+                num_spec_tokens: Vec::with_capacity(capacity),
+                num_output_tokens: Vec::with_capacity(capacity),
+                num_block_ids: Vec::with_capacity(capacity),
+                num_all_token_ids: Vec::with_capacity(capacity),
+                ..Step::default()
+            },
+            record: Vec::with_capacity(capacity),
+            undoable: cfg.policy() == crate::config::Policy::Priority,
+            undo: Vec::new(),
             num_running_entries: 0,
             prefill_scheduled: false,
             preempted: false,
         };
+        self.next_step_id += 1;
         self.schedule_running(&mut b);
         // No admissions in a step that preempted.
         if !b.preempted {
@@ -169,91 +183,119 @@ impl Scheduler {
         self.finish_step(b)
     }
 
-    /// Builds the step's columns, then advances `C` optimistically (vLLM's
-    /// `_update_after_schedule`): the columns hold the values before the advance.
-    fn finish_step(&mut self, b: StepBuilder) -> Step {
-        let async_scheduling = self.config.async_scheduling();
-        let s = self.config.num_sampled_tokens_per_step();
-        let k_spec = self.config.num_speculative_tokens() as usize;
-        let r = b.entries.len();
-        let mut step = Step {
-            step_id: 0,
-            req_handles: Vec::with_capacity(r),
-            num_scheduled_tokens: Vec::with_capacity(r),
-            num_computed_tokens: Vec::with_capacity(r),
-            num_spec_tokens: Vec::with_capacity(r),
-            spec_token_ids: b.spec_token_ids,
-            num_output_tokens: Vec::with_capacity(r),
-            num_block_ids: Vec::with_capacity(r),
-            block_ids: Vec::new(),
-            num_all_token_ids: Vec::with_capacity(r),
-            all_token_ids: Vec::new(),
-            total_num_scheduled_tokens: 0,
-            new_reqs: Vec::new(),
-            resumed_reqs: Vec::new(),
-            rescheduled_reqs: Vec::new(),
-            preempted: Vec::new(),
-            finished: Vec::new(),
+    /// Commits a loop's decision: takes its budget, writes the step's columns for it,
+    /// then advances `C` optimistically (vLLM's `_update_after_schedule`): the columns
+    /// hold the values before the advance.
+    fn commit(&mut self, b: &mut StepBuilder, e: Entry) {
+        b.token_budget -= e.num_new_tokens;
+        b.input_budget -= e.num_new_tokens + b.draft_slots;
+        let step = &mut b.step;
+        let request = &mut self.requests[e.handle];
+        step.req_handles.push(e.handle);
+        step.num_scheduled_tokens.push(e.num_new_tokens as i32);
+        step.num_computed_tokens.push(e.num_computed_before as i32);
+        step.num_spec_tokens.push(e.num_spec as i32);
+        step.num_output_tokens.push((request.num_output_tokens() + request.num_output_placeholders()) as i32);
+        step.total_num_scheduled_tokens += e.num_new_tokens;
+        let previous_step = request.last_scheduled_step;
+        request.last_scheduled_step = step.step_id;
+        let (blocks, tokens): (&[u32], &[i32]) = match e.kind {
+            EntryKind::Running { first_new_block } => {
+                b.num_running_entries += 1;
+                if b.undoable {
+                    b.undo.push(Undo {
+                        cached_blocks_before: e.cached_blocks_before,
+                        last_scheduled_step: previous_step,
+                        is_prefill_chunk: request.is_prefill_chunk,
+                    });
+                }
+                if previous_step + 1 != step.step_id {
+                    step.rescheduled_reqs.push(e.handle);
+                }
+                (&request.block_ids[first_new_block..], &[])
+            }
+            EntryKind::New => {
+                step.new_reqs.push(e.handle);
+                (&request.block_ids, &request.token_ids)
+            }
+            EntryKind::Resumed => {
+                step.resumed_reqs.push(e.handle);
+                (&request.block_ids, &request.token_ids)
+            }
         };
-        let mut record = Vec::with_capacity(r);
-        let step_id = self.next_step_id;
-        self.next_step_id += 1;
-        for e in &b.entries {
-            let request = &mut self.requests[e.handle];
-            step.req_handles.push(e.handle);
-            step.num_scheduled_tokens.push(e.num_new_tokens as i32);
-            step.num_computed_tokens.push(e.num_computed_before as i32);
-            step.num_spec_tokens.push(e.num_spec as i32);
-            step.num_output_tokens.push((request.num_output_tokens() + request.num_output_placeholders()) as i32);
-            step.total_num_scheduled_tokens += e.num_new_tokens;
-            let scheduled_in_previous_step = request.last_scheduled_step + 1 == step_id;
-            request.last_scheduled_step = step_id;
-            let (blocks, tokens): (&[u32], &[i32]) = match e.kind {
-                EntryKind::Running { first_new_block } => {
-                    if !scheduled_in_previous_step {
-                        step.rescheduled_reqs.push(e.handle);
-                    }
-                    (&request.block_ids[first_new_block..], &[])
-                }
-                EntryKind::New => {
-                    step.new_reqs.push(e.handle);
-                    (&request.block_ids, &request.token_ids)
-                }
-                EntryKind::Resumed => {
-                    step.resumed_reqs.push(e.handle);
-                    (&request.block_ids, &request.token_ids)
-                }
-            };
-            step.num_block_ids.push(blocks.len() as i32);
-            // Most decode steps add no block and no token: skip the reserve calls.
-            if !blocks.is_empty() {
-                step.block_ids.extend(blocks.iter().map(|&id| id as i32));
-            }
-            step.num_all_token_ids.push(tokens.len() as i32);
-            if !tokens.is_empty() {
-                step.all_token_ids.extend_from_slice(tokens);
-            }
-
-            request.set_num_computed_tokens(request.num_computed_tokens() + e.num_new_tokens);
-            request.set_num_in_flight_tokens(request.num_in_flight_tokens() + e.num_new_tokens);
-            request.is_prefill_chunk =
-                request.num_computed_tokens() < request.num_tokens() + request.num_output_placeholders();
-            if async_scheduling && !request.is_prefill_chunk {
-                // The step's outputs (sampled tokens and drafts) are placeholders until it returns.
-                request.set_num_output_placeholders(request.num_output_placeholders() + s + e.num_spec);
-                request.spec_token_ids.clear();
-                request.spec_token_ids.resize(k_spec, -1);
-            }
-            record.push(InFlightEntry {
-                handle: e.handle,
-                num_new_tokens: e.num_new_tokens,
-                num_spec: e.num_spec,
-                prefill_chunk: request.is_prefill_chunk,
-            });
+        step.num_block_ids.push(blocks.len() as i32);
+        // Most decode steps add no block and no token: skip the reserve calls.
+        if !blocks.is_empty() {
+            step.block_ids.extend(blocks.iter().map(|&id| id as i32));
         }
-        step.step_id = step_id;
-        if !record.is_empty() {
-            self.in_flight.push_back(StepRecord { step_id, entries: record });
+        step.num_all_token_ids.push(tokens.len() as i32);
+        if !tokens.is_empty() {
+            step.all_token_ids.extend_from_slice(tokens);
+        }
+
+        request.set_num_computed_tokens(request.num_computed_tokens() + e.num_new_tokens);
+        request.set_num_in_flight_tokens(request.num_in_flight_tokens() + e.num_new_tokens);
+        request.is_prefill_chunk =
+            request.num_computed_tokens() < request.num_tokens() + request.num_output_placeholders();
+        if self.config.async_scheduling() && !request.is_prefill_chunk {
+            // The step's outputs (sampled tokens and drafts) are placeholders until it returns.
+            let s = self.config.num_sampled_tokens_per_step();
+            request.set_num_output_placeholders(request.num_output_placeholders() + s + e.num_spec);
+            request.spec_token_ids.clear();
+            request.spec_token_ids.resize(self.config.num_speculative_tokens() as usize, -1);
+        }
+        b.record.push(InFlightEntry {
+            handle: e.handle,
+            num_new_tokens: e.num_new_tokens,
+            num_spec: e.num_spec,
+            prefill_chunk: request.is_prefill_chunk,
+        });
+    }
+
+    /// Undoes the committed running entry at `position` (a priority preemption took its
+    /// request): its budget, its columns, its drafts and its advance. The caller preempts it.
+    fn uncommit(&mut self, b: &mut StepBuilder, position: usize) {
+        let step = &mut b.step;
+        let handle = step.req_handles.remove(position);
+        let n = step.num_scheduled_tokens.remove(position) as i64;
+        let num_spec = step.num_spec_tokens.remove(position) as usize;
+        let num_blocks = step.num_block_ids.remove(position) as usize;
+        step.num_computed_tokens.remove(position);
+        step.num_output_tokens.remove(position);
+        step.num_all_token_ids.remove(position);
+        step.total_num_scheduled_tokens -= n;
+        // Running entries come first and carry no token ids: only drafts and blocks to drop.
+        let drafts_before: i32 = step.num_spec_tokens[..position].iter().sum();
+        step.spec_token_ids.drain(drafts_before as usize..drafts_before as usize + num_spec);
+        let blocks_before: i32 = step.num_block_ids[..position].iter().sum();
+        step.block_ids.drain(blocks_before as usize..blocks_before as usize + num_blocks);
+        step.rescheduled_reqs.retain(|&h| h != handle);
+        let entry = b.record.remove(position);
+        let undo = b.undo.remove(position);
+        b.token_budget += n;
+        b.input_budget += n + b.draft_slots;
+        b.num_running_entries -= 1;
+
+        let request = &mut self.requests[handle];
+        request.last_scheduled_step = undo.last_scheduled_step;
+        request.is_prefill_chunk = undo.is_prefill_chunk;
+        request.set_num_computed_tokens(request.num_computed_tokens() - n);
+        request.set_num_in_flight_tokens(request.num_in_flight_tokens() - n);
+        if self.config.async_scheduling() && !entry.prefill_chunk {
+            let s = self.config.num_sampled_tokens_per_step();
+            request.set_num_output_placeholders(request.num_output_placeholders() - s - entry.num_spec);
+        }
+        // Its step will not run: the blocks its allocation registered in the prefix cache
+        // will never hold their KV. (vLLM leaves them cached, so a later hit would read KV
+        // that was never computed.)
+        self.kv.uncache_from(request, undo.cached_blocks_before);
+    }
+
+    /// Hands the built step over and keeps its record until its output is applied.
+    fn finish_step(&mut self, b: StepBuilder) -> Step {
+        let mut step = b.step;
+        if !b.record.is_empty() {
+            self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: b.record });
         }
         step.preempted = std::mem::take(&mut self.preempted_since_last_step)
             .into_iter()

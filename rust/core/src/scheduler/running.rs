@@ -63,12 +63,8 @@ impl Scheduler {
                     req_index -= 1;
                 }
                 // Under FCFS the victim is at or after `req_index`, never already scheduled.
-                if let Some(position) = b.entries.iter().position(|e| e.handle == victim) {
-                    let undone = b.undo(position);
-                    // Its step will not run: the blocks its allocation registered in the
-                    // prefix cache will never hold their KV. (vLLM leaves them cached, so
-                    // a later hit would read KV that was never computed.)
-                    self.kv.uncache_from(&mut self.requests[victim], undone.cached_blocks_before);
+                if let Some(position) = b.position(victim) {
+                    self.uncommit(b, position);
                 }
                 self.preempt(victim, false);
                 b.preempted = true;
@@ -91,19 +87,22 @@ impl Scheduler {
                 let k = n + c - request.num_tokens() - p;
                 if k > 0 {
                     let k = (k as usize).min(request.spec_token_ids.len());
-                    b.spec_token_ids.extend_from_slice(&request.spec_token_ids[..k]);
+                    b.step.spec_token_ids.extend_from_slice(&request.spec_token_ids[..k]);
                     num_spec = k as i64;
                 }
                 request.spec_token_ids.clear();
             }
-            b.push(Entry {
-                handle,
-                num_new_tokens: n,
-                num_computed_before: c,
-                num_spec,
-                kind: EntryKind::Running { first_new_block },
-                cached_blocks_before,
-            });
+            self.commit(
+                b,
+                Entry {
+                    handle,
+                    num_new_tokens: n,
+                    num_computed_before: c,
+                    num_spec,
+                    kind: EntryKind::Running { first_new_block },
+                    cached_blocks_before,
+                },
+            );
             req_index += 1;
         }
     }

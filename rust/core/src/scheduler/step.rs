@@ -16,6 +16,7 @@ pub(crate) enum EntryKind {
     Resumed,
 }
 
+/// A loop's decision for one request, committed to the step at once.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Entry {
     pub handle: Handle,
@@ -23,14 +24,25 @@ pub(crate) struct Entry {
     pub num_new_tokens: i64,
     /// `C` before this step.
     pub num_computed_before: i64,
-    /// Draft slots scheduled; their ids are in `StepBuilder::spec_token_ids` in entry order.
+    /// Draft slots scheduled; their ids are already in the step's `spec_token_ids`.
     pub num_spec: i64,
     pub kind: EntryKind,
     /// The request's cached blocks before this step's allocation registered more.
     pub cached_blocks_before: usize,
 }
 
-/// Budgets and decisions accumulated by the running and waiting loops.
+/// What undoing a committed running entry restores (kept under the priority policy
+/// only, the one whose preemption can take a request already scheduled in the step).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Undo {
+    pub cached_blocks_before: usize,
+    pub last_scheduled_step: u64,
+    pub is_prefill_chunk: bool,
+}
+
+/// Budgets, and the step the running and waiting loops build: each decision is written
+/// into the step's columns, and applied to its request, when it is made, so a step
+/// reads each scheduled request once.
 #[derive(Debug)]
 pub(crate) struct StepBuilder {
     pub token_budget: i64,
@@ -38,8 +50,12 @@ pub(crate) struct StepBuilder {
     pub draft_slots: i64,
     /// Effective long-prefill threshold (0 = off).
     pub long_prefill_threshold: i64,
-    pub entries: Vec<Entry>,
-    pub spec_token_ids: Vec<i32>,
+    pub step: Step,
+    pub record: Vec<InFlightEntry>,
+    /// Whether a committed running entry can be undone: then `undo` holds one `Undo`
+    /// per running entry, in step order.
+    pub undoable: bool,
+    pub undo: Vec<Undo>,
     pub num_running_entries: usize,
     /// A running-loop request scheduled in this step was mid-prefill.
     pub prefill_scheduled: bool,
@@ -47,27 +63,9 @@ pub(crate) struct StepBuilder {
 }
 
 impl StepBuilder {
-    pub fn push(&mut self, entry: Entry) {
-        self.token_budget -= entry.num_new_tokens;
-        self.input_budget -= entry.num_new_tokens + self.draft_slots;
-        if matches!(entry.kind, EntryKind::Running { .. }) {
-            self.num_running_entries += 1;
-        }
-        self.entries.push(entry);
-    }
-
-    /// Undoes a scheduled entry: its budget and its drafts come back (priority preemption).
-    pub fn undo(&mut self, position: usize) -> Entry {
-        let entry = self.entries.remove(position);
-        self.token_budget += entry.num_new_tokens;
-        self.input_budget += entry.num_new_tokens + self.draft_slots;
-        if matches!(entry.kind, EntryKind::Running { .. }) {
-            self.num_running_entries -= 1;
-        }
-        let start: i64 = self.entries[..position].iter().map(|e| e.num_spec).sum();
-        let start = start as usize;
-        self.spec_token_ids.drain(start..start + entry.num_spec as usize);
-        entry
+    /// The step position of `handle`'s entry, if it has one.
+    pub fn position(&self, handle: Handle) -> Option<usize> {
+        self.step.req_handles.iter().position(|&h| h == handle)
     }
 }
 

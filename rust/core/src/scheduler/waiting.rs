@@ -115,16 +115,19 @@ impl Scheduler {
             request.set_num_computed_tokens(num_computed);
             let num_spec = if pad { k_spec } else { 0 };
             if pad {
-                b.spec_token_ids.extend(std::iter::repeat_n(-1, k_spec as usize));
+                b.step.spec_token_ids.extend(std::iter::repeat_n(-1, k_spec as usize));
             }
-            b.push(Entry {
-                handle,
-                num_new_tokens: n,
-                num_computed_before: num_computed,
-                num_spec,
-                kind: entry_kind,
-                cached_blocks_before: 0,
-            });
+            self.commit(
+                b,
+                Entry {
+                    handle,
+                    num_new_tokens: n,
+                    num_computed_before: num_computed,
+                    num_spec,
+                    kind: entry_kind,
+                    cached_blocks_before: 0,
+                },
+            );
         }
 
         // Skipped requests go back to the front, in their original order.
