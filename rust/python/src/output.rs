@@ -63,9 +63,9 @@ pub struct PySchedulerOutput {
     /// The scheduled requests, in the order of the per-request arrays.
     #[pyo3(get)]
     pub req_ids: Py<PyList>,
-    /// The same ids, immutable: `update_from_output` matches runner rows
+    /// The same id objects, held apart: `update_from_output` matches runner rows
     /// against these, so a caller mutating `req_ids` cannot misroute tokens.
-    pub entry_ids: Py<PyTuple>,
+    pub entry_ids: Vec<Py<PyString>>,
     /// ``n`` per request: tokens to compute in this step (>= 1).
     #[pyo3(get)]
     pub num_scheduled_tokens: Py<PyArray1<i32>>,

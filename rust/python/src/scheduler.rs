@@ -9,7 +9,7 @@ use llmsched_core::{Handle, NewRequest, RequestStatus, RunnerOutput, Scheduler, 
 use numpy::{PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::config::PySchedulerConfig;
 use crate::convert::{bool_value, float_value, int_value, token_list, type_name, Indexed};
@@ -116,8 +116,8 @@ impl PyScheduler {
         let ids = |handles: &[Handle]| -> PyResult<Py<PyList>> {
             Ok(PyList::new(py, handles.iter().map(|&h| inner.live_py_id(py, h)))?.unbind())
         };
-        let req_ids = ids(&step.req_handles)?;
-        let entry_ids = PyTuple::new(py, req_ids.bind(py).iter())?.unbind();
+        let entry_ids: Vec<Py<PyString>> = step.req_handles.iter().map(|&h| inner.live_py_id(py, h).unbind()).collect();
+        let req_ids = PyList::new(py, entry_ids.iter().map(|id| id.bind(py)))?.unbind();
         let new_req_ids = ids(&step.new_reqs)?;
         let resumed_req_ids = ids(&step.resumed_reqs)?;
         let rescheduled_req_ids = ids(&step.rescheduled_reqs)?;
@@ -220,15 +220,16 @@ fn token_rows(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<(Vec<i32>, V
 }
 
 /// For each step entry, the runner row holding it; `None` if the runner kept the step's order.
-fn runner_rows(
-    py: Python<'_>,
-    step_ids: &Bound<'_, PyTuple>,
-    runner_ids: &Bound<'_, PyAny>,
-) -> PyResult<Option<Vec<u32>>> {
-    // Fast path without an iterator: a list of the very same id objects, in order.
+fn runner_rows(py: Python<'_>, step_ids: &[Py<PyString>], runner_ids: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u32>>> {
+    // Fast path without an iterator or a reference count: a list of the very same id
+    // objects, in order.
     if let Ok(list) = runner_ids.cast::<PyList>() {
         if list.len() == step_ids.len()
-            && step_ids.iter_borrowed().enumerate().all(|(i, id)| list.get_item(i).is_ok_and(|r| r.is(&*id)))
+            && step_ids.iter().enumerate().all(|(i, id)| {
+                // SAFETY: the GIL is held and `list` is alive; `i` is in bounds (a borrowed
+                // item, only compared by address).
+                unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) == id.as_ptr() }
+            })
         {
             return Ok(None);
         }
@@ -253,7 +254,7 @@ fn runner_rows(
         ));
     }
     // Fast path: the very same id objects, in order.
-    if runner_ids.iter().zip(step_ids.iter()).all(|(a, b)| a.is(&b)) {
+    if runner_ids.iter().zip(step_ids).all(|(a, b)| a.as_ptr() == b.as_ptr()) {
         return Ok(None);
     }
     // An engine's runner keeps its own batch order, with the very id objects the step
@@ -265,8 +266,7 @@ fn runner_rows(
             break; // the same object twice: the text path below names it
         }
     }
-    let rows: Vec<u32> =
-        step_ids.iter_borrowed().map_while(|id| row_of_object.get(&(id.as_ptr() as usize)).copied()).collect();
+    let rows: Vec<u32> = step_ids.iter().map_while(|id| row_of_object.get(&(id.as_ptr() as usize)).copied()).collect();
     if rows.len() == step_ids.len() && row_of_object.len() == runner_ids.len() {
         return Ok(Some(rows));
     }
@@ -284,8 +284,8 @@ fn runner_rows(
         }
     }
     let mut rows = Vec::with_capacity(step_ids.len());
-    for id in step_ids.iter() {
-        let id = id.cast::<PyString>()?.to_cow()?.into_owned();
+    for id in step_ids {
+        let id = id.bind(py).to_cow()?.into_owned();
         match row_of_id.get(&id) {
             Some(&row) => rows.push(row),
             None => {
@@ -468,8 +468,7 @@ impl PyScheduler {
                 )
             })
         };
-        let step_ids = so.entry_ids.bind(py);
-        let rows = runner_rows(py, step_ids, &attr("req_ids")?)?;
+        let rows = runner_rows(py, &so.entry_ids, &attr("req_ids")?)?;
         let sampled_obj = attr("sampled_token_ids")?;
         let counts_obj = attr("num_sampled")?;
         // Copied while the GIL is held: another Python thread may write into the runner's
@@ -486,21 +485,27 @@ impl PyScheduler {
         self.with_inner(py, |inner| {
             let out = RunnerOutput { sampled_token_ids: &sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
-            let events = py.detach(|| core.update_from_output(so.step_id, &out)).map_err(core_err)?;
-            let mut outputs = PyRequestOutputs::with_capacity(events.len());
-            for e in &events {
-                outputs.request_ids.push(inner.live_py_id(py, e.handle).unbind());
-                let tokens = &sampled[e.token_offset..e.token_offset + e.num_tokens];
-                if let [token] = tokens {
-                    outputs.tokens.push(*token); // the usual decode step: no memcpy call
-                } else {
-                    outputs.tokens.extend_from_slice(tokens);
-                }
-                outputs.offsets.push(outputs.tokens.len() as u32);
-                outputs.statuses.push(e.status);
-                outputs.stop_reasons.push(e.stop_reason);
-                outputs.cached_blocks.push(e.num_cached_blocks as i32);
-            }
+            let mut outputs = PyRequestOutputs::with_capacity(counts.len());
+            let mut handles = Vec::with_capacity(counts.len());
+            // The events go straight into the output's columns; the ids (Python objects)
+            // are added once the GIL is back.
+            py.detach(|| {
+                core.update_from_output_with(so.step_id, &out, |e| {
+                    handles.push(e.handle);
+                    let tokens = &sampled[e.token_offset..e.token_offset + e.num_tokens];
+                    if let [token] = tokens {
+                        outputs.tokens.push(*token); // the usual decode step: no memcpy call
+                    } else {
+                        outputs.tokens.extend_from_slice(tokens);
+                    }
+                    outputs.offsets.push(outputs.tokens.len() as u32);
+                    outputs.statuses.push(e.status);
+                    outputs.stop_reasons.push(e.stop_reason);
+                    outputs.cached_blocks.push(e.num_cached_blocks as i32);
+                })
+            })
+            .map_err(core_err)?;
+            outputs.request_ids = handles.iter().map(|&h| inner.live_py_id(py, h).unbind()).collect();
             Ok(outputs)
         })
     }

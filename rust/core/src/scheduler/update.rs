@@ -46,9 +46,10 @@ impl Scheduler {
         }
     }
 
-    /// Checks a runner output against the step it answers without changing
-    /// anything; returns each entry's tokens as `(offset, count)`.
-    fn validate_output(&self, record: &StepRecord, out: &RunnerOutput<'_>) -> CoreResult<Vec<(usize, usize)>> {
+    /// Checks a runner output against the step it answers without changing anything.
+    /// Returns where each runner row's tokens start when the runner reordered the rows
+    /// (in step order they follow from the counts).
+    fn validate_output(&self, record: &StepRecord, out: &RunnerOutput<'_>) -> CoreResult<Option<Vec<usize>>> {
         let rows = out.num_sampled.len();
         if rows != record.entries.len() {
             return Err(CoreError::mismatch(format!(
@@ -57,13 +58,11 @@ impl Scheduler {
                 record.entries.len()
             )));
         }
-        let mut row_offsets = Vec::with_capacity(rows + 1);
         let mut offset = 0usize;
         for (row, &count) in out.num_sampled.iter().enumerate() {
             if count < 0 {
                 return Err(CoreError::mismatch(format!("num_sampled[{row}]={count}: a count cannot be negative")));
             }
-            row_offsets.push(offset);
             offset += count as usize;
         }
         if offset != out.sampled_token_ids.len() {
@@ -88,7 +87,6 @@ impl Scheduler {
             }
         }
         let s = self.config.num_sampled_tokens_per_step();
-        let mut offsets = Vec::with_capacity(rows);
         for (i, entry) in record.entries.iter().enumerate() {
             let row = match out.row_of_entry {
                 Some(map) => map[i] as usize,
@@ -108,9 +106,17 @@ impl Scheduler {
                     if entry.prefill_chunk { ", a non-final prefill chunk" } else { "" }
                 )));
             }
-            offsets.push((row_offsets[row], count as usize));
         }
-        Ok(offsets)
+        Ok(out.row_of_entry.map(|_| {
+            out.num_sampled
+                .iter()
+                .scan(0usize, |offset, &count| {
+                    let start = *offset;
+                    *offset += count as usize;
+                    Some(start)
+                })
+                .collect()
+        }))
     }
 
     /// Applies the output of the oldest step in flight. On error nothing changes.
@@ -118,11 +124,24 @@ impl Scheduler {
     /// A step that scheduled nothing is never in flight (as in vLLM): an output with no
     /// rows for it, or for any step already applied, is a no-op however often it comes.
     pub fn update_from_output(&mut self, step_id: u64, out: &RunnerOutput<'_>) -> CoreResult<Vec<RequestEvent>> {
+        let mut events = Vec::new();
+        self.update_from_output_with(step_id, out, |event| events.push(event))?;
+        Ok(events)
+    }
+
+    /// `update_from_output`, handing each event to `on_event` as it happens (in step
+    /// order) instead of collecting them. On error nothing changes and no event is handed.
+    pub fn update_from_output_with(
+        &mut self,
+        step_id: u64,
+        out: &RunnerOutput<'_>,
+        mut on_event: impl FnMut(RequestEvent),
+    ) -> CoreResult<()> {
         let scheduled_here = step_id > 0 && step_id < self.next_step_id;
         let in_flight = self.in_flight.iter().any(|r| r.step_id == step_id);
         if scheduled_here && !in_flight {
             if out.num_sampled.is_empty() && out.sampled_token_ids.is_empty() {
-                return Ok(Vec::new());
+                return Ok(());
             }
             return Err(CoreError::mismatch(format!(
                 "step {step_id} is not in flight: it scheduled nothing, or its output was already applied; \
@@ -131,16 +150,25 @@ impl Scheduler {
             )));
         }
         let record = self.locate_step(step_id)?;
-        let offsets = self.validate_output(record, out)?;
+        let row_offsets = self.validate_output(record, out)?;
         let record = self.in_flight.pop_front().expect("located");
         let m = self.config.max_model_len();
         let s = self.config.num_sampled_tokens_per_step();
         let async_scheduling = self.config.async_scheduling();
         let k_spec = self.config.num_speculative_tokens();
-        let mut events = Vec::with_capacity(record.entries.len());
         let mut stopped_running = false;
+        let mut next_offset = 0usize;
 
-        for (entry, &(offset, count)) in record.entries.iter().zip(&offsets) {
+        for (i, entry) in record.entries.iter().enumerate() {
+            // The entry's tokens: in step order they follow each other, else the runner's row.
+            let (offset, count) = match (out.row_of_entry, &row_offsets) {
+                (Some(map), Some(row_offsets)) => {
+                    let row = map[i] as usize;
+                    (row_offsets[row], out.num_sampled[row] as usize)
+                }
+                _ => (next_offset, out.num_sampled[i] as usize),
+            };
+            next_offset = offset + count;
             let Some(request) = self.requests.get_mut(entry.handle) else { continue };
             request.set_num_in_flight_tokens(request.num_in_flight_tokens() - entry.num_new_tokens);
             let stale = request.num_stale_output_tokens() > 0;
@@ -215,14 +243,15 @@ impl Scheduler {
                     request.set_num_output_placeholders((request.num_output_placeholders() - undone).max(0));
                 }
             }
-            let (status, stop_reason, num_cached_blocks) =
-                (request.status, request.stop_reason, request.num_cached_blocks);
+            // The stop reason is read only for a stop: it lies in the request's cold lines.
+            let (status, num_cached_blocks) = (request.status, request.num_cached_blocks);
+            let stop_reason = if stopped { request.stop_reason } else { None };
             if stopped {
                 stopped_running |= status_before == RequestStatus::Running;
                 self.release_finished(entry.handle);
             }
             if delivered > 0 || stopped {
-                events.push(RequestEvent {
+                on_event(RequestEvent {
                     handle: entry.handle,
                     token_offset: offset,
                     num_tokens: delivered,
@@ -236,6 +265,6 @@ impl Scheduler {
             let requests = &self.requests;
             self.running.retain(|&h| requests[h].status == RequestStatus::Running);
         }
-        Ok(events)
+        Ok(())
     }
 }
