@@ -409,6 +409,44 @@ def test_flat_drafts_schedule_as_draft_lists_do() -> None:
     assert any(spec_tokens(lists.schedule()).values())
 
 
+def test_drafts_find_their_request_by_id_object_or_by_text() -> None:
+    """The step's own id objects and equal strings built anew name the same request; a
+    finished request's id object (still in a step's lists until reported) and a stale
+    object of a finished id now reused are never given drafts of another request."""
+    by_object = make_scheduler(num_speculative_tokens=2)
+    by_text = make_scheduler(num_speculative_tokens=2)
+    for sched in (by_object, by_text):
+        add_requests(sched, 3, max_tokens=12)
+    for _ in range(3):
+        so_object, so_text = by_object.schedule(), by_text.schedule()
+        assert spec_tokens(so_object) == spec_tokens(so_text)
+        by_object.update_from_output(so_object, one_token_each(so_object))
+        by_text.update_from_output(so_text, one_token_each(so_text))
+        fresh = ["".join(list(rid)) for rid in so_text.req_ids]
+        assert all(a == b and a is not b for a, b in zip(fresh, so_text.req_ids, strict=True))
+        by_object.update_draft_token_ids(so_object.req_ids, [[5, 6]] * len(fresh))
+        by_text.update_draft_token_ids(fresh, [[5, 6]] * len(fresh))
+    drafts_object, drafts_text = spec_tokens(by_object.schedule()), spec_tokens(by_text.schedule())
+    assert drafts_object == drafts_text == {rid: [5, 6] for rid in drafts_text}
+    assert len(drafts_text) == 3
+
+    sched = make_scheduler(num_speculative_tokens=2)
+    add_requests(sched, 2, max_tokens=12)
+    so = sched.schedule()
+    sched.update_from_output(so, one_token_each(so))
+    old = so.req_ids[0]
+    sched.finish_requests(old, RequestStatus.FINISHED_ABORTED)
+    sched.update_draft_token_ids([old], [[5, 6]])  # finished, not yet reported: ignored
+    sched.add_request(old, [1, 2, 3], max_tokens=4)  # the same object names a new request
+    sched.update_draft_token_ids([old], [[5, 6]])  # waiting: its drafts are dropped
+    so = sched.schedule()
+    assert old in so.finished_req_ids and old in so.req_ids
+    assert old not in spec_tokens(so)
+    sched.update_from_output(so, one_token_each(so))
+    sched.update_draft_token_ids([old], [[8, 9]])
+    assert spec_tokens(sched.schedule())[old] == [8, 9]
+
+
 # ------------------------------------------------------------------------------ threads
 
 

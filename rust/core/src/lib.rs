@@ -22,5 +22,5 @@ pub use error::{CoreError, CoreResult};
 pub use kv::{BlockHash, PrefixCacheStats};
 pub use request::{Request, RequestStatus};
 pub use scheduler::step::Step;
-pub use scheduler::{NewRequest, PauseState, RequestEvent, RunnerOutput, Scheduler, SchedulerStats};
+pub use scheduler::{NewRequest, PauseState, RequestEvent, RequestRef, RunnerOutput, Scheduler, SchedulerStats};
 pub use slab::Handle;

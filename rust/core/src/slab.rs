@@ -53,6 +53,11 @@ impl Slab {
         Some(request)
     }
 
+    /// Slots ever used: every handle's index is below it.
+    pub fn num_slots(&self) -> usize {
+        self.slots.len()
+    }
+
     #[inline]
     pub fn get(&self, handle: Handle) -> Option<&Request> {
         let slot = self.slots.get(handle.index as usize)?;

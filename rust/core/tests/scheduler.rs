@@ -259,3 +259,26 @@ fn an_empty_step_applies_as_a_no_op() {
     assert!(sched.update_from_output(empty.step_id + 1, &none).is_err());
     assert!(sched.update_from_output(0, &none).is_err());
 }
+
+/// A draft is a token id in [0, 2^31) or the -1 padding: both ends are kept, one past
+/// either end is refused naming its row and column, and nothing changes.
+#[test]
+fn drafts_are_checked_at_both_ends_of_their_range() {
+    let mut sched = Scheduler::new(config(|p| p.num_speculative_tokens = 3)).unwrap();
+    sched.add_request(request("a", 4, 16)).unwrap();
+    sched.add_request(request("b", 4, 16)).unwrap();
+    let step = sched.schedule();
+    let out = llmsched_core::RunnerOutput { sampled_token_ids: &[7, 7], num_sampled: &[1, 1], row_of_entry: None };
+    sched.update_from_output(step.step_id, &out).unwrap();
+    let spec = |sched: &Scheduler, id: &str| sched.get_request(id).unwrap().spec_token_ids().to_vec();
+
+    let max = i32::MAX as i64;
+    sched.update_draft_token_ids(&["a", "b"], &[-1, 0, max, max], &[3, 1]).expect("in range");
+    assert_eq!(spec(&sched, "a"), vec![-1, 0, i32::MAX]);
+    assert_eq!(spec(&sched, "b"), vec![i32::MAX]);
+    for bad in [-2, max + 1] {
+        let err = sched.update_draft_token_ids(&["a", "b"], &[5, 5, 5, 5, bad], &[2, 3]).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("draft_token_ids[1][2]={bad}:")), "{err}");
+        assert_eq!(spec(&sched, "a"), vec![-1, 0, i32::MAX], "a refused call changed the drafts");
+    }
+}

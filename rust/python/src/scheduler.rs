@@ -5,7 +5,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use llmsched_core::{Handle, NewRequest, RequestStatus, RunnerOutput, Scheduler, Step};
+use llmsched_core::{Handle, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler, Step};
 use numpy::{PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
@@ -41,6 +41,10 @@ struct Inner {
     /// Each live request's Python id, by slab index, handed back every step
     /// as the same object (a reference-count bump, not a new string).
     py_ids: Vec<Option<(u32, Py<PyString>)>>,
+    /// The same ids by object address: a caller handing those objects back (a runner's
+    /// draft rows) is matched without hashing text. An address stays unique while
+    /// `py_ids` holds the object, and leaves this map when `py_ids` lets it go.
+    handle_by_address: rustc_hash::FxHashMap<usize, Handle>,
     /// Set when a call panicked: the state may be half-updated, so refuse more calls.
     broken: Option<String>,
 }
@@ -127,8 +131,12 @@ impl PyScheduler {
             PyList::new(py, step.finished.iter().map(|(h, id)| inner.py_id(py, *h, || id.to_string())))?.unbind();
         for (handle, _) in &step.finished {
             if let Some(slot) = inner.py_ids.get_mut(handle.index as usize) {
-                if slot.as_ref().is_some_and(|(g, _)| *g == handle.generation) {
-                    *slot = None;
+                if let Some((_, id)) = slot.take_if(|(g, _)| *g == handle.generation) {
+                    // The same object may name a newer request with that id by now.
+                    let address = id.as_ptr() as usize;
+                    if inner.handle_by_address.get(&address) == Some(handle) {
+                        inner.handle_by_address.remove(&address);
+                    }
                 }
             }
         }
@@ -313,7 +321,7 @@ impl PyScheduler {
         Ok(Self {
             config: config.unbind(),
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
-            inner: Mutex::new(Inner { core, py_ids: Vec::new(), broken: None }),
+            inner: Mutex::new(Inner { core, py_ids: Vec::new(), handle_by_address: Default::default(), broken: None }),
             owner: AtomicUsize::new(0),
         })
     }
@@ -408,6 +416,7 @@ impl PyScheduler {
             if inner.py_ids.len() <= index {
                 inner.py_ids.resize_with(index + 1, || None);
             }
+            inner.handle_by_address.insert(py_id.as_ptr() as usize, handle);
             inner.py_ids[index] = Some((handle.generation, py_id));
             Ok(())
         })
@@ -526,19 +535,9 @@ impl PyScheduler {
         draft_token_ids: &Bound<'_, PyAny>,
         num_draft_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let ids: Vec<Bound<'_, PyString>> = req_ids
+        let ids: Vec<Bound<'_, PyAny>> = req_ids
             .try_iter()
             .map_err(|_| request_error(py, format!("req_ids: must be a sequence of str, got {}", type_name(req_ids))))?
-            .enumerate()
-            .map(|(i, id)| {
-                let id = id?;
-                id.cast_into::<PyString>().map_err(|e| {
-                    request_error(
-                        py,
-                        format!("req_ids[{i}]: must be a str, got {}", type_name(e.into_inner().as_any())),
-                    )
-                })
-            })
             .collect::<PyResult<_>>()?;
         let (drafts, counts) = match num_draft_tokens {
             Some(counts) => (
@@ -564,8 +563,22 @@ impl PyScheduler {
                 (drafts, counts)
             }
         };
-        let id_refs: Vec<&str> = ids.iter().map(|id| id.to_str()).collect::<PyResult<_>>()?;
-        self.with_inner(py, |inner| inner.core.update_draft_token_ids(&id_refs, &drafts, &counts).map_err(core_err))
+        self.with_inner(py, |inner| {
+            // The ids the step handed out are known by address; any other str by its text.
+            let requests: Vec<RequestRef<'_>> = ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| match inner.handle_by_address.get(&(id.as_ptr() as usize)) {
+                    Some(&handle) => Ok(RequestRef::Handle(handle)),
+                    None => id
+                        .cast::<PyString>()
+                        .map_err(|_| request_error(py, format!("req_ids[{i}]: must be a str, got {}", type_name(id))))?
+                        .to_str()
+                        .map(RequestRef::Id),
+                })
+                .collect::<PyResult<_>>()?;
+            inner.core.update_draft_token_ids_of(&requests, &drafts, &counts).map_err(core_err)
+        })
     }
 
     /// Finish live requests with a finished ``status``; returns the ids

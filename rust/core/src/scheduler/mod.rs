@@ -26,6 +26,13 @@ use step::{Entry, EntryKind, InFlightEntry, Step, StepBuilder, StepRecord, Undo}
 
 pub use update::{RequestEvent, RunnerOutput};
 
+/// A request named in a call: by the handle `add_request` returned, or by its id.
+#[derive(Clone, Copy, Debug)]
+pub enum RequestRef<'a> {
+    Handle(Handle),
+    Id(&'a str),
+}
+
 /// Counters over the scheduler's life.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SchedulerStats {
@@ -394,6 +401,18 @@ impl Scheduler {
         draft_token_ids: &[i64],
         num_draft_tokens: &[i64],
     ) -> CoreResult<()> {
+        let requests: Vec<RequestRef<'_>> = request_ids.iter().map(|&id| RequestRef::Id(id)).collect();
+        self.update_draft_token_ids_of(&requests, draft_token_ids, num_draft_tokens)
+    }
+
+    /// `update_draft_token_ids` with each request given by handle or by id: a caller that
+    /// keeps the handles (the binding, by id object) skips hashing the ids.
+    pub fn update_draft_token_ids_of(
+        &mut self,
+        request_ids: &[RequestRef<'_>],
+        draft_token_ids: &[i64],
+        num_draft_tokens: &[i64],
+    ) -> CoreResult<()> {
         let k_spec = self.config.num_speculative_tokens();
         if request_ids.len() != num_draft_tokens.len() {
             return Err(CoreError::request(
@@ -405,19 +424,26 @@ impl Scheduler {
                 ),
             ));
         }
-        // One lookup per id; duplicates found by handle (and, for ids not live, by name).
+        // One lookup per id; duplicates found by slot (and, for ids not live, by name).
         let mut handles = Vec::with_capacity(request_ids.len());
-        let mut seen = rustc_hash::FxHashSet::with_capacity_and_hasher(request_ids.len(), Default::default());
+        let mut seen = vec![false; self.requests.num_slots()];
         let mut seen_unknown = rustc_hash::FxHashSet::default();
         let mut total: i64 = 0;
-        for (i, (id, &count)) in request_ids.iter().zip(num_draft_tokens).enumerate() {
-            let handle = self.ids.get(*id).copied();
+        for (i, (request, &count)) in request_ids.iter().zip(num_draft_tokens).enumerate() {
+            let handle = match *request {
+                RequestRef::Id(id) => self.ids.get(id).copied(),
+                RequestRef::Handle(h) => self.requests.get(h).filter(|r| !r.status.is_finished()).map(|_| h),
+            };
             let first = match handle {
-                Some(h) => seen.insert(h.index),
-                None => seen_unknown.insert(*id),
+                Some(h) => !std::mem::replace(&mut seen[h.index as usize], true),
+                None => seen_unknown.insert(self.request_name(request)),
             };
             if !first {
-                return Err(CoreError::request(format!("req_ids[{i}]"), format!("{id:?}"), "appears twice"));
+                return Err(CoreError::request(
+                    format!("req_ids[{i}]"),
+                    format!("{:?}", self.request_name(request)),
+                    "appears twice",
+                ));
             }
             handles.push(handle);
             if !(0..=k_spec).contains(&count) {
@@ -437,7 +463,17 @@ impl Scheduler {
             ));
         }
         // -1 is a drafter's padding: kept, and rejected by the sampler like vLLM does.
-        if let Some(at) = draft_token_ids.iter().position(|t| !(-1..=i32::MAX as i64).contains(t)) {
+        // The smallest and largest draft in one pass the compiler vectorizes, before
+        // looking for the bad one.
+        let (lowest, highest) =
+            draft_token_ids.iter().fold((i64::MAX, i64::MIN), |(lo, hi), &t| (lo.min(t), hi.max(t)));
+        let is_draft = |t: &i64| (-1..=i32::MAX as i64).contains(t);
+        let first_bad = if is_draft(&lowest) && is_draft(&highest) {
+            None
+        } else {
+            draft_token_ids.iter().position(|t| !is_draft(t))
+        };
+        if let Some(at) = first_bad {
             let (i, j) = row_and_column(num_draft_tokens, at);
             return Err(CoreError::request(
                 format!("draft_token_ids[{i}][{j}]"),
@@ -457,6 +493,14 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+
+    /// The id of a request named by `request` (a handle whose slot is gone names itself).
+    fn request_name(&self, request: &RequestRef<'_>) -> String {
+        match *request {
+            RequestRef::Id(id) => id.to_string(),
+            RequestRef::Handle(h) => self.requests.get(h).map_or_else(|| format!("{h:?}"), |r| r.id.to_string()),
+        }
     }
 
     pub fn get_request(&self, request_id: &str) -> CoreResult<&Request> {
