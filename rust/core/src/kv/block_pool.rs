@@ -157,7 +157,9 @@ impl BlockPool {
         for _ in 0..k {
             let id = self.head;
             self.unlink(id);
-            self.uncache(id);
+            if self.nodes[id as usize].hashed {
+                self.uncache(id);
+            }
             self.nodes[id as usize].ref_cnt = 1;
             out.push(id);
         }
@@ -257,7 +259,8 @@ impl BlockPool {
     /// first). Blocks reaching zero go to the head if they hold no cached
     /// content (reused first), to the tail otherwise (LRU), in the given order.
     pub fn free_blocks(&mut self, ordered: impl Iterator<Item = u32>) {
-        let mut to_head: Vec<u32> = Vec::new();
+        // The last block put at the head so far: the next one goes right after it.
+        let mut head_run_end = NIL;
         for id in ordered {
             if id == NULL_BLOCK {
                 continue;
@@ -265,19 +268,36 @@ impl BlockPool {
             let node = &mut self.nodes[id as usize];
             node.ref_cnt -= 1;
             if node.ref_cnt == 0 {
-                if !node.hashed {
-                    to_head.push(id);
-                } else {
+                if node.hashed {
                     self.push_back(id);
+                } else {
+                    if head_run_end == NIL {
+                        self.push_front(id);
+                    } else {
+                        self.insert_after(head_run_end, id);
+                    }
+                    head_run_end = id;
                 }
             }
         }
-        for &id in to_head.iter().rev() {
-            self.push_front(id);
-        }
     }
 
-    /// The free queue from head to tail. O(num_blocks): tests and checks only.
+    /// Links `id` into the free queue right after `prev`, a block in the queue.
+    fn insert_after(&mut self, prev: u32, id: u32) {
+        let next = self.nodes[prev as usize].next;
+        let node = &mut self.nodes[id as usize];
+        node.prev = prev;
+        node.next = next;
+        node.in_free_queue = true;
+        self.nodes[prev as usize].next = id;
+        if next == NIL {
+            self.tail = id;
+        } else {
+            self.nodes[next as usize].prev = id;
+        }
+        self.num_free += 1;
+    }
+
     pub fn free_queue(&self) -> Vec<u32> {
         let mut out = Vec::with_capacity(self.num_free);
         let mut id = self.head;
