@@ -448,6 +448,7 @@ impl Request {
 
     /// vLLM's `check_stop` on the last output token; the order of the checks
     /// is vLLM's and matters (spec §4.3). Sets the finished status.
+    #[inline]
     pub(crate) fn check_stop(&mut self, max_model_len: i64) -> bool {
         let last = *self.token_ids.last().expect("check_stop after an append");
         if last == self.eos_token_id {

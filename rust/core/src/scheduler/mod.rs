@@ -193,6 +193,8 @@ impl Scheduler {
     /// Commits a loop's decision: takes its budget, writes the step's columns for it,
     /// then advances `C` optimistically (vLLM's `_update_after_schedule`): the columns
     /// hold the values before the advance.
+    // Inlined: called once per scheduled request, mostly from the running loop.
+    #[inline(always)]
     fn commit(&mut self, b: &mut StepBuilder, e: Entry) {
         b.token_budget -= e.num_new_tokens;
         b.input_budget -= e.num_new_tokens + b.draft_slots;
