@@ -137,11 +137,12 @@ const NO_TOKEN: i32 = -1;
 ///
 /// Laid out for the step loops: the slab keeps each request in a slot aligned to a cache
 /// line, 8 bytes in, and every field a step reads or writes (the running loop, the
-/// step's columns, the update, the stop check) sits in the slot's first two cache lines:
-/// a decode step touches those two lines and the token list's tail, nothing else of the
-/// request. The counters are stored as `i32` (every one is bounded by `max_model_len`,
-/// which the config caps at `2^30`) and read as `i64` through the accessors, so the
-/// spec's formulas subtract in `i64` as written.
+/// step's columns, the update, the stop check) sits in the slot's first two cache lines.
+/// A decode step touches those two lines and the token list's tail, nothing else of the
+/// request (with prefix caching, also the block hashes; with stop token ids, those). The
+/// counters are stored as `i32` (each stays within twice `max_model_len`, which the
+/// config keeps below 2^30) and read as `i64` through the accessors, so the spec's
+/// formulas subtract in `i64` as written.
 #[derive(Clone, Debug)]
 #[repr(C)]
 pub struct Request {
@@ -220,7 +221,7 @@ impl Request {
     };
 }
 
-/// A counter as stored: every counter is bounded by `max_model_len`, which fits.
+/// A counter as stored (see `Request`: every one fits).
 #[inline(always)]
 fn stored(value: i64) -> i32 {
     debug_assert!(i32::try_from(value).is_ok(), "counter {value} out of range");

@@ -252,12 +252,13 @@ pub struct PyRequestOutputs {
 }
 
 impl PyRequestOutputs {
-    pub fn with_capacity(n: usize) -> Self {
+    /// Room for `n` requests and `num_tokens` tokens.
+    pub fn with_capacity(n: usize, num_tokens: usize) -> Self {
         let mut offsets = Vec::with_capacity(n + 1);
         offsets.push(0);
         Self {
             request_ids: Vec::with_capacity(n),
-            tokens: Vec::with_capacity(n),
+            tokens: Vec::with_capacity(num_tokens),
             offsets,
             statuses: Vec::with_capacity(n),
             stop_reasons: Vec::with_capacity(n),

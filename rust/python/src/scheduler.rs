@@ -494,7 +494,7 @@ impl PyScheduler {
         self.with_inner(py, |inner| {
             let out = RunnerOutput { sampled_token_ids: &sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
-            let mut outputs = PyRequestOutputs::with_capacity(counts.len());
+            let mut outputs = PyRequestOutputs::with_capacity(counts.len(), sampled.len());
             let mut handles = Vec::with_capacity(counts.len());
             // The events go straight into the output's columns; the ids (Python objects)
             // are added once the GIL is back.
@@ -535,10 +535,13 @@ impl PyScheduler {
         draft_token_ids: &Bound<'_, PyAny>,
         num_draft_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let ids: Vec<Bound<'_, PyAny>> = req_ids
+        let mut ids: Vec<Bound<'_, PyAny>> = Vec::with_capacity(req_ids.len().unwrap_or(0));
+        for id in req_ids
             .try_iter()
             .map_err(|_| request_error(py, format!("req_ids: must be a sequence of str, got {}", type_name(req_ids))))?
-            .collect::<PyResult<_>>()?;
+        {
+            ids.push(id?);
+        }
         let (drafts, counts) = match num_draft_tokens {
             Some(counts) => (
                 token_list(py, draft_token_ids, &"draft_token_ids", request_error)?,

@@ -168,8 +168,12 @@ impl Scheduler {
                 num_scheduled_tokens: Vec::with_capacity(capacity),
                 num_computed_tokens: Vec::with_capacity(capacity),
                 num_spec_tokens: Vec::with_capacity(capacity),
+                // Room for every draft slot and a new block per request: no regrowth in
+                // a decode step.
+                spec_token_ids: Vec::with_capacity(capacity * cfg.num_speculative_tokens() as usize),
                 num_output_tokens: Vec::with_capacity(capacity),
                 num_block_ids: Vec::with_capacity(capacity),
+                block_ids: Vec::with_capacity(capacity),
                 num_all_token_ids: Vec::with_capacity(capacity),
                 ..Step::default()
             },
