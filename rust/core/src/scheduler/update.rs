@@ -243,9 +243,12 @@ impl Scheduler {
                     request.set_num_output_placeholders((request.num_output_placeholders() - undone).max(0));
                 }
             }
-            // The stop reason is read only for a stop: it lies in the request's cold lines.
-            let (status, num_cached_blocks) = (request.status, request.num_cached_blocks);
+            // Read only when they can be set: the stop reason lies in the request's cold
+            // lines, the cached blocks in its second line, which a decode's update
+            // otherwise leaves alone (no block is cached without prefix caching).
+            let status = request.status;
             let stop_reason = if stopped { request.stop_reason } else { None };
+            let num_cached_blocks = if self.kv.enable_caching() { request.num_cached_blocks } else { 0 };
             if stopped {
                 stopped_running |= status_before == RequestStatus::Running;
                 self.release_finished(entry.handle);
