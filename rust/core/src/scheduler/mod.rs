@@ -199,11 +199,10 @@ impl Scheduler {
     /// hold the values before the advance.
     // Inlined: called once per scheduled request, mostly from the running loop.
     #[inline(always)]
-    fn commit(&mut self, b: &mut StepBuilder, e: Entry) {
+    fn commit(config: &SchedulerConfig, b: &mut StepBuilder, request: &mut Request, e: Entry) {
         b.token_budget -= e.num_new_tokens;
         b.input_budget -= e.num_new_tokens + b.draft_slots;
         let step = &mut b.step;
-        let request = &mut self.requests[e.handle];
         step.req_handles.push(e.handle);
         step.num_scheduled_tokens.push(e.num_new_tokens as i32);
         step.num_computed_tokens.push(e.num_computed_before as i32);
@@ -250,12 +249,12 @@ impl Scheduler {
         request.set_num_in_flight_tokens(request.num_in_flight_tokens() + e.num_new_tokens);
         request.is_prefill_chunk =
             request.num_computed_tokens() < request.num_tokens() + request.num_output_placeholders();
-        if self.config.async_scheduling() && !request.is_prefill_chunk {
+        if config.async_scheduling() && !request.is_prefill_chunk {
             // The step's outputs (sampled tokens and drafts) are placeholders until it returns.
-            let s = self.config.num_sampled_tokens_per_step();
+            let s = config.num_sampled_tokens_per_step();
             request.set_num_output_placeholders(request.num_output_placeholders() + s + e.num_spec);
             request.spec_token_ids.clear();
-            request.spec_token_ids.resize(self.config.num_speculative_tokens() as usize, -1);
+            request.spec_token_ids.resize(config.num_speculative_tokens() as usize, -1);
         }
         b.record.push(InFlightEntry {
             handle: e.handle,

@@ -23,7 +23,7 @@ impl Scheduler {
                 break;
             }
             let handle = self.running[req_index];
-            let request = &self.requests[handle];
+            let request = &mut self.requests[handle];
             let (c, p) = (request.num_computed_tokens(), request.num_output_placeholders());
             // Async: the step in flight reaches max_tokens even if every draft
             // in it is rejected, (C + 1) - (P - 1) >= Np + max_tokens.
@@ -43,40 +43,26 @@ impl Scheduler {
                 continue;
             }
 
-            let cached_blocks_before = self.requests[handle].num_cached_blocks;
-            let first_new_block = loop {
-                let ask = SlotRequest {
-                    num_new_tokens: n,
-                    num_new_computed_tokens: 0,
-                    new_computed_blocks: &[],
-                    num_lookahead_tokens: lookahead,
-                    full_sequence_must_fit: false,
-                    has_scheduled_reqs: true,
-                };
-                if let Some(first) = self.kv.allocate_slots(&mut self.requests[handle], ask) {
-                    break Some(first);
-                }
-                let victim = self.pick_victim(priority_policy);
-                let victim_index = self.running.iter().position(|&h| h == victim).expect("victim is running");
-                self.running.remove(victim_index);
-                if victim_index < req_index {
-                    req_index -= 1;
-                }
-                // Under FCFS the victim is at or after `req_index`, never already scheduled.
-                if let Some(position) = b.position(victim) {
-                    self.uncommit(b, position);
-                }
-                self.preempt(victim, false);
-                b.preempted = true;
-                if victim == handle {
-                    break None;
-                }
+            let cached_blocks_before = request.num_cached_blocks;
+            let ask = SlotRequest {
+                num_new_tokens: n,
+                num_new_computed_tokens: 0,
+                new_computed_blocks: &[],
+                num_lookahead_tokens: lookahead,
+                full_sequence_must_fit: false,
+                has_scheduled_reqs: true,
             };
-            let Some(first_new_block) = first_new_block else {
-                if priority_policy && self.requests[handle].status == RequestStatus::Preempted {
-                    continue;
-                }
-                break;
+            let first_new_block = match self.kv.allocate_slots(request, ask) {
+                Some(first) => first,
+                None => match self.allocate_preempting(b, handle, ask, &mut req_index, priority_policy) {
+                    Some(first) => first,
+                    None => {
+                        if priority_policy && self.requests[handle].status == RequestStatus::Preempted {
+                            continue;
+                        }
+                        break;
+                    }
+                },
             };
 
             let request = &mut self.requests[handle];
@@ -92,8 +78,10 @@ impl Scheduler {
                 }
                 request.spec_token_ids.clear();
             }
-            self.commit(
+            Self::commit(
+                &self.config,
                 b,
+                request,
                 Entry {
                     handle,
                     num_new_tokens: n,
@@ -104,6 +92,40 @@ impl Scheduler {
                 },
             );
             req_index += 1;
+        }
+    }
+
+    /// Allocates for `handle` after its first attempt failed, preempting running requests
+    /// (the victim's entry undone if it was already scheduled) until the allocation fits
+    /// or `handle` itself is the victim (None). `req_index` follows the removals.
+    #[cold]
+    fn allocate_preempting(
+        &mut self,
+        b: &mut StepBuilder,
+        handle: Handle,
+        ask: SlotRequest<'_>,
+        req_index: &mut usize,
+        priority_policy: bool,
+    ) -> Option<usize> {
+        loop {
+            let victim = self.pick_victim(priority_policy);
+            let victim_index = self.running.iter().position(|&h| h == victim).expect("victim is running");
+            self.running.remove(victim_index);
+            if victim_index < *req_index {
+                *req_index -= 1;
+            }
+            // Under FCFS the victim is at or after `req_index`, never already scheduled.
+            if let Some(position) = b.position(victim) {
+                self.uncommit(b, position);
+            }
+            self.preempt(victim, false);
+            b.preempted = true;
+            if victim == handle {
+                return None;
+            }
+            if let Some(first) = self.kv.allocate_slots(&mut self.requests[handle], ask) {
+                return Some(first);
+            }
         }
     }
 

@@ -117,8 +117,10 @@ impl Scheduler {
             if pad {
                 b.step.spec_token_ids.extend(std::iter::repeat_n(-1, k_spec as usize));
             }
-            self.commit(
+            Self::commit(
+                &self.config,
                 b,
+                request,
                 Entry {
                     handle,
                     num_new_tokens: n,
