@@ -1023,6 +1023,7 @@ impl Harness {
             let t = &mut self.tracked[idx];
             prop_assert!(seen.insert(e.handle), "{}: two events in one output", t.id);
             prop_assert!(!t.finished, "{}: an event after its finish", t.id);
+            prop_assert_eq!(e.entry as usize, i, "{}: the event's step position", t.id);
             prop_assert_eq!(e.token_offset, row_offsets[row], "{}: token offset", t.id);
             prop_assert!(e.num_tokens <= p.counts[row] as usize, "{}: more tokens than the runner gave", t.id);
             prop_assert!(e.num_tokens as i64 <= 1 + k);

@@ -1,7 +1,10 @@
 //! The objects a step hands to Python: `SchedulerOutput`, `RequestOutput`,
 //! and the `Request` snapshot of `get_request`.
 
+use std::sync::Arc;
+
 use llmsched_core::{Request, RequestStatus};
+
 use numpy::{PyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -64,8 +67,9 @@ pub struct PySchedulerOutput {
     #[pyo3(get)]
     pub req_ids: Py<PyList>,
     /// The same id objects, held apart: `update_from_output` matches runner rows
-    /// against these, so a caller mutating `req_ids` cannot misroute tokens.
-    pub entry_ids: Vec<Py<PyString>>,
+    /// against these, so a caller mutating `req_ids` cannot misroute tokens; the
+    /// step's `RequestOutputs` share them.
+    pub entry_ids: Arc<[Py<PyString>]>,
     /// ``n`` per request: tokens to compute in this step (>= 1).
     #[pyo3(get)]
     pub num_scheduled_tokens: Py<PyArray1<i32>>,
@@ -242,7 +246,11 @@ impl PyRequestOutput {
 /// numpy arrays on each access.
 #[pyclass(frozen, sequence, module = "llmsched", name = "RequestOutputs")]
 pub struct PyRequestOutputs {
-    pub request_ids: Vec<Py<PyString>>,
+    /// The ids of the step the outputs answer, shared with its `SchedulerOutput`: an
+    /// output names its request by position, without a reference count per request.
+    pub step_ids: Arc<[Py<PyString>]>,
+    /// Per output, its request's position in `step_ids`.
+    pub entries: Vec<u32>,
     /// Delivered tokens, flat; request `i` owns `tokens[offsets[i]..offsets[i + 1]]`.
     pub tokens: Vec<i32>,
     pub offsets: Vec<u32>,
@@ -252,12 +260,13 @@ pub struct PyRequestOutputs {
 }
 
 impl PyRequestOutputs {
-    /// Room for `n` requests and `num_tokens` tokens.
-    pub fn with_capacity(n: usize, num_tokens: usize) -> Self {
+    /// Room for `n` requests and `num_tokens` tokens, for a step with ids `step_ids`.
+    pub fn with_capacity(step_ids: Arc<[Py<PyString>]>, n: usize, num_tokens: usize) -> Self {
         let mut offsets = Vec::with_capacity(n + 1);
         offsets.push(0);
         Self {
-            request_ids: Vec::with_capacity(n),
+            step_ids,
+            entries: Vec::with_capacity(n),
             tokens: Vec::with_capacity(num_tokens),
             offsets,
             statuses: Vec::with_capacity(n),
@@ -266,10 +275,19 @@ impl PyRequestOutputs {
         }
     }
 
+    /// The id of output `i`'s request.
+    fn request_id(&self, i: usize) -> &Py<PyString> {
+        &self.step_ids[self.entries[i] as usize]
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     fn element(&self, py: Python<'_>, i: usize) -> PyRequestOutput {
         let (start, end) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
         PyRequestOutput {
-            request_id: self.request_ids[i].clone_ref(py),
+            request_id: self.request_id(i).clone_ref(py),
             new_token_ids: Tokens::new(&self.tokens[start..end]),
             status: self.statuses[i],
             stop_reason: self.stop_reasons[i],
@@ -278,7 +296,7 @@ impl PyRequestOutputs {
 
     fn to_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
-        for i in 0..self.request_ids.len() {
+        for i in 0..self.len() {
             list.append(Py::new(py, self.element(py, i))?)?;
         }
         Ok(list)
@@ -288,7 +306,7 @@ impl PyRequestOutputs {
 #[pymethods]
 impl PyRequestOutputs {
     fn __len__(&self) -> usize {
-        self.request_ids.len()
+        self.len()
     }
 
     fn __getitem__<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -296,7 +314,7 @@ impl PyRequestOutputs {
             return self.to_list(py)?.as_any().get_item(index);
         }
         let i: isize = index.extract()?;
-        let len = self.request_ids.len() as isize;
+        let len = self.len() as isize;
         let j = if i < 0 { i + len } else { i };
         if !(0..len).contains(&j) {
             return Err(pyo3::exceptions::PyIndexError::new_err(format!("index {i} out of range for {len} outputs")));
@@ -326,7 +344,7 @@ impl PyRequestOutputs {
     /// Request ids, in output order.
     #[getter]
     fn req_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.request_ids.iter().map(|id| id.bind(py)))
+        PyList::new(py, (0..self.len()).map(|i| self.request_id(i).bind(py)))
     }
 
     /// Every delivered token, flat, split by ``num_new_tokens`` (int32; a copy).
@@ -361,7 +379,7 @@ impl PyRequestOutputs {
     fn finished_req_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         PyList::new(
             py,
-            self.request_ids.iter().zip(&self.statuses).filter(|(_, s)| s.is_finished()).map(|(id, _)| id.bind(py)),
+            (0..self.len()).filter(|&i| self.statuses[i].is_finished()).map(|i| self.request_id(i).bind(py)),
         )
     }
 }

@@ -3,7 +3,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use llmsched_core::{Handle, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler, Step};
 use numpy::{PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
@@ -120,7 +120,8 @@ impl PyScheduler {
         let ids = |handles: &[Handle]| -> PyResult<Py<PyList>> {
             Ok(PyList::new(py, handles.iter().map(|&h| inner.live_py_id(py, h)))?.unbind())
         };
-        let entry_ids: Vec<Py<PyString>> = step.req_handles.iter().map(|&h| inner.live_py_id(py, h).unbind()).collect();
+        let entry_ids: Arc<[Py<PyString>]> =
+            step.req_handles.iter().map(|&h| inner.live_py_id(py, h).unbind()).collect();
         let req_ids = PyList::new(py, entry_ids.iter().map(|id| id.bind(py)))?.unbind();
         let new_req_ids = ids(&step.new_reqs)?;
         let resumed_req_ids = ids(&step.resumed_reqs)?;
@@ -494,13 +495,11 @@ impl PyScheduler {
         self.with_inner(py, |inner| {
             let out = RunnerOutput { sampled_token_ids: &sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
-            let mut outputs = PyRequestOutputs::with_capacity(counts.len(), sampled.len());
-            let mut handles = Vec::with_capacity(counts.len());
-            // The events go straight into the output's columns; the ids (Python objects)
-            // are added once the GIL is back.
+            let mut outputs = PyRequestOutputs::with_capacity(so.entry_ids.clone(), counts.len(), sampled.len());
+            // The events go straight into the output's columns.
             py.detach(|| {
                 core.update_from_output_with(so.step_id, &out, |e| {
-                    handles.push(e.handle);
+                    outputs.entries.push(e.entry);
                     let tokens = &sampled[e.token_offset..e.token_offset + e.num_tokens];
                     if let [token] = tokens {
                         outputs.tokens.push(*token); // the usual decode step: no memcpy call
@@ -514,7 +513,6 @@ impl PyScheduler {
                 })
             })
             .map_err(core_err)?;
-            outputs.request_ids = handles.iter().map(|&h| inner.live_py_id(py, h).unbind()).collect();
             Ok(outputs)
         })
     }

@@ -23,6 +23,8 @@ pub struct RunnerOutput<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RequestEvent {
     pub handle: Handle,
+    /// The request's position in the step (its row in the step's columns).
+    pub entry: u32,
     /// Offset of the delivered tokens in `RunnerOutput::sampled_token_ids`.
     pub token_offset: usize,
     pub num_tokens: usize,
@@ -256,6 +258,7 @@ impl Scheduler {
             if delivered > 0 || stopped {
                 on_event(RequestEvent {
                     handle: entry.handle,
+                    entry: i as u32,
                     token_offset: offset,
                     num_tokens: delivered,
                     status,
