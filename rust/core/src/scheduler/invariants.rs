@@ -78,7 +78,7 @@ impl Scheduler {
         let mut in_flight: FxHashMap<Handle, i64> = FxHashMap::default();
         for record in &self.in_flight {
             for e in &record.entries {
-                *in_flight.entry(e.handle).or_default() += e.num_new_tokens;
+                *in_flight.entry(e.handle).or_default() += e.num_new_tokens();
             }
         }
 

@@ -256,12 +256,7 @@ impl Scheduler {
             request.spec_token_ids.clear();
             request.spec_token_ids.resize(config.num_speculative_tokens() as usize, -1);
         }
-        b.record.push(InFlightEntry {
-            handle: e.handle,
-            num_new_tokens: e.num_new_tokens,
-            num_spec: e.num_spec,
-            prefill_chunk: request.is_prefill_chunk,
-        });
+        b.record.push(InFlightEntry::new(e.handle, e.num_new_tokens, e.num_spec, request.is_prefill_chunk));
     }
 
     /// Undoes the committed running entry at `position` (a priority preemption took its
@@ -295,7 +290,7 @@ impl Scheduler {
         request.set_num_in_flight_tokens(request.num_in_flight_tokens() - n);
         if self.config.async_scheduling() && !entry.prefill_chunk {
             let s = self.config.num_sampled_tokens_per_step();
-            request.set_num_output_placeholders(request.num_output_placeholders() - s - entry.num_spec);
+            request.set_num_output_placeholders(request.num_output_placeholders() - s - entry.num_spec());
         }
         // Its step will not run: the blocks its allocation registered in the prefix cache
         // will never hold their KV. (vLLM leaves them cached, so a later hit would read KV

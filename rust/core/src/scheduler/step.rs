@@ -107,14 +107,37 @@ impl Step {
     }
 }
 
-/// What the scheduler keeps of a step until its output is applied.
+/// What the scheduler keeps of a step until its output is applied, per request: 20 bytes,
+/// read once by the update (the counts fit: both are bounded by the token budget).
 #[derive(Clone, Debug)]
 pub(crate) struct InFlightEntry {
     pub handle: Handle,
-    pub num_new_tokens: i64,
-    pub num_spec: i64,
+    num_new_tokens: i32,
+    num_spec: i32,
     /// The step did not reach the end of the request's known tokens: its output has no token.
     pub prefill_chunk: bool,
+}
+
+impl InFlightEntry {
+    pub fn new(handle: Handle, num_new_tokens: i64, num_spec: i64, prefill_chunk: bool) -> Self {
+        let narrow = |v: i64| {
+            debug_assert!(i32::try_from(v).is_ok(), "a step's count {v} out of range");
+            v as i32
+        };
+        Self { handle, num_new_tokens: narrow(num_new_tokens), num_spec: narrow(num_spec), prefill_chunk }
+    }
+
+    /// `n`.
+    #[inline]
+    pub fn num_new_tokens(&self) -> i64 {
+        self.num_new_tokens.into()
+    }
+
+    /// Draft slots scheduled.
+    #[inline]
+    pub fn num_spec(&self) -> i64 {
+        self.num_spec.into()
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -97,14 +97,14 @@ impl Scheduler {
             let count = out.num_sampled[row] as i64;
             // A chunk that ends before the request's known tokens samples nothing;
             // otherwise accepted drafts plus the sampled token(s).
-            let most = if entry.prefill_chunk { 0 } else { s * (1 + entry.num_spec) };
+            let most = if entry.prefill_chunk { 0 } else { s * (1 + entry.num_spec()) };
             if count > most {
                 let name = self.requests.get(entry.handle).map(|r| r.id.to_string()).unwrap_or_default();
                 return Err(CoreError::mismatch(format!(
                     "request {name:?}: the runner returned {count} tokens but step {} allows at most {most} \
                      ({} draft slots{})",
                     record.step_id,
-                    entry.num_spec,
+                    entry.num_spec(),
                     if entry.prefill_chunk { ", a non-final prefill chunk" } else { "" }
                 )));
             }
@@ -172,19 +172,19 @@ impl Scheduler {
             };
             next_offset = offset + count;
             let Some(request) = self.requests.get_mut(entry.handle) else { continue };
-            request.set_num_in_flight_tokens(request.num_in_flight_tokens() - entry.num_new_tokens);
+            request.set_num_in_flight_tokens(request.num_in_flight_tokens() - entry.num_new_tokens());
             let stale = request.num_stale_output_tokens() > 0;
             if stale {
-                request.set_num_stale_output_tokens(request.num_stale_output_tokens() - entry.num_new_tokens);
+                request.set_num_stale_output_tokens(request.num_stale_output_tokens() - entry.num_new_tokens());
             }
             if request.status.is_finished() || (stale && request.drop_stale_output) {
                 continue;
             }
             let generated = &out.sampled_token_ids[offset..offset + count];
 
-            if entry.num_spec > 0 && (!generated.is_empty() || s == 0) {
+            if entry.num_spec() > 0 && (!generated.is_empty() || s == 0) {
                 let accepted = (generated.len() as i64 - s).max(0);
-                let rejected = entry.num_spec - accepted;
+                let rejected = entry.num_spec() - accepted;
                 if !stale {
                     // The rejected draft positions hold no usable KV and no output.
                     if request.num_computed_tokens() > 0 {
@@ -194,7 +194,7 @@ impl Scheduler {
                         request.set_num_output_placeholders(request.num_output_placeholders() - rejected);
                     }
                 }
-                self.stats.num_draft_tokens += entry.num_spec as u64;
+                self.stats.num_draft_tokens += entry.num_spec() as u64;
                 self.stats.num_accepted_tokens += accepted as u64;
             }
 
@@ -239,7 +239,7 @@ impl Scheduler {
                 // runner-side error or a dropped sample). vLLM leaves C ahead of N - 1 and
                 // the request can never be scheduled again; undo the step's draft and
                 // sampled positions instead, so the next step samples again (K + s).
-                let undone = entry.num_spec + s;
+                let undone = entry.num_spec() + s;
                 request.set_num_computed_tokens((request.num_computed_tokens() - undone).max(0));
                 if async_scheduling {
                     request.set_num_output_placeholders((request.num_output_placeholders() - undone).max(0));
