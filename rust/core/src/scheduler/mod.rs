@@ -211,7 +211,9 @@ impl Scheduler {
         step.total_num_scheduled_tokens += e.num_new_tokens;
         let previous_step = request.last_scheduled_step;
         request.last_scheduled_step = step.step_id;
-        let (blocks, tokens): (&[u32], &[i32]) = match e.kind {
+        // A running request's new blocks; an admitted one's whole table and token count
+        // (its tokens are copied once the step is built, into one exact allocation).
+        let (blocks, num_tokens): (&[u32], usize) = match e.kind {
             EntryKind::Running { first_new_block } => {
                 b.num_running_entries += 1;
                 if b.undoable {
@@ -224,15 +226,15 @@ impl Scheduler {
                 if previous_step + 1 != step.step_id {
                     step.rescheduled_reqs.push(e.handle);
                 }
-                (&request.block_ids[first_new_block..], &[])
+                (&request.block_ids[first_new_block..], 0)
             }
             EntryKind::New => {
                 step.new_reqs.push(e.handle);
-                (&request.block_ids, &request.token_ids)
+                (&request.block_ids, request.token_ids.len())
             }
             EntryKind::Resumed => {
                 step.resumed_reqs.push(e.handle);
-                (&request.block_ids, &request.token_ids)
+                (&request.block_ids, request.token_ids.len())
             }
         };
         step.num_block_ids.push(blocks.len() as i32);
@@ -240,10 +242,7 @@ impl Scheduler {
         if !blocks.is_empty() {
             step.block_ids.extend(blocks.iter().map(|&id| id as i32));
         }
-        step.num_all_token_ids.push(tokens.len() as i32);
-        if !tokens.is_empty() {
-            step.all_token_ids.extend_from_slice(tokens);
-        }
+        step.num_all_token_ids.push(num_tokens as i32);
 
         request.set_num_computed_tokens(request.num_computed_tokens() + e.num_new_tokens);
         request.set_num_in_flight_tokens(request.num_in_flight_tokens() + e.num_new_tokens);
@@ -298,9 +297,19 @@ impl Scheduler {
         self.kv.uncache_from(request, undo.cached_blocks_before);
     }
 
-    /// Hands the built step over and keeps its record until its output is applied.
+    /// Hands the built step over (with the admitted requests' tokens, copied now) and keeps
+    /// its record until its output is applied.
     fn finish_step(&mut self, b: StepBuilder) -> Step {
         let mut step = b.step;
+        let num_tokens: usize = step.num_all_token_ids.iter().map(|&n| n as usize).sum();
+        if num_tokens > 0 {
+            step.all_token_ids.reserve_exact(num_tokens);
+            for (&handle, &n) in step.req_handles.iter().zip(&step.num_all_token_ids) {
+                if n > 0 {
+                    step.all_token_ids.extend_from_slice(&self.requests[handle].token_ids);
+                }
+            }
+        }
         if !b.record.is_empty() {
             self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: b.record });
         }
