@@ -282,3 +282,59 @@ fn drafts_are_checked_at_both_ends_of_their_range() {
         assert_eq!(spec(&sched, "a"), vec![-1, 0, i32::MAX], "a refused call changed the drafts");
     }
 }
+
+/// Priority preemption can take a request the running loop already scheduled in this
+/// step: the victim is then left as that step found it (no tokens in flight, its prefill
+/// flag, even where the undone chunk was its last), preempted, and absent from the step.
+#[test]
+fn a_victim_scheduled_earlier_in_the_step_is_left_as_the_step_found_it() {
+    let (mut undone, mut undone_last_chunks) = (0, 0);
+    for (a_len, b_len, blocks, threshold) in (6..=16)
+        .flat_map(|a| (6..=16).flat_map(move |b| (6..=12).flat_map(move |k| (1..=4).map(move |t| (a, b, k, t)))))
+    {
+        let mut sched = Scheduler::new(config(|p| {
+            p.policy = llmsched_core::Policy::Priority;
+            p.max_model_len = 64;
+            p.block_size = 4;
+            p.num_gpu_blocks = blocks;
+            p.max_num_seqs = 2;
+            p.max_num_batched_tokens = 8;
+            p.long_prefill_token_threshold = threshold;
+        }))
+        .unwrap();
+        let mut a = request("a", a_len, 4);
+        (a.priority, a.arrival_time) = (1, Some(0.0));
+        sched.add_request(a).unwrap();
+        let step = sched.schedule();
+        let (tokens, counts) = sample(&sched, &step, false);
+        apply(&mut sched, &step, &tokens, &counts);
+        let mut b = request("b", b_len, 4);
+        (b.priority, b.arrival_time) = (0, Some(1.0));
+        sched.add_request(b).unwrap();
+
+        for _ in 0..60 {
+            let Ok(a) = sched.get_request("a") else { break };
+            let running = a.status() == RequestStatus::Running;
+            let (in_flight, prefill) = (a.num_in_flight_tokens(), a.is_prefill_chunk());
+            let last_chunk = prefill && a.num_computed_tokens() + threshold >= a.num_tokens();
+            let step = sched.schedule();
+            check_step(&sched, &step);
+            let a = sched.get_request("a").unwrap();
+            if running && step.preempted.iter().any(|(_, id)| &**id == "a") {
+                undone += 1;
+                undone_last_chunks += i32::from(last_chunk);
+                assert!(!ids(&sched, &step).contains(&"a".to_string()), "a is preempted and scheduled");
+                assert_eq!(a.status(), RequestStatus::Preempted);
+                assert_eq!(a.num_in_flight_tokens(), in_flight, "the undone step's tokens are in flight");
+                assert_eq!(a.num_stale_output_tokens(), in_flight);
+                assert_eq!(a.is_prefill_chunk(), prefill, "the undone step changed the prefill flag");
+            }
+            let (tokens, counts) = sample(&sched, &step, false);
+            apply(&mut sched, &step, &tokens, &counts);
+        }
+    }
+    assert!(
+        undone > 0 && undone_last_chunks > 0,
+        "no preemption of a running `a` ({undone}) at its last chunk ({undone_last_chunks})"
+    );
+}

@@ -219,7 +219,6 @@ impl Scheduler {
                 if b.undoable {
                     b.undo.push(Undo {
                         cached_blocks_before: e.cached_blocks_before,
-                        last_scheduled_step: previous_step,
                         is_prefill_chunk: request.is_prefill_chunk,
                     });
                 }
@@ -283,7 +282,6 @@ impl Scheduler {
         b.num_running_entries -= 1;
 
         let request = &mut self.requests[handle];
-        request.last_scheduled_step = undo.last_scheduled_step;
         request.is_prefill_chunk = undo.is_prefill_chunk;
         request.set_num_computed_tokens(request.num_computed_tokens() - n);
         request.set_num_in_flight_tokens(request.num_in_flight_tokens() - n);

@@ -33,10 +33,11 @@ pub(crate) struct Entry {
 
 /// What undoing a committed running entry restores (kept under the priority policy
 /// only, the one whose preemption can take a request already scheduled in the step).
+/// Its last scheduled step is not restored: the preempted request is admitted again as
+/// a resumed one, which sets it, and nothing reads it before.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Undo {
     pub cached_blocks_before: usize,
-    pub last_scheduled_step: u64,
     pub is_prefill_chunk: bool,
 }
 
