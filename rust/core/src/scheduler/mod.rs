@@ -470,16 +470,8 @@ impl Scheduler {
             ));
         }
         // -1 is a drafter's padding: kept, and rejected by the sampler like vLLM does.
-        // The smallest and largest draft in one pass the compiler vectorizes, before
-        // looking for the bad one.
-        let (lowest, highest) =
-            draft_token_ids.iter().fold((i64::MAX, i64::MIN), |(lo, hi), &t| (lo.min(t), hi.max(t)));
-        let is_draft = |t: &i64| (-1..=i32::MAX as i64).contains(t);
-        let first_bad = if is_draft(&lowest) && is_draft(&highest) {
-            None
-        } else {
-            draft_token_ids.iter().position(|t| !is_draft(t))
-        };
+        // t is in [-1, 2^31) exactly when t + 1, as an unsigned number, is at most 2^31.
+        let first_bad = draft_token_ids.iter().position(|&t| (t as u64).wrapping_add(1) > 1 << 31);
         if let Some(at) = first_bad {
             let (i, j) = row_and_column(num_draft_tokens, at);
             return Err(CoreError::request(
