@@ -221,10 +221,11 @@ impl Request {
     };
 }
 
-/// A counter as stored (see `Request`: every one fits).
+/// A count the config keeps below 2^31 (a request's counters, a step's token counts),
+/// stored as `i32`; checked in debug builds.
 #[inline(always)]
-fn stored(value: i64) -> i32 {
-    debug_assert!(i32::try_from(value).is_ok(), "counter {value} out of range");
+pub(crate) fn stored(value: i64) -> i32 {
+    debug_assert!(i32::try_from(value).is_ok(), "count {value} out of range");
     value as i32
 }
 

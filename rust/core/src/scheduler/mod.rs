@@ -269,7 +269,8 @@ impl Scheduler {
         step.num_output_tokens.remove(position);
         step.num_all_token_ids.remove(position);
         step.total_num_scheduled_tokens -= n;
-        // Running entries come first and carry no token ids: only drafts and blocks to drop.
+        // The drafts and blocks of the entries before it locate its own (token ids are only
+        // copied once the step is built).
         let drafts_before: i32 = step.num_spec_tokens[..position].iter().sum();
         step.spec_token_ids.drain(drafts_before as usize..drafts_before as usize + num_spec);
         let blocks_before: i32 = step.num_block_ids[..position].iter().sum();

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::request::stored;
 use crate::slab::Handle;
 
 /// How a request entered this step.
@@ -42,8 +43,8 @@ pub(crate) struct Undo {
 }
 
 /// Budgets, and the step the running and waiting loops build: each decision is written
-/// into the step's columns, and applied to its request, when it is made, so a step
-/// reads each scheduled request once.
+/// into the step's columns, and applied to its request, when it is made, so
+/// `schedule()` reads each scheduled request once.
 #[derive(Debug)]
 pub(crate) struct StepBuilder {
     pub token_budget: i64,
@@ -121,11 +122,7 @@ pub(crate) struct InFlightEntry {
 
 impl InFlightEntry {
     pub fn new(handle: Handle, num_new_tokens: i64, num_spec: i64, prefill_chunk: bool) -> Self {
-        let narrow = |v: i64| {
-            debug_assert!(i32::try_from(v).is_ok(), "a step's count {v} out of range");
-            v as i32
-        };
-        Self { handle, num_new_tokens: narrow(num_new_tokens), num_spec: narrow(num_spec), prefill_chunk }
+        Self { handle, num_new_tokens: stored(num_new_tokens), num_spec: stored(num_spec), prefill_chunk }
     }
 
     /// `n`.
