@@ -6,15 +6,15 @@
 
 use std::sync::Arc;
 
-use llmsched_core::{ConfigParams, NewRequest, RunnerOutput, Scheduler, SchedulerConfig};
+use llmsched_core::{ConfigParams, NewRequest, Scheduler, SchedulerConfig};
 
-#[path = "common/evict.rs"]
-mod evict;
+#[path = "common/timed.rs"]
+mod timed;
 
 fn main() {
     let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>().expect("a number"));
     let steps = args.next().unwrap_or(300);
-    let mut evictor = evict::Evictor::new(args.next().unwrap_or(0));
+    let mut runner = timed::TimedSteps::new(args.next().unwrap_or(0));
     let params = ConfigParams {
         max_model_len: 8192,
         max_num_seqs: 128,
@@ -34,28 +34,16 @@ fn main() {
     for _ in 0..464 {
         add(&mut sched);
     }
-    let (mut tokens, mut counts) = (Vec::new(), Vec::new());
     let (mut scheduled_tokens, mut schedule_time, mut update_time) =
         (0i64, std::time::Duration::ZERO, std::time::Duration::ZERO);
     for step_index in 0..(steps + 100) {
-        evictor.as_mut().map(evict::Evictor::evict);
-        let t0 = std::time::Instant::now();
-        let step = sched.schedule();
-        let t1 = t0.elapsed();
-        counts.clear();
-        counts.extend(step.req_handles.iter().map(|&h| i32::from(!sched.request(h).expect("live").is_prefill_chunk())));
-        tokens.clear();
-        tokens.resize(counts.iter().sum::<i32>() as usize, 7);
-        let out = RunnerOutput { sampled_token_ids: &tokens, num_sampled: &counts, row_of_entry: None };
-        evictor.as_mut().map(evict::Evictor::evict);
-        let t2 = std::time::Instant::now();
-        let events = sched.update_from_output(step.step_id, &out).expect("applied");
+        let timed = runner.run(&mut sched);
         if step_index >= 100 {
-            schedule_time += t1;
-            update_time += t2.elapsed();
-            scheduled_tokens += step.total_num_scheduled_tokens;
+            schedule_time += timed.schedule;
+            update_time += timed.update;
+            scheduled_tokens += timed.step.total_num_scheduled_tokens;
         }
-        for _ in events.iter().filter(|e| e.status.is_finished()) {
+        for _ in timed.events.iter().filter(|e| e.status.is_finished()) {
             add(&mut sched);
         }
     }

@@ -7,16 +7,16 @@
 
 use std::sync::Arc;
 
-use llmsched_core::{ConfigParams, NewRequest, RunnerOutput, Scheduler, SchedulerConfig};
+use llmsched_core::{ConfigParams, NewRequest, Scheduler, SchedulerConfig};
 
-#[path = "common/evict.rs"]
-mod evict;
+#[path = "common/timed.rs"]
+mod timed;
 
 fn main() {
     let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>().expect("a number"));
     let running = args.next().unwrap_or(1024);
     let steps = args.next().unwrap_or(200);
-    let mut evictor = evict::Evictor::new(args.next().unwrap_or(0));
+    let mut runner = timed::TimedSteps::new(args.next().unwrap_or(0));
     let params = ConfigParams {
         max_model_len: 1 << 16,
         max_num_seqs: running as i64,
@@ -30,24 +30,13 @@ fn main() {
     for i in 0..running {
         sched.add_request(NewRequest::new(format!("r{i}"), vec![(i % 1000) as i64 + 1; 16], 4000)).expect("added");
     }
-    let (mut tokens, mut counts) = (Vec::new(), Vec::new());
     let mut scheduled = 0;
     let (mut schedule_time, mut update_time) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
     for _ in 0..steps {
-        evictor.as_mut().map(evict::Evictor::evict);
-        let t0 = std::time::Instant::now();
-        let step = sched.schedule();
-        schedule_time += t0.elapsed();
-        counts.clear();
-        counts.extend(step.req_handles.iter().map(|&h| i32::from(!sched.request(h).expect("live").is_prefill_chunk())));
-        tokens.clear();
-        tokens.resize(counts.iter().sum::<i32>() as usize, 7);
-        let out = RunnerOutput { sampled_token_ids: &tokens, num_sampled: &counts, row_of_entry: None };
-        evictor.as_mut().map(evict::Evictor::evict);
-        let t1 = std::time::Instant::now();
-        sched.update_from_output(step.step_id, &out).expect("applied");
-        update_time += t1.elapsed();
-        scheduled += step.len();
+        let timed = runner.run(&mut sched);
+        schedule_time += timed.schedule;
+        update_time += timed.update;
+        scheduled += timed.step.len();
     }
     let per_request = |d: std::time::Duration| d.as_nanos() as f64 / scheduled.max(1) as f64;
     println!(
