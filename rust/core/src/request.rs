@@ -196,29 +196,34 @@ impl Request {
     /// `(offset, size)` of each field a step reads or writes (the running loop, the step's
     /// columns, the update and the stop check); the slab's layout test keeps them together.
     #[cfg(test)]
-    pub(crate) const HOT_FIELDS: &'static [(usize, usize)] = {
+    pub(crate) fn hot_fields() -> Vec<(usize, usize)> {
+        fn size_of_field<T>(_: fn(&Request) -> &T) -> usize {
+            std::mem::size_of::<T>()
+        }
         macro_rules! fields {
-            ($($field:ident: $ty:ty),+) => { &[$((std::mem::offset_of!(Request, $field), std::mem::size_of::<$ty>())),+] };
+            ($($field:ident),+) => {
+                vec![$((std::mem::offset_of!(Request, $field), size_of_field(|r| &r.$field))),+]
+            };
         }
         fields!(
-            token_ids: Vec<i32>,
-            num_computed_tokens: i32,
-            num_output_placeholders: i32,
-            num_in_flight_tokens: i32,
-            num_stale_output_tokens: i32,
-            num_prompt_tokens: i32,
-            max_tokens: i32,
-            eos_token_id: i32,
-            status: RequestStatus,
-            is_prefill_chunk: bool,
-            drop_stale_output: bool,
-            has_stop_token_ids: bool,
-            block_ids: Vec<u32>,
-            spec_token_ids: Vec<i32>,
-            last_scheduled_step: u64,
-            num_cached_blocks: usize
+            token_ids,
+            num_computed_tokens,
+            num_output_placeholders,
+            num_in_flight_tokens,
+            num_stale_output_tokens,
+            num_prompt_tokens,
+            max_tokens,
+            eos_token_id,
+            status,
+            is_prefill_chunk,
+            drop_stale_output,
+            has_stop_token_ids,
+            block_ids,
+            spec_token_ids,
+            last_scheduled_step,
+            num_cached_blocks
         )
-    };
+    }
 }
 
 /// A count the config keeps below 2^31 (a request's counters, a step's token counts),

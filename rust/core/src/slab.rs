@@ -110,7 +110,7 @@ mod tests {
     fn the_step_fields_fill_the_first_two_cache_lines() {
         assert_eq!(std::mem::align_of::<Slot>(), 64);
         let request = std::mem::offset_of!(Slot, request);
-        let hot_end = Request::HOT_FIELDS.iter().map(|&(offset, size)| request + offset + size).max().unwrap();
+        let hot_end = Request::hot_fields().into_iter().map(|(offset, size)| request + offset + size).max().unwrap();
         assert!(hot_end <= 128, "the step's fields end at byte {hot_end} of the slot");
         assert!(std::mem::offset_of!(Slot, generation) < 64);
     }
