@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from llmsched._checks import Range
 from llmsched._core import LlmschedError, SchedulerConfig
-from llmsched.bench import COLD_MIB, run_benchmarks
+from llmsched.bench import CASES, COLD_MIB, run_benchmarks, vllm_available
 from llmsched.simulate import (
     ACCEPTANCE_RATE,
     COST_TERM,
@@ -290,8 +290,6 @@ def _bench(args: argparse.Namespace) -> int:
     code = _bench_in_single_threaded_interpreter(args.argv)
     if code is not None:
         return code
-    from llmsched.bench import CASES, vllm_available
-
     with_vllm = {"auto": None, "on": True, "off": False}[args.vllm]
     if with_vllm and not vllm_available():
         raise ValueError("--vllm on, but vllm is not importable (make vllm-env)")
