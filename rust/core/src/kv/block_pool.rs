@@ -26,6 +26,17 @@ struct Node {
     hashed: bool,
 }
 
+/// A chain of freed blocks, linked among themselves, not yet in the free queue.
+struct Run {
+    first: u32,
+    last: u32,
+    len: usize,
+}
+
+impl Run {
+    const EMPTY: Run = Run { first: NIL, last: NIL, len: 0 };
+}
+
 const FREE_NODE: Node = Node { prev: NIL, next: NIL, ref_cnt: 0, in_free_queue: false, hashed: false };
 
 #[derive(Clone, Debug)]
@@ -133,36 +144,35 @@ impl BlockPool {
         self.num_free += 1;
     }
 
-    fn push_front(&mut self, id: u32) {
-        let node = &mut self.nodes[id as usize];
-        node.next = self.head;
-        node.prev = NIL;
-        node.in_free_queue = true;
-        if self.head == NIL {
-            self.tail = id;
-        } else {
-            self.nodes[self.head as usize].prev = id;
-        }
-        self.head = id;
-        self.num_free += 1;
-    }
-
     /// Pops `k` blocks from the head of the free queue into `out`, evicting
     /// any cached content they hold. The caller has checked `k <= num_free`;
     /// checked again in release builds, where a short queue would otherwise
     /// walk off its end (the `NIL` link is `u32::MAX`).
     pub fn get_new_blocks(&mut self, k: usize, out: &mut Vec<u32>) {
         assert!(k <= self.num_free, "{k} blocks asked of a free queue of {}", self.num_free);
-        out.reserve(k);
-        for _ in 0..k {
-            let id = self.head;
-            self.unlink(id);
-            if self.nodes[id as usize].hashed {
+        let start = out.len();
+        out.resize(start + k, NULL_BLOCK);
+        // The first k blocks leave as one run: only the block after them is relinked
+        // (a prefill takes hundreds of blocks in one call).
+        let mut id = self.head;
+        for slot in &mut out[start..] {
+            let node = &mut self.nodes[id as usize];
+            let next = node.next;
+            let hashed = node.hashed;
+            *node = Node { prev: NIL, next: NIL, ref_cnt: 1, in_free_queue: false, hashed };
+            if hashed {
                 self.uncache(id);
             }
-            self.nodes[id as usize].ref_cnt = 1;
-            out.push(id);
+            *slot = id;
+            id = next;
         }
+        self.head = id;
+        if id == NIL {
+            self.tail = NIL;
+        } else {
+            self.nodes[id as usize].prev = NIL;
+        }
+        self.num_free -= k;
     }
 
     /// Forgets a block's cached content, if any: when the block is reused
@@ -259,8 +269,10 @@ impl BlockPool {
     /// first). Blocks reaching zero go to the head if they hold no cached
     /// content (reused first), to the tail otherwise (LRU), in the given order.
     pub fn free_blocks(&mut self, ordered: impl Iterator<Item = u32>) {
-        // The last block put at the head so far: the next one goes right after it.
-        let mut head_run_end = NIL;
+        // The freed blocks are chained into two runs, spliced in once at the end: a
+        // finished request returns hundreds of blocks in one call.
+        let mut to_head = Run::EMPTY;
+        let mut to_tail = Run::EMPTY;
         for id in ordered {
             if id == NULL_BLOCK {
                 continue;
@@ -268,34 +280,38 @@ impl BlockPool {
             let node = &mut self.nodes[id as usize];
             node.ref_cnt -= 1;
             if node.ref_cnt == 0 {
-                if node.hashed {
-                    self.push_back(id);
+                let run = if node.hashed { &mut to_tail } else { &mut to_head };
+                node.prev = run.last;
+                node.next = NIL;
+                node.in_free_queue = true;
+                if run.last == NIL {
+                    run.first = id;
                 } else {
-                    if head_run_end == NIL {
-                        self.push_front(id);
-                    } else {
-                        self.insert_after(head_run_end, id);
-                    }
-                    head_run_end = id;
+                    self.nodes[run.last as usize].next = id;
                 }
+                run.last = id;
+                run.len += 1;
             }
         }
-    }
-
-    /// Links `id` into the free queue right after `prev`, a block in the queue.
-    fn insert_after(&mut self, prev: u32, id: u32) {
-        let next = self.nodes[prev as usize].next;
-        let node = &mut self.nodes[id as usize];
-        node.prev = prev;
-        node.next = next;
-        node.in_free_queue = true;
-        self.nodes[prev as usize].next = id;
-        if next == NIL {
-            self.tail = id;
-        } else {
-            self.nodes[next as usize].prev = id;
+        if to_head.len > 0 {
+            self.nodes[to_head.last as usize].next = self.head;
+            if self.head == NIL {
+                self.tail = to_head.last;
+            } else {
+                self.nodes[self.head as usize].prev = to_head.last;
+            }
+            self.head = to_head.first;
         }
-        self.num_free += 1;
+        if to_tail.len > 0 {
+            self.nodes[to_tail.first as usize].prev = self.tail;
+            if self.tail == NIL {
+                self.head = to_tail.first;
+            } else {
+                self.nodes[self.tail as usize].next = to_tail.first;
+            }
+            self.tail = to_tail.last;
+        }
+        self.num_free += to_head.len + to_tail.len;
     }
 
     pub fn free_queue(&self) -> Vec<u32> {
@@ -477,5 +493,100 @@ mod tests {
         pool.free_blocks(a.iter().copied());
         assert_eq!(pool.num_free_blocks(), 3);
         pool.check().unwrap();
+    }
+
+    /// The free queue's order, from a plain model of its rule: popped from the head,
+    /// a freed unhashed block goes before the rest of the queue (after the ones freed
+    /// with it), a freed hashed one to the tail, a touched free block leaves its place.
+    #[derive(Default)]
+    struct QueueModel {
+        queue: std::collections::VecDeque<u32>,
+        ref_cnt: Vec<u32>,
+        hashed: Vec<bool>,
+    }
+
+    impl QueueModel {
+        fn new(n: usize) -> Self {
+            Self { queue: (1..n as u32).collect(), ref_cnt: vec![0; n], hashed: vec![false; n] }
+        }
+        fn pop(&mut self, k: usize) -> Vec<u32> {
+            let out: Vec<u32> = self.queue.drain(..k).collect();
+            for &id in &out {
+                self.ref_cnt[id as usize] = 1;
+                self.hashed[id as usize] = false;
+            }
+            out
+        }
+        fn free(&mut self, ordered: &[u32]) {
+            let mut at_head = 0;
+            for &id in ordered {
+                self.ref_cnt[id as usize] -= 1;
+                if self.ref_cnt[id as usize] == 0 {
+                    if self.hashed[id as usize] {
+                        self.queue.push_back(id);
+                    } else {
+                        self.queue.insert(at_head, id);
+                        at_head += 1;
+                    }
+                }
+            }
+        }
+        fn touch(&mut self, id: u32) {
+            if self.ref_cnt[id as usize] == 0 {
+                self.queue.retain(|&b| b != id);
+            }
+            self.ref_cnt[id as usize] += 1;
+        }
+    }
+
+    proptest::proptest! {
+        /// Batched pops and frees keep the queue order of one block at a time.
+        #[test]
+        fn the_free_queue_follows_its_rule(ops in proptest::collection::vec((0u8..4, 0usize..4, 0usize..12, 0u8..3), 1..60)) {
+            const N: usize = 24;
+            let mut pool = BlockPool::try_new(N, true).unwrap();
+            let mut model = QueueModel::new(N);
+            let mut tables: Vec<Vec<u32>> = vec![Vec::new(); 4];
+            let mut cached_upto = [0usize; 4];
+            for (op, t, k, salt) in ops {
+                match op {
+                    0 => {
+                        let k = k.min(pool.num_free_blocks());
+                        pool.get_new_blocks(k, &mut tables[t]);
+                        let expected = model.pop(k);
+                        proptest::prop_assert_eq!(&tables[t][tables[t].len() - k..], &expected[..]);
+                    }
+                    1 => {
+                        let hashes: Vec<BlockHash> = tables[t].iter().map(|&b| u128::from(b % 5 + 10 * u32::from(salt))).collect();
+                        pool.cache_full_blocks(&tables[t], &hashes, cached_upto[t], tables[t].len());
+                        for &b in &tables[t][cached_upto[t]..] {
+                            model.hashed[b as usize] = true;
+                        }
+                        cached_upto[t] = tables[t].len();
+                    }
+                    2 => {
+                        let freed = std::mem::take(&mut tables[t]);
+                        pool.free_blocks(freed.iter().rev().copied());
+                        model.free(&freed.iter().rev().copied().collect::<Vec<_>>());
+                        cached_upto[t] = 0;
+                    }
+                    _ => {
+                        // A prefix hit on a cached block, free or held, joins table t.
+                        let hit = (1..N as u32).map(|b| (b + k as u32) % N as u32).find(|&b| model.hashed[b as usize] && b != NULL_BLOCK);
+                        if let Some(b) = hit {
+                            if cached_upto[t] == tables[t].len() && !tables[t].contains(&b) {
+                                pool.touch(&[b]);
+                                model.touch(b);
+                                tables[t].push(b);
+                                cached_upto[t] += 1;
+                            }
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(pool.free_queue(), Vec::from(model.queue.clone()));
+                proptest::prop_assert_eq!(pool.num_free_blocks(), model.queue.len());
+                pool.check().map_err(proptest::test_runner::TestCaseError::fail)?;
+            }
+        }
     }
 }
