@@ -20,9 +20,9 @@ use crate::error::{CoreError, CoreResult};
 use crate::kv::{BlockPool, KvManager};
 use crate::queue::RequestQueue;
 pub use crate::request::NewRequest;
-use crate::request::{QueueKind, Request, RequestStatus};
+use crate::request::{stored, QueueKind, Request, RequestStatus};
 use crate::slab::{Handle, Slab};
-use step::{Entry, EntryKind, InFlightEntry, Step, StepBuilder, StepRecord, Undo};
+use step::{Entry, EntryKind, InFlightEntry, Row, Step, StepBuilder, StepRecord, Undo};
 
 pub use update::{RequestEvent, RunnerOutput};
 
@@ -164,20 +164,13 @@ impl Scheduler {
             long_prefill_threshold,
             step: Step {
                 step_id: self.next_step_id,
-                req_handles: Vec::with_capacity(capacity),
-                num_scheduled_tokens: Vec::with_capacity(capacity),
-                num_computed_tokens: Vec::with_capacity(capacity),
-                num_spec_tokens: Vec::with_capacity(capacity),
                 // Room for every draft slot and a new block per request: no regrowth in
                 // a decode step.
                 spec_token_ids: Vec::with_capacity(capacity * cfg.num_speculative_tokens() as usize),
-                num_output_tokens: Vec::with_capacity(capacity),
-                num_block_ids: Vec::with_capacity(capacity),
                 block_ids: Vec::with_capacity(capacity),
-                num_all_token_ids: Vec::with_capacity(capacity),
                 ..Step::default()
             },
-            record: Vec::with_capacity(capacity),
+            rows: Vec::with_capacity(capacity),
             undoable: cfg.policy() == crate::config::Policy::Priority,
             undo: Vec::new(),
             num_running_entries: 0,
@@ -203,12 +196,8 @@ impl Scheduler {
         b.token_budget -= e.num_new_tokens;
         b.input_budget -= e.num_new_tokens + b.draft_slots;
         let step = &mut b.step;
-        step.req_handles.push(e.handle);
-        step.num_scheduled_tokens.push(e.num_new_tokens as i32);
-        step.num_computed_tokens.push(e.num_computed_before as i32);
-        step.num_spec_tokens.push(e.num_spec as i32);
-        step.num_output_tokens.push((request.num_output_tokens() + request.num_output_placeholders()) as i32);
         step.total_num_scheduled_tokens += e.num_new_tokens;
+        let num_output_tokens = request.num_output_tokens() + request.num_output_placeholders();
         let previous_step = request.last_scheduled_step;
         request.last_scheduled_step = step.step_id;
         // A running request's new blocks; an admitted one's whole table and token count
@@ -236,12 +225,11 @@ impl Scheduler {
                 (&request.block_ids, request.token_ids.len())
             }
         };
-        step.num_block_ids.push(blocks.len() as i32);
+        let num_blocks = blocks.len();
         // Most decode steps add no block and no token: skip the reserve calls.
         if !blocks.is_empty() {
             step.block_ids.extend(blocks.iter().map(|&id| id as i32));
         }
-        step.num_all_token_ids.push(num_tokens as i32);
 
         request.set_num_computed_tokens(request.num_computed_tokens() + e.num_new_tokens);
         request.set_num_in_flight_tokens(request.num_in_flight_tokens() + e.num_new_tokens);
@@ -254,29 +242,33 @@ impl Scheduler {
             request.spec_token_ids.clear();
             request.spec_token_ids.resize(config.num_speculative_tokens() as usize, -1);
         }
-        b.record.push(InFlightEntry::new(e.handle, e.num_new_tokens, e.num_spec, request.is_prefill_chunk));
+        b.rows.push(Row {
+            handle: e.handle,
+            num_scheduled_tokens: stored(e.num_new_tokens),
+            num_computed_tokens: stored(e.num_computed_before),
+            num_spec_tokens: stored(e.num_spec),
+            num_output_tokens: stored(num_output_tokens),
+            num_block_ids: stored(num_blocks as i64),
+            num_all_token_ids: stored(num_tokens as i64),
+            prefill_chunk: request.is_prefill_chunk,
+        });
     }
 
     /// Undoes the committed running entry at `position` (a priority preemption took its
     /// request): its budget, its columns, its drafts and its advance. The caller preempts it.
     fn uncommit(&mut self, b: &mut StepBuilder, position: usize) {
         let step = &mut b.step;
-        let handle = step.req_handles.remove(position);
-        let n = step.num_scheduled_tokens.remove(position) as i64;
-        let num_spec = step.num_spec_tokens.remove(position) as usize;
-        let num_blocks = step.num_block_ids.remove(position) as usize;
-        step.num_computed_tokens.remove(position);
-        step.num_output_tokens.remove(position);
-        step.num_all_token_ids.remove(position);
+        let row = b.rows.remove(position);
+        let (handle, n) = (row.handle, i64::from(row.num_scheduled_tokens));
         step.total_num_scheduled_tokens -= n;
         // The drafts and blocks of the entries before it locate its own (token ids are only
         // copied once the step is built).
-        let drafts_before: i32 = step.num_spec_tokens[..position].iter().sum();
-        step.spec_token_ids.drain(drafts_before as usize..drafts_before as usize + num_spec);
-        let blocks_before: i32 = step.num_block_ids[..position].iter().sum();
-        step.block_ids.drain(blocks_before as usize..blocks_before as usize + num_blocks);
+        let before = &b.rows[..position];
+        let drafts_before: usize = before.iter().map(|r| r.num_spec_tokens as usize).sum();
+        step.spec_token_ids.drain(drafts_before..drafts_before + row.num_spec_tokens as usize);
+        let blocks_before: usize = before.iter().map(|r| r.num_block_ids as usize).sum();
+        step.block_ids.drain(blocks_before..blocks_before + row.num_block_ids as usize);
         step.rescheduled_reqs.retain(|&h| h != handle);
-        let entry = b.record.remove(position);
         let undo = b.undo.remove(position);
         b.token_budget += n;
         b.input_budget += n + b.draft_slots;
@@ -286,9 +278,9 @@ impl Scheduler {
         request.is_prefill_chunk = undo.is_prefill_chunk;
         request.set_num_computed_tokens(request.num_computed_tokens() - n);
         request.set_num_in_flight_tokens(request.num_in_flight_tokens() - n);
-        if self.config.async_scheduling() && !entry.prefill_chunk {
+        if self.config.async_scheduling() && !row.prefill_chunk {
             let s = self.config.num_sampled_tokens_per_step();
-            request.set_num_output_placeholders(request.num_output_placeholders() - s - entry.num_spec());
+            request.set_num_output_placeholders(request.num_output_placeholders() - s - i64::from(row.num_spec_tokens));
         }
         // Its step will not run: the blocks its allocation registered in the prefix cache
         // will never hold their KV. (vLLM leaves them cached, so a later hit would read KV
@@ -300,17 +292,34 @@ impl Scheduler {
     /// its record until its output is applied.
     fn finish_step(&mut self, b: StepBuilder) -> Step {
         let mut step = b.step;
-        let num_tokens: usize = step.num_all_token_ids.iter().map(|&n| n as usize).sum();
+        let rows = &b.rows;
+        step.req_handles = rows.iter().map(|r| r.handle).collect();
+        step.num_scheduled_tokens = rows.iter().map(|r| r.num_scheduled_tokens).collect();
+        step.num_computed_tokens = rows.iter().map(|r| r.num_computed_tokens).collect();
+        step.num_spec_tokens = rows.iter().map(|r| r.num_spec_tokens).collect();
+        step.num_output_tokens = rows.iter().map(|r| r.num_output_tokens).collect();
+        step.num_block_ids = rows.iter().map(|r| r.num_block_ids).collect();
+        step.num_all_token_ids = rows.iter().map(|r| r.num_all_token_ids).collect();
+        let num_tokens: usize = rows.iter().map(|r| r.num_all_token_ids as usize).sum();
         if num_tokens > 0 {
             step.all_token_ids.reserve_exact(num_tokens);
-            for (&handle, &n) in step.req_handles.iter().zip(&step.num_all_token_ids) {
-                if n > 0 {
-                    step.all_token_ids.extend_from_slice(&self.requests[handle].token_ids);
-                }
+            for row in rows.iter().filter(|r| r.num_all_token_ids > 0) {
+                step.all_token_ids.extend_from_slice(&self.requests[row.handle].token_ids);
             }
         }
-        if !b.record.is_empty() {
-            self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: b.record });
+        if !rows.is_empty() {
+            let entries = rows
+                .iter()
+                .map(|r| {
+                    InFlightEntry::new(
+                        r.handle,
+                        r.num_scheduled_tokens.into(),
+                        r.num_spec_tokens.into(),
+                        r.prefill_chunk,
+                    )
+                })
+                .collect();
+            self.in_flight.push_back(StepRecord { step_id: step.step_id, entries });
         }
         step.preempted = std::mem::take(&mut self.preempted_since_last_step)
             .into_iter()

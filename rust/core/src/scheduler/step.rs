@@ -42,9 +42,25 @@ pub(crate) struct Undo {
     pub is_prefill_chunk: bool,
 }
 
+/// One scheduled request's share of the step's per-request columns, written in one piece
+/// when its decision is made (one bounds check, not one per column) and split into the
+/// columns once the step is built.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Row {
+    pub handle: Handle,
+    pub num_scheduled_tokens: i32,
+    pub num_computed_tokens: i32,
+    pub num_spec_tokens: i32,
+    pub num_output_tokens: i32,
+    pub num_block_ids: i32,
+    pub num_all_token_ids: i32,
+    /// The step does not reach the end of the request's known tokens.
+    pub prefill_chunk: bool,
+}
+
 /// Budgets, and the step the running and waiting loops build: each decision is written
-/// into the step's columns, and applied to its request, when it is made, so
-/// `schedule()` reads each scheduled request once.
+/// into the step (its row, its drafts and new blocks), and applied to its request, when
+/// it is made, so `schedule()` reads each scheduled request once.
 #[derive(Debug)]
 pub(crate) struct StepBuilder {
     pub token_budget: i64,
@@ -52,8 +68,9 @@ pub(crate) struct StepBuilder {
     pub draft_slots: i64,
     /// Effective long-prefill threshold (0 = off).
     pub long_prefill_threshold: i64,
+    /// The step being built; its per-request columns stay empty until it is finished.
     pub step: Step,
-    pub record: Vec<InFlightEntry>,
+    pub rows: Vec<Row>,
     /// Whether a committed running entry can be undone: then `undo` holds one `Undo`
     /// per running entry, in step order.
     pub undoable: bool,
@@ -67,7 +84,7 @@ pub(crate) struct StepBuilder {
 impl StepBuilder {
     /// The step position of `handle`'s entry, if it has one.
     pub fn position(&self, handle: Handle) -> Option<usize> {
-        self.step.req_handles.iter().position(|&h| h == handle)
+        self.rows.iter().position(|row| row.handle == handle)
     }
 }
 
