@@ -249,48 +249,55 @@ pub struct PyRequestOutputs {
     /// The ids of the step the outputs answer, shared with its `SchedulerOutput`: an
     /// output names its request by position, without a reference count per request.
     pub step_ids: Arc<[Py<PyString>]>,
-    /// Per output, its request's position in `step_ids`.
-    pub entries: Vec<u32>,
-    /// Delivered tokens, flat; request `i` owns `tokens[offsets[i]..offsets[i + 1]]`.
+    /// One row per output, pushed in one piece as the update hands each event over.
+    pub rows: Vec<OutputRow>,
+    /// Delivered tokens, flat; output `i` owns `tokens[rows[i - 1].end..rows[i].end]`.
     pub tokens: Vec<i32>,
-    pub offsets: Vec<u32>,
-    pub statuses: Vec<RequestStatus>,
-    pub stop_reasons: Vec<Option<i32>>,
-    pub cached_blocks: Vec<i32>,
+}
+
+/// One request's output in a step.
+#[derive(Clone, Copy, Debug)]
+pub struct OutputRow {
+    /// Its request's position in the step's ids.
+    pub entry: u32,
+    /// Where its tokens end in the step's flat tokens.
+    pub end: u32,
+    pub status: RequestStatus,
+    pub stop_reason: Option<i32>,
+    pub num_cached_blocks: i32,
 }
 
 impl PyRequestOutputs {
     /// Room for `n` requests and `num_tokens` tokens, for a step with ids `step_ids`.
     pub fn with_capacity(step_ids: Arc<[Py<PyString>]>, n: usize, num_tokens: usize) -> Self {
-        let mut offsets = Vec::with_capacity(n + 1);
-        offsets.push(0);
-        Self {
-            step_ids,
-            entries: Vec::with_capacity(n),
-            tokens: Vec::with_capacity(num_tokens),
-            offsets,
-            statuses: Vec::with_capacity(n),
-            stop_reasons: Vec::with_capacity(n),
-            cached_blocks: Vec::with_capacity(n),
-        }
+        Self { step_ids, rows: Vec::with_capacity(n), tokens: Vec::with_capacity(num_tokens) }
     }
 
     /// The id of output `i`'s request.
     fn request_id(&self, i: usize) -> &Py<PyString> {
-        &self.step_ids[self.entries[i] as usize]
+        &self.step_ids[self.rows[i].entry as usize]
     }
 
     fn len(&self) -> usize {
-        self.entries.len()
+        self.rows.len()
+    }
+
+    /// Where output `i`'s tokens start in `tokens`.
+    fn start(&self, i: usize) -> usize {
+        if i == 0 {
+            0
+        } else {
+            self.rows[i - 1].end as usize
+        }
     }
 
     fn element(&self, py: Python<'_>, i: usize) -> PyRequestOutput {
-        let (start, end) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
+        let row = &self.rows[i];
         PyRequestOutput {
             request_id: self.request_id(i).clone_ref(py),
-            new_token_ids: Tokens::new(&self.tokens[start..end]),
-            status: self.statuses[i],
-            stop_reason: self.stop_reasons[i],
+            new_token_ids: Tokens::new(&self.tokens[self.start(i)..row.end as usize]),
+            status: row.status,
+            stop_reason: row.stop_reason,
         }
     }
 
@@ -356,14 +363,14 @@ impl PyRequestOutputs {
     /// Tokens delivered per request (int32; a copy).
     #[getter]
     fn num_new_tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let counts: Vec<i32> = self.offsets.windows(2).map(|w| (w[1] - w[0]) as i32).collect();
+        let counts: Vec<i32> = (0..self.len()).map(|i| (self.rows[i].end as usize - self.start(i)) as i32).collect();
         frozen_array(py, counts).into_bound(py)
     }
 
     /// ``RequestStatus`` values per request (int32; a copy).
     #[getter]
     fn statuses<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let values: Vec<i32> = self.statuses.iter().map(|&s| s as i32).collect();
+        let values: Vec<i32> = self.rows.iter().map(|row| row.status as i32).collect();
         frozen_array(py, values).into_bound(py)
     }
 
@@ -371,7 +378,8 @@ impl PyRequestOutputs {
     /// freed them (int32; a copy).
     #[getter]
     fn num_cached_blocks<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        numpy::IntoPyArray::into_pyarray(self.cached_blocks.clone(), py)
+        let values: Vec<i32> = self.rows.iter().map(|row| row.num_cached_blocks).collect();
+        numpy::IntoPyArray::into_pyarray(values, py)
     }
 
     /// Ids of the requests that finished in this step.
@@ -379,7 +387,7 @@ impl PyRequestOutputs {
     fn finished_req_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         PyList::new(
             py,
-            (0..self.len()).filter(|&i| self.statuses[i].is_finished()).map(|i| self.request_id(i).bind(py)),
+            (0..self.len()).filter(|&i| self.rows[i].status.is_finished()).map(|i| self.request_id(i).bind(py)),
         )
     }
 }

@@ -14,7 +14,7 @@ use pyo3::types::{PyDict, PyList, PyString};
 use crate::config::PySchedulerConfig;
 use crate::convert::{bool_value, float_value, int_value, token_list, type_name, Indexed};
 use crate::errors::{core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
-use crate::output::{frozen_array, PyRequest, PyRequestOutputs, PySchedulerOutput};
+use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput};
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
@@ -499,17 +499,19 @@ impl PyScheduler {
             // The events go straight into the output's columns.
             py.detach(|| {
                 core.update_from_output_with(so.step_id, &out, |e| {
-                    outputs.entries.push(e.entry);
                     let tokens = &sampled[e.token_offset..e.token_offset + e.num_tokens];
                     if let [token] = tokens {
                         outputs.tokens.push(*token); // the usual decode step: no memcpy call
                     } else {
                         outputs.tokens.extend_from_slice(tokens);
                     }
-                    outputs.offsets.push(outputs.tokens.len() as u32);
-                    outputs.statuses.push(e.status);
-                    outputs.stop_reasons.push(e.stop_reason);
-                    outputs.cached_blocks.push(e.num_cached_blocks as i32);
+                    outputs.rows.push(OutputRow {
+                        entry: e.entry,
+                        end: outputs.tokens.len() as u32,
+                        status: e.status,
+                        stop_reason: e.stop_reason,
+                        num_cached_blocks: e.num_cached_blocks as i32,
+                    });
                 })
             })
             .map_err(core_err)?;
