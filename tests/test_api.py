@@ -409,6 +409,33 @@ def test_flat_drafts_schedule_as_draft_lists_do() -> None:
     assert any(spec_tokens(lists.schedule()).values())
 
 
+def test_drafts_name_their_requests_in_any_sequence() -> None:
+    """The step's own id list, a tuple or a generator of its ids, and a list mixing its
+    objects with strings built anew give the same drafts; a duplicate object or a non-str
+    in a list is named by position and changes nothing."""
+    shapes = {
+        "list": lambda ids: list(ids),
+        "tuple": lambda ids: tuple(ids),
+        "generator": lambda ids: (rid for rid in ids),
+        "mixed": lambda ids: [rid if i % 2 else "".join(list(rid)) for i, rid in enumerate(ids)],
+    }
+    drafts = {}
+    for shape, make in shapes.items():
+        sched = make_scheduler(num_speculative_tokens=2)
+        add_requests(sched, 4, max_tokens=12)
+        so = sched.schedule()
+        sched.update_from_output(so, one_token_each(so))
+        ids = so.req_ids
+        with pytest.raises(InvalidRequestError, match=r"req_ids\[2\].*appears twice"):
+            sched.update_draft_token_ids([ids[0], ids[1], ids[0]], [[1], [2], [3]])
+        with pytest.raises(InvalidRequestError, match=r"req_ids\[1\]: must be a str"):
+            sched.update_draft_token_ids([ids[0], 7], [[1], [2]])
+        sched.update_draft_token_ids(make(ids), [[10 + i, 20 + i] for i in range(len(ids))])
+        drafts[shape] = spec_tokens(sched.schedule())
+    assert drafts["list"] == {f"{i}": [10 + i, 20 + i] for i in range(4)}
+    assert all(d == drafts["list"] for d in drafts.values()), drafts
+
+
 def test_drafts_find_their_request_by_id_object_or_by_text() -> None:
     """The step's own id objects and equal strings built anew name the same request; a
     finished request's id object (still in a step's lists until reported) and a stale

@@ -535,13 +535,18 @@ impl PyScheduler {
         draft_token_ids: &Bound<'_, PyAny>,
         num_draft_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let mut ids: Vec<Bound<'_, PyAny>> = Vec::with_capacity(req_ids.len().unwrap_or(0));
-        for id in req_ids
-            .try_iter()
-            .map_err(|_| request_error(py, format!("req_ids: must be a sequence of str, got {}", type_name(req_ids))))?
-        {
-            ids.push(id?);
+        // A list is read in place (the usual case: the step's own id objects); any other
+        // iterable is collected first.
+        let id_list = req_ids.cast::<PyList>().ok();
+        let mut ids: Vec<Bound<'_, PyAny>> = Vec::new();
+        if id_list.is_none() {
+            for id in req_ids.try_iter().map_err(|_| {
+                request_error(py, format!("req_ids: must be a sequence of str, got {}", type_name(req_ids)))
+            })? {
+                ids.push(id?);
+            }
         }
+        let num_ids = id_list.map_or(ids.len(), |list| list.len());
         let (drafts, counts) = match num_draft_tokens {
             Some(counts) => (
                 token_list(py, draft_token_ids, &"draft_token_ids", request_error)?,
@@ -557,7 +562,7 @@ impl PyScheduler {
                         ),
                     )
                 })?;
-                let (mut drafts, mut counts) = (Vec::new(), Vec::with_capacity(ids.len()));
+                let (mut drafts, mut counts) = (Vec::new(), Vec::with_capacity(num_ids));
                 for (i, row) in rows.enumerate() {
                     let row = token_list(py, &row?, &Indexed(&"draft_token_ids", i), request_error)?;
                     counts.push(row.len() as i64);
@@ -568,6 +573,27 @@ impl PyScheduler {
         };
         self.with_inner(py, |inner| {
             // The ids the step handed out are known by address; any other str by its text.
+            let by_address = id_list.and_then(|list| {
+                (0..list.len())
+                    .map(|i| {
+                        // SAFETY: the GIL is held and `list` is alive; `i` is in bounds (a
+                        // borrowed item, only looked up by address).
+                        let item = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) };
+                        inner.handle_by_address.get(&(item as usize)).map(|&h| RequestRef::Handle(h))
+                    })
+                    .collect::<Option<Vec<_>>>()
+            });
+            if let Some(requests) = by_address {
+                return inner.core.update_draft_token_ids_of(&requests, &drafts, &counts).map_err(core_err);
+            }
+            let listed: Vec<Bound<'_, PyAny>>;
+            let ids = match id_list {
+                Some(list) => {
+                    listed = list.iter().collect();
+                    &listed
+                }
+                None => &ids,
+            };
             let requests: Vec<RequestRef<'_>> = ids
                 .iter()
                 .enumerate()
