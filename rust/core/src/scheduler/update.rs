@@ -60,12 +60,17 @@ impl Scheduler {
                 record.entries.len()
             )));
         }
+        // One pass the compiler vectorizes (a negative count is looked for again on error;
+        // a count over its entry's limit is caught below).
         let mut offset = 0usize;
-        for (row, &count) in out.num_sampled.iter().enumerate() {
-            if count < 0 {
-                return Err(CoreError::mismatch(format!("num_sampled[{row}]={count}: a count cannot be negative")));
-            }
-            offset += count as usize;
+        let mut any_negative = false;
+        for &count in out.num_sampled {
+            any_negative |= count < 0;
+            offset = offset.wrapping_add(count as usize);
+        }
+        if any_negative {
+            let (row, count) = out.num_sampled.iter().enumerate().find(|(_, &c)| c < 0).expect("a negative count");
+            return Err(CoreError::mismatch(format!("num_sampled[{row}]={count}: a count cannot be negative")));
         }
         if offset != out.sampled_token_ids.len() {
             return Err(CoreError::mismatch(format!(
@@ -73,7 +78,9 @@ impl Scheduler {
                 out.sampled_token_ids.len()
             )));
         }
-        if let Some((i, &t)) = out.sampled_token_ids.iter().enumerate().find(|(_, &t)| t < 0) {
+        // One pass the compiler vectorizes; the position only on error.
+        if out.sampled_token_ids.iter().fold(false, |any, &t| any | (t < 0)) {
+            let (i, &t) = out.sampled_token_ids.iter().enumerate().find(|(_, &t)| t < 0).expect("a negative token");
             return Err(CoreError::mismatch(format!(
                 "sampled_token_ids[{i}]={t}: a sampled token id cannot be negative (-1 is a placeholder, never a sample)"
             )));
