@@ -251,7 +251,8 @@ pub struct PyRequestOutputs {
     pub step_ids: Arc<[Py<PyString>]>,
     /// One row per output, pushed in one piece as the update hands each event over.
     pub rows: Vec<OutputRow>,
-    /// Delivered tokens, flat; output `i` owns `tokens[rows[i - 1].end..rows[i].end]`.
+    /// The runner's sampled tokens (this call's copy); output `i` delivered
+    /// `tokens[rows[i].start..][..rows[i].len]` (tokens past a stop are not delivered).
     pub tokens: Vec<i32>,
 }
 
@@ -260,19 +261,15 @@ pub struct PyRequestOutputs {
 pub struct OutputRow {
     /// Its request's position in the step's ids.
     pub entry: u32,
-    /// Where its tokens end in the step's flat tokens.
-    pub end: u32,
+    /// Where its delivered tokens start in the sampled tokens, and how many there are.
+    pub start: u32,
+    pub len: u32,
     pub status: RequestStatus,
     pub stop_reason: Option<i32>,
     pub num_cached_blocks: i32,
 }
 
 impl PyRequestOutputs {
-    /// Room for `n` requests and `num_tokens` tokens, for a step with ids `step_ids`.
-    pub fn with_capacity(step_ids: Arc<[Py<PyString>]>, n: usize, num_tokens: usize) -> Self {
-        Self { step_ids, rows: Vec::with_capacity(n), tokens: Vec::with_capacity(num_tokens) }
-    }
-
     /// The id of output `i`'s request.
     fn request_id(&self, i: usize) -> &Py<PyString> {
         &self.step_ids[self.rows[i].entry as usize]
@@ -282,20 +279,17 @@ impl PyRequestOutputs {
         self.rows.len()
     }
 
-    /// Where output `i`'s tokens start in `tokens`.
-    fn start(&self, i: usize) -> usize {
-        if i == 0 {
-            0
-        } else {
-            self.rows[i - 1].end as usize
-        }
+    /// The tokens output `i` delivered.
+    fn delivered(&self, i: usize) -> &[i32] {
+        let row = &self.rows[i];
+        &self.tokens[row.start as usize..][..row.len as usize]
     }
 
     fn element(&self, py: Python<'_>, i: usize) -> PyRequestOutput {
         let row = &self.rows[i];
         PyRequestOutput {
             request_id: self.request_id(i).clone_ref(py),
-            new_token_ids: Tokens::new(&self.tokens[self.start(i)..row.end as usize]),
+            new_token_ids: Tokens::new(self.delivered(i)),
             status: row.status,
             stop_reason: row.stop_reason,
         }
@@ -357,13 +351,14 @@ impl PyRequestOutputs {
     /// Every delivered token, flat, split by ``num_new_tokens`` (int32; a copy).
     #[getter]
     fn new_token_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        frozen_array(py, self.tokens.to_vec()).into_bound(py)
+        let delivered: Vec<i32> = (0..self.len()).flat_map(|i| self.delivered(i).iter().copied()).collect();
+        frozen_array(py, delivered).into_bound(py)
     }
 
     /// Tokens delivered per request (int32; a copy).
     #[getter]
     fn num_new_tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let counts: Vec<i32> = (0..self.len()).map(|i| (self.rows[i].end as usize - self.start(i)) as i32).collect();
+        let counts: Vec<i32> = self.rows.iter().map(|row| row.len as i32).collect();
         frozen_array(py, counts).into_bound(py)
     }
 

@@ -495,19 +495,15 @@ impl PyScheduler {
         self.with_inner(py, |inner| {
             let out = RunnerOutput { sampled_token_ids: &sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
-            let mut outputs = PyRequestOutputs::with_capacity(so.entry_ids.clone(), counts.len(), sampled.len());
-            // The events go straight into the output's columns.
+            let mut outputs = Vec::with_capacity(counts.len());
+            // The events go straight into the output's rows; their tokens stay where the
+            // runner's copy holds them.
             py.detach(|| {
                 core.update_from_output_with(so.step_id, &out, |e| {
-                    let tokens = &sampled[e.token_offset..e.token_offset + e.num_tokens];
-                    if let [token] = tokens {
-                        outputs.tokens.push(*token); // the usual decode step: no memcpy call
-                    } else {
-                        outputs.tokens.extend_from_slice(tokens);
-                    }
-                    outputs.rows.push(OutputRow {
+                    outputs.push(OutputRow {
                         entry: e.entry,
-                        end: outputs.tokens.len() as u32,
+                        start: e.token_offset as u32,
+                        len: e.num_tokens as u32,
                         status: e.status,
                         stop_reason: e.stop_reason,
                         num_cached_blocks: e.num_cached_blocks as i32,
@@ -515,7 +511,7 @@ impl PyScheduler {
                 })
             })
             .map_err(core_err)?;
-            Ok(outputs)
+            Ok(PyRequestOutputs { step_ids: so.entry_ids.clone(), rows: outputs, tokens: sampled })
         })
     }
 

@@ -187,9 +187,9 @@ impl Scheduler {
         self.finish_step(b)
     }
 
-    /// Commits a loop's decision: takes its budget, writes the step's columns for it,
-    /// then advances `C` optimistically (vLLM's `_update_after_schedule`): the columns
-    /// hold the values before the advance.
+    /// Commits a loop's decision: takes its budget, writes its row of the step (and its
+    /// new blocks), then advances `C` optimistically (vLLM's `_update_after_schedule`):
+    /// the row holds the values before the advance.
     // Inlined: called once per scheduled request, mostly from the running loop.
     #[inline(always)]
     fn commit(config: &SchedulerConfig, b: &mut StepBuilder, request: &mut Request, e: Entry) {
