@@ -138,7 +138,7 @@ const NO_TOKEN: i32 = -1;
 /// Laid out for the step loops: the slab keeps each request in a slot aligned to a cache
 /// line, 8 bytes in, and every field a step reads or writes (the running loop, the
 /// step's columns, the update, the stop check) sits in the slot's first two cache lines.
-/// A decode step touches those two lines and the token list's tail, nothing else of the
+/// A decode step touches those two lines and the output list's tail, nothing else of the
 /// request (with prefix caching, also the block hashes; with stop token ids, those). The
 /// counters are stored as `i32` (each stays within twice `max_model_len`, which the
 /// config keeps below 2^30) and read as `i64` through the accessors, so the spec's
@@ -147,8 +147,9 @@ const NO_TOKEN: i32 = -1;
 #[repr(C)]
 pub struct Request {
     // The slot's first line.
-    /// Prompt followed by every output token appended so far (`N = len`).
-    pub(crate) token_ids: Vec<i32>,
+    /// Every output token appended so far (`N = Np + len`). Apart from the prompt, so the
+    /// first output token does not copy the prompt into a larger allocation.
+    pub(crate) output_token_ids: Vec<i32>,
     /// `C`: tokens whose KV is computed or scheduled to be (optimistic).
     num_computed_tokens: i32,
     /// `P`: async output positions scheduled but not yet returned.
@@ -178,7 +179,10 @@ pub struct Request {
     /// Leading blocks of `block_ids` already registered in the prefix cache.
     pub(crate) num_cached_blocks: usize,
     // Cold: read with prefix caching, at admission, on stops and by the API.
-    /// One hash per full block of `token_ids` (empty when prefix caching is off).
+    /// The prompt (`Np = len`).
+    pub(crate) prompt_token_ids: Box<[i32]>,
+    /// One hash per full block of the prompt and output tokens (empty when prefix caching
+    /// is off).
     pub(crate) block_hashes: Vec<BlockHash>,
     stop_token_ids: Box<[i32]>,
     /// Which waiting queue holds the request, if one does.
@@ -206,7 +210,7 @@ impl Request {
             };
         }
         fields!(
-            token_ids,
+            output_token_ids,
             num_computed_tokens,
             num_output_placeholders,
             num_in_flight_tokens,
@@ -312,7 +316,8 @@ impl Request {
 
         let num_prompt_tokens = stored(prompt_len);
         Ok(Self {
-            token_ids: prompt,
+            output_token_ids: Vec::new(),
+            prompt_token_ids: prompt.into(),
             num_computed_tokens: stored(new.num_computed_tokens),
             num_output_placeholders: 0,
             num_in_flight_tokens: 0,
@@ -343,11 +348,11 @@ impl Request {
     /// `N`.
     #[inline]
     pub fn num_tokens(&self) -> i64 {
-        self.token_ids.len() as i64
+        self.num_prompt_tokens() + self.num_output_tokens()
     }
     #[inline]
     pub fn num_output_tokens(&self) -> i64 {
-        self.num_tokens() - self.num_prompt_tokens()
+        self.output_token_ids.len() as i64
     }
     /// `N + len(S)`.
     #[inline]
@@ -371,13 +376,14 @@ impl Request {
         self.num_prompt_tokens.into()
     }
     pub fn prompt_token_ids(&self) -> &[i32] {
-        &self.token_ids[..self.num_prompt_tokens as usize]
+        &self.prompt_token_ids
     }
     pub fn output_token_ids(&self) -> &[i32] {
-        &self.token_ids[self.num_prompt_tokens as usize..]
+        &self.output_token_ids
     }
-    pub fn all_token_ids(&self) -> &[i32] {
-        &self.token_ids
+    /// The prompt, then the output tokens (`N` of them).
+    pub fn all_token_ids(&self) -> impl Iterator<Item = i32> + '_ {
+        self.prompt_token_ids.iter().chain(&self.output_token_ids).copied()
     }
     pub fn spec_token_ids(&self) -> &[i32] {
         &self.spec_token_ids
@@ -457,7 +463,7 @@ impl Request {
     /// is vLLM's and matters (spec §4.3). Sets the finished status.
     #[inline]
     pub(crate) fn check_stop(&mut self, max_model_len: i64) -> bool {
-        let last = *self.token_ids.last().expect("check_stop after an append");
+        let last = *self.output_token_ids.last().expect("check_stop after an append");
         if last == self.eos_token_id {
             self.status = RequestStatus::FinishedStopped;
             return true;

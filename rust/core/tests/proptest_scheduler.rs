@@ -926,7 +926,7 @@ impl Harness {
                 for pos in from..c + n {
                     let (block, slot) = (table[(pos / bs) as usize] as u32, (pos % bs) as usize);
                     self.kv[block as usize][slot] = if pos < req.num_tokens() {
-                        Kv::Token(req.all_token_ids()[pos as usize])
+                        Kv::Token(req.all_token_ids().nth(pos as usize).expect("pos < N"))
                     } else {
                         pending_kv.push((i, block, pos));
                         Kv::Pending { step_id: step.step_id, pos }
@@ -957,7 +957,7 @@ impl Harness {
             if req.status() != RequestStatus::Running {
                 continue;
             }
-            let (hashes, tokens) = (req.block_hashes(), req.all_token_ids());
+            let (hashes, tokens) = (req.block_hashes(), req.all_token_ids().collect::<Vec<_>>());
             for (i, &block) in req.block_ids().iter().enumerate() {
                 if i >= hashes.len() || self.sched.cached_block_hash(block) != Some(hashes[i]) {
                     continue;
@@ -1039,8 +1039,8 @@ impl Harness {
                 prop_assert!(false, "{}: output {} is a stop token ({}) but more followed", t.id, j, outputs[j]);
             }
             prop_assert_eq!(t.delivered, req.num_output_tokens(), "{}: delivered tokens vs output tokens", t.id);
-            let tail = &req.all_token_ids()[req.num_tokens() as usize - e.num_tokens..];
-            prop_assert_eq!(tail, &p.tokens[e.token_offset..e.token_offset + e.num_tokens]);
+            let tail: Vec<i32> = req.all_token_ids().skip(req.num_tokens() as usize - e.num_tokens).collect();
+            prop_assert_eq!(&tail[..], &p.tokens[e.token_offset..e.token_offset + e.num_tokens]);
             prop_assert_eq!(e.status, req.status(), "{}: event status", t.id);
             prop_assert!(e.status != RequestStatus::FinishedAborted);
             prop_assert!(e.num_tokens > 0 || e.status.is_finished(), "{}: an empty, unfinished event", t.id);
@@ -1052,7 +1052,7 @@ impl Harness {
                     self.cov.finished_length += 1;
                 }
                 // The stop is the one check_stop gives, on the last delivered token.
-                let last = *req.all_token_ids().last().expect("a request has tokens");
+                let last = req.all_token_ids().last().expect("a request has tokens");
                 let pooling = self.cfg.num_sampled_tokens_per_step() == 0;
                 match e.status {
                     // Pooling: the output of the final prompt chunk finishes the request.

@@ -96,11 +96,11 @@ impl KvManager {
     // Always inlined: every applied step calls it, and the early return is the common case.
     #[inline(always)]
     pub fn update_block_hashes(&mut self, request: &mut Request) {
-        if self.enable_caching && (request.block_hashes.len() + 1) * self.block_size as usize <= request.token_ids.len()
-        {
+        if self.enable_caching && (request.block_hashes.len() + 1) as i64 * self.block_size <= request.num_tokens() {
             prefix::extend_block_hashes(
                 &mut request.block_hashes,
-                &request.token_ids,
+                &request.prompt_token_ids,
+                &request.output_token_ids,
                 self.block_size as usize,
                 request.cache_salt.as_deref(),
                 &mut self.scratch,

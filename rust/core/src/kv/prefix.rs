@@ -23,11 +23,12 @@ pub(crate) const SEED: u64 = 0x6c6c_6d73_6368_6564; // "llmsched"
 /// The parent of the first block (vLLM's `NONE_HASH`).
 pub const NONE_HASH: BlockHash = 0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834;
 
-/// Hashes one full block; `scratch` is reused across calls to avoid allocating.
-pub fn hash_block(parent: BlockHash, tokens: &[i32], salt: Option<&[u8]>, scratch: &mut Vec<u8>) -> BlockHash {
+/// Hashes one full block, its tokens given in pieces (a block can span the end of the
+/// prompt); `scratch` is reused across calls to avoid allocating.
+pub fn hash_block(parent: BlockHash, pieces: &[&[i32]], salt: Option<&[u8]>, scratch: &mut Vec<u8>) -> BlockHash {
     scratch.clear();
     scratch.extend_from_slice(&parent.to_le_bytes());
-    for &token in tokens {
+    for &token in pieces.iter().copied().flatten() {
         scratch.extend_from_slice(&token.to_le_bytes());
     }
     if let Some(salt) = salt {
@@ -39,22 +40,31 @@ pub fn hash_block(parent: BlockHash, tokens: &[i32], salt: Option<&[u8]>, scratc
     xxh3_128_with_seed(scratch, SEED)
 }
 
-/// Extends `hashes` to cover every full block of `tokens` (incremental: only
-/// blocks not hashed yet are hashed).
+/// Extends `hashes` to cover every full block of the tokens, `prompt` then `output`
+/// (incremental: only blocks not hashed yet are hashed).
 pub fn extend_block_hashes(
     hashes: &mut Vec<BlockHash>,
-    tokens: &[i32],
+    prompt: &[i32],
+    output: &[i32],
     block_size: usize,
     salt: Option<&[u8]>,
     scratch: &mut Vec<u8>,
 ) {
+    let np = prompt.len();
     let mut start = hashes.len() * block_size;
-    while start + block_size <= tokens.len() {
+    while start + block_size <= np + output.len() {
+        let end = start + block_size;
+        let pieces: [&[i32]; 2] = if end <= np {
+            [&prompt[start..end], &[]]
+        } else if start >= np {
+            [&output[start - np..end - np], &[]]
+        } else {
+            [&prompt[start..], &output[..end - np]]
+        };
         let parent = hashes.last().copied().unwrap_or(NONE_HASH);
         let first = hashes.is_empty();
-        let block = &tokens[start..start + block_size];
-        hashes.push(hash_block(parent, block, if first { salt } else { None }, scratch));
-        start += block_size;
+        hashes.push(hash_block(parent, &pieces, if first { salt } else { None }, scratch));
+        start = end;
     }
 }
 
@@ -64,7 +74,7 @@ mod tests {
 
     fn hashes(tokens: &[i32], block_size: usize, salt: Option<&[u8]>) -> Vec<BlockHash> {
         let mut out = Vec::new();
-        extend_block_hashes(&mut out, tokens, block_size, salt, &mut Vec::new());
+        extend_block_hashes(&mut out, tokens, &[], block_size, salt, &mut Vec::new());
         out
     }
 
@@ -75,9 +85,24 @@ mod tests {
         let mut incremental = Vec::new();
         let mut scratch = Vec::new();
         for end in 0..=tokens.len() {
-            extend_block_hashes(&mut incremental, &tokens[..end], 4, None, &mut scratch);
+            extend_block_hashes(&mut incremental, &tokens[..end], &[], 4, None, &mut scratch);
         }
         assert_eq!(incremental, hashes(&tokens, 4, None));
+    }
+
+    #[test]
+    fn a_block_hashes_the_same_wherever_the_prompt_ends() {
+        let tokens: Vec<i32> = (0..13).collect();
+        let whole = hashes(&tokens, 4, Some(b"s"));
+        for np in 0..=tokens.len() {
+            let (prompt, output) = tokens.split_at(np);
+            let mut incremental = Vec::new();
+            let mut scratch = Vec::new();
+            for end in 0..=output.len() {
+                extend_block_hashes(&mut incremental, prompt, &output[..end], 4, Some(b"s"), &mut scratch);
+            }
+            assert_eq!(incremental, whole, "prompt of {np} tokens");
+        }
     }
 
     #[test]
@@ -100,6 +125,6 @@ mod tests {
         assert_ne!(salted[0], other[0]);
         // The second block's own input has no salt; it differs only through its parent.
         let mut scratch = Vec::new();
-        assert_eq!(salted[1], hash_block(salted[0], &tokens[4..8], None, &mut scratch));
+        assert_eq!(salted[1], hash_block(salted[0], &[&tokens[4..8]], None, &mut scratch));
     }
 }

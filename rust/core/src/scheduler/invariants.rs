@@ -179,7 +179,7 @@ impl Scheduler {
                 // One hash per full block, and the newest ones (those appended since the
                 // previous check, when checks run every step) chain correctly. Tokens and
                 // hashes are append-only, so every block is checked once while newest.
-                let full = r.token_ids.len() / b as usize;
+                let full = r.num_tokens() as usize / b as usize;
                 if r.block_hashes.len() != full {
                     return Err(broken(format!(
                         "request {id:?}: {} block hashes for {full} full blocks",
@@ -190,8 +190,8 @@ impl Scheduler {
                 for i in full.saturating_sub(4)..full {
                     let parent = if i == 0 { crate::kv::prefix::NONE_HASH } else { r.block_hashes[i - 1] };
                     let salt = if i == 0 { r.cache_salt.as_deref() } else { None };
-                    let tokens = &r.token_ids[i * b as usize..(i + 1) * b as usize];
-                    if reference_block_hash(parent, tokens, salt, &mut scratch) != r.block_hashes[i] {
+                    let block: Vec<i32> = r.all_token_ids().skip(i * b as usize).take(b as usize).collect();
+                    if reference_block_hash(parent, &block, salt, &mut scratch) != r.block_hashes[i] {
                         return Err(broken(format!("request {id:?}: block {i}'s hash does not match its tokens")));
                     }
                 }

@@ -218,11 +218,11 @@ impl Scheduler {
             }
             EntryKind::New => {
                 step.new_reqs.push(e.handle);
-                (&request.block_ids, request.token_ids.len())
+                (&request.block_ids, request.num_tokens() as usize)
             }
             EntryKind::Resumed => {
                 step.resumed_reqs.push(e.handle);
-                (&request.block_ids, request.token_ids.len())
+                (&request.block_ids, request.num_tokens() as usize)
             }
         };
         let num_blocks = blocks.len();
@@ -304,7 +304,9 @@ impl Scheduler {
         if num_tokens > 0 {
             step.all_token_ids.reserve_exact(num_tokens);
             for row in rows.iter().filter(|r| r.num_all_token_ids > 0) {
-                step.all_token_ids.extend_from_slice(&self.requests[row.handle].token_ids);
+                let request = &self.requests[row.handle];
+                step.all_token_ids.extend_from_slice(&request.prompt_token_ids);
+                step.all_token_ids.extend_from_slice(&request.output_token_ids);
             }
         }
         if !rows.is_empty() {

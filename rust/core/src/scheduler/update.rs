@@ -211,7 +211,7 @@ impl Scheduler {
             let mut stopped = false;
             if !generated.is_empty() {
                 for (i, &token) in generated.iter().enumerate() {
-                    request.token_ids.push(token);
+                    request.output_token_ids.push(token);
                     if request.check_stop(m) {
                         delivered = i + 1;
                         if !stale {
