@@ -230,6 +230,10 @@ impl Request {
     }
 }
 
+/// Output tokens a request's first allocations make room for, at most (1 KiB of token
+/// ids): short outputs never reallocate, long ones start their doubling there.
+const EXPECTED_OUTPUT_TOKENS: i64 = 256;
+
 /// A count the config keeps below 2^31 (a request's counters, a step's token counts),
 /// stored as `i32`; checked in debug builds.
 #[inline(always)]
@@ -429,6 +433,19 @@ impl Request {
     #[inline]
     pub fn max_tokens(&self) -> i64 {
         self.max_tokens.into()
+    }
+    /// The length the request is expected to reach: `Np + max_tokens`, counting at most
+    /// `EXPECTED_OUTPUT_TOKENS` of output, capped at `M`. Sizes its first output and
+    /// block-table allocations; a request that runs longer grows them by doubling.
+    pub(crate) fn expected_num_tokens(&self, max_model_len: i64) -> i64 {
+        (self.num_prompt_tokens() + self.max_tokens().min(EXPECTED_OUTPUT_TOKENS)).min(max_model_len)
+    }
+    /// Sizes the output list when its first tokens arrive (at least `arriving` of them).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn reserve_output(&mut self, max_model_len: i64, arriving: usize) {
+        let room = (self.expected_num_tokens(max_model_len) - self.num_prompt_tokens()) as usize;
+        self.output_token_ids.reserve_exact(room.max(arriving));
     }
     pub fn eos_token_id(&self) -> Option<i32> {
         (self.eos_token_id != NO_TOKEN).then_some(self.eos_token_id)

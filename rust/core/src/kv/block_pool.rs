@@ -30,11 +30,10 @@ struct Node {
 struct Run {
     first: u32,
     last: u32,
-    len: usize,
 }
 
 impl Run {
-    const EMPTY: Run = Run { first: NIL, last: NIL, len: 0 };
+    const EMPTY: Run = Run { first: NIL, last: NIL };
 }
 
 const FREE_NODE: Node = Node { prev: NIL, next: NIL, ref_cnt: 0, in_free_queue: false, hashed: false };
@@ -273,6 +272,7 @@ impl BlockPool {
         // finished request returns hundreds of blocks in one call.
         let mut to_head = Run::EMPTY;
         let mut to_tail = Run::EMPTY;
+        let mut freed = 0;
         for id in ordered {
             if id == NULL_BLOCK {
                 continue;
@@ -280,20 +280,16 @@ impl BlockPool {
             let node = &mut self.nodes[id as usize];
             node.ref_cnt -= 1;
             if node.ref_cnt == 0 {
-                let run = if node.hashed { &mut to_tail } else { &mut to_head };
-                node.prev = run.last;
-                node.next = NIL;
-                node.in_free_queue = true;
-                if run.last == NIL {
-                    run.first = id;
+                freed += 1;
+                // Each branch names its run: the runs stay in registers.
+                if node.hashed {
+                    self.append(&mut to_tail, id);
                 } else {
-                    self.nodes[run.last as usize].next = id;
+                    self.append(&mut to_head, id);
                 }
-                run.last = id;
-                run.len += 1;
             }
         }
-        if to_head.len > 0 {
+        if to_head.first != NIL {
             self.nodes[to_head.last as usize].next = self.head;
             if self.head == NIL {
                 self.tail = to_head.last;
@@ -302,7 +298,7 @@ impl BlockPool {
             }
             self.head = to_head.first;
         }
-        if to_tail.len > 0 {
+        if to_tail.first != NIL {
             self.nodes[to_tail.first as usize].prev = self.tail;
             if self.tail == NIL {
                 self.head = to_tail.first;
@@ -311,7 +307,22 @@ impl BlockPool {
             }
             self.tail = to_tail.last;
         }
-        self.num_free += to_head.len + to_tail.len;
+        self.num_free += freed;
+    }
+
+    /// Links a freed block after the end of `run`.
+    #[inline(always)]
+    fn append(&mut self, run: &mut Run, id: u32) {
+        let node = &mut self.nodes[id as usize];
+        node.prev = run.last;
+        node.next = NIL;
+        node.in_free_queue = true;
+        if run.last == NIL {
+            run.first = id;
+        } else {
+            self.nodes[run.last as usize].next = id;
+        }
+        run.last = id;
     }
 
     pub fn free_queue(&self) -> Vec<u32> {

@@ -211,6 +211,11 @@ impl KvManager {
         if self.blocks_needed(request, tokens_needing_slots, hits) + watermark > free {
             return None;
         }
+        if request.block_ids.capacity() == 0 {
+            // The first allocation sizes the table for the request's expected length.
+            let expected = cdiv(request.expected_num_tokens(m), self.block_size);
+            request.block_ids.reserve_exact(cdiv(tokens_needing_slots, self.block_size).max(expected) as usize);
+        }
         if !hits.is_empty() {
             // Touch before popping new blocks, so a hit is never evicted for its own request.
             self.pool.touch(hits);

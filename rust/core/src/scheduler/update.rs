@@ -210,6 +210,9 @@ impl Scheduler {
             let mut delivered = 0;
             let mut stopped = false;
             if !generated.is_empty() {
+                if request.output_token_ids.capacity() == 0 {
+                    request.reserve_output(m, generated.len());
+                }
                 for (i, &token) in generated.iter().enumerate() {
                     request.output_token_ids.push(token);
                     if request.check_stop(m) {
