@@ -26,7 +26,9 @@ struct Node {
     hashed: bool,
 }
 
-/// A chain of freed blocks, linked among themselves, not yet in the free queue.
+/// A chain of blocks linked among themselves: freed ones not yet in the free queue, or
+/// the queue itself.
+#[derive(Clone, Copy)]
 struct Run {
     first: u32,
     last: u32,
@@ -289,25 +291,23 @@ impl BlockPool {
                 }
             }
         }
-        if to_head.first != NIL {
-            self.nodes[to_head.last as usize].next = self.head;
-            if self.head == NIL {
-                self.tail = to_head.last;
-            } else {
-                self.nodes[self.head as usize].prev = to_head.last;
-            }
-            self.head = to_head.first;
-        }
-        if to_tail.first != NIL {
-            self.nodes[to_tail.first as usize].prev = self.tail;
-            if self.tail == NIL {
-                self.head = to_tail.first;
-            } else {
-                self.nodes[self.tail as usize].next = to_tail.first;
-            }
-            self.tail = to_tail.last;
-        }
+        let queue = Run { first: self.head, last: self.tail };
+        let front = self.join(to_head, queue);
+        let joined = self.join(front, to_tail);
+        (self.head, self.tail) = (joined.first, joined.last);
         self.num_free += freed;
+    }
+
+    /// Links chain `b` after chain `a` (either may be empty).
+    fn join(&mut self, a: Run, b: Run) -> Run {
+        if a.first == NIL {
+            return b;
+        }
+        if b.first != NIL {
+            self.nodes[a.last as usize].next = b.first;
+            self.nodes[b.first as usize].prev = a.last;
+        }
+        Run { first: a.first, last: if b.first == NIL { a.last } else { b.last } }
     }
 
     /// Links a freed block after the end of `run`.
