@@ -122,7 +122,7 @@ impl PyScheduler {
         };
         let entry_ids: Arc<[Py<PyString>]> =
             step.req_handles.iter().map(|&h| inner.live_py_id(py, h).unbind()).collect();
-        let req_ids = PyList::new(py, entry_ids.iter().map(|id| id.bind(py)))?.unbind();
+        let req_ids = list_of(py, &entry_ids)?;
         let new_req_ids = ids(&step.new_reqs)?;
         let resumed_req_ids = ids(&step.resumed_reqs)?;
         let rescheduled_req_ids = ids(&step.rescheduled_reqs)?;
@@ -162,6 +162,23 @@ impl PyScheduler {
             preempted_req_ids,
             finished_req_ids,
         })
+    }
+}
+
+/// A new list holding `items` (one more reference each), filled by one C call per item
+/// without pyo3's iterator checks: a step's ids are thousands of items.
+fn list_of<T>(py: Python<'_>, items: &[Py<T>]) -> PyResult<Py<PyList>> {
+    // A slice never holds more than isize::MAX bytes, so its length fits in Py_ssize_t.
+    let len = items.len() as pyo3::ffi::Py_ssize_t;
+    // SAFETY: the GIL is held. `PyList_New` returns a new reference (or NULL with an
+    // exception set) to a list of `len` empty slots; `PyList_SetItem` fills slot `i < len`
+    // with the reference it is given (stolen: `into_ptr` hands one over).
+    unsafe {
+        let list = Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyList_New(len))?;
+        for (i, item) in items.iter().enumerate() {
+            pyo3::ffi::PyList_SetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t, item.clone_ref(py).into_ptr());
+        }
+        Ok(list.cast_into_unchecked::<PyList>().unbind())
     }
 }
 

@@ -164,28 +164,51 @@ impl KvManager {
     #[inline(always)]
     pub fn allocate_slots(&mut self, request: &mut Request, ask: SlotRequest<'_>) -> Option<usize> {
         debug_assert!(ask.num_new_tokens > 0 || ask.num_new_computed_tokens > 0);
-        let m = self.max_model_len;
-        let total_computed = (request.num_computed_tokens() + ask.num_new_computed_tokens).min(m);
-        // min(C + h + n + L, M): lookahead slots never pass the model length.
-        let tokens_needing_slots = (total_computed + ask.num_new_tokens + ask.num_lookahead_tokens).min(m);
+        let total_computed = (request.num_computed_tokens() + ask.num_new_computed_tokens).min(self.max_model_len);
+        let tokens_needing_slots =
+            self.tokens_needing_slots(total_computed, ask.num_new_tokens, ask.num_lookahead_tokens);
         let watermark =
             if ask.has_scheduled_reqs && matches!(request.status, RequestStatus::Waiting | RequestStatus::Preempted) {
                 self.watermark_blocks
             } else {
                 0
             };
-        // The common decode step, inlined into the loops: no hit, no gate, no watermark,
-        // and the table already covers the step (no division, no call).
-        let held = request.block_ids.len();
-        if ask.new_computed_blocks.is_empty()
+        if ask.num_new_computed_tokens == 0
+            && ask.new_computed_blocks.is_empty()
             && !ask.full_sequence_must_fit
             && watermark == 0
-            && tokens_needing_slots <= held as i64 * self.block_size
         {
-            self.cache_blocks(request, (total_computed + ask.num_new_tokens).min(request.num_tokens()));
-            return Some(held);
+            if let Some(held) = self.allocate_in_held_blocks(request, ask.num_new_tokens, ask.num_lookahead_tokens) {
+                return Some(held);
+            }
         }
         self.allocate_new_slots(request, &ask, total_computed, tokens_needing_slots, watermark)
+    }
+
+    /// `min(C + h + n + L, M)`: lookahead slots never pass the model length.
+    #[inline(always)]
+    fn tokens_needing_slots(&self, total_computed: i64, num_new_tokens: i64, num_lookahead_tokens: i64) -> i64 {
+        (total_computed + num_new_tokens + num_lookahead_tokens).min(self.max_model_len)
+    }
+
+    /// `allocate_slots` for a running request (no hit, no gate, no watermark) whose table
+    /// already covers the step, the common decode step: caches its newly full blocks and
+    /// returns the table's length. None, changing nothing, when the table must grow.
+    /// Inlined into the running loop with no call on its way (no division either).
+    #[inline(always)]
+    pub fn allocate_in_held_blocks(
+        &mut self,
+        request: &mut Request,
+        num_new_tokens: i64,
+        num_lookahead_tokens: i64,
+    ) -> Option<usize> {
+        let c = request.num_computed_tokens();
+        let held = request.block_ids.len();
+        if self.tokens_needing_slots(c, num_new_tokens, num_lookahead_tokens) > held as i64 * self.block_size {
+            return None;
+        }
+        self.cache_blocks(request, (c + num_new_tokens).min(request.num_tokens()));
+        Some(held)
     }
 
     /// `allocate_slots` when the table must grow, or a hit, the admission gate or the

@@ -22,7 +22,7 @@ use crate::queue::RequestQueue;
 pub use crate::request::NewRequest;
 use crate::request::{stored, QueueKind, Request, RequestStatus};
 use crate::slab::{Handle, Slab};
-use step::{Entry, EntryKind, InFlightEntry, Row, Step, StepBuilder, StepRecord, Undo};
+use step::{Budgets, Entry, EntryKind, InFlightEntry, Row, Step, StepBuilder, StepRecord, Undo};
 
 pub use update::{RequestEvent, RunnerOutput};
 
@@ -157,11 +157,13 @@ impl Scheduler {
         }
         let paused_all = self.pause_state == PauseState::PausedAll;
         let capacity = num_eligible.min(cfg.max_num_seqs() as usize);
-        let mut b = StepBuilder {
+        let mut budgets = Budgets {
             token_budget: if paused_all { 0 } else { cfg.max_num_scheduled_tokens() },
             input_budget,
             draft_slots: cfg.max_num_new_slots_for_drafting(),
             long_prefill_threshold,
+        };
+        let mut b = StepBuilder {
             step: Step {
                 step_id: self.next_step_id,
                 // Room for every draft slot and a new block per request: no regrowth in
@@ -178,10 +180,11 @@ impl Scheduler {
             preempted: false,
         };
         self.next_step_id += 1;
-        self.schedule_running(&mut b);
+        self.schedule_running(&mut b, &mut budgets);
+        b.num_running_entries = b.rows.len();
         // No admissions in a step that preempted.
         if !b.preempted {
-            self.schedule_waiting(&mut b);
+            self.schedule_waiting(&mut b, &mut budgets);
         }
         self.stats.num_steps += 1;
         self.finish_step(b)
@@ -192,11 +195,9 @@ impl Scheduler {
     /// the row holds the values before the advance.
     // Inlined: called once per scheduled request, mostly from the running loop.
     #[inline(always)]
-    fn commit(config: &SchedulerConfig, b: &mut StepBuilder, request: &mut Request, e: Entry) {
-        b.token_budget -= e.num_new_tokens;
-        b.input_budget -= e.num_new_tokens + b.draft_slots;
+    fn commit(config: &SchedulerConfig, budgets: &mut Budgets, b: &mut StepBuilder, request: &mut Request, e: Entry) {
+        budgets.take(e.num_new_tokens);
         let step = &mut b.step;
-        step.total_num_scheduled_tokens += e.num_new_tokens;
         let num_output_tokens = request.num_output_tokens() + request.num_output_placeholders();
         let previous_step = request.last_scheduled_step;
         request.last_scheduled_step = step.step_id;
@@ -204,7 +205,6 @@ impl Scheduler {
         // (its tokens are copied once the step is built, into one exact allocation).
         let (blocks, num_tokens): (&[u32], usize) = match e.kind {
             EntryKind::Running { first_new_block } => {
-                b.num_running_entries += 1;
                 if b.undoable {
                     b.undo.push(Undo {
                         cached_blocks_before: e.cached_blocks_before,
@@ -256,11 +256,10 @@ impl Scheduler {
 
     /// Undoes the committed running entry at `position` (a priority preemption took its
     /// request): its budget, its columns, its drafts and its advance. The caller preempts it.
-    fn uncommit(&mut self, b: &mut StepBuilder, position: usize) {
+    fn uncommit(&mut self, b: &mut StepBuilder, budgets: &mut Budgets, position: usize) {
         let step = &mut b.step;
         let row = b.rows.remove(position);
         let (handle, n) = (row.handle, i64::from(row.num_scheduled_tokens));
-        step.total_num_scheduled_tokens -= n;
         // The drafts and blocks of the entries before it locate its own (token ids are only
         // copied once the step is built).
         let before = &b.rows[..position];
@@ -270,9 +269,7 @@ impl Scheduler {
         step.block_ids.drain(blocks_before..blocks_before + row.num_block_ids as usize);
         step.rescheduled_reqs.retain(|&h| h != handle);
         let undo = b.undo.remove(position);
-        b.token_budget += n;
-        b.input_budget += n + b.draft_slots;
-        b.num_running_entries -= 1;
+        budgets.give_back(n);
 
         let request = &mut self.requests[handle];
         request.is_prefill_chunk = undo.is_prefill_chunk;
@@ -295,6 +292,7 @@ impl Scheduler {
         let rows = &b.rows;
         step.req_handles = rows.iter().map(|r| r.handle).collect();
         step.num_scheduled_tokens = rows.iter().map(|r| r.num_scheduled_tokens).collect();
+        step.total_num_scheduled_tokens = step.num_scheduled_tokens.iter().map(|&n| i64::from(n)).sum();
         step.num_computed_tokens = rows.iter().map(|r| r.num_computed_tokens).collect();
         step.num_spec_tokens = rows.iter().map(|r| r.num_spec_tokens).collect();
         step.num_output_tokens = rows.iter().map(|r| r.num_output_tokens).collect();

@@ -5,23 +5,23 @@ use crate::capacity;
 use crate::config::Policy;
 use crate::kv::SlotRequest;
 use crate::queue::priority_order;
-use crate::request::RequestStatus;
-use crate::scheduler::step::{Entry, EntryKind, StepBuilder};
+use crate::request::{Request, RequestStatus};
+use crate::scheduler::step::{Budgets, Entry, EntryKind, StepBuilder};
 use crate::scheduler::Scheduler;
 use crate::slab::Handle;
 
 impl Scheduler {
-    pub(super) fn schedule_running(&mut self, b: &mut StepBuilder) {
+    pub(super) fn schedule_running(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
         let m = self.config.max_model_len();
         let s = self.config.num_sampled_tokens_per_step();
         let lookahead = self.config.num_lookahead_tokens();
         let priority_policy = self.config.policy() == Policy::Priority;
 
+        // The budgets stay in a local (registers) through the loop; the preemption path,
+        // which can give an entry's budget back, reads and writes them through `budgets`.
+        let mut local = *budgets;
         let mut req_index = 0;
-        while req_index < self.running.len() && b.token_budget > 0 {
-            if b.input_budget <= b.draft_slots {
-                break;
-            }
+        while req_index < self.running.len() && local.has_room() {
             let handle = self.running[req_index];
             let request = &mut self.requests[handle];
             let (c, p) = (request.num_computed_tokens(), request.num_output_placeholders());
@@ -33,53 +33,40 @@ impl Scheduler {
             }
             // n = N + len(S) + P - C
             let mut n = request.num_tokens_with_spec() + p - c;
-            if 0 < b.long_prefill_threshold && b.long_prefill_threshold < n {
-                n = b.long_prefill_threshold;
+            if 0 < local.long_prefill_threshold && local.long_prefill_threshold < n {
+                n = local.long_prefill_threshold;
             }
-            n = n.min(b.token_budget).min(b.input_budget - b.draft_slots);
-            n = n.min(capacity::room(c, m, s));
+            n = n.min(local.request_budget()).min(capacity::room(c, m, s));
             if n <= 0 {
                 req_index += 1;
                 continue;
             }
 
             let cached_blocks_before = request.num_cached_blocks;
-            let ask = SlotRequest {
-                num_new_tokens: n,
-                num_new_computed_tokens: 0,
-                new_computed_blocks: &[],
-                num_lookahead_tokens: lookahead,
-                full_sequence_must_fit: false,
-                has_scheduled_reqs: true,
-            };
-            let first_new_block = match self.kv.allocate_slots(request, ask) {
-                Some(first) => first,
-                None => match self.allocate_preempting(b, handle, ask, &mut req_index, priority_policy) {
-                    Some(first) => first,
-                    None => {
-                        if priority_policy && self.requests[handle].status == RequestStatus::Preempted {
-                            continue;
+            // The common decode step needs no new block; any other allocation is made, with
+            // preemptions if it takes them, out of line.
+            let (request, first_new_block) = match self.kv.allocate_in_held_blocks(request, n, lookahead) {
+                Some(first) => (request, first),
+                None => {
+                    *budgets = local;
+                    let first = self.allocate_growing(b, budgets, handle, n, &mut req_index, priority_policy);
+                    local = *budgets;
+                    match first {
+                        Some(first) => (&mut self.requests[handle], first),
+                        None => {
+                            if priority_policy && self.requests[handle].status == RequestStatus::Preempted {
+                                continue;
+                            }
+                            break;
                         }
-                        break;
                     }
-                },
-            };
-
-            let request = &mut self.requests[handle];
-            b.prefill_scheduled |= request.is_prefill_chunk;
-            let mut num_spec = 0;
-            if !request.spec_token_ids.is_empty() {
-                // Positions of this step beyond N + P are draft positions: k = n + C - N - P.
-                let k = n + c - request.num_tokens() - p;
-                if k > 0 {
-                    let k = (k as usize).min(request.spec_token_ids.len());
-                    b.step.spec_token_ids.extend_from_slice(&request.spec_token_ids[..k]);
-                    num_spec = k as i64;
                 }
-                request.spec_token_ids.clear();
-            }
+            };
+            b.prefill_scheduled |= request.is_prefill_chunk;
+            let num_spec = if request.spec_token_ids.is_empty() { 0 } else { Self::take_drafts(b, request, n, c, p) };
             Self::commit(
                 &self.config,
+                &mut local,
                 b,
                 request,
                 Entry {
@@ -93,20 +80,48 @@ impl Scheduler {
             );
             req_index += 1;
         }
+        *budgets = local;
     }
 
-    /// Allocates for `handle` after its first attempt failed, preempting running requests
-    /// (the victim's entry undone if it was already scheduled) until the allocation fits
-    /// or `handle` itself is the victim (None). `req_index` follows the removals.
-    #[cold]
-    fn allocate_preempting(
+    /// Moves the drafts this step verifies into the step and clears the request's; returns
+    /// how many. Positions of this step beyond `N + P` are draft positions: `k = n + C - N - P`.
+    #[inline(never)]
+    fn take_drafts(b: &mut StepBuilder, request: &mut Request, n: i64, c: i64, p: i64) -> i64 {
+        let k = n + c - request.num_tokens() - p;
+        let mut num_spec = 0;
+        if k > 0 {
+            let k = (k as usize).min(request.spec_token_ids.len());
+            b.step.spec_token_ids.extend_from_slice(&request.spec_token_ids[..k]);
+            num_spec = k as i64;
+        }
+        request.spec_token_ids.clear();
+        num_spec
+    }
+
+    /// Allocates for `handle` when its table must grow, preempting running requests (the
+    /// victim's entry undone if it was already scheduled) until the allocation fits or
+    /// `handle` itself is the victim (None). `req_index` follows the removals.
+    #[inline(never)]
+    fn allocate_growing(
         &mut self,
         b: &mut StepBuilder,
+        budgets: &mut Budgets,
         handle: Handle,
-        ask: SlotRequest<'_>,
+        num_new_tokens: i64,
         req_index: &mut usize,
         priority_policy: bool,
     ) -> Option<usize> {
+        let ask = SlotRequest {
+            num_new_tokens,
+            num_new_computed_tokens: 0,
+            new_computed_blocks: &[],
+            num_lookahead_tokens: self.config.num_lookahead_tokens(),
+            full_sequence_must_fit: false,
+            has_scheduled_reqs: true,
+        };
+        if let Some(first) = self.kv.allocate_slots(&mut self.requests[handle], ask) {
+            return Some(first);
+        }
         loop {
             let victim = self.pick_victim(priority_policy);
             let victim_index = self.running.iter().position(|&h| h == victim).expect("victim is running");
@@ -116,7 +131,7 @@ impl Scheduler {
             }
             // Under FCFS the victim is at or after `req_index`, never already scheduled.
             if let Some(position) = b.position(victim) {
-                self.uncommit(b, position);
+                self.uncommit(b, budgets, position);
             }
             self.preempt(victim, false);
             b.preempted = true;

@@ -58,16 +58,51 @@ pub(crate) struct Row {
     pub prefill_chunk: bool,
 }
 
-/// Budgets, and the step the running and waiting loops build: each decision is written
-/// into the step (its row, its drafts and new blocks), and applied to its request, when
-/// it is made, so `schedule()` reads each scheduled request once.
-#[derive(Debug)]
-pub(crate) struct StepBuilder {
+/// A step's token budgets and the long-prefill threshold that caps one request's share.
+/// Apart from the builder, so the running loop can keep them in registers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Budgets {
     pub token_budget: i64,
     pub input_budget: i64,
+    /// Input slots each scheduled request reserves for drafting.
     pub draft_slots: i64,
     /// Effective long-prefill threshold (0 = off).
     pub long_prefill_threshold: i64,
+}
+
+impl Budgets {
+    /// The tokens one more request may take: the token budget, and the input budget
+    /// left once its draft slots are reserved.
+    #[inline(always)]
+    pub fn request_budget(&self) -> i64 {
+        self.token_budget.min(self.input_budget - self.draft_slots)
+    }
+
+    /// Whether one more request can be scheduled at all.
+    #[inline(always)]
+    pub fn has_room(&self) -> bool {
+        self.token_budget > 0 && self.input_budget > self.draft_slots
+    }
+
+    /// A scheduled entry's `n` tokens, and its draft slots of the input budget.
+    #[inline(always)]
+    pub fn take(&mut self, n: i64) {
+        self.token_budget -= n;
+        self.input_budget -= n + self.draft_slots;
+    }
+
+    /// Undoes `take(n)`.
+    pub fn give_back(&mut self, n: i64) {
+        self.token_budget += n;
+        self.input_budget += n + self.draft_slots;
+    }
+}
+
+/// The step the running and waiting loops build: each decision is written into the step
+/// (its row, its drafts and new blocks), and applied to its request, when it is made, so
+/// `schedule()` reads each scheduled request once.
+#[derive(Debug)]
+pub(crate) struct StepBuilder {
     /// The step being built; its per-request columns stay empty until it is finished.
     pub step: Step,
     pub rows: Vec<Row>,
@@ -75,6 +110,7 @@ pub(crate) struct StepBuilder {
     /// per running entry, in step order.
     pub undoable: bool,
     pub undo: Vec<Undo>,
+    /// Entries the running loop scheduled (set once it is done).
     pub num_running_entries: usize,
     /// A running-loop request scheduled in this step was mid-prefill.
     pub prefill_scheduled: bool,

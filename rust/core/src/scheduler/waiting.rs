@@ -5,12 +5,12 @@
 use crate::capacity;
 use crate::kv::SlotRequest;
 use crate::request::{QueueKind, RequestStatus};
-use crate::scheduler::step::{Entry, EntryKind, StepBuilder};
+use crate::scheduler::step::{Budgets, Entry, EntryKind, StepBuilder};
 use crate::scheduler::{PauseState, Scheduler};
 use crate::slab::Handle;
 
 impl Scheduler {
-    pub(super) fn schedule_waiting(&mut self, b: &mut StepBuilder) {
+    pub(super) fn schedule_waiting(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
         let m = self.config.max_model_len();
         let s = self.config.num_sampled_tokens_per_step();
         let k_spec = self.config.num_speculative_tokens();
@@ -19,12 +19,12 @@ impl Scheduler {
         let reserve_full_isl = self.config.scheduler_reserve_full_isl();
         let max_active = self.config.max_num_active_seqs() as usize;
         // #54028: a threshold below 1 + K would clip a padded step after padding.
-        let threshold_clips_padding = 0 < b.long_prefill_threshold && b.long_prefill_threshold < 1 + k_spec;
+        let threshold_clips_padding = 0 < budgets.long_prefill_threshold && budgets.long_prefill_threshold < 1 + k_spec;
 
         let mut skipped_waiting: Vec<Handle> = Vec::new();
         let mut skipped_kv_holding: Vec<Handle> = Vec::new();
 
-        while b.token_budget > 0 {
+        while budgets.token_budget > 0 {
             let kind = if !self.kv_holding_waiting.is_empty() {
                 QueueKind::KvHolding
             } else if self.pause_state == PauseState::Unpaused {
@@ -36,7 +36,7 @@ impl Scheduler {
             let Some(handle) = queue.peek(slab) else {
                 break;
             };
-            if b.input_budget <= b.draft_slots || self.running.len() >= max_active {
+            if budgets.input_budget <= budgets.draft_slots || self.running.len() >= max_active {
                 break;
             }
             let request = &self.requests[handle];
@@ -54,7 +54,7 @@ impl Scheduler {
             let (hit_blocks, hit_tokens) =
                 if looked_up { self.kv.get_computed_blocks(request) } else { (Vec::new(), 0) };
             let num_computed = if looked_up { hit_tokens } else { request.num_computed_tokens() };
-            let request_budget = b.token_budget.min(b.input_budget - b.draft_slots);
+            let request_budget = budgets.request_budget();
             // n = N - C_new, capped by the same room as the running loop (a no-op
             // for a live request, whose N <= M - s).
             let mut n = (request.num_tokens() - num_computed).min(capacity::room(num_computed, m, s));
@@ -76,8 +76,8 @@ impl Scheduler {
                 n = 1 + k_spec;
                 pad = true;
             }
-            if 0 < b.long_prefill_threshold && b.long_prefill_threshold < n {
-                n = b.long_prefill_threshold;
+            if 0 < budgets.long_prefill_threshold && budgets.long_prefill_threshold < n {
+                n = budgets.long_prefill_threshold;
             }
             if !chunked_prefill && n > request_budget {
                 break;
@@ -119,6 +119,7 @@ impl Scheduler {
             }
             Self::commit(
                 &self.config,
+                budgets,
                 b,
                 request,
                 Entry {
