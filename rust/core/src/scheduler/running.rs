@@ -85,7 +85,7 @@ impl Scheduler {
 
     /// Moves the drafts this step verifies into the step and clears the request's; returns
     /// how many. Positions of this step beyond `N + P` are draft positions: `k = n + C - N - P`.
-    #[inline(never)]
+    #[inline]
     fn take_drafts(b: &mut StepBuilder, request: &mut Request, n: i64, c: i64, p: i64) -> i64 {
         let k = n + c - request.num_tokens() - p;
         let mut num_spec = 0;

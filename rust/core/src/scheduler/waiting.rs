@@ -24,7 +24,7 @@ impl Scheduler {
         let mut skipped_waiting: Vec<Handle> = Vec::new();
         let mut skipped_kv_holding: Vec<Handle> = Vec::new();
 
-        while budgets.token_budget > 0 {
+        while budgets.has_room() {
             let kind = if !self.kv_holding_waiting.is_empty() {
                 QueueKind::KvHolding
             } else if self.pause_state == PauseState::Unpaused {
@@ -36,7 +36,7 @@ impl Scheduler {
             let Some(handle) = queue.peek(slab) else {
                 break;
             };
-            if budgets.input_budget <= budgets.draft_slots || self.running.len() >= max_active {
+            if self.running.len() >= max_active {
                 break;
             }
             let request = &self.requests[handle];
