@@ -22,7 +22,7 @@ use crate::queue::RequestQueue;
 pub use crate::request::NewRequest;
 use crate::request::{stored, QueueKind, Request, RequestStatus};
 use crate::slab::{Handle, Slab};
-use step::{Budgets, Entry, EntryKind, InFlightEntry, Row, Step, StepBuilder, StepRecord, Undo};
+use step::{Budgets, Entry, EntryKind, Row, Step, StepBuilder, StepRecord, Undo};
 
 pub use update::{RequestEvent, RunnerOutput};
 
@@ -288,8 +288,7 @@ impl Scheduler {
     /// Hands the built step over (with the admitted requests' tokens, copied now) and keeps
     /// its record until its output is applied.
     fn finish_step(&mut self, b: StepBuilder) -> Step {
-        let mut step = b.step;
-        let rows = &b.rows;
+        let StepBuilder { mut step, rows, .. } = b;
         step.req_handles = rows.iter().map(|r| r.handle).collect();
         step.num_scheduled_tokens = rows.iter().map(|r| r.num_scheduled_tokens).collect();
         step.total_num_scheduled_tokens = step.num_scheduled_tokens.iter().map(|&n| i64::from(n)).sum();
@@ -308,18 +307,7 @@ impl Scheduler {
             }
         }
         if !rows.is_empty() {
-            let entries = rows
-                .iter()
-                .map(|r| {
-                    InFlightEntry::new(
-                        r.handle,
-                        r.num_scheduled_tokens.into(),
-                        r.num_spec_tokens.into(),
-                        r.prefill_chunk,
-                    )
-                })
-                .collect();
-            self.in_flight.push_back(StepRecord { step_id: step.step_id, entries });
+            self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: rows });
         }
         step.preempted = std::mem::take(&mut self.preempted_since_last_step)
             .into_iter()

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use crate::request::stored;
 use crate::slab::Handle;
 
 /// How a request entered this step.
@@ -117,6 +116,20 @@ pub(crate) struct StepBuilder {
     pub preempted: bool,
 }
 
+impl Row {
+    /// `n`.
+    #[inline]
+    pub fn num_new_tokens(&self) -> i64 {
+        self.num_scheduled_tokens.into()
+    }
+
+    /// Draft slots scheduled.
+    #[inline]
+    pub fn num_spec(&self) -> i64 {
+        self.num_spec_tokens.into()
+    }
+}
+
 impl StepBuilder {
     /// The step position of `handle`'s entry, if it has one.
     pub fn position(&self, handle: Handle) -> Option<usize> {
@@ -162,37 +175,10 @@ impl Step {
     }
 }
 
-/// What the scheduler keeps of a step until its output is applied, per request: 20 bytes,
-/// read once by the update (the counts fit: both are bounded by the token budget).
-#[derive(Clone, Debug)]
-pub(crate) struct InFlightEntry {
-    pub handle: Handle,
-    num_new_tokens: i32,
-    num_spec: i32,
-    /// The step did not reach the end of the request's known tokens: its output has no token.
-    pub prefill_chunk: bool,
-}
-
-impl InFlightEntry {
-    pub fn new(handle: Handle, num_new_tokens: i64, num_spec: i64, prefill_chunk: bool) -> Self {
-        Self { handle, num_new_tokens: stored(num_new_tokens), num_spec: stored(num_spec), prefill_chunk }
-    }
-
-    /// `n`.
-    #[inline]
-    pub fn num_new_tokens(&self) -> i64 {
-        self.num_new_tokens.into()
-    }
-
-    /// Draft slots scheduled.
-    #[inline]
-    pub fn num_spec(&self) -> i64 {
-        self.num_spec.into()
-    }
-}
-
+/// What the scheduler keeps of a step until its output is applied: the rows the loops
+/// wrote (the update reads each once: its handle, `n`, draft slots and chunk flag).
 #[derive(Clone, Debug)]
 pub(crate) struct StepRecord {
     pub step_id: u64,
-    pub entries: Vec<InFlightEntry>,
+    pub entries: Vec<Row>,
 }

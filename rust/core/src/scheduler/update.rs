@@ -1,9 +1,10 @@
 //! Applying a runner's output to the requests of a step (spec §4).
 
 use crate::error::{CoreError, CoreResult};
-use crate::request::RequestStatus;
-use crate::scheduler::step::StepRecord;
-use crate::scheduler::Scheduler;
+use crate::kv::KvManager;
+use crate::request::{Request, RequestStatus};
+use crate::scheduler::step::{Row, StepRecord};
+use crate::scheduler::{Scheduler, SchedulerStats};
 use crate::slab::Handle;
 
 /// A runner's sampled tokens for one step, as flat arrays.
@@ -32,6 +33,25 @@ pub struct RequestEvent {
     pub stop_reason: Option<i32>,
     /// The request's prefix-cached blocks after this output (before a finish freed them).
     pub num_cached_blocks: usize,
+}
+
+/// The config values the update reads for every entry.
+#[derive(Clone, Copy)]
+struct UpdateConsts {
+    m: i64,
+    s: i64,
+    async_scheduling: bool,
+    k_spec: i64,
+}
+
+/// What applying an entry's tokens did, for its event.
+struct Applied {
+    delivered: usize,
+    stopped: bool,
+    stopped_running: bool,
+    status: RequestStatus,
+    stop_reason: Option<i32>,
+    num_cached_blocks: usize,
 }
 
 impl Scheduler {
@@ -161,126 +181,205 @@ impl Scheduler {
         let record = self.locate_step(step_id)?;
         let row_offsets = self.validate_output(record, out)?;
         let record = self.in_flight.pop_front().expect("located");
-        let m = self.config.max_model_len();
-        let s = self.config.num_sampled_tokens_per_step();
-        let async_scheduling = self.config.async_scheduling();
-        let k_spec = self.config.num_speculative_tokens();
+        let consts = UpdateConsts {
+            m: self.config.max_model_len(),
+            s: self.config.num_sampled_tokens_per_step(),
+            async_scheduling: self.config.async_scheduling(),
+            k_spec: self.config.num_speculative_tokens(),
+        };
+        let entries = &record.entries[..];
+        // Where entry `i`'s tokens are, the offset its tokens start at when the runner kept
+        // the step's order (they follow each other) and its count.
+        let tokens_of = |i: usize, next_offset: usize| match (out.row_of_entry, &row_offsets) {
+            (Some(map), Some(row_offsets)) => {
+                let row = map[i] as usize;
+                (row_offsets[row], out.num_sampled[row] as usize)
+            }
+            _ => (next_offset, out.num_sampled[i] as usize),
+        };
         let mut stopped_running = false;
         let mut next_offset = 0usize;
-
-        for (i, entry) in record.entries.iter().enumerate() {
-            // The entry's tokens: in step order they follow each other, else the runner's row.
-            let (offset, count) = match (out.row_of_entry, &row_offsets) {
-                (Some(map), Some(row_offsets)) => {
-                    let row = map[i] as usize;
-                    (row_offsets[row], out.num_sampled[row] as usize)
+        let mut i = 0;
+        while i < entries.len() {
+            // Plain decode entries in a loop of their own, whose state stays in registers:
+            // one sampled token, no drafts, a request running with its output current and
+            // room for the token. `apply_tokens::<true>` is the general case's code with
+            // those facts as constants.
+            while i < entries.len() {
+                let entry = &entries[i];
+                let (offset, count) = tokens_of(i, next_offset);
+                if count != 1 || entry.num_spec() != 0 || entry.prefill_chunk {
+                    break;
                 }
-                _ => (next_offset, out.num_sampled[i] as usize),
-            };
+                let Some(request) = self.requests.get_mut(entry.handle) else { break };
+                if request.status != RequestStatus::Running
+                    || request.num_stale_output_tokens() != 0
+                    || request.output_token_ids.len() == request.output_token_ids.capacity()
+                {
+                    break;
+                }
+                next_offset = offset + 1;
+                let generated = &out.sampled_token_ids[offset..offset + 1];
+                let applied =
+                    Self::apply_tokens::<true>(&mut self.kv, &mut self.stats, request, entry, generated, &consts);
+                if let Some(applied) = applied {
+                    stopped_running |= self.hand_over(i, entry, offset, applied, &mut on_event);
+                }
+                i += 1;
+            }
+            if i == entries.len() {
+                break;
+            }
+            let entry = &entries[i];
+            let (offset, count) = tokens_of(i, next_offset);
             next_offset = offset + count;
-            let Some(request) = self.requests.get_mut(entry.handle) else { continue };
-            request.set_num_in_flight_tokens(request.num_in_flight_tokens() - entry.num_new_tokens());
-            let stale = request.num_stale_output_tokens() > 0;
-            if stale {
-                request.set_num_stale_output_tokens(request.num_stale_output_tokens() - entry.num_new_tokens());
-            }
-            if request.status.is_finished() || (stale && request.drop_stale_output) {
-                continue;
-            }
-            let generated = &out.sampled_token_ids[offset..offset + count];
-
-            if entry.num_spec() > 0 && (!generated.is_empty() || s == 0) {
-                let accepted = (generated.len() as i64 - s).max(0);
-                let rejected = entry.num_spec() - accepted;
-                if !stale {
-                    // The rejected draft positions hold no usable KV and no output.
-                    if request.num_computed_tokens() > 0 {
-                        request.set_num_computed_tokens(request.num_computed_tokens() - rejected);
-                    }
-                    if request.num_output_placeholders() > 0 {
-                        request.set_num_output_placeholders(request.num_output_placeholders() - rejected);
-                    }
-                }
-                self.stats.num_draft_tokens += entry.num_spec() as u64;
-                self.stats.num_accepted_tokens += accepted as u64;
-            }
-
-            let status_before = request.status;
-            let had_placeholders = request.num_output_placeholders() > 0;
-            let mut delivered = 0;
-            let mut stopped = false;
-            if !generated.is_empty() {
-                if request.output_token_ids.capacity() == 0 {
-                    request.reserve_output(m, generated.len());
-                }
-                for (i, &token) in generated.iter().enumerate() {
-                    request.output_token_ids.push(token);
-                    if request.check_stop(m) {
-                        delivered = i + 1;
-                        if !stale {
-                            // Keep C = N - 1 after trimming the tokens past the stop.
-                            request.set_num_computed_tokens(
-                                request.num_computed_tokens() - (generated.len() - delivered) as i64,
-                            );
-                        }
-                        stopped = true;
-                        break;
-                    }
-                }
-                if !stopped {
-                    delivered = generated.len();
-                }
-                if !stale && request.num_output_placeholders() > 0 {
-                    // Every returned token resolves a placeholder, trimmed ones too.
-                    request.set_num_output_placeholders(request.num_output_placeholders() - generated.len() as i64);
-                }
-                self.kv.update_block_hashes(request);
-                if !stale && status_before == RequestStatus::Running && (had_placeholders || k_spec > 0) {
-                    // Only KV that is computed and processed is cacheable: C - F.
-                    let upto = request.num_computed_tokens() - request.num_in_flight_tokens();
-                    self.kv.cache_blocks(request, upto);
-                }
-            } else if s == 0 && !entry.prefill_chunk {
-                // Pooling: the output of the final prompt chunk finishes the request.
-                request.status = RequestStatus::FinishedStopped;
-                stopped = true;
-            } else if !entry.prefill_chunk && !stale {
-                // The step reached the end of the known tokens but sampled nothing (a
-                // runner-side error or a dropped sample). vLLM leaves C ahead of N - 1 and
-                // the request can never be scheduled again; undo the step's draft and
-                // sampled positions instead, so the next step samples again (K + s).
-                let undone = entry.num_spec() + s;
-                request.set_num_computed_tokens((request.num_computed_tokens() - undone).max(0));
-                if async_scheduling {
-                    request.set_num_output_placeholders((request.num_output_placeholders() - undone).max(0));
+            if let Some(request) = self.requests.get_mut(entry.handle) {
+                let generated = &out.sampled_token_ids[offset..offset + count];
+                let applied =
+                    Self::apply_tokens::<false>(&mut self.kv, &mut self.stats, request, entry, generated, &consts);
+                if let Some(applied) = applied {
+                    stopped_running |= self.hand_over(i, entry, offset, applied, &mut on_event);
                 }
             }
-            // Read only when they can be set: the stop reason lies in the request's cold
-            // lines, the cached blocks in its second line, which a decode's update
-            // otherwise leaves alone (no block is cached without prefix caching).
-            let status = request.status;
-            let stop_reason = if stopped { request.stop_reason } else { None };
-            let num_cached_blocks = if self.kv.enable_caching() { request.num_cached_blocks } else { 0 };
-            if stopped {
-                stopped_running |= status_before == RequestStatus::Running;
-                self.release_finished(entry.handle);
-            }
-            if delivered > 0 || stopped {
-                on_event(RequestEvent {
-                    handle: entry.handle,
-                    entry: i as u32,
-                    token_offset: offset,
-                    num_tokens: delivered,
-                    status,
-                    stop_reason,
-                    num_cached_blocks,
-                });
-            }
+            i += 1;
         }
         if stopped_running {
             let requests = &self.requests;
             self.running.retain(|&h| requests[h].status == RequestStatus::Running);
         }
         Ok(())
+    }
+
+    /// Applies an entry's returned tokens to its request (spec §4): the in-flight count,
+    /// verified drafts, the tokens up to a stop, placeholders, block hashes and caching.
+    /// None if the request finished meanwhile or its output is stale and dropped: nothing
+    /// to hand over. `PLAIN`: the caller checked that the entry has one token and no
+    /// drafts and the request is running with its output current (not stale), so those
+    /// branches fold away.
+    #[inline(always)]
+    fn apply_tokens<const PLAIN: bool>(
+        kv: &mut KvManager,
+        stats: &mut SchedulerStats,
+        request: &mut Request,
+        entry: &Row,
+        generated: &[i32],
+        consts: &UpdateConsts,
+    ) -> Option<Applied> {
+        let UpdateConsts { m, s, async_scheduling, k_spec } = *consts;
+        let num_spec = if PLAIN { 0 } else { entry.num_spec() };
+        request.set_num_in_flight_tokens(request.num_in_flight_tokens() - entry.num_new_tokens());
+        let stale = !PLAIN && request.num_stale_output_tokens() > 0;
+        if stale {
+            request.set_num_stale_output_tokens(request.num_stale_output_tokens() - entry.num_new_tokens());
+        }
+        if !PLAIN && (request.status.is_finished() || (stale && request.drop_stale_output)) {
+            return None;
+        }
+
+        if num_spec > 0 && (!generated.is_empty() || s == 0) {
+            let accepted = (generated.len() as i64 - s).max(0);
+            let rejected = num_spec - accepted;
+            if !stale {
+                // The rejected draft positions hold no usable KV and no output.
+                if request.num_computed_tokens() > 0 {
+                    request.set_num_computed_tokens(request.num_computed_tokens() - rejected);
+                }
+                if request.num_output_placeholders() > 0 {
+                    request.set_num_output_placeholders(request.num_output_placeholders() - rejected);
+                }
+            }
+            stats.num_draft_tokens += num_spec as u64;
+            stats.num_accepted_tokens += accepted as u64;
+        }
+
+        let status_before = request.status;
+        let had_placeholders = request.num_output_placeholders() > 0;
+        let mut delivered = 0;
+        let mut stopped = false;
+        if !generated.is_empty() {
+            if request.output_token_ids.capacity() == 0 {
+                request.reserve_output(m, generated.len());
+            }
+            for (i, &token) in generated.iter().enumerate() {
+                request.output_token_ids.push(token);
+                if request.check_stop(m) {
+                    delivered = i + 1;
+                    if !stale {
+                        // Keep C = N - 1 after trimming the tokens past the stop.
+                        request.set_num_computed_tokens(
+                            request.num_computed_tokens() - (generated.len() - delivered) as i64,
+                        );
+                    }
+                    stopped = true;
+                    break;
+                }
+            }
+            if !stopped {
+                delivered = generated.len();
+            }
+            if !stale && request.num_output_placeholders() > 0 {
+                // Every returned token resolves a placeholder, trimmed ones too.
+                request.set_num_output_placeholders(request.num_output_placeholders() - generated.len() as i64);
+            }
+            kv.update_block_hashes(request);
+            if !stale && status_before == RequestStatus::Running && (had_placeholders || k_spec > 0) {
+                // Only KV that is computed and processed is cacheable: C - F.
+                let upto = request.num_computed_tokens() - request.num_in_flight_tokens();
+                kv.cache_blocks(request, upto);
+            }
+        } else if s == 0 && !entry.prefill_chunk {
+            // Pooling: the output of the final prompt chunk finishes the request.
+            request.status = RequestStatus::FinishedStopped;
+            stopped = true;
+        } else if !entry.prefill_chunk && !stale {
+            // The step reached the end of the known tokens but sampled nothing (a
+            // runner-side error or a dropped sample). vLLM leaves C ahead of N - 1 and
+            // the request can never be scheduled again; undo the step's draft and
+            // sampled positions instead, so the next step samples again (K + s).
+            let undone = num_spec + s;
+            request.set_num_computed_tokens((request.num_computed_tokens() - undone).max(0));
+            if async_scheduling {
+                request.set_num_output_placeholders((request.num_output_placeholders() - undone).max(0));
+            }
+        }
+        // Read only when they can be set: the stop reason lies in the request's cold
+        // lines, the cached blocks in its second line, which a decode's update
+        // otherwise leaves alone (no block is cached without prefix caching).
+        Some(Applied {
+            delivered,
+            stopped,
+            stopped_running: stopped && status_before == RequestStatus::Running,
+            status: request.status,
+            stop_reason: if stopped { request.stop_reason } else { None },
+            num_cached_blocks: if kv.enable_caching() { request.num_cached_blocks } else { 0 },
+        })
+    }
+
+    /// Frees a request the entry's tokens finished and hands the entry's event over, if it
+    /// has one. Returns whether a running request stopped.
+    #[inline(always)]
+    fn hand_over(
+        &mut self,
+        i: usize,
+        entry: &Row,
+        token_offset: usize,
+        applied: Applied,
+        on_event: &mut impl FnMut(RequestEvent),
+    ) -> bool {
+        if applied.stopped {
+            self.release_finished(entry.handle);
+        }
+        if applied.delivered > 0 || applied.stopped {
+            on_event(RequestEvent {
+                handle: entry.handle,
+                entry: i as u32,
+                token_offset,
+                num_tokens: applied.delivered,
+                status: applied.status,
+                stop_reason: applied.stop_reason,
+                num_cached_blocks: applied.num_cached_blocks,
+            });
+        }
+        applied.stopped_running
     }
 }
