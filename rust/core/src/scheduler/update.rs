@@ -188,8 +188,8 @@ impl Scheduler {
             k_spec: self.config.num_speculative_tokens(),
         };
         let entries = &record.entries[..];
-        // Where entry `i`'s tokens are, the offset its tokens start at when the runner kept
-        // the step's order (they follow each other) and its count.
+        // Entry `i`'s tokens as (offset, count): in step order they follow the previous
+        // entry's (from `next_offset`), else they are the runner's row for the entry.
         let tokens_of = |i: usize, next_offset: usize| match (out.row_of_entry, &row_offsets) {
             (Some(map), Some(row_offsets)) => {
                 let row = map[i] as usize;
