@@ -42,8 +42,9 @@ pub(crate) struct Undo {
 }
 
 /// One scheduled request's share of the step's per-request columns, written in one piece
-/// when its decision is made (one bounds check, not one per column) and split into the
-/// columns once the step is built.
+/// when its decision is made (one bounds check, not one per column), split into the
+/// columns once the step is built, and kept as the step's record until its output is
+/// applied.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Row {
     pub handle: Handle,
@@ -55,6 +56,20 @@ pub(crate) struct Row {
     pub num_all_token_ids: i32,
     /// The step does not reach the end of the request's known tokens.
     pub prefill_chunk: bool,
+}
+
+impl Row {
+    /// `n`.
+    #[inline]
+    pub fn num_new_tokens(&self) -> i64 {
+        self.num_scheduled_tokens.into()
+    }
+
+    /// Draft slots scheduled.
+    #[inline]
+    pub fn num_spec(&self) -> i64 {
+        self.num_spec_tokens.into()
+    }
 }
 
 /// A step's token budgets and the long-prefill threshold that caps one request's share.
@@ -114,20 +129,6 @@ pub(crate) struct StepBuilder {
     /// A running-loop request scheduled in this step was mid-prefill.
     pub prefill_scheduled: bool,
     pub preempted: bool,
-}
-
-impl Row {
-    /// `n`.
-    #[inline]
-    pub fn num_new_tokens(&self) -> i64 {
-        self.num_scheduled_tokens.into()
-    }
-
-    /// Draft slots scheduled.
-    #[inline]
-    pub fn num_spec(&self) -> i64 {
-        self.num_spec_tokens.into()
-    }
 }
 
 impl StepBuilder {
