@@ -164,9 +164,6 @@ impl KvManager {
     #[inline(always)]
     pub fn allocate_slots(&mut self, request: &mut Request, ask: SlotRequest<'_>) -> Option<usize> {
         debug_assert!(ask.num_new_tokens > 0 || ask.num_new_computed_tokens > 0);
-        let total_computed = (request.num_computed_tokens() + ask.num_new_computed_tokens).min(self.max_model_len);
-        let tokens_needing_slots =
-            self.tokens_needing_slots(total_computed, ask.num_new_tokens, ask.num_lookahead_tokens);
         let watermark =
             if ask.has_scheduled_reqs && matches!(request.status, RequestStatus::Waiting | RequestStatus::Preempted) {
                 self.watermark_blocks
@@ -182,6 +179,9 @@ impl KvManager {
                 return Some(held);
             }
         }
+        let total_computed = (request.num_computed_tokens() + ask.num_new_computed_tokens).min(self.max_model_len);
+        let tokens_needing_slots =
+            self.tokens_needing_slots(total_computed, ask.num_new_tokens, ask.num_lookahead_tokens);
         self.allocate_new_slots(request, &ask, total_computed, tokens_needing_slots, watermark)
     }
 

@@ -32,11 +32,8 @@ impl Scheduler {
                 continue;
             }
             // n = N + len(S) + P - C
-            let mut n = request.num_tokens_with_spec() + p - c;
-            if 0 < local.long_prefill_threshold && local.long_prefill_threshold < n {
-                n = local.long_prefill_threshold;
-            }
-            n = n.min(local.request_budget()).min(capacity::room(c, m, s));
+            let n = local.cap_long_prefill(request.num_tokens_with_spec() + p - c);
+            let n = n.min(local.request_budget()).min(capacity::room(c, m, s));
             if n <= 0 {
                 req_index += 1;
                 continue;

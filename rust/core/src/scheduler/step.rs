@@ -92,6 +92,16 @@ impl Budgets {
         self.token_budget.min(self.input_budget - self.draft_slots)
     }
 
+    /// `n` capped by the long-prefill threshold, when one is set.
+    #[inline(always)]
+    pub fn cap_long_prefill(&self, n: i64) -> i64 {
+        if 0 < self.long_prefill_threshold && self.long_prefill_threshold < n {
+            self.long_prefill_threshold
+        } else {
+            n
+        }
+    }
+
     /// Whether one more request can be scheduled at all.
     #[inline(always)]
     pub fn has_room(&self) -> bool {

@@ -19,7 +19,7 @@ impl Scheduler {
         let reserve_full_isl = self.config.scheduler_reserve_full_isl();
         let max_active = self.config.max_num_active_seqs() as usize;
         // #54028: a threshold below 1 + K would clip a padded step after padding.
-        let threshold_clips_padding = 0 < budgets.long_prefill_threshold && budgets.long_prefill_threshold < 1 + k_spec;
+        let threshold_clips_padding = budgets.cap_long_prefill(1 + k_spec) < 1 + k_spec;
 
         let mut skipped_waiting: Vec<Handle> = Vec::new();
         let mut skipped_kv_holding: Vec<Handle> = Vec::new();
@@ -76,9 +76,7 @@ impl Scheduler {
                 n = 1 + k_spec;
                 pad = true;
             }
-            if 0 < budgets.long_prefill_threshold && budgets.long_prefill_threshold < n {
-                n = budgets.long_prefill_threshold;
-            }
+            n = budgets.cap_long_prefill(n);
             if !chunked_prefill && n > request_budget {
                 break;
             }
