@@ -81,4 +81,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        # valgrind, in the same process group, got the interrupt too and is gone.
+        print("count_instructions: interrupted", file=sys.stderr)
+        sys.exit(130)
