@@ -177,6 +177,7 @@ impl Scheduler {
             undo: Vec::new(),
             num_running_entries: 0,
             prefill_scheduled: false,
+            has_prefill_chunk: false,
             preempted: false,
         };
         self.next_step_id += 1;
@@ -235,6 +236,7 @@ impl Scheduler {
         request.set_num_in_flight_tokens(request.num_in_flight_tokens() + e.num_new_tokens);
         request.is_prefill_chunk =
             request.num_computed_tokens() < request.num_tokens() + request.num_output_placeholders();
+        b.has_prefill_chunk |= request.is_prefill_chunk;
         if config.async_scheduling() && !request.is_prefill_chunk {
             // The step's outputs (sampled tokens and drafts) are placeholders until it returns.
             let s = config.num_sampled_tokens_per_step();
@@ -288,7 +290,7 @@ impl Scheduler {
     /// Hands the built step over (with the admitted requests' tokens, copied now) and keeps
     /// its record until its output is applied.
     fn finish_step(&mut self, b: StepBuilder) -> Step {
-        let StepBuilder { mut step, rows, .. } = b;
+        let StepBuilder { mut step, rows, has_prefill_chunk, .. } = b;
         step.req_handles = rows.iter().map(|r| r.handle).collect();
         step.num_scheduled_tokens = rows.iter().map(|r| r.num_scheduled_tokens).collect();
         step.total_num_scheduled_tokens = step.num_scheduled_tokens.iter().map(|&n| i64::from(n)).sum();
@@ -307,7 +309,7 @@ impl Scheduler {
             }
         }
         if !rows.is_empty() {
-            self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: rows });
+            self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: rows, has_prefill_chunk });
         }
         step.preempted = std::mem::take(&mut self.preempted_since_last_step)
             .into_iter()

@@ -70,6 +70,17 @@ impl Row {
     pub fn num_spec(&self) -> i64 {
         self.num_spec_tokens.into()
     }
+
+    /// The most tokens the runner may return for the entry: none for a chunk that ends
+    /// before the request's known tokens, else `s` for each draft slot and the last position.
+    #[inline]
+    pub fn max_returned_tokens(&self, s: i64) -> i64 {
+        if self.prefill_chunk {
+            0
+        } else {
+            s * (1 + self.num_spec())
+        }
+    }
 }
 
 /// A step's token budgets and the long-prefill threshold that caps one request's share.
@@ -138,6 +149,8 @@ pub(crate) struct StepBuilder {
     pub num_running_entries: usize,
     /// A running-loop request scheduled in this step was mid-prefill.
     pub prefill_scheduled: bool,
+    /// Some row written is a non-final prefill chunk (it stays set if the row is undone).
+    pub has_prefill_chunk: bool,
     pub preempted: bool,
 }
 
@@ -192,4 +205,7 @@ impl Step {
 pub(crate) struct StepRecord {
     pub step_id: u64,
     pub entries: Vec<Row>,
+    /// False only if no entry is a non-final prefill chunk: then every entry may return
+    /// `s` tokens (`Row::max_returned_tokens` is at least `s`).
+    pub has_prefill_chunk: bool,
 }

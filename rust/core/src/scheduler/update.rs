@@ -84,8 +84,10 @@ impl Scheduler {
         // a count over its entry's limit is caught below).
         let mut offset = 0usize;
         let mut any_negative = false;
+        let mut most_returned = 0;
         for &count in out.num_sampled {
             any_negative |= count < 0;
+            most_returned = most_returned.max(count);
             offset = offset.wrapping_add(count as usize);
         }
         if any_negative {
@@ -116,24 +118,27 @@ impl Scheduler {
             }
         }
         let s = self.config.num_sampled_tokens_per_step();
-        for (i, entry) in record.entries.iter().enumerate() {
-            let row = match out.row_of_entry {
-                Some(map) => map[i] as usize,
-                None => i,
-            };
-            let count = out.num_sampled[row] as i64;
-            // A chunk that ends before the request's known tokens samples nothing;
-            // otherwise accepted drafts plus the sampled token(s).
-            let most = if entry.prefill_chunk { 0 } else { s * (1 + entry.num_spec()) };
-            if count > most {
-                let name = self.requests.get(entry.handle).map(|r| r.id.to_string()).unwrap_or_default();
-                return Err(CoreError::mismatch(format!(
-                    "request {name:?}: the runner returned {count} tokens but step {} allows at most {most} \
-                     ({} draft slots{})",
-                    record.step_id,
-                    entry.num_spec(),
-                    if entry.prefill_chunk { ", a non-final prefill chunk" } else { "" }
-                )));
+        // Each entry's limit is at least `s` unless it is a prefill chunk: a step of
+        // decodes that returned at most `s` tokens each needs no pass over its entries.
+        let within_every_limit = !record.has_prefill_chunk && i64::from(most_returned) <= s;
+        if !within_every_limit {
+            for (i, entry) in record.entries.iter().enumerate() {
+                let row = match out.row_of_entry {
+                    Some(map) => map[i] as usize,
+                    None => i,
+                };
+                let count = out.num_sampled[row] as i64;
+                let most = entry.max_returned_tokens(s);
+                if count > most {
+                    let name = self.requests.get(entry.handle).map(|r| r.id.to_string()).unwrap_or_default();
+                    return Err(CoreError::mismatch(format!(
+                        "request {name:?}: the runner returned {count} tokens but step {} allows at most {most} \
+                         ({} draft slots{})",
+                        record.step_id,
+                        entry.num_spec(),
+                        if entry.prefill_chunk { ", a non-final prefill chunk" } else { "" }
+                    )));
+                }
             }
         }
         Ok(out.row_of_entry.map(|_| {
@@ -350,7 +355,7 @@ impl Scheduler {
             stopped,
             stopped_running: stopped && status_before == RequestStatus::Running,
             status: request.status,
-            stop_reason: if stopped { request.stop_reason } else { None },
+            stop_reason: if stopped { stop_reason_of(request) } else { None },
             num_cached_blocks: if kv.enable_caching() { request.num_cached_blocks } else { 0 },
         })
     }
@@ -382,4 +387,12 @@ impl Scheduler {
         }
         applied.stopped_running
     }
+}
+
+/// A stopped request's stop reason, read out of line: read inline, the compiler loads it
+/// (from a cold line of the request) for every entry, stopped or not.
+#[cold]
+#[inline(never)]
+fn stop_reason_of(request: &Request) -> Option<i32> {
+    request.stop_reason
 }
