@@ -476,6 +476,12 @@ impl Request {
         self.stop_reason
     }
 
+    /// Starts loading the line the next output token goes to.
+    #[inline(always)]
+    pub(crate) fn prefetch_output_end(&self) {
+        crate::prefetch::prefetch(self.output_token_ids.as_ptr().wrapping_add(self.output_token_ids.len()));
+    }
+
     /// vLLM's `check_stop` on the last output token; the order of the checks
     /// is vLLM's and matters (spec §4.3). Sets the finished status.
     #[inline]

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use llmsched_core::{Request, RequestStatus};
+use llmsched_core::{Handle, Request, RequestStatus};
 
 use numpy::{PyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -41,6 +41,64 @@ pub fn request_statuses(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
     PyTuple::new(py, rows)
 }
 
+/// A step's Python ids, in step order, one reference each.
+pub struct StepIds(Box<[Py<PyString>]>);
+
+impl StepIds {
+    /// The id objects `id_of` gives for `handles`; `prefetch` is asked, some handles ahead,
+    /// to start loading the object an id will be, as the loop's reference counts write
+    /// into every one of them.
+    pub fn collect(
+        handles: &[Handle],
+        mut id_of: impl FnMut(Handle) -> Py<PyString>,
+        prefetch: impl Fn(Handle),
+    ) -> Self {
+        Self(
+            handles
+                .iter()
+                .enumerate()
+                .map(|(i, &handle)| {
+                    if let Some(&ahead) = handles.get(i + llmsched_core::prefetch::DISTANCE) {
+                        prefetch(ahead);
+                    }
+                    id_of(handle)
+                })
+                .collect(),
+        )
+    }
+}
+
+impl std::ops::Deref for StepIds {
+    type Target = [Py<PyString>];
+
+    fn deref(&self) -> &[Py<PyString>] {
+        &self.0
+    }
+}
+
+impl Drop for StepIds {
+    /// Releases the ids with the objects some ids ahead already loading: after a model
+    /// step they have left the CPU caches, and releasing them one by one would wait for
+    /// each in turn.
+    fn drop(&mut self) {
+        let mut ids = std::mem::take(&mut self.0).into_vec();
+        let released = Python::try_attach(|_py| {
+            for (i, id) in ids.iter().enumerate() {
+                if let Some(ahead) = ids.get(i + llmsched_core::prefetch::DISTANCE) {
+                    llmsched_core::prefetch::prefetch(ahead.as_ptr());
+                }
+                // SAFETY: attached; each reference is released once, here: the vector
+                // forgets its elements below instead of dropping them.
+                unsafe { pyo3::ffi::Py_DECREF(id.as_ptr()) };
+            }
+        });
+        if released.is_some() {
+            // SAFETY: every element's reference was released above; none is read again.
+            unsafe { ids.set_len(0) };
+        }
+    }
+}
+
 /// A read-only int32 array that owns `values` (moved, not copied).
 pub fn frozen_array(py: Python<'_>, values: Vec<i32>) -> Py<PyArray1<i32>> {
     use numpy::IntoPyArray;
@@ -69,7 +127,7 @@ pub struct PySchedulerOutput {
     /// The same id objects, held apart: `update_from_output` matches runner rows
     /// against these, so a caller mutating `req_ids` cannot misroute tokens; the
     /// step's `RequestOutputs` share them.
-    pub entry_ids: Arc<[Py<PyString>]>,
+    pub entry_ids: Arc<StepIds>,
     /// ``n`` per request: tokens to compute in this step (>= 1).
     #[pyo3(get)]
     pub num_scheduled_tokens: Py<PyArray1<i32>>,
@@ -248,7 +306,7 @@ impl PyRequestOutput {
 pub struct PyRequestOutputs {
     /// The ids of the step the outputs answer, shared with its `SchedulerOutput`: an
     /// output names its request by position, without a reference count per request.
-    pub step_ids: Arc<[Py<PyString>]>,
+    pub step_ids: Arc<StepIds>,
     /// One row per output, pushed in one piece as the update hands each event over.
     pub rows: Vec<OutputRow>,
     /// The runner's sampled tokens (this call's copy); output `i` delivered

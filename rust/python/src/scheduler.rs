@@ -14,7 +14,7 @@ use pyo3::types::{PyDict, PyList, PyString};
 use crate::config::PySchedulerConfig;
 use crate::convert::{bool_value, float_value, int_value, token_list, type_name, Indexed};
 use crate::errors::{core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
-use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput};
+use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput, StepIds};
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
@@ -57,6 +57,14 @@ impl Inner {
         match self.py_ids.get(handle.index as usize) {
             Some(Some((generation, id))) if *generation == handle.generation => id.bind(py).clone(),
             _ => PyString::new(py, &fallback()),
+        }
+    }
+
+    /// Starts loading the request's cached Python id object.
+    #[inline(always)]
+    fn prefetch_py_id(&self, handle: Handle) {
+        if let Some(Some((_, id))) = self.py_ids.get(handle.index as usize) {
+            llmsched_core::prefetch::prefetch(id.as_ptr());
         }
     }
 
@@ -120,8 +128,11 @@ impl PyScheduler {
         let ids = |handles: &[Handle]| -> PyResult<Py<PyList>> {
             Ok(PyList::new(py, handles.iter().map(|&h| inner.live_py_id(py, h)))?.unbind())
         };
-        let entry_ids: Arc<[Py<PyString>]> =
-            step.req_handles.iter().map(|&h| inner.live_py_id(py, h).unbind()).collect();
+        let entry_ids = Arc::new(StepIds::collect(
+            &step.req_handles,
+            |h| inner.live_py_id(py, h).unbind(),
+            |h| inner.prefetch_py_id(h),
+        ));
         let req_ids = list_of(py, &entry_ids)?;
         let new_req_ids = ids(&step.new_reqs)?;
         let resumed_req_ids = ids(&step.resumed_reqs)?;

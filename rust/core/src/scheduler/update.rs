@@ -2,6 +2,7 @@
 
 use crate::error::{CoreError, CoreResult};
 use crate::kv::KvManager;
+use crate::prefetch;
 use crate::request::{Request, RequestStatus};
 use crate::scheduler::step::{Row, StepRecord};
 use crate::scheduler::{Scheduler, SchedulerStats};
@@ -211,6 +212,11 @@ impl Scheduler {
             // room for the token. `apply_tokens::<true>` is the general case's code with
             // those facts as constants.
             while i < entries.len() {
+                // The update reads a request's first line, then writes its output's end.
+                if let Some(request) = entries.get(i + prefetch::DISTANCE / 2).and_then(|e| self.requests.get(e.handle))
+                {
+                    request.prefetch_output_end();
+                }
                 let entry = &entries[i];
                 let (offset, count) = tokens_of(i, next_offset);
                 if count != 1 || entry.num_spec() != 0 || entry.prefill_chunk {

@@ -1,0 +1,25 @@
+//! Software prefetch for the step loops. A loop over a step's requests reads each
+//! request's lines once; when a model step ran in between, they are no longer in the CPU
+//! caches, and a loop body long enough to hold only a load or two in flight waits for each
+//! request's lines in turn. Asking for the lines of a request some iterations ahead keeps
+//! several loads in flight. (Public for the binding, whose loops over a step's Python ids
+//! are loops of the same kind.)
+
+/// How many requests ahead a step loop asks for a request's lines: enough iterations of a
+/// loop body (100-150 instructions) to cover a load from memory.
+pub const DISTANCE: usize = 8;
+
+/// Starts loading the cache line holding `address` into every cache level. A hint: any
+/// address is fine, valid or not, and nothing waits for it.
+#[inline(always)]
+pub fn prefetch<T>(address: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of x86_64's baseline, and a prefetch never faults, whatever the
+    // address.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(address.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = address;
+}
