@@ -2,7 +2,6 @@
 
 use crate::error::{CoreError, CoreResult};
 use crate::kv::KvManager;
-use crate::prefetch;
 use crate::request::{Request, RequestStatus};
 use crate::scheduler::step::{Row, StepRecord};
 use crate::scheduler::{Scheduler, SchedulerStats};
@@ -35,6 +34,10 @@ pub struct RequestEvent {
     /// The request's prefix-cached blocks after this output (before a finish freed them).
     pub num_cached_blocks: usize,
 }
+
+/// How many entries ahead the plain loop asks for the end of an output: nearer than the
+/// step loops' distance, as finding the end reads the request's first line.
+const PREFETCH_DISTANCE: usize = crate::prefetch::DISTANCE / 2;
 
 /// The config values the update reads for every entry.
 #[derive(Clone, Copy)]
@@ -212,15 +215,15 @@ impl Scheduler {
             // room for the token. `apply_tokens::<true>` is the general case's code with
             // those facts as constants.
             while i < entries.len() {
-                // The update reads a request's first line, then writes its output's end.
-                if let Some(request) = entries.get(i + prefetch::DISTANCE / 2).and_then(|e| self.requests.get(e.handle))
-                {
-                    request.prefetch_output_end();
-                }
                 let entry = &entries[i];
                 let (offset, count) = tokens_of(i, next_offset);
                 if count != 1 || entry.num_spec() != 0 || entry.prefill_chunk {
                     break;
+                }
+                // Each request's output lives in an allocation of its own: after a model
+                // step, the writes to them would miss one after another.
+                if let Some(ahead) = entries.get(i + PREFETCH_DISTANCE).and_then(|e| self.requests.get(e.handle)) {
+                    ahead.prefetch_output_end();
                 }
                 let Some(request) = self.requests.get_mut(entry.handle) else { break };
                 if request.status != RequestStatus::Running
