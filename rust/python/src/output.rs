@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use llmsched_core::{Handle, Request, RequestStatus};
+use llmsched_core::{Request, RequestStatus};
 
 use numpy::{PyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -44,27 +44,9 @@ pub fn request_statuses(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
 /// A step's Python ids, in step order, one reference each.
 pub struct StepIds(Box<[Py<PyString>]>);
 
-impl StepIds {
-    /// The id objects `id_of` gives for `handles`; `prefetch` is asked, some handles ahead,
-    /// to start loading the object an id will be, as the loop's reference counts write
-    /// into every one of them.
-    pub fn collect(
-        handles: &[Handle],
-        mut id_of: impl FnMut(Handle) -> Py<PyString>,
-        prefetch: impl Fn(Handle),
-    ) -> Self {
-        Self(
-            handles
-                .iter()
-                .enumerate()
-                .map(|(i, &handle)| {
-                    if let Some(&ahead) = handles.get(i + llmsched_core::prefetch::DISTANCE) {
-                        prefetch(ahead);
-                    }
-                    id_of(handle)
-                })
-                .collect(),
-        )
+impl From<Vec<Py<PyString>>> for StepIds {
+    fn from(ids: Vec<Py<PyString>>) -> Self {
+        Self(ids.into_boxed_slice())
     }
 }
 

@@ -128,12 +128,8 @@ impl PyScheduler {
         let ids = |handles: &[Handle]| -> PyResult<Py<PyList>> {
             Ok(PyList::new(py, handles.iter().map(|&h| inner.live_py_id(py, h)))?.unbind())
         };
-        let entry_ids = Arc::new(StepIds::collect(
-            &step.req_handles,
-            |h| inner.live_py_id(py, h).unbind(),
-            |h| inner.prefetch_py_id(h),
-        ));
-        let req_ids = list_of(py, &entry_ids)?;
+        let (entry_ids, req_ids) = step_ids(py, inner, &step.req_handles)?;
+        let entry_ids = Arc::new(entry_ids);
         let new_req_ids = ids(&step.new_reqs)?;
         let resumed_req_ids = ids(&step.resumed_reqs)?;
         let rescheduled_req_ids = ids(&step.rescheduled_reqs)?;
@@ -176,20 +172,28 @@ impl PyScheduler {
     }
 }
 
-/// A new list holding `items` (one more reference each), filled by one C call per item
-/// without pyo3's iterator checks: a step's ids are thousands of items.
-fn list_of<T>(py: Python<'_>, items: &[Py<T>]) -> PyResult<Py<PyList>> {
+/// The step's id objects twice, in one pass: kept apart (`StepIds`) and as the `req_ids`
+/// list handed out (one more reference each). The list is filled by one C call per id,
+/// without pyo3's iterator checks: a step's ids are thousands of items. Some ids ahead, the
+/// object an id will be is asked for: the reference counts write into every one of them.
+fn step_ids(py: Python<'_>, inner: &Inner, handles: &[Handle]) -> PyResult<(StepIds, Py<PyList>)> {
     // A slice never holds more than isize::MAX bytes, so its length fits in Py_ssize_t.
-    let len = items.len() as pyo3::ffi::Py_ssize_t;
+    let len = handles.len() as pyo3::ffi::Py_ssize_t;
+    let mut ids = Vec::with_capacity(handles.len());
     // SAFETY: the GIL is held. `PyList_New` returns a new reference (or NULL with an
     // exception set) to a list of `len` empty slots; `PyList_SetItem` fills slot `i < len`
     // with the reference it is given (stolen: `into_ptr` hands one over).
     unsafe {
         let list = Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyList_New(len))?;
-        for (i, item) in items.iter().enumerate() {
-            pyo3::ffi::PyList_SetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t, item.clone_ref(py).into_ptr());
+        for (i, &handle) in handles.iter().enumerate() {
+            if let Some(&ahead) = handles.get(i + llmsched_core::prefetch::DISTANCE) {
+                inner.prefetch_py_id(ahead);
+            }
+            let id = inner.live_py_id(py, handle).unbind();
+            pyo3::ffi::PyList_SetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t, id.clone_ref(py).into_ptr());
+            ids.push(id);
         }
-        Ok(list.cast_into_unchecked::<PyList>().unbind())
+        Ok((StepIds::from(ids), list.cast_into_unchecked::<PyList>().unbind()))
     }
 }
 
