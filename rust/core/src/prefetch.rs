@@ -5,8 +5,9 @@
 //! several loads in flight. (Public for the binding, whose loops over a step's Python ids
 //! are loops of the same kind.)
 
-/// How many requests ahead a step loop asks for a request's lines: enough iterations of a
-/// loop body (100-150 instructions) to cover a load from memory.
+/// How many requests ahead a loop over a step asks for a request's lines: eight iterations
+/// of the binding's loops over ids (a few dozen instructions each) cover a load from
+/// memory; the update's loop, a hundred-odd instructions, asks half as far ahead.
 pub const DISTANCE: usize = 8;
 
 /// Starts loading the cache line holding `address` into every cache level. A hint: any
