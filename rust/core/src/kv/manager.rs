@@ -164,12 +164,7 @@ impl KvManager {
     #[inline(always)]
     pub fn allocate_slots(&mut self, request: &mut Request, ask: SlotRequest<'_>) -> Option<usize> {
         debug_assert!(ask.num_new_tokens > 0 || ask.num_new_computed_tokens > 0);
-        let watermark =
-            if ask.has_scheduled_reqs && matches!(request.status, RequestStatus::Waiting | RequestStatus::Preempted) {
-                self.watermark_blocks
-            } else {
-                0
-            };
+        let watermark = self.watermark_for(request, &ask);
         if ask.num_new_computed_tokens == 0
             && ask.new_computed_blocks.is_empty()
             && !ask.full_sequence_must_fit
@@ -179,10 +174,25 @@ impl KvManager {
                 return Some(held);
             }
         }
-        let total_computed = (request.num_computed_tokens() + ask.num_new_computed_tokens).min(self.max_model_len);
-        let tokens_needing_slots =
-            self.tokens_needing_slots(total_computed, ask.num_new_tokens, ask.num_lookahead_tokens);
-        self.allocate_new_slots(request, &ask, total_computed, tokens_needing_slots, watermark)
+        self.allocate_new_slots(request, &ask, watermark)
+    }
+
+    /// `allocate_slots` for a request whose held blocks the caller already found short
+    /// (`allocate_in_held_blocks` returned None): the running loop's growing table, which
+    /// other requests' preemptions do not change.
+    pub fn allocate_beyond_held_blocks(&mut self, request: &mut Request, ask: SlotRequest<'_>) -> Option<usize> {
+        let watermark = self.watermark_for(request, &ask);
+        self.allocate_new_slots(request, &ask, watermark)
+    }
+
+    /// Free blocks an allocation must leave: the watermark, for an admission while other
+    /// requests are scheduled.
+    fn watermark_for(&self, request: &Request, ask: &SlotRequest<'_>) -> usize {
+        if ask.has_scheduled_reqs && matches!(request.status, RequestStatus::Waiting | RequestStatus::Preempted) {
+            self.watermark_blocks
+        } else {
+            0
+        }
     }
 
     /// `min(C + h + n + L, M)`: lookahead slots never pass the model length.
@@ -214,15 +224,11 @@ impl KvManager {
     /// `allocate_slots` when the table must grow, or a hit, the admission gate or the
     /// watermark is involved.
     #[inline(never)]
-    fn allocate_new_slots(
-        &mut self,
-        request: &mut Request,
-        ask: &SlotRequest<'_>,
-        total_computed: i64,
-        tokens_needing_slots: i64,
-        watermark: usize,
-    ) -> Option<usize> {
+    fn allocate_new_slots(&mut self, request: &mut Request, ask: &SlotRequest<'_>, watermark: usize) -> Option<usize> {
         let m = self.max_model_len;
+        let total_computed = (request.num_computed_tokens() + ask.num_new_computed_tokens).min(m);
+        let tokens_needing_slots =
+            self.tokens_needing_slots(total_computed, ask.num_new_tokens, ask.num_lookahead_tokens);
         let hits = ask.new_computed_blocks;
         let free = self.pool.num_free_blocks();
         if ask.full_sequence_must_fit {

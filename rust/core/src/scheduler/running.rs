@@ -116,7 +116,7 @@ impl Scheduler {
             full_sequence_must_fit: false,
             has_scheduled_reqs: true,
         };
-        if let Some(first) = self.kv.allocate_slots(&mut self.requests[handle], ask) {
+        if let Some(first) = self.kv.allocate_beyond_held_blocks(&mut self.requests[handle], ask) {
             return Some(first);
         }
         loop {
@@ -135,7 +135,7 @@ impl Scheduler {
             if victim == handle {
                 return None;
             }
-            if let Some(first) = self.kv.allocate_slots(&mut self.requests[handle], ask) {
+            if let Some(first) = self.kv.allocate_beyond_held_blocks(&mut self.requests[handle], ask) {
                 return Some(first);
             }
         }
