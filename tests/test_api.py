@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -216,16 +217,32 @@ def test_prompt_as_a_strided_or_a_long_array_is_read_in_order() -> None:
 # ------------------------------------------------------------------------------ outputs
 
 
+SCHEDULER_OUTPUT_ARRAYS = (
+    "num_scheduled_tokens",
+    "num_computed_tokens",
+    "num_spec_tokens",
+    "spec_token_ids",
+    "num_output_tokens",
+    "num_block_ids",
+    "block_ids",
+    "num_all_token_ids",
+    "all_token_ids",
+)
+
+
 def test_scheduler_output_arrays_are_read_only_int32_and_ids_are_the_same_objects() -> None:
     sched = make_scheduler()
     request_id = "".join(["req", "-", "x"])  # built at run time: not an interned constant
     sched.add_request(request_id, [1, 2, 3], max_tokens=5)
     so = sched.schedule()
-    for name in ("num_scheduled_tokens", "num_computed_tokens", "num_spec_tokens", "block_ids"):
+    # Empty ones included (spec_token_ids here): every empty column is one shared array.
+    for name in SCHEDULER_OUTPUT_ARRAYS:
         array = getattr(so, name)
         assert array.dtype == np.int32 and not array.flags.writeable
         with pytest.raises(ValueError, match="read-only"):
             array[...] = 0
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            array.flags.writeable = True
     assert so.req_ids[0] is request_id
     outs = sched.update_from_output(so, one_token_each(so))
     assert outs[0].request_id is request_id
@@ -390,9 +407,19 @@ def test_draft_validation() -> None:
     sched.update_draft_token_ids(["gone"], [[1]])  # finished or unknown ids are ignored
 
 
-def test_flat_drafts_schedule_as_draft_lists_do() -> None:
+FLAT_DRAFT_FORMS: dict[str, Callable[[list[int]], Any]] = {
+    "int32": lambda tokens: np.array(tokens, dtype=np.int32),
+    "int32-strided": lambda tokens: np.repeat(np.array(tokens, dtype=np.int32), 2)[::2],
+    "int64": lambda tokens: np.array(tokens, dtype=np.int64),
+    "list": list,
+}
+
+
+@pytest.mark.parametrize("form", FLAT_DRAFT_FORMS)
+def test_flat_drafts_schedule_as_draft_lists_do(form: str) -> None:
     """``update_draft_token_ids(ids, flat, counts)`` gives each request the same drafts
-    as the list of rows: rows of every length up to K, padding, unknown ids."""
+    as the list of rows: rows of every length up to K, padding, unknown ids; the flat
+    drafts an int32 array (taken as it is), a strided one, int64 or a list."""
     lists, flat = make_scheduler(num_speculative_tokens=3), make_scheduler(num_speculative_tokens=3)
     for sched in (lists, flat):
         add_requests(sched, 5, max_tokens=12)
@@ -405,7 +432,7 @@ def test_flat_drafts_schedule_as_draft_lists_do() -> None:
         ids = [*so_lists.req_ids, "gone"]
         rows = [[int(t) for t in rng.integers(-1, 50, rng.integers(0, 4))] for _ in ids]
         lists.update_draft_token_ids(ids, rows)
-        tokens = np.array([t for row in rows for t in row], dtype=np.int32)
+        tokens = FLAT_DRAFT_FORMS[form]([t for row in rows for t in row])
         flat.update_draft_token_ids(ids, tokens, np.array([len(r) for r in rows], np.int32))
     assert any(spec_tokens(lists.schedule()).values())
 

@@ -177,8 +177,9 @@ class SchedulerOutput:
     """What one ``schedule()`` step decided. Immutable.
 
     Every array is int32, built in Rust and moved into numpy without a copy;
-    arrays are read-only. Per-request arrays are aligned with ``req_ids``:
-    running requests first (in running order), then this step's admissions."""
+    arrays are read-only (every empty one is the same shared array). Per-request
+    arrays are aligned with ``req_ids``: running requests first (in running
+    order), then this step's admissions."""
 
     @property
     def step_id(self) -> int:

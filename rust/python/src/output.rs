@@ -81,8 +81,18 @@ impl Drop for StepIds {
     }
 }
 
-/// A read-only int32 array that owns `values` (moved, not copied).
+/// A read-only int32 array that owns `values` (moved, not copied). Every empty one is the
+/// same shared array: a decode step has empty columns, and making an array costs as many
+/// instructions as two or three requests' whole decode step.
 pub fn frozen_array(py: Python<'_>, values: Vec<i32>) -> Py<PyArray1<i32>> {
+    static EMPTY: PyOnceLock<Py<PyArray1<i32>>> = PyOnceLock::new();
+    if values.is_empty() {
+        return EMPTY.get_or_init(py, || new_frozen_array(py, Vec::new())).clone_ref(py);
+    }
+    new_frozen_array(py, values)
+}
+
+fn new_frozen_array(py: Python<'_>, values: Vec<i32>) -> Py<PyArray1<i32>> {
     use numpy::IntoPyArray;
     let array = values.into_pyarray(py);
     // SAFETY: the array was created just now and nothing else refers to it yet.
@@ -95,8 +105,9 @@ pub fn frozen_array(py: Python<'_>, values: Vec<i32>) -> Py<PyArray1<i32>> {
 /// What one ``schedule()`` step decided. Immutable.
 ///
 /// Every array is int32, built in Rust and moved into numpy without a copy;
-/// arrays are read-only. Per-request arrays are aligned with ``req_ids``:
-/// running requests first (in running order), then this step's admissions.
+/// arrays are read-only (every empty one is the same shared array). Per-request
+/// arrays are aligned with ``req_ids``: running requests first (in running
+/// order), then this step's admissions.
 #[pyclass(frozen, module = "llmsched", name = "SchedulerOutput")]
 pub struct PySchedulerOutput {
     pub scheduler_uid: u64,

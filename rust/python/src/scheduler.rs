@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use llmsched_core::{Handle, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler, Step};
-use numpy::{PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyList, PyString};
@@ -195,6 +196,30 @@ fn step_ids(py: Python<'_>, inner: &Inner, handles: &[Handle]) -> PyResult<(Step
         }
         Ok((StepIds::from(ids), list.cast_into_unchecked::<PyList>().unbind()))
     }
+}
+
+/// Flat drafts as the binding received them: a runner's int32 array, or Python ints.
+enum Drafts {
+    Int32(Vec<i32>),
+    Int64(Vec<i64>),
+}
+
+impl Drafts {
+    /// `Scheduler::update_draft_token_ids_of` with these drafts.
+    fn give(&self, core: &mut Scheduler, requests: &[RequestRef<'_>], counts: &[i64]) -> PyResult<()> {
+        match self {
+            Self::Int32(drafts) => core.update_draft_token_ids_of(requests, drafts, counts),
+            Self::Int64(drafts) => core.update_draft_token_ids_of(requests, drafts, counts),
+        }
+        .map_err(core_err)
+    }
+}
+
+/// A copy of `value`'s items if it is a contiguous 1-D int32 array.
+fn contiguous_int32(value: &Bound<'_, PyAny>) -> Option<Vec<i32>> {
+    let array = value.cast::<PyArray1<i32>>().ok()?;
+    let array = array.readonly();
+    array.as_slice().ok().map(<[i32]>::to_vec)
 }
 
 fn int32_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>, field: &str) -> PyResult<PyReadonlyArray1<'py, i32>> {
@@ -499,20 +524,22 @@ impl PyScheduler {
                 format!("scheduler_output: step {} was scheduled by another Scheduler", so.step_id),
             ));
         }
-        let attr = |name: &str| {
+        // Interned names: a `&str` would be made into a new string and hashed every call.
+        let attr = |name: &Bound<'py, PyString>| {
             runner_output.getattr(name).map_err(|_| {
                 mismatch_error(
                     py,
                     format!(
-                        "runner_output: has no attribute {name:?} (expected a ModelRunnerOutput, got {})",
+                        "runner_output: has no attribute {:?} (expected a ModelRunnerOutput, got {})",
+                        name.to_string(),
                         type_name(runner_output)
                     ),
                 )
             })
         };
-        let rows = runner_rows(py, &so.entry_ids, &attr("req_ids")?)?;
-        let sampled_obj = attr("sampled_token_ids")?;
-        let counts_obj = attr("num_sampled")?;
+        let rows = runner_rows(py, &so.entry_ids, &attr(intern!(py, "req_ids"))?)?;
+        let sampled_obj = attr(intern!(py, "sampled_token_ids"))?;
+        let counts_obj = attr(intern!(py, "num_sampled"))?;
         // Copied while the GIL is held: another Python thread may write into the runner's
         // arrays once the GIL is released, and the core must see one consistent snapshot
         // (a step's int32 columns copy in nanoseconds).
@@ -577,7 +604,11 @@ impl PyScheduler {
         let num_ids = id_list.map_or(ids.len(), |list| list.len());
         let (drafts, counts) = match num_draft_tokens {
             Some(counts) => (
-                token_list(py, draft_token_ids, &"draft_token_ids", request_error)?,
+                // A runner's contiguous int32 array is copied as it is.
+                match contiguous_int32(draft_token_ids) {
+                    Some(drafts) => Drafts::Int32(drafts),
+                    None => Drafts::Int64(token_list(py, draft_token_ids, &"draft_token_ids", request_error)?),
+                },
                 token_list(py, counts, &"num_draft_tokens", request_error)?,
             ),
             None => {
@@ -596,7 +627,7 @@ impl PyScheduler {
                     counts.push(row.len() as i64);
                     drafts.extend_from_slice(&row);
                 }
-                (drafts, counts)
+                (Drafts::Int64(drafts), counts)
             }
         };
         self.with_inner(py, |inner| {
@@ -612,7 +643,7 @@ impl PyScheduler {
                     .collect::<Option<Vec<_>>>()
             });
             if let Some(requests) = by_address {
-                return inner.core.update_draft_token_ids_of(&requests, &drafts, &counts).map_err(core_err);
+                return drafts.give(&mut inner.core, &requests, &counts);
             }
             let listed: Vec<Bound<'_, PyAny>>;
             let ids = match id_list {
@@ -634,7 +665,7 @@ impl PyScheduler {
                         .map(RequestRef::Id),
                 })
                 .collect::<PyResult<_>>()?;
-            inner.core.update_draft_token_ids_of(&requests, &drafts, &counts).map_err(core_err)
+            drafts.give(&mut inner.core, &requests, &counts)
         })
     }
 

@@ -413,11 +413,12 @@ impl Scheduler {
     }
 
     /// `update_draft_token_ids` with each request given by handle or by id: a caller that
-    /// keeps the handles (the binding, by id object) skips hashing the ids.
-    pub fn update_draft_token_ids_of(
+    /// keeps the handles (the binding, by id object) skips hashing the ids. The drafts are
+    /// `i64` (from Python ints) or `i32` (a runner's int32 array, taken as it is).
+    pub fn update_draft_token_ids_of<T: Copy + Into<i64>>(
         &mut self,
         request_ids: &[RequestRef<'_>],
-        draft_token_ids: &[i64],
+        draft_token_ids: &[T],
         num_draft_tokens: &[i64],
     ) -> CoreResult<()> {
         let k_spec = self.config.num_speculative_tokens();
@@ -470,13 +471,16 @@ impl Scheduler {
             ));
         }
         // -1 is a drafter's padding: kept, and rejected by the sampler like vLLM does.
-        // t is in [-1, 2^31) exactly when t + 1, as an unsigned number, is at most 2^31.
-        let first_bad = draft_token_ids.iter().position(|&t| (t as u64).wrapping_add(1) > 1 << 31);
-        if let Some(at) = first_bad {
+        // t is in [-1, 2^31) exactly when t + 1, as an unsigned number, is at most 2^31:
+        // one pass without an early exit, which the compiler vectorizes; the position only
+        // on error.
+        let out_of_range = |t: T| (t.into() as u64).wrapping_add(1) > 1 << 31;
+        if draft_token_ids.iter().fold(false, |any, &t| any | out_of_range(t)) {
+            let at = draft_token_ids.iter().position(|&t| out_of_range(t)).expect("a draft out of range");
             let (i, j) = row_and_column(num_draft_tokens, at);
             return Err(CoreError::request(
                 format!("draft_token_ids[{i}][{j}]"),
-                draft_token_ids[at],
+                draft_token_ids[at].into(),
                 format!("a draft must be a token id in [0, {}] or the -1 placeholder", i32::MAX),
             ));
         }
@@ -488,7 +492,8 @@ impl Scheduler {
             let request = &mut self.requests[h];
             request.spec_token_ids.clear();
             if !request.is_prefill_chunk && request.status == RequestStatus::Running {
-                request.spec_token_ids.extend(drafts.iter().map(|&t| t as i32));
+                // In range (checked above).
+                request.spec_token_ids.extend(drafts.iter().map(|&t| t.into() as i32));
             }
         }
         Ok(())
