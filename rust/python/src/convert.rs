@@ -97,6 +97,14 @@ pub fn type_name(value: &Bound<'_, PyAny>) -> String {
     value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
+/// A copy of `value`'s items if it is a contiguous 1-D int32 array (what a runner holds:
+/// taken as it is, not widened like `token_list`'s).
+pub fn contiguous_int32(value: &Bound<'_, PyAny>) -> Option<Vec<i32>> {
+    let array = value.cast::<PyArray1<i32>>().ok()?;
+    let array = array.readonly();
+    array.as_slice().ok().map(<[i32]>::to_vec)
+}
+
 /// A token list from a numpy integer array or any iterable of ints.
 pub fn token_list(
     py: Python<'_>,

@@ -6,14 +6,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use llmsched_core::{Handle, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler, Step};
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::config::PySchedulerConfig;
-use crate::convert::{bool_value, float_value, int_value, token_list, type_name, Indexed};
+use crate::convert::{bool_value, contiguous_int32, float_value, int_value, token_list, type_name, Indexed};
 use crate::errors::{core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
 use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput, StepIds};
 
@@ -213,13 +213,6 @@ impl Drafts {
         }
         .map_err(core_err)
     }
-}
-
-/// A copy of `value`'s items if it is a contiguous 1-D int32 array.
-fn contiguous_int32(value: &Bound<'_, PyAny>) -> Option<Vec<i32>> {
-    let array = value.cast::<PyArray1<i32>>().ok()?;
-    let array = array.readonly();
-    array.as_slice().ok().map(<[i32]>::to_vec)
 }
 
 fn int32_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>, field: &str) -> PyResult<PyReadonlyArray1<'py, i32>> {

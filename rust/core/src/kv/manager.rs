@@ -159,8 +159,9 @@ impl KvManager {
     /// returns None and changes nothing (hit blocks included). On success
     /// returns the index in the request's block table of the first block
     /// allocated now, after any hit blocks.
-    // Always inlined: the running loop calls it once per request, and the decode case
-    // returns without a call.
+    // Always inlined into the waiting loop, its one caller (the running loop calls
+    // `allocate_in_held_blocks` and `allocate_beyond_held_blocks` itself): a request that
+    // already holds the blocks it needs returns without a call.
     #[inline(always)]
     pub fn allocate_slots(&mut self, request: &mut Request, ask: SlotRequest<'_>) -> Option<usize> {
         debug_assert!(ask.num_new_tokens > 0 || ask.num_new_computed_tokens > 0);
