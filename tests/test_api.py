@@ -579,3 +579,52 @@ def test_steps_release_every_reference_to_the_ids_they_hand_out(async_scheduling
     assert not sched.has_unfinished_requests()
     sched.schedule()  # reports the last finished requests: the scheduler lets their ids go
     assert [sys.getrefcount(rid) for rid in ids] == [count - 1 for count in held_by_scheduler]
+
+
+def test_req_ids_stay_right_as_requests_finish_and_join_between_steps() -> None:
+    """A step's ids are the previous step's, edited: requests that finished are cut, the
+    ones admitted are appended. Every step's ``req_ids`` (and the outputs' ids) must be the
+    running requests in order, as the objects given to ``add_request``, whether a step cuts
+    a few (staggered finishes), none, or every other one of hundreds (a rebuild)."""
+    sched = Scheduler(
+        SchedulerConfig(
+            max_model_len=256,
+            max_num_seqs=300,
+            max_num_batched_tokens=4096,
+            block_size=16,
+            num_gpu_blocks=4096,
+        )
+    )
+    objects: dict[str, str] = {}
+
+    def add(i: int, max_tokens: int) -> None:
+        rid = f"batch-{i}"  # built at run time: an object of its own
+        objects[rid] = rid
+        sched.add_request(rid, [1, 2, 3], max_tokens=max_tokens)
+
+    # Even requests stop after 12 tokens, odd ones after 40: one step cuts every other
+    # request. Every 7th stops early, at 2 to 6 tokens: steps that cut a few.
+    for i in range(400):
+        add(i, 2 + i % 5 if i % 7 == 3 else 12 if i % 2 == 0 else 40)
+    running: list[str] = []
+    computed: dict[str, int] = {}
+    finished_last: set[str] = set()
+    most_cut = 0
+    for step in range(60):
+        if step % 3 == 0:
+            add(400 + step, 5)
+        so = sched.schedule()
+        kept = [rid for rid in running if rid not in finished_last]
+        most_cut = max(most_cut, len(running) - len(kept))
+        assert so.req_ids == kept + list(so.new_req_ids), f"step {step}"
+        assert all(rid is objects[rid] for rid in so.req_ids)
+        for rid, c in zip(so.req_ids, so.num_computed_tokens.tolist(), strict=True):
+            assert c == computed.get(rid, 0), f"step {step}: {rid}"
+        for rid, n in zip(so.req_ids, so.num_scheduled_tokens.tolist(), strict=True):
+            computed[rid] = computed.get(rid, 0) + n
+        outputs = sched.update_from_output(so, one_token_each(so, token=7))
+        assert outputs.req_ids == so.req_ids
+        assert all(out.request_id is objects[out.request_id] for out in outputs)
+        running = list(so.req_ids)
+        finished_last = set(outputs.finished_req_ids)
+    assert most_cut >= 100  # the step that cut every other request ran

@@ -10,6 +10,7 @@
 mod config;
 mod convert;
 mod errors;
+mod ids;
 mod output;
 mod scheduler;
 

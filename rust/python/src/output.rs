@@ -10,6 +10,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString, PyTuple};
 
+use crate::ids::StepIds;
+
 /// `llmsched.status.RequestStatus` members, by value (index 0 unused).
 static STATUS_MEMBERS: PyOnceLock<Vec<Py<PyAny>>> = PyOnceLock::new();
 
@@ -39,46 +41,6 @@ pub fn request_statuses(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
         .map(|&s| (s.name(), s as u8, s.finish_reason()).into_pyobject(py))
         .collect::<PyResult<_>>()?;
     PyTuple::new(py, rows)
-}
-
-/// A step's Python ids, in step order, one reference each.
-pub struct StepIds(Box<[Py<PyString>]>);
-
-impl From<Vec<Py<PyString>>> for StepIds {
-    fn from(ids: Vec<Py<PyString>>) -> Self {
-        Self(ids.into_boxed_slice())
-    }
-}
-
-impl std::ops::Deref for StepIds {
-    type Target = [Py<PyString>];
-
-    fn deref(&self) -> &[Py<PyString>] {
-        &self.0
-    }
-}
-
-impl Drop for StepIds {
-    /// Releases the ids with the objects some ids ahead already loading: after a model
-    /// step they have left the CPU caches, and releasing them one by one would wait for
-    /// each in turn.
-    fn drop(&mut self) {
-        let mut ids = std::mem::take(&mut self.0).into_vec();
-        let released = Python::try_attach(|_py| {
-            for (i, id) in ids.iter().enumerate() {
-                if let Some(ahead) = ids.get(i + llmsched_core::prefetch::DISTANCE) {
-                    llmsched_core::prefetch::prefetch(ahead.as_ptr());
-                }
-                // SAFETY: attached; each reference is released once, here: the vector
-                // forgets its elements below instead of dropping them.
-                unsafe { pyo3::ffi::Py_DECREF(id.as_ptr()) };
-            }
-        });
-        if released.is_some() {
-            // SAFETY: every element's reference was released above; none is read again.
-            unsafe { ids.set_len(0) };
-        }
-    }
 }
 
 /// A read-only int32 array that owns `values` (moved, not copied). Every empty one is the
@@ -322,8 +284,8 @@ pub struct OutputRow {
 
 impl PyRequestOutputs {
     /// The id of output `i`'s request.
-    fn request_id(&self, i: usize) -> &Py<PyString> {
-        &self.step_ids[self.rows[i].entry as usize]
+    fn request_id<'a, 'py>(&'a self, py: Python<'py>, i: usize) -> Borrowed<'a, 'py, PyString> {
+        self.step_ids.get(py, self.rows[i].entry as usize)
     }
 
     fn len(&self) -> usize {
@@ -339,7 +301,7 @@ impl PyRequestOutputs {
     fn element(&self, py: Python<'_>, i: usize) -> PyRequestOutput {
         let row = &self.rows[i];
         PyRequestOutput {
-            request_id: self.request_id(i).clone_ref(py),
+            request_id: self.request_id(py, i).to_owned().unbind(),
             new_token_ids: Tokens::new(self.delivered(i)),
             status: row.status,
             stop_reason: row.stop_reason,
@@ -396,7 +358,7 @@ impl PyRequestOutputs {
     /// Request ids, in output order.
     #[getter]
     fn req_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, (0..self.len()).map(|i| self.request_id(i).bind(py)))
+        PyList::new(py, (0..self.len()).map(|i| self.request_id(py, i)))
     }
 
     /// Every delivered token, flat, split by ``num_new_tokens`` (int32; a copy).
@@ -431,10 +393,7 @@ impl PyRequestOutputs {
     /// Ids of the requests that finished in this step.
     #[getter]
     fn finished_req_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(
-            py,
-            (0..self.len()).filter(|&i| self.rows[i].status.is_finished()).map(|i| self.request_id(i).bind(py)),
-        )
+        PyList::new(py, (0..self.len()).filter(|&i| self.rows[i].status.is_finished()).map(|i| self.request_id(py, i)))
     }
 }
 

@@ -15,7 +15,8 @@ use pyo3::types::{PyDict, PyList, PyString};
 use crate::config::PySchedulerConfig;
 use crate::convert::{bool_value, contiguous_int32, float_value, int_value, token_list, type_name, Indexed};
 use crate::errors::{core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
-use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput, StepIds};
+use crate::ids::{IdBatch, StepIds};
+use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput};
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
@@ -46,6 +47,8 @@ struct Inner {
     /// draft rows) is matched without hashing text. An address stays unique while
     /// `py_ids` holds the object, and leaves this map when `py_ids` lets it go.
     handle_by_address: rustc_hash::FxHashMap<usize, Handle>,
+    /// The last step's ids, edited into the next step's.
+    batch: IdBatch,
     /// Set when a call panicked: the state may be half-updated, so refuse more calls.
     broken: Option<String>,
 }
@@ -126,11 +129,15 @@ impl PyScheduler {
     }
 
     fn build_output(&self, py: Python<'_>, inner: &mut Inner, step: Step) -> PyResult<PySchedulerOutput> {
+        let mut batch = std::mem::take(&mut inner.batch);
+        let synced = batch.sync(py, &step.req_handles, |h| inner.live_py_id(py, h), |h| inner.prefetch_py_id(h));
+        inner.batch = batch;
+        synced?;
+        let (entry_ids, req_ids) = inner.batch.step_ids(py)?;
+        let entry_ids = Arc::new(entry_ids);
         let ids = |handles: &[Handle]| -> PyResult<Py<PyList>> {
             Ok(PyList::new(py, handles.iter().map(|&h| inner.live_py_id(py, h)))?.unbind())
         };
-        let (entry_ids, req_ids) = step_ids(py, inner, &step.req_handles)?;
-        let entry_ids = Arc::new(entry_ids);
         let new_req_ids = ids(&step.new_reqs)?;
         let resumed_req_ids = ids(&step.resumed_reqs)?;
         let rescheduled_req_ids = ids(&step.rescheduled_reqs)?;
@@ -170,31 +177,6 @@ impl PyScheduler {
             preempted_req_ids,
             finished_req_ids,
         })
-    }
-}
-
-/// The step's id objects twice, in one pass: kept apart (`StepIds`) and as the `req_ids`
-/// list handed out (one more reference each). The list is filled by one C call per id,
-/// without pyo3's iterator checks: a step's ids are thousands of items. Some ids ahead, the
-/// object an id will be is asked for: the reference counts write into every one of them.
-fn step_ids(py: Python<'_>, inner: &Inner, handles: &[Handle]) -> PyResult<(StepIds, Py<PyList>)> {
-    // A slice never holds more than isize::MAX bytes, so its length fits in Py_ssize_t.
-    let len = handles.len() as pyo3::ffi::Py_ssize_t;
-    let mut ids = Vec::with_capacity(handles.len());
-    // SAFETY: the GIL is held. `PyList_New` returns a new reference (or NULL with an
-    // exception set) to a list of `len` empty slots; `PyList_SetItem` fills slot `i < len`
-    // with the reference it is given (stolen: `into_ptr` hands one over).
-    unsafe {
-        let list = Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyList_New(len))?;
-        for (i, &handle) in handles.iter().enumerate() {
-            if let Some(&ahead) = handles.get(i + llmsched_core::prefetch::DISTANCE) {
-                inner.prefetch_py_id(ahead);
-            }
-            let id = inner.live_py_id(py, handle).unbind();
-            pyo3::ffi::PyList_SetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t, id.clone_ref(py).into_ptr());
-            ids.push(id);
-        }
-        Ok((StepIds::from(ids), list.cast_into_unchecked::<PyList>().unbind()))
     }
 }
 
@@ -279,15 +261,15 @@ fn token_rows(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<(Vec<i32>, V
 }
 
 /// For each step entry, the runner row holding it; `None` if the runner kept the step's order.
-fn runner_rows(py: Python<'_>, step_ids: &[Py<PyString>], runner_ids: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u32>>> {
+fn runner_rows(py: Python<'_>, step_ids: &StepIds, runner_ids: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u32>>> {
     // Fast path without an iterator or a reference count: a list of the very same id
     // objects, in order.
     if let Ok(list) = runner_ids.cast::<PyList>() {
         if list.len() == step_ids.len()
-            && step_ids.iter().enumerate().all(|(i, id)| {
+            && step_ids.addresses().enumerate().all(|(i, id)| {
                 // SAFETY: the GIL is held and `list` is alive; `i` is in bounds (a borrowed
                 // item, only compared by address).
-                unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) == id.as_ptr() }
+                unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) == id }
             })
         {
             return Ok(None);
@@ -313,7 +295,7 @@ fn runner_rows(py: Python<'_>, step_ids: &[Py<PyString>], runner_ids: &Bound<'_,
         ));
     }
     // Fast path: the very same id objects, in order.
-    if runner_ids.iter().zip(step_ids).all(|(a, b)| a.as_ptr() == b.as_ptr()) {
+    if runner_ids.iter().zip(step_ids.addresses()).all(|(a, b)| a.as_ptr() == b) {
         return Ok(None);
     }
     // An engine's runner keeps its own batch order, with the very id objects the step
@@ -325,7 +307,7 @@ fn runner_rows(py: Python<'_>, step_ids: &[Py<PyString>], runner_ids: &Bound<'_,
             break; // the same object twice: the text path below names it
         }
     }
-    let rows: Vec<u32> = step_ids.iter().map_while(|id| row_of_object.get(&(id.as_ptr() as usize)).copied()).collect();
+    let rows: Vec<u32> = step_ids.addresses().map_while(|id| row_of_object.get(&(id as usize)).copied()).collect();
     if rows.len() == step_ids.len() && row_of_object.len() == runner_ids.len() {
         return Ok(Some(rows));
     }
@@ -343,8 +325,8 @@ fn runner_rows(py: Python<'_>, step_ids: &[Py<PyString>], runner_ids: &Bound<'_,
         }
     }
     let mut rows = Vec::with_capacity(step_ids.len());
-    for id in step_ids {
-        let id = id.bind(py).to_cow()?.into_owned();
+    for i in 0..step_ids.len() {
+        let id = step_ids.get(py, i).to_cow()?.into_owned();
         match row_of_id.get(&id) {
             Some(&row) => rows.push(row),
             None => {
@@ -372,7 +354,13 @@ impl PyScheduler {
         Ok(Self {
             config: config.unbind(),
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
-            inner: Mutex::new(Inner { core, py_ids: Vec::new(), handle_by_address: Default::default(), broken: None }),
+            inner: Mutex::new(Inner {
+                core,
+                py_ids: Vec::new(),
+                handle_by_address: Default::default(),
+                batch: IdBatch::default(),
+                broken: None,
+            }),
             owner: AtomicUsize::new(0),
         })
     }
