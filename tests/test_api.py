@@ -383,6 +383,38 @@ def test_runner_rows_in_the_runners_own_order_reach_their_requests(ids: str) -> 
         twice.update_from_output(so, ModelRunnerOutput.from_lists([first, first], [[1], [2]]))
 
 
+def test_runner_ids_that_only_claim_to_be_the_steps_are_refused() -> None:
+    """Runner rows are matched by id object, else by text: an object that is not a str is
+    refused by name, even one that claims to equal every id, or whose ``==`` raises; the
+    step's ids as equal strings, in step order, are the step's ids."""
+
+    class EqualToAll:
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = object.__hash__
+
+    class EqRaises:
+        def __eq__(self, other: object) -> bool:
+            raise RuntimeError("== raised")
+
+        __hash__ = object.__hash__
+
+    sched = make_scheduler()
+    add_requests(sched, 3, req_ids=[f"request-{i}" for i in range(3)])
+    so = sched.schedule()
+    for bad in (EqualToAll(), EqRaises(), 7):
+        ids: list[Any] = list(so.req_ids)
+        ids[1] = bad
+        with pytest.raises(OutputMismatchError, match=r"req_ids\[1\]: must be a str"):
+            sched.update_from_output(so, ModelRunnerOutput.from_lists(ids, [[7]] * 3))
+    copies = ["".join(list(rid)) for rid in so.req_ids]
+    outputs = sched.update_from_output(so, ModelRunnerOutput.from_lists(copies, [[7], [8], [9]]))
+    assert [(o.request_id, list(o.new_token_ids)) for o in outputs] == list(
+        zip(so.req_ids, [[7], [8], [9]], strict=True)
+    )
+
+
 def test_finish_requests_validates_its_status_and_ignores_unknown_ids() -> None:
     sched = make_scheduler()
     add_requests(sched, 3)

@@ -11,6 +11,7 @@ use crate::scheduler::Scheduler;
 use crate::slab::Handle;
 
 impl Scheduler {
+    #[inline(never)]
     pub(super) fn schedule_running(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
         let m = self.config.max_model_len();
         let s = self.config.num_sampled_tokens_per_step();

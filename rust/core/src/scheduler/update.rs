@@ -210,37 +210,9 @@ impl Scheduler {
         let mut next_offset = 0usize;
         let mut i = 0;
         while i < entries.len() {
-            // Plain decode entries in a loop of their own, whose state stays in registers:
-            // one sampled token, no drafts, a request running with its output current and
-            // room for the token. `apply_tokens::<true>` is the general case's code with
-            // those facts as constants.
-            while i < entries.len() {
-                let entry = &entries[i];
-                let (offset, count) = tokens_of(i, next_offset);
-                if count != 1 || entry.num_spec() != 0 || entry.prefill_chunk {
-                    break;
-                }
-                // Each request's output lives in an allocation of its own: after a model
-                // step, the writes to them would miss one after another.
-                if let Some(ahead) = entries.get(i + PREFETCH_DISTANCE).and_then(|e| self.requests.get(e.handle)) {
-                    ahead.prefetch_output_end();
-                }
-                let Some(request) = self.requests.get_mut(entry.handle) else { break };
-                if request.status != RequestStatus::Running
-                    || request.num_stale_output_tokens() != 0
-                    || request.output_token_ids.len() == request.output_token_ids.capacity()
-                {
-                    break;
-                }
-                next_offset = offset + 1;
-                let generated = &out.sampled_token_ids[offset..offset + 1];
-                let applied =
-                    Self::apply_tokens::<true>(&mut self.kv, &mut self.stats, request, entry, generated, &consts);
-                if let Some(applied) = applied {
-                    stopped_running |= self.hand_over(i, entry, offset, applied, &mut on_event);
-                }
-                i += 1;
-            }
+            // Plain decode entries in a loop of their own, whose state stays in registers.
+            stopped_running |=
+                self.apply_plain_run(entries, &mut i, &mut next_offset, out, &tokens_of, &consts, &mut on_event);
             if i == entries.len() {
                 break;
             }
@@ -262,6 +234,55 @@ impl Scheduler {
             self.running.retain(|&h| requests[h].status == RequestStatus::Running);
         }
         Ok(())
+    }
+
+    /// Applies the plain decode entries from `*i` on, up to the first that is not: one
+    /// sampled token, no drafts, a request running with its output current and room for
+    /// the token. `apply_tokens::<true>` is the general case's code with those facts as
+    /// constants. Returns whether a running request stopped.
+    // Out of line: inside the update, its state would not stay in registers.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn apply_plain_run(
+        &mut self,
+        entries: &[Row],
+        i_out: &mut usize,
+        next_offset: &mut usize,
+        out: &RunnerOutput<'_>,
+        tokens_of: &impl Fn(usize, usize) -> (usize, usize),
+        consts: &UpdateConsts,
+        on_event: &mut impl FnMut(RequestEvent),
+    ) -> bool {
+        let (mut i, mut next_offset_local) = (*i_out, *next_offset);
+        let mut stopped_running = false;
+        while i < entries.len() {
+            let entry = &entries[i];
+            let (offset, count) = tokens_of(i, next_offset_local);
+            if count != 1 || entry.num_spec() != 0 || entry.prefill_chunk {
+                break;
+            }
+            // Each request's output lives in an allocation of its own: after a model
+            // step, the writes to them would miss one after another.
+            if let Some(ahead) = entries.get(i + PREFETCH_DISTANCE).and_then(|e| self.requests.get(e.handle)) {
+                ahead.prefetch_output_end();
+            }
+            let Some(request) = self.requests.get_mut(entry.handle) else { break };
+            if request.status != RequestStatus::Running
+                || request.num_stale_output_tokens() != 0
+                || request.output_token_ids.len() == request.output_token_ids.capacity()
+            {
+                break;
+            }
+            next_offset_local = offset + 1;
+            let generated = &out.sampled_token_ids[offset..offset + 1];
+            let applied = Self::apply_tokens::<true>(&mut self.kv, &mut self.stats, request, entry, generated, consts);
+            if let Some(applied) = applied {
+                stopped_running |= self.hand_over(i, entry, offset, applied, on_event);
+            }
+            i += 1;
+        }
+        (*i_out, *next_offset) = (i, next_offset_local);
+        stopped_running
     }
 
     /// Applies an entry's returned tokens to its request (spec §4): the in-flight count,
