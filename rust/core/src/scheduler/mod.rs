@@ -193,10 +193,17 @@ impl Scheduler {
 
     /// Commits a loop's decision: takes its budget, writes its row of the step (and its
     /// new blocks), then advances `C` optimistically (vLLM's `_update_after_schedule`):
-    /// the row holds the values before the advance.
+    /// the row holds the values before the advance. `SYNC_FCFS`: the caller checked that
+    /// scheduling is synchronous and no entry can be undone (FCFS), so those branches fold away.
     // Inlined: called once per scheduled request, mostly from the running loop.
     #[inline(always)]
-    fn commit(config: &SchedulerConfig, budgets: &mut Budgets, b: &mut StepBuilder, request: &mut Request, e: Entry) {
+    fn commit<const SYNC_FCFS: bool>(
+        config: &SchedulerConfig,
+        budgets: &mut Budgets,
+        b: &mut StepBuilder,
+        request: &mut Request,
+        e: Entry,
+    ) {
         budgets.take(e.num_new_tokens);
         let step = &mut b.step;
         let num_output_tokens = request.num_output_tokens() + request.num_output_placeholders();
@@ -206,7 +213,7 @@ impl Scheduler {
         // (its tokens are copied once the step is built, into one exact allocation).
         let (blocks, num_tokens): (&[u32], usize) = match e.kind {
             EntryKind::Running { first_new_block } => {
-                if b.undoable {
+                if !SYNC_FCFS && b.undoable {
                     b.undo.push(Undo {
                         cached_blocks_before: e.cached_blocks_before,
                         is_prefill_chunk: request.is_prefill_chunk,
@@ -237,7 +244,7 @@ impl Scheduler {
         request.is_prefill_chunk =
             request.num_computed_tokens() < request.num_tokens() + request.num_output_placeholders();
         b.has_prefill_chunk |= request.is_prefill_chunk;
-        if config.async_scheduling() && !request.is_prefill_chunk {
+        if !SYNC_FCFS && config.async_scheduling() && !request.is_prefill_chunk {
             // The step's outputs (sampled tokens and drafts) are placeholders until it returns.
             let s = config.num_sampled_tokens_per_step();
             request.set_num_output_placeholders(request.num_output_placeholders() + s + e.num_spec);

@@ -11,11 +11,26 @@ use crate::scheduler::Scheduler;
 use crate::slab::Handle;
 
 impl Scheduler {
-    #[inline(never)]
     pub(super) fn schedule_running(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
+        let simple = !self.config.async_scheduling()
+            && !b.undoable
+            && budgets.long_prefill_threshold == 0
+            && self.config.num_lookahead_tokens() == 0;
+        if simple {
+            self.schedule_running_with::<true>(b, budgets);
+        } else {
+            self.schedule_running_with::<false>(b, budgets);
+        }
+    }
+
+    /// The running loop. `SIMPLE`: synchronous, FCFS (no entry can be undone), no
+    /// long-prefill threshold and no lookahead, so that code folds away.
+    // Out of line: its state stays in registers.
+    #[inline(never)]
+    fn schedule_running_with<const SIMPLE: bool>(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
         let m = self.config.max_model_len();
         let s = self.config.num_sampled_tokens_per_step();
-        let lookahead = self.config.num_lookahead_tokens();
+        let lookahead = if SIMPLE { 0 } else { self.config.num_lookahead_tokens() };
         let priority_policy = self.config.policy() == Policy::Priority;
 
         // The budgets stay in a local (registers) through the loop; the preemption path,
@@ -33,7 +48,8 @@ impl Scheduler {
                 continue;
             }
             // n = N + len(S) + P - C
-            let n = local.cap_long_prefill(request.num_tokens_with_spec() + p - c);
+            let n = request.num_tokens_with_spec() + p - c;
+            let n = if SIMPLE { n } else { local.cap_long_prefill(n) };
             let n = n.min(local.request_budget()).min(capacity::room(c, m, s));
             if n <= 0 {
                 req_index += 1;
@@ -62,7 +78,7 @@ impl Scheduler {
             };
             b.prefill_scheduled |= request.is_prefill_chunk;
             let num_spec = if request.spec_token_ids.is_empty() { 0 } else { Self::take_drafts(b, request, n, c, p) };
-            Self::commit(
+            Self::commit::<SIMPLE>(
                 &self.config,
                 &mut local,
                 b,

@@ -210,11 +210,14 @@ impl Scheduler {
         let mut next_offset = 0usize;
         let mut i = 0;
         while i < entries.len() {
-            // Plain decode entries in a loop of their own, whose state stays in registers.
-            stopped_running |=
-                self.apply_plain_run(entries, &mut i, &mut next_offset, out, &tokens_of, &consts, &mut on_event);
-            if i == entries.len() {
-                break;
+            // Plain decode entries in a loop of their own, whose state stays in registers
+            // (entered only where one may start: a step of drafts has none).
+            if entries[i].num_spec() == 0 && !entries[i].prefill_chunk {
+                stopped_running |=
+                    self.apply_plain_run(entries, &mut i, &mut next_offset, out, &tokens_of, &consts, &mut on_event);
+                if i == entries.len() {
+                    break;
+                }
             }
             let entry = &entries[i];
             let (offset, count) = tokens_of(i, next_offset);

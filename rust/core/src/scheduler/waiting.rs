@@ -115,7 +115,7 @@ impl Scheduler {
             if pad {
                 b.step.spec_token_ids.extend(std::iter::repeat_n(-1, k_spec as usize));
             }
-            Self::commit(
+            Self::commit::<false>(
                 &self.config,
                 budgets,
                 b,
