@@ -68,6 +68,13 @@ impl Slab {
         }
     }
 
+    /// The request in the handle's slot, of whichever generation: good enough to start
+    /// loading memory for, never to act on.
+    #[inline]
+    pub fn get_for_prefetch(&self, handle: Handle) -> Option<&Request> {
+        self.slots.get(handle.index as usize)?.request.as_ref()
+    }
+
     #[inline]
     pub fn get_mut(&mut self, handle: Handle) -> Option<&mut Request> {
         let slot = self.slots.get_mut(handle.index as usize)?;

@@ -213,8 +213,13 @@ impl Scheduler {
             // Plain decode entries in a loop of their own, whose state stays in registers
             // (entered only where one may start: a step of drafts has none).
             if entries[i].num_spec() == 0 && !entries[i].prefill_chunk {
-                stopped_running |=
-                    self.apply_plain_run(entries, &mut i, &mut next_offset, out, &tokens_of, &consts, &mut on_event);
+                stopped_running |= if row_offsets.is_none() {
+                    // In step order: the entry's count is its row's.
+                    let in_order = |i: usize, next_offset: usize| (next_offset, out.num_sampled[i] as usize);
+                    self.apply_plain_run(entries, &mut i, &mut next_offset, out, &in_order, &consts, &mut on_event)
+                } else {
+                    self.apply_plain_run(entries, &mut i, &mut next_offset, out, &tokens_of, &consts, &mut on_event)
+                };
                 if i == entries.len() {
                     break;
                 }
@@ -266,7 +271,9 @@ impl Scheduler {
             }
             // Each request's output lives in an allocation of its own: after a model
             // step, the writes to them would miss one after another.
-            if let Some(ahead) = entries.get(i + PREFETCH_DISTANCE).and_then(|e| self.requests.get(e.handle)) {
+            if let Some(ahead) =
+                entries.get(i + PREFETCH_DISTANCE).and_then(|e| self.requests.get_for_prefetch(e.handle))
+            {
                 ahead.prefetch_output_end();
             }
             let Some(request) = self.requests.get_mut(entry.handle) else { break };
