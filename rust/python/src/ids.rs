@@ -17,7 +17,7 @@ use pyo3::types::{PyList, PyString, PyTuple};
 
 /// An id object borrowed from the list or tuple that holds a reference on it.
 #[repr(transparent)]
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 struct IdRef(NonNull<ffi::PyObject>);
 
 // SAFETY: an `IdRef` is an address; the object is only read through it with the GIL held
@@ -42,7 +42,7 @@ impl StepIds {
     /// The id at step position `i`.
     pub fn get<'a, 'py>(&'a self, py: Python<'py>, i: usize) -> Borrowed<'a, 'py, PyString> {
         // SAFETY: `_owner` holds a reference on every id for as long as `self` lives, and
-        // every id is a str (an `IdBatch` only holds the ids `Scheduler` made sure of).
+        // every id is a str (each came to the batch as a `Bound<PyString>`).
         unsafe { Borrowed::from_ptr(py, self.ids[i].0.as_ptr()).cast_unchecked::<PyString>() }
     }
 

@@ -48,6 +48,14 @@ struct UpdateConsts {
     k_spec: i64,
 }
 
+/// Where the update is in a step: the next entry, and where its tokens start when the
+/// runner kept the step's order (they follow the previous entry's).
+#[derive(Clone, Copy)]
+struct Cursor {
+    entry: usize,
+    next_offset: usize,
+}
+
 /// What applying an entry's tokens did, for its event.
 struct Applied {
     delivered: usize,
@@ -213,13 +221,15 @@ impl Scheduler {
             // Plain decode entries in a loop of their own, whose state stays in registers
             // (entered only where one may start: a step of drafts has none).
             if entries[i].num_spec() == 0 && !entries[i].prefill_chunk {
+                let mut at = Cursor { entry: i, next_offset };
                 stopped_running |= if row_offsets.is_none() {
                     // In step order: the entry's count is its row's.
                     let in_order = |i: usize, next_offset: usize| (next_offset, out.num_sampled[i] as usize);
-                    self.apply_plain_run(entries, &mut i, &mut next_offset, out, &in_order, &consts, &mut on_event)
+                    self.apply_plain_run(entries, &mut at, out, &in_order, &consts, &mut on_event)
                 } else {
-                    self.apply_plain_run(entries, &mut i, &mut next_offset, out, &tokens_of, &consts, &mut on_event)
+                    self.apply_plain_run(entries, &mut at, out, &tokens_of, &consts, &mut on_event)
                 };
+                (i, next_offset) = (at.entry, at.next_offset);
                 if i == entries.len() {
                     break;
                 }
@@ -244,24 +254,22 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Applies the plain decode entries from `*i` on, up to the first that is not: one
-    /// sampled token, no drafts, a request running with its output current and room for
-    /// the token. `apply_tokens::<true>` is the general case's code with those facts as
-    /// constants. Returns whether a running request stopped.
+    /// Applies the plain decode entries from `at` on, up to the first that is not (where
+    /// it leaves `at`): one sampled token, no drafts, a request running with its output
+    /// current and room for the token. `apply_tokens::<true>` is the general case's code
+    /// with those facts as constants. Returns whether a running request stopped.
     // Out of line: inside the update, its state would not stay in registers.
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
     fn apply_plain_run(
         &mut self,
         entries: &[Row],
-        i_out: &mut usize,
-        next_offset: &mut usize,
+        at: &mut Cursor,
         out: &RunnerOutput<'_>,
         tokens_of: &impl Fn(usize, usize) -> (usize, usize),
         consts: &UpdateConsts,
         on_event: &mut impl FnMut(RequestEvent),
     ) -> bool {
-        let (mut i, mut next_offset_local) = (*i_out, *next_offset);
+        let Cursor { entry: mut i, next_offset: mut next_offset_local } = *at;
         let mut stopped_running = false;
         while i < entries.len() {
             let entry = &entries[i];
@@ -291,7 +299,7 @@ impl Scheduler {
             }
             i += 1;
         }
-        (*i_out, *next_offset) = (i, next_offset_local);
+        *at = Cursor { entry: i, next_offset: next_offset_local };
         stopped_running
     }
 
