@@ -129,6 +129,7 @@ impl PyScheduler {
     }
 
     fn build_output(&self, py: Python<'_>, inner: &mut Inner, step: Step) -> PyResult<PySchedulerOutput> {
+        // Out of `inner` while it is edited: its id lookups read `inner`.
         let mut batch = std::mem::take(&mut inner.batch);
         let synced = batch.sync(py, &step.req_handles, |h| inner.live_py_id(py, h), |h| inner.prefetch_py_id(h));
         inner.batch = batch;
