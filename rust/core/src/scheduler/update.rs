@@ -207,36 +207,33 @@ impl Scheduler {
         let entries = &record.entries[..];
         // Entry `i`'s tokens as (offset, count): in step order they follow the previous
         // entry's (from `next_offset`), else they are the runner's row for the entry.
+        let in_order = |i: usize, next_offset: usize| (next_offset, out.num_sampled[i] as usize);
         let tokens_of = |i: usize, next_offset: usize| match (out.row_of_entry, &row_offsets) {
             (Some(map), Some(row_offsets)) => {
                 let row = map[i] as usize;
                 (row_offsets[row], out.num_sampled[row] as usize)
             }
-            _ => (next_offset, out.num_sampled[i] as usize),
+            _ => in_order(i, next_offset),
         };
         let mut stopped_running = false;
-        let mut next_offset = 0usize;
-        let mut i = 0;
-        while i < entries.len() {
+        let mut at = Cursor { entry: 0, next_offset: 0 };
+        while at.entry < entries.len() {
             // Plain decode entries in a loop of their own, whose state stays in registers
             // (entered only where one may start: a step of drafts has none).
-            if entries[i].num_spec() == 0 && !entries[i].prefill_chunk {
-                let mut at = Cursor { entry: i, next_offset };
+            if entries[at.entry].num_spec() == 0 && !entries[at.entry].prefill_chunk {
                 stopped_running |= if row_offsets.is_none() {
-                    // In step order: the entry's count is its row's.
-                    let in_order = |i: usize, next_offset: usize| (next_offset, out.num_sampled[i] as usize);
                     self.apply_plain_run(entries, &mut at, out, &in_order, &consts, &mut on_event)
                 } else {
                     self.apply_plain_run(entries, &mut at, out, &tokens_of, &consts, &mut on_event)
                 };
-                (i, next_offset) = (at.entry, at.next_offset);
-                if i == entries.len() {
+                if at.entry == entries.len() {
                     break;
                 }
             }
+            let i = at.entry;
             let entry = &entries[i];
-            let (offset, count) = tokens_of(i, next_offset);
-            next_offset = offset + count;
+            let (offset, count) = tokens_of(i, at.next_offset);
+            at = Cursor { entry: i + 1, next_offset: offset + count };
             if let Some(request) = self.requests.get_mut(entry.handle) {
                 let generated = &out.sampled_token_ids[offset..offset + count];
                 let applied =
@@ -245,7 +242,6 @@ impl Scheduler {
                     stopped_running |= self.hand_over(i, entry, offset, applied, &mut on_event);
                 }
             }
-            i += 1;
         }
         if stopped_running {
             let requests = &self.requests;
