@@ -12,7 +12,7 @@ pub mod error;
 // The block pool, the KV manager, the queues and the slab mutate the scheduler's
 // state: only the scheduler calls them. Callers read through `Scheduler`.
 mod kv;
-pub mod prefetch;
+mod output_tokens;
 mod queue;
 pub mod request;
 pub mod scheduler;

@@ -8,7 +8,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::SchedulerConfig;
 use crate::error::{CoreError, CoreResult};
-use crate::kv::BlockHash;
+use crate::kv::{prefix, BlockHash};
+use crate::output_tokens::OutputTokens;
 
 /// Declares `RequestStatus` from one table: variant, value, vLLM's name, finish reason.
 macro_rules! request_statuses {
@@ -137,19 +138,17 @@ const NO_TOKEN: i32 = -1;
 ///
 /// Laid out for the step loops: the slab keeps each request in a slot aligned to a cache
 /// line, 8 bytes in, and every field a step reads or writes (the running loop, the
-/// step's columns, the update, the stop check) sits in the slot's first two cache lines.
-/// A decode step touches those two lines and the output list's tail, nothing else of the
-/// request (with prefix caching, also the block hashes; with stop token ids, those). The
-/// counters are stored as `i32` (each stays within twice `max_model_len`, which the
-/// config keeps below 2^30) and read as `i64` through the accessors, so the spec's
-/// formulas subtract in `i64` as written.
+/// step's columns, the update, the stop check) sits in the slot's first three cache
+/// lines: the counters and status (both loops), the block table and drafts (the running
+/// loop), then the line the update appends output tokens to (see `OutputTokens`). A
+/// decode step touches those lines, nothing else of the request (with prefix caching,
+/// also the block hashes; with stop token ids, those). The counters are stored as `i32`
+/// (each stays within twice `max_model_len`, which the config keeps below 2^30) and read
+/// as `i64` through the accessors, so the spec's formulas subtract in `i64` as written.
 #[derive(Clone, Debug)]
 #[repr(C)]
 pub struct Request {
     // The slot's first line.
-    /// Every output token appended so far (`N = Np + len`). Apart from the prompt, so the
-    /// first output token does not copy the prompt into a larger allocation.
-    pub(crate) output_token_ids: Vec<i32>,
     /// `C`: tokens whose KV is computed or scheduled to be (optimistic).
     num_computed_tokens: i32,
     /// `P`: async output positions scheduled but not yet returned.
@@ -159,6 +158,8 @@ pub struct Request {
     num_stale_output_tokens: i32,
     /// `Np`.
     num_prompt_tokens: i32,
+    /// `N - Np`: how many of `output`'s tokens there are.
+    num_output_tokens: i32,
     max_tokens: i32,
     /// `NO_TOKEN` for none: it never equals a sampled token.
     eos_token_id: i32,
@@ -168,16 +169,25 @@ pub struct Request {
     pub(crate) drop_stale_output: bool,
     /// `stop_token_ids` is not empty (the stop check reads it only then).
     has_stop_token_ids: bool,
+    /// The id of the last step that scheduled the request (0: never). A runner that did not
+    /// see the request in the step before this one may hold stale state for it.
+    pub(crate) last_scheduled_step: u64,
+    // Cold, here because they fill the first line to its end.
+    pub(crate) priority: i32,
+    pub(crate) num_preemptions: u32,
     // The slot's second line.
     /// The KV block table; append-only while running, emptied on preemption and finish.
     pub(crate) block_ids: Vec<u32>,
     /// `S`: drafts to schedule next (real ids in sync mode, -1 placeholders in async).
     pub(crate) spec_token_ids: Vec<i32>,
-    /// The id of the last step that scheduled the request (0: never). A runner that did not
-    /// see the request in the step before this one may hold stale state for it.
-    pub(crate) last_scheduled_step: u64,
     /// Leading blocks of `block_ids` already registered in the prefix cache.
     pub(crate) num_cached_blocks: usize,
+    // Cold, here because it fills the second line to its end.
+    pub(crate) arrival_time: f64,
+    // The slot's third line.
+    /// The output tokens, `num_output_tokens` of them. Apart from the prompt, so the first
+    /// output token does not copy the prompt into a larger allocation.
+    output: OutputTokens,
     // Cold: read with prefix caching, at admission, on stops and by the API.
     /// The prompt (`Np = len`).
     pub(crate) prompt_token_ids: Box<[i32]>,
@@ -188,15 +198,16 @@ pub struct Request {
     /// Which waiting queue holds the request, if one does.
     pub(crate) queued_in: Option<QueueKind>,
     pub(crate) id: Arc<str>,
-    pub(crate) priority: i32,
-    pub(crate) num_preemptions: u32,
-    pub(crate) arrival_time: f64,
     pub(crate) stop_reason: Option<i32>,
     /// Enters the first block's hash: requests share cached blocks only with the same salt.
     pub(crate) cache_salt: Option<Box<[u8]>>,
 }
 
 impl Request {
+    /// Where the output tokens' line starts; the slab's layout test keeps it on a line.
+    #[cfg(test)]
+    pub(crate) const OUTPUT_OFFSET: usize = std::mem::offset_of!(Request, output);
+
     /// `(offset, size)` of each field a step reads or writes (the running loop, the step's
     /// columns, the update and the stop check); the slab's layout test keeps them together.
     #[cfg(test)]
@@ -210,22 +221,23 @@ impl Request {
             };
         }
         fields!(
-            output_token_ids,
             num_computed_tokens,
             num_output_placeholders,
             num_in_flight_tokens,
             num_stale_output_tokens,
             num_prompt_tokens,
+            num_output_tokens,
             max_tokens,
             eos_token_id,
             status,
             is_prefill_chunk,
             drop_stale_output,
             has_stop_token_ids,
+            last_scheduled_step,
             block_ids,
             spec_token_ids,
-            last_scheduled_step,
-            num_cached_blocks
+            num_cached_blocks,
+            output
         )
     }
 }
@@ -320,13 +332,14 @@ impl Request {
 
         let num_prompt_tokens = stored(prompt_len);
         Ok(Self {
-            output_token_ids: Vec::new(),
+            output: OutputTokens::default(),
             prompt_token_ids: prompt.into(),
             num_computed_tokens: stored(new.num_computed_tokens),
             num_output_placeholders: 0,
             num_in_flight_tokens: 0,
             num_stale_output_tokens: 0,
             num_prompt_tokens,
+            num_output_tokens: 0,
             max_tokens: stored(new.max_tokens),
             eos_token_id: eos_token_id.unwrap_or(NO_TOKEN),
             status: RequestStatus::Waiting,
@@ -356,7 +369,7 @@ impl Request {
     }
     #[inline]
     pub fn num_output_tokens(&self) -> i64 {
-        self.output_token_ids.len() as i64
+        self.num_output_tokens.into()
     }
     /// `N + len(S)`.
     #[inline]
@@ -382,12 +395,18 @@ impl Request {
     pub fn prompt_token_ids(&self) -> &[i32] {
         &self.prompt_token_ids
     }
-    pub fn output_token_ids(&self) -> &[i32] {
-        &self.output_token_ids
+    /// The output tokens, oldest first.
+    pub fn output_token_ids(&self) -> impl Iterator<Item = i32> + '_ {
+        self.output.iter(self.num_output_tokens as usize)
     }
     /// The prompt, then the output tokens (`N` of them).
     pub fn all_token_ids(&self) -> impl Iterator<Item = i32> + '_ {
-        self.prompt_token_ids.iter().chain(&self.output_token_ids).copied()
+        self.prompt_token_ids.iter().copied().chain(self.output_token_ids())
+    }
+    /// Appends the prompt, then the output tokens, to `out`.
+    pub(crate) fn copy_token_ids_to(&self, out: &mut Vec<i32>) {
+        out.extend_from_slice(&self.prompt_token_ids);
+        self.output.copy_to(self.num_output_tokens as usize, out);
     }
     pub fn spec_token_ids(&self) -> &[i32] {
         &self.spec_token_ids
@@ -440,12 +459,38 @@ impl Request {
     pub(crate) fn expected_num_tokens(&self, max_model_len: i64) -> i64 {
         (self.num_prompt_tokens() + self.max_tokens().min(EXPECTED_OUTPUT_TOKENS)).min(max_model_len)
     }
-    /// Sizes the output list when its first tokens arrive (at least `arriving` of them).
+    /// The output tokens the request is expected to reach (see `expected_num_tokens`).
+    pub(crate) fn expected_num_output_tokens(&self, max_model_len: i64) -> usize {
+        (self.expected_num_tokens(max_model_len) - self.num_prompt_tokens()).max(0) as usize
+    }
+    /// Appends a sampled token to the output.
+    #[inline(always)]
+    pub(crate) fn push_output(&mut self, token: i32, max_model_len: i64) {
+        let len = self.num_output_tokens as usize;
+        if !self.output.try_push(len, token) {
+            self.flush_output_then_push(token, max_model_len);
+        }
+        self.num_output_tokens += 1;
+    }
     #[cold]
     #[inline(never)]
-    pub(crate) fn reserve_output(&mut self, max_model_len: i64, arriving: usize) {
-        let room = (self.expected_num_tokens(max_model_len) - self.num_prompt_tokens()) as usize;
-        self.output_token_ids.reserve_exact(room.max(arriving));
+    fn flush_output_then_push(&mut self, token: i32, max_model_len: i64) {
+        let len = self.num_output_tokens as usize;
+        self.output.flush(len, self.expected_num_output_tokens(max_model_len));
+        let pushed = self.output.try_push(len, token);
+        debug_assert!(pushed, "a flushed output takes a token inline");
+    }
+    /// Hashes the full blocks of the prompt and output tokens not hashed yet.
+    pub(crate) fn extend_block_hashes(&mut self, block_size: usize, max_model_len: i64, scratch: &mut Vec<u8>) {
+        let expected = self.expected_num_output_tokens(max_model_len);
+        prefix::extend_block_hashes(
+            &mut self.block_hashes,
+            &self.prompt_token_ids,
+            self.output.make_contiguous(self.num_output_tokens as usize, expected),
+            block_size,
+            self.cache_salt.as_deref(),
+            scratch,
+        );
     }
     pub fn eos_token_id(&self) -> Option<i32> {
         (self.eos_token_id != NO_TOKEN).then_some(self.eos_token_id)
@@ -476,17 +521,10 @@ impl Request {
         self.stop_reason
     }
 
-    /// Starts loading the line the next output token goes to.
-    #[inline(always)]
-    pub(crate) fn prefetch_output_end(&self) {
-        crate::prefetch::prefetch(self.output_token_ids.as_ptr().wrapping_add(self.output_token_ids.len()));
-    }
-
-    /// vLLM's `check_stop` on the last output token; the order of the checks
-    /// is vLLM's and matters (spec §4.3). Sets the finished status.
+    /// vLLM's `check_stop` on the last output token, `last`, just appended; the order of
+    /// the checks is vLLM's and matters (spec §4.3). Sets the finished status.
     #[inline]
-    pub(crate) fn check_stop(&mut self, max_model_len: i64) -> bool {
-        let last = *self.output_token_ids.last().expect("check_stop after an append");
+    pub(crate) fn check_stop(&mut self, last: i32, max_model_len: i64) -> bool {
         if last == self.eos_token_id {
             self.status = RequestStatus::FinishedStopped;
             return true;

@@ -68,13 +68,6 @@ impl Slab {
         }
     }
 
-    /// The request in the handle's slot, of whichever generation: good enough to start
-    /// loading memory for, never to act on.
-    #[inline]
-    pub fn get_for_prefetch(&self, handle: Handle) -> Option<&Request> {
-        self.slots.get(handle.index as usize)?.request.as_ref()
-    }
-
     #[inline]
     pub fn get_mut(&mut self, handle: Handle) -> Option<&mut Request> {
         let slot = self.slots.get_mut(handle.index as usize)?;
@@ -112,13 +105,16 @@ mod tests {
     use super::*;
 
     /// A decode step reads and writes these fields of every scheduled request: they, and
-    /// the generation, must sit in the slot's first two cache lines.
+    /// the generation, must sit in the slot's first three cache lines, the output tokens
+    /// (which the update appends to) in a line of their own.
     #[test]
-    fn the_step_fields_fill_the_first_two_cache_lines() {
+    fn the_step_fields_fill_the_first_three_cache_lines() {
         assert_eq!(std::mem::align_of::<Slot>(), 64);
         let request = std::mem::offset_of!(Slot, request);
         let hot_end = Request::hot_fields().into_iter().map(|(offset, size)| request + offset + size).max().unwrap();
-        assert!(hot_end <= 128, "the step's fields end at byte {hot_end} of the slot");
+        assert!(hot_end <= 3 * 64, "the step's fields end at byte {hot_end} of the slot");
         assert!(std::mem::offset_of!(Slot, generation) < 64);
+        let output = request + Request::OUTPUT_OFFSET;
+        assert_eq!(output % 64, 0, "the output tokens start at byte {output} of the slot");
     }
 }

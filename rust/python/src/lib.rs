@@ -12,6 +12,7 @@ mod convert;
 mod errors;
 mod ids;
 mod output;
+mod prefetch;
 mod scheduler;
 
 use pyo3::prelude::*;

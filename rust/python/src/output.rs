@@ -474,7 +474,7 @@ impl PyRequest {
             num_prompt_tokens: r.num_prompt_tokens(),
             num_tokens_with_spec: r.num_tokens_with_spec(),
             prompt_token_ids: r.prompt_token_ids().to_vec(),
-            output_token_ids: r.output_token_ids().to_vec(),
+            output_token_ids: r.output_token_ids().collect(),
             spec_token_ids: r.spec_token_ids().to_vec(),
             num_output_placeholders: r.num_output_placeholders(),
             num_in_flight_tokens: r.num_in_flight_tokens(),

@@ -2,7 +2,6 @@
 //! full-attention KV group (spec §5.4 to §5.7).
 
 use crate::kv::block_pool::BlockPool;
-use crate::kv::prefix;
 use crate::request::{Request, RequestStatus};
 
 /// What a loop asks `allocate_slots` for.
@@ -97,14 +96,7 @@ impl KvManager {
     #[inline(always)]
     pub fn update_block_hashes(&mut self, request: &mut Request) {
         if self.enable_caching && (request.block_hashes.len() + 1) as i64 * self.block_size <= request.num_tokens() {
-            prefix::extend_block_hashes(
-                &mut request.block_hashes,
-                &request.prompt_token_ids,
-                &request.output_token_ids,
-                self.block_size as usize,
-                request.cache_salt.as_deref(),
-                &mut self.scratch,
-            );
+            request.extend_block_hashes(self.block_size as usize, self.max_model_len, &mut self.scratch);
         }
     }
 

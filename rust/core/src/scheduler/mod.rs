@@ -311,8 +311,7 @@ impl Scheduler {
             step.all_token_ids.reserve_exact(num_tokens);
             for row in rows.iter().filter(|r| r.num_all_token_ids > 0) {
                 let request = &self.requests[row.handle];
-                step.all_token_ids.extend_from_slice(&request.prompt_token_ids);
-                step.all_token_ids.extend_from_slice(&request.output_token_ids);
+                request.copy_token_ids_to(&mut step.all_token_ids);
             }
         }
         if !rows.is_empty() {

@@ -35,10 +35,6 @@ pub struct RequestEvent {
     pub num_cached_blocks: usize,
 }
 
-/// How many entries ahead the plain loop asks for the end of an output: nearer than the
-/// step loops' distance, as finding the end reads the request's first line.
-const PREFETCH_DISTANCE: usize = crate::prefetch::DISTANCE / 2;
-
 /// The config values the update reads for every entry.
 #[derive(Clone, Copy)]
 struct UpdateConsts {
@@ -273,18 +269,8 @@ impl Scheduler {
             if count != 1 || entry.num_spec() != 0 || entry.prefill_chunk {
                 break;
             }
-            // Each request's output lives in an allocation of its own: after a model
-            // step, the writes to them would miss one after another.
-            if let Some(ahead) =
-                entries.get(i + PREFETCH_DISTANCE).and_then(|e| self.requests.get_for_prefetch(e.handle))
-            {
-                ahead.prefetch_output_end();
-            }
             let Some(request) = self.requests.get_mut(entry.handle) else { break };
-            if request.status != RequestStatus::Running
-                || request.num_stale_output_tokens() != 0
-                || request.output_token_ids.len() == request.output_token_ids.capacity()
-            {
+            if request.status != RequestStatus::Running || request.num_stale_output_tokens() != 0 {
                 break;
             }
             next_offset_local = offset + 1;
@@ -346,12 +332,9 @@ impl Scheduler {
         let mut delivered = 0;
         let mut stopped = false;
         if !generated.is_empty() {
-            if request.output_token_ids.capacity() == 0 {
-                request.reserve_output(m, generated.len());
-            }
             for (i, &token) in generated.iter().enumerate() {
-                request.output_token_ids.push(token);
-                if request.check_stop(m) {
+                request.push_output(token, m);
+                if request.check_stop(token, m) {
                     delivered = i + 1;
                     if !stale {
                         // Keep C = N - 1 after trimming the tokens past the stop.
@@ -392,8 +375,7 @@ impl Scheduler {
             }
         }
         // Read only when they can be set: the stop reason lies in the request's cold
-        // lines, the cached blocks in its second line, which a decode's update
-        // otherwise leaves alone (no block is cached without prefix caching).
+        // lines (and no block is cached without prefix caching).
         Some(Applied {
             delivered,
             stopped,

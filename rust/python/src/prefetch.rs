@@ -1,13 +1,12 @@
-//! Software prefetch for the step loops. A loop over a step's requests reads each
-//! request's lines once; when a model step ran in between, they are no longer in the CPU
+//! Software prefetch for the binding's loops over a step's requests. Each reads one Python
+//! id object per request; when a model step ran in between, they are no longer in the CPU
 //! caches, and a loop body long enough to hold only a load or two in flight waits for each
-//! request's lines in turn. Asking for the lines of a request some iterations ahead keeps
-//! several loads in flight. (Public for the binding, whose loops over a step's Python ids
-//! are loops of the same kind.)
+//! in turn. Asking for the object of a request some iterations ahead keeps several loads
+//! in flight.
 
-/// How many requests ahead a loop over a step asks for a request's lines: eight iterations
+/// How many requests ahead a loop asks for a request's id object: eight iterations
 /// of the binding's loops over ids (a few dozen instructions each) cover a load from
-/// memory; the update's loop, a hundred-odd instructions, asks half as far ahead.
+/// memory.
 pub const DISTANCE: usize = 8;
 
 /// Starts loading the cache line holding `address` into every cache level. A hint: any
