@@ -850,6 +850,18 @@ impl Harness {
         prop_assert!(inputs <= cfg.max_num_batched_tokens(), "sum(n + draft slots) = {inputs} > input budget");
         let num_spec: i64 = step.num_spec_tokens.iter().map(|&x| x as i64).sum();
         prop_assert_eq!(num_spec, step.spec_token_ids.len() as i64);
+        // A new or resumed request's row carries all its tokens: the prompt and the
+        // tokens delivered so far.
+        prop_assert_eq!(step.num_all_token_ids.len(), r);
+        let mut token_offset = 0usize;
+        for (h, &num) in step.req_handles.iter().zip(&step.num_all_token_ids) {
+            let num = num as usize;
+            let t = &self.tracked[*self.by_handle.get(h).ok_or_else(|| TestCaseError::fail("an unknown row"))?];
+            let sent = step.all_token_ids.get(token_offset..token_offset + num);
+            prop_assert!(num == 0 || sent == Some(&t.tokens[..]), "{}: the row's tokens are not the request's", t.id);
+            token_offset += num;
+        }
+        prop_assert_eq!(token_offset, step.all_token_ids.len());
         let mut seen = HashSet::new();
         let mut block_offset = 0usize;
         let mut pending_kv = Vec::new();
@@ -1039,8 +1051,7 @@ impl Harness {
                 prop_assert!(false, "{}: output {} is a stop token ({}) but more followed", t.id, j, outputs[j]);
             }
             prop_assert_eq!(t.delivered, req.num_output_tokens(), "{}: delivered tokens vs output tokens", t.id);
-            let tail: Vec<i32> = req.all_token_ids().skip(req.num_tokens() as usize - e.num_tokens).collect();
-            prop_assert_eq!(&tail[..], &p.tokens[e.token_offset..e.token_offset + e.num_tokens]);
+            prop_assert!(req.all_token_ids().eq(t.tokens.iter().copied()), "{}: the request's tokens", t.id);
             prop_assert_eq!(e.status, req.status(), "{}: event status", t.id);
             prop_assert!(e.status != RequestStatus::FinishedAborted);
             prop_assert!(e.num_tokens > 0 || e.status.is_finished(), "{}: an empty, unfinished event", t.id);
