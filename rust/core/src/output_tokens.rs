@@ -6,15 +6,16 @@
 //! first. It was most of what a cold `update_from_output` cost beyond a warm one (the
 //! core's `steady_decode` example with 8 MiB written between calls: 31 against 23 ns per
 //! request-step with those lines made warm beforehand, where making the request's own
-//! lines warm changed nothing). So the most recent tokens sit inline, in a cache line of
-//! the request's slot, which the update reads in step order anyway; they move to the heap
-//! allocation `RECENT` at a time, one write there every `RECENT` tokens.
+//! lines warm changed little: they are read in step order, which the CPU's prefetchers
+//! follow). So the most recent tokens sit inline, in a cache line of the request's slot,
+//! which the update reads anyway; they move to the heap allocation `RECENT` at a time, one
+//! write there every `RECENT` tokens.
 //!
 //! How many tokens there are is the request's count (`N - Np`, in its first line, which
 //! the running loop reads without this line); every method takes it as `len`.
 
 /// Tokens kept inline: as many as fill one cache line with the heap list's header.
-pub(crate) const RECENT: usize = 10;
+const RECENT: usize = 10;
 
 /// The output tokens, oldest first: those in `flushed`, then `recent[..len - flushed.len()]`.
 #[derive(Clone, Default)]
