@@ -70,7 +70,17 @@ class Case:
     max_model_len: int = 8192
     churn_max_tokens: int = 0
     """> 0: requests finish after this many tokens and new ones replace them."""
+    churn_spread: int = 0
+    """> 0: request ``i`` finishes after ``churn_max_tokens + i % churn_spread`` tokens, so
+    requests finish a few at a time, as an engine's do, and the running order drifts from
+    the order the requests arrived in."""
     block_size: int = 16
+
+    def max_tokens_of(self, i: int) -> int:
+        """``max_tokens`` of the case's ``i``-th request."""
+        if not self.churn_max_tokens:
+            return self.max_tokens
+        return self.churn_max_tokens + (i % self.churn_spread if self.churn_spread else 0)
 
     def config_kwargs(self) -> dict[str, Any]:
         blocks_per_request = -(-(self.prompt_len + self.max_tokens + 4) // self.block_size)
@@ -93,6 +103,7 @@ CASES: dict[str, Case] = {
         Case("decode-256", running=256),
         Case("decode-1024", running=1024),
         Case("decode-4096", running=4096, max_tokens=3000, max_num_batched_tokens=8192),
+        Case("decode-churn", running=1024, churn_max_tokens=64, churn_spread=128),
         Case(
             "prefill-heavy",
             running=64,
@@ -175,11 +186,10 @@ class LlmschedStepper:
             self._add()
 
     def _add(self) -> None:
-        case = self.case
-        rid = f"r{self.next_id}"
-        prompt = _prompt(case, self.next_id)
+        case, i = self.case, self.next_id
         self.next_id += 1
-        self.sched.add_request(rid, prompt, max_tokens=case.churn_max_tokens or case.max_tokens)
+        rid, prompt = f"r{i}", _prompt(case, i)
+        self.sched.add_request(rid, prompt, max_tokens=case.max_tokens_of(i))
         self.known[rid] = len(prompt)
 
     def step(self) -> tuple[float, float, int, int]:
@@ -242,7 +252,7 @@ class VllmStepper:
         request = make_vllm_request(
             f"r{self.next_id}",
             _prompt(case, self.next_id),
-            max_tokens=case.churn_max_tokens or case.max_tokens,
+            max_tokens=case.max_tokens_of(self.next_id),
             block_size=case.block_size,
             prefix_caching=case.prefix_caching,
         )

@@ -13,6 +13,7 @@ pub mod error;
 // state: only the scheduler calls them. Callers read through `Scheduler`.
 mod kv;
 mod output_tokens;
+pub mod prefetch;
 mod queue;
 pub mod request;
 pub mod scheduler;

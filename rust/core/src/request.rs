@@ -203,6 +203,14 @@ pub struct Request {
     pub(crate) cache_salt: Option<Box<[u8]>>,
 }
 
+/// The slot lines the running loop reads: the counters and status, the block table and
+/// drafts.
+pub(crate) const RUNNING_LOOP_LINES: usize = 2;
+/// The slot lines the update reads: the counters and status, the second (whether the slot
+/// holds a request is read there: `Option<Request>` keeps it in the block table's
+/// capacity), the output tokens.
+pub(crate) const UPDATE_LINES: usize = 3;
+
 impl Request {
     /// Where the output tokens' line starts; the slab's layout test keeps it on a line.
     #[cfg(test)]

@@ -144,7 +144,7 @@ impl IdBatch {
             self.compact();
         }
         for (i, &handle) in handles[wanted..].iter().enumerate() {
-            if let Some(&ahead) = handles[wanted..].get(i + crate::prefetch::DISTANCE) {
+            if let Some(&ahead) = handles[wanted..].get(i + llmsched_core::prefetch::DISTANCE) {
                 prefetch(ahead);
             }
             let id = id_of(handle);
@@ -185,7 +185,7 @@ impl IdBatch {
         let list = unsafe {
             let list = Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len))?;
             for (i, &handle) in handles.iter().enumerate() {
-                if let Some(&ahead) = handles.get(i + crate::prefetch::DISTANCE) {
+                if let Some(&ahead) = handles.get(i + llmsched_core::prefetch::DISTANCE) {
                     prefetch(ahead);
                 }
                 let id = id_of(handle);

@@ -12,7 +12,6 @@ mod convert;
 mod errors;
 mod ids;
 mod output;
-mod prefetch;
 mod scheduler;
 
 use pyo3::prelude::*;

@@ -68,7 +68,7 @@ impl Inner {
     #[inline(always)]
     fn prefetch_py_id(&self, handle: Handle) {
         if let Some(Some((_, id))) = self.py_ids.get(handle.index as usize) {
-            crate::prefetch::prefetch(id.as_ptr());
+            llmsched_core::prefetch::prefetch(id.as_ptr());
         }
     }
 

@@ -4,8 +4,9 @@
 use crate::capacity;
 use crate::config::Policy;
 use crate::kv::SlotRequest;
+use crate::prefetch;
 use crate::queue::priority_order;
-use crate::request::{Request, RequestStatus};
+use crate::request::{Request, RequestStatus, RUNNING_LOOP_LINES};
 use crate::scheduler::step::{Budgets, Entry, EntryKind, StepBuilder};
 use crate::scheduler::Scheduler;
 use crate::slab::Handle;
@@ -39,6 +40,9 @@ impl Scheduler {
         let mut req_index = 0;
         while req_index < self.running.len() && local.has_room() {
             let handle = self.running[req_index];
+            if let Some(&ahead) = self.running.get(req_index + prefetch::DISTANCE) {
+                self.requests.prefetch(ahead, RUNNING_LOOP_LINES);
+            }
             let request = &mut self.requests[handle];
             let (c, p) = (request.num_computed_tokens(), request.num_output_placeholders());
             // Async: the step in flight reaches max_tokens even if every draft

@@ -2,7 +2,8 @@
 
 use crate::error::{CoreError, CoreResult};
 use crate::kv::KvManager;
-use crate::request::{Request, RequestStatus};
+use crate::prefetch;
+use crate::request::{Request, RequestStatus, UPDATE_LINES};
 use crate::scheduler::step::{Row, StepRecord};
 use crate::scheduler::{Scheduler, SchedulerStats};
 use crate::slab::Handle;
@@ -264,6 +265,9 @@ impl Scheduler {
         let Cursor { entry: mut i, next_offset: mut next_offset_local } = *at;
         let mut stopped_running = false;
         while i < entries.len() {
+            if let Some(ahead) = entries.get(i + prefetch::DISTANCE) {
+                self.requests.prefetch(ahead.handle, UPDATE_LINES);
+            }
             let entry = &entries[i];
             let (offset, count) = tokens_of(i, next_offset_local);
             if count != 1 || entry.num_spec() != 0 || entry.prefill_chunk {
