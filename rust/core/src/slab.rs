@@ -19,6 +19,9 @@ struct Slot {
     request: Option<Request>,
 }
 
+/// A cache line's size: the slot's alignment.
+const CACHE_LINE: usize = std::mem::align_of::<Slot>();
+
 #[derive(Clone, Debug, Default)]
 pub struct Slab {
     slots: Vec<Slot>,
@@ -75,7 +78,7 @@ impl Slab {
     pub fn prefetch(&self, handle: Handle, lines: usize) {
         let slot = self.slots.as_ptr().wrapping_add(handle.index as usize).cast::<u8>();
         for line in 0..lines {
-            crate::prefetch::prefetch(slot.wrapping_add(line * 64));
+            crate::prefetch::prefetch(slot.wrapping_add(line * CACHE_LINE));
         }
     }
 
@@ -114,18 +117,19 @@ impl std::ops::IndexMut<Handle> for Slab {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::UPDATE_LINES;
 
     /// A decode step reads and writes these fields of every scheduled request: they, and
     /// the generation, must sit in the slot's first three cache lines, the output tokens
     /// (which the update appends to) in a line of their own.
     #[test]
     fn the_step_fields_fill_the_first_three_cache_lines() {
-        assert_eq!(std::mem::align_of::<Slot>(), 64);
+        assert_eq!(CACHE_LINE, 64);
         let request = std::mem::offset_of!(Slot, request);
         let hot_end = Request::hot_fields().into_iter().map(|(offset, size)| request + offset + size).max().unwrap();
-        assert!(hot_end <= 3 * 64, "the step's fields end at byte {hot_end} of the slot");
-        assert!(std::mem::offset_of!(Slot, generation) < 64);
+        assert!(hot_end <= UPDATE_LINES * CACHE_LINE, "the step's fields end at byte {hot_end} of the slot");
+        assert!(std::mem::offset_of!(Slot, generation) < CACHE_LINE);
         let output = request + Request::OUTPUT_OFFSET;
-        assert_eq!(output % 64, 0, "the output tokens start at byte {output} of the slot");
+        assert_eq!(output % CACHE_LINE, 0, "the output tokens start at byte {output} of the slot");
     }
 }

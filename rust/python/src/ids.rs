@@ -143,11 +143,7 @@ impl IdBatch {
         if !self.cuts.is_empty() {
             self.compact();
         }
-        for (i, &handle) in handles[wanted..].iter().enumerate() {
-            if let Some(&ahead) = handles[wanted..].get(i + llmsched_core::prefetch::DISTANCE) {
-                prefetch(ahead);
-            }
-            let id = id_of(handle);
+        for (handle, id) in ids_ahead_loaded(&handles[wanted..], id_of, prefetch) {
             list.append(&id)?;
             self.ids.push(IdRef::of(&id));
             self.handles.push(handle);
@@ -184,11 +180,7 @@ impl IdBatch {
         // with the reference it is given (stolen: `into_ptr` hands one over).
         let list = unsafe {
             let list = Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len))?;
-            for (i, &handle) in handles.iter().enumerate() {
-                if let Some(&ahead) = handles.get(i + llmsched_core::prefetch::DISTANCE) {
-                    prefetch(ahead);
-                }
-                let id = id_of(handle);
+            for (i, (_, id)) in ids_ahead_loaded(handles, id_of, prefetch).enumerate() {
                 self.ids.push(IdRef::of(&id));
                 ffi::PyList_SetItem(list.as_ptr(), i as ffi::Py_ssize_t, id.into_ptr());
             }
@@ -218,6 +210,22 @@ impl IdBatch {
         // The tuple holds the very objects the batch does, in the same order.
         Ok((StepIds { _owner: owner.unbind(), ids: self.ids.as_slice().into() }, req_ids.unbind()))
     }
+}
+
+/// Each handle with its id, in order, the id `prefetch::DISTANCE` handles ahead already
+/// loading: after a model step the id objects have left the CPU caches, and a list's
+/// reference to each writes into it.
+fn ids_ahead_loaded<'a, 'py>(
+    handles: &'a [Handle],
+    id_of: &'a impl Fn(Handle) -> Bound<'py, PyString>,
+    prefetch: &'a impl Fn(Handle),
+) -> impl Iterator<Item = (Handle, Bound<'py, PyString>)> + 'a {
+    handles.iter().enumerate().map(move |(i, &handle)| {
+        if let Some(&ahead) = handles.get(i + llmsched_core::prefetch::DISTANCE) {
+            prefetch(ahead);
+        }
+        (handle, id_of(handle))
+    })
 }
 
 /// How many handles `a` and `b` start with alike.

@@ -249,7 +249,7 @@ impl Scheduler {
 
     /// Applies the plain decode entries from `at` on, up to the first that is not (where
     /// it leaves `at`): one sampled token, no drafts, a request running with its output
-    /// current and room for the token. `apply_tokens::<true>` is the general case's code
+    /// current. `apply_tokens::<true>` is the general case's code
     /// with those facts as constants. Returns whether a running request stopped.
     // Out of line: inside the update, its state would not stay in registers.
     #[inline(never)]
