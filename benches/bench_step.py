@@ -2,7 +2,7 @@
 
 Benchmarks are disabled by default (``--benchmark-disable`` in pyproject), so a plain
 ``pytest`` runs each case once, as a test. ``pytest benches --benchmark-enable`` measures.
-Every case of ``llmsched.bench.CASES`` runs on llmsched and, when ``vllm`` is importable
+Every case of ``llmsched.bench.step.CASES`` runs on llmsched and, when ``vllm`` is importable
 (``make bench-vllm-pytest`` runs pytest in the vLLM 0.33.0 venv), on vLLM 0.33.0's own scheduler
 with the same workload, so the two rows of a case compare in the same run.
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from llmsched.bench import CASES, Evictor, LlmschedStepper, VllmStepper, vllm_available
+from llmsched.bench.step import CASES, Evictor, LlmschedStepper, VllmStepper, vllm_available
 
 IMPLEMENTATIONS = ["llmsched", "vllm"] if vllm_available() else ["llmsched"]
 

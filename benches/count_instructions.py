@@ -29,7 +29,7 @@ WARMUP = 60
 
 
 def _child(case_name: str, steps: int, cold_mib: int) -> None:
-    from llmsched.bench import CASES, Evictor, LlmschedStepper
+    from llmsched.bench.step import CASES, Evictor, LlmschedStepper
 
     stepper = LlmschedStepper(CASES[case_name])
     for _ in range(WARMUP):
@@ -85,7 +85,7 @@ def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
         _child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
         return
-    from llmsched.bench import CASES
+    from llmsched.bench.step import CASES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="+", choices=sorted(CASES), metavar="case")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import llmsched.vllm_reference as ref
+import llmsched.bench.vllm_reference as ref
 from llmsched import ModelRunnerOutput, Scheduler, SchedulerConfig
 
 PROMPT_LENS = (10, 75, 140, 200)

@@ -24,7 +24,7 @@ from llmsched import (
     SchedulerConfig,
     SchedulerOutput,
 )
-from llmsched.testing import check_scheduler_output
+from llmsched.sim.checks import check_scheduler_output
 
 
 def _package_dir() -> Path:

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from llmsched import SchedulerConfig
-from llmsched.cli import SIMULATE_DEFAULTS
-from llmsched.simulate import chart_paths
+from llmsched.sim.cli import SIMULATE_DEFAULTS
+from llmsched.sim.cli import parser as simulate_parser
+from llmsched.sim.plots import chart_paths
 
 SCRIPT = Path(sys.executable).with_name("llmsched")
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -174,13 +175,16 @@ def test_a_bad_number_is_refused_where_it_is_parsed(flags: list[str], names: lis
     refused(run(*SMALL, *flags), *names)
 
 
-def test_an_unknown_flag_prints_the_subcommands_usage() -> None:
+def test_an_unknown_flag_or_command_is_one_line_naming_it() -> None:
     result = run("simulate", "--num-request", "5")
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.startswith("usage: llmsched simulate ")
-    assert result.stderr.splitlines()[-1] == (
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
         "llmsched simulate: error: unrecognized arguments: --num-request"
+        " (see llmsched simulate --help)\n"
     )
+    result = run("simulte")
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert "invalid choice: 'simulte'" in result.stderr and "'simulate'" in result.stderr
 
 
 def test_help_has_no_rest_markup_and_every_flag_has_help_and_its_default() -> None:
@@ -200,6 +204,15 @@ def test_help_has_no_rest_markup_and_every_flag_has_help_and_its_default() -> No
                 continue
             assert text.strip(), f"{command}: {flags} has no help text"
             assert "default" in " ".join(entry.split()), f"{command}: {flags} shows no default"
+
+
+def test_each_config_flags_help_is_the_fields_own_documentation() -> None:
+    helps = {action.dest: action.help or "" for action in simulate_parser()._actions}
+    for name in SchedulerConfig().to_dict():
+        doc = " ".join((getattr(SchedulerConfig, name).__doc__ or "").split()).replace("``", "")
+        opening = " ".join(helps[name].split()[:5]).rstrip(";.")
+        assert len(opening) > 10 and doc.startswith(opening), (name, helps[name], doc)
+    assert helps["max_num_batched_tokens"].startswith("The input budget of a step")
 
 
 def test_the_cli_defaults_are_the_librarys_or_the_help_says_why() -> None:
@@ -339,7 +352,7 @@ def test_bench_refuses_a_negative_cold_working_set() -> None:
 
 def test_the_cold_figure_evicts_before_each_timed_call() -> None:
     """Before ``schedule()`` and again before the update, every timed step."""
-    from llmsched.bench import CASES, LlmschedStepper, measure
+    from llmsched.bench.step import CASES, LlmschedStepper, measure
 
     calls: list[str] = []
     measure(CASES["decode-64"], steps=4, warmup=2, evict=lambda: calls.append("evict"))

@@ -94,7 +94,7 @@ from llmsched import (
     SimulatedModelRunner,
     UnknownRequestError,
 )
-from llmsched.testing import check_scheduler_output
+from llmsched.sim.checks import check_scheduler_output
 
 SLOW = os.environ.get("HYPOTHESIS_PROFILE", "fast") == "slow"
 VOCAB = 24  # small, so that EOS and stop tokens are sampled often

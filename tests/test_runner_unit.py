@@ -20,7 +20,7 @@ from llmsched import (
     SchedulerOutput,
     SimulatedModelRunner,
 )
-from llmsched.testing import check_scheduler_output
+from llmsched.sim.checks import check_scheduler_output
 
 # ---------------------------------------------------------------------------- helpers
 

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from llmsched import RequestStatus, SchedulerConfig, SchedulerOutput
-from llmsched.engine import Engine
-from llmsched.runner import SimulatedModelRunner
+from llmsched.sim.engine import Engine
+from llmsched.sim.runner import SimulatedModelRunner
 
 M = 2048
 

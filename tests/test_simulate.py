@@ -12,8 +12,9 @@ from tests.parity.matrix import TRACES  # one setting for every suite: LLMSCHED_
 
 from llmsched import SchedulerConfig
 from llmsched.cli import main
-from llmsched.simulate import CostModel, check_workload, simulate
-from llmsched.workload import (
+from llmsched.sim.cost import CostModel
+from llmsched.sim.simulate import check_workload, simulate
+from llmsched.sim.workload import (
     MOONCAKE_BLOCK_TOKENS,
     PRESETS,
     RequestSpec,

@@ -26,9 +26,7 @@ from llmsched._core import (
     UnknownRequestError,
     __version__,
 )
-from llmsched.engine import Engine, RequestSummary
 from llmsched.outputs import ModelRunnerOutput
-from llmsched.runner import SimulatedModelRunner
 from llmsched.status import RequestStatus
 
 __all__ = [
@@ -57,3 +55,15 @@ __all__ = [
 
 # A step's outputs behave as a read-only sequence of RequestOutput.
 _Sequence.register(RequestOutputs)
+
+# The simulator's classes, importable from here as before; loaded on first use, so that an
+# engine importing the scheduler does not load the simulator.
+_FROM_SIM = frozenset({"Engine", "RequestSummary", "SimulatedModelRunner"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _FROM_SIM:
+        import llmsched.sim
+
+        return getattr(llmsched.sim, name)
+    raise AttributeError(f"module 'llmsched' has no attribute {name!r}")

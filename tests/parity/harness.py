@@ -118,7 +118,7 @@ __all__ = [
 ]
 
 EOS_TOKEN_ID = 2
-"""The EOS id of every request (the tiny model's, see ``llmsched/vllm_reference.py``)."""
+"""The EOS id of every request (the tiny model's, see ``llmsched/bench/vllm_reference.py``)."""
 
 VOCAB_SIZE = 32000
 FIRST_REGULAR_TOKEN = 10
@@ -158,9 +158,9 @@ OutputRow = tuple[str, list[int], str | None, int | str | None]
 
 
 def vllm_reference() -> ModuleType:
-    """``llmsched.vllm_reference``, which builds vLLM's scheduler offline (it imports
+    """``llmsched.bench.vllm_reference``, which builds vLLM's scheduler offline (it imports
     vLLM lazily, so importing it is always safe)."""
-    return importlib.import_module("llmsched.vllm_reference")
+    return importlib.import_module("llmsched.bench.vllm_reference")
 
 
 # ----------------------------------------------------------------------------- tokens
@@ -628,7 +628,7 @@ def output_rows(engine_outputs: dict[int, Any]) -> list[OutputRow]:
 
 
 class VllmSide:
-    """vLLM 0.33.0's ``Scheduler``/``AsyncScheduler`` (``llmsched.vllm_reference``), with
+    """vLLM 0.33.0's ``Scheduler``/``AsyncScheduler`` (``llmsched.bench.vllm_reference``), with
     llmsched's uncaching of undone steps emulated (:class:`UncacheUndoneSteps`) when prefix
     caching is on, unless ``emulate_uncache`` is False (vLLM exactly as released)."""
 

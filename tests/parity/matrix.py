@@ -2,7 +2,7 @@
 
 Workloads (24 requests each unless noted), lengths scaled down to keep runs short:
 
-- ``synthetic-conv``, ``synthetic-code``: ``llmsched.workload.synthetic`` presets;
+- ``synthetic-conv``, ``synthetic-code``: ``llmsched.sim.workload.synthetic`` presets;
 - ``synthetic-chat``: the conversation preset with short prompts and long outputs, so
   that many requests decode at once (budget contention, draft truncation);
 - ``azure-conv``, ``azure-code``: the first requests of the Azure LLM inference trace 2023;
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from .harness import ParityConfig, ParityRequest, blocks_needed, unique_priority_keys
 
 if TYPE_CHECKING:
-    from llmsched.workload import RequestSpec
+    from llmsched.sim.workload import RequestSpec
 
 __all__ = [
     "WORKLOADS",
@@ -68,7 +68,7 @@ TRACES = Path(os.environ.get("LLMSCHED_TRACES", _PROJECT_ROOT.parent / "shared" 
 class WorkloadDef:
     name: str
     source: str
-    """A ``llmsched.workload`` preset, ``trace:<relative path>`` or ``turns:<path>``."""
+    """A ``llmsched.sim.workload`` preset, ``trace:<relative path>`` or ``turns:<path>``."""
     num_requests: int = 24
     prompt_scale: int = 4
     output_scale: int = 4
@@ -143,7 +143,7 @@ def missing_trace(workload: str) -> str | None:
 
 
 def _trace_specs(workload: WorkloadDef) -> list[RequestSpec]:
-    from llmsched import workload as wl
+    from llmsched.sim import workload as wl
 
     kind, _, rel = workload.source.partition(":")
     if not kind or not rel:

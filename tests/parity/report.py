@@ -193,7 +193,7 @@ def _describe_workload(name: str) -> str:
     n = w.num_requests
     kind, _, path = w.source.partition(":")
     if not path:
-        source = f"{n} requests of `llmsched.workload.synthetic({w.source!r})`"
+        source = f"{n} requests of `llmsched.sim.workload.synthetic({w.source!r})`"
     elif kind == "turns":
         source = f"{n} requests of `{path}`, pairs of a request and a later one continuing it"
     else:

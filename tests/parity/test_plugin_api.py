@@ -20,7 +20,7 @@ from vllm.v1.engine import FinishReason
 from vllm.v1.request import RequestStatus
 
 import llmsched.vllm as plugin
-from llmsched import vllm_reference as ref
+from llmsched.bench import vllm_reference as ref
 
 BLOCK = 4
 
@@ -360,7 +360,7 @@ def test_reset_prefix_cache_matches_vllms(reset_running: bool) -> None:
 def test_the_benchmark_times_the_same_steps_for_vllm_and_the_plugin(case: str) -> None:
     """``llmsched bench``'s plug-in column and vLLM's time the same decisions: the same
     number of requests in every timed step (churn, preemption and drafts included)."""
-    from llmsched.bench import CASES, measure
+    from llmsched.bench.step import CASES, measure
 
     theirs = measure(CASES[case], "vllm", steps=20, warmup=10)
     ours = measure(CASES[case], "llmsched.vllm", steps=20, warmup=10)

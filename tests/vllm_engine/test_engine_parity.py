@@ -32,7 +32,7 @@ except importlib.metadata.PackageNotFoundError:
         allow_module_level=True,
     )
 
-from llmsched import vllm_engine as ve
+from llmsched.bench import vllm_engine as ve
 
 # The plug-in under test (the harness itself was proven with LLMSCHED_ENGINE_CANDIDATE=vllm,
 # vLLM's own classes in the candidate's place).

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import os
 
-    from llmsched import vllm_engine as ve
+    from llmsched.bench import vllm_engine as ve
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     ve.configure_cpu_env(args.threads)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from llmsched.runner import SchedulerConfigLike, SchedulerOutputLike, check_draft_slots
+from llmsched.sim.runner import SchedulerConfigLike, SchedulerOutputLike, check_draft_slots
 
 __all__ = ["check_scheduler_output"]
 

@@ -442,7 +442,7 @@ def resolve_scheduler_cls(name: str | type[Any]) -> type[Any]:
 
 
 @dataclass
-class Engine:
+class SwappableEngine:
     """An engine whose scheduler can be replaced between runs (:func:`swap_scheduler`)."""
 
     llm: Any
@@ -460,7 +460,7 @@ class Engine:
         shutdown_engine(self.llm)
 
 
-def open_engine(spec: EngineSpec) -> Engine:
+def open_engine(spec: EngineSpec) -> SwappableEngine:
     """Build the engine of ``spec`` and remember its scheduler's constructor arguments.
 
     The scheduler named by ``spec.scheduler_cls`` (vLLM's own for the mode when None) is
@@ -474,10 +474,12 @@ def open_engine(spec: EngineSpec) -> Engine:
 
     llm = build_engine(replace(spec, scheduler_cls=factory.make_class()))
     label = name if isinstance(name, str) else f"{name.__module__}.{name.__qualname__}"
-    return Engine(llm=llm, spec=spec, scheduler_kwargs=factory.kwargs, scheduler_name=label)
+    return SwappableEngine(
+        llm=llm, spec=spec, scheduler_kwargs=factory.kwargs, scheduler_name=label
+    )
 
 
-def _drain(engine: Engine) -> None:
+def _drain(engine: SwappableEngine) -> None:
     """Step until the scheduler holds nothing (finished ids flushed) and no batch is queued."""
     core = engine.core
     for _ in range(100):
@@ -487,7 +489,7 @@ def _drain(engine: Engine) -> None:
     raise RuntimeError("the engine did not drain")
 
 
-def swap_scheduler(engine: Engine, scheduler_cls: str | type[Any]) -> None:
+def swap_scheduler(engine: SwappableEngine, scheduler_cls: str | type[Any]) -> None:
     """Install a new, empty scheduler of ``scheduler_cls`` in ``engine``.
 
     Finished-request ids still held by the old scheduler are flushed to the model runner
@@ -531,7 +533,7 @@ def _logprobs(raw: Any, digits: int) -> Logprobs | None:
 
 
 def run_workload(
-    engine: Engine,
+    engine: SwappableEngine,
     requests: Sequence[RequestSpec],
     *,
     run_tag: str = "",

@@ -233,7 +233,7 @@ class VllmStepper:
     ``SchedulerOutput`` and ``ModelRunnerOutput`` objects through."""
 
     def __init__(self, case: Case) -> None:
-        from llmsched.vllm_reference import make_vllm_scheduler
+        from llmsched.bench.vllm_reference import make_vllm_scheduler
 
         self.case = case
         self.between = _nothing
@@ -246,7 +246,7 @@ class VllmStepper:
         return reference
 
     def _add(self) -> Any:
-        from llmsched.vllm_reference import make_vllm_request
+        from llmsched.bench.vllm_reference import make_vllm_request
 
         case = self.case
         request = make_vllm_request(
@@ -277,7 +277,7 @@ class VllmStepper:
     def step(self) -> tuple[float, float, int, int]:
         from vllm.v1.outputs import DraftTokenIds
 
-        from llmsched.vllm_reference import vllm_runner_output
+        from llmsched.bench.vllm_reference import vllm_runner_output
 
         sched, k = self.sched, self.case.num_speculative_tokens
         t0 = time.perf_counter()
@@ -314,7 +314,7 @@ class PluginStepper(VllmStepper):
         super().__init__(case)
 
     def _scheduler(self, reference: Any) -> Any:
-        from llmsched.vllm_reference import scheduler_from
+        from llmsched.bench.vllm_reference import scheduler_from
 
         return scheduler_from(reference)
 
@@ -344,7 +344,7 @@ class PluginStepper(VllmStepper):
 
 def vllm_available() -> bool:
     try:
-        from llmsched.vllm_reference import vllm_available as available
+        from llmsched.bench.vllm_reference import vllm_available as available
     except ImportError:
         return False
     return available()
@@ -586,7 +586,10 @@ def memory_per_request(waiting: int = 100_000, running: int = 4096) -> dict[str,
 def memory_in_fresh_process() -> dict[str, float]:
     """:func:`memory_per_request` in a new interpreter: in this one the benchmarks before
     it have left freed heap that new requests would reuse without growing the RSS."""
-    code = "import json; from llmsched.bench import memory_per_request as m; print(json.dumps(m()))"
+    code = (
+        "import json; from llmsched.bench.step import memory_per_request as m; "
+        "print(json.dumps(m()))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return dict(json.loads(done.stdout))
 

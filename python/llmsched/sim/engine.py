@@ -30,7 +30,7 @@ from llmsched._core import (
     SchedulerConfig,
     SchedulerOutput,
 )
-from llmsched.runner import SimulatedModelRunner
+from llmsched.sim.runner import SimulatedModelRunner
 from llmsched.status import RequestStatus
 
 __all__ = ["BATCH_QUEUE_SIZE", "Engine", "ModelRunner", "RequestSummary"]

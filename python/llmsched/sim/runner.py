@@ -29,8 +29,8 @@ from typing import Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from llmsched._hashing import mix64
 from llmsched.outputs import ModelRunnerOutput
+from llmsched.sim._hashing import mix64
 
 __all__ = [
     "SchedulerConfigLike",

@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llmsched._checks import Range
-from llmsched._hashing import GOLDEN, finalize64
+from llmsched.sim._hashing import GOLDEN, finalize64
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",

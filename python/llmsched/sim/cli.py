@@ -1,0 +1,232 @@
+"""llmsched simulate [WORKLOAD] replays a workload (a preset name, an Azure .csv or a
+Mooncake .jsonl trace) through the engine and the simulated runner in virtual time and
+reports throughput, latencies, preemptions, prefix-cache hits and KV usage. Every
+SchedulerConfig field is a flag (--max-num-seqs 128, --no-async-scheduling...).
+
+Bad input (a flag, a trace row, an output path) ends the command before the replay with
+one line on stderr naming it, and exit status 2. Ctrl-C ends the replay, prints the
+report of what was replayed so far marked partial, and exits with status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from llmsched._cli import (
+    Formatter,
+    Parser,
+    add_config_flags,
+    config_from_flags,
+    default_of,
+    json_destination,
+    number,
+)
+from llmsched._core import SchedulerConfig
+from llmsched.sim.cost import COST_TERM, CostModel
+from llmsched.sim.plots import PLOT_HINT, write_plots
+from llmsched.sim.report import SimulationReport
+from llmsched.sim.simulate import ACCEPTANCE_RATE, TIME_SCALE, simulate
+from llmsched.sim.workload import COUNT, PRESETS, SEED, Workload, load_workload
+
+__all__ = ["SIMULATE_DEFAULTS", "main", "parser"]
+
+
+# The simulator's defaults where they differ from SchedulerConfig's: vLLM's class defaults
+# (which SchedulerConfig keeps) are sized for small GPUs; the simulated GPU is an 8B model
+# on one 80 GB datacenter GPU: a long context, a large batch, and a pool of 16,384 blocks
+# (262k tokens, the model's KV in about 34 GB).
+SIMULATE_DEFAULTS: dict[str, Any] = {
+    "max_model_len": 16384,
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 8192,
+    "num_gpu_blocks": 16384,
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's argument parser: the workload, the replay's options, the cost model's
+    terms and every ``SchedulerConfig`` field."""
+    sim = Parser(
+        prog="llmsched simulate",
+        description=__doc__,
+        formatter_class=Formatter,
+        allow_abbrev=False,
+    )
+    sim.add_argument(
+        "workload",
+        nargs="?",
+        default="azure-conv-chat",
+        help=f"a preset ({', '.join(sorted(PRESETS))}) or a trace file (.csv, .jsonl)",
+    )
+    sim.add_argument(
+        "--limit",
+        type=number(COUNT),
+        metavar="N",
+        help="replay only the first N requests (default: all of a trace)",
+    )
+    sim.add_argument(
+        "--num-requests",
+        type=number(COUNT),
+        metavar="N",
+        default=default_of(load_workload, "num_requests"),
+        help="requests drawn from a preset",
+    )
+    sim.add_argument(
+        "--seed",
+        type=number(SEED),
+        metavar="N",
+        default=default_of(simulate, "seed"),
+        help="seeds a preset's draws and the simulated runner's tokens",
+    )
+    sim.add_argument(
+        "--time-scale",
+        type=number(TIME_SCALE),
+        metavar="X",
+        default=default_of(simulate, "time_scale"),
+        help="multiply arrival times by X (> 1: slower arrivals)",
+    )
+    sim.add_argument(
+        "--acceptance-rate",
+        type=number(ACCEPTANCE_RATE),
+        metavar="P",
+        default=default_of(simulate, "acceptance_rate"),
+        help="probability that a draft token is accepted (spec decode)",
+    )
+    sim.add_argument("--json", metavar="PATH", help="write the full report as JSON to PATH")
+    sim.add_argument(
+        "--plot",
+        metavar="DIR",
+        help=f"write PNG charts into DIR, named after the workload ({PLOT_HINT})",
+    )
+    sim.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (none when stderr is a pipe)"
+    )
+    cost = sim.add_argument_group(
+        "cost model (milliseconds)",
+        "step = fixed + prefill_token x prefill tokens + decode_request x decode requests"
+        " + kv_token x context tokens read by attention",
+    )
+    for f in fields(CostModel):
+        cost.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=number(COST_TERM),
+            metavar="MS",
+            default=f.default,
+            help=f.metadata["help"],
+        )
+    add_config_flags(
+        sim,
+        SIMULATE_DEFAULTS,
+        "vLLM's are sized for small GPUs, the simulated GPU is an 8B model on one 80 GB GPU",
+    )
+    return sim
+
+
+def _plot_destination(path: str | None) -> Path | None:
+    """Refuses, before any work, a chart folder that could not be written (creating it if
+    need be), or charts without matplotlib."""
+    if path is None:
+        return None
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--plot {path}: a file, not a folder")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError(f"--plot needs matplotlib: {PLOT_HINT}") from None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--plot {path}: cannot create the folder ({e.strerror})") from None
+    if not os.access(out, os.W_OK):
+        raise ValueError(f"--plot {path}: not writable")
+    return out
+
+
+class _Output:
+    """The report on stdout: a rich table in a terminal, plain aligned text in a pipe."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        console = Console()
+        self.console = console if console.is_terminal else None
+
+    def line(self, text: str) -> None:
+        if self.console is None:
+            print(text, flush=True)
+        else:
+            self.console.print(text, markup=False, highlight=True)
+
+    def report(self, report: SimulationReport) -> None:
+        if self.console is None:
+            print(report.table())
+            return
+        from rich import box
+        from rich.table import Table
+
+        table = Table(box=box.SIMPLE, show_header=False, pad_edge=False)
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column()
+        for name, value in report.rows():
+            style = "yellow" if report.partial and name == "requests" else None
+            table.add_row(name, value, style=style)
+        self.console.print(table)
+
+    def header(self, config: SchedulerConfig, replayed: Workload) -> None:
+        self.line(
+            f"llmsched simulate: {replayed.name} ({replayed.source}), "
+            f"{len(replayed.requests):,} requests"
+        )
+        self.line(
+            f"  {'async' if config.async_scheduling else 'sync'} scheduling, "
+            f"K={config.num_speculative_tokens}, max_model_len={config.max_model_len:,}, "
+            f"max_num_seqs={config.max_num_seqs}, "
+            f"max_num_batched_tokens={config.max_num_batched_tokens:,}, "
+            f"KV {config.num_gpu_blocks:,} blocks x {config.block_size} tokens, "
+            f"prefix caching {'on' if config.enable_prefix_caching else 'off'}, {config.policy}"
+        )
+
+
+def main(argv: list[str]) -> int:
+    """Runs ``llmsched simulate ARGV``; returns the exit status (0: every request finished,
+    1: some did not, 130: interrupted). Bad input raises, for the caller to report."""
+    args = parser().parse_args(argv)
+    config = config_from_flags(args)
+    json_path = json_destination(args.json)
+    plot_dir = _plot_destination(args.plot)
+    workload = load_workload(
+        args.workload, limit=args.limit, num_requests=args.num_requests, seed=args.seed
+    )
+    cost = CostModel(**{f.name: getattr(args, f.name) for f in fields(CostModel)})
+    out = _Output()
+    report = simulate(
+        config,
+        workload,
+        cost=cost,
+        seed=args.seed,
+        acceptance_rate=args.acceptance_rate,
+        time_scale=args.time_scale,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        interruptible=True,
+        on_start=lambda replayed: out.header(config, replayed),
+    )
+    out.report(report)
+    if report.truncated_requests:
+        out.line(f"  ({report.truncated_requests:,} requests truncated to max_model_len)")
+    if report.partial:
+        out.line("  (partial report: the replay was interrupted)")
+    if json_path is not None:
+        json_path.write_text(report.to_json())
+        out.line(f"  report written to {json_path}")
+    if plot_dir is not None:
+        for path in write_plots(report, plot_dir):
+            out.line(f"  chart written to {path}")
+    if report.partial:
+        return 130
+    return 0 if report.num_finished == report.num_requests else 1
