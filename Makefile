@@ -100,7 +100,7 @@ vllm-smoke: vllm-env  ## the same small workload through vLLM and llmsched, step
 # one deterministic model runner. `parity` writes the table to docs/parity.md and .json;
 # `parity-test` asserts every step identical with pytest (the main venv skips that module).
 parity: vllm-env  ## run the parity matrix; writes docs/parity.{md,json}
-	$(VLLM_BIN)/python -m tests.parity.report
+	$(VLLM_BIN)/python -m benches.parity.report
 
 parity-test: vllm-env  ## assert parity, and the plug-in's field equality, with pytest
 	$(VLLM_BIN)/python $(VLLM_PYTEST) tests/parity

@@ -18,7 +18,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 case "${1:-}" in
     reference)
         venv=${LLMSCHED_VLLM_VENV:-$HOME/.cache/llmsched/venv-vllm-0.33.0}
-        lists=("$root/benches/vllm-requirements.txt" "$root/tests/parity/requirements.txt"
+        lists=("$root/benches/vllm-requirements.txt" "$root/benches/parity/requirements.txt"
                "$root/tests/vllm_upstream/requirements.txt")
         check="import vllm.v1.core.sched.scheduler, vllm.config; assert vllm.__version__ == '0.33.0'"
         ;;

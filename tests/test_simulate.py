@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.parity.matrix import TRACES  # one setting for every suite: LLMSCHED_TRACES
+from benches.parity.matrix import TRACES  # one setting for every suite: LLMSCHED_TRACES
 
 from llmsched import SchedulerConfig
 from llmsched.cli import main

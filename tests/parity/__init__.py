@@ -1,11 +1,9 @@
-"""Step-by-step parity of llmsched with vLLM 0.33.0's own v1 scheduler.
+"""Parity with vLLM 0.33.0's scheduler, asserted (the tool is ``benches/parity/``):
 
-- ``harness``: drives both schedulers with one deterministic model runner and engine loop,
-  and compares every step;
-- ``matrix``: the workloads (synthetic presets, Azure and Mooncake traces) and configs;
-- ``fuzz``: random small cases beyond the matrix (``python -m tests.parity.fuzz``);
-- ``test_parity``: asserts every step identical (skipped where vLLM is not importable;
-  ``make parity-test``);
-- ``report``: prints the table and writes ``docs/parity.md`` and ``docs/parity.json``
-  (``python -m tests.parity.report``; ``make parity``).
+- ``test_parity``: every step of the parity matrix identical, llmsched against vLLM;
+- ``test_plugin``: every field of every ``SchedulerOutput`` and ``EngineCoreOutputs`` equal,
+  the plug-in against vLLM;
+- ``test_plugin_api``: the plug-in's own API (refusals, pause states, clients, stats).
+
+Skipped where vLLM is not importable; ``make parity-test`` runs them in the vLLM venv.
 """

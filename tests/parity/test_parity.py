@@ -12,10 +12,9 @@ import functools
 import re
 
 import pytest
-
-from . import harness
-from .fuzz import make_case
-from .harness import (
+from benches.parity import harness
+from benches.parity.fuzz import make_case
+from benches.parity.harness import (
     LlmschedSide,
     ParityConfig,
     ParityRequest,
@@ -31,8 +30,8 @@ from .harness import (
     llmsched_refuses,
     run_case,
 )
-from .matrix import Case, case_by_id, case_params, cases, missing_trace
-from .report import DEVIATIONS_MD
+from benches.parity.matrix import Case, case_by_id, case_params, cases, missing_trace
+from benches.parity.report import DEVIATIONS_MD
 
 pytest.importorskip("vllm", reason="vLLM 0.33.0 is installed in its own venv: make parity-test")
 
@@ -443,7 +442,7 @@ def test_deviation_drafts_for_requests_not_running() -> None:
 @pytest.mark.parametrize("seed", range(40))
 def test_random_small_case(seed: int) -> None:
     """Odd small configs and workloads (``fuzz.make_case``); more seeds: ``python -m
-    tests.parity.fuzz START COUNT``."""
+    benches.parity.fuzz START COUNT``."""
     config, requests = make_case(seed)
     comparison, vllm_run, llmsched_run = run_case(config, requests)
     assert comparison.identical, f"seed {seed}: {config}\n" + describe(

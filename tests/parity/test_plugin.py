@@ -14,11 +14,10 @@ import dataclasses
 from typing import Any
 
 import pytest
-
-from .fuzz import make_case
-from .harness import compare, describe, drive
-from .matrix import Case, case_by_id, case_params, cases
-from .plugin import FIELD_KEYS, PluginFieldSide, VllmFieldSide
+from benches.parity.fuzz import make_case
+from benches.parity.harness import compare, describe, drive
+from benches.parity.matrix import Case, case_by_id, case_params, cases
+from benches.parity.plugin import FIELD_KEYS, PluginFieldSide, VllmFieldSide
 
 pytest.importorskip("vllm", reason="vLLM 0.33.0 is installed in its own venv: make parity-test")
 

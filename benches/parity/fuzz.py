@@ -17,7 +17,7 @@ gives the same case as before wherever it did not need them.
 ``test_parity`` runs a few seeds; more from the command line, in the vLLM 0.33.0 venv
 (``make vllm-env`` installs llmsched there)::
 
-    "$(benches/vllm-env.sh reference)"/bin/python -m tests.parity.fuzz 0 2000
+    "$(benches/vllm-env.sh reference)"/bin/python -m benches.parity.fuzz 0 2000
 
 prints every seed whose steps differ, with the first difference, then the cases and steps
 compared and what they exercised, and exits non-zero if any differ.
