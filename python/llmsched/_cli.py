@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
-from collections.abc import Callable, Mapping
+import platform
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -18,11 +20,14 @@ __all__ = [
     "Formatter",
     "Parser",
     "add_config_flags",
+    "command_line",
     "config_from_flags",
     "default_of",
     "json_destination",
+    "markdown_destination",
     "number",
     "one_line",
+    "write_markdown_section",
 ]
 
 
@@ -131,3 +136,61 @@ def config_from_flags(args: argparse.Namespace) -> SchedulerConfig:
     """The validated ``SchedulerConfig`` of the flags :func:`add_config_flags` added."""
     values = {name: getattr(args, name) for name in SchedulerConfig().to_dict()}
     return SchedulerConfig(**{name: v for name, v in values.items() if v is not None})
+
+
+def markdown_destination(path: str | None) -> Path | None:
+    """Refuses, before any work, a page that could not be written (``--markdown``)."""
+    out = json_destination(path, "--markdown")
+    if out is not None and out.exists():
+        try:
+            out.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--markdown {path}: cannot read the page ({e})") from None
+    return out
+
+
+def command_line(prog: str, argv: Sequence[str], without: str = "--markdown") -> str:
+    """``prog argv`` as typed, less the flag ``without`` and its value (where the output
+    went is not part of what was measured)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == without:
+            skip = True
+        elif not arg.startswith(without + "="):
+            kept.append(arg)
+    return " ".join([prog, *kept])
+
+
+def write_markdown_section(
+    path: Path, key: str, command: str, lines: Sequence[str], images: Sequence[Path] = ()
+) -> None:
+    """Writes the section ``key`` of the page at ``path``, replacing the section of that key
+    if the page has one, appending it otherwise: the command that measured it, when, what
+    it printed, and the charts it drew (linked relative to the page). The rest of the page
+    (its prose) is kept: a page so written holds only figures some command printed, each
+    with the command that prints it again."""
+    begin, end = f"<!-- section {key} -->", f"<!-- /section {key} -->"
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    section = "\n".join(
+        [
+            begin,
+            f"`{command}` ({when}; Python {platform.python_version()}, "
+            f"{os.cpu_count()} CPUs, {platform.machine()}):",
+            "",
+            "```",
+            *lines,
+            "```",
+            *(f"![{image.stem}]({os.path.relpath(image, path.parent)})" for image in images),
+            end,
+        ]
+    )
+    page = path.read_text(encoding="utf-8") if path.exists() else ""
+    if begin in page and end in page:
+        before, rest = page.split(begin, 1)
+        page = before + section + rest.split(end, 1)[1]
+    else:
+        page = (page.rstrip("\n") + "\n\n" if page else "") + section + "\n"
+    path.write_text(page, encoding="utf-8")

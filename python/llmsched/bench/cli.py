@@ -10,9 +10,18 @@ import os
 import subprocess
 import sys
 
-from llmsched._cli import Formatter, Parser, default_of, json_destination, number
+from llmsched._checks import COUNT
+from llmsched._cli import (
+    Formatter,
+    Parser,
+    command_line,
+    default_of,
+    json_destination,
+    markdown_destination,
+    number,
+    write_markdown_section,
+)
 from llmsched.bench.step import CASES, COLD_MIB, run_benchmarks, vllm_available
-from llmsched.sim.workload import COUNT
 
 __all__ = ["main", "parser"]
 
@@ -49,6 +58,12 @@ def parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--no-scaling", action="store_true", help="skip the scaling sweeps")
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    bench.add_argument(
+        "--markdown",
+        metavar="PAGE",
+        help="also write the table as the section 'bench' of the markdown page PAGE "
+        "(the page's other sections and prose are kept)",
+    )
     return bench
 
 
@@ -78,7 +93,14 @@ def main(argv: list[str]) -> int:
     if unknown:
         raise ValueError(f"unknown case(s) {unknown}; cases: {', '.join(CASES)}")
     json_path = json_destination(args.json)
-    print(
+    page = markdown_destination(args.markdown)
+    lines: list[str] = []
+
+    def print_row(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    print_row(
         "llmsched bench: median per-step cost of schedule() + update_from_output() "
         f"over {args.steps} steps, warm and cold (after {args.cold_mib} MiB of other work), "
         "vLLM 0.33.0 alongside when importable"
@@ -89,8 +111,12 @@ def main(argv: list[str]) -> int:
         steps=args.steps,
         scaling=not args.no_scaling,
         cold_mib=args.cold_mib,
+        print_row=print_row,
     )
     if json_path is not None:
         json_path.write_text(json.dumps(results, indent=1))
         print(f"results written to {json_path}")
+    if page is not None:
+        write_markdown_section(page, "bench", command_line("llmsched bench", argv), lines)
+        print(f"section 'bench' written to {page}")
     return 0

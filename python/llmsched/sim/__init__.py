@@ -17,8 +17,9 @@ only the model's tokens and the GPU's step times are simulated:
 
 from llmsched.sim.checks import check_scheduler_output
 from llmsched.sim.cost import CostModel
-from llmsched.sim.engine import Engine, ModelRunner, RequestSummary
+from llmsched.sim.engine import Engine, ModelRunner
 from llmsched.sim.report import SimulationReport
+from llmsched.sim.results import RequestSummary
 from llmsched.sim.runner import SimulatedModelRunner
 from llmsched.sim.simulate import simulate
 from llmsched.sim.workload import RequestSpec, Workload, WorkloadError, load_workload, synthetic

@@ -17,21 +17,25 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from llmsched._checks import COUNT, SEED
 from llmsched._cli import (
     Formatter,
     Parser,
     add_config_flags,
+    command_line,
     config_from_flags,
     default_of,
     json_destination,
+    markdown_destination,
     number,
+    write_markdown_section,
 )
 from llmsched._core import SchedulerConfig
 from llmsched.sim.cost import COST_TERM, CostModel
 from llmsched.sim.plots import PLOT_HINT, write_plots
 from llmsched.sim.report import SimulationReport
 from llmsched.sim.simulate import ACCEPTANCE_RATE, TIME_SCALE, simulate
-from llmsched.sim.workload import COUNT, PRESETS, SEED, Workload, load_workload
+from llmsched.sim.workload import PRESETS, Workload, load_workload
 
 __all__ = ["SIMULATE_DEFAULTS", "main", "parser"]
 
@@ -104,6 +108,12 @@ def parser() -> argparse.ArgumentParser:
         help=f"write PNG charts into DIR, named after the workload ({PLOT_HINT})",
     )
     sim.add_argument(
+        "--markdown",
+        metavar="PAGE",
+        help="also write the report (and the charts of --plot) as a section of the markdown "
+        "page PAGE, one section per workload (the page's other sections and prose are kept)",
+    )
+    sim.add_argument(
         "--no-progress", action="store_true", help="no progress bar (none when stderr is a pipe)"
     )
     cost = sim.add_argument_group(
@@ -156,14 +166,18 @@ class _Output:
 
         console = Console()
         self.console = console if console.is_terminal else None
+        self.lines: list[str] = []
+        """Everything printed, as plain text."""
 
     def line(self, text: str) -> None:
+        self.lines.append(text)
         if self.console is None:
             print(text, flush=True)
         else:
             self.console.print(text, markup=False, highlight=True)
 
     def report(self, report: SimulationReport) -> None:
+        self.lines.extend(report.table().splitlines())
         if self.console is None:
             print(report.table())
             return
@@ -199,6 +213,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     config = config_from_flags(args)
     json_path = json_destination(args.json)
+    page = markdown_destination(args.markdown)
     plot_dir = _plot_destination(args.plot)
     workload = load_workload(
         args.workload, limit=args.limit, num_requests=args.num_requests, seed=args.seed
@@ -224,9 +239,14 @@ def main(argv: list[str]) -> int:
     if json_path is not None:
         json_path.write_text(report.to_json())
         out.line(f"  report written to {json_path}")
-    if plot_dir is not None:
-        for path in write_plots(report, plot_dir):
-            out.line(f"  chart written to {path}")
+    charts = write_plots(report, plot_dir) if plot_dir is not None else []
+    for path in charts:
+        out.line(f"  chart written to {path}")
+    if page is not None:
+        key = f"simulate {report.workload}"
+        lines = [line for line in out.lines if "written to" not in line]
+        write_markdown_section(page, key, command_line("llmsched simulate", argv), lines, charts)
+        out.line(f"  section '{key}' written to {page}")
     if report.partial:
         return 130
     return 0 if report.num_finished == report.num_requests else 1

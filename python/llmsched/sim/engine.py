@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,15 +24,15 @@ from llmsched._core import (
     ConfigError,
     DuplicateRequestError,
     RequestOutput,
-    RequestOutputs,
     Scheduler,
     SchedulerConfig,
     SchedulerOutput,
 )
+from llmsched.sim.results import RequestSummary, Results
 from llmsched.sim.runner import SimulatedModelRunner
 from llmsched.status import RequestStatus
 
-__all__ = ["BATCH_QUEUE_SIZE", "Engine", "ModelRunner", "RequestSummary"]
+__all__ = ["BATCH_QUEUE_SIZE", "Engine", "ModelRunner"]
 
 BATCH_QUEUE_SIZE = 2
 """Steps in flight under async scheduling (vLLM's batch queue without pipeline parallelism)."""
@@ -50,20 +49,6 @@ class ModelRunner(Protocol):
     or None)."""
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> Any: ...
-
-
-@dataclass(slots=True)
-class RequestSummary:
-    """Everything the engine saw of one request: every output token id so far, and its
-    status: ``WAITING`` until its first output, ``RUNNING`` while outputs arrive (not read
-    from each output, which costs a call into the extension), then its final status."""
-
-    request_id: str
-    output_token_ids: list[int] = field(default_factory=list)
-    status: RequestStatus = RequestStatus.WAITING
-    finished: bool = False
-    finish_reason: str | None = None
-    stop_reason: int | None = None
 
 
 class Engine:
@@ -101,7 +86,7 @@ class Engine:
         self._last_applied_step_id: int | None = None
         self._scheduler_seconds = 0.0
         self._idle_steps = 0
-        self._summaries: dict[str, RequestSummary] = {}
+        self._results = Results()
 
     # ------------------------------------------------------------------ properties
 
@@ -149,23 +134,19 @@ class Engine:
 
         Raises ``DuplicateRequestError`` for the id of a request this engine has finished:
         its summary in ``results`` would be lost."""
-        previous = self._summaries.get(request_id) if isinstance(request_id, str) else None
+        previous = self._results.get(request_id) if isinstance(request_id, str) else None
         if previous is not None and previous.finished:
             raise DuplicateRequestError(
                 f"request_id={request_id!r}: this engine already finished a request with this "
                 f"id ({previous.finish_reason}); its result is in Engine.results: use a new id"
             )
         self._scheduler.add_request(request_id, prompt_token_ids, **kwargs)
-        self._summaries[request_id] = RequestSummary(request_id)
+        self._results[request_id] = RequestSummary(request_id)
 
     def abort_requests(self, request_ids: str | Iterable[str]) -> list[str]:
         """Finish live requests as ``FINISHED_ABORTED``; returns the ids aborted."""
         aborted = self._scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
-        for request_id in aborted:
-            summary = self._summary(request_id)
-            summary.status = RequestStatus.FINISHED_ABORTED
-            summary.finished = True
-            summary.finish_reason = RequestStatus.FINISHED_ABORTED.finish_reason
+        self._results.aborted(aborted)
         return aborted
 
     def has_unfinished_requests(self) -> bool:
@@ -174,7 +155,7 @@ class Engine:
     @property
     def results(self) -> dict[str, RequestSummary]:
         """The summary of every request this engine has seen, by id (live objects)."""
-        return self._summaries
+        return self._results
 
     # ------------------------------------------------------------------ the loop
 
@@ -182,7 +163,7 @@ class Engine:
         """One engine step; returns the request outputs it applied (possibly none)."""
         outputs = self._step_async() if self._async else self._step_sync()
         if outputs:
-            self._collect(outputs)
+            self._results.collect(outputs)
         return outputs
 
     def run(self, max_steps: int | None = None) -> dict[str, RequestSummary]:
@@ -204,7 +185,7 @@ class Engine:
                     f"the scheduler made no progress in {self._idle_steps} steps with nothing "
                     f"in flight ({running} running, {waiting} waiting requests)"
                 )
-        return self._summaries
+        return self._results
 
     def _step_sync(self) -> Sequence[RequestOutput]:
         scheduler = self._scheduler
@@ -271,49 +252,6 @@ class Engine:
             self._idle_steps += 1
         else:
             self._idle_steps = 0
-
-    # ------------------------------------------------------------------ results
-
-    def _summary(self, request_id: str) -> RequestSummary:
-        summary = self._summaries.get(request_id)
-        if summary is None:
-            summary = self._summaries[request_id] = RequestSummary(request_id)
-        return summary
-
-    def _collect(self, outputs: Sequence[RequestOutput]) -> None:
-        summaries = self._summaries
-        if not isinstance(outputs, RequestOutputs):  # a list from a custom scheduler
-            outputs = list(outputs)
-            columns = (
-                [o.request_id for o in outputs],
-                [len(o.new_token_ids) for o in outputs],
-                [t for o in outputs for t in o.new_token_ids],
-                [int(o.status) for o in outputs],
-            )
-        else:  # read the columns: no Python object per request
-            columns = (
-                outputs.req_ids,
-                outputs.num_new_tokens.tolist(),
-                outputs.new_token_ids.tolist(),
-                outputs.statuses.tolist(),
-            )
-        offset = 0
-        for i, (request_id, count, status) in enumerate(
-            zip(columns[0], columns[1], columns[3], strict=True)
-        ):
-            summary = summaries.get(request_id)
-            if summary is None:
-                summary = summaries[request_id] = RequestSummary(request_id)
-            summary.output_token_ids.extend(columns[2][offset : offset + count])
-            offset += count
-            if summary.status is RequestStatus.WAITING:
-                summary.status = RequestStatus.RUNNING
-            if status > RequestStatus.PREEMPTED:
-                output = outputs[i]
-                summary.status = RequestStatus(status)
-                summary.finished = True
-                summary.finish_reason = output.finish_reason
-                summary.stop_reason = output.stop_reason
 
 
 def _check_runner_config(config: SchedulerConfig, runner: object) -> None:

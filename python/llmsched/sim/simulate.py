@@ -22,9 +22,10 @@ from llmsched._checks import Range
 from llmsched._core import InvalidRequestError, Scheduler, SchedulerConfig, SchedulerOutput
 from llmsched.outputs import ModelRunnerOutput
 from llmsched.sim.cost import CostModel
+from llmsched.sim.drafts import Drafts
 from llmsched.sim.engine import Engine
 from llmsched.sim.report import RequestTimes, SimulationReport, build_report
-from llmsched.sim.runner import Int32Array, SimulatedModelRunner
+from llmsched.sim.runner import SimulatedModelRunner
 from llmsched.sim.workload import RequestSpec, Workload, WorkloadError, fit_to_max_model_len
 from llmsched.status import RequestStatus
 
@@ -55,7 +56,7 @@ class _TimedRunner:
             self.on_execute(so, start, self.clock)
         return self.runner.execute_model(so)
 
-    def take_draft_token_ids(self) -> tuple[list[str], Int32Array, Int32Array] | None:
+    def take_draft_token_ids(self) -> Drafts | None:
         return self.runner.take_draft_token_ids()
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from llmsched._checks import Range
+from llmsched._checks import COUNT, SEED, Range
 from llmsched.sim._hashing import GOLDEN, finalize64
 
 __all__ = [
@@ -51,9 +51,6 @@ __all__ = [
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` entry of the Mooncake trace."""
 
-COUNT = Range(1, integer=True)
-"""Token counts of a request, ``num_requests`` and ``limit``."""
-SEED = Range(0, integer=True)
 TIMESTAMP = Range(0)
 """A Mooncake timestamp (milliseconds from the trace's start)."""
 HASH_ID = Range(0, integer=True)
