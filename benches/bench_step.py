@@ -9,8 +9,8 @@ with the same workload, so the two rows of a case compare in the same run.
 pytest-benchmark times the whole ``stepper.step()``: the scheduler's two calls plus the
 benchmark's stand-in runner in Python (a loop over the step's requests), which costs more
 than llmsched's calls themselves. ``llmsched bench`` times the scheduler's calls alone, and
-is where the README's figures come from. Run with ``OMP_NUM_THREADS=1
-OPENBLAS_NUM_THREADS=1`` (see ``llmsched.cli``).
+is where ``docs/performance.md``'s figures come from. Run with ``OMP_NUM_THREADS=1
+OPENBLAS_NUM_THREADS=1`` (see ``llmsched.bench.cli``).
 
 Each case runs warm (back to back) and cold: an ``Evictor`` writes every cache line of
 8 MiB, untimed, before the step and again between its two calls, as an engine's work

@@ -44,7 +44,7 @@ Requests arrive, and some are aborted, at fixed loop iterations
 (``ParityRequest.arrival_step``, ``abort_step``), so the waiting and running queues
 interleave.
 
-Deliberate deviations of llmsched (README, "Where llmsched deliberately differs") and how
+Deliberate deviations of llmsched (``docs/parity.md``, "Deliberate deviations") and how
 the harness treats them. The comparison itself is never loosened: every step of every
 case is compared in full. Instead each deviation is either kept out of the compared
 workloads (:func:`deviation_triggers` lists what a case must avoid, and :func:`run_case`

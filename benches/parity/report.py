@@ -36,9 +36,10 @@ COVERAGE_COLUMNS = (
 DEVIATIONS_MD = """\
 ## Deliberate deviations and how the harness treats them
 
-llmsched's README lists where it deliberately differs from vLLM 0.33.0; each difference
-fixes a crash, a livelock or wrong KV in vLLM. The comparison is never loosened for them:
-every step of every case is compared in full and no step summary is normalized. Instead
+llmsched deliberately differs from vLLM 0.33.0 in the eight ways below; each difference
+fixes a crash, a livelock or wrong KV in vLLM, and none changes a decision vLLM gets right.
+The comparison is never loosened for them: every step of every case is compared in full and
+no step summary is normalized. Instead
 each deviation is *kept out* of the compared cases (`harness.deviation_triggers` lists
 what a case must avoid, and `harness.run_case` refuses a case that does not avoid it),
 *emulated* on vLLM's side, or *out of reach* of the harness's runner. And a
