@@ -17,7 +17,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from llmsched._checks import COUNT, SEED
+from llmsched._checks import COUNT, SEED, Range
 from llmsched._cli import (
     Formatter,
     Parser,
@@ -67,40 +67,20 @@ def parser() -> argparse.ArgumentParser:
         default="azure-conv-chat",
         help=f"a preset ({', '.join(sorted(PRESETS))}) or a trace file (.csv, .jsonl)",
     )
-    sim.add_argument(
-        "--limit",
-        type=number(COUNT),
-        metavar="N",
-        help="replay only the first N requests (default: all of a trace)",
-    )
-    sim.add_argument(
-        "--num-requests",
-        type=number(COUNT),
-        metavar="N",
-        default=default_of(load_workload, "num_requests"),
-        help="requests drawn from a preset",
-    )
-    sim.add_argument(
-        "--seed",
-        type=number(SEED),
-        metavar="N",
-        default=default_of(simulate, "seed"),
-        help="seeds a preset's draws and the simulated runner's tokens",
-    )
-    sim.add_argument(
-        "--time-scale",
-        type=number(TIME_SCALE),
-        metavar="X",
-        default=default_of(simulate, "time_scale"),
-        help="multiply arrival times by X (> 1: slower arrivals)",
-    )
-    sim.add_argument(
-        "--acceptance-rate",
-        type=number(ACCEPTANCE_RATE),
-        metavar="P",
-        default=default_of(simulate, "acceptance_rate"),
-        help="probability that a draft token is accepted (spec decode)",
-    )
+    # The numbers a replay takes: flag, range, metavar, default (the library's), help.
+    numbers: list[tuple[str, Range, str, Any, str]] = [
+        ("--limit", COUNT, "N", None, "replay only the first N requests (default: all of a trace)"),
+        ("--num-requests", COUNT, "N", default_of(load_workload, "num_requests"),
+         "requests drawn from a preset"),
+        ("--seed", SEED, "N", default_of(simulate, "seed"),
+         "seeds a preset's draws and the simulated runner's tokens"),
+        ("--time-scale", TIME_SCALE, "X", default_of(simulate, "time_scale"),
+         "multiply arrival times by X (> 1: slower arrivals)"),
+        ("--acceptance-rate", ACCEPTANCE_RATE, "P", default_of(simulate, "acceptance_rate"),
+         "probability that a draft token is accepted (spec decode)"),
+    ]  # fmt: skip
+    for flag, bound, metavar, default, help in numbers:
+        sim.add_argument(flag, type=number(bound), metavar=metavar, default=default, help=help)
     sim.add_argument("--json", metavar="PATH", help="write the full report as JSON to PATH")
     sim.add_argument(
         "--plot",

@@ -139,31 +139,33 @@ class Preset:
     chat deployments send them."""
 
 
+# Azure LLM inference trace 2023 (Patel et al., ISCA 2024): published figures.
+_AZURE_CONV = Preset(
+    "azure-conv",
+    prompt=LengthFit(median=1020, mean=1155, maximum=14050),
+    output=LengthFit(median=129, mean=211, maximum=1000),
+    requests_per_second=19366 / 3600,
+    source="synthetic, fitted to the Azure LLM inference trace 2023 (conversation)",
+)
+_AZURE_CODE = Preset(
+    "azure-code",
+    prompt=LengthFit(median=1469, mean=2048, maximum=7437),
+    output=LengthFit(median=13, mean=28, maximum=1899),
+    requests_per_second=8819 / 3600,
+    source="synthetic, fitted to the Azure LLM inference trace 2023 (code)",
+)
 PRESETS: dict[str, Preset] = {
-    # Azure LLM inference trace 2023 (Patel et al., ISCA 2024): published figures.
-    "azure-conv": Preset(
-        "azure-conv",
-        prompt=LengthFit(median=1020, mean=1155, maximum=14050),
-        output=LengthFit(median=129, mean=211, maximum=1000),
-        requests_per_second=19366 / 3600,
-        source="synthetic, fitted to the Azure LLM inference trace 2023 (conversation)",
-    ),
-    "azure-conv-chat": Preset(
-        "azure-conv-chat",
-        prompt=LengthFit(median=1020, mean=1155, maximum=14050),
-        output=LengthFit(median=129, mean=211, maximum=1000),
-        requests_per_second=19366 / 3600,
-        source="synthetic, fitted to the Azure LLM inference trace 2023 (conversation), "
-        "prompts opening with one of 8 shared system prompts",
-        system_prompts=8,
-    ),
-    "azure-code": Preset(
-        "azure-code",
-        prompt=LengthFit(median=1469, mean=2048, maximum=7437),
-        output=LengthFit(median=13, mean=28, maximum=1899),
-        requests_per_second=8819 / 3600,
-        source="synthetic, fitted to the Azure LLM inference trace 2023 (code)",
-    ),
+    preset.name: preset
+    for preset in (
+        _AZURE_CONV,
+        replace(
+            _AZURE_CONV,
+            name="azure-conv-chat",
+            source=_AZURE_CONV.source + ", prompts opening with one of 8 shared system prompts",
+            system_prompts=8,
+        ),
+        _AZURE_CODE,
+    )
 }
 
 
