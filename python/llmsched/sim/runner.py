@@ -164,8 +164,8 @@ class SimulatedModelRunner:
                 )
             return ModelRunnerOutput.empty()
 
-        rows = self._rows_for(so, req_ids, max_model_len)
-        self._append_blocks(so, rows)
+        rows = self.batch.rows_for_step(so, max_model_len, self._key_of)
+        self.batch.append_blocks(so, rows)
 
         ns = np.asarray(so.num_scheduled_tokens)
         sched_computed = np.asarray(so.num_computed_tokens)
@@ -345,102 +345,8 @@ class SimulatedModelRunner:
         output.req_ids = req_ids  # the scheduler output's own list, not a copy
         return output
 
-    def _rows_for(
-        self, so: SchedulerOutputLike, req_ids: list[str], max_model_len: int
-    ) -> IntpArray:
-        """Token-row index of each scheduled request, creating or reloading the state of
-        new and resumed requests (their row is replaced by ``all_token_ids``)."""
-        num_reqs = len(req_ids)
-        rows = self.batch.rows_of(req_ids)
-        new_ids = so.new_req_ids
-        resumed_ids = so.resumed_req_ids
-        if new_ids or resumed_ids:
-            new_set = set(new_ids)
-            resumed_set = set(resumed_ids)
-            num_all = np.asarray(so.num_all_token_ids)
-            all_ids = np.asarray(so.all_token_ids)
-            sched_computed = np.asarray(so.num_computed_tokens)
-            if len(num_all) != num_reqs:
-                raise AssertionError("num_all_token_ids is not aligned with req_ids")
-            offsets = np.cumsum(num_all, dtype=np.int64) - num_all
-            if int(offsets[-1]) + int(num_all[-1]) != len(all_ids):
-                raise AssertionError("all_token_ids does not match num_all_token_ids")
-            admitted = np.flatnonzero(num_all).tolist()
-            seen = 0
-            for i in admitted:
-                req_id = req_ids[i]
-                row = int(rows[i])
-                if req_id in new_set:
-                    if row >= 0:
-                        raise AssertionError(f"new request {req_id!r} is already live")
-                elif req_id not in resumed_set:
-                    raise AssertionError(
-                        f"request {req_id!r} has all_token_ids but is neither new nor resumed"
-                    )
-                if row < 0:
-                    row = self.batch.alloc(req_id, int(self.tokens.request_key(req_id)[0]))
-                    rows[i] = row
-                seen += 1
-                length = int(num_all[i])
-                computed = int(sched_computed[i])
-                if length > max_model_len:
-                    raise AssertionError(
-                        f"request {req_id!r} holds {length} tokens > max_model_len {max_model_len}"
-                    )
-                if not 0 <= computed <= length:
-                    raise AssertionError(
-                        f"request {req_id!r}: num_computed_tokens={computed} outside [0, {length}]"
-                    )
-                offset = int(offsets[i])
-                self.batch.load(row, all_ids[offset : offset + length], computed)
-            if seen != len(new_set) + len(resumed_set):
-                raise AssertionError(
-                    "every new and resumed request must be scheduled with its all_token_ids"
-                )
-        if num_reqs and int(rows.min()) < 0:
-            i = int(np.argmin(rows))
-            raise AssertionError(
-                f"request {req_ids[i]!r} is scheduled but the runner holds no state for it "
-                "(it is neither new nor resumed)"
-            )
-        mark = np.zeros(len(self.batch.num_tokens), dtype=np.bool_)
-        mark[rows] = True
-        if np.count_nonzero(mark) != num_reqs:
-            raise AssertionError("a request id is scheduled twice in one step")
-        return rows
-
-    def _append_blocks(self, so: SchedulerOutputLike, rows: IntpArray) -> None:
-        """Append each request's new block ids (a replacement for new and resumed requests,
-        whose table ``_rows_for`` has just emptied)."""
-        num_block_ids = np.asarray(so.num_block_ids)
-        block_ids = np.asarray(so.block_ids)
-        if len(num_block_ids) != len(rows):
-            raise AssertionError("num_block_ids is not aligned with req_ids")
-        total = len(block_ids)
-        if total == 0 and not num_block_ids.any():
-            return
-        table_rows = np.repeat(rows, num_block_ids)
-        if len(table_rows) != total:
-            raise AssertionError(
-                f"block_ids has {total} ids but num_block_ids sums to {len(table_rows)}"
-            )
-        if int(block_ids.min()) <= 0:
-            raise AssertionError(
-                f"block id {int(block_ids.min())} in a block table: block 0 is the null block "
-                "and is never allocated"
-            )
-        first = self.batch.num_blocks[rows]
-        new_counts = first + num_block_ids
-        width = self.batch.block_table.shape[1]
-        if int(new_counts.max()) > width:
-            i = int(np.argmax(new_counts))
-            raise AssertionError(
-                f"request {so.req_ids[i]!r} would hold {int(new_counts[i])} blocks, more than "
-                f"the {width} that max_model_len needs"
-            )
-        cols = np.repeat(first, num_block_ids) + within(num_block_ids, total)
-        self.batch.block_table[table_rows, cols] = block_ids
-        self.batch.num_blocks[rows] = new_counts
+    def _key_of(self, req_id: str) -> int:
+        return int(self.tokens.request_key(req_id)[0])
 
     def _check_computed(
         self,
