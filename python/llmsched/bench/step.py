@@ -434,7 +434,6 @@ def run_benchmarks(
     """Runs the cases (and the scaling sweeps), printing a row per case as it completes:
     warm, and cold after evicting ``cold_mib`` MiB (0: warm only)."""
     use_vllm = vllm_available() if with_vllm is None else with_vllm
-    names = cases or list(CASES)
     cold_mib = int(COLD_MIB.check("cold_mib", cold_mib))
     evict = Evictor(cold_mib) if cold_mib > 0 else None
     results: dict[str, Any] = {
@@ -443,87 +442,16 @@ def run_benchmarks(
         "scaling_running": [],
         "scaling_waiting": [],
     }
-    columns = [("case", -15), ("reqs/step", 10), ("schedule", 10), ("update", 10)]
-    columns += [("warm step", 10), ("ns/req", 7)]
-    if evict:
-        columns += [("cold step", 10), ("ns/req", 7)]
-    if use_vllm:
-        columns += [("vLLM warm", 10), ("x warm", 7)]
-        if evict:
-            columns += [("vLLM cold", 10), ("x cold", 7)]
-        columns += [("plug-in", 10), ("x plug-in", 10)]
-
-    def line(cells: list[str]) -> str:
-        return "".join(
-            f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}"
-            for cell, (_, width) in zip(cells, columns, strict=True)
-        )
-
-    def us(m: Measurement) -> str:
-        return f"{m.step_us / 1000:.2f}ms" if m.step_us >= 1000 else f"{m.step_us:.1f}us"
-
-    print_row(line([name for name, _ in columns]))
-    for name in names:
-        case = CASES[name]
-        ours = measure(case, "llmsched", steps=steps)
-        entry: dict[str, Any] = {"case": name, "llmsched": _plain(ours)}
-        cells = [name, f"{ours.requests_per_step:.0f}", f"{ours.schedule_us:.1f}us"]
-        cells += [f"{ours.update_us:.1f}us", us(ours), f"{ours.ns_per_request:.0f}"]
-        if evict:
-            ours_cold = measure(case, "llmsched", steps=steps, evict=evict)
-            entry["llmsched_cold"] = _plain(ours_cold)
-            cells += [us(ours_cold), f"{ours_cold.ns_per_request:.0f}"]
-        if use_vllm:
-            vllm_steps = max(30, steps // 5)
-            theirs = measure(case, "vllm", steps=vllm_steps, warmup=20)
-            entry["vllm"] = _plain(theirs)
-            entry["ratio"] = theirs.step_us / ours.step_us
-            cells += [us(theirs), f"{entry['ratio']:.0f}x"]
-            if evict:
-                theirs_cold = measure(case, "vllm", steps=vllm_steps, warmup=20, evict=evict)
-                entry["vllm_cold"] = _plain(theirs_cold)
-                entry["ratio_cold"] = theirs_cold.step_us / ours_cold.step_us
-                cells += [us(theirs_cold), f"{entry['ratio_cold']:.0f}x"]
-            # llmsched.vllm: the core behind vLLM's objects, as a vLLM engine runs it.
-            plugin = measure(case, "llmsched.vllm", steps=max(30, steps // 2), warmup=50)
-            entry["llmsched.vllm"] = _plain(plugin)
-            entry["plugin_ratio"] = theirs.step_us / plugin.step_us
-            cells += [us(plugin), f"{entry['plugin_ratio']:.0f}x"]
-        print_row(line(cells))
+    table = _Table(cold=evict is not None, vllm=use_vllm)
+    print_row(table.header())
+    for name in cases or list(CASES):
+        entry, cells = _measure_case(CASES[name], steps, evict, use_vllm)
+        print_row(table.row(cells))
         results["cases"].append(entry)
-    for entry in results["cases"]:
-        ours = entry["llmsched"]
-        if ours["tokens_per_step"] < 2 * ours["requests_per_step"]:
-            continue  # mostly decode: the cost per request says it
-        figures = [f"{ours['ns_per_token']:.1f} ns warm"]
-        if "llmsched_cold" in entry:
-            figures.append(f"{entry['llmsched_cold']['ns_per_token']:.1f} cold")
-        if "vllm" in entry:
-            figures.append(f"vLLM {entry['vllm']['ns_per_token']:.1f}")
-        print_row(
-            f"{entry['case']}: {ours['tokens_per_step']:,.0f} tokens per step, cost per "
-            f"scheduled token: {', '.join(figures)}"
-        )
+    for line in _per_token_lines(results["cases"]):
+        print_row(line)
     if scaling:
-        print_row("")
-        print_row(
-            "per-step cost against running requests (steady decode; linear means flat ns/req):"
-        )
-        for running in SCALING_RUNNING:
-            m = measure(Case(f"decode-{running}", running=running, max_tokens=3000), steps=steps)
-            results["scaling_running"].append({"running": running, **_plain(m)})
-            print_row(
-                f"  {running:>6} running  {m.step_us:>9.1f} us/step"
-                f"  {m.ns_per_request:>6.0f} ns/req"
-            )
-        print_row("per-step cost against waiting requests (256 running; must stay flat):")
-        for waiting in SCALING_WAITING:
-            m = measure(
-                Case(f"waiting-{waiting}", running=256, waiting=waiting, max_num_seqs=256),
-                steps=steps,
-            )
-            results["scaling_waiting"].append({"waiting": waiting, **_plain(m)})
-            print_row(f"  {waiting:>6} waiting  {m.step_us:>9.1f} us/step")
+        _scaling_sweeps(results, steps, print_row)
     memory = memory_in_fresh_process()
     results["memory"] = memory
     print_row("")
@@ -534,6 +462,106 @@ def run_benchmarks(
         f"{memory['waiting_queue_rss_bytes'] / 2**20:,.1f} MiB"
     )
     return results
+
+
+class _Table:
+    """The printed table's columns: llmsched warm (and cold), then vLLM's and the plug-in's."""
+
+    def __init__(self, cold: bool, vllm: bool) -> None:
+        columns = [("case", -15), ("reqs/step", 10), ("schedule", 10), ("update", 10)]
+        columns += [("warm step", 10), ("ns/req", 7)]
+        if cold:
+            columns += [("cold step", 10), ("ns/req", 7)]
+        if vllm:
+            columns += [("vLLM warm", 10), ("x warm", 7)]
+            if cold:
+                columns += [("vLLM cold", 10), ("x cold", 7)]
+            columns += [("plug-in", 10), ("x plug-in", 10)]
+        self.columns = columns
+
+    def header(self) -> str:
+        return self.row([name for name, _ in self.columns])
+
+    def row(self, cells: list[str]) -> str:
+        return "".join(
+            f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}"
+            for cell, (_, width) in zip(cells, self.columns, strict=True)
+        )
+
+
+def _us(m: Measurement) -> str:
+    return f"{m.step_us / 1000:.2f}ms" if m.step_us >= 1000 else f"{m.step_us:.1f}us"
+
+
+def _measure_case(
+    case: Case, steps: int, evict: Evictor | None, use_vllm: bool
+) -> tuple[dict[str, Any], list[str]]:
+    """One case on llmsched (warm, and cold with ``evict``), and on vLLM and the plug-in
+    with ``use_vllm``: its results entry and its table cells."""
+    ours = measure(case, "llmsched", steps=steps)
+    entry: dict[str, Any] = {"case": case.name, "llmsched": _plain(ours)}
+    cells = [case.name, f"{ours.requests_per_step:.0f}", f"{ours.schedule_us:.1f}us"]
+    cells += [f"{ours.update_us:.1f}us", _us(ours), f"{ours.ns_per_request:.0f}"]
+    if evict:
+        ours_cold = measure(case, "llmsched", steps=steps, evict=evict)
+        entry["llmsched_cold"] = _plain(ours_cold)
+        cells += [_us(ours_cold), f"{ours_cold.ns_per_request:.0f}"]
+    if use_vllm:
+        vllm_steps = max(30, steps // 5)
+        theirs = measure(case, "vllm", steps=vllm_steps, warmup=20)
+        entry["vllm"] = _plain(theirs)
+        entry["ratio"] = theirs.step_us / ours.step_us
+        cells += [_us(theirs), f"{entry['ratio']:.0f}x"]
+        if evict:
+            theirs_cold = measure(case, "vllm", steps=vllm_steps, warmup=20, evict=evict)
+            entry["vllm_cold"] = _plain(theirs_cold)
+            entry["ratio_cold"] = theirs_cold.step_us / ours_cold.step_us
+            cells += [_us(theirs_cold), f"{entry['ratio_cold']:.0f}x"]
+        # llmsched.vllm: the core behind vLLM's objects, as a vLLM engine runs it.
+        plugin = measure(case, "llmsched.vllm", steps=max(30, steps // 2), warmup=50)
+        entry["llmsched.vllm"] = _plain(plugin)
+        entry["plugin_ratio"] = theirs.step_us / plugin.step_us
+        cells += [_us(plugin), f"{entry['plugin_ratio']:.0f}x"]
+    return entry, cells
+
+
+def _per_token_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """For the cases that schedule many tokens per request, the cost per scheduled token."""
+    lines = []
+    for entry in entries:
+        ours = entry["llmsched"]
+        if ours["tokens_per_step"] < 2 * ours["requests_per_step"]:
+            continue  # mostly decode: the cost per request says it
+        figures = [f"{ours['ns_per_token']:.1f} ns warm"]
+        if "llmsched_cold" in entry:
+            figures.append(f"{entry['llmsched_cold']['ns_per_token']:.1f} cold")
+        if "vllm" in entry:
+            figures.append(f"vLLM {entry['vllm']['ns_per_token']:.1f}")
+        lines.append(
+            f"{entry['case']}: {ours['tokens_per_step']:,.0f} tokens per step, cost per "
+            f"scheduled token: {', '.join(figures)}"
+        )
+    return lines
+
+
+def _scaling_sweeps(results: dict[str, Any], steps: int, print_row: Callable[[str], None]) -> None:
+    """The step's cost against running requests (linear) and waiting requests (flat)."""
+    print_row("")
+    print_row("per-step cost against running requests (steady decode; linear means flat ns/req):")
+    for running in SCALING_RUNNING:
+        m = measure(Case(f"decode-{running}", running=running, max_tokens=3000), steps=steps)
+        results["scaling_running"].append({"running": running, **_plain(m)})
+        print_row(
+            f"  {running:>6} running  {m.step_us:>9.1f} us/step  {m.ns_per_request:>6.0f} ns/req"
+        )
+    print_row("per-step cost against waiting requests (256 running; must stay flat):")
+    for waiting in SCALING_WAITING:
+        m = measure(
+            Case(f"waiting-{waiting}", running=256, waiting=waiting, max_num_seqs=256),
+            steps=steps,
+        )
+        results["scaling_waiting"].append({"waiting": waiting, **_plain(m)})
+        print_row(f"  {waiting:>6} waiting  {m.step_us:>9.1f} us/step")
 
 
 def _rss_bytes() -> int:
