@@ -10,7 +10,7 @@ requests, done with list and numpy operations wherever a request needs nothing o
 from __future__ import annotations
 
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterable
 from itertools import chain
 from typing import Any
@@ -64,16 +64,6 @@ def _spec_decoding_stats(k: int, num_drafts: list[int], num_accepted: list[int])
     stats.num_draft_tokens_per_pos = drafts_at[1 : k + 1].tolist()
     stats.num_accepted_tokens_per_pos = accepted_at[1 : k + 1].tolist()
     return stats
-
-
-class _Step:
-    """A scheduled step until its output is applied: vLLM's object and the core's."""
-
-    __slots__ = ("core", "vllm")
-
-    def __init__(self, vllm_output: SchedulerOutput, core_output: llmsched.SchedulerOutput):
-        self.vllm = vllm_output
-        self.core = core_output
 
 
 class _RunnerRows:
@@ -137,9 +127,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         )
         # Requests refused at add_request, reported as errors by the next update.
         self._refused: dict[str, tuple[Request, str]] = {}
-        # Requests finished since the last schedule() (vLLM's has_finished_requests).
-        self._num_finished_unreported = 0
-        self._in_flight: deque[_Step] = deque()
+        # The core's step for each vLLM SchedulerOutput whose output is not applied yet, by
+        # the vLLM object's identity (kept with it, so that its id stays its own). Which
+        # steps are in flight, and in what order their outputs apply, is the core's to
+        # say: an entry leaves only once the core has applied the step's output.
+        self._core_steps: dict[int, tuple[SchedulerOutput, llmsched.SchedulerOutput]] = {}
         # Requests whose outputs carry more than id and tokens: always (logprobs, trace
         # headers, a client other than 0) or until their next output (events recorded,
         # prefill stats pending). The others' outputs are built in one pass.
@@ -217,7 +209,6 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._next_full.discard(req_id)
         if request.client_index:
             self._num_other_clients -= 1
-        self._num_finished_unreported += 1
         if self.finished_req_ids_dict is not None:
             self.finished_req_ids_dict[request.client_index].add(req_id)
         return request
@@ -225,20 +216,28 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     def has_request(self, request_id: str) -> bool:
         return request_id in self.requests or request_id in self._refused
 
+    # A refused request is, until the output that reports it, what vLLM's scheduler makes
+    # of a request it will fail (a grammar that did not compile): a waiting request that
+    # holds no KV, counted as one.
+
     def get_num_unfinished_requests(self) -> int:
-        return self.core.get_num_unfinished_requests() + len(self._refused)
+        num = self.core.get_num_unfinished_requests()
+        if self._refused and self.core.pause_state == PauseState.UNPAUSED:
+            num += len(self._refused)
+        return num
 
     def has_unfinished_requests(self) -> bool:
         return self.get_num_unfinished_requests() > 0
 
     def has_finished_requests(self) -> bool:
-        return self._num_finished_unreported > 0
+        return self.core.has_finished_requests()
 
     def has_requests(self) -> bool:
         return self.has_unfinished_requests() or self.has_finished_requests()
 
     def get_request_counts(self) -> tuple[int, int]:
-        return self.core.get_request_counts()
+        num_running, num_waiting = self.core.get_request_counts()
+        return num_running, num_waiting + len(self._refused)
 
     def get_kv_cache_usage(self) -> float:
         return self.core.get_kv_cache_usage()
@@ -249,7 +248,6 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         """One step of the core, as vLLM's ``SchedulerOutput``. ``throttle_prefills``
         (data-parallel prefill balancing) never applies: data parallelism is refused."""
         core_out = self.core.schedule()
-        self._num_finished_unreported = 0
         req_ids: list[str] = core_out.req_ids
         num_reqs = len(req_ids)
         new_ids: list[str] = core_out.new_req_ids
@@ -359,7 +357,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             num_spec_tokens_to_schedule=self.num_spec_tokens,
         )
         if num_reqs:
-            self._in_flight.append(_Step(output, core_out))
+            self._core_steps[id(output)] = (output, core_out)
         return output
 
     def _admitted_tokens(
@@ -385,15 +383,16 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         spec_stats = None
         if scheduler_output.total_num_scheduled_tokens:
-            step = self._pop_step(scheduler_output)
+            core_step = self._core_step(scheduler_output)
             mro = model_runner_output
             runner_ids: list[str] = mro.req_ids
             sampled = mro.sampled_token_ids or [[] for _ in runner_ids]
+            # vLLM's rows go to the core as they are: it flattens them without a Python
+            # object per token. An output the core refuses raises here, changing nothing.
+            core_outputs = self.core.update_from_output(core_step, _RunnerRows(runner_ids, sampled))
+            del self._core_steps[id(scheduler_output)]
             if scheduler_output.scheduled_spec_decode_tokens:
                 spec_stats = self._observe_drafts(scheduler_output, mro.req_id_to_index, sampled)
-            # vLLM's rows go to the core as they are: it flattens them without a Python
-            # object per token.
-            core_outputs = self.core.update_from_output(step.core, _RunnerRows(runner_ids, sampled))
             self._emit(core_outputs, mro, outputs)
         for req_id, (request, reason) in self._refused.items():
             request.status = RequestStatus.FINISHED_ERROR
@@ -434,19 +433,15 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             eco.scheduler_stats = stats
         return engine_core_outputs
 
-    def _pop_step(self, scheduler_output: SchedulerOutput) -> _Step:
-        if self._in_flight and self._in_flight[0].vllm is scheduler_output:
-            return self._in_flight.popleft()
-        for step in self._in_flight:
-            if step.vllm is scheduler_output:
-                raise llmsched.OutputMismatchError(
-                    "update_from_output: steps must be applied in the order they were "
-                    "scheduled, and this one was scheduled after a step still in flight"
-                )
-        raise llmsched.OutputMismatchError(
-            "update_from_output: this SchedulerOutput is not in flight (applied twice, "
-            "or not scheduled by this scheduler)"
-        )
+    def _core_step(self, scheduler_output: SchedulerOutput) -> llmsched.SchedulerOutput:
+        """The core's step for ``scheduler_output`` (the core checks the order)."""
+        entry = self._core_steps.get(id(scheduler_output))
+        if entry is None or entry[0] is not scheduler_output:
+            raise llmsched.OutputMismatchError(
+                "update_from_output: this SchedulerOutput is not in flight (its output was "
+                "already applied, or this scheduler did not schedule it)"
+            )
+        return entry[1]
 
     def _emit(
         self,
@@ -600,7 +595,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             preempted_hits=delta["prefix_cache_preempted_hits"],
         )
         self._prefix_cache_reset = False
-        num_running, num_waiting = self.core.get_request_counts()
+        num_running, num_waiting = self.get_request_counts()
         return SchedulerStats(
             num_running_reqs=num_running,
             num_waiting_reqs=num_waiting,
