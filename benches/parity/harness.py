@@ -279,15 +279,7 @@ class ParityConfig:
     long_prefill_token_threshold_adaptive: bool = False
 
     def llmsched_kwargs(self) -> dict[str, Any]:
-        return {
-            **self.scheduler_kwargs(),
-            "max_num_scheduled_tokens": self.max_num_scheduled_tokens,
-            "max_num_active_seqs": self.max_num_active_seqs,
-            "long_prefill_token_threshold_adaptive": self.long_prefill_token_threshold_adaptive,
-        }
-
-    def scheduler_kwargs(self) -> dict[str, Any]:
-        """The fields ``vllm_reference.make_vllm_scheduler`` takes."""
+        """llmsched's ``SchedulerConfig`` fields."""
         return {
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
@@ -301,7 +293,15 @@ class ParityConfig:
             "enable_prefix_caching": self.enable_prefix_caching,
             "policy": self.policy,
             "watermark": self.watermark,
+            "max_num_scheduled_tokens": self.max_num_scheduled_tokens,
+            "max_num_active_seqs": self.max_num_active_seqs,
+            "long_prefill_token_threshold_adaptive": self.long_prefill_token_threshold_adaptive,
         }
+
+    def scheduler_kwargs(self) -> dict[str, Any]:
+        """What ``vllm_reference.make_vllm_scheduler`` takes: the same fields, which it sets
+        where vLLM's config keeps them."""
+        return self.llmsched_kwargs()
 
 
 def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
@@ -643,13 +643,6 @@ class VllmSide:
         self._draft_token_ids = DraftTokenIds
         self.config = config
         scheduler = self.ref.make_vllm_scheduler(**config.scheduler_kwargs())
-        # Knobs make_vllm_scheduler does not take: Scheduler.__init__ copies these
-        # SchedulerConfig fields into these attributes, read only by schedule().
-        if config.max_num_scheduled_tokens is not None:
-            scheduler.max_num_scheduled_tokens = config.max_num_scheduled_tokens
-        if config.max_num_active_seqs is not None:
-            scheduler.max_num_active_reqs = config.max_num_active_seqs
-        scheduler.adaptive_long_prefill_threshold = config.long_prefill_token_threshold_adaptive
         self.uncache = (
             UncacheUndoneSteps(scheduler)
             if emulate_uncache and config.enable_prefix_caching

@@ -132,11 +132,14 @@ are left out; their types are compared. The deviations above hold for the plug-i
 do for the core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction, LoRA,
-  multimodal models, pooling models, prompt embeddings, encoder-decoder models, KV and
-  encoder-cache connectors, KV events, pipeline, data and decode-context parallelism, more
-  than one KV-cache group or a layout other than full attention, a hash block size other
-  than the block size, prefill cadence, speculative methods other than `ngram`, dynamic
-  speculative decoding; per request (the request finishes with `FinishReason.ERROR` and the
+  multimodal models, pooling models, prompt embeddings, encoder-decoder models, diffusion
+  LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors, KV events,
+  KV cache residency and MFU metrics, pipeline, data, decode- and prefill-context
+  parallelism, more than one KV-cache group or a layout other than full attention, a hash
+  block size other than the block size, prefill cadence, speculative methods other than
+  `ngram`, dynamic speculative decoding (every field of the vLLM config classes it reads
+  is classified in `llmsched/vllm/_fields.py`: read, refused, or why it need not be);
+  per request (the request finishes with `FinishReason.ERROR` and the
   reason, every other request goes on), LoRA adapters, multimodal inputs, structured
   output, streaming input, repetition detection, KV transfer parameters, and prompt
   logprobs with prefix caching on (vLLM serves those by skipping the prefix cache for that

@@ -35,6 +35,7 @@ from llmsched.vllm._config import (
     check_engine_config,
     check_request,
     llmsched_config,
+    read,
 )
 
 __all__ = ["TESTED_VLLM_VERSIONS", "AsyncScheduler", "Scheduler"]
@@ -103,8 +104,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             )
         check_engine_config(vllm_config, kv_cache_config, block_size, hash_block_size)
         self.vllm_config = vllm_config
-        self.scheduler_config = vllm_config.scheduler_config
-        self.cache_config = vllm_config.cache_config
+        self.scheduler_config = read(vllm_config, "scheduler_config")
+        self.cache_config = read(vllm_config, "cache_config")
         self.kv_cache_config = kv_cache_config
         self.structured_output_manager = structured_output_manager
         self.block_size = block_size
@@ -115,11 +116,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.core = llmsched.Scheduler(llmsched_config(vllm_config, kv_cache_config, block_size))
         self.max_model_len = self.core.config.max_model_len
         self.num_spec_tokens = self.core.config.num_speculative_tokens
-        self.use_v2_model_runner = bool(getattr(vllm_config, "use_v2_model_runner", False))
+        self.use_v2_model_runner = bool(read(vllm_config, "use_v2_model_runner"))
         # "none", "summary" or "detailed": per-request draft acceptance, reported with the
         # request's final output (vLLM's RequestSpecDecodeMetrics).
-        self.spec_decode_metrics_level: str = (
-            vllm_config.observability_config.per_request_spec_decode_metrics
+        self.spec_decode_metrics_level: str = read(
+            vllm_config, "observability_config.per_request_spec_decode_metrics"
         )
         self.requests: dict[str, Request] = {}
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
@@ -466,7 +467,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             built = [EngineCoreOutput(r, []) for r in out_ids]
 
         full = set(np.flatnonzero(core_outputs.statuses >= _FIRST_FINISHED).tolist())
-        nans = getattr(mro, "num_nans_in_logits", None) or {}
+        nans = mro.num_nans_in_logits or {}
         prompt_logprobs = mro.prompt_logprobs_dict
         if self._always_full or self._next_full or nans or prompt_logprobs:
             # Each intersection iterates the smaller side: the step's outputs, or the few
@@ -518,7 +519,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if count and mro.logprobs and request.sampling_params.logprobs is not None:
             output.new_logprobs = mro.logprobs.slice_request(mro.req_id_to_index[req_id], count)
         output.new_prompt_logprobs_tensors = mro.prompt_logprobs_dict.get(req_id)
-        nans = getattr(mro, "num_nans_in_logits", None)
+        nans = mro.num_nans_in_logits
         if nans and req_id in nans:
             request.num_nans_in_logits = nans[req_id]
         output.num_nans_in_logits = request.num_nans_in_logits
