@@ -277,6 +277,9 @@ class ParityConfig:
     max_num_scheduled_tokens: int | None = None
     max_num_active_seqs: int | None = None
     long_prefill_token_threshold_adaptive: bool = False
+    use_v2_model_runner: bool = False
+    """vLLM's side only: how vLLM reports resumed requests (with the V2 model runner, among
+    the new ones, every token re-sent); llmsched's own side has no runner to follow."""
 
     def llmsched_kwargs(self) -> dict[str, Any]:
         """llmsched's ``SchedulerConfig`` fields."""
@@ -300,8 +303,8 @@ class ParityConfig:
 
     def scheduler_kwargs(self) -> dict[str, Any]:
         """What ``vllm_reference.make_vllm_scheduler`` takes: the same fields, which it sets
-        where vLLM's config keeps them."""
-        return self.llmsched_kwargs()
+        where vLLM's config keeps them, and the model runner."""
+        return {**self.llmsched_kwargs(), "use_v2_model_runner": self.use_v2_model_runner}
 
 
 def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:

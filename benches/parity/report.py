@@ -127,9 +127,11 @@ cached-request data with resumed ids, new block ids, computed and output-token c
 the token lists a runner reloads, counts, drafts, finished and preempted ids, and the rest)
 and of the `EngineCoreOutputs` (each `EngineCoreOutput`: tokens, finish and stop reasons,
 logprobs, events, prefill stats, NaN counts; the scheduler stats: queue lengths, KV usage,
-prefix-cache and speculative-decoding stats). Event timestamps are wall-clock readings and
-are left out; their types are compared. The deviations above hold for the plug-in as they
-do for the core, kept out the same way. Beyond them, the plug-in:
+prefix-cache and speculative-decoding stats), with each of vLLM's two model runners (the V2
+runner, vLLM 0.33's default where Triton is installed, gets resumed requests among the new
+ones). Event timestamps are wall-clock readings and are left out; their types are
+compared. The deviations above hold for the plug-in as they do for the core, kept out the
+same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction, LoRA,
   multimodal models, pooling models, prompt embeddings, encoder-decoder models, diffusion
