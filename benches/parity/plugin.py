@@ -112,4 +112,9 @@ class PluginFieldSide(VllmFieldSide):
         self.scheduler = self.ref.scheduler_from(
             self.scheduler, hash_block_size=config.block_size, include_finished_set=False
         )
+
+    def block_hashes(self, req_id: str) -> Any:
+        """The hashes the plug-in's prefix cache uses: its core's (the vLLM ``Request`` keeps
+        those of its prompt, as the engine made them, and nothing reads them)."""
+        return self.scheduler.core.get_request(req_id).block_hashes
         self.uncache = None

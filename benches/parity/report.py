@@ -199,6 +199,11 @@ def _describe_workload(name: str) -> str:
     kind, _, path = w.source.partition(":")
     if not path:
         source = f"{n} requests of `llmsched.sim.workload.synthetic({w.source!r})`"
+    elif kind == "blocks":
+        source = (
+            f"{n} requests whose prompts are {path}-token blocks of a five-block alphabet, in "
+            "any order and repeated (`matrix._block_specs`)"
+        )
     elif kind == "turns":
         source = f"{n} requests of `{path}`, pairs of a request and a later one continuing it"
     else:
@@ -229,8 +234,9 @@ def to_markdown(records: list[dict[str, Any]], versions: dict[str, str]) -> str:
         "",
         "Every step compares: the scheduled requests in order with their token counts, "
         "`num_computed_tokens` before the step, the scheduled draft tokens, new / resumed / "
-        "preempted / finished ids, the KV block ids sent to the runner, the (running, "
-        "waiting) counts, the aborts before the step, and what `update_from_output` "
+        "preempted / finished ids, the KV block ids sent to the runner, the prefix-cache "
+        "block hashes of each admitted request (where they are equal: `harness.HashLabels`), "
+        "the (running, waiting) counts, the aborts before the step, and what `update_from_output` "
         "returned (tokens, finish and stop reasons). The harness, the runner and the "
         "engine loop are described in `benches/parity/harness.py`; the workloads and configs "
         "in `benches/parity/matrix.py`.",

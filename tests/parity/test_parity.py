@@ -80,6 +80,21 @@ def test_the_matrix_reaches_the_rules(case_id: str, expected: tuple[str, ...]) -
     assert all(counts[key] > 0 for key in expected), counts
 
 
+def test_the_shuffled_blocks_hold_the_same_tokens_under_other_prefixes() -> None:
+    """The ``shuffled-blocks`` workload has what makes a prefix hit depend on the parent
+    chain: full blocks with the same tokens under different prefixes (in one prompt and
+    across prompts), and prefix hits as well."""
+    case = case_by_id("shuffled-blocks/edge-shuffled-sync-K0-apc-fcfs")
+    size = case.config.block_size
+    prefix_of: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
+    for req in case.requests():
+        for start in range(0, req.prompt_len - size + 1, size):
+            tokens = req.prompt[start : start + size]
+            prefix_of.setdefault(tokens, set()).add(req.prompt[:start])
+    assert sum(len(prefixes) > 1 for prefixes in prefix_of.values()) >= 3
+    assert coverage(drive(VllmSide, case.config, case.requests()))["prefix_hit_admissions"] > 0
+
+
 def test_the_matrix_and_the_fuzz_keep_out_of_the_deviations() -> None:
     """No compared case reaches a deviation the harness does not compare (``run_case``
     refuses one too): every config is one llmsched accepts, no threshold in ``(0, 1 + K)``,
