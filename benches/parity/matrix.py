@@ -536,6 +536,28 @@ def edge_cases() -> list[Case]:
                 output_factor=4,
             )
         )
+        # The watermark's edges: admissions that leave exactly the watermark free (with
+        # preemption going on), and, with a watermark above half the pool, admissions into
+        # an empty batch, which the watermark does not hold back.
+        for workload, watermark, edge in (
+            ("synthetic-chat", 0.1, "exact"),
+            ("azure-conv", 0.6, "idle"),
+        ):
+            out.append(
+                Case(
+                    workload,
+                    ParityConfig(
+                        f"edge-watermark-{edge}-{mode}-K1-apc-fcfs-kv",
+                        async_scheduling=a,
+                        num_speculative_tokens=1,
+                        enable_prefix_caching=True,
+                        policy="fcfs",
+                        num_gpu_blocks=_pool_sizes(workload)[1],
+                        watermark=watermark,
+                    ),
+                    output_factor=WORKLOADS[workload].pressure_output_factor,
+                )
+            )
         # Blocks whose tokens recur under other prefixes: each hit follows the parent chain.
         roomy, tight = _pool_sizes("shuffled-blocks")
         for k in (0, 1):
