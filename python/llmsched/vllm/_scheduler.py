@@ -67,6 +67,19 @@ def _spec_decoding_stats(k: int, num_drafts: list[int], num_accepted: list[int])
     return stats
 
 
+def _block_rows(core_out: llmsched.SchedulerOutput) -> dict[int, list[int]]:
+    """The block ids the step sends per row that has any: whole tables for admissions, the
+    new blocks of running requests."""
+    num_blocks = core_out.num_block_ids
+    block_rows: dict[int, list[int]] = {}
+    if num_blocks.any():
+        flat_blocks = core_out.block_ids.tolist()
+        ends = np.cumsum(num_blocks).tolist()
+        for i in np.flatnonzero(num_blocks).tolist():
+            block_rows[i] = flat_blocks[ends[i] - int(num_blocks[i]) : ends[i]]
+    return block_rows
+
+
 class _RunnerRows:
     """vLLM's runner output as the core reads it: the ids, and one token list per id."""
 
@@ -250,28 +263,53 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         (data-parallel prefill balancing) never applies: data parallelism is refused."""
         core_out = self.core.schedule()
         req_ids: list[str] = core_out.req_ids
-        num_reqs = len(req_ids)
         new_ids: list[str] = core_out.new_req_ids
         resumed_ids: list[str] = core_out.resumed_req_ids
-        num_running = num_reqs - len(new_ids) - len(resumed_ids)
-        computed: list[int] = core_out.num_computed_tokens.tolist()
-        num_output_tokens: list[int] = core_out.num_output_tokens.tolist()
-
-        # Block ids: whole tables for admissions, the new blocks of running requests.
-        num_blocks = core_out.num_block_ids
-        block_rows: dict[int, list[int]] = {}
-        if num_blocks.any():
-            flat_blocks = core_out.block_ids.tolist()
-            ends = np.cumsum(num_blocks).tolist()
-            for i in np.flatnonzero(num_blocks).tolist():
-                block_rows[i] = flat_blocks[ends[i] - int(num_blocks[i]) : ends[i]]
+        # The step's rows: running requests first, then this step's admissions.
+        num_running = len(req_ids) - len(new_ids) - len(resumed_ids)
         admitted_at = {req_id: i for i, req_id in enumerate(req_ids[num_running:], num_running)}
+        computed: list[int] = core_out.num_computed_tokens.tolist()
+        block_rows = _block_rows(core_out)
+        output = SchedulerOutput(
+            scheduled_new_reqs=self._new_requests(
+                core_out, new_ids, resumed_ids, admitted_at, computed, block_rows
+            ),
+            scheduled_cached_reqs=self._cached_requests(
+                core_out, req_ids[:num_running], resumed_ids, admitted_at, computed, block_rows
+            ),
+            num_scheduled_tokens=dict(
+                zip(req_ids, core_out.num_scheduled_tokens.tolist(), strict=True)
+            ),
+            total_num_scheduled_tokens=core_out.total_num_scheduled_tokens,
+            scheduled_spec_decode_tokens=self._spec_tokens(core_out, req_ids),
+            scheduled_encoder_inputs={},
+            finished_req_ids=set(core_out.finished_req_ids),
+            free_encoder_mm_hashes=[],
+            preempted_req_ids=set(core_out.preempted_req_ids),
+            num_spec_tokens_to_schedule=self.num_spec_tokens,
+        )
+        self._watch_scheduled(core_out, new_ids, resumed_ids)
+        if req_ids:
+            self._core_steps[id(output)] = (output, core_out)
+        return output
 
-        timestamp = time.monotonic() if self.log_stats else 0.0
-        new_reqs_data = []
+    def _new_requests(
+        self,
+        core_out: llmsched.SchedulerOutput,
+        new_ids: list[str],
+        resumed_ids: list[str],
+        admitted_at: dict[str, int],
+        computed: list[int],
+        block_rows: dict[int, list[int]],
+    ) -> list[NewRequestData]:
+        """The step's first admissions as vLLM's ``NewRequestData``, whole block tables
+        (and, for the V2 model runner, every token and the resumed requests too: that
+        runner re-reads a resumed request whole). Sets each request's computed tokens and,
+        at its first admission, its prefill stats' prefix hit."""
         admissions = new_ids + resumed_ids if self.use_v2_model_runner else new_ids
         all_tokens = self._admitted_tokens(core_out) if self.use_v2_model_runner else {}
         first_admissions = set(new_ids)
+        new_requests = []
         for req_id in admissions:
             i = admitted_at[req_id]
             request = self.requests[req_id]
@@ -282,13 +320,28 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     num_local_cached_tokens=computed[i],
                     num_external_cached_tokens=0,
                 )
-            new_reqs_data.append(
+            new_requests.append(
                 NewRequestData.from_request(
                     request, (block_rows.get(i, []),), all_tokens.get(req_id, None)
                 )
             )
+        return new_requests
 
-        cached_ids = req_ids[:num_running]
+    def _cached_requests(
+        self,
+        core_out: llmsched.SchedulerOutput,
+        cached_ids: list[str],
+        resumed_ids: list[str],
+        admitted_at: dict[str, int],
+        computed: list[int],
+        block_rows: dict[int, list[int]],
+    ) -> CachedRequestData:
+        """The step's running requests (``cached_ids``, the step's first rows) as vLLM's
+        ``CachedRequestData``: their new blocks, and every token of those the previous step
+        skipped (the V1 runner's batch lost them). For the V1 model runner, the resumed
+        requests too, whole."""
+        num_running = len(cached_ids)
+        num_output_tokens: list[int] = core_out.num_output_tokens.tolist()
         cached_computed = computed[:num_running]
         cached_output_tokens = num_output_tokens[:num_running]
         new_block_ids: list[tuple[list[int], ...] | None] = [None] * num_running
@@ -308,7 +361,20 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     cached_computed.append(computed[i])
                     cached_output_tokens.append(num_output_tokens[i])
                     new_block_ids.append((block_rows.get(i, []),))
+        return CachedRequestData(
+            req_ids=cached_ids,
+            resumed_req_ids=set() if self.use_v2_model_runner else set(resumed_ids),
+            new_token_ids=[],
+            all_token_ids=all_token_ids,
+            new_block_ids=new_block_ids,
+            num_computed_tokens=cached_computed,
+            num_output_tokens=cached_output_tokens,
+        )
 
+    def _spec_tokens(
+        self, core_out: llmsched.SchedulerOutput, req_ids: list[str]
+    ) -> dict[str, list[int]]:
+        """The drafts scheduled per request (``-1``: a placeholder or padding)."""
         spec_tokens: dict[str, list[int]] = {}
         num_spec = core_out.num_spec_tokens
         if self.num_spec_tokens and num_spec.any():
@@ -318,48 +384,29 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 if k:
                     spec_tokens[req_ids[i]] = flat[start : start + k]
                     start += k
+        return spec_tokens
 
-        # A first output carries the request's prefill stats (and, with log_stats, its
-        # events): watched from its first step on, not while it waits (a long waiting
-        # queue would make every step pay for it).
+    def _watch_scheduled(
+        self, core_out: llmsched.SchedulerOutput, new_ids: list[str], resumed_ids: list[str]
+    ) -> None:
+        """What the step's admissions and preemptions owe their next output: a first output
+        carries the request's prefill stats (and, with log_stats, its events), so it is
+        watched from its first step on, not while it waits (a long waiting queue would
+        make every step pay for it); with log_stats, SCHEDULED and PREEMPTED events."""
         self._next_full.update(new_ids)
-        if self.log_stats:
-            self._preempted_by_reset, preempted_by_reset = set(), self._preempted_by_reset
-            for req_id in chain(new_ids, resumed_ids):
-                self.requests[req_id].record_event(EngineCoreEventType.SCHEDULED, timestamp)
-            self._next_full.update(resumed_ids)
-            for req_id in core_out.preempted_req_ids:
-                preempted = self.requests.get(req_id)
-                # reset_prefix_cache recorded its own preemptions when it made them.
-                if preempted is not None and req_id not in preempted_by_reset:
-                    preempted.record_event(EngineCoreEventType.PREEMPTED, timestamp)
-                    self._next_full.add(req_id)
-
-        output = SchedulerOutput(
-            scheduled_new_reqs=new_reqs_data,
-            scheduled_cached_reqs=CachedRequestData(
-                req_ids=cached_ids,
-                resumed_req_ids=set() if self.use_v2_model_runner else set(resumed_ids),
-                new_token_ids=[],
-                all_token_ids=all_token_ids,
-                new_block_ids=new_block_ids,
-                num_computed_tokens=cached_computed,
-                num_output_tokens=cached_output_tokens,
-            ),
-            num_scheduled_tokens=dict(
-                zip(req_ids, core_out.num_scheduled_tokens.tolist(), strict=True)
-            ),
-            total_num_scheduled_tokens=core_out.total_num_scheduled_tokens,
-            scheduled_spec_decode_tokens=spec_tokens,
-            scheduled_encoder_inputs={},
-            finished_req_ids=set(core_out.finished_req_ids),
-            free_encoder_mm_hashes=[],
-            preempted_req_ids=set(core_out.preempted_req_ids),
-            num_spec_tokens_to_schedule=self.num_spec_tokens,
-        )
-        if num_reqs:
-            self._core_steps[id(output)] = (output, core_out)
-        return output
+        if not self.log_stats:
+            return
+        timestamp = time.monotonic()
+        self._preempted_by_reset, preempted_by_reset = set(), self._preempted_by_reset
+        for req_id in chain(new_ids, resumed_ids):
+            self.requests[req_id].record_event(EngineCoreEventType.SCHEDULED, timestamp)
+        self._next_full.update(resumed_ids)
+        for req_id in core_out.preempted_req_ids:
+            preempted = self.requests.get(req_id)
+            # reset_prefix_cache recorded its own preemptions when it made them.
+            if preempted is not None and req_id not in preempted_by_reset:
+                preempted.record_event(EngineCoreEventType.PREEMPTED, timestamp)
+                self._next_full.add(req_id)
 
     def _admitted_tokens(
         self, core_out: llmsched.SchedulerOutput, only: list[str] | None = None
