@@ -119,5 +119,6 @@ def test_finish_requests_validates_its_status_and_ignores_unknown_ids() -> None:
     assert sched.finish_requests(["0", "nope", "0"], RequestStatus.FINISHED_ABORTED) == ["0"]
     assert sched.finish_requests(None, RequestStatus.FINISHED_ABORTED) == ["1", "2"]
     assert not sched.has_unfinished_requests() and sched.has_requests()
+    assert sched.has_finished_requests()
     assert sorted(sched.schedule().finished_req_ids) == ["0", "1", "2"]
-    assert not sched.has_requests()
+    assert not sched.has_requests() and not sched.has_finished_requests()

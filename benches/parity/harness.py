@@ -97,6 +97,7 @@ __all__ = [
     "EOS_TOKEN_ID",
     "STEP_KEYS",
     "Comparison",
+    "HashLabels",
     "LlmschedSide",
     "ParityConfig",
     "ParityRequest",
@@ -137,6 +138,7 @@ STEP_KEYS = (
     "preempted",
     "finished",
     "block_ids",
+    "block_hashes",
     "request_counts",
     "outputs",
 )
@@ -147,10 +149,37 @@ STEP_KEYS = (
 before the step; ``spec_tokens`` the scheduled drafts (``-1``: placeholder or padding);
 ``new``, ``resumed`` are ordered, ``preempted`` and ``finished`` sorted; ``block_ids`` the
 KV blocks sent to the runner per request (the whole table for new and resumed requests,
-the newly allocated ones otherwise); ``request_counts`` is ``(running, waiting)`` right
-after ``schedule()``; ``outputs`` is what ``update_from_output`` returned for this step:
-``[(req_id, new_token_ids, finish_reason, stop_reason)]`` in order.
+the newly allocated ones otherwise); ``block_hashes`` the prefix-cache hashes of each
+request admitted in this step (new or resumed: the hashes its prefix lookup used), one per
+full block of its tokens, as :class:`HashLabels` (equal where the hashes are equal, so the
+parent chain is compared whatever hash function each side uses); ``request_counts`` is
+``(running, waiting)`` right after ``schedule()``; ``outputs`` is what
+``update_from_output`` returned for this step: ``[(req_id, new_token_ids, finish_reason,
+stop_reason)]`` in order.
 """
+
+
+class HashLabels:
+    """Block hashes as labels: each distinct hash is the number of distinct hashes seen
+    before it in the run. Two runs that see their hashes in the same order label them
+    alike exactly when their hashes are equal in the same places: a block's hash depends
+    on its parent's, so the same tokens under another prefix hash (and label) apart."""
+
+    def __init__(self) -> None:
+        self._labels: dict[Any, int] = {}
+
+    def admitted(
+        self, summary: dict[str, Any], hashes_of: Callable[[str], Sequence[Any]]
+    ) -> dict[str, list[int]]:
+        """``summary``'s admitted requests (new or resumed) in scheduled order, each with its
+        block hashes (``hashes_of(req_id)``) as labels."""
+        admitted = set(summary["new"]) | set(summary["resumed"])
+        labels = self._labels
+        return {
+            rid: [labels.setdefault(h, len(labels)) for h in hashes_of(rid)]
+            for rid, _ in summary["scheduled"]
+            if rid in admitted
+        }
 
 
 OutputRow = tuple[str, list[int], str | None, int | str | None]
@@ -277,17 +306,12 @@ class ParityConfig:
     max_num_scheduled_tokens: int | None = None
     max_num_active_seqs: int | None = None
     long_prefill_token_threshold_adaptive: bool = False
+    use_v2_model_runner: bool = False
+    """vLLM's side only: how vLLM reports resumed requests (with the V2 model runner, among
+    the new ones, every token re-sent); llmsched's own side has no runner to follow."""
 
     def llmsched_kwargs(self) -> dict[str, Any]:
-        return {
-            **self.scheduler_kwargs(),
-            "max_num_scheduled_tokens": self.max_num_scheduled_tokens,
-            "max_num_active_seqs": self.max_num_active_seqs,
-            "long_prefill_token_threshold_adaptive": self.long_prefill_token_threshold_adaptive,
-        }
-
-    def scheduler_kwargs(self) -> dict[str, Any]:
-        """The fields ``vllm_reference.make_vllm_scheduler`` takes."""
+        """llmsched's ``SchedulerConfig`` fields."""
         return {
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
@@ -301,7 +325,15 @@ class ParityConfig:
             "enable_prefix_caching": self.enable_prefix_caching,
             "policy": self.policy,
             "watermark": self.watermark,
+            "max_num_scheduled_tokens": self.max_num_scheduled_tokens,
+            "max_num_active_seqs": self.max_num_active_seqs,
+            "long_prefill_token_threshold_adaptive": self.long_prefill_token_threshold_adaptive,
         }
+
+    def scheduler_kwargs(self) -> dict[str, Any]:
+        """What ``vllm_reference.make_vllm_scheduler`` takes: the same fields, which it sets
+        where vLLM's config keeps them, and the model runner."""
+        return {**self.llmsched_kwargs(), "use_v2_model_runner": self.use_v2_model_runner}
 
 
 def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
@@ -474,6 +506,7 @@ class LlmschedSide:
         self._llmsched = llmsched
         self.config = config
         self.scheduler = llmsched.Scheduler(llmsched.SchedulerConfig(**config.llmsched_kwargs()))
+        self.hash_labels = HashLabels()
 
     def add(self, req: ParityRequest) -> None:
         self.scheduler.add_request(
@@ -519,6 +552,9 @@ class LlmschedSide:
             "block_ids": blocks,
             "request_counts": tuple(self.scheduler.get_request_counts()),
         }
+        summary["block_hashes"] = self.hash_labels.admitted(
+            summary, lambda rid: self.scheduler.get_request(rid).block_hashes
+        )
         return out, summary
 
     def update(
@@ -643,19 +679,17 @@ class VllmSide:
         self._draft_token_ids = DraftTokenIds
         self.config = config
         scheduler = self.ref.make_vllm_scheduler(**config.scheduler_kwargs())
-        # Knobs make_vllm_scheduler does not take: Scheduler.__init__ copies these
-        # SchedulerConfig fields into these attributes, read only by schedule().
-        if config.max_num_scheduled_tokens is not None:
-            scheduler.max_num_scheduled_tokens = config.max_num_scheduled_tokens
-        if config.max_num_active_seqs is not None:
-            scheduler.max_num_active_reqs = config.max_num_active_seqs
-        scheduler.adaptive_long_prefill_threshold = config.long_prefill_token_threshold_adaptive
         self.uncache = (
             UncacheUndoneSteps(scheduler)
             if emulate_uncache and config.enable_prefix_caching
             else None
         )
         self.scheduler = scheduler
+        self.hash_labels = HashLabels()
+
+    def block_hashes(self, req_id: str) -> Sequence[Any]:
+        """The prefix-cache hashes of a live request, as vLLM computes them."""
+        return self.scheduler.requests[req_id].block_hashes  # type: ignore[no-any-return]
 
     def add(self, req: ParityRequest) -> None:
         self.scheduler.add_request(
@@ -686,6 +720,7 @@ class VllmSide:
             blocks[rid] = [] if new_ids is None else [int(b) for b in new_ids[0]]
         summary["block_ids"] = {rid: blocks[rid] for rid, _ in summary["scheduled"]}
         summary["request_counts"] = tuple(self.scheduler.get_request_counts())
+        summary["block_hashes"] = self.hash_labels.admitted(summary, self.block_hashes)
         # Not compared (vLLM's side only): what the emulation of llmsched uncached.
         summary["uncached_blocks"] = 0 if self.uncache is None else self.uncache.take_count()
         return out, summary

@@ -13,7 +13,11 @@ Workloads (24 requests each unless noted), lengths scaled down to keep runs shor
   tokens);
 - ``mooncake-turns``: later Mooncake requests that continue an earlier conversation (they
   share several leading ``hash_ids`` with it), each next to the request it continues, so
-  prefix-cache hits go deep.
+  prefix-cache hits go deep;
+- ``shuffled-blocks`` (edge cases only): prompts made of a few 16-token blocks of a
+  five-block alphabet, in any order and repeated, some the previous prompt shifted by a
+  few blocks: the same tokens recur under other prefixes, so a prefix hit must follow the
+  blocks' parent chain, not their tokens alone.
 
 Prompts are cut to ``ceil(len / prompt_scale)`` tokens (a prefix of the trace's prompt),
 outputs to ``min(ceil(len / output_scale), output_cap)``. Arrival times are kept (their
@@ -78,6 +82,8 @@ class WorkloadDef:
     """Under KV pressure, outputs are this many times longer (decode growth preempts)."""
     pressure_blocks: int | None = None
     """The tight pool's size, if not three average prompts' worth of blocks."""
+    cross_product: bool = True
+    """Whether :func:`base_cases` runs it under every config (else edge cases only)."""
 
 
 WORKLOADS: dict[str, WorkloadDef] = {
@@ -126,6 +132,15 @@ WORKLOADS: dict[str, WorkloadDef] = {
             output_scale=8,
             output_cap=48,
         ),
+        WorkloadDef(
+            "shuffled-blocks",
+            "blocks:16",
+            prompt_scale=1,
+            output_scale=1,
+            output_cap=40,
+            arrival_span=30,
+            cross_product=False,
+        ),
     )
 }
 
@@ -136,16 +151,58 @@ def missing_trace(workload: str) -> str | None:
     The traces are the workplace's (``../shared/traces`` beside the clone, or
     ``LLMSCHED_TRACES``); the synthetic workloads need none.
     """
-    rel = WORKLOADS[workload].source.partition(":")[2]
-    if rel and not (TRACES / rel).is_file():
+    kind, _, rel = WORKLOADS[workload].source.partition(":")
+    if kind in ("trace", "turns") and not (TRACES / rel).is_file():
         return f"trace {TRACES / rel} not found (set LLMSCHED_TRACES)"
     return None
 
 
-def _trace_specs(workload: WorkloadDef) -> list[RequestSpec]:
+@dataclass(frozen=True, slots=True)
+class _BlockSpec:
+    """A request of a ``blocks:`` workload (the fields of ``RequestSpec`` it needs)."""
+
+    request_id: str
+    arrival_time: float
+    prompt: tuple[int, ...]
+    output_len: int
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    def prompt_token_ids(self) -> tuple[int, ...]:
+        return self.prompt
+
+
+def _block_specs(workload: WorkloadDef, block_tokens: int) -> list[_BlockSpec]:
+    """Prompts of two to six blocks of ``block_tokens`` tokens from an alphabet of five, in
+    any order and repeated, and a tail of the request's own; two in five are instead the
+    previous prompt without its first blocks (its later blocks first here), plus a few
+    more. Some prompts share a true prefix (hits), many hold another prompt's blocks under
+    another prefix (no hit: the parent differs)."""
+    rng = random.Random(zlib.crc32(workload.name.encode()))
+    alphabet = [tuple(rng.randrange(10, 32000) for _ in range(block_tokens)) for _ in range(5)]
+    specs = []
+    previous: list[int] = []
+    for i in range(workload.num_requests):
+        if len(previous) > 1 and rng.random() < 0.4:
+            letters = previous[rng.randrange(1, len(previous)) :]
+            letters += [rng.randrange(5) for _ in range(rng.randrange(3))]
+        else:
+            letters = [rng.randrange(5) for _ in range(rng.randrange(2, 7))]
+        previous = letters
+        tail = tuple(rng.randrange(10, 32000) for _ in range(rng.randrange(block_tokens)))
+        prompt = tuple(t for letter in letters for t in alphabet[letter]) + tail
+        specs.append(_BlockSpec(f"blocks-{i}", float(i), prompt, rng.randrange(4, 40)))
+    return specs
+
+
+def _trace_specs(workload: WorkloadDef) -> list[RequestSpec] | list[_BlockSpec]:
     from llmsched.sim import workload as wl
 
     kind, _, rel = workload.source.partition(":")
+    if kind == "blocks":
+        return _block_specs(workload, int(rel))
     if not kind or not rel:
         return wl.synthetic(
             workload.source, num_requests=workload.num_requests, seed=zlib.crc32(b"parity")
@@ -479,6 +536,58 @@ def edge_cases() -> list[Case]:
                 output_factor=4,
             )
         )
+        # The watermark's edges: admissions that leave exactly the watermark free (with
+        # preemption going on), and, with a watermark above half the pool, admissions into
+        # an empty batch, which the watermark does not hold back.
+        for workload, watermark, edge in (
+            ("synthetic-chat", 0.1, "exact"),
+            ("azure-conv", 0.6, "idle"),
+        ):
+            out.append(
+                Case(
+                    workload,
+                    ParityConfig(
+                        f"edge-watermark-{edge}-{mode}-K1-apc-fcfs-kv",
+                        async_scheduling=a,
+                        num_speculative_tokens=1,
+                        enable_prefix_caching=True,
+                        policy="fcfs",
+                        num_gpu_blocks=_pool_sizes(workload)[1],
+                        watermark=watermark,
+                    ),
+                    output_factor=WORKLOADS[workload].pressure_output_factor,
+                )
+            )
+        # Blocks whose tokens recur under other prefixes: each hit follows the parent chain.
+        roomy, tight = _pool_sizes("shuffled-blocks")
+        for k in (0, 1):
+            out.append(
+                Case(
+                    "shuffled-blocks",
+                    ParityConfig(
+                        f"edge-shuffled-{mode}-K{k}-apc-fcfs",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy="fcfs",
+                        num_gpu_blocks=roomy,
+                    ),
+                )
+            )
+            out.append(
+                Case(
+                    "shuffled-blocks",
+                    ParityConfig(
+                        f"edge-shuffled-{mode}-K{k}-apc-prio-kv",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy="priority",
+                        num_gpu_blocks=tight,
+                    ),
+                    output_factor=4,
+                )
+            )
         # Few sequences under KV pressure, bigger blocks.
         for policy in ("fcfs", "priority"):
             out.append(
@@ -502,7 +611,7 @@ def edge_cases() -> list[Case]:
 
 def cases() -> list[Case]:
     """Every case of the matrix: the cross product per workload, then the edge cases."""
-    out = [case for name in WORKLOADS for case in base_cases(name)]
+    out = [case for name in WORKLOADS if WORKLOADS[name].cross_product for case in base_cases(name)]
     out.extend(edge_cases())
     return out
 

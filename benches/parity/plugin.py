@@ -109,18 +109,12 @@ class PluginFieldSide(VllmFieldSide):
 
     def __init__(self, config: ParityConfig) -> None:
         super().__init__(config, emulate_uncache=False)
-        reference = self.scheduler
-        # The knobs the harness sets on vLLM's scheduler object, set where the plug-in
-        # (like vLLM's own constructor) reads them: the scheduler config.
-        sched = reference.scheduler_config
-        object.__setattr__(sched, "max_num_scheduled_tokens", config.max_num_scheduled_tokens)
-        object.__setattr__(sched, "max_num_active_seqs", config.max_num_active_seqs)
-        object.__setattr__(
-            sched,
-            "long_prefill_token_threshold_adaptive",
-            config.long_prefill_token_threshold_adaptive,
-        )
         self.scheduler = self.ref.scheduler_from(
-            reference, hash_block_size=config.block_size, include_finished_set=False
+            self.scheduler, hash_block_size=config.block_size, include_finished_set=False
         )
+
+    def block_hashes(self, req_id: str) -> Any:
+        """The hashes the plug-in's prefix cache uses: its core's (the vLLM ``Request`` keeps
+        those of its prompt, as the engine made them, and nothing reads them)."""
+        return self.scheduler.core.get_request(req_id).block_hashes
         self.uncache = None

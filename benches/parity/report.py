@@ -128,16 +128,21 @@ cached-request data with resumed ids, new block ids, computed and output-token c
 the token lists a runner reloads, counts, drafts, finished and preempted ids, and the rest)
 and of the `EngineCoreOutputs` (each `EngineCoreOutput`: tokens, finish and stop reasons,
 logprobs, events, prefill stats, NaN counts; the scheduler stats: queue lengths, KV usage,
-prefix-cache and speculative-decoding stats). Event timestamps are wall-clock readings and
-are left out; their types are compared. The deviations above hold for the plug-in as they
-do for the core, kept out the same way. Beyond them, the plug-in:
+prefix-cache and speculative-decoding stats), with each of vLLM's two model runners (the V2
+runner, vLLM 0.33's default where Triton is installed, gets resumed requests among the new
+ones). Event timestamps are wall-clock readings and are left out; their types are
+compared. The deviations above hold for the plug-in as they do for the core, kept out the
+same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction, LoRA,
-  multimodal models, pooling models, prompt embeddings, encoder-decoder models, KV and
-  encoder-cache connectors, KV events, pipeline, data and decode-context parallelism, more
-  than one KV-cache group or a layout other than full attention, a hash block size other
-  than the block size, prefill cadence, speculative methods other than `ngram`, dynamic
-  speculative decoding; per request (the request finishes with `FinishReason.ERROR` and the
+  multimodal models, pooling models, prompt embeddings, encoder-decoder models, diffusion
+  LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors, KV events,
+  KV cache residency and MFU metrics, pipeline, data, decode- and prefill-context
+  parallelism, more than one KV-cache group or a layout other than full attention, a hash
+  block size other than the block size, prefill cadence, speculative methods other than
+  `ngram`, dynamic speculative decoding (every field of the vLLM config classes it reads
+  is classified in `llmsched/vllm/_fields.py`: read, refused, or why it need not be);
+  per request (the request finishes with `FinishReason.ERROR` and the
   reason, every other request goes on), LoRA adapters, multimodal inputs, structured
   output, streaming input, repetition detection, KV transfer parameters, and prompt
   logprobs with prefix caching on (vLLM serves those by skipping the prefix cache for that
@@ -195,6 +200,11 @@ def _describe_workload(name: str) -> str:
     kind, _, path = w.source.partition(":")
     if not path:
         source = f"{n} requests of `llmsched.sim.workload.synthetic({w.source!r})`"
+    elif kind == "blocks":
+        source = (
+            f"{n} requests whose prompts are {path}-token blocks of a five-block alphabet, in "
+            "any order and repeated (`matrix._block_specs`)"
+        )
     elif kind == "turns":
         source = f"{n} requests of `{path}`, pairs of a request and a later one continuing it"
     else:
@@ -225,8 +235,9 @@ def to_markdown(records: list[dict[str, Any]], versions: dict[str, str]) -> str:
         "",
         "Every step compares: the scheduled requests in order with their token counts, "
         "`num_computed_tokens` before the step, the scheduled draft tokens, new / resumed / "
-        "preempted / finished ids, the KV block ids sent to the runner, the (running, "
-        "waiting) counts, the aborts before the step, and what `update_from_output` "
+        "preempted / finished ids, the KV block ids sent to the runner, the prefix-cache "
+        "block hashes of each admitted request (where they are equal: `harness.HashLabels`), "
+        "the (running, waiting) counts, the aborts before the step, and what `update_from_output` "
         "returned (tokens, finish and stop reasons). The harness, the runner and the "
         "engine loop are described in `benches/parity/harness.py`; the workloads and configs "
         "in `benches/parity/matrix.py`.",

@@ -447,6 +447,8 @@ class Scheduler:
     def has_requests(self) -> bool:
         """Whether any request is unfinished, or finished but not yet reported by a
         ``schedule()``."""
+    def has_finished_requests(self) -> bool:
+        """Whether any request finished since the last ``schedule()``, which will report it."""
     def get_request_counts(self) -> tuple[int, int]:
         """``(running, waiting)``."""
     def get_kv_cache_usage(self) -> float:

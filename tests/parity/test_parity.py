@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from typing import Any
 
 import pytest
 from benches.parity import harness
@@ -78,6 +79,67 @@ def test_the_matrix_reaches_the_rules(case_id: str, expected: tuple[str, ...]) -
     case = case_by_id(case_id)
     counts = coverage(drive(VllmSide, case.config, case.requests()))
     assert all(counts[key] > 0 for key in expected), counts
+
+
+class _WatermarkWhileIdle(VllmSide):
+    """vLLM's scheduler with the watermark held back for admissions into an empty batch
+    too (a rule the watermark cases must tell apart from vLLM's)."""
+
+    def __init__(self, config: ParityConfig) -> None:
+        super().__init__(config)
+        manager = self.scheduler.kv_cache_manager
+        allocate = manager.allocate_slots
+
+        def allocate_slots(*args: Any, **kwargs: Any) -> Any:
+            kwargs["has_scheduled_reqs"] = True
+            return allocate(*args, **kwargs)
+
+        manager.allocate_slots = allocate_slots
+
+
+class _WatermarkOneBlockMore(VllmSide):
+    """vLLM's scheduler keeping one block more than the watermark free (what ``>=`` in
+    place of ``>`` in the watermark's test does)."""
+
+    def __init__(self, config: ParityConfig) -> None:
+        super().__init__(config)
+        self.scheduler.kv_cache_manager.watermark_blocks += 1
+
+
+@pytest.mark.parametrize(
+    ("case_id", "rules"),
+    [
+        ("synthetic-chat/edge-watermark-exact-sync-K1-apc-fcfs-kv", (_WatermarkOneBlockMore,)),
+        (
+            "azure-conv/edge-watermark-idle-sync-K1-apc-fcfs-kv",
+            (_WatermarkOneBlockMore, _WatermarkWhileIdle),
+        ),
+    ],
+)
+def test_the_watermark_cases_reach_its_edges(case_id: str, rules: tuple[type, ...]) -> None:
+    """Decisions in these cases depend on the watermark's edges: vLLM with the watermark a
+    block larger, or held back for an empty batch too, decides otherwise."""
+    case = case_by_id(case_id)
+    requests = case.requests()
+    reference = drive(VllmSide, case.config, requests)
+    assert coverage(reference)["preemptions"] > 0 or "idle" in case_id
+    for rule in rules:
+        assert not compare(reference, drive(rule, case.config, requests)).identical, rule
+
+
+def test_the_shuffled_blocks_hold_the_same_tokens_under_other_prefixes() -> None:
+    """The ``shuffled-blocks`` workload has what makes a prefix hit depend on the parent
+    chain: full blocks with the same tokens under different prefixes (in one prompt and
+    across prompts), and prefix hits as well."""
+    case = case_by_id("shuffled-blocks/edge-shuffled-sync-K0-apc-fcfs")
+    size = case.config.block_size
+    prefix_of: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
+    for req in case.requests():
+        for start in range(0, req.prompt_len - size + 1, size):
+            tokens = req.prompt[start : start + size]
+            prefix_of.setdefault(tokens, set()).add(req.prompt[:start])
+    assert sum(len(prefixes) > 1 for prefixes in prefix_of.values()) >= 3
+    assert coverage(drive(VllmSide, case.config, case.requests()))["prefix_hit_admissions"] > 0
 
 
 def test_the_matrix_and_the_fuzz_keep_out_of_the_deviations() -> None:

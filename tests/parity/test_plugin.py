@@ -4,8 +4,10 @@ Every parity case (``matrix``: sync and async, K in {0, 1, 3}, prefix caching, K
 and preemption, priority, aborts in every state, the ``max_model_len`` boundary) is driven
 through vLLM 0.33.0's scheduler and through the plug-in, with the same vLLM ``Request``s
 and ``ModelRunnerOutput``s, and every field of every ``SchedulerOutput`` and
-``EngineCoreOutputs`` is compared at every step (``plugin``). Runs where vLLM is
-importable (``make parity-test``).
+``EngineCoreOutputs`` is compared at every step (``plugin``), for each of vLLM's two model
+runners (``use_v2_model_runner``: the V2 runner, vLLM 0.33's default where Triton is
+installed, gets resumed requests among the new ones, every token re-sent). Runs where vLLM
+is importable (``make parity-test``).
 """
 
 from __future__ import annotations
@@ -22,14 +24,19 @@ from benches.parity.plugin import FIELD_KEYS, PluginFieldSide, VllmFieldSide
 pytest.importorskip("vllm", reason="vLLM 0.33.0 is installed in its own venv: make parity-test")
 
 
+RUNNERS = {"v1-runner": False, "v2-runner": True}
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
 @pytest.mark.parametrize("case", case_params(cases()))
-def test_every_field_of_every_step_equal(case: Case) -> None:
+def test_every_field_of_every_step_equal(case: Case, runner: str) -> None:
     requests = case.requests()
-    vllm_run = drive(VllmFieldSide, case.config, requests)
-    plugin_run = drive(PluginFieldSide, case.config, requests)
+    config = dataclasses.replace(case.config, use_v2_model_runner=RUNNERS[runner])
+    vllm_run = drive(VllmFieldSide, config, requests)
+    plugin_run = drive(PluginFieldSide, config, requests)
     comparison = compare(vllm_run, plugin_run, FIELD_KEYS)
     assert comparison.steps_compared > 0
-    assert comparison.identical, f"{case.id}\n" + describe(comparison)
+    assert comparison.identical, f"{case.id} {runner}\n" + describe(comparison)
 
 
 def _first_step_with(run: Any, predicate: Any) -> int:
@@ -90,11 +97,13 @@ def test_a_different_block_pool_is_caught() -> None:
     assert not comparison.identical
 
 
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
 @pytest.mark.parametrize("seed", range(40))
-def test_random_small_configs_field_equal(seed: int) -> None:
+def test_random_small_configs_field_equal(seed: int, runner: str) -> None:
     """Odd small configs and workloads (``fuzz.make_case``: block sizes down to 1, tiny
     pools and budgets, thresholds, chunked prefill off), every field of every step."""
     config, requests = make_case(seed)
+    config = dataclasses.replace(config, use_v2_model_runner=RUNNERS[runner])
     comparison = compare(
         drive(VllmFieldSide, config, requests), drive(PluginFieldSide, config, requests), FIELD_KEYS
     )

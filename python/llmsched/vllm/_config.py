@@ -1,28 +1,66 @@
 """What the plug-in takes from vLLM's config, and what it refuses.
 
-One function per direction: :func:`llmsched_config` reads the fields llmsched's
-``SchedulerConfig`` mirrors; :func:`check_engine_config` and :func:`check_request` name the
-features llmsched does not implement, so that an engine asking for one fails at start (or a
-request asking for one fails alone) instead of being scheduled wrongly.
+The fields llmsched's ``SchedulerConfig`` shares with vLLM's config are mapped in one table,
+:data:`SHARED_FIELDS`, which both directions read: :func:`llmsched_config` (vLLM ->
+llmsched, for the plug-in) and :func:`vllm_fields` (llmsched -> vLLM, for the reference
+scheduler ``llmsched.bench.vllm_reference`` builds). :func:`check_engine_config` and
+:func:`check_request` name the features llmsched does not implement, so that an engine
+asking for one fails at start (or a request asking for one fails alone) instead of being
+scheduled wrongly. Every field of the vLLM config classes the plug-in reads is classified
+in ``_fields``; a field the plug-in needs and this vLLM lacks is an
+:class:`UnsupportedVersionError` naming it (:func:`read`), never a default.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import vllm
 
 import llmsched
 
 __all__ = [
+    "SHARED_FIELDS",
     "UnsupportedFeatureError",
     "UnsupportedVersionError",
     "check_engine_config",
     "check_request",
     "llmsched_config",
+    "read",
+    "vllm_fields",
 ]
 
 # Speculative methods whose drafts the runner proposes without KV slots of their own: the
 # only ones tested end to end.
 _SPEC_METHODS = frozenset({"ngram"})
+
+SHARED_FIELDS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+    ("max_model_len", "model_config.max_model_len", int),
+    ("max_num_seqs", "scheduler_config.max_num_seqs", int),
+    ("max_num_batched_tokens", "scheduler_config.max_num_batched_tokens", int),
+    ("max_num_scheduled_tokens", "scheduler_config.max_num_scheduled_tokens", lambda v: v),
+    ("max_num_active_seqs", "scheduler_config.max_num_active_seqs", lambda v: v),
+    ("enable_chunked_prefill", "scheduler_config.enable_chunked_prefill", bool),
+    ("long_prefill_token_threshold", "scheduler_config.long_prefill_token_threshold", int),
+    (
+        "long_prefill_token_threshold_adaptive",
+        "scheduler_config.long_prefill_token_threshold_adaptive",
+        bool,
+    ),
+    ("async_scheduling", "scheduler_config.async_scheduling", bool),
+    ("watermark", "scheduler_config.watermark", float),
+    ("scheduler_reserve_full_isl", "scheduler_config.scheduler_reserve_full_isl", bool),
+    ("policy", "scheduler_config.policy", str),
+    ("enable_prefix_caching", "cache_config.enable_prefix_caching", bool),
+)
+"""``(llmsched field, where vLLM keeps it, how its value converts)`` for every field of
+llmsched's ``SchedulerConfig`` that vLLM's ``VllmConfig`` holds as one field of the same
+meaning. The others come from elsewhere (:func:`llmsched_config`): ``block_size`` is the one
+vLLM hands its scheduler, ``num_gpu_blocks`` the KV pool vLLM sized
+(``kv_cache_config.num_blocks``), ``num_speculative_tokens``, ``num_lookahead_tokens`` and
+``max_num_new_slots_for_drafting`` vLLM's own derivations from the speculative config, and
+``num_sampled_tokens_per_step`` is 1 (pooling models, which sample none, are refused)."""
 
 
 class UnsupportedFeatureError(llmsched.LlmschedError, ValueError):
@@ -30,7 +68,39 @@ class UnsupportedFeatureError(llmsched.LlmschedError, ValueError):
 
 
 class UnsupportedVersionError(llmsched.LlmschedError, RuntimeError):
-    """A vLLM version the plug-in was not tested with."""
+    """A vLLM version the plug-in was not tested with, or one that lacks a config field the
+    plug-in reads (named in the message)."""
+
+
+def read(config: Any, path: str) -> Any:
+    """The value at ``path`` (dotted attribute names, e.g. ``"scheduler_config.watermark"``)
+    of ``config``; ``UnsupportedVersionError`` naming the path when this vLLM has no such
+    field (a field renamed in an upgrade), never a default."""
+    value = config
+    for name in path.split("."):
+        try:
+            value = getattr(value, name)
+        except AttributeError:
+            raise UnsupportedVersionError(
+                f"llmsched.vllm reads vLLM's {path}, which this vLLM ({vllm.__version__}) "
+                "does not have"
+            ) from None
+    return value
+
+
+def vllm_fields(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """llmsched -> vLLM: ``values`` (llmsched ``SchedulerConfig`` fields of
+    :data:`SHARED_FIELDS`) as vLLM config fields, by the ``VllmConfig`` section that holds
+    each (``{"scheduler_config": {"max_num_seqs": 8, ...}, ...}``). A name the table does
+    not map is a ``KeyError`` naming it."""
+    where = {name: path for name, path, _ in SHARED_FIELDS}
+    sections: dict[str, dict[str, Any]] = {}
+    for name, value in values.items():
+        if name not in where:
+            raise KeyError(f"{name!r}: not a field llmsched shares with vLLM's config")
+        section, field = where[name].split(".")
+        sections.setdefault(section, {})[field] = value
+    return sections
 
 
 def _unsupported(feature: str, detail: str) -> UnsupportedFeatureError:
@@ -41,69 +111,103 @@ def check_engine_config(
     vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int | None
 ) -> None:
     """Raise ``UnsupportedFeatureError`` naming the first feature the engine asks for that
-    llmsched does not implement."""
-    model = vllm_config.model_config
-    checks: list[tuple[bool, str, str]] = [
-        (vllm_config.lora_config is not None, "LoRA", "lora_config is set"),
-        (model.is_multimodal_model, "multimodal inputs", f"model {model.model!r}"),
-        (model.runner_type == "pooling", "pooling models", "runner_type='pooling'"),
+    llmsched does not implement (``UnsupportedVersionError`` naming a field it reads and
+    this vLLM lacks)."""
+
+    def get(path: str) -> Any:
+        return read(vllm_config, path)
+
+    def larger_than_one(path: str) -> tuple[bool, str]:
+        value = get(path)
+        return value > 1, f"{path.rpartition('.')[2]}={value}"
+
+    model_name = get("model_config.model")
+    refusals: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
+        ("LoRA", lambda: (get("lora_config") is not None, "lora_config is set")),
         (
-            bool(getattr(model, "enable_prompt_embeds", False)),
+            "multimodal inputs",
+            lambda: (get("model_config.is_multimodal_model"), f"model {model_name!r}"),
+        ),
+        (
+            "pooling models",
+            lambda: (get("model_config.runner_type") == "pooling", "runner_type='pooling'"),
+        ),
+        (
             "prompt embeddings",
-            "enable_prompt_embeds=True",
+            lambda: (get("model_config.enable_prompt_embeds"), "enable_prompt_embeds=True"),
         ),
-        (model.is_encoder_decoder, "encoder-decoder models", f"model {model.model!r}"),
         (
-            vllm_config.kv_transfer_config is not None,
+            "encoder-decoder models",
+            lambda: (get("model_config.is_encoder_decoder"), f"model {model_name!r}"),
+        ),
+        (
+            "diffusion LLMs",
+            lambda: (get("diffusion_config") is not None, "diffusion_config is set"),
+        ),
+        (
+            "sampling masks",
+            lambda: (get("model_config.return_sampling_mask"), "return_sampling_mask=True"),
+        ),
+        (
+            "routed-experts outputs",
+            lambda: (
+                get("aux_output_config.enable_return_routed_experts"),
+                "enable_return_routed_experts=True",
+            ),
+        ),
+        (
             "KV connectors",
-            "kv_transfer_config is set",
+            lambda: (get("kv_transfer_config") is not None, "kv_transfer_config is set"),
         ),
         (
-            getattr(vllm_config, "ec_transfer_config", None) is not None,
             "encoder-cache connectors",
-            "ec_transfer_config is set",
+            lambda: (get("ec_transfer_config") is not None, "ec_transfer_config is set"),
         ),
         (
-            vllm_config.kv_events_config is not None
-            and vllm_config.kv_events_config.enable_kv_cache_events,
             "KV events",
-            "enable_kv_cache_events=True",
+            lambda: (
+                get("kv_events_config") is not None
+                and get("kv_events_config.enable_kv_cache_events"),
+                "enable_kv_cache_events=True",
+            ),
         ),
         (
-            vllm_config.parallel_config.pipeline_parallel_size > 1,
-            "pipeline parallelism",
-            f"pipeline_parallel_size={vllm_config.parallel_config.pipeline_parallel_size}",
+            "KV cache residency metrics",
+            lambda: (get("observability_config.kv_cache_metrics"), "kv_cache_metrics=True"),
         ),
         (
-            vllm_config.parallel_config.data_parallel_size > 1,
-            "data parallelism",
-            f"data_parallel_size={vllm_config.parallel_config.data_parallel_size}",
+            "MFU metrics",
+            lambda: (get("observability_config.enable_mfu_metrics"), "enable_mfu_metrics=True"),
         ),
+        ("pipeline parallelism", lambda: larger_than_one("parallel_config.pipeline_parallel_size")),
+        ("data parallelism", lambda: larger_than_one("parallel_config.data_parallel_size")),
         (
-            vllm_config.parallel_config.decode_context_parallel_size > 1,
             "decode context parallelism",
-            "decode_context_parallel_size="
-            f"{vllm_config.parallel_config.decode_context_parallel_size}",
+            lambda: larger_than_one("parallel_config.decode_context_parallel_size"),
         ),
         (
-            len(kv_cache_config.kv_cache_groups) != 1,
+            "prefill context parallelism",
+            lambda: larger_than_one("parallel_config.prefill_context_parallel_size"),
+        ),
+        (
             "more than one KV-cache group (hybrid models)",
-            f"{len(kv_cache_config.kv_cache_groups)} groups",
+            lambda: (
+                len(kv_cache_config.kv_cache_groups) != 1,
+                f"{len(kv_cache_config.kv_cache_groups)} groups",
+            ),
         ),
         (
-            hash_block_size is not None and hash_block_size != block_size,
             "a hash block size other than the block size",
-            f"hash_block_size={hash_block_size}, block_size={block_size}",
+            lambda: (
+                hash_block_size is not None and hash_block_size != block_size,
+                f"hash_block_size={hash_block_size}, block_size={block_size}",
+            ),
         ),
-        (
-            getattr(vllm_config.scheduler_config, "prefill_schedule_interval", 1) > 1,
-            "prefill cadence",
-            "prefill_schedule_interval="
-            f"{getattr(vllm_config.scheduler_config, 'prefill_schedule_interval', 1)}",
-        ),
+        ("prefill cadence", lambda: larger_than_one("scheduler_config.prefill_schedule_interval")),
     ]
-    for failed, feature, detail in checks:
-        if failed:
+    for feature, check in refusals:
+        refused, detail = check()
+        if refused:
             raise _unsupported(feature, detail)
     spec_name = type(kv_cache_config.kv_cache_groups[0].kv_cache_spec).__name__
     if spec_name != "FullAttentionSpec":
@@ -114,14 +218,14 @@ def check_engine_config(
             "a scheduler block size other than the KV group's",
             f"block_size={block_size}, group block_size={group_block_size}",
         )
-    spec = vllm_config.speculative_config
-    if spec is not None:
-        if spec.method not in _SPEC_METHODS:
+    if get("speculative_config") is not None:
+        method = get("speculative_config.method")
+        if method not in _SPEC_METHODS:
             raise _unsupported(
                 "this speculative decoding method",
-                f"method={spec.method!r}; supported: {', '.join(sorted(_SPEC_METHODS))}",
+                f"method={method!r}; supported: {', '.join(sorted(_SPEC_METHODS))}",
             )
-        if getattr(spec, "num_speculative_tokens_per_batch_size", None):
+        if get("speculative_config.num_speculative_tokens_per_batch_size"):
             raise _unsupported(
                 "dynamic speculative decoding", "num_speculative_tokens_per_batch_size is set"
             )
@@ -130,35 +234,22 @@ def check_engine_config(
 def llmsched_config(
     vllm_config: Any, kv_cache_config: Any, block_size: int
 ) -> llmsched.SchedulerConfig:
-    """llmsched's config for the engine vLLM configured: the same budgets, the KV pool vLLM
-    sized (``kv_cache_config.num_blocks`` blocks, block 0 the null block), the same policy."""
-    sched = vllm_config.scheduler_config
-    spec = vllm_config.speculative_config
+    """vLLM -> llmsched: llmsched's config for the engine vLLM configured: the same budgets
+    and policy (:data:`SHARED_FIELDS`), the KV pool vLLM sized (``kv_cache_config.num_blocks``
+    blocks, block 0 the null block), the same drafts."""
+    shared = {name: convert(read(vllm_config, path)) for name, path, convert in SHARED_FIELDS}
+    spec = read(vllm_config, "speculative_config")
     try:
         return llmsched.SchedulerConfig(
-            max_model_len=vllm_config.model_config.max_model_len,
-            max_num_seqs=sched.max_num_seqs,
-            max_num_batched_tokens=sched.max_num_batched_tokens,
-            max_num_scheduled_tokens=getattr(sched, "max_num_scheduled_tokens", None),
-            max_num_active_seqs=getattr(sched, "max_num_active_seqs", None),
+            **shared,
             block_size=block_size,
             num_gpu_blocks=kv_cache_config.num_blocks,
-            enable_chunked_prefill=sched.enable_chunked_prefill,
-            long_prefill_token_threshold=sched.long_prefill_token_threshold,
-            long_prefill_token_threshold_adaptive=getattr(
-                sched, "long_prefill_token_threshold_adaptive", False
-            ),
-            num_speculative_tokens=vllm_config.num_speculative_tokens,
-            num_lookahead_tokens=vllm_config.num_lookahead_tokens,
+            num_speculative_tokens=read(vllm_config, "num_speculative_tokens"),
+            num_lookahead_tokens=read(vllm_config, "num_lookahead_tokens"),
             max_num_new_slots_for_drafting=(
-                spec.max_num_new_slots_for_drafting if spec is not None else 0
+                0 if spec is None else read(spec, "max_num_new_slots_for_drafting")
             ),
             num_sampled_tokens_per_step=1,
-            async_scheduling=bool(sched.async_scheduling),
-            watermark=getattr(sched, "watermark", 0.0),
-            scheduler_reserve_full_isl=getattr(sched, "scheduler_reserve_full_isl", True),
-            enable_prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
-            policy=str(sched.policy),
         )
     except llmsched.ConfigError as exc:
         raise llmsched.ConfigError(f"llmsched.vllm cannot schedule this engine: {exc}") from None
@@ -177,13 +268,13 @@ def check_request(request: Any, prefix_caching: bool) -> str | None:
         return "llmsched.vllm does not support prompt embeddings"
     if request.use_structured_output:
         return "llmsched.vllm does not support structured output"
-    if getattr(request, "resumable", False):
+    if request.resumable:
         return "llmsched.vllm does not support streaming-input (resumable) requests"
-    if getattr(params, "repetition_detection", None) is not None:
+    if params.repetition_detection is not None:
         return "llmsched.vllm does not support repetition detection"
-    if getattr(request, "kv_transfer_params", None):
+    if request.kv_transfer_params:
         return "llmsched.vllm does not support KV transfer parameters"
-    if prefix_caching and getattr(request, "skip_reading_prefix_cache", False):
+    if prefix_caching and request.skip_reading_prefix_cache:
         return (
             "llmsched.vllm does not support prompt logprobs with prefix caching on "
             "(the request must skip reading the prefix cache)"

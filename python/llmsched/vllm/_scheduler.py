@@ -10,7 +10,7 @@ requests, done with list and numpy operations wherever a request needs nothing o
 from __future__ import annotations
 
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterable
 from itertools import chain
 from typing import Any
@@ -35,6 +35,7 @@ from llmsched.vllm._config import (
     check_engine_config,
     check_request,
     llmsched_config,
+    read,
 )
 
 __all__ = ["TESTED_VLLM_VERSIONS", "AsyncScheduler", "Scheduler"]
@@ -66,14 +67,17 @@ def _spec_decoding_stats(k: int, num_drafts: list[int], num_accepted: list[int])
     return stats
 
 
-class _Step:
-    """A scheduled step until its output is applied: vLLM's object and the core's."""
-
-    __slots__ = ("core", "vllm")
-
-    def __init__(self, vllm_output: SchedulerOutput, core_output: llmsched.SchedulerOutput):
-        self.vllm = vllm_output
-        self.core = core_output
+def _block_rows(core_out: llmsched.SchedulerOutput) -> dict[int, list[int]]:
+    """The block ids the step sends per row that has any: whole tables for admissions, the
+    new blocks of running requests."""
+    num_blocks = core_out.num_block_ids
+    block_rows: dict[int, list[int]] = {}
+    if num_blocks.any():
+        flat_blocks = core_out.block_ids.tolist()
+        ends = np.cumsum(num_blocks).tolist()
+        for i in np.flatnonzero(num_blocks).tolist():
+            block_rows[i] = flat_blocks[ends[i] - int(num_blocks[i]) : ends[i]]
+    return block_rows
 
 
 class _RunnerRows:
@@ -113,8 +117,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             )
         check_engine_config(vllm_config, kv_cache_config, block_size, hash_block_size)
         self.vllm_config = vllm_config
-        self.scheduler_config = vllm_config.scheduler_config
-        self.cache_config = vllm_config.cache_config
+        self.scheduler_config = read(vllm_config, "scheduler_config")
+        self.cache_config = read(vllm_config, "cache_config")
         self.kv_cache_config = kv_cache_config
         self.structured_output_manager = structured_output_manager
         self.block_size = block_size
@@ -125,11 +129,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.core = llmsched.Scheduler(llmsched_config(vllm_config, kv_cache_config, block_size))
         self.max_model_len = self.core.config.max_model_len
         self.num_spec_tokens = self.core.config.num_speculative_tokens
-        self.use_v2_model_runner = bool(getattr(vllm_config, "use_v2_model_runner", False))
+        self.use_v2_model_runner = bool(read(vllm_config, "use_v2_model_runner"))
         # "none", "summary" or "detailed": per-request draft acceptance, reported with the
         # request's final output (vLLM's RequestSpecDecodeMetrics).
-        self.spec_decode_metrics_level: str = (
-            vllm_config.observability_config.per_request_spec_decode_metrics
+        self.spec_decode_metrics_level: str = read(
+            vllm_config, "observability_config.per_request_spec_decode_metrics"
         )
         self.requests: dict[str, Request] = {}
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
@@ -137,9 +141,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         )
         # Requests refused at add_request, reported as errors by the next update.
         self._refused: dict[str, tuple[Request, str]] = {}
-        # Requests finished since the last schedule() (vLLM's has_finished_requests).
-        self._num_finished_unreported = 0
-        self._in_flight: deque[_Step] = deque()
+        # The core's step for each vLLM SchedulerOutput whose output is not applied yet, by
+        # the vLLM object's identity (kept with it, so that its id stays its own). Which
+        # steps are in flight, and in what order their outputs apply, is the core's to
+        # say: an entry leaves only once the core has applied the step's output.
+        self._core_steps: dict[int, tuple[SchedulerOutput, llmsched.SchedulerOutput]] = {}
         # Requests whose outputs carry more than id and tokens: always (logprobs, trace
         # headers, a client other than 0) or until their next output (events recorded,
         # prefill stats pending). The others' outputs are built in one pass.
@@ -217,7 +223,6 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._next_full.discard(req_id)
         if request.client_index:
             self._num_other_clients -= 1
-        self._num_finished_unreported += 1
         if self.finished_req_ids_dict is not None:
             self.finished_req_ids_dict[request.client_index].add(req_id)
         return request
@@ -225,20 +230,28 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     def has_request(self, request_id: str) -> bool:
         return request_id in self.requests or request_id in self._refused
 
+    # A refused request is, until the output that reports it, what vLLM's scheduler makes
+    # of a request it will fail (a grammar that did not compile): a waiting request that
+    # holds no KV, counted as one.
+
     def get_num_unfinished_requests(self) -> int:
-        return self.core.get_num_unfinished_requests() + len(self._refused)
+        num = self.core.get_num_unfinished_requests()
+        if self._refused and self.core.pause_state == PauseState.UNPAUSED:
+            num += len(self._refused)
+        return num
 
     def has_unfinished_requests(self) -> bool:
         return self.get_num_unfinished_requests() > 0
 
     def has_finished_requests(self) -> bool:
-        return self._num_finished_unreported > 0
+        return self.core.has_finished_requests()
 
     def has_requests(self) -> bool:
         return self.has_unfinished_requests() or self.has_finished_requests()
 
     def get_request_counts(self) -> tuple[int, int]:
-        return self.core.get_request_counts()
+        num_running, num_waiting = self.core.get_request_counts()
+        return num_running, num_waiting + len(self._refused)
 
     def get_kv_cache_usage(self) -> float:
         return self.core.get_kv_cache_usage()
@@ -249,30 +262,54 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         """One step of the core, as vLLM's ``SchedulerOutput``. ``throttle_prefills``
         (data-parallel prefill balancing) never applies: data parallelism is refused."""
         core_out = self.core.schedule()
-        self._num_finished_unreported = 0
         req_ids: list[str] = core_out.req_ids
-        num_reqs = len(req_ids)
         new_ids: list[str] = core_out.new_req_ids
         resumed_ids: list[str] = core_out.resumed_req_ids
-        num_running = num_reqs - len(new_ids) - len(resumed_ids)
-        computed: list[int] = core_out.num_computed_tokens.tolist()
-        num_output_tokens: list[int] = core_out.num_output_tokens.tolist()
-
-        # Block ids: whole tables for admissions, the new blocks of running requests.
-        num_blocks = core_out.num_block_ids
-        block_rows: dict[int, list[int]] = {}
-        if num_blocks.any():
-            flat_blocks = core_out.block_ids.tolist()
-            ends = np.cumsum(num_blocks).tolist()
-            for i in np.flatnonzero(num_blocks).tolist():
-                block_rows[i] = flat_blocks[ends[i] - int(num_blocks[i]) : ends[i]]
+        # The step's rows: running requests first, then this step's admissions.
+        num_running = len(req_ids) - len(new_ids) - len(resumed_ids)
         admitted_at = {req_id: i for i, req_id in enumerate(req_ids[num_running:], num_running)}
+        computed: list[int] = core_out.num_computed_tokens.tolist()
+        block_rows = _block_rows(core_out)
+        output = SchedulerOutput(
+            scheduled_new_reqs=self._new_requests(
+                core_out, new_ids, resumed_ids, admitted_at, computed, block_rows
+            ),
+            scheduled_cached_reqs=self._cached_requests(
+                core_out, req_ids[:num_running], resumed_ids, admitted_at, computed, block_rows
+            ),
+            num_scheduled_tokens=dict(
+                zip(req_ids, core_out.num_scheduled_tokens.tolist(), strict=True)
+            ),
+            total_num_scheduled_tokens=core_out.total_num_scheduled_tokens,
+            scheduled_spec_decode_tokens=self._spec_tokens(core_out, req_ids),
+            scheduled_encoder_inputs={},
+            finished_req_ids=set(core_out.finished_req_ids),
+            free_encoder_mm_hashes=[],
+            preempted_req_ids=set(core_out.preempted_req_ids),
+            num_spec_tokens_to_schedule=self.num_spec_tokens,
+        )
+        self._watch_scheduled(core_out, new_ids, resumed_ids)
+        if req_ids:
+            self._core_steps[id(output)] = (output, core_out)
+        return output
 
-        timestamp = time.monotonic() if self.log_stats else 0.0
-        new_reqs_data = []
+    def _new_requests(
+        self,
+        core_out: llmsched.SchedulerOutput,
+        new_ids: list[str],
+        resumed_ids: list[str],
+        admitted_at: dict[str, int],
+        computed: list[int],
+        block_rows: dict[int, list[int]],
+    ) -> list[NewRequestData]:
+        """The step's first admissions as vLLM's ``NewRequestData``, whole block tables
+        (and, for the V2 model runner, every token and the resumed requests too: that
+        runner re-reads a resumed request whole). Sets each request's computed tokens and,
+        at its first admission, its prefill stats' prefix hit."""
         admissions = new_ids + resumed_ids if self.use_v2_model_runner else new_ids
         all_tokens = self._admitted_tokens(core_out) if self.use_v2_model_runner else {}
         first_admissions = set(new_ids)
+        new_requests = []
         for req_id in admissions:
             i = admitted_at[req_id]
             request = self.requests[req_id]
@@ -283,13 +320,28 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     num_local_cached_tokens=computed[i],
                     num_external_cached_tokens=0,
                 )
-            new_reqs_data.append(
+            new_requests.append(
                 NewRequestData.from_request(
                     request, (block_rows.get(i, []),), all_tokens.get(req_id, None)
                 )
             )
+        return new_requests
 
-        cached_ids = req_ids[:num_running]
+    def _cached_requests(
+        self,
+        core_out: llmsched.SchedulerOutput,
+        cached_ids: list[str],
+        resumed_ids: list[str],
+        admitted_at: dict[str, int],
+        computed: list[int],
+        block_rows: dict[int, list[int]],
+    ) -> CachedRequestData:
+        """The step's running requests (``cached_ids``, the step's first rows) as vLLM's
+        ``CachedRequestData``: their new blocks, and every token of those the previous step
+        skipped (the V1 runner's batch lost them). For the V1 model runner, the resumed
+        requests too, whole."""
+        num_running = len(cached_ids)
+        num_output_tokens: list[int] = core_out.num_output_tokens.tolist()
         cached_computed = computed[:num_running]
         cached_output_tokens = num_output_tokens[:num_running]
         new_block_ids: list[tuple[list[int], ...] | None] = [None] * num_running
@@ -309,7 +361,20 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     cached_computed.append(computed[i])
                     cached_output_tokens.append(num_output_tokens[i])
                     new_block_ids.append((block_rows.get(i, []),))
+        return CachedRequestData(
+            req_ids=cached_ids,
+            resumed_req_ids=set() if self.use_v2_model_runner else set(resumed_ids),
+            new_token_ids=[],
+            all_token_ids=all_token_ids,
+            new_block_ids=new_block_ids,
+            num_computed_tokens=cached_computed,
+            num_output_tokens=cached_output_tokens,
+        )
 
+    def _spec_tokens(
+        self, core_out: llmsched.SchedulerOutput, req_ids: list[str]
+    ) -> dict[str, list[int]]:
+        """The drafts scheduled per request (``-1``: a placeholder or padding)."""
         spec_tokens: dict[str, list[int]] = {}
         num_spec = core_out.num_spec_tokens
         if self.num_spec_tokens and num_spec.any():
@@ -319,48 +384,29 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 if k:
                     spec_tokens[req_ids[i]] = flat[start : start + k]
                     start += k
+        return spec_tokens
 
-        # A first output carries the request's prefill stats (and, with log_stats, its
-        # events): watched from its first step on, not while it waits (a long waiting
-        # queue would make every step pay for it).
+    def _watch_scheduled(
+        self, core_out: llmsched.SchedulerOutput, new_ids: list[str], resumed_ids: list[str]
+    ) -> None:
+        """What the step's admissions and preemptions owe their next output: a first output
+        carries the request's prefill stats (and, with log_stats, its events), so it is
+        watched from its first step on, not while it waits (a long waiting queue would
+        make every step pay for it); with log_stats, SCHEDULED and PREEMPTED events."""
         self._next_full.update(new_ids)
-        if self.log_stats:
-            self._preempted_by_reset, preempted_by_reset = set(), self._preempted_by_reset
-            for req_id in chain(new_ids, resumed_ids):
-                self.requests[req_id].record_event(EngineCoreEventType.SCHEDULED, timestamp)
-            self._next_full.update(resumed_ids)
-            for req_id in core_out.preempted_req_ids:
-                preempted = self.requests.get(req_id)
-                # reset_prefix_cache recorded its own preemptions when it made them.
-                if preempted is not None and req_id not in preempted_by_reset:
-                    preempted.record_event(EngineCoreEventType.PREEMPTED, timestamp)
-                    self._next_full.add(req_id)
-
-        output = SchedulerOutput(
-            scheduled_new_reqs=new_reqs_data,
-            scheduled_cached_reqs=CachedRequestData(
-                req_ids=cached_ids,
-                resumed_req_ids=set() if self.use_v2_model_runner else set(resumed_ids),
-                new_token_ids=[],
-                all_token_ids=all_token_ids,
-                new_block_ids=new_block_ids,
-                num_computed_tokens=cached_computed,
-                num_output_tokens=cached_output_tokens,
-            ),
-            num_scheduled_tokens=dict(
-                zip(req_ids, core_out.num_scheduled_tokens.tolist(), strict=True)
-            ),
-            total_num_scheduled_tokens=core_out.total_num_scheduled_tokens,
-            scheduled_spec_decode_tokens=spec_tokens,
-            scheduled_encoder_inputs={},
-            finished_req_ids=set(core_out.finished_req_ids),
-            free_encoder_mm_hashes=[],
-            preempted_req_ids=set(core_out.preempted_req_ids),
-            num_spec_tokens_to_schedule=self.num_spec_tokens,
-        )
-        if num_reqs:
-            self._in_flight.append(_Step(output, core_out))
-        return output
+        if not self.log_stats:
+            return
+        timestamp = time.monotonic()
+        self._preempted_by_reset, preempted_by_reset = set(), self._preempted_by_reset
+        for req_id in chain(new_ids, resumed_ids):
+            self.requests[req_id].record_event(EngineCoreEventType.SCHEDULED, timestamp)
+        self._next_full.update(resumed_ids)
+        for req_id in core_out.preempted_req_ids:
+            preempted = self.requests.get(req_id)
+            # reset_prefix_cache recorded its own preemptions when it made them.
+            if preempted is not None and req_id not in preempted_by_reset:
+                preempted.record_event(EngineCoreEventType.PREEMPTED, timestamp)
+                self._next_full.add(req_id)
 
     def _admitted_tokens(
         self, core_out: llmsched.SchedulerOutput, only: list[str] | None = None
@@ -385,15 +431,16 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         spec_stats = None
         if scheduler_output.total_num_scheduled_tokens:
-            step = self._pop_step(scheduler_output)
+            core_step = self._core_step(scheduler_output)
             mro = model_runner_output
             runner_ids: list[str] = mro.req_ids
             sampled = mro.sampled_token_ids or [[] for _ in runner_ids]
+            # vLLM's rows go to the core as they are: it flattens them without a Python
+            # object per token. An output the core refuses raises here, changing nothing.
+            core_outputs = self.core.update_from_output(core_step, _RunnerRows(runner_ids, sampled))
+            del self._core_steps[id(scheduler_output)]
             if scheduler_output.scheduled_spec_decode_tokens:
                 spec_stats = self._observe_drafts(scheduler_output, mro.req_id_to_index, sampled)
-            # vLLM's rows go to the core as they are: it flattens them without a Python
-            # object per token.
-            core_outputs = self.core.update_from_output(step.core, _RunnerRows(runner_ids, sampled))
             self._emit(core_outputs, mro, outputs)
         for req_id, (request, reason) in self._refused.items():
             request.status = RequestStatus.FINISHED_ERROR
@@ -434,19 +481,15 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             eco.scheduler_stats = stats
         return engine_core_outputs
 
-    def _pop_step(self, scheduler_output: SchedulerOutput) -> _Step:
-        if self._in_flight and self._in_flight[0].vllm is scheduler_output:
-            return self._in_flight.popleft()
-        for step in self._in_flight:
-            if step.vllm is scheduler_output:
-                raise llmsched.OutputMismatchError(
-                    "update_from_output: steps must be applied in the order they were "
-                    "scheduled, and this one was scheduled after a step still in flight"
-                )
-        raise llmsched.OutputMismatchError(
-            "update_from_output: this SchedulerOutput is not in flight (applied twice, "
-            "or not scheduled by this scheduler)"
-        )
+    def _core_step(self, scheduler_output: SchedulerOutput) -> llmsched.SchedulerOutput:
+        """The core's step for ``scheduler_output`` (the core checks the order)."""
+        entry = self._core_steps.get(id(scheduler_output))
+        if entry is None or entry[0] is not scheduler_output:
+            raise llmsched.OutputMismatchError(
+                "update_from_output: this SchedulerOutput is not in flight (its output was "
+                "already applied, or this scheduler did not schedule it)"
+            )
+        return entry[1]
 
     def _emit(
         self,
@@ -471,7 +514,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             built = [EngineCoreOutput(r, []) for r in out_ids]
 
         full = set(np.flatnonzero(core_outputs.statuses >= _FIRST_FINISHED).tolist())
-        nans = getattr(mro, "num_nans_in_logits", None) or {}
+        nans = mro.num_nans_in_logits or {}
         prompt_logprobs = mro.prompt_logprobs_dict
         if self._always_full or self._next_full or nans or prompt_logprobs:
             # Each intersection iterates the smaller side: the step's outputs, or the few
@@ -523,7 +566,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if count and mro.logprobs and request.sampling_params.logprobs is not None:
             output.new_logprobs = mro.logprobs.slice_request(mro.req_id_to_index[req_id], count)
         output.new_prompt_logprobs_tensors = mro.prompt_logprobs_dict.get(req_id)
-        nans = getattr(mro, "num_nans_in_logits", None)
+        nans = mro.num_nans_in_logits
         if nans and req_id in nans:
             request.num_nans_in_logits = nans[req_id]
         output.num_nans_in_logits = request.num_nans_in_logits
@@ -600,7 +643,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             preempted_hits=delta["prefix_cache_preempted_hits"],
         )
         self._prefix_cache_reset = False
-        num_running, num_waiting = self.core.get_request_counts()
+        num_running, num_waiting = self.get_request_counts()
         return SchedulerStats(
             num_running_reqs=num_running,
             num_waiting_reqs=num_waiting,

@@ -726,6 +726,11 @@ impl PyScheduler {
         self.with_inner(py, |inner| Ok(inner.core.has_requests()))
     }
 
+    /// Whether any request finished since the last ``schedule()``, which will report it.
+    fn has_finished_requests(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with_inner(py, |inner| Ok(inner.core.has_finished_requests()))
+    }
+
     /// ``(running, waiting)``.
     fn get_request_counts(&self, py: Python<'_>) -> PyResult<(usize, usize)> {
         self.with_inner(py, |inner| Ok(inner.core.get_request_counts()))

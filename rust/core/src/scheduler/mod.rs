@@ -553,7 +553,12 @@ impl Scheduler {
 
     /// Unfinished requests, or finished ones a `schedule()` has yet to report.
     pub fn has_requests(&self) -> bool {
-        self.has_unfinished_requests() || !self.finished_since_last_step.is_empty()
+        self.has_unfinished_requests() || self.has_finished_requests()
+    }
+
+    /// Finished requests a `schedule()` has yet to report (vLLM's `has_finished_requests`).
+    pub fn has_finished_requests(&self) -> bool {
+        !self.finished_since_last_step.is_empty()
     }
 
     /// Forgets the prefix cache; with `reset_running_requests`, first preempts

