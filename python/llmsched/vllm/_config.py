@@ -74,10 +74,14 @@ def check_engine_config(
             "pipeline parallelism",
             f"pipeline_parallel_size={vllm_config.parallel_config.pipeline_parallel_size}",
         ),
+        # vLLM runs each data-parallel rank of a dense model as an independent engine whose
+        # config says data_parallel_size=1 (those are served); only an MoE model's ranks,
+        # which step in lockstep, show the scheduler more than one.
         (
             vllm_config.parallel_config.data_parallel_size > 1,
-            "data parallelism",
-            f"data_parallel_size={vllm_config.parallel_config.data_parallel_size}",
+            "data parallelism of MoE models (ranks stepping in lockstep)",
+            f"data_parallel_size={vllm_config.parallel_config.data_parallel_size}; "
+            "a dense model's data-parallel ranks are independent engines and are supported",
         ),
         (
             vllm_config.parallel_config.decode_context_parallel_size > 1,

@@ -250,7 +250,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         """One step of the core, as vLLM's ``SchedulerOutput``. ``throttle_prefills``
-        (data-parallel prefill balancing) never applies: data parallelism is refused."""
+        (prefill balancing across an MoE model's data-parallel ranks) never applies: those
+        ranks and prefill cadence are refused."""
         core_out = self.core.schedule()
         self._num_finished_unreported = 0
         req_ids: list[str] = core_out.req_ids
