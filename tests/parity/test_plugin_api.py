@@ -88,7 +88,9 @@ ENGINE_REFUSALS = {
     "pipeline parallelism": lambda s: _set(
         s.vllm_config.parallel_config, "pipeline_parallel_size", 2
     ),
-    "data parallelism": lambda s: _set(s.vllm_config.parallel_config, "data_parallel_size", 2),
+    "data parallelism of MoE models": lambda s: _set(
+        s.vllm_config.parallel_config, "data_parallel_size", 2
+    ),
     "more than one KV-cache group": lambda s: s.kv_cache_config.kv_cache_groups.append(
         s.kv_cache_config.kv_cache_groups[0]
     ),

