@@ -393,6 +393,9 @@ class Scheduler:
     ) -> None:
         """Queue a request. Copies the prompt into the scheduler.
 
+        ``prompt_token_ids`` and ``stop_token_ids`` are iterables of ints or 1-D numpy
+        integer arrays, read exactly as numpy reads them (any layout, byte order or width).
+
         Raises ``InvalidRequestError`` (``DuplicateRequestError`` for an id still live)
         naming the field and the value, and changes nothing, for a request that could
         never finish: an empty prompt, one longer than ``max_model_len`` minus the sampled
@@ -414,8 +417,10 @@ class Scheduler:
         ``sampled_token_ids`` may be vLLM's shape, a list of token-id lists, one per entry of
         ``req_ids``, flattened here without a Python object per token). Outputs must be applied
         once each, in the order the steps were scheduled; the output of a step that
-        scheduled nothing is a no-op. Copies the runner's arrays before it releases the
-        GIL, so a thread writing into them during the call cannot change what is applied.
+        scheduled nothing is a no-op. ``sampled_token_ids`` and ``num_sampled`` are 1-D numpy
+        int32 arrays, read exactly as numpy reads them (any layout or byte order). Copies the
+        runner's arrays before it releases the GIL, so a thread writing into them during the
+        call cannot change what is applied.
         Returns a sequence of ``RequestOutput``, one per request that produced tokens or
         finished."""
     def update_draft_token_ids(

@@ -1,9 +1,10 @@
 //! Argument conversion with errors that name the field and the value.
 
-use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::{Element, PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyOverflowError;
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyString};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 
 /// A field's name for an error message, built only when an error is reported (the
 /// indexed names of a long token list would otherwise cost a `format!` per token).
@@ -97,12 +98,83 @@ pub fn type_name(value: &Bound<'_, PyAny>) -> String {
     value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
-/// A copy of `value`'s items if it is a contiguous 1-D int32 array (what a runner holds:
-/// taken as it is, not widened like `token_list`'s).
-pub fn contiguous_int32(value: &Bound<'_, PyAny>) -> Option<Vec<i32>> {
-    let array = value.cast::<PyArray1<i32>>().ok()?;
-    let array = array.readonly();
-    array.as_slice().ok().map(<[i32]>::to_vec)
+/// The items of a 1-D array whose dtype numpy calls `T` (native byte order), read in
+/// place by `read` when the array lays them out as a Rust slice (aligned, contiguous);
+/// None otherwise.
+fn with_slice<T: Element, R>(array: &Bound<'_, PyUntypedArray>, read: impl FnOnce(&[T]) -> R) -> Option<R> {
+    let typed = array.cast::<PyArray1<T>>().ok()?;
+    let guard = typed.try_readonly().ok()?;
+    let slice = guard.as_slice().ok()?;
+    Some(read(slice))
+}
+
+/// numpy's own copy of a 1-D array's items as `T`: a new C-contiguous, aligned array,
+/// whatever the layout it came in (a field of a packed record, a strided or reversed
+/// view, an offset buffer, another byte order or integer width). The values are cast as
+/// numpy casts them: exact for every integer dtype that fits `T`.
+fn numpy_copy<T: Element + Copy>(py: Python<'_>, array: &Bound<'_, PyUntypedArray>) -> PyResult<Vec<T>> {
+    let kwargs = PyDict::new(py);
+    kwargs.set_item(intern!(py, "dtype"), numpy::dtype::<T>(py))?;
+    kwargs.set_item(intern!(py, "order"), intern!(py, "C"))?;
+    let copy = py.import(intern!(py, "numpy"))?.getattr(intern!(py, "array"))?.call((array,), Some(&kwargs))?;
+    let copy = copy.cast_into::<PyArray1<T>>()?;
+    let guard = copy.try_readonly()?;
+    Ok(guard.as_slice()?.to_vec())
+}
+
+/// A 1-D int32 array's items, exactly the values it holds (any layout or byte order);
+/// None if `value` is not a 1-D array of a 32-bit signed integer dtype.
+pub fn int32_items(py: Python<'_>, value: &Bound<'_, PyAny>) -> Option<PyResult<Vec<i32>>> {
+    let array = value.cast::<PyUntypedArray>().ok()?;
+    let dtype = array.dtype();
+    if array.ndim() != 1 || dtype.kind() != b'i' || dtype.itemsize() != 4 {
+        return None;
+    }
+    Some(match with_slice(array, <[i32]>::to_vec) {
+        Some(items) => Ok(items),
+        None => numpy_copy::<i32>(py, array),
+    })
+}
+
+/// The token ids a 1-D integer array holds, exactly (any layout, byte order or integer
+/// width); refused if it is not 1-D or does not hold integers.
+fn array_tokens(
+    py: Python<'_>,
+    array: &Bound<'_, PyUntypedArray>,
+    field: &dyn Field,
+    make_error: fn(Python<'_>, String) -> PyErr,
+) -> PyResult<Vec<i64>> {
+    if array.ndim() != 1 {
+        return Err(make_error(
+            py,
+            format!("{}: must be 1-D, got an array of shape {:?}", field.name(), array.shape()),
+        ));
+    }
+    let dtype = array.dtype();
+    let kind = dtype.kind();
+    if kind != b'i' && kind != b'u' {
+        return Err(make_error(py, format!("{}: must hold integers, got dtype {}", field.name(), dtype)));
+    }
+    // A contiguous int32 array (a runner's) converts in one loop the compiler vectorizes.
+    if let Some(tokens) = with_slice(array, |slice: &[i32]| slice.iter().map(|&t| i64::from(t)).collect()) {
+        return Ok(tokens);
+    }
+    if let Some(tokens) = with_slice(array, <[i64]>::to_vec) {
+        return Ok(tokens);
+    }
+    if kind == b'u' && dtype.itemsize() == 8 {
+        // The one integer dtype whose values may not fit i64: checked one by one.
+        return numpy_copy::<u64>(py, array)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, token)| {
+                i64::try_from(token).map_err(|_| {
+                    make_error(py, format!("{}={token}: out of the 64-bit integer range", Indexed(field, i).name()))
+                })
+            })
+            .collect();
+    }
+    numpy_copy::<i64>(py, array)
 }
 
 /// A token list from a numpy integer array or any iterable of ints.
@@ -112,29 +184,8 @@ pub fn token_list(
     field: &dyn Field,
     make_error: fn(Python<'_>, String) -> PyErr,
 ) -> PyResult<Vec<i64>> {
-    if let Ok(array) = value.cast::<PyArray1<i32>>() {
-        let array = array.readonly();
-        // A contiguous array converts in one loop the compiler vectorizes.
-        return Ok(match array.as_slice() {
-            Ok(slice) => slice.iter().map(|&t| t as i64).collect(),
-            Err(_) => array.as_array().iter().map(|&t| t as i64).collect(),
-        });
-    }
-    if let Ok(array) = value.cast::<PyArray1<i64>>() {
-        return Ok(array.readonly().as_array().to_vec());
-    }
-    if let Ok(array) = value.cast::<numpy::PyUntypedArray>() {
-        if array.ndim() != 1 {
-            return Err(make_error(
-                py,
-                format!("{}: must be 1-D, got an array of shape {:?}", field.name(), array.shape()),
-            ));
-        }
-        let kind = array.dtype().kind();
-        if kind != b'i' && kind != b'u' {
-            return Err(make_error(py, format!("{}: must hold integers, got dtype {}", field.name(), array.dtype())));
-        }
-        // Other integer widths: convert element by element, range-checked.
+    if let Ok(array) = value.cast::<PyUntypedArray>() {
+        return array_tokens(py, array, field, make_error);
     }
     if value.is_instance_of::<PyString>() {
         return Err(make_error(py, format!("{}: must be a sequence of token ids, got a str", field.name())));

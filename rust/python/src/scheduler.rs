@@ -13,7 +13,7 @@ use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::config::PySchedulerConfig;
-use crate::convert::{bool_value, contiguous_int32, float_value, int_value, token_list, type_name, Indexed};
+use crate::convert::{bool_value, float_value, int32_items, int_value, token_list, type_name, Indexed};
 use crate::errors::{core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
 use crate::ids::{IdBatch, StepIds};
 use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput};
@@ -198,7 +198,9 @@ impl Drafts {
     }
 }
 
-fn int32_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>, field: &str) -> PyResult<PyReadonlyArray1<'py, i32>> {
+/// A runner's int32 column, copied: exactly the values a 1-D int32 array holds, in any
+/// layout or byte order.
+fn runner_int32(py: Python<'_>, value: &Bound<'_, PyAny>, field: &str) -> PyResult<Vec<i32>> {
     if let Ok(array) = value.cast::<PyUntypedArray>() {
         if array.ndim() != 1 {
             return Err(mismatch_error(
@@ -207,15 +209,11 @@ fn int32_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>, field: &str) -> 
             ));
         }
     }
-    let array = value.extract::<PyReadonlyArray1<'py, i32>>().map_err(|_| {
+    int32_items(py, value).unwrap_or_else(|| {
         let dtype =
             value.getattr("dtype").and_then(|d| d.str()).map(|d| d.to_string()).unwrap_or_else(|_| type_name(value));
-        mismatch_error(py, format!("runner_output.{field}: must be a 1-D numpy int32 array, got {dtype}"))
-    })?;
-    if !array.is_contiguous() {
-        return Err(mismatch_error(py, format!("runner_output.{field}: must be contiguous")));
-    }
-    Ok(array)
+        Err(mismatch_error(py, format!("runner_output.{field}: must be a 1-D numpy int32 array, got {dtype}")))
+    })
 }
 
 /// vLLM's runner shape, one list of token ids per request, as flat tokens and counts (read
@@ -374,6 +372,9 @@ impl PyScheduler {
 
     /// Queue a request. Copies the prompt into the scheduler.
     ///
+    /// ``prompt_token_ids`` and ``stop_token_ids`` are iterables of ints or 1-D numpy
+    /// integer arrays, read exactly as numpy reads them (any layout, byte order or width).
+    ///
     /// Raises ``InvalidRequestError`` (``DuplicateRequestError`` for an id still live)
     /// naming the field and the value, and changes nothing, for a request that could
     /// never finish: an empty prompt, one longer than ``max_model_len`` minus the sampled
@@ -483,8 +484,10 @@ impl PyScheduler {
     /// ``sampled_token_ids`` may be vLLM's shape, a list of token-id lists, one per entry of
     /// ``req_ids``, flattened here without a Python object per token). Outputs must be applied
     /// once each, in the order the steps were scheduled; the output of a step that
-    /// scheduled nothing is a no-op. Copies the runner's arrays before it releases the
-    /// GIL, so a thread writing into them during the call cannot change what is applied.
+    /// scheduled nothing is a no-op. ``sampled_token_ids`` and ``num_sampled`` are 1-D numpy
+    /// int32 arrays, read exactly as numpy reads them (any layout or byte order). Copies the
+    /// runner's arrays before it releases the GIL, so a thread writing into them during the
+    /// call cannot change what is applied.
     /// Returns a sequence of ``RequestOutput``, one per request that produced tokens or
     /// finished.
     fn update_from_output<'py>(
@@ -528,10 +531,7 @@ impl PyScheduler {
         let (sampled, counts) = if counts_obj.is_none() {
             token_rows(py, &sampled_obj)?
         } else {
-            (
-                int32_array(py, &sampled_obj, "sampled_token_ids")?.as_slice()?.to_vec(),
-                int32_array(py, &counts_obj, "num_sampled")?.as_slice()?.to_vec(),
-            )
+            (runner_int32(py, &sampled_obj, "sampled_token_ids")?, runner_int32(py, &counts_obj, "num_sampled")?)
         };
         self.with_inner(py, |inner| {
             let out = RunnerOutput { sampled_token_ids: &sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
@@ -586,9 +586,9 @@ impl PyScheduler {
         let num_ids = id_list.map_or(ids.len(), |list| list.len());
         let (drafts, counts) = match num_draft_tokens {
             Some(counts) => (
-                // A runner's contiguous int32 array is copied as it is.
-                match contiguous_int32(draft_token_ids) {
-                    Some(drafts) => Drafts::Int32(drafts),
+                // A runner's int32 array is copied as it is.
+                match int32_items(py, draft_token_ids) {
+                    Some(drafts) => Drafts::Int32(drafts?),
                     None => Drafts::Int64(token_list(py, draft_token_ids, &"draft_token_ids", request_error)?),
                 },
                 token_list(py, counts, &"num_draft_tokens", request_error)?,
