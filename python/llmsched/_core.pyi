@@ -395,6 +395,8 @@ class Scheduler:
 
         ``prompt_token_ids`` and ``stop_token_ids`` are iterables of ints or 1-D numpy
         integer arrays, read exactly as numpy reads them (any layout, byte order or width).
+        An iterable is read no further than one token past the longest valid list
+        (``max_model_len`` minus the sampled token for a prompt, 2**20 stop token ids).
 
         Raises ``InvalidRequestError`` (``DuplicateRequestError`` for an id still live)
         naming the field and the value, and changes nothing, for a request that could
@@ -436,12 +438,19 @@ class Scheduler:
         ``num_draft_tokens`` given, ``draft_token_ids`` is one int array (or sequence) and
         ``num_draft_tokens[i]`` of its ids, in order, belong to ``req_ids[i]``; the arrays
         are copied, under the GIL, before the call returns. Ids that are not live are
-        ignored; drafts of a request that is not running or still in prefill are dropped."""
+        ignored; drafts of a request that is not running or still in prefill are dropped.
+        Iterables are read no further than what can be valid: as many ids as live requests
+        plus ``max_num_seqs`` (requests that finished since their step), one row or count per
+        id, ``num_speculative_tokens`` drafts per id."""
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, status: RequestStatus | int
     ) -> list[str]:
         """Finish live requests with a finished ``status``; returns the ids
-        finished (ids not live are ignored, as in vLLM). None means all."""
+        finished (ids not live are ignored, as in vLLM). None means all.
+
+        ``request_ids`` may be any iterable; it is read one id at a time, keeping only the
+        live ones, and at most the live requests plus 2**20 ids are read (more is an
+        ``InvalidRequestError``, and nothing is finished)."""
     def get_request(self, request_id: str) -> Request:
         """A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
         live request has that id."""

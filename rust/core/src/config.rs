@@ -7,6 +7,7 @@
 //! `num_sampled_tokens_per_step` (`s`).
 
 use crate::error::{CoreError, CoreResult};
+use crate::limits::ListLimit;
 
 /// Block ids and token counts cross the API as int32.
 const I32_MAX: i64 = i32::MAX as i64;
@@ -382,6 +383,18 @@ impl SchedulerConfig {
 
     pub fn params(&self) -> &ConfigParams {
         &self.params
+    }
+    /// The longest prompt a request may have: `M - s`, room for the sampled token.
+    pub fn prompt_limit(&self) -> ListLimit {
+        ListLimit::prompt(self.max_model_len(), self.num_sampled_tokens_per_step())
+    }
+    /// The most drafts one request may be given: `K`.
+    pub fn drafts_per_request_limit(&self) -> ListLimit {
+        ListLimit::drafts_per_request(self.num_speculative_tokens())
+    }
+    /// The most drafts `requests` requests may be given together: `K` each.
+    pub fn drafts_limit(&self, requests: usize) -> ListLimit {
+        ListLimit::drafts(self.num_speculative_tokens(), requests)
     }
     pub fn watermark_blocks(&self) -> usize {
         self.watermark_blocks as usize

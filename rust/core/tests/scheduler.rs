@@ -1,6 +1,7 @@
 mod common;
 
 use common::*;
+use llmsched_core::limits::MAX_STOP_TOKEN_IDS;
 use llmsched_core::{NewRequest, RequestStatus, Scheduler};
 
 fn ids(sched: &Scheduler, step: &llmsched_core::Step) -> Vec<String> {
@@ -155,6 +156,7 @@ fn invalid_requests_leave_the_state_unchanged() {
         NewRequest::new("b", vec![1, -2], 4),
         request("b", 4, 0),
         NewRequest { num_computed_tokens: 4, ..request("b", 4, 4) },
+        NewRequest { stop_token_ids: vec![5; MAX_STOP_TOKEN_IDS + 1], ..request("b", 4, 4) },
         // Could outgrow the whole KV pool (10000 blocks of 16) only past M: fine; this one
         // is refused by the pool check of a smaller scheduler below.
     ];
@@ -162,6 +164,14 @@ fn invalid_requests_leave_the_state_unchanged() {
         assert!(sched.add_request(r).is_err());
         assert_eq!(sched.debug_snapshot(), before);
     }
+    let longest = sched.config().prompt_limit();
+    assert_eq!(longest.max, 31, "M - s");
+    let err = sched.add_request(request("b", 32, 4)).unwrap_err();
+    assert_eq!(err, longest.too_long("prompt_token_ids", 32));
+    assert!(err.to_string().starts_with("prompt_token_ids=<32 tokens>: at most 31 tokens"), "{err}");
+    sched.add_request(request("b", 31, 1)).unwrap();
+    let many_stops = NewRequest { stop_token_ids: vec![5; MAX_STOP_TOKEN_IDS], ..request("c", 4, 4) };
+    sched.add_request(many_stops).unwrap();
     // 3 usable blocks of 16 tokens: a request that could reach 49 tokens would need 4.
     let mut small = Scheduler::new(config(|p| p.num_gpu_blocks = 4)).unwrap();
     assert!(small.add_request(request("fits", 40, 8)).is_ok());

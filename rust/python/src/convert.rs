@@ -1,10 +1,13 @@
 //! Argument conversion with errors that name the field and the value.
 
+use llmsched_core::ListLimit;
 use numpy::{Element, PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::PyOverflowError;
+use pyo3::exceptions::{PyMemoryError, PyOverflowError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
+
+use crate::errors::core_err;
 
 /// A field's name for an error message, built only when an error is reported (the
 /// indexed names of a long token list would otherwise cost a `format!` per token).
@@ -177,14 +180,62 @@ fn array_tokens(
     numpy_copy::<i64>(py, array)
 }
 
-/// A token list from a numpy integer array or any iterable of ints.
+/// Room for up to `len` items, if the allocator has it; an empty vector otherwise (the
+/// items are then pushed with `push`, which fails cleanly).
+pub fn reserved<T>(len: usize) -> Vec<T> {
+    let mut out = Vec::new();
+    // A length a caller gave is only a hint: at most this much is reserved up front.
+    const MOST_RESERVED: usize = 1 << 16;
+    let _ = out.try_reserve_exact(len.min(MOST_RESERVED));
+    out
+}
+
+/// Appends `item`, raising `MemoryError` when the vector cannot grow (instead of the
+/// allocator aborting the process).
+#[inline]
+pub fn push<T>(out: &mut Vec<T>, item: T) -> PyResult<()> {
+    if out.len() == out.capacity() {
+        out.try_reserve(out.len().max(16)).map_err(|_| {
+            PyMemoryError::new_err(format!("cannot grow a list of {} items of {} bytes", out.len(), size_of::<T>()))
+        })?;
+    }
+    out.push(item);
+    Ok(())
+}
+
+/// Hands `each` the items of the iterable `value`, at most `limit.max` of them: an item past
+/// the limit is the error `limit.exceeded(field)`, so an endless iterable is refused instead
+/// of read until memory runs out. `not_iterable` is the error if `value` is no iterable.
+pub fn for_each_bounded<'py>(
+    value: &Bound<'py, PyAny>,
+    limit: &ListLimit,
+    field: &dyn Field,
+    not_iterable: impl FnOnce() -> PyErr,
+    mut each: impl FnMut(usize, Bound<'py, PyAny>) -> PyResult<()>,
+) -> PyResult<()> {
+    let iter = value.try_iter().map_err(|_| not_iterable())?;
+    for (i, item) in iter.enumerate() {
+        if i == limit.max {
+            return Err(core_err(limit.exceeded(field.name())));
+        }
+        each(i, item?)?;
+    }
+    Ok(())
+}
+
+/// A token list from a numpy integer array or any iterable of ints, of at most
+/// `limit.max` tokens (an iterable is read no further than one token past it).
 pub fn token_list(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
     field: &dyn Field,
     make_error: fn(Python<'_>, String) -> PyErr,
+    limit: &ListLimit,
 ) -> PyResult<Vec<i64>> {
     if let Ok(array) = value.cast::<PyUntypedArray>() {
+        if !limit.allows(array.len()) {
+            return Err(core_err(limit.too_long(field.name(), array.len())));
+        }
         return array_tokens(py, array, field, make_error);
     }
     if value.is_instance_of::<PyString>() {
@@ -192,14 +243,17 @@ pub fn token_list(
     }
     // Fast path: a list of exact ints (no bools, no numpy scalars), read in place.
     if let Ok(list) = value.cast::<PyList>() {
-        let mut out = Vec::with_capacity(list.len());
+        if !limit.allows(list.len()) {
+            return Err(core_err(limit.too_long(field.name(), list.len())));
+        }
+        let mut out = reserved(list.len());
         for item in list.iter() {
             if !item.is_exact_instance_of::<PyInt>() {
                 out.clear();
                 break;
             }
             match item.extract::<i64>() {
-                Ok(token) => out.push(token),
+                Ok(token) => push(&mut out, token)?,
                 Err(_) => {
                     out.clear();
                     break;
@@ -210,12 +264,11 @@ pub fn token_list(
             return Ok(out);
         }
     }
-    let iter = value.try_iter().map_err(|_| {
-        make_error(py, format!("{}: must be a sequence of token ids, got {}", field.name(), type_name(value)))
+    let not_iterable =
+        || make_error(py, format!("{}: must be a sequence of token ids, got {}", field.name(), type_name(value)));
+    let mut out = reserved(value.len().unwrap_or(0).min(limit.max));
+    for_each_bounded(value, limit, field, not_iterable, |i, item| {
+        push(&mut out, int_value(py, &item, &Indexed(field, i), make_error)?)
     })?;
-    let mut out = Vec::with_capacity(value.len().unwrap_or(0));
-    for (i, item) in iter.enumerate() {
-        out.push(int_value(py, &item?, &Indexed(field, i), make_error)?);
-    }
     Ok(out)
 }

@@ -5,15 +5,20 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use llmsched_core::{Handle, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler, Step};
+use llmsched_core::{
+    Handle, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, Step,
+};
 use numpy::{PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyMemoryError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::config::PySchedulerConfig;
-use crate::convert::{bool_value, float_value, int32_items, int_value, token_list, type_name, Indexed};
+use crate::convert::{
+    bool_value, float_value, for_each_bounded, int32_items, int_value, push, reserved, token_list, type_name, Indexed,
+};
 use crate::errors::{core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
 use crate::ids::{IdBatch, StepIds};
 use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput};
@@ -70,6 +75,25 @@ impl Inner {
         if let Some(Some((_, id))) = self.py_ids.get(handle.index as usize) {
             llmsched_core::prefetch::prefetch(id.as_ptr());
         }
+    }
+
+    /// The live request a Python id names: by object (an id this scheduler handed out) or
+    /// by its text. `field` names the argument for an error (an id that is not a str).
+    fn live_handle(
+        &self,
+        py: Python<'_>,
+        id: &Bound<'_, PyAny>,
+        field: impl FnOnce() -> String,
+    ) -> PyResult<Option<Handle>> {
+        let by_object = self.handle_by_address.get(&(id.as_ptr() as usize));
+        if let Some(handle) = by_object.and_then(|&h| self.core.live_handle(&RequestRef::Handle(h))) {
+            return Ok(Some(handle));
+        }
+        let text = id
+            .cast::<PyString>()
+            .map_err(|_| request_error(py, format!("{}: must be a str, got {}", field(), type_name(id))))?
+            .to_cow()?;
+        Ok(self.core.live_handle(&RequestRef::Id(&text)))
     }
 
     #[inline]
@@ -198,6 +222,48 @@ impl Drafts {
     }
 }
 
+/// The drafts of `update_draft_token_ids` for `num_ids` requests, flat, and their counts:
+/// with `num_draft_tokens`, `draft_token_ids` is flat already (a runner's int32 array is
+/// taken as it is); without, it is one row of drafts per request. Each list is read no
+/// further than one item past what can be valid.
+fn read_drafts(
+    py: Python<'_>,
+    config: &SchedulerConfig,
+    draft_token_ids: &Bound<'_, PyAny>,
+    num_draft_tokens: Option<&Bound<'_, PyAny>>,
+    num_ids: usize,
+) -> PyResult<(Drafts, Vec<i64>)> {
+    let rows_limit = ListLimit::one_per_request(num_ids, "rows");
+    if let Some(counts) = num_draft_tokens {
+        // A list or an array is in memory already, and the core names the request given too
+        // many; any other iterable is read no further than `K` drafts per request.
+        let sized = draft_token_ids.is_instance_of::<PyList>() || draft_token_ids.is_instance_of::<PyUntypedArray>();
+        let limit = if sized { ListLimit::unlimited() } else { config.drafts_limit(num_ids) };
+        let drafts = match int32_items(py, draft_token_ids) {
+            Some(drafts) => Drafts::Int32(drafts?),
+            None => Drafts::Int64(token_list(py, draft_token_ids, &"draft_token_ids", request_error, &limit)?),
+        };
+        let counts_limit = ListLimit::one_per_request(num_ids, "counts");
+        return Ok((drafts, token_list(py, counts, &"num_draft_tokens", request_error, &counts_limit)?));
+    }
+    let not_iterable = || {
+        request_error(
+            py,
+            format!("draft_token_ids: must be a sequence of token lists, got {}", type_name(draft_token_ids)),
+        )
+    };
+    let per_request = config.drafts_per_request_limit();
+    let (mut drafts, mut counts) = (Vec::new(), reserved(num_ids));
+    for_each_bounded(draft_token_ids, &rows_limit, &"draft_token_ids", not_iterable, |i, row| {
+        let row = token_list(py, &row, &Indexed(&"draft_token_ids", i), request_error, &per_request)?;
+        push(&mut counts, row.len() as i64)?;
+        drafts.try_reserve(row.len()).map_err(|_| PyMemoryError::new_err("cannot grow the drafts"))?;
+        drafts.extend_from_slice(&row);
+        Ok(())
+    })?;
+    Ok((Drafts::Int64(drafts), counts))
+}
+
 /// A runner's int32 column, copied: exactly the values a 1-D int32 array holds, in any
 /// layout or byte order.
 fn runner_int32(py: Python<'_>, value: &Bound<'_, PyAny>, field: &str) -> PyResult<Vec<i32>> {
@@ -274,15 +340,21 @@ fn runner_rows(py: Python<'_>, step_ids: &StepIds, runner_ids: &Bound<'_, PyAny>
             return Ok(None);
         }
     }
-    let runner_ids: Vec<Bound<'_, PyAny>> = runner_ids
-        .try_iter()
-        .map_err(|_| {
-            mismatch_error(
-                py,
-                format!("runner_output.req_ids: must be a sequence of str, got {}", type_name(runner_ids)),
-            )
-        })?
-        .collect::<PyResult<_>>()?;
+    let iter = runner_ids.try_iter().map_err(|_| {
+        mismatch_error(py, format!("runner_output.req_ids: must be a sequence of str, got {}", type_name(runner_ids)))
+    })?;
+    // Read no further than one id past the step's (an endless iterable is refused).
+    let runner_ids: Vec<Bound<'_, PyAny>> = iter.take(step_ids.len() + 1).collect::<PyResult<_>>()?;
+    if runner_ids.len() > step_ids.len() {
+        return Err(mismatch_error(
+            py,
+            format!(
+                "runner_output.req_ids has over {} requests but the step scheduled {}",
+                step_ids.len(),
+                step_ids.len()
+            ),
+        ));
+    }
     if runner_ids.len() != step_ids.len() {
         return Err(mismatch_error(
             py,
@@ -374,6 +446,8 @@ impl PyScheduler {
     ///
     /// ``prompt_token_ids`` and ``stop_token_ids`` are iterables of ints or 1-D numpy
     /// integer arrays, read exactly as numpy reads them (any layout, byte order or width).
+    /// An iterable is read no further than one token past the longest valid list
+    /// (``max_model_len`` minus the sampled token for a prompt, 2**20 stop token ids).
     ///
     /// Raises ``InvalidRequestError`` (``DuplicateRequestError`` for an id still live)
     /// naming the field and the value, and changes nothing, for a request that could
@@ -416,7 +490,13 @@ impl PyScheduler {
         };
         let new = NewRequest {
             request_id: id.to_cow()?.into_owned(),
-            prompt_token_ids: token_list(py, prompt_token_ids, &"prompt_token_ids", request_error)?,
+            prompt_token_ids: token_list(
+                py,
+                prompt_token_ids,
+                &"prompt_token_ids",
+                request_error,
+                &self.config.get().inner.prompt_limit(),
+            )?,
             max_tokens: int_value(py, max_tokens, &"max_tokens", request_error)?,
             min_tokens: optional_int(min_tokens, "min_tokens", 0)?,
             eos_token_id: match eos_token_id {
@@ -424,7 +504,9 @@ impl PyScheduler {
                 _ => None,
             },
             stop_token_ids: match stop_token_ids {
-                Some(v) if !v.is_none() => token_list(py, v, &"stop_token_ids", request_error)?,
+                Some(v) if !v.is_none() => {
+                    token_list(py, v, &"stop_token_ids", request_error, &ListLimit::stop_token_ids())?
+                }
                 _ => Vec::new(),
             },
             arrival_time: match arrival_time {
@@ -564,6 +646,9 @@ impl PyScheduler {
     /// ``num_draft_tokens[i]`` of its ids, in order, belong to ``req_ids[i]``; the arrays
     /// are copied, under the GIL, before the call returns. Ids that are not live are
     /// ignored; drafts of a request that is not running or still in prefill are dropped.
+    /// Iterables are read no further than what can be valid: as many ids as live requests
+    /// plus ``max_num_seqs`` (requests that finished since their step), one row or count per
+    /// id, ``num_speculative_tokens`` drafts per id.
     #[pyo3(signature = (req_ids, draft_token_ids, num_draft_tokens=None))]
     fn update_draft_token_ids(
         &self,
@@ -572,47 +657,27 @@ impl PyScheduler {
         draft_token_ids: &Bound<'_, PyAny>,
         num_draft_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        // A list is read in place (the usual case: the step's own id objects); any other
-        // iterable is collected first.
-        let id_list = req_ids.cast::<PyList>().ok();
-        let mut ids: Vec<Bound<'_, PyAny>> = Vec::new();
-        if id_list.is_none() {
-            for id in req_ids.try_iter().map_err(|_| {
-                request_error(py, format!("req_ids: must be a sequence of str, got {}", type_name(req_ids)))
-            })? {
-                ids.push(id?);
-            }
-        }
-        let num_ids = id_list.map_or(ids.len(), |list| list.len());
-        let (drafts, counts) = match num_draft_tokens {
-            Some(counts) => (
-                // A runner's int32 array is copied as it is.
-                match int32_items(py, draft_token_ids) {
-                    Some(drafts) => Drafts::Int32(drafts?),
-                    None => Drafts::Int64(token_list(py, draft_token_ids, &"draft_token_ids", request_error)?),
-                },
-                token_list(py, counts, &"num_draft_tokens", request_error)?,
-            ),
-            None => {
-                let rows = draft_token_ids.try_iter().map_err(|_| {
-                    request_error(
-                        py,
-                        format!(
-                            "draft_token_ids: must be a sequence of token lists, got {}",
-                            type_name(draft_token_ids)
-                        ),
-                    )
-                })?;
-                let (mut drafts, mut counts) = (Vec::new(), Vec::with_capacity(num_ids));
-                for (i, row) in rows.enumerate() {
-                    let row = token_list(py, &row?, &Indexed(&"draft_token_ids", i), request_error)?;
-                    counts.push(row.len() as i64);
-                    drafts.extend_from_slice(&row);
-                }
-                (Drafts::Int64(drafts), counts)
-            }
-        };
+        let config = self.config.get().inner.clone();
+        // Read under the lock: how many requests can be named depends on the live ones.
         self.with_inner(py, |inner| {
+            let rows_limit = inner.core.draft_requests_limit();
+            // A list is read in place (the usual case: the step's own id objects); any other
+            // iterable is collected first.
+            let id_list = req_ids.cast::<PyList>().ok();
+            let mut ids: Vec<Bound<'_, PyAny>> = Vec::new();
+            match id_list {
+                Some(list) if !rows_limit.allows(list.len()) => {
+                    return Err(core_err(rows_limit.too_long("req_ids", list.len())));
+                }
+                Some(_) => {}
+                None => {
+                    let not_iterable =
+                        || request_error(py, format!("req_ids: must be a sequence of str, got {}", type_name(req_ids)));
+                    for_each_bounded(req_ids, &rows_limit, &"req_ids", not_iterable, |_, id| push(&mut ids, id))?;
+                }
+            }
+            let num_ids = id_list.map_or(ids.len(), |list| list.len());
+            let (drafts, counts) = read_drafts(py, &config, draft_token_ids, num_draft_tokens, num_ids)?;
             // The ids the step handed out are known by address; any other str by its text.
             let by_address = id_list.and_then(|list| {
                 (0..list.len())
@@ -653,6 +718,10 @@ impl PyScheduler {
 
     /// Finish live requests with a finished ``status``; returns the ids
     /// finished (ids not live are ignored, as in vLLM). None means all.
+    ///
+    /// ``request_ids`` may be any iterable; it is read one id at a time, keeping only the
+    /// live ones, and at most the live requests plus 2**20 ids are read (more is an
+    /// ``InvalidRequestError``, and nothing is finished).
     fn finish_requests<'py>(
         &self,
         py: Python<'py>,
@@ -663,41 +732,43 @@ impl PyScheduler {
         let status = RequestStatus::from_value(value)
             .filter(|s| s.is_finished())
             .ok_or_else(|| request_error(py, format!("status={value}: must be a finished RequestStatus (7 to 12)")))?;
-        let ids: Option<Vec<String>> = if request_ids.is_none() {
-            None
-        } else if let Ok(one) = request_ids.cast::<PyString>() {
-            Some(vec![one.to_cow()?.into_owned()])
-        } else {
-            Some(
-                request_ids
-                    .try_iter()
-                    .map_err(|_| {
-                        request_error(
-                            py,
-                            format!(
-                                "request_ids: must be a str, an iterable of str, or None, got {}",
-                                type_name(request_ids)
-                            ),
-                        )
-                    })?
-                    .enumerate()
-                    .map(|(i, id)| {
-                        let id = id?;
-                        id.cast::<PyString>()
-                            .map_err(|_| {
-                                request_error(py, format!("request_ids[{i}]: must be a str, got {}", type_name(&id)))
-                            })?
-                            .to_cow()
-                            .map(|c| c.into_owned())
-                    })
-                    .collect::<PyResult<_>>()?,
-            )
-        };
         let finished = self.with_inner(py, |inner| {
-            let refs: Option<Vec<&str>> = ids.as_ref().map(|v| v.iter().map(String::as_str).collect());
-            inner.core.finish_requests(refs.as_deref(), status).map_err(core_err)
+            let requests: Option<Vec<RequestRef<'_>>> = if request_ids.is_none() {
+                None
+            } else if let Ok(one) = request_ids.cast::<PyString>() {
+                Some(
+                    inner
+                        .live_handle(py, one.as_any(), || "request_ids".into())?
+                        .map(RequestRef::Handle)
+                        .into_iter()
+                        .collect(),
+                )
+            } else {
+                let limit = inner.core.finish_ids_limit();
+                let not_iterable = || {
+                    request_error(
+                        py,
+                        format!(
+                            "request_ids: must be a str, an iterable of str, or None, got {}",
+                            type_name(request_ids)
+                        ),
+                    )
+                };
+                // Only the live requests named are kept: memory bounded by the live requests,
+                // however many ids the iterable yields.
+                let mut seen = rustc_hash::FxHashSet::default();
+                let mut live = Vec::new();
+                for_each_bounded(request_ids, &limit, &"request_ids", not_iterable, |i, id| {
+                    match inner.live_handle(py, &id, || format!("request_ids[{i}]"))? {
+                        Some(handle) if seen.insert(handle) => push(&mut live, RequestRef::Handle(handle)),
+                        _ => Ok(()),
+                    }
+                })?;
+                Some(live)
+            };
+            inner.core.finish_requests_of(requests.as_deref(), status).map_err(core_err)
         })?;
-        PyList::new(py, finished.iter().map(|id| id.as_ref()))
+        PyList::new(py, finished.iter().map(|(_, id)| id.as_ref()))
     }
 
     /// A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no

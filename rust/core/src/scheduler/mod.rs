@@ -18,6 +18,7 @@ use rustc_hash::FxHashMap;
 use crate::config::SchedulerConfig;
 use crate::error::{CoreError, CoreResult};
 use crate::kv::{BlockPool, KvManager};
+use crate::limits::ListLimit;
 use crate::queue::RequestQueue;
 pub use crate::request::NewRequest;
 use crate::request::{stored, QueueKind, Request, RequestStatus};
@@ -372,13 +373,26 @@ impl Scheduler {
         request_ids: Option<&[&str]>,
         status: RequestStatus,
     ) -> CoreResult<Vec<Arc<str>>> {
+        let requests: Option<Vec<RequestRef<'_>>> =
+            request_ids.map(|ids| ids.iter().map(|&id| RequestRef::Id(id)).collect());
+        let finished = self.finish_requests_of(requests.as_deref(), status)?;
+        Ok(finished.into_iter().map(|(_, id)| id).collect())
+    }
+
+    /// `finish_requests` with each request given by handle or by id; returns the handle and
+    /// the id of each request finished, in the order given (handle order for `None`).
+    pub fn finish_requests_of(
+        &mut self,
+        requests: Option<&[RequestRef<'_>]>,
+        status: RequestStatus,
+    ) -> CoreResult<Vec<(Handle, Arc<str>)>> {
         if !status.is_finished() {
             return Err(CoreError::request("status", format!("{status:?}"), "must be a finished status"));
         }
-        let handles: Vec<Handle> = match request_ids {
-            Some(ids) => {
+        let handles: Vec<Handle> = match requests {
+            Some(requests) => {
                 let mut seen = rustc_hash::FxHashSet::default();
-                ids.iter().filter_map(|id| self.ids.get(*id).copied()).filter(|h| seen.insert(*h)).collect()
+                requests.iter().filter_map(|r| self.live_handle(r)).filter(|h| seen.insert(*h)).collect()
             }
             None => {
                 let mut all: Vec<Handle> = self.ids.values().copied().collect();
@@ -392,7 +406,7 @@ impl Scheduler {
             let request = &mut self.requests[h];
             was_running |= request.status == RequestStatus::Running;
             request.status = status;
-            finished.push(request.id.clone());
+            finished.push((h, request.id.clone()));
             self.release_finished(h);
         }
         if was_running {
@@ -400,6 +414,30 @@ impl Scheduler {
             self.running.retain(|&h| requests[h].status == RequestStatus::Running);
         }
         Ok(finished)
+    }
+
+    /// The handle of the live (unfinished) request `request` names, if there is one.
+    pub fn live_handle(&self, request: &RequestRef<'_>) -> Option<Handle> {
+        match *request {
+            RequestRef::Id(id) => self.ids.get(id).copied(),
+            RequestRef::Handle(h) => self.requests.get(h).filter(|r| !r.status.is_finished()).map(|_| h),
+        }
+    }
+
+    /// Live (unfinished) requests.
+    pub fn num_live_requests(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The most request ids `finish_requests` reads (see `limits::MAX_IGNORED_FINISH_IDS`).
+    pub fn finish_ids_limit(&self) -> ListLimit {
+        ListLimit::finish_ids(self.num_live_requests())
+    }
+
+    /// The most requests one `update_draft_token_ids` call names: the live ones, and a
+    /// step's worth that finished since the step the drafts were made in.
+    pub fn draft_requests_limit(&self) -> ListLimit {
+        ListLimit::draft_requests(self.num_live_requests(), self.config.max_num_seqs())
     }
 
     /// Sync drafts for the next step (spec §4.7), flat: `num_draft_tokens[i]` ids of
@@ -427,7 +465,6 @@ impl Scheduler {
         draft_token_ids: &[T],
         num_draft_tokens: &[i64],
     ) -> CoreResult<()> {
-        let k_spec = self.config.num_speculative_tokens();
         if request_ids.len() != num_draft_tokens.len() {
             return Err(CoreError::request(
                 "draft_token_ids",
@@ -443,11 +480,9 @@ impl Scheduler {
         let mut seen = vec![false; self.requests.num_slots()];
         let mut seen_unknown = rustc_hash::FxHashSet::default();
         let mut total: i64 = 0;
+        let per_request = self.config.drafts_per_request_limit();
         for (i, (request, &count)) in request_ids.iter().zip(num_draft_tokens).enumerate() {
-            let handle = match *request {
-                RequestRef::Id(id) => self.ids.get(id).copied(),
-                RequestRef::Handle(h) => self.requests.get(h).filter(|r| !r.status.is_finished()).map(|_| h),
-            };
+            let handle = self.live_handle(request);
             let first = match handle {
                 Some(h) => !std::mem::replace(&mut seen[h.index as usize], true),
                 None => seen_unknown.insert(self.request_name(request)),
@@ -460,12 +495,15 @@ impl Scheduler {
                 ));
             }
             handles.push(handle);
-            if !(0..=k_spec).contains(&count) {
+            if count < 0 {
                 return Err(CoreError::request(
                     format!("draft_token_ids[{i}]"),
                     format!("<{count} drafts>"),
-                    format!("at most num_speculative_tokens={k_spec} drafts per request"),
+                    "a count of drafts cannot be negative",
                 ));
+            }
+            if !per_request.allows(count as usize) {
+                return Err(per_request.too_long(format!("draft_token_ids[{i}]"), count as usize));
             }
             total += count;
         }
