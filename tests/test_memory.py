@@ -170,3 +170,137 @@ def test_an_endless_or_lying_iterable_is_refused_not_an_abort(call: str, expecte
         # runner's case scheduled both first).
         state = "(2, 0)" if "schedule()" in call else "(1, 1)"
         assert rest == [f"state: {state} []"], done.stdout
+
+
+# ------------------------------------------------------------------ what a finished request keeps
+
+# Runs in a fresh interpreter: ROUNDS add-then-abort cycles of PROMPT-token prompts without
+# a schedule(), prints the growth of the resident set (bytes), then the next step's report.
+CYCLES = textwrap.dedent(
+    """
+    import os
+    import numpy as np
+    from llmsched import Scheduler, SchedulerConfig, RequestStatus
+
+    def resident_bytes():
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    config = SchedulerConfig(
+        max_model_len=16384, max_num_batched_tokens=16384, block_size=16,
+        num_gpu_blocks=2048, enable_prefix_caching=True)
+    sched = Scheduler(config)
+    prompt = np.arange(PROMPT, dtype=np.int32)
+
+    def cycles(first, count):
+        for i in range(first, first + count):
+            sched.add_request(f"r{i}", prompt, max_tokens=1)
+            sched.finish_requests(f"r{i}", RequestStatus.FINISHED_ABORTED)
+
+    cycles(0, 50)  # the allocator's and the interpreter's own warm-up
+    before = resident_bytes()
+    cycles(50, ROUNDS)
+    print(resident_bytes() - before)
+    report = sched.schedule().finished_req_ids
+    print(len(report), len(set(report)), report[0], report[-1])
+    """
+)
+
+CHECK_WORKLOAD = textwrap.dedent(
+    """
+    import resource
+    try:
+        from llmsched.sim import check_workload
+        from llmsched.sim.workload import RequestSpec, Workload
+    except ImportError:
+        from llmsched.simulate import check_workload
+        from llmsched.workload import RequestSpec, Workload
+    from llmsched import SchedulerConfig
+
+    def peak_resident_bytes():
+        # The high-water mark: the probe scheduler frees what it held when the check returns.
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    config = SchedulerConfig(
+        max_model_len=16384, max_num_batched_tokens=16384, block_size=16,
+        num_gpu_blocks=2048, enable_prefix_caching=True)
+    specs = [RequestSpec(f"r{i}", float(i), PROMPT, 1, key=i) for i in range(ROUNDS + 50)]
+    check_workload(config, Workload("warm-up", specs[:50], "test"))
+    before = peak_resident_bytes()
+    check_workload(config, Workload("replay", specs, "test"))
+    print(peak_resident_bytes() - before)
+    """
+)
+
+ROUNDS, PROMPT = 3000, 12_000
+# What holding the finished records would cost: each prompt (4 bytes a token) and its
+# block hashes (16 bytes a block of 16 tokens), 60 KB a request, 180 MB in all.
+HELD = ROUNDS * PROMPT * (4 + 16 / 16)
+
+
+def run_script(script: str) -> list[str]:
+    source = script.replace("ROUNDS", str(ROUNDS)).replace("PROMPT", str(PROMPT))
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", source], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split()
+
+
+def test_a_finished_request_keeps_only_its_id_until_the_next_step() -> None:
+    """3,000 add-then-abort cycles of 12,000-token prompts without a ``schedule()``: the
+    process grows by what the ids cost, not by the prompts and block hashes (180 MB)."""
+    growth, reported, distinct, first, last = run_script(CYCLES)
+    assert int(growth) < HELD / 20, f"grew by {int(growth) / 2**20:.1f} MiB"
+    # Every finished request is still reported, once, by the next step.
+    assert (int(reported), int(distinct)) == (ROUNDS + 50, ROUNDS + 50)
+    assert (first, last) == ("r0", f"r{ROUNDS + 49}")
+
+
+def test_the_workload_check_holds_no_prompt_of_the_replay() -> None:
+    """``check_workload`` adds and aborts every request of a replay on a scheduler that
+    never schedules: it holds the ids only (its peak resident set grows by no prompt)."""
+    (growth,) = run_script(CHECK_WORKLOAD)
+    assert int(growth) < HELD / 20, f"grew by {int(growth) / 2**20:.1f} MiB"
+
+
+def test_a_finished_request_is_reported_by_its_own_id_object() -> None:
+    """The ids are all a finished request keeps: the next step reports the very object it
+    was added with, though a newer request with an equal id took its slot meanwhile; and
+    that object, handed in later, names the newer request by its text."""
+    import numpy as np
+
+    from llmsched import RequestStatus, Scheduler, SchedulerConfig
+
+    def run(sched: Scheduler) -> object:
+        so = sched.schedule()
+        n = len(so.req_ids)
+        sampled = np.full(n, 7, np.int32), np.ones(n, np.int32)
+        sched.update_from_output(so, _Output(list(so.req_ids), *sampled))
+        return so
+
+    config = SchedulerConfig(
+        async_scheduling=False, num_speculative_tokens=1, enable_prefix_caching=False
+    )
+    sched = Scheduler(config)
+    old = "".join(["re", "quest"])  # an id object of its own
+    sched.add_request(old, [1, 2, 3], max_tokens=5)
+    run(sched)
+    assert sched.finish_requests([old], RequestStatus.FINISHED_ABORTED) == ["request"]
+    new = "".join(["re", "quest"])
+    assert new == old and new is not old
+    sched.add_request(new, [4, 5, 6], max_tokens=5)
+    so = run(sched)
+    (reported,) = so.finished_req_ids
+    assert reported is old
+    sched.update_draft_token_ids([old], [[9]])
+    so = sched.schedule()
+    assert so.req_ids == ["request"] and so.spec_token_ids.tolist() == [9]
+
+
+class _Output:
+    def __init__(self, req_ids: object, sampled_token_ids: object, num_sampled: object) -> None:
+        self.req_ids = req_ids
+        self.sampled_token_ids = sampled_token_ids
+        self.num_sampled = num_sampled

@@ -1039,7 +1039,6 @@ impl Harness {
             prop_assert_eq!(e.token_offset, row_offsets[row], "{}: token offset", t.id);
             prop_assert!(e.num_tokens <= p.counts[row] as usize, "{}: more tokens than the runner gave", t.id);
             prop_assert!(e.num_tokens as i64 <= 1 + k);
-            let req = self.sched.request(e.handle).ok_or_else(|| TestCaseError::fail("an event without a slot"))?;
             t.delivered += e.num_tokens as i64;
             t.tokens.extend_from_slice(&p.tokens[e.token_offset..e.token_offset + e.num_tokens]);
             // A stop ends the output: no token before the last is an EOS or a stop id
@@ -1050,9 +1049,24 @@ impl Harness {
             {
                 prop_assert!(false, "{}: output {} is a stop token ({}) but more followed", t.id, j, outputs[j]);
             }
-            prop_assert_eq!(t.delivered, req.num_output_tokens(), "{}: delivered tokens vs output tokens", t.id);
-            prop_assert!(req.all_token_ids().eq(t.tokens.iter().copied()), "{}: the request's tokens", t.id);
-            prop_assert_eq!(e.status, req.status(), "{}: event status", t.id);
+            // A finished request's record is freed at once (only its id waits for the next
+            // step's report): what it ended with is the test's own record of its tokens.
+            let req = self.sched.request(e.handle);
+            let (num_tokens, num_output_tokens) = (t.tokens.len() as i64, t.tokens.len() as i64 - t.prompt_len);
+            if e.status.is_finished() {
+                prop_assert!(req.is_none(), "{}: finished, but its record is kept", t.id);
+                prop_assert!(
+                    self.sched.get_request(&t.id).is_err() && !self.sched.running_ids().iter().any(|id| **id == *t.id),
+                    "{}: finished, but still live",
+                    t.id
+                );
+            } else {
+                let req = req.ok_or_else(|| TestCaseError::fail("an unfinished event without a slot"))?;
+                prop_assert_eq!(t.delivered, req.num_output_tokens(), "{}: delivered tokens vs output tokens", t.id);
+                prop_assert!(req.all_token_ids().eq(t.tokens.iter().copied()), "{}: the request's tokens", t.id);
+                prop_assert_eq!(e.status, req.status(), "{}: event status", t.id);
+            }
+            prop_assert_eq!(t.delivered, num_output_tokens, "{}: delivered tokens vs the tokens held", t.id);
             prop_assert!(e.status != RequestStatus::FinishedAborted);
             prop_assert!(e.num_tokens > 0 || e.status.is_finished(), "{}: an empty, unfinished event", t.id);
             if e.status.is_finished() {
@@ -1063,7 +1077,7 @@ impl Harness {
                     self.cov.finished_length += 1;
                 }
                 // The stop is the one check_stop gives, on the last delivered token.
-                let last = req.all_token_ids().last().expect("a request has tokens");
+                let last = *t.tokens.last().expect("a request has tokens");
                 let pooling = self.cfg.num_sampled_tokens_per_step() == 0;
                 match e.status {
                     // Pooling: the output of the final prompt chunk finishes the request.
@@ -1083,17 +1097,17 @@ impl Harness {
                     RequestStatus::FinishedLengthCapped => prop_assert!(
                         Some(last) != t.eos
                             && !t.stops.contains(&last)
-                            && (req.num_tokens() >= m || req.num_output_tokens() >= t.max_tokens),
+                            && (num_tokens >= m || num_output_tokens >= t.max_tokens),
                         "{}: length-capped at N = {}, outputs = {}",
                         t.id,
-                        req.num_tokens(),
-                        req.num_output_tokens()
+                        num_tokens,
+                        num_output_tokens
                     ),
                     other => prop_assert!(false, "{}: finished as {other:?}", t.id),
                 }
             }
-            prop_assert!(req.num_output_tokens() <= t.max_tokens, "{}: outputs > max_tokens", t.id);
-            prop_assert!(req.num_tokens() <= m, "{}: N > M", t.id);
+            prop_assert!(num_output_tokens <= t.max_tokens, "{}: outputs > max_tokens", t.id);
+            prop_assert!(num_tokens <= m, "{}: N > M", t.id);
         }
         // Resolve the KV the step computed for positions unknown at schedule time:
         // rejected drafts and tokens never appended hold garbage.

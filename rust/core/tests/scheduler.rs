@@ -82,8 +82,11 @@ fn stop_conditions_in_vllm_order_and_trim() {
     let mut b = request("stop", 4, 10);
     b.stop_token_ids = vec![42];
     let c = request("cap", 4, 2);
+    // A finished request's record is freed at once: its events are named by their handles.
+    let mut names = std::collections::HashMap::new();
     for r in [a, b, c] {
-        sched.add_request(r).unwrap();
+        let id = r.request_id.clone();
+        names.insert(sched.add_request(r).unwrap(), id);
     }
     let step = sched.schedule();
     apply(&mut sched, &step, &[1, 1, 1], &[1, 1, 1]);
@@ -91,10 +94,8 @@ fn stop_conditions_in_vllm_order_and_trim() {
     let step = sched.schedule();
     assert_eq!(step.num_scheduled_tokens, vec![3, 3, 3]);
     let events = apply(&mut sched, &step, &[9, 3, 3, 10, 42, 12, 10, 11, 12], &[3, 3, 3]);
-    let delivered: Vec<(String, usize, RequestStatus, Option<i32>)> = events
-        .iter()
-        .map(|e| (sched.request(e.handle).unwrap().id().to_string(), e.num_tokens, e.status, e.stop_reason))
-        .collect();
+    let delivered: Vec<(String, usize, RequestStatus, Option<i32>)> =
+        events.iter().map(|e| (names[&e.handle].clone(), e.num_tokens, e.status, e.stop_reason)).collect();
     assert_eq!(
         delivered,
         vec![
@@ -118,10 +119,11 @@ fn async_total_tokens_are_prompt_plus_max_tokens_minus_one() {
     for max_tokens in [1, 2, 3, 5] {
         let mut sched = Scheduler::new(config(|p| p.async_scheduling = true)).unwrap();
         let mut queue = std::collections::VecDeque::new();
-        sched.add_request(request("0", 10, max_tokens)).unwrap();
+        let first = sched.add_request(request("0", 10, max_tokens)).unwrap();
         queue.push_back(sched.schedule());
         sched.add_request(request("1", 10, max_tokens)).unwrap();
         queue.push_back(sched.schedule());
+        let name = |handle| if handle == first { "0" } else { "1" };
         let mut total = 0;
         let mut outputs = std::collections::HashMap::<String, usize>::new();
         while let Some(step) = queue.pop_front() {
@@ -129,7 +131,7 @@ fn async_total_tokens_are_prompt_plus_max_tokens_minus_one() {
             total += step.total_num_scheduled_tokens;
             let (t, c) = sample(&sched, &step, false);
             for e in apply(&mut sched, &step, &t, &c) {
-                *outputs.entry(sched.request(e.handle).unwrap().id().to_string()).or_default() += e.num_tokens;
+                *outputs.entry(name(e.handle).to_string()).or_default() += e.num_tokens;
             }
             sched.check_invariants().unwrap();
             let next = sched.schedule();
@@ -347,4 +349,51 @@ fn a_victim_scheduled_earlier_in_the_step_is_left_as_the_step_found_it() {
         undone > 0 && undone_last_chunks > 0,
         "no preemption of a running `a` ({undone}) at its last chunk ({undone_last_chunks})"
     );
+}
+
+/// A finished request keeps no record, only its handle and id until a step reports it: its
+/// slot is free at once (a new request may take it while the step that scheduled the
+/// finished one is still in flight), and that step's output skips it.
+#[test]
+fn a_finished_request_frees_its_record_at_once() {
+    let mut sched = Scheduler::new(config(|p| p.enable_prefix_caching = true)).unwrap();
+    let a = sched.add_request(request("a", 40, 8)).unwrap();
+    let b = sched.add_request(request("b", 40, 8)).unwrap();
+    let step = sched.schedule();
+    assert_eq!(step.req_handles, vec![a, b]);
+    // Aborted while its step is in flight: the slot is free, and "c" takes it.
+    assert_eq!(sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap().len(), 1);
+    assert!(sched.request(a).is_none(), "the aborted request's record is freed");
+    assert!(sched.get_request("a").is_err());
+    let c = sched.add_request(request("c", 8, 8)).unwrap();
+    assert_eq!(c.index, a.index, "the freed slot is reused");
+    sched.check_invariants().unwrap();
+    let events = apply(&mut sched, &step, &[7, 9], &[1, 1]);
+    assert_eq!(events.iter().map(|e| e.handle).collect::<Vec<_>>(), vec![b], "only b had an event");
+    let c_request = sched.request(c).unwrap();
+    assert_eq!((c_request.num_output_tokens(), c_request.num_computed_tokens()), (0, 0), "c is untouched");
+    assert_eq!(sched.request(b).unwrap().output_token_ids().collect::<Vec<_>>(), vec![9]);
+    sched.check_invariants().unwrap();
+    // "b" stops in the next output: freed at once too, and both are reported once.
+    let mut b_new = request("b2", 4, 8);
+    b_new.stop_token_ids = vec![5];
+    let b2 = sched.add_request(b_new).unwrap();
+    let step = sched.schedule();
+    let ids: Vec<String> = step.finished.iter().map(|(_, id)| id.to_string()).collect();
+    assert_eq!(ids, vec!["a"], "the next step reports the aborted request");
+    assert_eq!(step.finished[0].0, a, "by the handle it had");
+    // b2 samples its stop token; b decodes; c's prompt chunk samples one token.
+    let (mut tokens, mut counts) = (Vec::new(), Vec::new());
+    for &h in &step.req_handles {
+        let count = i32::from(!sched.request(h).unwrap().is_prefill_chunk());
+        counts.push(count);
+        tokens.extend(std::iter::repeat_n(if h == b2 { 5 } else { 7 }, count as usize));
+    }
+    let events = apply(&mut sched, &step, &tokens, &counts);
+    assert!(events.iter().any(|e| e.handle == b2 && e.status == RequestStatus::FinishedStopped));
+    assert!(sched.request(b2).is_none(), "a stopped request's record is freed");
+    sched.check_invariants().unwrap();
+    let step = sched.schedule();
+    assert_eq!(step.finished.iter().map(|(_, id)| id.to_string()).collect::<Vec<_>>(), vec!["b2"]);
+    sched.check_invariants().unwrap();
 }

@@ -52,6 +52,10 @@ struct Inner {
     /// draft rows) is matched without hashing text. An address stays unique while
     /// `py_ids` holds the object, and leaves this map when `py_ids` lets it go.
     handle_by_address: rustc_hash::FxHashMap<usize, Handle>,
+    /// The ids of requests finished since the last step, in the order they finished (the
+    /// core's): taken out of `py_ids` and `handle_by_address` when they finish, handed out
+    /// by the next step.
+    unreported: Vec<(Handle, Py<PyString>)>,
     /// The last step's ids, edited into the next step's.
     batch: IdBatch,
     /// Set when a call panicked: the state may be half-updated, so refuse more calls.
@@ -66,6 +70,18 @@ impl Inner {
         match self.py_ids.get(handle.index as usize) {
             Some(Some((generation, id))) if *generation == handle.generation => id.bind(py).clone(),
             _ => PyString::new(py, &fallback()),
+        }
+    }
+
+    /// Moves a request that finished from the live ids to those the next step reports.
+    fn retire(&mut self, handle: Handle) {
+        let Some(slot) = self.py_ids.get_mut(handle.index as usize) else { return };
+        if let Some((_, id)) = slot.take_if(|(generation, _)| *generation == handle.generation) {
+            let address = id.as_ptr() as usize;
+            if self.handle_by_address.get(&address) == Some(&handle) {
+                self.handle_by_address.remove(&address);
+            }
+            self.unreported.push((handle, id));
         }
     }
 
@@ -168,19 +184,17 @@ impl PyScheduler {
         let rescheduled_req_ids = ids(&step.rescheduled_reqs)?;
         let preempted_req_ids =
             PyList::new(py, step.preempted.iter().map(|(h, id)| inner.py_id(py, *h, || id.to_string())))?.unbind();
-        let finished_req_ids =
-            PyList::new(py, step.finished.iter().map(|(h, id)| inner.py_id(py, *h, || id.to_string())))?.unbind();
-        for (handle, _) in &step.finished {
-            if let Some(slot) = inner.py_ids.get_mut(handle.index as usize) {
-                if let Some((_, id)) = slot.take_if(|(g, _)| *g == handle.generation) {
-                    // The same object may name a newer request with that id by now.
-                    let address = id.as_ptr() as usize;
-                    if inner.handle_by_address.get(&address) == Some(handle) {
-                        inner.handle_by_address.remove(&address);
-                    }
-                }
-            }
-        }
+        // The binding retired them in the order the core finished them.
+        let mut unreported = inner.unreported.iter().peekable();
+        let finished_req_ids = PyList::new(
+            py,
+            step.finished.iter().map(|(handle, id)| match unreported.next_if(|(h, _)| h == handle) {
+                Some((_, py_id)) => py_id.bind(py).clone(),
+                None => PyString::new(py, id),
+            }),
+        )?
+        .unbind();
+        inner.unreported.clear();
         Ok(PySchedulerOutput {
             scheduler_uid: self.uid,
             step_id: step.step_id,
@@ -429,6 +443,7 @@ impl PyScheduler {
                 core,
                 py_ids: Vec::new(),
                 handle_by_address: Default::default(),
+                unreported: Vec::new(),
                 batch: IdBatch::default(),
                 broken: None,
             }),
@@ -619,10 +634,14 @@ impl PyScheduler {
             let out = RunnerOutput { sampled_token_ids: &sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
             let mut outputs = Vec::with_capacity(counts.len());
+            let mut finished = Vec::new();
             // The events go straight into the output's rows; their tokens stay where the
             // runner's copy holds them.
             py.detach(|| {
                 core.update_from_output_with(so.step_id, &out, |e| {
+                    if e.status.is_finished() {
+                        finished.push(e.handle);
+                    }
                     outputs.push(OutputRow {
                         entry: e.entry,
                         start: e.token_offset as u32,
@@ -634,6 +653,9 @@ impl PyScheduler {
                 })
             })
             .map_err(core_err)?;
+            for handle in finished {
+                inner.retire(handle);
+            }
             Ok(PyRequestOutputs { step_ids: so.entry_ids.clone(), rows: outputs, tokens: sampled })
         })
     }
@@ -766,7 +788,11 @@ impl PyScheduler {
                 })?;
                 Some(live)
             };
-            inner.core.finish_requests_of(requests.as_deref(), status).map_err(core_err)
+            let finished = inner.core.finish_requests_of(requests.as_deref(), status).map_err(core_err)?;
+            for &(handle, _) in &finished {
+                inner.retire(handle);
+            }
+            Ok(finished)
         })?;
         PyList::new(py, finished.iter().map(|(_, id)| id.as_ref()))
     }

@@ -74,6 +74,17 @@ impl Scheduler {
             }
         }
 
+        // A finished request keeps only its handle and id until a step reports it.
+        let mut reported = rustc_hash::FxHashSet::default();
+        for (h, id) in &self.finished_since_last_step {
+            if self.requests.get(*h).is_some() || self.ids.get(&**id) == Some(h) {
+                return Err(broken(format!("finished request {id:?} still holds its slot or its id")));
+            }
+            if !reported.insert(*h) {
+                return Err(broken(format!("request {id:?} finished twice")));
+            }
+        }
+
         // In-flight tokens per request, from the step records.
         let mut in_flight: FxHashMap<Handle, i64> = FxHashMap::default();
         for record in &self.in_flight {
@@ -89,16 +100,7 @@ impl Scheduler {
             let (c, n, p, f) =
                 (r.num_computed_tokens(), r.num_tokens(), r.num_output_placeholders(), r.num_in_flight_tokens());
             if r.status.is_finished() {
-                if self.ids.get(&**id) == Some(&h) {
-                    return Err(broken(format!("finished request {id:?} is still registered")));
-                }
-                if !r.block_ids.is_empty() || place.contains_key(&h) {
-                    return Err(broken(format!("finished request {id:?} still holds blocks or a place")));
-                }
-                if !self.finished_since_last_step.contains(&h) {
-                    return Err(broken(format!("finished request {id:?} is neither reported nor pending")));
-                }
-                continue;
+                return Err(broken(format!("finished request {id:?} still holds its record")));
             }
             live += 1;
             if self.ids.get(&**id) != Some(&h) {
@@ -276,16 +278,8 @@ impl Scheduler {
             let _ =
                 writeln!(out, "{label}: {:?}", queue.live_handles(&self.requests).iter().map(name).collect::<Vec<_>>());
         }
-        let _ = writeln!(
-            out,
-            "finished_since_last_step: {:?}",
-            self.finished_since_last_step.iter().map(name).collect::<Vec<_>>()
-        );
-        let _ = writeln!(
-            out,
-            "preempted_since_last_step: {:?}",
-            self.preempted_since_last_step.iter().map(name).collect::<Vec<_>>()
-        );
+        let _ = writeln!(out, "finished_since_last_step: {:?}", self.finished_since_last_step);
+        let _ = writeln!(out, "preempted_since_last_step: {:?}", self.preempted_since_last_step);
         for record in &self.in_flight {
             let _ = writeln!(out, "in_flight step {}: {:?}", record.step_id, record.entries);
         }

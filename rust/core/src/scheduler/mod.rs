@@ -53,8 +53,12 @@ pub struct Scheduler {
     kv_holding_waiting: RequestQueue,
     running: Vec<Handle>,
     kv: KvManager,
-    finished_since_last_step: Vec<Handle>,
-    preempted_since_last_step: Vec<Handle>,
+    /// Requests finished since the last step, by the handle they had and their id: their
+    /// records are freed when they finish, and only this much is kept for the next step to
+    /// report (a request's prompt and block hashes can be megabytes).
+    finished_since_last_step: Vec<(Handle, Arc<str>)>,
+    /// Requests preempted since the last step (one may finish before the step reports it).
+    preempted_since_last_step: Vec<(Handle, Arc<str>)>,
     in_flight: VecDeque<StepRecord>,
     next_step_id: u64,
     stats: SchedulerStats,
@@ -318,14 +322,8 @@ impl Scheduler {
         if !rows.is_empty() {
             self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: rows, has_prefill_chunk });
         }
-        step.preempted = std::mem::take(&mut self.preempted_since_last_step)
-            .into_iter()
-            .map(|h| (h, self.requests[h].id.clone()))
-            .collect();
-        step.finished = std::mem::take(&mut self.finished_since_last_step)
-            .into_iter()
-            .map(|h| (h, self.requests.remove(h).expect("a finished request keeps its slot until reported").id))
-            .collect();
+        step.preempted = std::mem::take(&mut self.preempted_since_last_step);
+        step.finished = std::mem::take(&mut self.finished_since_last_step);
         step
     }
 
@@ -344,26 +342,32 @@ impl Scheduler {
         request.set_num_output_placeholders(0);
         request.num_preemptions += 1;
         request.queued_in = Some(QueueKind::Waiting);
+        let id = request.id.clone();
         self.waiting.prepend(&self.requests, handle);
-        self.preempted_since_last_step.push(handle);
+        self.preempted_since_last_step.push((handle, id));
         self.stats.num_preemptions += 1;
     }
 
-    /// Frees a request whose status is already a finished one. The caller
-    /// takes it out of `running` if it was there.
+    /// Frees a request whose status is already a finished one: its KV blocks, its place in
+    /// a waiting queue and its record (prompt, output, block hashes). Only its handle and id
+    /// are kept, for the next step to report; a step in flight that scheduled it finds its
+    /// handle stale and skips it. The caller takes it out of `running` if it was there.
     fn release_finished(&mut self, handle: Handle) {
-        debug_assert!(self.requests[handle].status.is_finished());
-        if let Some(kind) = self.requests[handle].queued_in.take() {
+        let Some(mut request) = self.requests.remove(handle) else {
+            debug_assert!(false, "a finished request is released once");
+            return;
+        };
+        debug_assert!(request.status.is_finished());
+        // Its queue entry is dead now that the slot is empty: the queue forgets it lazily.
+        if let Some(kind) = request.queued_in.take() {
             match kind {
                 QueueKind::Waiting => self.waiting.forget_one(&self.requests),
                 QueueKind::KvHolding => self.kv_holding_waiting.forget_one(&self.requests),
             }
         }
-        let request = &mut self.requests[handle];
-        self.kv.free(request);
-        request.spec_token_ids = Vec::new();
+        self.kv.free(&mut request);
         self.ids.remove(&*request.id);
-        self.finished_since_last_step.push(handle);
+        self.finished_since_last_step.push((handle, request.id));
     }
 
     /// Finishes live requests from outside (aborts); ids not live are ignored,
@@ -410,17 +414,23 @@ impl Scheduler {
             self.release_finished(h);
         }
         if was_running {
-            let requests = &self.requests;
-            self.running.retain(|&h| requests[h].status == RequestStatus::Running);
+            self.retain_running();
         }
         Ok(finished)
     }
 
-    /// The handle of the live (unfinished) request `request` names, if there is one.
+    /// Drops from `running` the requests that left it (finished, their slots freed).
+    fn retain_running(&mut self) {
+        let requests = &self.requests;
+        self.running.retain(|&h| requests.get(h).is_some_and(|r| r.status == RequestStatus::Running));
+    }
+
+    /// The handle of the live request `request` names, if there is one (a finished request's
+    /// handle is stale: its slot is freed).
     pub fn live_handle(&self, request: &RequestRef<'_>) -> Option<Handle> {
         match *request {
             RequestRef::Id(id) => self.ids.get(id).copied(),
-            RequestRef::Handle(h) => self.requests.get(h).filter(|r| !r.status.is_finished()).map(|_| h),
+            RequestRef::Handle(h) => self.requests.get(h).map(|_| h),
         }
     }
 
@@ -558,6 +568,7 @@ impl Scheduler {
             .ok_or_else(|| CoreError::UnknownRequest { request_id: request_id.to_string() })
     }
 
+    /// The live request `handle` names; None once it finished (its record is freed then).
     pub fn request(&self, handle: Handle) -> Option<&Request> {
         self.requests.get(handle)
     }
