@@ -439,7 +439,10 @@ class Scheduler:
         ``num_draft_tokens[i]`` of its ids, in order, belong to ``req_ids[i]``; the arrays
         are copied, under the GIL, before the call returns. Ids that are not live are
         ignored; drafts of a request that is not running or still in prefill are dropped.
-        Iterables are read no further than what can be valid: as many ids as live requests
+        Drafts for a running request whose step is still in flight are refused
+        (``InvalidRequestError``, nothing changed): hand them in after ``update_from_output``
+        has applied that step, whose token they follow. Iterables are read no further than what
+        can be valid: as many ids as live requests
         plus ``max_num_seqs`` (requests that finished since their step), one row or count per
         id, ``num_speculative_tokens`` drafts per id."""
     def finish_requests(

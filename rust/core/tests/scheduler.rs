@@ -397,3 +397,67 @@ fn a_finished_request_frees_its_record_at_once() {
     assert_eq!(step.finished.iter().map(|(_, id)| id.to_string()).collect::<Vec<_>>(), vec!["b2"]);
     sched.check_invariants().unwrap();
 }
+
+/// Sync, K = 1: drafts handed in for a request whose step is still in flight would make
+/// the next step schedule a draft slot where the in-flight step's token belongs (vLLM
+/// 0.33 does, and ends with C = N - 2). Refused, naming the request, with nothing changed;
+/// the same drafts after the output is applied are scheduled and keep C = N - 1.
+#[test]
+fn drafts_for_a_request_whose_step_is_in_flight_are_refused() {
+    let mut sched = Scheduler::new(config(|p| p.num_speculative_tokens = 1)).unwrap();
+    sched.add_request(request("r", 5, 20)).unwrap();
+    sched.add_request(request("other", 40, 20)).unwrap();
+    let prefill = sched.schedule();
+    let (t, c) = sample(&sched, &prefill, false);
+    apply(&mut sched, &prefill, &t, &c);
+    let decode = sched.schedule();
+    assert_eq!(decode.num_scheduled_tokens, vec![1, 1]);
+    let before = sched.debug_snapshot();
+    let err = sched.update_draft_token_ids(&["r"], &[77], &[1]).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "req_ids[0]=\"r\": drafts for a request whose step {} is still in flight",
+            decode.step_id
+        )),
+        "{message}"
+    );
+    assert_eq!(sched.debug_snapshot(), before, "a refused call changes nothing");
+    // Rows without drafts, and drafts for ids not live, are not refused.
+    sched.update_draft_token_ids(&["r", "gone"], &[5], &[0, 1]).unwrap();
+    assert_eq!(sched.debug_snapshot(), before);
+    // A second step now schedules no draft slot: there is nothing to compute before the
+    // in-flight token returns.
+    assert!(sched.schedule().is_empty());
+    let (t, c) = sample(&sched, &decode, false);
+    apply(&mut sched, &decode, &t, &c);
+    sched.check_invariants().unwrap();
+    // In order, the same drafts are taken and verified.
+    sched.update_draft_token_ids(&["r"], &[77], &[1]).unwrap();
+    let verify = sched.schedule();
+    assert_eq!((verify.num_spec_tokens[0], verify.spec_token_ids.clone()), (1, vec![77]));
+    let (t, c) = sample(&sched, &verify, false);
+    apply(&mut sched, &verify, &t, &c);
+    sched.check_invariants().unwrap();
+    let r = sched.get_request("r").unwrap();
+    assert_eq!(r.num_computed_tokens(), r.num_tokens() - 1);
+}
+
+/// A request in flight with a prefill chunk that does not reach the end of its prompt: its
+/// drafts are dropped, as vLLM drops drafts for prefill chunks, not refused.
+#[test]
+fn drafts_for_a_prefill_chunk_in_flight_are_dropped() {
+    let mut sched = Scheduler::new(config(|p| {
+        p.num_speculative_tokens = 1;
+        p.max_num_batched_tokens = 256;
+        p.max_num_seqs = 2;
+    }))
+    .unwrap();
+    sched.add_request(request("long", 600, 20)).unwrap();
+    let chunk = sched.schedule();
+    assert!(sched.get_request("long").unwrap().is_prefill_chunk());
+    sched.update_draft_token_ids(&["long"], &[77], &[1]).unwrap();
+    assert!(sched.get_request("long").unwrap().spec_token_ids().is_empty());
+    apply(&mut sched, &chunk, &[], &[0]);
+    sched.check_invariants().unwrap();
+}

@@ -454,8 +454,10 @@ impl Scheduler {
     /// `draft_token_ids`, in order, are the drafts of `request_ids[i]`. Ids not live
     /// are ignored; drafts of a request still in prefill are dropped, and so are drafts
     /// of a request that is not running (preempted or waiting: vLLM keeps them, and a
-    /// resumed request would then schedule drafts made before its preemption). Nothing
-    /// changes unless every row is valid.
+    /// resumed request would then schedule drafts made before its preemption). With
+    /// synchronous scheduling, drafts for a running request whose step is still in flight
+    /// are refused (vLLM accepts them and breaks `C = N - 1`, see
+    /// `would_schedule_drafts_ahead`). Nothing changes unless every row is valid.
     pub fn update_draft_token_ids(
         &mut self,
         request_ids: &[&str],
@@ -491,6 +493,10 @@ impl Scheduler {
         let mut seen_unknown = rustc_hash::FxHashSet::default();
         let mut total: i64 = 0;
         let per_request = self.config.drafts_per_request_limit();
+        let sync = !self.config.async_scheduling();
+        // The first row of drafts a request could not take yet (reported once the rows
+        // themselves are known to be valid).
+        let mut ahead_of_step = None;
         for (i, (request, &count)) in request_ids.iter().zip(num_draft_tokens).enumerate() {
             let handle = self.live_handle(request);
             let first = match handle {
@@ -515,6 +521,11 @@ impl Scheduler {
             if !per_request.allows(count as usize) {
                 return Err(per_request.too_long(format!("draft_token_ids[{i}]"), count as usize));
             }
+            if let Some(h) = handle.filter(|_| sync && count > 0 && ahead_of_step.is_none()) {
+                if self.would_schedule_drafts_ahead(&self.requests[h]) {
+                    ahead_of_step = Some((i, h));
+                }
+            }
             total += count;
         }
         if total != draft_token_ids.len() as i64 {
@@ -538,6 +549,9 @@ impl Scheduler {
                 format!("a draft must be a token id in [0, {}] or the -1 placeholder", i32::MAX),
             ));
         }
+        if let Some((row, handle)) = ahead_of_step {
+            return Err(self.drafts_while_in_flight(row, handle));
+        }
         let mut start = 0;
         for (handle, &count) in handles.into_iter().zip(num_draft_tokens) {
             let drafts = &draft_token_ids[start..start + count as usize];
@@ -551,6 +565,32 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+
+    /// Whether drafts given to `request` now would be scheduled by the next step ahead of
+    /// the tokens they follow (sync scheduling): the request runs, past its prompt, with a
+    /// step in flight. That step's output is the token the drafts continue; a step
+    /// scheduled before it arrives would give the drafts the positions after `N`, where
+    /// the sampled token belongs, and leave `C != N - 1` once both outputs are applied
+    /// (vLLM 0.33 accepts such drafts and ends in that state).
+    fn would_schedule_drafts_ahead(&self, request: &Request) -> bool {
+        request.status == RequestStatus::Running && !request.is_prefill_chunk && request.num_in_flight_tokens() > 0
+    }
+
+    /// The refusal of drafts given, in row `row`, to a request whose step is in flight.
+    #[cold]
+    fn drafts_while_in_flight(&self, row: usize, handle: Handle) -> CoreError {
+        let id = &self.requests[handle].id;
+        let step = self.in_flight.iter().rev().find(|r| r.entries.iter().any(|e| e.handle == handle));
+        CoreError::request(
+            format!("req_ids[{row}]"),
+            format!("{id:?}"),
+            format!(
+                "drafts for a request whose step {} is still in flight: with synchronous scheduling, hand \
+                 drafts in after update_from_output has applied that step (the token they follow)",
+                step.map_or_else(|| "?".to_string(), |r| r.step_id.to_string())
+            ),
+        )
     }
 
     /// The id of a request named by `request` (a handle whose slot is gone names itself).
