@@ -171,6 +171,7 @@ def state(sched: Scheduler) -> tuple[Any, ...]:
         sched.get_request_counts(),
         sched.get_kv_cache_usage(),
         sched.has_requests(),
+        sched.pause_state,
     )
 
 
@@ -691,6 +692,25 @@ for label, flag in [
         lambda w, flag=flag: w.sched.reset_prefix_cache(flag),
         InvalidRequestError,
         "reset_running_requests",
+    )
+
+
+# ------------------------------------------------------------------------------ set_pause_state
+
+for label, pause in [
+    ("bool-true", True),
+    ("bool-false", False),
+    ("numpy-bool", np.bool_(True)),
+    ("float", 1.0),
+    ("str", "1"),
+    ("none", None),
+    ("out-of-range", 3),
+]:
+    case(
+        f"set_pause_state-{label}",
+        lambda w, pause=pause: w.sched.set_pause_state(pause),
+        InvalidRequestError,
+        "pause_state",
     )
 
 

@@ -837,7 +837,8 @@ impl PyScheduler {
     }
 
     /// Set the pause state (0 unpaused, 1 no new admissions, 2 nothing scheduled).
-    fn set_pause_state(&self, py: Python<'_>, pause_state: i64) -> PyResult<()> {
+    fn set_pause_state(&self, py: Python<'_>, pause_state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let pause_state = int_value(py, pause_state, &"pause_state", request_error)?;
         let Some(state) = llmsched_core::PauseState::from_value(pause_state) else {
             return Err(request_error(py, format!("pause_state={pause_state}: must be 0, 1 or 2")));
         };
