@@ -270,7 +270,7 @@ class RequestOutputs(Sequence[RequestOutput]):
     Elements are built when accessed, so a caller that reads the columns
     (``req_ids``, ``new_token_ids``, ``num_new_tokens``, ``statuses``) never pays
     for one Python object per request. The column properties copy into new
-    numpy arrays on each access."""
+    read-only numpy arrays on each access."""
 
     def __len__(self) -> int: ...
     @overload
@@ -284,17 +284,17 @@ class RequestOutputs(Sequence[RequestOutput]):
         """Request ids, in output order."""
     @property
     def new_token_ids(self) -> _Int32Array:
-        """Every delivered token, flat, split by ``num_new_tokens`` (int32; a copy)."""
+        """Every delivered token, flat, split by ``num_new_tokens`` (int32, read-only; a copy)."""
     @property
     def num_new_tokens(self) -> _Int32Array:
-        """Tokens delivered per request (int32; a copy)."""
+        """Tokens delivered per request (int32, read-only; a copy)."""
     @property
     def statuses(self) -> _Int32Array:
-        """``RequestStatus`` values per request (int32; a copy)."""
+        """``RequestStatus`` values per request (int32, read-only; a copy)."""
     @property
     def num_cached_blocks(self) -> _Int32Array:
         """Each request's prefix-cached blocks after this output, counted before a finish
-        freed them (int32; a copy)."""
+        freed them (int32, read-only; a copy)."""
     @property
     def finished_req_ids(self) -> list[str]:
         """Ids of the requests that finished in this step."""

@@ -256,7 +256,7 @@ impl PyRequestOutput {
 /// Elements are built when accessed, so a caller that reads the columns
 /// (``req_ids``, ``new_token_ids``, ``num_new_tokens``, ``statuses``) never pays
 /// for one Python object per request. The column properties copy into new
-/// numpy arrays on each access.
+/// read-only numpy arrays on each access.
 #[pyclass(frozen, sequence, module = "llmsched", name = "RequestOutputs")]
 pub struct PyRequestOutputs {
     /// The ids of the step the outputs answer, shared with its `SchedulerOutput`: an
@@ -327,7 +327,14 @@ impl PyRequestOutputs {
         if index.is_instance_of::<pyo3::types::PySlice>() {
             return self.to_list(py)?.as_any().get_item(index);
         }
-        let i: isize = index.extract()?;
+        // As a list: an index past the machine's is out of range, not an overflow.
+        let i: isize = index.extract().map_err(|error: PyErr| {
+            if error.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+                pyo3::exceptions::PyIndexError::new_err("cannot fit 'int' into an index-sized integer")
+            } else {
+                error
+            }
+        })?;
         let len = self.len() as isize;
         let j = if i < 0 { i + len } else { i };
         if !(0..len).contains(&j) {
@@ -361,21 +368,21 @@ impl PyRequestOutputs {
         PyList::new(py, (0..self.len()).map(|i| self.request_id(py, i)))
     }
 
-    /// Every delivered token, flat, split by ``num_new_tokens`` (int32; a copy).
+    /// Every delivered token, flat, split by ``num_new_tokens`` (int32, read-only; a copy).
     #[getter]
     fn new_token_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
         let delivered: Vec<i32> = (0..self.len()).flat_map(|i| self.delivered(i).iter().copied()).collect();
         frozen_array(py, delivered).into_bound(py)
     }
 
-    /// Tokens delivered per request (int32; a copy).
+    /// Tokens delivered per request (int32, read-only; a copy).
     #[getter]
     fn num_new_tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
         let counts: Vec<i32> = self.rows.iter().map(|row| row.len as i32).collect();
         frozen_array(py, counts).into_bound(py)
     }
 
-    /// ``RequestStatus`` values per request (int32; a copy).
+    /// ``RequestStatus`` values per request (int32, read-only; a copy).
     #[getter]
     fn statuses<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
         let values: Vec<i32> = self.rows.iter().map(|row| row.status as i32).collect();
@@ -383,11 +390,11 @@ impl PyRequestOutputs {
     }
 
     /// Each request's prefix-cached blocks after this output, counted before a finish
-    /// freed them (int32; a copy).
+    /// freed them (int32, read-only; a copy).
     #[getter]
     fn num_cached_blocks<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
         let values: Vec<i32> = self.rows.iter().map(|row| row.num_cached_blocks).collect();
-        numpy::IntoPyArray::into_pyarray(values, py)
+        frozen_array(py, values).into_bound(py)
     }
 
     /// Ids of the requests that finished in this step.
