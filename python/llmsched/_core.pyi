@@ -408,7 +408,10 @@ class Scheduler:
         Runs the running loop (decodes and prefill chunks of running requests, preempting
         the lowest-priority running request when KV blocks run out), then, if nothing was
         preempted, admits waiting requests in order. Every scheduled request keeps
-        ``C + n + s <= max_model_len``. Returns the step as a ``SchedulerOutput``."""
+        ``C + n + s <= max_model_len``. Returns the step as a ``SchedulerOutput``.
+
+        Should building that output fail (Python out of memory), the step stays decided and
+        in flight, and the next ``schedule()`` returns it before deciding another."""
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: Any
     ) -> RequestOutputs:
@@ -441,10 +444,10 @@ class Scheduler:
         ignored; drafts of a request that is not running or still in prefill are dropped.
         Drafts for a running request whose step is still in flight are refused
         (``InvalidRequestError``, nothing changed): hand them in after ``update_from_output``
-        has applied that step, whose token they follow. Iterables are read no further than what
-        can be valid: as many ids as live requests
-        plus ``max_num_seqs`` (requests that finished since their step), one row or count per
-        id, ``num_speculative_tokens`` drafts per id."""
+        has applied that step, whose token they follow. Iterables are read no further than
+        what can be valid: as many ids as live requests plus ``max_num_seqs`` (requests that
+        finished since their step), one row or count per id, ``num_speculative_tokens``
+        drafts per id."""
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, status: RequestStatus | int
     ) -> list[str]:

@@ -3,12 +3,12 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use llmsched_core::{
     Handle, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, Step,
 };
-use numpy::{PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyMemoryError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -21,6 +21,7 @@ use crate::convert::{
 };
 use crate::errors::{core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
 use crate::ids::{IdBatch, StepIds};
+use crate::objects::{new_int, new_list, new_str};
 use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput};
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
@@ -58,6 +59,9 @@ struct Inner {
     unreported: Vec<(Handle, Py<PyString>)>,
     /// The last step's ids, edited into the next step's.
     batch: IdBatch,
+    /// A step decided by a `schedule()` that could not build its output: the next
+    /// `schedule()` delivers it before deciding another.
+    undelivered: Option<Undelivered>,
     /// Set when a call panicked: the state may be half-updated, so refuse more calls.
     broken: Option<String>,
 }
@@ -66,10 +70,15 @@ impl Inner {
     /// The request's cached Python id; `fallback` is only called if the cache
     /// has no entry for this handle (not expected, but never wrong).
     #[inline(always)]
-    fn py_id<'py>(&self, py: Python<'py>, handle: Handle, fallback: impl FnOnce() -> String) -> Bound<'py, PyString> {
+    fn py_id<'py>(
+        &self,
+        py: Python<'py>,
+        handle: Handle,
+        fallback: impl FnOnce() -> String,
+    ) -> PyResult<Bound<'py, PyString>> {
         match self.py_ids.get(handle.index as usize) {
-            Some(Some((generation, id))) if *generation == handle.generation => id.bind(py).clone(),
-            _ => PyString::new(py, &fallback()),
+            Some(Some((generation, id))) if *generation == handle.generation => Ok(id.bind(py).clone()),
+            _ => new_str(py, &fallback()),
         }
     }
 
@@ -112,9 +121,163 @@ impl Inner {
         Ok(self.core.live_handle(&RequestRef::Id(&text)))
     }
 
+    /// The id of a request a step scheduled: live, or (a step delivered late) finished since,
+    /// when `texts` holds the ids the step's requests had when it was decided.
     #[inline]
-    fn live_py_id<'py>(&self, py: Python<'py>, handle: Handle) -> Bound<'py, PyString> {
-        self.py_id(py, handle, || self.core.request(handle).map(|r| r.id().to_string()).unwrap_or_default())
+    fn step_py_id<'py>(
+        &self,
+        py: Python<'py>,
+        handle: Handle,
+        texts: Option<&StepTexts>,
+    ) -> PyResult<Bound<'py, PyString>> {
+        self.py_id(py, handle, || match self.core.request(handle) {
+            Some(request) => request.id().to_string(),
+            None => texts.and_then(|texts| texts.get(&handle)).map(|id| id.to_string()).unwrap_or_default(),
+        })
+    }
+
+    /// Builds the Python view of a step the core decided: its id lists, then its columns,
+    /// moved into numpy arrays. On error (Python out of memory) `step` is as it was, to be
+    /// delivered by the next `schedule()`, and nothing of `self` has changed but the id
+    /// batch (kept in step with `step`).
+    fn build_output(
+        &mut self,
+        py: Python<'_>,
+        uid: u64,
+        step: &mut Step,
+        texts: Option<&StepTexts>,
+    ) -> PyResult<Py<PySchedulerOutput>> {
+        // Out of `self` while it is edited: its id lookups read `self`.
+        let mut batch = std::mem::take(&mut self.batch);
+        let synced = batch.sync(py, &step.req_handles, |h| self.step_py_id(py, h, texts), |h| self.prefetch_py_id(h));
+        self.batch = batch;
+        synced?;
+        let (entry_ids, req_ids) = self.batch.step_ids(py)?;
+        let ids = |handles: &[Handle]| -> PyResult<Py<PyList>> {
+            let ids = handles.iter().map(|&h| self.step_py_id(py, h, texts)).collect::<PyResult<Vec<_>>>()?;
+            Ok(new_list(py, ids)?.unbind())
+        };
+        let new_req_ids = ids(&step.new_reqs)?;
+        let resumed_req_ids = ids(&step.resumed_reqs)?;
+        let rescheduled_req_ids = ids(&step.rescheduled_reqs)?;
+        let preempted =
+            step.preempted.iter().map(|(h, id)| self.py_id(py, *h, || id.to_string())).collect::<PyResult<Vec<_>>>()?;
+        let preempted_req_ids = new_list(py, preempted)?.unbind();
+        // The binding retired them in the order the core finished them.
+        let mut unreported = self.unreported.iter().peekable();
+        let finished = step
+            .finished
+            .iter()
+            .map(|(handle, id)| match unreported.next_if(|(h, _)| h == handle) {
+                Some((_, py_id)) => Ok(py_id.bind(py).clone()),
+                None => new_str(py, id),
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let reported = self.unreported.len() - unreported.len();
+        let finished_req_ids = new_list(py, finished)?.unbind();
+        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids] =
+            step_columns(py, step)?;
+        let columns = [
+            &num_scheduled_tokens,
+            &num_computed_tokens,
+            &num_spec_tokens,
+            &spec_token_ids,
+            &num_output_tokens,
+            &num_block_ids,
+            &block_ids,
+            &num_all_token_ids,
+            &all_token_ids,
+        ]
+        .map(|column| column.clone_ref(py));
+        let output = PySchedulerOutput {
+            scheduler_uid: uid,
+            step_id: step.step_id,
+            req_ids,
+            entry_ids: Arc::new(entry_ids),
+            num_scheduled_tokens,
+            num_computed_tokens,
+            num_spec_tokens,
+            spec_token_ids,
+            num_output_tokens,
+            num_block_ids,
+            block_ids,
+            num_all_token_ids,
+            all_token_ids,
+            total_num_scheduled_tokens: step.total_num_scheduled_tokens,
+            new_req_ids,
+            resumed_req_ids,
+            rescheduled_req_ids,
+            preempted_req_ids,
+            finished_req_ids,
+        };
+        match Py::new(py, output) {
+            Ok(output) => {
+                self.unreported.drain(..reported);
+                Ok(output)
+            }
+            Err(error) => {
+                restore_columns(py, step, &columns);
+                Err(error)
+            }
+        }
+    }
+}
+
+/// The id of each request a step scheduled, taken when it was decided (kept with a step
+/// whose delivery failed: its requests may finish before the next `schedule()` delivers it).
+type StepTexts = rustc_hash::FxHashMap<Handle, Arc<str>>;
+
+/// A step the core decided whose Python view could not be built: the next `schedule()`
+/// delivers it.
+struct Undelivered {
+    step: Step,
+    texts: StepTexts,
+}
+
+/// A step's columns, in `PySchedulerOutput`'s order.
+fn column_slots(step: &mut Step) -> [&mut Vec<i32>; 9] {
+    [
+        &mut step.num_scheduled_tokens,
+        &mut step.num_computed_tokens,
+        &mut step.num_spec_tokens,
+        &mut step.spec_token_ids,
+        &mut step.num_output_tokens,
+        &mut step.num_block_ids,
+        &mut step.block_ids,
+        &mut step.num_all_token_ids,
+        &mut step.all_token_ids,
+    ]
+}
+
+/// The step's columns as read-only numpy arrays that own its buffers (moved, not copied).
+/// On error every column is back in `step` as it was.
+fn step_columns(py: Python<'_>, step: &mut Step) -> PyResult<[Py<PyArray1<i32>>; 9]> {
+    let mut made = Vec::with_capacity(9);
+    let mut failed = None;
+    for slot in column_slots(step) {
+        match frozen_array(py, std::mem::take(slot)) {
+            Ok(array) => made.push(array),
+            Err((error, values)) => {
+                *slot = values;
+                failed = Some(error);
+                break;
+            }
+        }
+    }
+    if let Some(error) = failed {
+        restore_columns(py, step, &made);
+        return Err(error);
+    }
+    made.try_into().map_err(|_| internal_error(py, "a step has 9 columns".into()))
+}
+
+/// Puts back into `step` the columns `arrays` took (a copy of each: the arrays are dropped
+/// with the output that failed).
+#[cold]
+fn restore_columns(py: Python<'_>, step: &mut Step, arrays: &[Py<PyArray1<i32>>]) {
+    for (slot, array) in column_slots(step).into_iter().zip(arrays) {
+        *slot =
+            array.bind(py).try_readonly().ok().and_then(|a| a.as_slice().ok().map(<[i32]>::to_vec)).unwrap_or_default();
     }
 }
 
@@ -166,56 +329,6 @@ impl PyScheduler {
                 Err(internal_error(py, format!("internal error in llmsched (please report it): {reason}")))
             }
         }
-    }
-
-    fn build_output(&self, py: Python<'_>, inner: &mut Inner, step: Step) -> PyResult<PySchedulerOutput> {
-        // Out of `inner` while it is edited: its id lookups read `inner`.
-        let mut batch = std::mem::take(&mut inner.batch);
-        let synced = batch.sync(py, &step.req_handles, |h| inner.live_py_id(py, h), |h| inner.prefetch_py_id(h));
-        inner.batch = batch;
-        synced?;
-        let (entry_ids, req_ids) = inner.batch.step_ids(py)?;
-        let entry_ids = Arc::new(entry_ids);
-        let ids = |handles: &[Handle]| -> PyResult<Py<PyList>> {
-            Ok(PyList::new(py, handles.iter().map(|&h| inner.live_py_id(py, h)))?.unbind())
-        };
-        let new_req_ids = ids(&step.new_reqs)?;
-        let resumed_req_ids = ids(&step.resumed_reqs)?;
-        let rescheduled_req_ids = ids(&step.rescheduled_reqs)?;
-        let preempted_req_ids =
-            PyList::new(py, step.preempted.iter().map(|(h, id)| inner.py_id(py, *h, || id.to_string())))?.unbind();
-        // The binding retired them in the order the core finished them.
-        let mut unreported = inner.unreported.iter().peekable();
-        let finished_req_ids = PyList::new(
-            py,
-            step.finished.iter().map(|(handle, id)| match unreported.next_if(|(h, _)| h == handle) {
-                Some((_, py_id)) => py_id.bind(py).clone(),
-                None => PyString::new(py, id),
-            }),
-        )?
-        .unbind();
-        inner.unreported.clear();
-        Ok(PySchedulerOutput {
-            scheduler_uid: self.uid,
-            step_id: step.step_id,
-            req_ids,
-            entry_ids,
-            num_scheduled_tokens: frozen_array(py, step.num_scheduled_tokens),
-            num_computed_tokens: frozen_array(py, step.num_computed_tokens),
-            num_spec_tokens: frozen_array(py, step.num_spec_tokens),
-            spec_token_ids: frozen_array(py, step.spec_token_ids),
-            num_output_tokens: frozen_array(py, step.num_output_tokens),
-            num_block_ids: frozen_array(py, step.num_block_ids),
-            block_ids: frozen_array(py, step.block_ids),
-            num_all_token_ids: frozen_array(py, step.num_all_token_ids),
-            all_token_ids: frozen_array(py, step.all_token_ids),
-            total_num_scheduled_tokens: step.total_num_scheduled_tokens,
-            new_req_ids,
-            resumed_req_ids,
-            rescheduled_req_ids,
-            preempted_req_ids,
-            finished_req_ids,
-        })
     }
 }
 
@@ -444,6 +557,7 @@ impl PyScheduler {
                 py_ids: Vec::new(),
                 handle_by_address: Default::default(),
                 unreported: Vec::new(),
+                undelivered: None,
                 batch: IdBatch::default(),
                 broken: None,
             }),
@@ -546,7 +660,7 @@ impl PyScheduler {
         let py_id: Py<PyString> = if id.is_exact_instance_of::<PyString>() {
             id.clone().unbind()
         } else {
-            PyString::new(py, &new.request_id).unbind()
+            new_str(py, &new.request_id)?.unbind()
         };
         self.with_inner(py, |inner| {
             let handle = inner.core.add_request(new).map_err(core_err)?;
@@ -566,11 +680,25 @@ impl PyScheduler {
     /// the lowest-priority running request when KV blocks run out), then, if nothing was
     /// preempted, admits waiting requests in order. Every scheduled request keeps
     /// ``C + n + s <= max_model_len``. Returns the step as a ``SchedulerOutput``.
-    fn schedule(&self, py: Python<'_>) -> PyResult<PySchedulerOutput> {
+    ///
+    /// Should building that output fail (Python out of memory), the step stays decided and
+    /// in flight, and the next ``schedule()`` returns it before deciding another.
+    fn schedule(&self, py: Python<'_>) -> PyResult<Py<PySchedulerOutput>> {
         self.with_inner(py, |inner| {
-            let core = &mut inner.core;
-            let step = py.detach(|| core.schedule());
-            self.build_output(py, inner, step)
+            let (mut step, texts) = match inner.undelivered.take() {
+                Some(Undelivered { step, texts }) => (step, Some(texts)),
+                None => {
+                    let core = &mut inner.core;
+                    (py.detach(|| core.schedule()), None)
+                }
+            };
+            inner.build_output(py, self.uid, &mut step, texts.as_ref()).inspect_err(|_| {
+                let texts = texts.unwrap_or_else(|| {
+                    let id = |h: &Handle| inner.core.request(*h).map(|r| (*h, r.id().clone()));
+                    step.req_handles.iter().filter_map(id).collect()
+                });
+                inner.undelivered = Some(Undelivered { step, texts });
+            })
         })
     }
 
@@ -592,7 +720,7 @@ impl PyScheduler {
         py: Python<'py>,
         scheduler_output: &Bound<'py, PyAny>,
         runner_output: &Bound<'py, PyAny>,
-    ) -> PyResult<PyRequestOutputs> {
+    ) -> PyResult<Py<PyRequestOutputs>> {
         let so = scheduler_output.cast::<PySchedulerOutput>().map_err(|_| {
             mismatch_error(
                 py,
@@ -631,7 +759,14 @@ impl PyScheduler {
             (runner_int32(py, &sampled_obj, "sampled_token_ids")?, runner_int32(py, &counts_obj, "num_sampled")?)
         };
         self.with_inner(py, |inner| {
-            let out = RunnerOutput { sampled_token_ids: &sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
+            // The result first: once the core has applied the output, nothing may fail (the
+            // tokens it delivered would be lost).
+            let result = Py::new(
+                py,
+                PyRequestOutputs { step_ids: so.entry_ids.clone(), rows: OnceLock::new(), tokens: sampled },
+            )?;
+            let sampled = &result.get().tokens;
+            let out = RunnerOutput { sampled_token_ids: sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
             let mut outputs = Vec::with_capacity(counts.len());
             let mut finished = Vec::new();
@@ -656,7 +791,9 @@ impl PyScheduler {
             for handle in finished {
                 inner.retire(handle);
             }
-            Ok(PyRequestOutputs { step_ids: so.entry_ids.clone(), rows: outputs, tokens: sampled })
+            // Set once, here, on an object nothing else has seen yet.
+            let _ = result.get().rows.set(outputs);
+            Ok(result)
         })
     }
 
@@ -670,9 +807,10 @@ impl PyScheduler {
     /// ignored; drafts of a request that is not running or still in prefill are dropped.
     /// Drafts for a running request whose step is still in flight are refused
     /// (``InvalidRequestError``, nothing changed): hand them in after ``update_from_output``
-    /// has applied that step, whose token they follow. Iterables are read no further than what can be valid: as many ids as live requests
-    /// plus ``max_num_seqs`` (requests that finished since their step), one row or count per
-    /// id, ``num_speculative_tokens`` drafts per id.
+    /// has applied that step, whose token they follow. Iterables are read no further than
+    /// what can be valid: as many ids as live requests plus ``max_num_seqs`` (requests that
+    /// finished since their step), one row or count per id, ``num_speculative_tokens``
+    /// drafts per id.
     #[pyo3(signature = (req_ids, draft_token_ids, num_draft_tokens=None))]
     fn update_draft_token_ids(
         &self,
@@ -756,17 +894,15 @@ impl PyScheduler {
         let status = RequestStatus::from_value(value)
             .filter(|s| s.is_finished())
             .ok_or_else(|| request_error(py, format!("status={value}: must be a finished RequestStatus (7 to 12)")))?;
-        let finished = self.with_inner(py, |inner| {
-            let requests: Option<Vec<RequestRef<'_>>> = if request_ids.is_none() {
-                None
+        self.with_inner(py, |inner| {
+            let requests: Vec<RequestRef<'_>> = if request_ids.is_none() {
+                inner.core.live_handles().into_iter().map(RequestRef::Handle).collect()
             } else if let Ok(one) = request_ids.cast::<PyString>() {
-                Some(
-                    inner
-                        .live_handle(py, one.as_any(), || "request_ids".into())?
-                        .map(RequestRef::Handle)
-                        .into_iter()
-                        .collect(),
-                )
+                inner
+                    .live_handle(py, one.as_any(), || "request_ids".into())?
+                    .map(RequestRef::Handle)
+                    .into_iter()
+                    .collect()
             } else {
                 let limit = inner.core.finish_ids_limit();
                 let not_iterable = || {
@@ -788,15 +924,25 @@ impl PyScheduler {
                         _ => Ok(()),
                     }
                 })?;
-                Some(live)
+                live
             };
-            let finished = inner.core.finish_requests_of(requests.as_deref(), status).map_err(core_err)?;
+            // The live requests named are the ones finished, in this order: their ids are
+            // listed before the core finishes them, so that nothing can fail after.
+            let ids = requests
+                .iter()
+                .map(|request| match *request {
+                    RequestRef::Handle(handle) => inner.step_py_id(py, handle, None),
+                    RequestRef::Id(id) => new_str(py, id),
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            let finished_ids = new_list(py, ids)?;
+            let finished = inner.core.finish_requests_of(Some(&requests), status).map_err(core_err)?;
+            debug_assert_eq!(finished.len(), finished_ids.len());
             for &(handle, _) in &finished {
                 inner.retire(handle);
             }
-            Ok(finished)
-        })?;
-        PyList::new(py, finished.iter().map(|(_, id)| id.as_ref()))
+            Ok(finished_ids)
+        })
     }
 
     /// A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
@@ -908,19 +1054,19 @@ impl PyScheduler {
     /// Running request ids, in running order.
     fn running_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let ids = self.with_inner(py, |inner| Ok(inner.core.running_ids()))?;
-        PyList::new(py, ids.iter().map(|id| id.as_ref()))
+        new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
     }
 
     /// Waiting request ids, in the order the waiting loop would consider them.
     fn waiting_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let ids = self.with_inner(py, |inner| Ok(inner.core.waiting_ids()))?;
-        PyList::new(py, ids.iter().map(|id| id.as_ref()))
+        new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
     }
 
     /// The free-block queue, head first (blocks are reused from the head).
     fn free_block_queue<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let queue = self.with_inner(py, |inner| Ok(inner.core.free_block_queue()))?;
-        PyList::new(py, queue)
+        new_list(py, queue.into_iter().map(|block| new_int(py, block)).collect::<PyResult<_>>()?)
     }
 
     /// Check every invariant of the whole state: the capacity rule, queues and

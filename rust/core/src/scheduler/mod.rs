@@ -398,11 +398,7 @@ impl Scheduler {
                 let mut seen = rustc_hash::FxHashSet::default();
                 requests.iter().filter_map(|r| self.live_handle(r)).filter(|h| seen.insert(*h)).collect()
             }
-            None => {
-                let mut all: Vec<Handle> = self.ids.values().copied().collect();
-                all.sort_unstable();
-                all
-            }
+            None => self.live_handles(),
         };
         let mut was_running = false;
         let mut finished = Vec::with_capacity(handles.len());
@@ -432,6 +428,13 @@ impl Scheduler {
             RequestRef::Id(id) => self.ids.get(id).copied(),
             RequestRef::Handle(h) => self.requests.get(h).map(|_| h),
         }
+    }
+
+    /// The live requests' handles, in handle order (what `finish_requests(None)` finishes).
+    pub fn live_handles(&self) -> Vec<Handle> {
+        let mut all: Vec<Handle> = self.ids.values().copied().collect();
+        all.sort_unstable();
+        all
     }
 
     /// Live (unfinished) requests.
