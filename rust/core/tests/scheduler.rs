@@ -461,3 +461,58 @@ fn drafts_for_a_prefill_chunk_in_flight_are_dropped() {
     apply(&mut sched, &chunk, &[], &[0]);
     sched.check_invariants().unwrap();
 }
+
+/// A multi-token output (accepted drafts and the bonus token) that stops part way: the
+/// tokens after the stop are not delivered, though each would stop the request again
+/// (another stop id, the EOS, the length cap), and the stop reason is the first stop's.
+#[test]
+fn tokens_after_a_stop_in_a_multi_token_output_are_not_delivered() {
+    let mut sched = Scheduler::new(config(|p| {
+        p.num_speculative_tokens = 3;
+        p.block_size = 2;
+        p.enable_prefix_caching = true;
+    }))
+    .unwrap();
+    let new = |id: &str, max_tokens: i64, eos: Option<i64>, stops: &[i64]| {
+        let mut r = request(id, 4, max_tokens);
+        r.eos_token_id = eos;
+        r.stop_token_ids = stops.to_vec();
+        r
+    };
+    // (request, the runner's tokens: 1 sampled + 3 accepted drafts, what is delivered,
+    // status, stop reason)
+    #[allow(clippy::type_complexity)]
+    let cases: [(NewRequest, [i32; 4], &[i32], RequestStatus, Option<i32>); 5] = [
+        (new("eos", 20, Some(9), &[]), [5, 9, 6, 9], &[5, 9], RequestStatus::FinishedStopped, None),
+        (new("stop", 20, None, &[42, 43]), [5, 42, 43, 8], &[5, 42], RequestStatus::FinishedStopped, Some(42)),
+        (new("cap", 3, Some(9), &[]), [5, 6, 9, 8], &[5, 6], RequestStatus::FinishedLengthCapped, None),
+        (new("eos-first", 4, Some(9), &[6]), [9, 6, 7, 8], &[9], RequestStatus::FinishedStopped, None),
+        (new("stop-last", 20, Some(9), &[8]), [5, 6, 7, 8], &[5, 6, 7, 8], RequestStatus::FinishedStopped, Some(8)),
+    ];
+    let mut handles = Vec::new();
+    for (r, ..) in &cases {
+        handles.push(sched.add_request(r.clone()).unwrap());
+    }
+    let prefill = sched.schedule();
+    apply(&mut sched, &prefill, &[1; 5], &[1; 5]);
+    let ids: Vec<&str> = cases.iter().map(|(r, ..)| r.request_id.as_str()).collect();
+    let drafts: Vec<i64> = cases.iter().flat_map(|(_, tokens, ..)| tokens[1..].iter().map(|&t| i64::from(t))).collect();
+    sched.update_draft_token_ids(&ids, &drafts, &[3; 5]).unwrap();
+    let verify = sched.schedule();
+    assert_eq!(verify.req_handles, handles);
+    assert_eq!(verify.num_spec_tokens, vec![3; 5]);
+    let tokens: Vec<i32> = cases.iter().flat_map(|(_, tokens, ..)| *tokens).collect();
+    let events = apply(&mut sched, &verify, &tokens, &[4; 5]);
+    assert_eq!(events.len(), 5);
+    for ((r, _, delivered, status, reason), e) in cases.iter().zip(&events) {
+        let id = &r.request_id;
+        let got = &tokens[e.token_offset..e.token_offset + e.num_tokens];
+        assert_eq!(got, *delivered, "{id}: delivered tokens");
+        assert_eq!((e.status, e.stop_reason), (*status, *reason), "{id}");
+        // Prefix caching keeps the KV of the delivered tokens only: C = N - 1 after the
+        // trim, N = 4 prompt tokens, 1, then the delivered ones; blocks of 2.
+        let n = 4 + 1 + delivered.len();
+        assert_eq!(e.num_cached_blocks, (n - 1) / 2, "{id}: cached blocks");
+    }
+    sched.check_invariants().unwrap();
+}
