@@ -82,15 +82,18 @@ impl Inner {
         }
     }
 
-    /// Moves a request that finished from the live ids to those the next step reports.
-    fn retire(&mut self, handle: Handle) {
-        let Some(slot) = self.py_ids.get_mut(handle.index as usize) else { return };
-        if let Some((_, id)) = slot.take_if(|(generation, _)| *generation == handle.generation) {
-            let address = id.as_ptr() as usize;
-            if self.handle_by_address.get(&address) == Some(&handle) {
-                self.handle_by_address.remove(&address);
+    /// Moves the requests the core finished since its finished list had `before` entries
+    /// from the live ids to those the next step reports.
+    fn retire_finished_since(&mut self, before: usize) {
+        for &(handle, _) in &self.core.finished_since_last_step()[before..] {
+            let Some(slot) = self.py_ids.get_mut(handle.index as usize) else { continue };
+            if let Some((_, id)) = slot.take_if(|(generation, _)| *generation == handle.generation) {
+                let address = id.as_ptr() as usize;
+                if self.handle_by_address.get(&address) == Some(&handle) {
+                    self.handle_by_address.remove(&address);
+                }
+                self.unreported.push((handle, id));
             }
-            self.unreported.push((handle, id));
         }
     }
 
@@ -769,14 +772,12 @@ impl PyScheduler {
             let out = RunnerOutput { sampled_token_ids: sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
             let mut outputs = Vec::with_capacity(counts.len());
-            let mut finished = Vec::new();
+            // The requests this output finishes join the end of the core's list.
+            let finished_before = core.finished_since_last_step().len();
             // The events go straight into the output's rows; their tokens stay where the
             // runner's copy holds them.
             py.detach(|| {
                 core.update_from_output_with(so.step_id, &out, |e| {
-                    if e.status.is_finished() {
-                        finished.push(e.handle);
-                    }
                     outputs.push(OutputRow {
                         entry: e.entry,
                         start: e.token_offset as u32,
@@ -788,9 +789,7 @@ impl PyScheduler {
                 })
             })
             .map_err(core_err)?;
-            for handle in finished {
-                inner.retire(handle);
-            }
+            inner.retire_finished_since(finished_before);
             // Set once, here, on an object nothing else has seen yet.
             let _ = result.get().rows.set(outputs);
             Ok(result)
@@ -936,11 +935,10 @@ impl PyScheduler {
                 })
                 .collect::<PyResult<Vec<_>>>()?;
             let finished_ids = new_list(py, ids)?;
+            let finished_before = inner.core.finished_since_last_step().len();
             let finished = inner.core.finish_requests_of(Some(&requests), status).map_err(core_err)?;
             debug_assert_eq!(finished.len(), finished_ids.len());
-            for &(handle, _) in &finished {
-                inner.retire(handle);
-            }
+            inner.retire_finished_since(finished_before);
             Ok(finished_ids)
         })
     }

@@ -82,12 +82,15 @@ impl Scheduler {
             ));
         }
         // One lookup per id; duplicates found by slot (and, for ids not live, by name).
-        let mut rows = DraftRows { handles: Vec::with_capacity(request_ids.len()), ahead_of_step: None };
+        let mut handles = Vec::with_capacity(request_ids.len());
+        let mut ahead_of_step = None;
         let mut seen = vec![false; self.requests.num_slots()];
         let mut seen_unknown = rustc_hash::FxHashSet::default();
         let mut total: i64 = 0;
         let per_request = self.config.drafts_per_request_limit();
-        let sync = !self.config.async_scheduling();
+        // Only a synchronous scheduler with a step in flight can be handed drafts too early
+        // (with none in flight, the usual case, no request is asked).
+        let may_be_ahead = !self.config.async_scheduling() && !self.in_flight.is_empty();
         for (i, (request, &count)) in request_ids.iter().zip(num_draft_tokens).enumerate() {
             let handle = self.live_handle(request);
             let first = match handle {
@@ -101,7 +104,7 @@ impl Scheduler {
                     "appears twice",
                 ));
             }
-            rows.handles.push(handle);
+            handles.push(handle);
             if count < 0 {
                 return Err(CoreError::request(
                     format!("draft_token_ids[{i}]"),
@@ -112,10 +115,8 @@ impl Scheduler {
             if !per_request.allows(count as usize) {
                 return Err(per_request.too_long(format!("draft_token_ids[{i}]"), count as usize));
             }
-            if let Some(h) = handle.filter(|_| sync && count > 0 && rows.ahead_of_step.is_none()) {
-                if self.would_schedule_drafts_ahead(&self.requests[h]) {
-                    rows.ahead_of_step = Some((i, h));
-                }
+            if may_be_ahead && count > 0 && ahead_of_step.is_none() {
+                ahead_of_step = handle.filter(|&h| self.would_schedule_drafts_ahead(&self.requests[h])).map(|h| (i, h));
             }
             total += count;
         }
@@ -126,7 +127,7 @@ impl Scheduler {
                 format!("must add up to the {num_drafts} draft ids given"),
             ));
         }
-        Ok(rows)
+        Ok(DraftRows { handles, ahead_of_step })
     }
 
     /// Whether drafts given to `request` now would be scheduled by the next step ahead of

@@ -438,6 +438,12 @@ impl Scheduler {
         all
     }
 
+    /// The requests finished since the last step, in the order they finished, by the handle
+    /// they had and their id: what the next step reports.
+    pub fn finished_since_last_step(&self) -> &[(Handle, Arc<str>)] {
+        &self.finished_since_last_step
+    }
+
     /// Live (unfinished) requests.
     pub fn num_live_requests(&self) -> usize {
         self.ids.len()
