@@ -171,6 +171,7 @@ def state(sched: Scheduler) -> tuple[Any, ...]:
         sched.get_request_counts(),
         sched.get_kv_cache_usage(),
         sched.has_requests(),
+        sched.pause_state,
     )
 
 
@@ -503,7 +504,6 @@ for dtype_label, make in [
     ("int16", lambda t: t.astype(np.int16)),
     ("bool", lambda t: t.astype(np.bool_)),
     ("object", lambda t: t.astype(object)),
-    ("big-endian", lambda t: t.astype(">i4")),
     ("list", lambda t: t.tolist()),
     ("2-D", lambda t: t.reshape(1, -1)),
 ]:
@@ -526,16 +526,6 @@ RUNNER_CASES += [
         "sampled-0-d",
         lambda w: Duck(["a", "b"], np.array(5, np.int32), np.array([1, 0], np.int32)),
         "sampled_token_ids",
-    ),
-    (
-        "sampled-non-contiguous",
-        lambda w: Duck(["a", "b"], np.array([1, 0, 2], np.int32)[::2], np.array([2, 0], np.int32)),
-        "sampled_token_ids",
-    ),
-    (
-        "counts-non-contiguous",
-        lambda w: Duck(["a", "b"], np.array([1], np.int32), np.array([1, 9, 0], np.int32)[::2]),
-        "num_sampled",
     ),
 ]
 for label, make_out, pattern in RUNNER_CASES:
@@ -702,6 +692,25 @@ for label, flag in [
         lambda w, flag=flag: w.sched.reset_prefix_cache(flag),
         InvalidRequestError,
         "reset_running_requests",
+    )
+
+
+# ------------------------------------------------------------------------------ set_pause_state
+
+for label, pause in [
+    ("bool-true", True),
+    ("bool-false", False),
+    ("numpy-bool", np.bool_(True)),
+    ("float", 1.0),
+    ("str", "1"),
+    ("none", None),
+    ("out-of-range", 3),
+]:
+    case(
+        f"set_pause_state-{label}",
+        lambda w, pause=pause: w.sched.set_pause_state(pause),
+        InvalidRequestError,
+        "pause_state",
     )
 
 

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -604,8 +605,33 @@ class SchedulerMachine(RuleBasedStateMachine):
         pool = [*self.live(), "never-added"]
         ids = data.draw(st.lists(st.sampled_from(pool), unique=True, max_size=3))
         drafts = [data.draw(st.lists(st.integers(-1, VOCAB - 1), max_size=self.k)) for _ in ids]
+        # Synchronous scheduling refuses drafts for a running request whose step is still
+        # in flight (the next step would schedule them ahead of the token they follow).
+        ahead = [
+            rid
+            for rid, row in zip(ids, drafts, strict=True)
+            if row and not self.is_async and self.takes_drafts_after_its_step(rid)
+        ]
+        if ahead:
+            before = self.sched.debug_snapshot()
+            refusal = re.escape(f'"{ahead[0]}"') + ".* is still in flight"
+            with pytest.raises(InvalidRequestError, match=refusal):
+                self.sched.update_draft_token_ids(ids, drafts)
+            assert self.sched.debug_snapshot() == before
+            return
         self.sched.update_draft_token_ids(ids, drafts)
         self.sched.check_invariants()
+
+    def takes_drafts_after_its_step(self, rid: str) -> bool:
+        """Whether ``rid`` runs past its prompt with tokens in flight."""
+        if rid not in self.reqs:
+            return False
+        request = self.sched.get_request(rid)
+        return (
+            request.status == RequestStatus.RUNNING
+            and not request.is_prefill_chunk
+            and request.num_in_flight_tokens > 0
+        )
 
     @rule(reset_running=st.booleans())
     def reset_prefix_cache(self, reset_running: bool) -> None:

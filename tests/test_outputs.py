@@ -13,9 +13,11 @@ import pytest
 from llmsched import (
     ModelRunnerOutput,
     OutputMismatchError,
+    RequestOutputs,
     RequestStatus,
     Scheduler,
     SchedulerConfig,
+    SchedulerOutput,
 )
 
 from conftest import add_requests, make_scheduler, one_token_each, runner_output
@@ -51,18 +53,6 @@ def test_scheduler_output_arrays_are_read_only_int32_and_ids_are_the_same_object
     assert outs[0].request_id is request_id
     so = sched.schedule()
     assert so.req_ids[0] is request_id
-
-
-def test_request_outputs_columns_are_read_only_int32() -> None:
-    sched = make_scheduler()
-    sched.add_request("a", [1, 2, 3], max_tokens=5)
-    outs = sched.update_from_output(sched.schedule(), ModelRunnerOutput.from_lists(["a"], [[7]]))
-    for name in ("new_token_ids", "num_new_tokens", "statuses"):
-        array = getattr(outs, name)
-        assert array.dtype == np.int32 and not array.flags.writeable
-        with pytest.raises(ValueError, match="read-only"):
-            array[...] = 0
-    assert outs.new_token_ids.tolist() == [7] and outs.num_new_tokens.tolist() == [1]
 
 
 def test_request_output_fields() -> None:
@@ -286,3 +276,62 @@ def test_req_ids_stay_right_as_requests_finish_and_join_between_steps() -> None:
         running = list(so.req_ids)
         finished_last = set(outputs.finished_req_ids)
     assert most_cut >= 100  # the step that cut every other request ran
+
+
+REQUEST_OUTPUTS_COLUMNS = ("new_token_ids", "num_new_tokens", "statuses", "num_cached_blocks")
+
+
+class Output:
+    def __init__(self, so: SchedulerOutput, tokens: list[int]) -> None:
+        self.req_ids = list(so.req_ids)
+        self.sampled_token_ids = np.array(tokens, np.int32)
+        self.num_sampled = np.ones(len(tokens), np.int32)
+
+
+def a_step_and_its_outputs() -> tuple[SchedulerOutput, RequestOutputs]:
+    """Three requests decode; "b" stops on its EOS (a finished output among them)."""
+    sched = Scheduler(
+        SchedulerConfig(async_scheduling=False, block_size=4, enable_prefix_caching=True)
+    )
+    for rid in "abc":
+        sched.add_request(rid, list(range(1, 10)), max_tokens=5, eos_token_id=2)
+    so = sched.schedule()
+    outputs = sched.update_from_output(so, Output(so, [7, 2, 9]))
+    assert [o.finished for o in outputs] == [False, True, False]
+    return so, outputs
+
+
+@pytest.mark.parametrize(
+    "column",
+    [("SchedulerOutput", name) for name in SCHEDULER_OUTPUT_ARRAYS]
+    + [("RequestOutputs", name) for name in REQUEST_OUTPUTS_COLUMNS],
+    ids=lambda c: f"{c[0]}.{c[1]}",
+)
+def test_every_column_is_a_read_only_int32_array(column: tuple[str, str]) -> None:
+    so, outputs = a_step_and_its_outputs()
+    owner = so if column[0] == "SchedulerOutput" else outputs
+    array = getattr(owner, column[1])
+    assert isinstance(array, np.ndarray) and array.dtype == np.int32 and array.ndim == 1
+    assert not array.flags.writeable
+    before = array.tolist()
+    with pytest.raises(ValueError, match="read-only"):
+        array[:] = 12345
+    assert getattr(owner, column[1]).tolist() == before == array.tolist()
+
+
+def test_request_outputs_index_like_a_sequence() -> None:
+    _, outputs = a_step_and_its_outputs()
+    n = len(outputs)
+    elements = list(outputs)
+    assert n == 3 and [o.request_id for o in elements] == ["a", "b", "c"]
+    for i in range(-n, n):
+        assert outputs[i] == elements[i]
+    assert outputs[-1].request_id == "c" and outputs[-n].request_id == "a"
+    for bad in (n, n + 1, -n - 1, 2**62, -(2**62)):
+        with pytest.raises(IndexError):
+            outputs[bad]
+    with pytest.raises(IndexError):
+        outputs[2**100]
+    assert outputs[1:] == elements[1:] and outputs[::-1] == elements[::-1]
+    with pytest.raises(TypeError):
+        outputs["a"]  # type: ignore[call-overload]

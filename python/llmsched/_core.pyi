@@ -270,7 +270,7 @@ class RequestOutputs(Sequence[RequestOutput]):
     Elements are built when accessed, so a caller that reads the columns
     (``req_ids``, ``new_token_ids``, ``num_new_tokens``, ``statuses``) never pays
     for one Python object per request. The column properties copy into new
-    numpy arrays on each access."""
+    read-only numpy arrays on each access."""
 
     def __len__(self) -> int: ...
     @overload
@@ -284,17 +284,17 @@ class RequestOutputs(Sequence[RequestOutput]):
         """Request ids, in output order."""
     @property
     def new_token_ids(self) -> _Int32Array:
-        """Every delivered token, flat, split by ``num_new_tokens`` (int32; a copy)."""
+        """Every delivered token, flat, split by ``num_new_tokens`` (int32, read-only; a copy)."""
     @property
     def num_new_tokens(self) -> _Int32Array:
-        """Tokens delivered per request (int32; a copy)."""
+        """Tokens delivered per request (int32, read-only; a copy)."""
     @property
     def statuses(self) -> _Int32Array:
-        """``RequestStatus`` values per request (int32; a copy)."""
+        """``RequestStatus`` values per request (int32, read-only; a copy)."""
     @property
     def num_cached_blocks(self) -> _Int32Array:
         """Each request's prefix-cached blocks after this output, counted before a finish
-        freed them (int32; a copy)."""
+        freed them (int32, read-only; a copy)."""
     @property
     def finished_req_ids(self) -> list[str]:
         """Ids of the requests that finished in this step."""
@@ -393,6 +393,11 @@ class Scheduler:
     ) -> None:
         """Queue a request. Copies the prompt into the scheduler.
 
+        ``prompt_token_ids`` and ``stop_token_ids`` are iterables of ints or 1-D numpy
+        integer arrays, read exactly as numpy reads them (any layout, byte order or width).
+        An iterable is read no further than one token past the longest valid list
+        (``max_model_len`` minus the sampled token for a prompt, 2**20 stop token ids).
+
         Raises ``InvalidRequestError`` (``DuplicateRequestError`` for an id still live)
         naming the field and the value, and changes nothing, for a request that could
         never finish: an empty prompt, one longer than ``max_model_len`` minus the sampled
@@ -403,7 +408,10 @@ class Scheduler:
         Runs the running loop (decodes and prefill chunks of running requests, preempting
         the lowest-priority running request when KV blocks run out), then, if nothing was
         preempted, admits waiting requests in order. Every scheduled request keeps
-        ``C + n + s <= max_model_len``. Returns the step as a ``SchedulerOutput``."""
+        ``C + n + s <= max_model_len``. Returns the step as a ``SchedulerOutput``.
+
+        Should building that output fail (Python out of memory), the step stays decided and
+        in flight, and the next ``schedule()`` returns it before deciding another."""
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: Any
     ) -> RequestOutputs:
@@ -414,8 +422,10 @@ class Scheduler:
         ``sampled_token_ids`` may be vLLM's shape, a list of token-id lists, one per entry of
         ``req_ids``, flattened here without a Python object per token). Outputs must be applied
         once each, in the order the steps were scheduled; the output of a step that
-        scheduled nothing is a no-op. Copies the runner's arrays before it releases the
-        GIL, so a thread writing into them during the call cannot change what is applied.
+        scheduled nothing is a no-op. ``sampled_token_ids`` and ``num_sampled`` are 1-D numpy
+        int32 arrays, read exactly as numpy reads them (any layout or byte order). Copies the
+        runner's arrays before it releases the GIL, so a thread writing into them during the
+        call cannot change what is applied.
         Returns a sequence of ``RequestOutput``, one per request that produced tokens or
         finished."""
     def update_draft_token_ids(
@@ -431,12 +441,22 @@ class Scheduler:
         ``num_draft_tokens`` given, ``draft_token_ids`` is one int array (or sequence) and
         ``num_draft_tokens[i]`` of its ids, in order, belong to ``req_ids[i]``; the arrays
         are copied, under the GIL, before the call returns. Ids that are not live are
-        ignored; drafts of a request that is not running or still in prefill are dropped."""
+        ignored; drafts of a request that is not running or still in prefill are dropped.
+        Drafts for a running request whose step is still in flight are refused
+        (``InvalidRequestError``, nothing changed): hand them in after ``update_from_output``
+        has applied that step, whose token they follow. Iterables are read no further than
+        what can be valid: as many ids as live requests plus ``max_num_seqs`` (requests that
+        finished since their step), one row or count per id, ``num_speculative_tokens``
+        drafts per id."""
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, status: RequestStatus | int
     ) -> list[str]:
         """Finish live requests with a finished ``status``; returns the ids
-        finished (ids not live are ignored, as in vLLM). None means all."""
+        finished (ids not live are ignored, as in vLLM). None means all.
+
+        ``request_ids`` may be any iterable; it is read one id at a time, keeping only the
+        live ones, and at most the live requests plus 2**20 ids are read (more is an
+        ``InvalidRequestError``, and nothing is finished)."""
     def get_request(self, request_id: str) -> Request:
         """A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
         live request has that id."""

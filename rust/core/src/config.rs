@@ -7,6 +7,7 @@
 //! `num_sampled_tokens_per_step` (`s`).
 
 use crate::error::{CoreError, CoreResult};
+use crate::limits::ListLimit;
 
 /// Block ids and token counts cross the API as int32.
 const I32_MAX: i64 = i32::MAX as i64;
@@ -39,7 +40,8 @@ impl Policy {
 /// `config_fields!(callback)` hands the table to the macro `callback`. The core builds
 /// `ConfigParams`, its defaults, the field list and the accessors from it; the Python
 /// binding builds the `SchedulerConfig` class's properties and their docstrings. Adding
-/// a field is one entry here, its validation in `SchedulerConfig::new`, and its tests.
+/// a field is one entry here, its validation in `SchedulerConfig::new` (the `check_*`
+/// functions it calls), and its tests.
 ///
 /// Kinds: `Int` (i64), `Bool`, `Float` (f64), `Policy`, and `Derived(from)`: an optional
 /// i64 that, left `None`, takes the value of the field `from`.
@@ -239,139 +241,164 @@ fn positive(field: &'static str, value: i64, max: i64) -> CoreResult<()> {
     Ok(())
 }
 
+/// Each field in its own range: the sizes positive and within what the API's int32 columns
+/// hold, the counts not negative, `s` 0 or 1 (and room for a sampled token).
+fn check_field_ranges(p: &ConfigParams) -> CoreResult<()> {
+    positive("max_model_len", p.max_model_len, I32_MAX / 2)?;
+    positive("max_num_seqs", p.max_num_seqs, 1 << 24)?;
+    positive("max_num_batched_tokens", p.max_num_batched_tokens, I32_MAX / 2)?;
+    positive("block_size", p.block_size, 1 << 16)?;
+    if p.num_gpu_blocks < 2 {
+        return Err(CoreError::config(
+            "num_gpu_blocks",
+            p.num_gpu_blocks,
+            "must be at least 2 (block 0 is the null block, never allocated)",
+        ));
+    }
+    positive("num_gpu_blocks", p.num_gpu_blocks, I32_MAX)?;
+    for (field, value) in [
+        ("long_prefill_token_threshold", p.long_prefill_token_threshold),
+        ("num_speculative_tokens", p.num_speculative_tokens),
+        ("num_lookahead_tokens", p.num_lookahead_tokens),
+        ("max_num_new_slots_for_drafting", p.max_num_new_slots_for_drafting),
+        ("num_sampled_tokens_per_step", p.num_sampled_tokens_per_step),
+    ] {
+        if value < 0 {
+            return Err(CoreError::config(field, value, "must not be negative"));
+        }
+    }
+    if p.num_sampled_tokens_per_step > 1 {
+        return Err(CoreError::config(
+            "num_sampled_tokens_per_step",
+            p.num_sampled_tokens_per_step,
+            "must be 0 (pooling) or 1 (generation)",
+        ));
+    }
+    if p.num_sampled_tokens_per_step == 1 && p.max_model_len < 2 {
+        return Err(CoreError::config(
+            "max_model_len",
+            p.max_model_len,
+            "must be at least 2 for generation: a prompt needs room for one sampled token",
+        ));
+    }
+    Ok(())
+}
+
+/// The step budgets: room for every running request, derived budgets in range, and a step
+/// that can hold what must be scheduled whole (a prompt without chunked prefill, a padded
+/// decode), else a request would wait forever.
+fn check_budgets(p: &ConfigParams) -> CoreResult<()> {
+    if p.max_num_batched_tokens < p.max_num_seqs {
+        return Err(CoreError::config(
+            "max_num_batched_tokens",
+            p.max_num_batched_tokens,
+            format!("must be at least max_num_seqs={}", p.max_num_seqs),
+        ));
+    }
+    let resolved = p.resolved();
+    // A resolved derived field is always Some.
+    let max_num_scheduled_tokens = resolved.max_num_scheduled_tokens.unwrap_or(0);
+    positive("max_num_scheduled_tokens", max_num_scheduled_tokens, I32_MAX / 2)?;
+    let max_num_active_seqs = resolved.max_num_active_seqs.unwrap_or(0);
+    positive("max_num_active_seqs", max_num_active_seqs, p.max_num_seqs)?;
+    if !p.enable_chunked_prefill && p.max_num_batched_tokens < p.max_model_len {
+        return Err(CoreError::config(
+            "max_num_batched_tokens",
+            p.max_num_batched_tokens,
+            format!(
+                "must be at least max_model_len={} when enable_chunked_prefill is False, \
+                 or a long prompt could never be scheduled",
+                p.max_model_len
+            ),
+        ));
+    }
+    // The most tokens one request can be given in a step: R = min(token budget,
+    // input budget - draft slots). Two rules would otherwise wait forever for a step
+    // that never comes: a request that cannot be chunked, and a padded decode.
+    let largest_request_budget =
+        max_num_scheduled_tokens.min(p.max_num_batched_tokens - p.max_num_new_slots_for_drafting);
+    if !p.enable_chunked_prefill && largest_request_budget < p.max_model_len - p.num_sampled_tokens_per_step {
+        return Err(CoreError::config(
+            "max_num_scheduled_tokens",
+            max_num_scheduled_tokens,
+            format!(
+                "with enable_chunked_prefill False, a request of up to max_model_len - {} = {} tokens \
+                 must fit one step, but min(max_num_scheduled_tokens, max_num_batched_tokens - \
+                 max_num_new_slots_for_drafting) = {largest_request_budget}",
+                p.num_sampled_tokens_per_step,
+                p.max_model_len - p.num_sampled_tokens_per_step
+            ),
+        ));
+    }
+    if p.num_speculative_tokens > 0
+        && p.num_sampled_tokens_per_step > 0
+        && largest_request_budget < 1 + p.num_speculative_tokens
+    {
+        return Err(CoreError::config(
+            "num_speculative_tokens",
+            p.num_speculative_tokens,
+            format!(
+                "a decode padded to 1 + num_speculative_tokens = {} tokens must fit one step, but \
+                 min(max_num_scheduled_tokens, max_num_batched_tokens - max_num_new_slots_for_drafting) \
+                 = {largest_request_budget}",
+                1 + p.num_speculative_tokens
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The long-prefill threshold and the speculative-decoding knobs (`K`, `L`, draft slots)
+/// within the bounds the others set.
+fn check_speculative_decoding(p: &ConfigParams) -> CoreResult<()> {
+    if p.long_prefill_token_threshold > p.max_model_len {
+        return Err(CoreError::config(
+            "long_prefill_token_threshold",
+            p.long_prefill_token_threshold,
+            format!("must be at most max_model_len={}", p.max_model_len),
+        ));
+    }
+    if p.num_speculative_tokens > 64 {
+        return Err(CoreError::config("num_speculative_tokens", p.num_speculative_tokens, "must be at most 64"));
+    }
+    if p.num_lookahead_tokens > p.num_speculative_tokens + 1
+        || (p.num_speculative_tokens == 0 && p.num_lookahead_tokens > 0)
+    {
+        return Err(CoreError::config(
+            "num_lookahead_tokens",
+            p.num_lookahead_tokens,
+            format!(
+                "must be 0 without speculative decoding and at most num_speculative_tokens + 1 = {} with it",
+                p.num_speculative_tokens + 1
+            ),
+        ));
+    }
+    if p.max_num_new_slots_for_drafting > p.num_speculative_tokens {
+        return Err(CoreError::config(
+            "max_num_new_slots_for_drafting",
+            p.max_num_new_slots_for_drafting,
+            format!("must be at most num_speculative_tokens={}", p.num_speculative_tokens),
+        ));
+    }
+    if p.max_num_new_slots_for_drafting >= p.max_num_batched_tokens {
+        return Err(CoreError::config(
+            "max_num_new_slots_for_drafting",
+            p.max_num_new_slots_for_drafting,
+            format!("must be below max_num_batched_tokens={}", p.max_num_batched_tokens),
+        ));
+    }
+    Ok(())
+}
+
 impl SchedulerConfig {
+    /// `params` validated: each field in its range, then the combinations a scheduler needs
+    /// to make progress (budgets, speculative decoding); the error names the first field
+    /// that breaks a rule.
     pub fn new(params: ConfigParams) -> CoreResult<Self> {
         let p = &params;
-        positive("max_model_len", p.max_model_len, I32_MAX / 2)?;
-        positive("max_num_seqs", p.max_num_seqs, 1 << 24)?;
-        positive("max_num_batched_tokens", p.max_num_batched_tokens, I32_MAX / 2)?;
-        positive("block_size", p.block_size, 1 << 16)?;
-        if p.num_gpu_blocks < 2 {
-            return Err(CoreError::config(
-                "num_gpu_blocks",
-                p.num_gpu_blocks,
-                "must be at least 2 (block 0 is the null block, never allocated)",
-            ));
-        }
-        positive("num_gpu_blocks", p.num_gpu_blocks, I32_MAX)?;
-        for (field, value) in [
-            ("long_prefill_token_threshold", p.long_prefill_token_threshold),
-            ("num_speculative_tokens", p.num_speculative_tokens),
-            ("num_lookahead_tokens", p.num_lookahead_tokens),
-            ("max_num_new_slots_for_drafting", p.max_num_new_slots_for_drafting),
-            ("num_sampled_tokens_per_step", p.num_sampled_tokens_per_step),
-        ] {
-            if value < 0 {
-                return Err(CoreError::config(field, value, "must not be negative"));
-            }
-        }
-        if p.num_sampled_tokens_per_step > 1 {
-            return Err(CoreError::config(
-                "num_sampled_tokens_per_step",
-                p.num_sampled_tokens_per_step,
-                "must be 0 (pooling) or 1 (generation)",
-            ));
-        }
-        if p.num_sampled_tokens_per_step == 1 && p.max_model_len < 2 {
-            return Err(CoreError::config(
-                "max_model_len",
-                p.max_model_len,
-                "must be at least 2 for generation: a prompt needs room for one sampled token",
-            ));
-        }
-        if p.max_num_batched_tokens < p.max_num_seqs {
-            return Err(CoreError::config(
-                "max_num_batched_tokens",
-                p.max_num_batched_tokens,
-                format!("must be at least max_num_seqs={}", p.max_num_seqs),
-            ));
-        }
-        let resolved = p.resolved();
-        // A resolved derived field is always Some.
-        let max_num_scheduled_tokens = resolved.max_num_scheduled_tokens.unwrap_or(0);
-        positive("max_num_scheduled_tokens", max_num_scheduled_tokens, I32_MAX / 2)?;
-        let max_num_active_seqs = resolved.max_num_active_seqs.unwrap_or(0);
-        positive("max_num_active_seqs", max_num_active_seqs, p.max_num_seqs)?;
-        if !p.enable_chunked_prefill && p.max_num_batched_tokens < p.max_model_len {
-            return Err(CoreError::config(
-                "max_num_batched_tokens",
-                p.max_num_batched_tokens,
-                format!(
-                    "must be at least max_model_len={} when enable_chunked_prefill is False, \
-                     or a long prompt could never be scheduled",
-                    p.max_model_len
-                ),
-            ));
-        }
-        // The most tokens one request can be given in a step: R = min(token budget,
-        // input budget - draft slots). Two rules would otherwise wait forever for a step
-        // that never comes: a request that cannot be chunked, and a padded decode.
-        let largest_request_budget =
-            max_num_scheduled_tokens.min(p.max_num_batched_tokens - p.max_num_new_slots_for_drafting);
-        if !p.enable_chunked_prefill && largest_request_budget < p.max_model_len - p.num_sampled_tokens_per_step {
-            return Err(CoreError::config(
-                "max_num_scheduled_tokens",
-                max_num_scheduled_tokens,
-                format!(
-                    "with enable_chunked_prefill False, a request of up to max_model_len - {} = {} tokens \
-                     must fit one step, but min(max_num_scheduled_tokens, max_num_batched_tokens - \
-                     max_num_new_slots_for_drafting) = {largest_request_budget}",
-                    p.num_sampled_tokens_per_step,
-                    p.max_model_len - p.num_sampled_tokens_per_step
-                ),
-            ));
-        }
-        if p.num_speculative_tokens > 0
-            && p.num_sampled_tokens_per_step > 0
-            && largest_request_budget < 1 + p.num_speculative_tokens
-        {
-            return Err(CoreError::config(
-                "num_speculative_tokens",
-                p.num_speculative_tokens,
-                format!(
-                    "a decode padded to 1 + num_speculative_tokens = {} tokens must fit one step, but \
-                     min(max_num_scheduled_tokens, max_num_batched_tokens - max_num_new_slots_for_drafting) \
-                     = {largest_request_budget}",
-                    1 + p.num_speculative_tokens
-                ),
-            ));
-        }
-        if p.long_prefill_token_threshold > p.max_model_len {
-            return Err(CoreError::config(
-                "long_prefill_token_threshold",
-                p.long_prefill_token_threshold,
-                format!("must be at most max_model_len={}", p.max_model_len),
-            ));
-        }
-        if p.num_speculative_tokens > 64 {
-            return Err(CoreError::config("num_speculative_tokens", p.num_speculative_tokens, "must be at most 64"));
-        }
-        if p.num_lookahead_tokens > p.num_speculative_tokens + 1
-            || (p.num_speculative_tokens == 0 && p.num_lookahead_tokens > 0)
-        {
-            return Err(CoreError::config(
-                "num_lookahead_tokens",
-                p.num_lookahead_tokens,
-                format!(
-                    "must be 0 without speculative decoding and at most num_speculative_tokens + 1 = {} with it",
-                    p.num_speculative_tokens + 1
-                ),
-            ));
-        }
-        if p.max_num_new_slots_for_drafting > p.num_speculative_tokens {
-            return Err(CoreError::config(
-                "max_num_new_slots_for_drafting",
-                p.max_num_new_slots_for_drafting,
-                format!("must be at most num_speculative_tokens={}", p.num_speculative_tokens),
-            ));
-        }
-        if p.max_num_new_slots_for_drafting >= p.max_num_batched_tokens {
-            return Err(CoreError::config(
-                "max_num_new_slots_for_drafting",
-                p.max_num_new_slots_for_drafting,
-                format!("must be below max_num_batched_tokens={}", p.max_num_batched_tokens),
-            ));
-        }
+        check_field_ranges(p)?;
+        check_budgets(p)?;
+        check_speculative_decoding(p)?;
         if !(p.watermark.is_finite() && (0.0..1.0).contains(&p.watermark)) {
             return Err(CoreError::config("watermark", p.watermark, "must be in [0, 1)"));
         }
@@ -382,6 +409,18 @@ impl SchedulerConfig {
 
     pub fn params(&self) -> &ConfigParams {
         &self.params
+    }
+    /// The longest prompt a request may have: `M - s`, room for the sampled token.
+    pub fn prompt_limit(&self) -> ListLimit {
+        ListLimit::prompt(self.max_model_len(), self.num_sampled_tokens_per_step())
+    }
+    /// The most drafts one request may be given: `K`.
+    pub fn drafts_per_request_limit(&self) -> ListLimit {
+        ListLimit::drafts_per_request(self.num_speculative_tokens())
+    }
+    /// The most drafts `requests` requests may be given together: `K` each.
+    pub fn drafts_limit(&self, requests: usize) -> ListLimit {
+        ListLimit::drafts(self.num_speculative_tokens(), requests)
     }
     pub fn watermark_blocks(&self) -> usize {
         self.watermark_blocks as usize

@@ -12,6 +12,7 @@ pub mod error;
 // The block pool, the KV manager, the queues and the slab mutate the scheduler's
 // state: only the scheduler calls them. Callers read through `Scheduler`.
 mod kv;
+pub mod limits;
 mod output_tokens;
 pub mod prefetch;
 mod queue;
@@ -22,6 +23,7 @@ mod slab;
 pub use config::{ConfigParams, Policy, SchedulerConfig};
 pub use error::{CoreError, CoreResult};
 pub use kv::{BlockHash, PrefixCacheStats};
+pub use limits::ListLimit;
 pub use request::{Request, RequestStatus};
 pub use scheduler::step::Step;
 pub use scheduler::{NewRequest, PauseState, RequestEvent, RequestRef, RunnerOutput, Scheduler, SchedulerStats};

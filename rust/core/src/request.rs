@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::config::SchedulerConfig;
 use crate::error::{CoreError, CoreResult};
 use crate::kv::{prefix, BlockHash};
+use crate::limits::ListLimit;
 use crate::output_tokens::OutputTokens;
 
 /// Declares `RequestStatus` from one table: variant, value, vLLM's name, finish reason.
@@ -274,7 +275,6 @@ impl Request {
     /// scheduler's check.
     pub(crate) fn from_new(new: NewRequest, cfg: &SchedulerConfig) -> CoreResult<Self> {
         let m = cfg.max_model_len();
-        let s = cfg.num_sampled_tokens_per_step();
         if new.request_id.is_empty() {
             return Err(CoreError::request("request_id", "''", "must be a non-empty string"));
         }
@@ -283,13 +283,7 @@ impl Request {
             return Err(CoreError::request("prompt_token_ids", "[]", "a prompt needs at least one token"));
         }
         // A generating request needs room for one sampled token: N <= M - s.
-        if prompt_len > m - s {
-            return Err(CoreError::request(
-                "prompt_token_ids",
-                format!("<{prompt_len} tokens>"),
-                format!("the prompt must be at most max_model_len - {s} = {} tokens long", m - s),
-            ));
-        }
+        cfg.prompt_limit().check("prompt_token_ids", new.prompt_token_ids.len())?;
         let prompt = token_ids("prompt_token_ids", &new.prompt_token_ids)?;
         if new.max_tokens < 1 || new.max_tokens > i32::MAX as i64 {
             return Err(CoreError::request("max_tokens", new.max_tokens, format!("must be in [1, {}]", i32::MAX)));
@@ -305,6 +299,7 @@ impl Request {
             ));
         }
         let eos_token_id = new.eos_token_id.map(|t| token_id("eos_token_id", t)).transpose()?;
+        ListLimit::stop_token_ids().check("stop_token_ids", new.stop_token_ids.len())?;
         let stop_token_ids: Box<[i32]> = token_ids("stop_token_ids", &new.stop_token_ids)?.into();
         if new.num_computed_tokens < 0 || new.num_computed_tokens >= prompt_len {
             return Err(CoreError::request(

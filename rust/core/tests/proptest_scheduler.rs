@@ -69,7 +69,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use llmsched_core::{
-    ConfigParams, CoreError, Handle, NewRequest, Policy, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, Step,
+    ConfigParams, CoreError, Handle, NewRequest, Policy, RequestEvent, RequestStatus, RunnerOutput, Scheduler,
+    SchedulerConfig, Step,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError};
@@ -821,9 +822,38 @@ impl Harness {
         Ok(())
     }
 
+    /// Checks a step against the spec and the test's own records, and plays the runner's
+    /// part: its block tables and, with `kv_exact`, the KV it writes. Returns the KV slots
+    /// written for positions whose tokens are not known yet.
     fn check_step(&mut self, step: &Step) -> Result<Vec<(usize, u32, i64)>, TestCaseError> {
-        let cfg = self.cfg.clone();
-        let (m, s, k) = (self.m(), self.s(), self.k());
+        self.check_step_reports(step)?;
+        self.check_step_totals(step)?;
+        let mut seen = HashSet::new();
+        let mut block_offset = 0usize;
+        let mut pending_kv = Vec::new();
+        let mut spec_offset = 0usize;
+        for i in 0..step.len() {
+            prop_assert!(seen.insert(step.req_handles[i]), "a request is scheduled twice in one step");
+            let blocks = &step.block_ids[block_offset..block_offset + step.num_block_ids[i] as usize];
+            block_offset += blocks.len();
+            let drafts = &step.spec_token_ids[spec_offset..spec_offset + step.num_spec_tokens[i] as usize];
+            spec_offset += drafts.len();
+            self.check_entry(step, i, drafts)?;
+            self.runner_takes_entry(step, i, blocks, &mut pending_kv)?;
+        }
+        prop_assert_eq!(block_offset, step.block_ids.len());
+        prop_assert_eq!(spec_offset, step.spec_token_ids.len());
+        for h in step.new_reqs.iter().chain(&step.resumed_reqs) {
+            prop_assert!(seen.contains(h), "an admission is not among the step's entries");
+        }
+        invariants!(self, format!("after schedule (step {})", step.step_id));
+        self.check_cached_kv(&format!("after schedule (step {})", step.step_id))?;
+        Ok(pending_kv)
+    }
+
+    /// The requests the step reports finished (each once, after it finished, its slot
+    /// freed) and preempted (the runner forgets their tables, the drafts are dropped).
+    fn check_step_reports(&mut self, step: &Step) -> Result<(), TestCaseError> {
         for (h, id) in &step.finished {
             let idx = *self.by_handle.get(h).ok_or_else(|| TestCaseError::fail(format!("unknown finished {id}")))?;
             let t = &mut self.tracked[idx];
@@ -838,6 +868,13 @@ impl Harness {
             self.tables.remove(h);
             self.drafts_given.remove(h); // a preemption drops the drafts
         }
+        Ok(())
+    }
+
+    /// The step's columns agree in length and stay within the budgets, and a new or
+    /// resumed request's row carries all its tokens: the prompt and those delivered so far.
+    fn check_step_totals(&self, step: &Step) -> Result<(), TestCaseError> {
+        let cfg = &self.cfg;
         let r = step.len();
         prop_assert!(r as i64 <= cfg.max_num_seqs(), "{r} entries > max_num_seqs");
         prop_assert!([step.num_scheduled_tokens.len(), step.num_computed_tokens.len(), step.num_spec_tokens.len()]
@@ -850,8 +887,6 @@ impl Harness {
         prop_assert!(inputs <= cfg.max_num_batched_tokens(), "sum(n + draft slots) = {inputs} > input budget");
         let num_spec: i64 = step.num_spec_tokens.iter().map(|&x| x as i64).sum();
         prop_assert_eq!(num_spec, step.spec_token_ids.len() as i64);
-        // A new or resumed request's row carries all its tokens: the prompt and the
-        // tokens delivered so far.
         prop_assert_eq!(step.num_all_token_ids.len(), r);
         let mut token_offset = 0usize;
         for (h, &num) in step.req_handles.iter().zip(&step.num_all_token_ids) {
@@ -862,98 +897,103 @@ impl Harness {
             token_offset += num;
         }
         prop_assert_eq!(token_offset, step.all_token_ids.len());
-        let mut seen = HashSet::new();
-        let mut block_offset = 0usize;
-        let mut pending_kv = Vec::new();
-        let mut spec_offset = 0usize;
-        for i in 0..r {
-            let h = step.req_handles[i];
-            prop_assert!(seen.insert(h), "a request is scheduled twice in one step");
-            let (c, n, spec) = (
-                step.num_computed_tokens[i] as i64,
-                step.num_scheduled_tokens[i] as i64,
-                step.num_spec_tokens[i] as i64,
+        Ok(())
+    }
+
+    /// Entry `i` of the step: the capacity rule, `C` advanced by `n`, its drafts (a
+    /// padded admission's placeholders, async placeholders, or a prefix of those given),
+    /// a prefix hit of whole blocks, no request both preempted and running.
+    fn check_entry(&mut self, step: &Step, i: usize, drafts: &[i32]) -> Result<(), TestCaseError> {
+        let cfg = self.cfg.clone();
+        let (m, s, k) = (self.m(), self.s(), self.k());
+        let h = step.req_handles[i];
+        let (c, n, spec) =
+            (step.num_computed_tokens[i] as i64, step.num_scheduled_tokens[i] as i64, step.num_spec_tokens[i] as i64);
+        let req = self.sched.request(h).ok_or_else(|| TestCaseError::fail("scheduled request has no slot"))?;
+        let id = req.id().clone();
+        prop_assert!(n >= 1, "{id}: n = {n}");
+        prop_assert!(c + n + s <= m, "{id}: C + n + s = {c} + {n} + {s} > M = {m}");
+        prop_assert!(spec <= k && spec <= n, "{id}: {spec} drafts, n = {n}, K = {k}");
+        prop_assert_eq!(req.status(), RequestStatus::Running);
+        prop_assert_eq!(req.num_computed_tokens(), c + n, "{}: C after the step", id);
+        let fresh = step.new_reqs.contains(&h) || step.resumed_reqs.contains(&h);
+        if fresh && spec > 0 {
+            // Appendix A.4: only a padded admission has drafts, n = 1 + K placeholders.
+            prop_assert!(n == 1 + k && drafts.iter().all(|&d| d == -1), "{id}: admitted with drafts {drafts:?}");
+        }
+        if cfg.async_scheduling() {
+            prop_assert!(drafts.iter().all(|&d| d == -1), "{id}: async drafts {drafts:?}");
+        } else if !fresh {
+            // §3.1 step 11: a prefix of the drafts given, as many as the budget allowed.
+            let given = self.drafts_given.remove(&h).unwrap_or_default();
+            prop_assert!(
+                drafts.len() <= given.len() && drafts == &given[..drafts.len()],
+                "{id}: scheduled drafts {drafts:?}, given {given:?}"
             );
-            let req = self.sched.request(h).ok_or_else(|| TestCaseError::fail("scheduled request has no slot"))?;
-            let id = req.id().clone();
-            prop_assert!(n >= 1, "{id}: n = {n}");
-            prop_assert!(c + n + s <= m, "{id}: C + n + s = {c} + {n} + {s} > M = {m}");
-            prop_assert!(spec <= k && spec <= n, "{id}: {spec} drafts, n = {n}, K = {k}");
-            prop_assert_eq!(req.status(), RequestStatus::Running);
-            prop_assert_eq!(req.num_computed_tokens(), c + n, "{}: C after the step", id);
-            let blocks = &step.block_ids[block_offset..block_offset + step.num_block_ids[i] as usize];
-            block_offset += blocks.len();
-            let fresh = step.new_reqs.contains(&h) || step.resumed_reqs.contains(&h);
-            let drafts = &step.spec_token_ids[spec_offset..spec_offset + spec as usize];
-            spec_offset += spec as usize;
-            if fresh && spec > 0 {
-                // Appendix A.4: only a padded admission has drafts, n = 1 + K placeholders.
-                prop_assert!(n == 1 + k && drafts.iter().all(|&d| d == -1), "{id}: admitted with drafts {drafts:?}");
-            }
-            if cfg.async_scheduling() {
-                prop_assert!(drafts.iter().all(|&d| d == -1), "{id}: async drafts {drafts:?}");
-            } else if !fresh {
-                // §3.1 step 11: a prefix of the drafts given, as many as the budget allowed.
-                let given = self.drafts_given.remove(&h).unwrap_or_default();
+        }
+        if fresh {
+            // Appendix A.8: a prefix hit is whole blocks, at most N - 1 tokens
+            // (a request that arrived holding KV keeps its count instead).
+            let arrived = self.by_handle.get(&h).map_or(0, |&t| self.tracked[t].arrived_computed);
+            if arrived == 0 || req.num_preemptions() > 0 {
+                let bs = cfg.block_size();
                 prop_assert!(
-                    drafts.len() <= given.len() && drafts == &given[..drafts.len()],
-                    "{id}: scheduled drafts {drafts:?}, given {given:?}"
+                    c == 0 || (cfg.enable_prefix_caching() && c % bs == 0 && c < req.num_tokens()),
+                    "{id}: admitted with C = {c} (B = {bs}, N = {})",
+                    req.num_tokens()
                 );
             }
-            if fresh {
-                // Appendix A.8: a prefix hit is whole blocks, at most N - 1 tokens
-                // (a request that arrived holding KV keeps its count instead).
-                let arrived = self.by_handle.get(&h).map_or(0, |&t| self.tracked[t].arrived_computed);
-                if arrived == 0 || req.num_preemptions() > 0 {
-                    let bs = cfg.block_size();
-                    prop_assert!(
-                        c == 0 || (cfg.enable_prefix_caching() && c % bs == 0 && c < req.num_tokens()),
-                        "{id}: admitted with C = {c} (B = {bs}, N = {})",
-                        req.num_tokens()
-                    );
-                }
-            }
-            if step.preempted.iter().any(|(p, _)| *p == h) {
-                prop_assert!(step.resumed_reqs.contains(&h), "{id} preempted, then scheduled as running");
-            }
-            if fresh {
-                self.tables.insert(h, blocks.to_vec());
+        }
+        if step.preempted.iter().any(|(p, _)| *p == h) {
+            prop_assert!(step.resumed_reqs.contains(&h), "{id} preempted, then scheduled as running");
+        }
+        Ok(())
+    }
+
+    /// The runner's part for entry `i`: its block table (replaced for an admission,
+    /// extended otherwise) must be the request's, and with `kv_exact` it writes the KV of
+    /// positions C..C+n (and, for a request that arrived holding KV, its external
+    /// positions 0..C); positions past `N` are pending until the output is applied.
+    fn runner_takes_entry(
+        &mut self,
+        step: &Step,
+        i: usize,
+        blocks: &[i32],
+        pending_kv: &mut Vec<(usize, u32, i64)>,
+    ) -> Result<(), TestCaseError> {
+        let h = step.req_handles[i];
+        let (c, n) = (step.num_computed_tokens[i] as i64, step.num_scheduled_tokens[i] as i64);
+        let req = self.sched.request(h).ok_or_else(|| TestCaseError::fail("scheduled request has no slot"))?;
+        let id = req.id().clone();
+        if step.new_reqs.contains(&h) || step.resumed_reqs.contains(&h) {
+            self.tables.insert(h, blocks.to_vec());
+        } else {
+            let table = self
+                .tables
+                .get_mut(&h)
+                .ok_or_else(|| TestCaseError::fail(format!("{id} scheduled as running, unknown to the runner")))?;
+            table.extend_from_slice(blocks);
+        }
+        let expected: Vec<i32> = req.block_ids().iter().map(|&b| b as i32).collect();
+        prop_assert_eq!(&self.tables[&h], &expected, "{}: the runner's block table", id);
+        if !self.kv_exact {
+            return Ok(());
+        }
+        let arrived = self.by_handle.get(&h).map_or(0, |&t| self.tracked[t].arrived_computed);
+        let from = if step.new_reqs.contains(&h) && arrived > 0 && req.num_preemptions() == 0 { 0 } else { c };
+        let bs = self.cfg.block_size();
+        let table = &self.tables[&h];
+        prop_assert!((table.len() as i64) * bs >= c + n, "{id}: the table does not cover C + n");
+        for pos in from..c + n {
+            let (block, slot) = (table[(pos / bs) as usize] as u32, (pos % bs) as usize);
+            self.kv[block as usize][slot] = if pos < req.num_tokens() {
+                Kv::Token(req.all_token_ids().nth(pos as usize).expect("pos < N"))
             } else {
-                let table = self
-                    .tables
-                    .get_mut(&h)
-                    .ok_or_else(|| TestCaseError::fail(format!("{id} scheduled as running, unknown to the runner")))?;
-                table.extend_from_slice(blocks);
-            }
-            let expected: Vec<i32> = req.block_ids().iter().map(|&b| b as i32).collect();
-            prop_assert_eq!(&self.tables[&h], &expected, "{}: the runner's block table", id);
-            // The runner computes KV for positions C..C+n (and, for a request that
-            // arrived holding KV, its external positions 0..C).
-            if self.kv_exact {
-                let arrived = self.by_handle.get(&h).map_or(0, |&t| self.tracked[t].arrived_computed);
-                let from = if step.new_reqs.contains(&h) && arrived > 0 && req.num_preemptions() == 0 { 0 } else { c };
-                let bs = cfg.block_size();
-                let table = &self.tables[&h];
-                prop_assert!((table.len() as i64) * bs >= c + n, "{id}: the table does not cover C + n");
-                for pos in from..c + n {
-                    let (block, slot) = (table[(pos / bs) as usize] as u32, (pos % bs) as usize);
-                    self.kv[block as usize][slot] = if pos < req.num_tokens() {
-                        Kv::Token(req.all_token_ids().nth(pos as usize).expect("pos < N"))
-                    } else {
-                        pending_kv.push((i, block, pos));
-                        Kv::Pending { step_id: step.step_id, pos }
-                    };
-                }
-            }
+                pending_kv.push((i, block, pos));
+                Kv::Pending { step_id: step.step_id, pos }
+            };
         }
-        prop_assert_eq!(block_offset, step.block_ids.len());
-        prop_assert_eq!(spec_offset, step.spec_token_ids.len());
-        for h in step.new_reqs.iter().chain(&step.resumed_reqs) {
-            prop_assert!(seen.contains(h), "an admission is not among the step's entries");
-        }
-        invariants!(self, format!("after schedule (step {})", step.step_id));
-        self.check_cached_kv(&format!("after schedule (step {})", step.step_id))?;
-        Ok(pending_kv)
+        Ok(())
     }
 
     /// Every block a running request holds under its own hash (a prefix-cache
@@ -991,6 +1031,8 @@ impl Harness {
         Ok(())
     }
 
+    /// Applies the oldest step in flight with the runner's output, checking each event
+    /// against the test's own records, then resolves the KV the step left pending.
     fn apply(&mut self) -> Result<bool, TestCaseError> {
         let Some(p) = self.queue.pop_front() else { return Ok(false) };
         let out =
@@ -1000,19 +1042,7 @@ impl Harness {
             Err(e) => return Err(TestCaseError::fail(format!("update_from_output refused the runner: {e}"))),
         };
         if tracing() {
-            eprintln!("apply step {}: rows {:?} tokens {:?} -> {events:?}", p.step.step_id, p.counts, p.tokens);
-            for &h in &p.step.req_handles {
-                if let Some(r) = self.sched.request(h) {
-                    eprintln!(
-                        "    {}: C={} N={} P={} S={:?}",
-                        r.id(),
-                        r.num_computed_tokens(),
-                        r.num_tokens(),
-                        r.num_output_placeholders(),
-                        r.spec_token_ids()
-                    );
-                }
-            }
+            self.trace_apply(&p, &events);
         }
         let mut row_offsets = Vec::with_capacity(p.counts.len());
         let mut offset = 0usize;
@@ -1020,83 +1050,149 @@ impl Harness {
             row_offsets.push(offset);
             offset += c as usize;
         }
-        let (m, k) = (self.m(), self.k());
         let mut seen = HashSet::new();
         for e in &events {
-            let idx =
-                *self.by_handle.get(&e.handle).ok_or_else(|| TestCaseError::fail("event for an unknown handle"))?;
-            let i = p
-                .step
-                .req_handles
-                .iter()
-                .position(|&h| h == e.handle)
-                .ok_or_else(|| TestCaseError::fail("event for a request not in the step"))?;
-            let row = p.rows.as_ref().map_or(i, |r| r[i] as usize);
-            let t = &mut self.tracked[idx];
-            prop_assert!(seen.insert(e.handle), "{}: two events in one output", t.id);
-            prop_assert!(!t.finished, "{}: an event after its finish", t.id);
-            prop_assert_eq!(e.entry as usize, i, "{}: the event's step position", t.id);
-            prop_assert_eq!(e.token_offset, row_offsets[row], "{}: token offset", t.id);
-            prop_assert!(e.num_tokens <= p.counts[row] as usize, "{}: more tokens than the runner gave", t.id);
-            prop_assert!(e.num_tokens as i64 <= 1 + k);
-            let req = self.sched.request(e.handle).ok_or_else(|| TestCaseError::fail("an event without a slot"))?;
-            t.delivered += e.num_tokens as i64;
-            t.tokens.extend_from_slice(&p.tokens[e.token_offset..e.token_offset + e.num_tokens]);
-            // A stop ends the output: no token before the last is an EOS or a stop id
-            // (min_tokens does not hold a stop back: the sampler masks those tokens).
-            let outputs = &t.tokens[t.prompt_len as usize..];
-            if let Some(j) =
-                outputs[..outputs.len().saturating_sub(1)].iter().position(|x| Some(*x) == t.eos || t.stops.contains(x))
-            {
-                prop_assert!(false, "{}: output {} is a stop token ({}) but more followed", t.id, j, outputs[j]);
+            self.check_event(&p, e, &row_offsets, &mut seen)?;
+        }
+        self.resolve_pending_kv(&p);
+        // Requests without an event got no tokens.
+        for t in self.tracked.iter().filter(|t| !t.finished) {
+            if let Some(req) = self.sched.request(t.handle) {
+                prop_assert_eq!(t.delivered, req.num_output_tokens(), "{}: tokens without an event", t.id);
+                prop_assert_eq!(t.prompt_len, req.num_prompt_tokens());
             }
+        }
+        invariants!(self, format!("after update_from_output (step {})", p.step.step_id));
+        self.check_cached_kv(&format!("after update_from_output (step {})", p.step.step_id))?;
+        Ok(true)
+    }
+
+    fn trace_apply(&self, p: &Pending, events: &[RequestEvent]) {
+        eprintln!("apply step {}: rows {:?} tokens {:?} -> {events:?}", p.step.step_id, p.counts, p.tokens);
+        for &h in &p.step.req_handles {
+            if let Some(r) = self.sched.request(h) {
+                eprintln!(
+                    "    {}: C={} N={} P={} S={:?}",
+                    r.id(),
+                    r.num_computed_tokens(),
+                    r.num_tokens(),
+                    r.num_output_placeholders(),
+                    r.spec_token_ids()
+                );
+            }
+        }
+    }
+
+    /// One event of the output: its request's entry and runner row, the tokens delivered
+    /// (a prefix of the row, none past a stop), which the test adds to its record, and the
+    /// request's state after them.
+    fn check_event(
+        &mut self,
+        p: &Pending,
+        e: &RequestEvent,
+        row_offsets: &[usize],
+        seen: &mut HashSet<Handle>,
+    ) -> Result<(), TestCaseError> {
+        let (m, k) = (self.m(), self.k());
+        let idx = *self.by_handle.get(&e.handle).ok_or_else(|| TestCaseError::fail("event for an unknown handle"))?;
+        let i = p
+            .step
+            .req_handles
+            .iter()
+            .position(|&h| h == e.handle)
+            .ok_or_else(|| TestCaseError::fail("event for a request not in the step"))?;
+        let row = p.rows.as_ref().map_or(i, |r| r[i] as usize);
+        let t = &mut self.tracked[idx];
+        prop_assert!(seen.insert(e.handle), "{}: two events in one output", t.id);
+        prop_assert!(!t.finished, "{}: an event after its finish", t.id);
+        prop_assert_eq!(e.entry as usize, i, "{}: the event's step position", t.id);
+        prop_assert_eq!(e.token_offset, row_offsets[row], "{}: token offset", t.id);
+        prop_assert!(e.num_tokens <= p.counts[row] as usize, "{}: more tokens than the runner gave", t.id);
+        prop_assert!(e.num_tokens as i64 <= 1 + k);
+        t.delivered += e.num_tokens as i64;
+        t.tokens.extend_from_slice(&p.tokens[e.token_offset..e.token_offset + e.num_tokens]);
+        // A stop ends the output: no token before the last is an EOS or a stop id
+        // (min_tokens does not hold a stop back: the sampler masks those tokens).
+        let outputs = &t.tokens[t.prompt_len as usize..];
+        if let Some(j) =
+            outputs[..outputs.len().saturating_sub(1)].iter().position(|x| Some(*x) == t.eos || t.stops.contains(x))
+        {
+            prop_assert!(false, "{}: output {} is a stop token ({}) but more followed", t.id, j, outputs[j]);
+        }
+        // A finished request's record is freed at once (only its id waits for the next
+        // step's report): what it ended with is the test's own record of its tokens.
+        let req = self.sched.request(e.handle);
+        let (num_tokens, num_output_tokens) = (t.tokens.len() as i64, t.tokens.len() as i64 - t.prompt_len);
+        if e.status.is_finished() {
+            prop_assert!(req.is_none(), "{}: finished, but its record is kept", t.id);
+            prop_assert!(
+                self.sched.get_request(&t.id).is_err() && !self.sched.running_ids().iter().any(|id| **id == *t.id),
+                "{}: finished, but still live",
+                t.id
+            );
+        } else {
+            let req = req.ok_or_else(|| TestCaseError::fail("an unfinished event without a slot"))?;
             prop_assert_eq!(t.delivered, req.num_output_tokens(), "{}: delivered tokens vs output tokens", t.id);
             prop_assert!(req.all_token_ids().eq(t.tokens.iter().copied()), "{}: the request's tokens", t.id);
             prop_assert_eq!(e.status, req.status(), "{}: event status", t.id);
-            prop_assert!(e.status != RequestStatus::FinishedAborted);
-            prop_assert!(e.num_tokens > 0 || e.status.is_finished(), "{}: an empty, unfinished event", t.id);
-            if e.status.is_finished() {
-                t.finished = true;
-                if e.status == RequestStatus::FinishedStopped {
-                    self.cov.finished_stop += 1;
-                } else {
-                    self.cov.finished_length += 1;
-                }
-                // The stop is the one check_stop gives, on the last delivered token.
-                let last = req.all_token_ids().last().expect("a request has tokens");
-                let pooling = self.cfg.num_sampled_tokens_per_step() == 0;
-                match e.status {
-                    // Pooling: the output of the final prompt chunk finishes the request.
-                    RequestStatus::FinishedStopped if pooling => prop_assert!(
-                        e.num_tokens == 0 && e.stop_reason.is_none(),
-                        "{}: a pooling request finished with {} tokens",
-                        t.id,
-                        e.num_tokens
-                    ),
-                    RequestStatus::FinishedStopped => prop_assert!(
-                        (Some(last) == t.eos && e.stop_reason.is_none())
-                            || (Some(last) != t.eos && t.stops.contains(&last) && e.stop_reason == Some(last)),
-                        "{}: stopped on {last} with reason {:?}",
-                        t.id,
-                        e.stop_reason
-                    ),
-                    RequestStatus::FinishedLengthCapped => prop_assert!(
-                        Some(last) != t.eos
-                            && !t.stops.contains(&last)
-                            && (req.num_tokens() >= m || req.num_output_tokens() >= t.max_tokens),
-                        "{}: length-capped at N = {}, outputs = {}",
-                        t.id,
-                        req.num_tokens(),
-                        req.num_output_tokens()
-                    ),
-                    other => prop_assert!(false, "{}: finished as {other:?}", t.id),
-                }
-            }
-            prop_assert!(req.num_output_tokens() <= t.max_tokens, "{}: outputs > max_tokens", t.id);
-            prop_assert!(req.num_tokens() <= m, "{}: N > M", t.id);
         }
-        // Resolve the KV the step computed for positions unknown at schedule time:
-        // rejected drafts and tokens never appended hold garbage.
+        prop_assert_eq!(t.delivered, num_output_tokens, "{}: delivered tokens vs the tokens held", t.id);
+        prop_assert!(e.status != RequestStatus::FinishedAborted);
+        prop_assert!(e.num_tokens > 0 || e.status.is_finished(), "{}: an empty, unfinished event", t.id);
+        prop_assert!(num_output_tokens <= t.max_tokens, "{}: outputs > max_tokens", t.id);
+        prop_assert!(num_tokens <= m, "{}: N > M", t.id);
+        if e.status.is_finished() {
+            self.check_finish(idx, e)?;
+        }
+        Ok(())
+    }
+
+    /// A finishing event: the stop is the one `check_stop` gives on the last delivered
+    /// token (the EOS, a stop id as the stop reason, or the length cap).
+    fn check_finish(&mut self, idx: usize, e: &RequestEvent) -> Result<(), TestCaseError> {
+        let m = self.m();
+        let pooling = self.cfg.num_sampled_tokens_per_step() == 0;
+        let t = &mut self.tracked[idx];
+        t.finished = true;
+        if e.status == RequestStatus::FinishedStopped {
+            self.cov.finished_stop += 1;
+        } else {
+            self.cov.finished_length += 1;
+        }
+        let (num_tokens, num_output_tokens) = (t.tokens.len() as i64, t.tokens.len() as i64 - t.prompt_len);
+        let last = *t.tokens.last().expect("a request has tokens");
+        match e.status {
+            // Pooling: the output of the final prompt chunk finishes the request.
+            RequestStatus::FinishedStopped if pooling => prop_assert!(
+                e.num_tokens == 0 && e.stop_reason.is_none(),
+                "{}: a pooling request finished with {} tokens",
+                t.id,
+                e.num_tokens
+            ),
+            RequestStatus::FinishedStopped => prop_assert!(
+                (Some(last) == t.eos && e.stop_reason.is_none())
+                    || (Some(last) != t.eos && t.stops.contains(&last) && e.stop_reason == Some(last)),
+                "{}: stopped on {last} with reason {:?}",
+                t.id,
+                e.stop_reason
+            ),
+            RequestStatus::FinishedLengthCapped => prop_assert!(
+                Some(last) != t.eos
+                    && !t.stops.contains(&last)
+                    && (num_tokens >= m || num_output_tokens >= t.max_tokens),
+                "{}: length-capped at N = {}, outputs = {}",
+                t.id,
+                num_tokens,
+                num_output_tokens
+            ),
+            other => prop_assert!(false, "{}: finished as {other:?}", t.id),
+        }
+        Ok(())
+    }
+
+    /// Resolves the KV the step computed for positions unknown at schedule time: rejected
+    /// drafts and tokens never appended hold garbage.
+    fn resolve_pending_kv(&mut self, p: &Pending) {
         for &(i, block, pos) in &p.pending_kv {
             let (bs, s) = (self.cfg.block_size(), self.s());
             let slot = &mut self.kv[block as usize][(pos % bs) as usize];
@@ -1119,16 +1215,6 @@ impl Harness {
                 Kv::Token(tokens[pos as usize])
             };
         }
-        // Requests without an event got no tokens.
-        for t in self.tracked.iter().filter(|t| !t.finished) {
-            if let Some(req) = self.sched.request(t.handle) {
-                prop_assert_eq!(t.delivered, req.num_output_tokens(), "{}: tokens without an event", t.id);
-                prop_assert_eq!(t.prompt_len, req.num_prompt_tokens());
-            }
-        }
-        invariants!(self, format!("after update_from_output (step {})", p.step.step_id));
-        self.check_cached_kv(&format!("after update_from_output (step {})", p.step.step_id))?;
-        Ok(true)
     }
 
     fn abort(&mut self, ids: &[String]) -> Result<(), TestCaseError> {

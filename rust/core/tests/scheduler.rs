@@ -1,6 +1,7 @@
 mod common;
 
 use common::*;
+use llmsched_core::limits::MAX_STOP_TOKEN_IDS;
 use llmsched_core::{NewRequest, RequestStatus, Scheduler};
 
 fn ids(sched: &Scheduler, step: &llmsched_core::Step) -> Vec<String> {
@@ -81,8 +82,11 @@ fn stop_conditions_in_vllm_order_and_trim() {
     let mut b = request("stop", 4, 10);
     b.stop_token_ids = vec![42];
     let c = request("cap", 4, 2);
+    // A finished request's record is freed at once: its events are named by their handles.
+    let mut names = std::collections::HashMap::new();
     for r in [a, b, c] {
-        sched.add_request(r).unwrap();
+        let id = r.request_id.clone();
+        names.insert(sched.add_request(r).unwrap(), id);
     }
     let step = sched.schedule();
     apply(&mut sched, &step, &[1, 1, 1], &[1, 1, 1]);
@@ -90,10 +94,8 @@ fn stop_conditions_in_vllm_order_and_trim() {
     let step = sched.schedule();
     assert_eq!(step.num_scheduled_tokens, vec![3, 3, 3]);
     let events = apply(&mut sched, &step, &[9, 3, 3, 10, 42, 12, 10, 11, 12], &[3, 3, 3]);
-    let delivered: Vec<(String, usize, RequestStatus, Option<i32>)> = events
-        .iter()
-        .map(|e| (sched.request(e.handle).unwrap().id().to_string(), e.num_tokens, e.status, e.stop_reason))
-        .collect();
+    let delivered: Vec<(String, usize, RequestStatus, Option<i32>)> =
+        events.iter().map(|e| (names[&e.handle].clone(), e.num_tokens, e.status, e.stop_reason)).collect();
     assert_eq!(
         delivered,
         vec![
@@ -117,10 +119,11 @@ fn async_total_tokens_are_prompt_plus_max_tokens_minus_one() {
     for max_tokens in [1, 2, 3, 5] {
         let mut sched = Scheduler::new(config(|p| p.async_scheduling = true)).unwrap();
         let mut queue = std::collections::VecDeque::new();
-        sched.add_request(request("0", 10, max_tokens)).unwrap();
+        let first = sched.add_request(request("0", 10, max_tokens)).unwrap();
         queue.push_back(sched.schedule());
         sched.add_request(request("1", 10, max_tokens)).unwrap();
         queue.push_back(sched.schedule());
+        let name = |handle| if handle == first { "0" } else { "1" };
         let mut total = 0;
         let mut outputs = std::collections::HashMap::<String, usize>::new();
         while let Some(step) = queue.pop_front() {
@@ -128,7 +131,7 @@ fn async_total_tokens_are_prompt_plus_max_tokens_minus_one() {
             total += step.total_num_scheduled_tokens;
             let (t, c) = sample(&sched, &step, false);
             for e in apply(&mut sched, &step, &t, &c) {
-                *outputs.entry(sched.request(e.handle).unwrap().id().to_string()).or_default() += e.num_tokens;
+                *outputs.entry(name(e.handle).to_string()).or_default() += e.num_tokens;
             }
             sched.check_invariants().unwrap();
             let next = sched.schedule();
@@ -155,6 +158,7 @@ fn invalid_requests_leave_the_state_unchanged() {
         NewRequest::new("b", vec![1, -2], 4),
         request("b", 4, 0),
         NewRequest { num_computed_tokens: 4, ..request("b", 4, 4) },
+        NewRequest { stop_token_ids: vec![5; MAX_STOP_TOKEN_IDS + 1], ..request("b", 4, 4) },
         // Could outgrow the whole KV pool (10000 blocks of 16) only past M: fine; this one
         // is refused by the pool check of a smaller scheduler below.
     ];
@@ -162,6 +166,14 @@ fn invalid_requests_leave_the_state_unchanged() {
         assert!(sched.add_request(r).is_err());
         assert_eq!(sched.debug_snapshot(), before);
     }
+    let longest = sched.config().prompt_limit();
+    assert_eq!(longest.max, 31, "M - s");
+    let err = sched.add_request(request("b", 32, 4)).unwrap_err();
+    assert_eq!(err, longest.too_long("prompt_token_ids", 32));
+    assert!(err.to_string().starts_with("prompt_token_ids=<32 tokens>: at most 31 tokens"), "{err}");
+    sched.add_request(request("b", 31, 1)).unwrap();
+    let many_stops = NewRequest { stop_token_ids: vec![5; MAX_STOP_TOKEN_IDS], ..request("c", 4, 4) };
+    sched.add_request(many_stops).unwrap();
     // 3 usable blocks of 16 tokens: a request that could reach 49 tokens would need 4.
     let mut small = Scheduler::new(config(|p| p.num_gpu_blocks = 4)).unwrap();
     assert!(small.add_request(request("fits", 40, 8)).is_ok());
@@ -337,4 +349,170 @@ fn a_victim_scheduled_earlier_in_the_step_is_left_as_the_step_found_it() {
         undone > 0 && undone_last_chunks > 0,
         "no preemption of a running `a` ({undone}) at its last chunk ({undone_last_chunks})"
     );
+}
+
+/// A finished request keeps no record, only its handle and id until a step reports it: its
+/// slot is free at once (a new request may take it while the step that scheduled the
+/// finished one is still in flight), and that step's output skips it.
+#[test]
+fn a_finished_request_frees_its_record_at_once() {
+    let mut sched = Scheduler::new(config(|p| p.enable_prefix_caching = true)).unwrap();
+    let a = sched.add_request(request("a", 40, 8)).unwrap();
+    let b = sched.add_request(request("b", 40, 8)).unwrap();
+    let step = sched.schedule();
+    assert_eq!(step.req_handles, vec![a, b]);
+    // Aborted while its step is in flight: the slot is free, and "c" takes it.
+    assert_eq!(sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap().len(), 1);
+    assert!(sched.request(a).is_none(), "the aborted request's record is freed");
+    assert!(sched.get_request("a").is_err());
+    let c = sched.add_request(request("c", 8, 8)).unwrap();
+    assert_eq!(c.index, a.index, "the freed slot is reused");
+    sched.check_invariants().unwrap();
+    let events = apply(&mut sched, &step, &[7, 9], &[1, 1]);
+    assert_eq!(events.iter().map(|e| e.handle).collect::<Vec<_>>(), vec![b], "only b had an event");
+    let c_request = sched.request(c).unwrap();
+    assert_eq!((c_request.num_output_tokens(), c_request.num_computed_tokens()), (0, 0), "c is untouched");
+    assert_eq!(sched.request(b).unwrap().output_token_ids().collect::<Vec<_>>(), vec![9]);
+    sched.check_invariants().unwrap();
+    // "b" stops in the next output: freed at once too, and both are reported once.
+    let mut b_new = request("b2", 4, 8);
+    b_new.stop_token_ids = vec![5];
+    let b2 = sched.add_request(b_new).unwrap();
+    let step = sched.schedule();
+    let ids: Vec<String> = step.finished.iter().map(|(_, id)| id.to_string()).collect();
+    assert_eq!(ids, vec!["a"], "the next step reports the aborted request");
+    assert_eq!(step.finished[0].0, a, "by the handle it had");
+    // b2 samples its stop token; b decodes; c's prompt chunk samples one token.
+    let (mut tokens, mut counts) = (Vec::new(), Vec::new());
+    for &h in &step.req_handles {
+        let count = i32::from(!sched.request(h).unwrap().is_prefill_chunk());
+        counts.push(count);
+        tokens.extend(std::iter::repeat_n(if h == b2 { 5 } else { 7 }, count as usize));
+    }
+    let events = apply(&mut sched, &step, &tokens, &counts);
+    assert!(events.iter().any(|e| e.handle == b2 && e.status == RequestStatus::FinishedStopped));
+    assert!(sched.request(b2).is_none(), "a stopped request's record is freed");
+    sched.check_invariants().unwrap();
+    let step = sched.schedule();
+    assert_eq!(step.finished.iter().map(|(_, id)| id.to_string()).collect::<Vec<_>>(), vec!["b2"]);
+    sched.check_invariants().unwrap();
+}
+
+/// Sync, K = 1: drafts handed in for a request whose step is still in flight would make
+/// the next step schedule a draft slot where the in-flight step's token belongs (vLLM
+/// 0.33 does, and ends with C = N - 2). Refused, naming the request, with nothing changed;
+/// the same drafts after the output is applied are scheduled and keep C = N - 1.
+#[test]
+fn drafts_for_a_request_whose_step_is_in_flight_are_refused() {
+    let mut sched = Scheduler::new(config(|p| p.num_speculative_tokens = 1)).unwrap();
+    sched.add_request(request("r", 5, 20)).unwrap();
+    sched.add_request(request("other", 40, 20)).unwrap();
+    let prefill = sched.schedule();
+    let (t, c) = sample(&sched, &prefill, false);
+    apply(&mut sched, &prefill, &t, &c);
+    let decode = sched.schedule();
+    assert_eq!(decode.num_scheduled_tokens, vec![1, 1]);
+    let before = sched.debug_snapshot();
+    let err = sched.update_draft_token_ids(&["r"], &[77], &[1]).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "req_ids[0]=\"r\": drafts for a request whose step {} is still in flight",
+            decode.step_id
+        )),
+        "{message}"
+    );
+    assert_eq!(sched.debug_snapshot(), before, "a refused call changes nothing");
+    // Rows without drafts, and drafts for ids not live, are not refused.
+    sched.update_draft_token_ids(&["r", "gone"], &[5], &[0, 1]).unwrap();
+    assert_eq!(sched.debug_snapshot(), before);
+    // A second step now schedules no draft slot: there is nothing to compute before the
+    // in-flight token returns.
+    assert!(sched.schedule().is_empty());
+    let (t, c) = sample(&sched, &decode, false);
+    apply(&mut sched, &decode, &t, &c);
+    sched.check_invariants().unwrap();
+    // In order, the same drafts are taken and verified.
+    sched.update_draft_token_ids(&["r"], &[77], &[1]).unwrap();
+    let verify = sched.schedule();
+    assert_eq!((verify.num_spec_tokens[0], verify.spec_token_ids.clone()), (1, vec![77]));
+    let (t, c) = sample(&sched, &verify, false);
+    apply(&mut sched, &verify, &t, &c);
+    sched.check_invariants().unwrap();
+    let r = sched.get_request("r").unwrap();
+    assert_eq!(r.num_computed_tokens(), r.num_tokens() - 1);
+}
+
+/// A request in flight with a prefill chunk that does not reach the end of its prompt: its
+/// drafts are dropped, as vLLM drops drafts for prefill chunks, not refused.
+#[test]
+fn drafts_for_a_prefill_chunk_in_flight_are_dropped() {
+    let mut sched = Scheduler::new(config(|p| {
+        p.num_speculative_tokens = 1;
+        p.max_num_batched_tokens = 256;
+        p.max_num_seqs = 2;
+    }))
+    .unwrap();
+    sched.add_request(request("long", 600, 20)).unwrap();
+    let chunk = sched.schedule();
+    assert!(sched.get_request("long").unwrap().is_prefill_chunk());
+    sched.update_draft_token_ids(&["long"], &[77], &[1]).unwrap();
+    assert!(sched.get_request("long").unwrap().spec_token_ids().is_empty());
+    apply(&mut sched, &chunk, &[], &[0]);
+    sched.check_invariants().unwrap();
+}
+
+/// A multi-token output (accepted drafts and the bonus token) that stops part way: the
+/// tokens after the stop are not delivered, though each would stop the request again
+/// (another stop id, the EOS, the length cap), and the stop reason is the first stop's.
+#[test]
+fn tokens_after_a_stop_in_a_multi_token_output_are_not_delivered() {
+    let mut sched = Scheduler::new(config(|p| {
+        p.num_speculative_tokens = 3;
+        p.block_size = 2;
+        p.enable_prefix_caching = true;
+    }))
+    .unwrap();
+    let new = |id: &str, max_tokens: i64, eos: Option<i64>, stops: &[i64]| {
+        let mut r = request(id, 4, max_tokens);
+        r.eos_token_id = eos;
+        r.stop_token_ids = stops.to_vec();
+        r
+    };
+    // (request, the runner's tokens: 1 sampled + 3 accepted drafts, what is delivered,
+    // status, stop reason)
+    #[allow(clippy::type_complexity)]
+    let cases: [(NewRequest, [i32; 4], &[i32], RequestStatus, Option<i32>); 5] = [
+        (new("eos", 20, Some(9), &[]), [5, 9, 6, 9], &[5, 9], RequestStatus::FinishedStopped, None),
+        (new("stop", 20, None, &[42, 43]), [5, 42, 43, 8], &[5, 42], RequestStatus::FinishedStopped, Some(42)),
+        (new("cap", 3, Some(9), &[]), [5, 6, 9, 8], &[5, 6], RequestStatus::FinishedLengthCapped, None),
+        (new("eos-first", 4, Some(9), &[6]), [9, 6, 7, 8], &[9], RequestStatus::FinishedStopped, None),
+        (new("stop-last", 20, Some(9), &[8]), [5, 6, 7, 8], &[5, 6, 7, 8], RequestStatus::FinishedStopped, Some(8)),
+    ];
+    let mut handles = Vec::new();
+    for (r, ..) in &cases {
+        handles.push(sched.add_request(r.clone()).unwrap());
+    }
+    let prefill = sched.schedule();
+    apply(&mut sched, &prefill, &[1; 5], &[1; 5]);
+    let ids: Vec<&str> = cases.iter().map(|(r, ..)| r.request_id.as_str()).collect();
+    let drafts: Vec<i64> = cases.iter().flat_map(|(_, tokens, ..)| tokens[1..].iter().map(|&t| i64::from(t))).collect();
+    sched.update_draft_token_ids(&ids, &drafts, &[3; 5]).unwrap();
+    let verify = sched.schedule();
+    assert_eq!(verify.req_handles, handles);
+    assert_eq!(verify.num_spec_tokens, vec![3; 5]);
+    let tokens: Vec<i32> = cases.iter().flat_map(|(_, tokens, ..)| *tokens).collect();
+    let events = apply(&mut sched, &verify, &tokens, &[4; 5]);
+    assert_eq!(events.len(), 5);
+    for ((r, _, delivered, status, reason), e) in cases.iter().zip(&events) {
+        let id = &r.request_id;
+        let got = &tokens[e.token_offset..e.token_offset + e.num_tokens];
+        assert_eq!(got, *delivered, "{id}: delivered tokens");
+        assert_eq!((e.status, e.stop_reason), (*status, *reason), "{id}");
+        // Prefix caching keeps the KV of the delivered tokens only: C = N - 1 after the
+        // trim, N = 4 prompt tokens, 1, then the delivered ones; blocks of 2.
+        let n = 4 + 1 + delivered.len();
+        assert_eq!(e.num_cached_blocks, (n - 1) / 2, "{id}: cached blocks");
+    }
+    sched.check_invariants().unwrap();
 }

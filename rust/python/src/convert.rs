@@ -1,9 +1,13 @@
 //! Argument conversion with errors that name the field and the value.
 
-use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
-use pyo3::exceptions::PyOverflowError;
+use llmsched_core::ListLimit;
+use numpy::{Element, PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyMemoryError, PyOverflowError};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyString};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
+
+use crate::errors::core_err;
 
 /// A field's name for an error message, built only when an error is reported (the
 /// indexed names of a long token list would otherwise cost a `format!` per token).
@@ -97,58 +101,159 @@ pub fn type_name(value: &Bound<'_, PyAny>) -> String {
     value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
-/// A copy of `value`'s items if it is a contiguous 1-D int32 array (what a runner holds:
-/// taken as it is, not widened like `token_list`'s).
-pub fn contiguous_int32(value: &Bound<'_, PyAny>) -> Option<Vec<i32>> {
-    let array = value.cast::<PyArray1<i32>>().ok()?;
-    let array = array.readonly();
-    array.as_slice().ok().map(<[i32]>::to_vec)
+/// The items of a 1-D array whose dtype numpy calls `T` (native byte order), read in
+/// place by `read` when the array lays them out as a Rust slice (aligned, contiguous);
+/// None otherwise.
+fn with_slice<T: Element, R>(array: &Bound<'_, PyUntypedArray>, read: impl FnOnce(&[T]) -> R) -> Option<R> {
+    let typed = array.cast::<PyArray1<T>>().ok()?;
+    let guard = typed.try_readonly().ok()?;
+    let slice = guard.as_slice().ok()?;
+    Some(read(slice))
 }
 
-/// A token list from a numpy integer array or any iterable of ints.
+/// numpy's own copy of a 1-D array's items as `T`: a new C-contiguous, aligned array,
+/// whatever the layout it came in (a field of a packed record, a strided or reversed
+/// view, an offset buffer, another byte order or integer width). The values are cast as
+/// numpy casts them: exact for every integer dtype that fits `T`.
+fn numpy_copy<T: Element + Copy>(py: Python<'_>, array: &Bound<'_, PyUntypedArray>) -> PyResult<Vec<T>> {
+    let kwargs = PyDict::new(py);
+    kwargs.set_item(intern!(py, "dtype"), numpy::dtype::<T>(py))?;
+    kwargs.set_item(intern!(py, "order"), intern!(py, "C"))?;
+    let copy = py.import(intern!(py, "numpy"))?.getattr(intern!(py, "array"))?.call((array,), Some(&kwargs))?;
+    let copy = copy.cast_into::<PyArray1<T>>()?;
+    let guard = copy.try_readonly()?;
+    Ok(guard.as_slice()?.to_vec())
+}
+
+/// A 1-D int32 array's items, exactly the values it holds (any layout or byte order);
+/// None if `value` is not a 1-D array of a 32-bit signed integer dtype.
+pub fn int32_items(py: Python<'_>, value: &Bound<'_, PyAny>) -> Option<PyResult<Vec<i32>>> {
+    let array = value.cast::<PyUntypedArray>().ok()?;
+    let dtype = array.dtype();
+    if array.ndim() != 1 || dtype.kind() != b'i' || dtype.itemsize() != 4 {
+        return None;
+    }
+    Some(match with_slice(array, <[i32]>::to_vec) {
+        Some(items) => Ok(items),
+        None => numpy_copy::<i32>(py, array),
+    })
+}
+
+/// The token ids a 1-D integer array holds, exactly (any layout, byte order or integer
+/// width); refused if it is not 1-D or does not hold integers.
+fn array_tokens(
+    py: Python<'_>,
+    array: &Bound<'_, PyUntypedArray>,
+    field: &dyn Field,
+    make_error: fn(Python<'_>, String) -> PyErr,
+) -> PyResult<Vec<i64>> {
+    if array.ndim() != 1 {
+        return Err(make_error(
+            py,
+            format!("{}: must be 1-D, got an array of shape {:?}", field.name(), array.shape()),
+        ));
+    }
+    let dtype = array.dtype();
+    let kind = dtype.kind();
+    if kind != b'i' && kind != b'u' {
+        return Err(make_error(py, format!("{}: must hold integers, got dtype {}", field.name(), dtype)));
+    }
+    // A contiguous int32 array (a runner's) converts in one loop the compiler vectorizes.
+    if let Some(tokens) = with_slice(array, |slice: &[i32]| slice.iter().map(|&t| i64::from(t)).collect()) {
+        return Ok(tokens);
+    }
+    if let Some(tokens) = with_slice(array, <[i64]>::to_vec) {
+        return Ok(tokens);
+    }
+    if kind == b'u' && dtype.itemsize() == 8 {
+        // The one integer dtype whose values may not fit i64: checked one by one.
+        return numpy_copy::<u64>(py, array)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, token)| {
+                i64::try_from(token).map_err(|_| {
+                    make_error(py, format!("{}={token}: out of the 64-bit integer range", Indexed(field, i).name()))
+                })
+            })
+            .collect();
+    }
+    numpy_copy::<i64>(py, array)
+}
+
+/// Room for up to `len` items, if the allocator has it; an empty vector otherwise (the
+/// items are then pushed with `push`, which fails cleanly).
+pub fn reserved<T>(len: usize) -> Vec<T> {
+    let mut out = Vec::new();
+    // A length a caller gave is only a hint: at most this much is reserved up front.
+    const MOST_RESERVED: usize = 1 << 16;
+    let _ = out.try_reserve_exact(len.min(MOST_RESERVED));
+    out
+}
+
+/// Appends `item`, raising `MemoryError` when the vector cannot grow (instead of the
+/// allocator aborting the process).
+#[inline]
+pub fn push<T>(out: &mut Vec<T>, item: T) -> PyResult<()> {
+    if out.len() == out.capacity() {
+        out.try_reserve(out.len().max(16)).map_err(|_| {
+            PyMemoryError::new_err(format!("cannot grow a list of {} items of {} bytes", out.len(), size_of::<T>()))
+        })?;
+    }
+    out.push(item);
+    Ok(())
+}
+
+/// Hands `each` the items of the iterable `value`, at most `limit.max` of them: an item past
+/// the limit is the error `limit.exceeded(field)`, so an endless iterable is refused instead
+/// of read until memory runs out. `not_iterable` is the error if `value` is no iterable.
+pub fn for_each_bounded<'py>(
+    value: &Bound<'py, PyAny>,
+    limit: &ListLimit,
+    field: &dyn Field,
+    not_iterable: impl FnOnce() -> PyErr,
+    mut each: impl FnMut(usize, Bound<'py, PyAny>) -> PyResult<()>,
+) -> PyResult<()> {
+    let iter = value.try_iter().map_err(|_| not_iterable())?;
+    for (i, item) in iter.enumerate() {
+        if i == limit.max {
+            return Err(core_err(limit.exceeded(field.name())));
+        }
+        each(i, item?)?;
+    }
+    Ok(())
+}
+
+/// A token list from a numpy integer array or any iterable of ints, of at most
+/// `limit.max` tokens (an iterable is read no further than one token past it).
 pub fn token_list(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
     field: &dyn Field,
     make_error: fn(Python<'_>, String) -> PyErr,
+    limit: &ListLimit,
 ) -> PyResult<Vec<i64>> {
-    if let Ok(array) = value.cast::<PyArray1<i32>>() {
-        let array = array.readonly();
-        // A contiguous array converts in one loop the compiler vectorizes.
-        return Ok(match array.as_slice() {
-            Ok(slice) => slice.iter().map(|&t| t as i64).collect(),
-            Err(_) => array.as_array().iter().map(|&t| t as i64).collect(),
-        });
-    }
-    if let Ok(array) = value.cast::<PyArray1<i64>>() {
-        return Ok(array.readonly().as_array().to_vec());
-    }
-    if let Ok(array) = value.cast::<numpy::PyUntypedArray>() {
-        if array.ndim() != 1 {
-            return Err(make_error(
-                py,
-                format!("{}: must be 1-D, got an array of shape {:?}", field.name(), array.shape()),
-            ));
+    if let Ok(array) = value.cast::<PyUntypedArray>() {
+        if !limit.allows(array.len()) {
+            return Err(core_err(limit.too_long(field.name(), array.len())));
         }
-        let kind = array.dtype().kind();
-        if kind != b'i' && kind != b'u' {
-            return Err(make_error(py, format!("{}: must hold integers, got dtype {}", field.name(), array.dtype())));
-        }
-        // Other integer widths: convert element by element, range-checked.
+        return array_tokens(py, array, field, make_error);
     }
     if value.is_instance_of::<PyString>() {
         return Err(make_error(py, format!("{}: must be a sequence of token ids, got a str", field.name())));
     }
     // Fast path: a list of exact ints (no bools, no numpy scalars), read in place.
     if let Ok(list) = value.cast::<PyList>() {
-        let mut out = Vec::with_capacity(list.len());
+        if !limit.allows(list.len()) {
+            return Err(core_err(limit.too_long(field.name(), list.len())));
+        }
+        let mut out = reserved(list.len());
         for item in list.iter() {
             if !item.is_exact_instance_of::<PyInt>() {
                 out.clear();
                 break;
             }
             match item.extract::<i64>() {
-                Ok(token) => out.push(token),
+                Ok(token) => push(&mut out, token)?,
                 Err(_) => {
                     out.clear();
                     break;
@@ -159,12 +264,11 @@ pub fn token_list(
             return Ok(out);
         }
     }
-    let iter = value.try_iter().map_err(|_| {
-        make_error(py, format!("{}: must be a sequence of token ids, got {}", field.name(), type_name(value)))
+    let not_iterable =
+        || make_error(py, format!("{}: must be a sequence of token ids, got {}", field.name(), type_name(value)));
+    let mut out = reserved(value.len().unwrap_or(0).min(limit.max));
+    for_each_bounded(value, limit, field, not_iterable, |i, item| {
+        push(&mut out, int_value(py, &item, &Indexed(field, i), make_error)?)
     })?;
-    let mut out = Vec::with_capacity(value.len().unwrap_or(0));
-    for (i, item) in iter.enumerate() {
-        out.push(int_value(py, &item?, &Indexed(field, i), make_error)?);
-    }
     Ok(out)
 }

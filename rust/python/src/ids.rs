@@ -76,7 +76,7 @@ impl IdBatch {
         &mut self,
         py: Python<'py>,
         handles: &[Handle],
-        id_of: impl Fn(Handle) -> Bound<'py, PyString>,
+        id_of: impl Fn(Handle) -> PyResult<Bound<'py, PyString>>,
         prefetch: impl Fn(Handle),
     ) -> PyResult<()> {
         let result = self.edit(py, handles, &id_of, &prefetch);
@@ -91,7 +91,7 @@ impl IdBatch {
         &mut self,
         py: Python<'py>,
         handles: &[Handle],
-        id_of: &impl Fn(Handle) -> Bound<'py, PyString>,
+        id_of: &impl Fn(Handle) -> PyResult<Bound<'py, PyString>>,
         prefetch: &impl Fn(Handle),
     ) -> PyResult<()> {
         let Some(list) = self.list.as_ref().map(|list| list.bind(py).clone()) else {
@@ -143,7 +143,8 @@ impl IdBatch {
         if !self.cuts.is_empty() {
             self.compact();
         }
-        for (handle, id) in ids_ahead_loaded(&handles[wanted..], id_of, prefetch) {
+        for item in ids_ahead_loaded(&handles[wanted..], id_of, prefetch) {
+            let (handle, id) = item?;
             list.append(&id)?;
             self.ids.push(IdRef::of(&id));
             self.handles.push(handle);
@@ -169,7 +170,7 @@ impl IdBatch {
         &mut self,
         py: Python<'py>,
         handles: &[Handle],
-        id_of: &impl Fn(Handle) -> Bound<'py, PyString>,
+        id_of: &impl Fn(Handle) -> PyResult<Bound<'py, PyString>>,
         prefetch: &impl Fn(Handle),
     ) -> PyResult<()> {
         *self = Self { cuts: std::mem::take(&mut self.cuts), ..Self::default() };
@@ -177,10 +178,12 @@ impl IdBatch {
         let len = handles.len() as ffi::Py_ssize_t;
         // SAFETY: the GIL is held. `PyList_New` returns a new reference (or NULL with an
         // exception set) to a list of `len` empty slots; `PyList_SetItem` fills slot `i < len`
-        // with the reference it is given (stolen: `into_ptr` hands one over).
+        // with the reference it is given (stolen: `into_ptr` hands one over). On an early
+        // return the list is dropped with some slots empty, which a list's deallocation skips.
         let list = unsafe {
             let list = Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len))?;
-            for (i, (_, id)) in ids_ahead_loaded(handles, id_of, prefetch).enumerate() {
+            for (i, item) in ids_ahead_loaded(handles, id_of, prefetch).enumerate() {
+                let (_, id) = item?;
                 self.ids.push(IdRef::of(&id));
                 ffi::PyList_SetItem(list.as_ptr(), i as ffi::Py_ssize_t, id.into_ptr());
             }
@@ -195,7 +198,8 @@ impl IdBatch {
     pub fn step_ids(&self, py: Python<'_>) -> PyResult<(StepIds, Py<PyList>)> {
         let Some(list) = &self.list else {
             let owner = PyTuple::empty(py).unbind();
-            return Ok((StepIds { _owner: owner, ids: Box::default() }, PyList::empty(py).unbind()));
+            let req_ids = crate::objects::new_list::<PyString>(py, Vec::new())?.unbind();
+            return Ok((StepIds { _owner: owner, ids: Box::default() }, req_ids));
         };
         let len = self.ids.len() as ffi::Py_ssize_t;
         // SAFETY: the GIL is held and `list` is alive; both calls return a new reference
@@ -217,14 +221,14 @@ impl IdBatch {
 /// reference to each writes into it.
 fn ids_ahead_loaded<'a, 'py>(
     handles: &'a [Handle],
-    id_of: &'a impl Fn(Handle) -> Bound<'py, PyString>,
+    id_of: &'a impl Fn(Handle) -> PyResult<Bound<'py, PyString>>,
     prefetch: &'a impl Fn(Handle),
-) -> impl Iterator<Item = (Handle, Bound<'py, PyString>)> + 'a {
+) -> impl Iterator<Item = PyResult<(Handle, Bound<'py, PyString>)>> + 'a {
     handles.iter().enumerate().map(move |(i, &handle)| {
         if let Some(&ahead) = handles.get(i + llmsched_core::prefetch::DISTANCE) {
             prefetch(ahead);
         }
-        (handle, id_of(handle))
+        id_of(handle).map(|id| (handle, id))
     })
 }
 

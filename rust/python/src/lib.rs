@@ -11,6 +11,7 @@ mod config;
 mod convert;
 mod errors;
 mod ids;
+mod objects;
 mod output;
 mod scheduler;
 

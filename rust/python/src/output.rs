@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use llmsched_core::{Request, RequestStatus};
 
-use numpy::{PyArray1, PyUntypedArrayMethods};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use numpy::{npyffi, PyArray1, PyArrayDescrMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString, PyTuple};
@@ -43,25 +45,75 @@ pub fn request_statuses(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
     PyTuple::new(py, rows)
 }
 
+/// The buffer behind a column array: the step's `Vec`, moved in, never written again
+/// (the array is read-only). A lock only so that a failed array can hand the `Vec` back.
+#[pyclass(frozen, module = "llmsched._core")]
+struct ColumnBuffer(Mutex<Vec<i32>>);
+
 /// A read-only int32 array that owns `values` (moved, not copied). Every empty one is the
 /// same shared array: a decode step has empty columns, and making an array costs as many
-/// instructions as two or three requests' whole decode step.
-pub fn frozen_array(py: Python<'_>, values: Vec<i32>) -> Py<PyArray1<i32>> {
+/// instructions as two or three requests' whole decode step. On error (Python out of
+/// memory) `values` comes back with it, unchanged.
+pub fn frozen_array(py: Python<'_>, values: Vec<i32>) -> Result<Py<PyArray1<i32>>, (PyErr, Vec<i32>)> {
     static EMPTY: PyOnceLock<Py<PyArray1<i32>>> = PyOnceLock::new();
     if values.is_empty() {
-        return EMPTY.get_or_init(py, || new_frozen_array(py, Vec::new())).clone_ref(py);
+        return match EMPTY.get_or_try_init(py, || new_frozen_array(py, Vec::new()).map_err(|(e, _)| e)) {
+            Ok(empty) => Ok(empty.clone_ref(py)),
+            Err(error) => Err((error, values)),
+        };
     }
     new_frozen_array(py, values)
 }
 
-fn new_frozen_array(py: Python<'_>, values: Vec<i32>) -> Py<PyArray1<i32>> {
-    use numpy::IntoPyArray;
-    let array = values.into_pyarray(py);
-    // SAFETY: the array was created just now and nothing else refers to it yet.
+/// `frozen_array` for the getters, which build their values anew on every call.
+pub fn frozen<'py>(py: Python<'py>, values: Vec<i32>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    frozen_array(py, values).map(|array| array.into_bound(py)).map_err(|(error, _)| error)
+}
+
+fn new_frozen_array(py: Python<'_>, values: Vec<i32>) -> Result<Py<PyArray1<i32>>, (PyErr, Vec<i32>)> {
+    // The owner first (an allocation that can fail), then the values in it: they never
+    // move again, so the array may point into them.
+    let owner = match Bound::new(py, ColumnBuffer(Mutex::new(Vec::new()))) {
+        Ok(owner) => owner,
+        Err(error) => return Err((error, values)),
+    };
+    let buffer = &owner.get().0;
+    let lock = || buffer.lock().unwrap_or_else(PoisonError::into_inner);
+    let (data, len) = {
+        let mut buffer = lock();
+        *buffer = values;
+        (buffer.as_ptr(), buffer.len())
+    };
+    let mut dims = [len as npyffi::npy_intp];
+    let mut strides = [size_of::<i32>() as npyffi::npy_intp];
+    // SAFETY: the GIL is held. `PyArray_NewFromDescr` steals the dtype reference and
+    // returns a new reference or NULL with an exception set; with `data` given and no
+    // WRITEABLE flag the array is read-only and views `len` int32 at `data`, which the
+    // owner keeps alive and unmoved: `PyArray_SetBaseObject` hands it the owner (stealing
+    // the reference given, also on failure).
     unsafe {
-        (*array.as_array_ptr()).flags &= !numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
+        let array = npyffi::PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+            numpy::dtype::<i32>(py).into_dtype_ptr(),
+            1,
+            dims.as_mut_ptr(),
+            strides.as_mut_ptr(),
+            data as *mut std::ffi::c_void,
+            npyffi::NPY_ARRAY_C_CONTIGUOUS | npyffi::NPY_ARRAY_ALIGNED,
+            std::ptr::null_mut(),
+        );
+        let array = match Bound::from_owned_ptr_or_err(py, array) {
+            Ok(array) => array,
+            Err(error) => return Err((error, std::mem::take(&mut *lock()))),
+        };
+        if npyffi::PY_ARRAY_API.PyArray_SetBaseObject(py, array.as_ptr().cast(), owner.clone().into_ptr()) < 0 {
+            let error = PyErr::fetch(py);
+            drop(array);
+            return Err((error, std::mem::take(&mut *lock())));
+        }
+        Ok(array.cast_into_unchecked::<PyArray1<i32>>().unbind())
     }
-    array.unbind()
 }
 
 /// What one ``schedule()`` step decided. Immutable.
@@ -256,14 +308,16 @@ impl PyRequestOutput {
 /// Elements are built when accessed, so a caller that reads the columns
 /// (``req_ids``, ``new_token_ids``, ``num_new_tokens``, ``statuses``) never pays
 /// for one Python object per request. The column properties copy into new
-/// numpy arrays on each access.
+/// read-only numpy arrays on each access.
 #[pyclass(frozen, sequence, module = "llmsched", name = "RequestOutputs")]
 pub struct PyRequestOutputs {
     /// The ids of the step the outputs answer, shared with its `SchedulerOutput`: an
     /// output names its request by position, without a reference count per request.
     pub step_ids: Arc<StepIds>,
-    /// One row per output, pushed in one piece as the update hands each event over.
-    pub rows: Vec<OutputRow>,
+    /// One row per output, pushed in one piece as the update hands each event over; set
+    /// once the update is applied (the object is made before, so that nothing can fail
+    /// after the update).
+    pub rows: OnceLock<Vec<OutputRow>>,
     /// The runner's sampled tokens (this call's copy); output `i` delivered
     /// `tokens[rows[i].start..][..rows[i].len]` (tokens past a stop are not delivered).
     pub tokens: Vec<i32>,
@@ -283,23 +337,27 @@ pub struct OutputRow {
 }
 
 impl PyRequestOutputs {
+    fn rows(&self) -> &[OutputRow] {
+        self.rows.get().map_or(&[], Vec::as_slice)
+    }
+
     /// The id of output `i`'s request.
     fn request_id<'a, 'py>(&'a self, py: Python<'py>, i: usize) -> Borrowed<'a, 'py, PyString> {
-        self.step_ids.get(py, self.rows[i].entry as usize)
+        self.step_ids.get(py, self.rows()[i].entry as usize)
     }
 
     fn len(&self) -> usize {
-        self.rows.len()
+        self.rows().len()
     }
 
     /// The tokens output `i` delivered.
     fn delivered(&self, i: usize) -> &[i32] {
-        let row = &self.rows[i];
+        let row = &self.rows()[i];
         &self.tokens[row.start as usize..][..row.len as usize]
     }
 
     fn element(&self, py: Python<'_>, i: usize) -> PyRequestOutput {
-        let row = &self.rows[i];
+        let row = &self.rows()[i];
         PyRequestOutput {
             request_id: self.request_id(py, i).to_owned().unbind(),
             new_token_ids: Tokens::new(self.delivered(i)),
@@ -327,7 +385,14 @@ impl PyRequestOutputs {
         if index.is_instance_of::<pyo3::types::PySlice>() {
             return self.to_list(py)?.as_any().get_item(index);
         }
-        let i: isize = index.extract()?;
+        // As a list: an index past the machine's is out of range, not an overflow.
+        let i: isize = index.extract().map_err(|error: PyErr| {
+            if error.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+                pyo3::exceptions::PyIndexError::new_err("cannot fit 'int' into an index-sized integer")
+            } else {
+                error
+            }
+        })?;
         let len = self.len() as isize;
         let j = if i < 0 { i + len } else { i };
         if !(0..len).contains(&j) {
@@ -361,39 +426,39 @@ impl PyRequestOutputs {
         PyList::new(py, (0..self.len()).map(|i| self.request_id(py, i)))
     }
 
-    /// Every delivered token, flat, split by ``num_new_tokens`` (int32; a copy).
+    /// Every delivered token, flat, split by ``num_new_tokens`` (int32, read-only; a copy).
     #[getter]
-    fn new_token_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+    fn new_token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let delivered: Vec<i32> = (0..self.len()).flat_map(|i| self.delivered(i).iter().copied()).collect();
-        frozen_array(py, delivered).into_bound(py)
+        frozen(py, delivered)
     }
 
-    /// Tokens delivered per request (int32; a copy).
+    /// Tokens delivered per request (int32, read-only; a copy).
     #[getter]
-    fn num_new_tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let counts: Vec<i32> = self.rows.iter().map(|row| row.len as i32).collect();
-        frozen_array(py, counts).into_bound(py)
+    fn num_new_tokens<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        frozen(py, self.rows().iter().map(|row| row.len as i32).collect())
     }
 
-    /// ``RequestStatus`` values per request (int32; a copy).
+    /// ``RequestStatus`` values per request (int32, read-only; a copy).
     #[getter]
-    fn statuses<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let values: Vec<i32> = self.rows.iter().map(|row| row.status as i32).collect();
-        frozen_array(py, values).into_bound(py)
+    fn statuses<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        frozen(py, self.rows().iter().map(|row| row.status as i32).collect())
     }
 
     /// Each request's prefix-cached blocks after this output, counted before a finish
-    /// freed them (int32; a copy).
+    /// freed them (int32, read-only; a copy).
     #[getter]
-    fn num_cached_blocks<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let values: Vec<i32> = self.rows.iter().map(|row| row.num_cached_blocks).collect();
-        numpy::IntoPyArray::into_pyarray(values, py)
+    fn num_cached_blocks<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        frozen(py, self.rows().iter().map(|row| row.num_cached_blocks).collect())
     }
 
     /// Ids of the requests that finished in this step.
     #[getter]
     fn finished_req_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, (0..self.len()).filter(|&i| self.rows[i].status.is_finished()).map(|i| self.request_id(py, i)))
+        PyList::new(
+            py,
+            (0..self.len()).filter(|&i| self.rows()[i].status.is_finished()).map(|i| self.request_id(py, i)),
+        )
     }
 }
 

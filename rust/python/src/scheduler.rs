@@ -3,19 +3,25 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use llmsched_core::{Handle, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler, Step};
-use numpy::{PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use llmsched_core::{
+    Handle, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, Step,
+};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyMemoryError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::config::PySchedulerConfig;
-use crate::convert::{bool_value, contiguous_int32, float_value, int_value, token_list, type_name, Indexed};
+use crate::convert::{
+    bool_value, float_value, for_each_bounded, int32_items, int_value, push, reserved, token_list, type_name, Indexed,
+};
 use crate::errors::{core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
 use crate::ids::{IdBatch, StepIds};
+use crate::objects::{new_int, new_list, new_str};
 use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput};
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
@@ -47,8 +53,15 @@ struct Inner {
     /// draft rows) is matched without hashing text. An address stays unique while
     /// `py_ids` holds the object, and leaves this map when `py_ids` lets it go.
     handle_by_address: rustc_hash::FxHashMap<usize, Handle>,
+    /// The ids of requests finished since the last step, in the order they finished (the
+    /// core's): taken out of `py_ids` and `handle_by_address` when they finish, handed out
+    /// by the next step.
+    unreported: Vec<(Handle, Py<PyString>)>,
     /// The last step's ids, edited into the next step's.
     batch: IdBatch,
+    /// A step decided by a `schedule()` that could not build its output: the next
+    /// `schedule()` delivers it before deciding another.
+    undelivered: Option<Undelivered>,
     /// Set when a call panicked: the state may be half-updated, so refuse more calls.
     broken: Option<String>,
 }
@@ -57,10 +70,30 @@ impl Inner {
     /// The request's cached Python id; `fallback` is only called if the cache
     /// has no entry for this handle (not expected, but never wrong).
     #[inline(always)]
-    fn py_id<'py>(&self, py: Python<'py>, handle: Handle, fallback: impl FnOnce() -> String) -> Bound<'py, PyString> {
+    fn py_id<'py>(
+        &self,
+        py: Python<'py>,
+        handle: Handle,
+        fallback: impl FnOnce() -> String,
+    ) -> PyResult<Bound<'py, PyString>> {
         match self.py_ids.get(handle.index as usize) {
-            Some(Some((generation, id))) if *generation == handle.generation => id.bind(py).clone(),
-            _ => PyString::new(py, &fallback()),
+            Some(Some((generation, id))) if *generation == handle.generation => Ok(id.bind(py).clone()),
+            _ => new_str(py, &fallback()),
+        }
+    }
+
+    /// Moves the requests the core finished since its finished list had `before` entries
+    /// from the live ids to those the next step reports.
+    fn retire_finished_since(&mut self, before: usize) {
+        for &(handle, _) in &self.core.finished_since_last_step()[before..] {
+            let Some(slot) = self.py_ids.get_mut(handle.index as usize) else { continue };
+            if let Some((_, id)) = slot.take_if(|(generation, _)| *generation == handle.generation) {
+                let address = id.as_ptr() as usize;
+                if self.handle_by_address.get(&address) == Some(&handle) {
+                    self.handle_by_address.remove(&address);
+                }
+                self.unreported.push((handle, id));
+            }
         }
     }
 
@@ -72,9 +105,182 @@ impl Inner {
         }
     }
 
+    /// The live request a Python id names: by object (an id this scheduler handed out) or
+    /// by its text. `field` names the argument for an error (an id that is not a str).
+    fn live_handle(
+        &self,
+        py: Python<'_>,
+        id: &Bound<'_, PyAny>,
+        field: impl FnOnce() -> String,
+    ) -> PyResult<Option<Handle>> {
+        let by_object = self.handle_by_address.get(&(id.as_ptr() as usize));
+        if let Some(handle) = by_object.and_then(|&h| self.core.live_handle(&RequestRef::Handle(h))) {
+            return Ok(Some(handle));
+        }
+        let text = id
+            .cast::<PyString>()
+            .map_err(|_| request_error(py, format!("{}: must be a str, got {}", field(), type_name(id))))?
+            .to_cow()?;
+        Ok(self.core.live_handle(&RequestRef::Id(&text)))
+    }
+
+    /// The id of a request a step scheduled: live, or (a step delivered late) finished since,
+    /// when `texts` holds the ids the step's requests had when it was decided.
     #[inline]
-    fn live_py_id<'py>(&self, py: Python<'py>, handle: Handle) -> Bound<'py, PyString> {
-        self.py_id(py, handle, || self.core.request(handle).map(|r| r.id().to_string()).unwrap_or_default())
+    fn step_py_id<'py>(
+        &self,
+        py: Python<'py>,
+        handle: Handle,
+        texts: Option<&StepTexts>,
+    ) -> PyResult<Bound<'py, PyString>> {
+        self.py_id(py, handle, || match self.core.request(handle) {
+            Some(request) => request.id().to_string(),
+            None => texts.and_then(|texts| texts.get(&handle)).map(|id| id.to_string()).unwrap_or_default(),
+        })
+    }
+
+    /// Builds the Python view of a step the core decided: its id lists, then its columns,
+    /// moved into numpy arrays. On error (Python out of memory) `step` is as it was, to be
+    /// delivered by the next `schedule()`, and nothing of `self` has changed but the id
+    /// batch (kept in step with `step`).
+    fn build_output(
+        &mut self,
+        py: Python<'_>,
+        uid: u64,
+        step: &mut Step,
+        texts: Option<&StepTexts>,
+    ) -> PyResult<Py<PySchedulerOutput>> {
+        // Out of `self` while it is edited: its id lookups read `self`.
+        let mut batch = std::mem::take(&mut self.batch);
+        let synced = batch.sync(py, &step.req_handles, |h| self.step_py_id(py, h, texts), |h| self.prefetch_py_id(h));
+        self.batch = batch;
+        synced?;
+        let (entry_ids, req_ids) = self.batch.step_ids(py)?;
+        let ids = |handles: &[Handle]| -> PyResult<Py<PyList>> {
+            let ids = handles.iter().map(|&h| self.step_py_id(py, h, texts)).collect::<PyResult<Vec<_>>>()?;
+            Ok(new_list(py, ids)?.unbind())
+        };
+        let new_req_ids = ids(&step.new_reqs)?;
+        let resumed_req_ids = ids(&step.resumed_reqs)?;
+        let rescheduled_req_ids = ids(&step.rescheduled_reqs)?;
+        let preempted =
+            step.preempted.iter().map(|(h, id)| self.py_id(py, *h, || id.to_string())).collect::<PyResult<Vec<_>>>()?;
+        let preempted_req_ids = new_list(py, preempted)?.unbind();
+        // The binding retired them in the order the core finished them.
+        let mut unreported = self.unreported.iter().peekable();
+        let finished = step
+            .finished
+            .iter()
+            .map(|(handle, id)| match unreported.next_if(|(h, _)| h == handle) {
+                Some((_, py_id)) => Ok(py_id.bind(py).clone()),
+                None => new_str(py, id),
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let reported = self.unreported.len() - unreported.len();
+        let finished_req_ids = new_list(py, finished)?.unbind();
+        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids] =
+            step_columns(py, step)?;
+        let columns = [
+            &num_scheduled_tokens,
+            &num_computed_tokens,
+            &num_spec_tokens,
+            &spec_token_ids,
+            &num_output_tokens,
+            &num_block_ids,
+            &block_ids,
+            &num_all_token_ids,
+            &all_token_ids,
+        ]
+        .map(|column| column.clone_ref(py));
+        let output = PySchedulerOutput {
+            scheduler_uid: uid,
+            step_id: step.step_id,
+            req_ids,
+            entry_ids: Arc::new(entry_ids),
+            num_scheduled_tokens,
+            num_computed_tokens,
+            num_spec_tokens,
+            spec_token_ids,
+            num_output_tokens,
+            num_block_ids,
+            block_ids,
+            num_all_token_ids,
+            all_token_ids,
+            total_num_scheduled_tokens: step.total_num_scheduled_tokens,
+            new_req_ids,
+            resumed_req_ids,
+            rescheduled_req_ids,
+            preempted_req_ids,
+            finished_req_ids,
+        };
+        match Py::new(py, output) {
+            Ok(output) => {
+                self.unreported.drain(..reported);
+                Ok(output)
+            }
+            Err(error) => {
+                restore_columns(py, step, &columns);
+                Err(error)
+            }
+        }
+    }
+}
+
+/// The id of each request a step scheduled, taken when it was decided (kept with a step
+/// whose delivery failed: its requests may finish before the next `schedule()` delivers it).
+type StepTexts = rustc_hash::FxHashMap<Handle, Arc<str>>;
+
+/// A step the core decided whose Python view could not be built: the next `schedule()`
+/// delivers it.
+struct Undelivered {
+    step: Step,
+    texts: StepTexts,
+}
+
+/// A step's columns, in `PySchedulerOutput`'s order.
+fn column_slots(step: &mut Step) -> [&mut Vec<i32>; 9] {
+    [
+        &mut step.num_scheduled_tokens,
+        &mut step.num_computed_tokens,
+        &mut step.num_spec_tokens,
+        &mut step.spec_token_ids,
+        &mut step.num_output_tokens,
+        &mut step.num_block_ids,
+        &mut step.block_ids,
+        &mut step.num_all_token_ids,
+        &mut step.all_token_ids,
+    ]
+}
+
+/// The step's columns as read-only numpy arrays that own its buffers (moved, not copied).
+/// On error every column is back in `step` as it was.
+fn step_columns(py: Python<'_>, step: &mut Step) -> PyResult<[Py<PyArray1<i32>>; 9]> {
+    let mut made = Vec::with_capacity(9);
+    let mut failed = None;
+    for slot in column_slots(step) {
+        match frozen_array(py, std::mem::take(slot)) {
+            Ok(array) => made.push(array),
+            Err((error, values)) => {
+                *slot = values;
+                failed = Some(error);
+                break;
+            }
+        }
+    }
+    if let Some(error) = failed {
+        restore_columns(py, step, &made);
+        return Err(error);
+    }
+    made.try_into().map_err(|_| internal_error(py, "a step has 9 columns".into()))
+}
+
+/// Puts back into `step` the columns `arrays` took (a copy of each: the arrays are dropped
+/// with the output that failed).
+#[cold]
+fn restore_columns(py: Python<'_>, step: &mut Step, arrays: &[Py<PyArray1<i32>>]) {
+    for (slot, array) in column_slots(step).into_iter().zip(arrays) {
+        *slot =
+            array.bind(py).try_readonly().ok().and_then(|a| a.as_slice().ok().map(<[i32]>::to_vec)).unwrap_or_default();
     }
 }
 
@@ -127,58 +333,6 @@ impl PyScheduler {
             }
         }
     }
-
-    fn build_output(&self, py: Python<'_>, inner: &mut Inner, step: Step) -> PyResult<PySchedulerOutput> {
-        // Out of `inner` while it is edited: its id lookups read `inner`.
-        let mut batch = std::mem::take(&mut inner.batch);
-        let synced = batch.sync(py, &step.req_handles, |h| inner.live_py_id(py, h), |h| inner.prefetch_py_id(h));
-        inner.batch = batch;
-        synced?;
-        let (entry_ids, req_ids) = inner.batch.step_ids(py)?;
-        let entry_ids = Arc::new(entry_ids);
-        let ids = |handles: &[Handle]| -> PyResult<Py<PyList>> {
-            Ok(PyList::new(py, handles.iter().map(|&h| inner.live_py_id(py, h)))?.unbind())
-        };
-        let new_req_ids = ids(&step.new_reqs)?;
-        let resumed_req_ids = ids(&step.resumed_reqs)?;
-        let rescheduled_req_ids = ids(&step.rescheduled_reqs)?;
-        let preempted_req_ids =
-            PyList::new(py, step.preempted.iter().map(|(h, id)| inner.py_id(py, *h, || id.to_string())))?.unbind();
-        let finished_req_ids =
-            PyList::new(py, step.finished.iter().map(|(h, id)| inner.py_id(py, *h, || id.to_string())))?.unbind();
-        for (handle, _) in &step.finished {
-            if let Some(slot) = inner.py_ids.get_mut(handle.index as usize) {
-                if let Some((_, id)) = slot.take_if(|(g, _)| *g == handle.generation) {
-                    // The same object may name a newer request with that id by now.
-                    let address = id.as_ptr() as usize;
-                    if inner.handle_by_address.get(&address) == Some(handle) {
-                        inner.handle_by_address.remove(&address);
-                    }
-                }
-            }
-        }
-        Ok(PySchedulerOutput {
-            scheduler_uid: self.uid,
-            step_id: step.step_id,
-            req_ids,
-            entry_ids,
-            num_scheduled_tokens: frozen_array(py, step.num_scheduled_tokens),
-            num_computed_tokens: frozen_array(py, step.num_computed_tokens),
-            num_spec_tokens: frozen_array(py, step.num_spec_tokens),
-            spec_token_ids: frozen_array(py, step.spec_token_ids),
-            num_output_tokens: frozen_array(py, step.num_output_tokens),
-            num_block_ids: frozen_array(py, step.num_block_ids),
-            block_ids: frozen_array(py, step.block_ids),
-            num_all_token_ids: frozen_array(py, step.num_all_token_ids),
-            all_token_ids: frozen_array(py, step.all_token_ids),
-            total_num_scheduled_tokens: step.total_num_scheduled_tokens,
-            new_req_ids,
-            resumed_req_ids,
-            rescheduled_req_ids,
-            preempted_req_ids,
-            finished_req_ids,
-        })
-    }
 }
 
 /// Flat drafts as the binding received them: a runner's int32 array, or Python ints.
@@ -198,7 +352,51 @@ impl Drafts {
     }
 }
 
-fn int32_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>, field: &str) -> PyResult<PyReadonlyArray1<'py, i32>> {
+/// The drafts of `update_draft_token_ids` for `num_ids` requests, flat, and their counts:
+/// with `num_draft_tokens`, `draft_token_ids` is flat already (a runner's int32 array is
+/// taken as it is); without, it is one row of drafts per request. Each list is read no
+/// further than one item past what can be valid.
+fn read_drafts(
+    py: Python<'_>,
+    config: &SchedulerConfig,
+    draft_token_ids: &Bound<'_, PyAny>,
+    num_draft_tokens: Option<&Bound<'_, PyAny>>,
+    num_ids: usize,
+) -> PyResult<(Drafts, Vec<i64>)> {
+    let rows_limit = ListLimit::one_per_request(num_ids, "rows");
+    if let Some(counts) = num_draft_tokens {
+        // A list or an array is in memory already, and the core names the request given too
+        // many; any other iterable is read no further than `K` drafts per request.
+        let sized = draft_token_ids.is_instance_of::<PyList>() || draft_token_ids.is_instance_of::<PyUntypedArray>();
+        let limit = if sized { ListLimit::unlimited() } else { config.drafts_limit(num_ids) };
+        let drafts = match int32_items(py, draft_token_ids) {
+            Some(drafts) => Drafts::Int32(drafts?),
+            None => Drafts::Int64(token_list(py, draft_token_ids, &"draft_token_ids", request_error, &limit)?),
+        };
+        let counts_limit = ListLimit::one_per_request(num_ids, "counts");
+        return Ok((drafts, token_list(py, counts, &"num_draft_tokens", request_error, &counts_limit)?));
+    }
+    let not_iterable = || {
+        request_error(
+            py,
+            format!("draft_token_ids: must be a sequence of token lists, got {}", type_name(draft_token_ids)),
+        )
+    };
+    let per_request = config.drafts_per_request_limit();
+    let (mut drafts, mut counts) = (Vec::new(), reserved(num_ids));
+    for_each_bounded(draft_token_ids, &rows_limit, &"draft_token_ids", not_iterable, |i, row| {
+        let row = token_list(py, &row, &Indexed(&"draft_token_ids", i), request_error, &per_request)?;
+        push(&mut counts, row.len() as i64)?;
+        drafts.try_reserve(row.len()).map_err(|_| PyMemoryError::new_err("cannot grow the drafts"))?;
+        drafts.extend_from_slice(&row);
+        Ok(())
+    })?;
+    Ok((Drafts::Int64(drafts), counts))
+}
+
+/// A runner's int32 column, copied: exactly the values a 1-D int32 array holds, in any
+/// layout or byte order.
+fn runner_int32(py: Python<'_>, value: &Bound<'_, PyAny>, field: &str) -> PyResult<Vec<i32>> {
     if let Ok(array) = value.cast::<PyUntypedArray>() {
         if array.ndim() != 1 {
             return Err(mismatch_error(
@@ -207,15 +405,11 @@ fn int32_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>, field: &str) -> 
             ));
         }
     }
-    let array = value.extract::<PyReadonlyArray1<'py, i32>>().map_err(|_| {
+    int32_items(py, value).unwrap_or_else(|| {
         let dtype =
             value.getattr("dtype").and_then(|d| d.str()).map(|d| d.to_string()).unwrap_or_else(|_| type_name(value));
-        mismatch_error(py, format!("runner_output.{field}: must be a 1-D numpy int32 array, got {dtype}"))
-    })?;
-    if !array.is_contiguous() {
-        return Err(mismatch_error(py, format!("runner_output.{field}: must be contiguous")));
-    }
-    Ok(array)
+        Err(mismatch_error(py, format!("runner_output.{field}: must be a 1-D numpy int32 array, got {dtype}")))
+    })
 }
 
 /// vLLM's runner shape, one list of token ids per request, as flat tokens and counts (read
@@ -276,15 +470,21 @@ fn runner_rows(py: Python<'_>, step_ids: &StepIds, runner_ids: &Bound<'_, PyAny>
             return Ok(None);
         }
     }
-    let runner_ids: Vec<Bound<'_, PyAny>> = runner_ids
-        .try_iter()
-        .map_err(|_| {
-            mismatch_error(
-                py,
-                format!("runner_output.req_ids: must be a sequence of str, got {}", type_name(runner_ids)),
-            )
-        })?
-        .collect::<PyResult<_>>()?;
+    let iter = runner_ids.try_iter().map_err(|_| {
+        mismatch_error(py, format!("runner_output.req_ids: must be a sequence of str, got {}", type_name(runner_ids)))
+    })?;
+    // Read no further than one id past the step's (an endless iterable is refused).
+    let runner_ids: Vec<Bound<'_, PyAny>> = iter.take(step_ids.len() + 1).collect::<PyResult<_>>()?;
+    if runner_ids.len() > step_ids.len() {
+        return Err(mismatch_error(
+            py,
+            format!(
+                "runner_output.req_ids has over {} requests but the step scheduled {}",
+                step_ids.len(),
+                step_ids.len()
+            ),
+        ));
+    }
     if runner_ids.len() != step_ids.len() {
         return Err(mismatch_error(
             py,
@@ -359,6 +559,8 @@ impl PyScheduler {
                 core,
                 py_ids: Vec::new(),
                 handle_by_address: Default::default(),
+                unreported: Vec::new(),
+                undelivered: None,
                 batch: IdBatch::default(),
                 broken: None,
             }),
@@ -373,6 +575,11 @@ impl PyScheduler {
     }
 
     /// Queue a request. Copies the prompt into the scheduler.
+    ///
+    /// ``prompt_token_ids`` and ``stop_token_ids`` are iterables of ints or 1-D numpy
+    /// integer arrays, read exactly as numpy reads them (any layout, byte order or width).
+    /// An iterable is read no further than one token past the longest valid list
+    /// (``max_model_len`` minus the sampled token for a prompt, 2**20 stop token ids).
     ///
     /// Raises ``InvalidRequestError`` (``DuplicateRequestError`` for an id still live)
     /// naming the field and the value, and changes nothing, for a request that could
@@ -415,7 +622,13 @@ impl PyScheduler {
         };
         let new = NewRequest {
             request_id: id.to_cow()?.into_owned(),
-            prompt_token_ids: token_list(py, prompt_token_ids, &"prompt_token_ids", request_error)?,
+            prompt_token_ids: token_list(
+                py,
+                prompt_token_ids,
+                &"prompt_token_ids",
+                request_error,
+                &self.config.get().inner.prompt_limit(),
+            )?,
             max_tokens: int_value(py, max_tokens, &"max_tokens", request_error)?,
             min_tokens: optional_int(min_tokens, "min_tokens", 0)?,
             eos_token_id: match eos_token_id {
@@ -423,7 +636,9 @@ impl PyScheduler {
                 _ => None,
             },
             stop_token_ids: match stop_token_ids {
-                Some(v) if !v.is_none() => token_list(py, v, &"stop_token_ids", request_error)?,
+                Some(v) if !v.is_none() => {
+                    token_list(py, v, &"stop_token_ids", request_error, &ListLimit::stop_token_ids())?
+                }
                 _ => Vec::new(),
             },
             arrival_time: match arrival_time {
@@ -448,7 +663,7 @@ impl PyScheduler {
         let py_id: Py<PyString> = if id.is_exact_instance_of::<PyString>() {
             id.clone().unbind()
         } else {
-            PyString::new(py, &new.request_id).unbind()
+            new_str(py, &new.request_id)?.unbind()
         };
         self.with_inner(py, |inner| {
             let handle = inner.core.add_request(new).map_err(core_err)?;
@@ -468,11 +683,25 @@ impl PyScheduler {
     /// the lowest-priority running request when KV blocks run out), then, if nothing was
     /// preempted, admits waiting requests in order. Every scheduled request keeps
     /// ``C + n + s <= max_model_len``. Returns the step as a ``SchedulerOutput``.
-    fn schedule(&self, py: Python<'_>) -> PyResult<PySchedulerOutput> {
+    ///
+    /// Should building that output fail (Python out of memory), the step stays decided and
+    /// in flight, and the next ``schedule()`` returns it before deciding another.
+    fn schedule(&self, py: Python<'_>) -> PyResult<Py<PySchedulerOutput>> {
         self.with_inner(py, |inner| {
-            let core = &mut inner.core;
-            let step = py.detach(|| core.schedule());
-            self.build_output(py, inner, step)
+            let (mut step, texts) = match inner.undelivered.take() {
+                Some(Undelivered { step, texts }) => (step, Some(texts)),
+                None => {
+                    let core = &mut inner.core;
+                    (py.detach(|| core.schedule()), None)
+                }
+            };
+            inner.build_output(py, self.uid, &mut step, texts.as_ref()).inspect_err(|_| {
+                let texts = texts.unwrap_or_else(|| {
+                    let id = |h: &Handle| inner.core.request(*h).map(|r| (*h, r.id().clone()));
+                    step.req_handles.iter().filter_map(id).collect()
+                });
+                inner.undelivered = Some(Undelivered { step, texts });
+            })
         })
     }
 
@@ -483,8 +712,10 @@ impl PyScheduler {
     /// ``sampled_token_ids`` may be vLLM's shape, a list of token-id lists, one per entry of
     /// ``req_ids``, flattened here without a Python object per token). Outputs must be applied
     /// once each, in the order the steps were scheduled; the output of a step that
-    /// scheduled nothing is a no-op. Copies the runner's arrays before it releases the
-    /// GIL, so a thread writing into them during the call cannot change what is applied.
+    /// scheduled nothing is a no-op. ``sampled_token_ids`` and ``num_sampled`` are 1-D numpy
+    /// int32 arrays, read exactly as numpy reads them (any layout or byte order). Copies the
+    /// runner's arrays before it releases the GIL, so a thread writing into them during the
+    /// call cannot change what is applied.
     /// Returns a sequence of ``RequestOutput``, one per request that produced tokens or
     /// finished.
     fn update_from_output<'py>(
@@ -492,7 +723,7 @@ impl PyScheduler {
         py: Python<'py>,
         scheduler_output: &Bound<'py, PyAny>,
         runner_output: &Bound<'py, PyAny>,
-    ) -> PyResult<PyRequestOutputs> {
+    ) -> PyResult<Py<PyRequestOutputs>> {
         let so = scheduler_output.cast::<PySchedulerOutput>().map_err(|_| {
             mismatch_error(
                 py,
@@ -528,15 +759,21 @@ impl PyScheduler {
         let (sampled, counts) = if counts_obj.is_none() {
             token_rows(py, &sampled_obj)?
         } else {
-            (
-                int32_array(py, &sampled_obj, "sampled_token_ids")?.as_slice()?.to_vec(),
-                int32_array(py, &counts_obj, "num_sampled")?.as_slice()?.to_vec(),
-            )
+            (runner_int32(py, &sampled_obj, "sampled_token_ids")?, runner_int32(py, &counts_obj, "num_sampled")?)
         };
         self.with_inner(py, |inner| {
-            let out = RunnerOutput { sampled_token_ids: &sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
+            // The result first: once the core has applied the output, nothing may fail (the
+            // tokens it delivered would be lost).
+            let result = Py::new(
+                py,
+                PyRequestOutputs { step_ids: so.entry_ids.clone(), rows: OnceLock::new(), tokens: sampled },
+            )?;
+            let sampled = &result.get().tokens;
+            let out = RunnerOutput { sampled_token_ids: sampled, num_sampled: &counts, row_of_entry: rows.as_deref() };
             let core = &mut inner.core;
             let mut outputs = Vec::with_capacity(counts.len());
+            // The requests this output finishes join the end of the core's list.
+            let finished_before = core.finished_since_last_step().len();
             // The events go straight into the output's rows; their tokens stay where the
             // runner's copy holds them.
             py.detach(|| {
@@ -552,7 +789,10 @@ impl PyScheduler {
                 })
             })
             .map_err(core_err)?;
-            Ok(PyRequestOutputs { step_ids: so.entry_ids.clone(), rows: outputs, tokens: sampled })
+            inner.retire_finished_since(finished_before);
+            // Set once, here, on an object nothing else has seen yet.
+            let _ = result.get().rows.set(outputs);
+            Ok(result)
         })
     }
 
@@ -564,6 +804,12 @@ impl PyScheduler {
     /// ``num_draft_tokens[i]`` of its ids, in order, belong to ``req_ids[i]``; the arrays
     /// are copied, under the GIL, before the call returns. Ids that are not live are
     /// ignored; drafts of a request that is not running or still in prefill are dropped.
+    /// Drafts for a running request whose step is still in flight are refused
+    /// (``InvalidRequestError``, nothing changed): hand them in after ``update_from_output``
+    /// has applied that step, whose token they follow. Iterables are read no further than
+    /// what can be valid: as many ids as live requests plus ``max_num_seqs`` (requests that
+    /// finished since their step), one row or count per id, ``num_speculative_tokens``
+    /// drafts per id.
     #[pyo3(signature = (req_ids, draft_token_ids, num_draft_tokens=None))]
     fn update_draft_token_ids(
         &self,
@@ -572,47 +818,27 @@ impl PyScheduler {
         draft_token_ids: &Bound<'_, PyAny>,
         num_draft_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        // A list is read in place (the usual case: the step's own id objects); any other
-        // iterable is collected first.
-        let id_list = req_ids.cast::<PyList>().ok();
-        let mut ids: Vec<Bound<'_, PyAny>> = Vec::new();
-        if id_list.is_none() {
-            for id in req_ids.try_iter().map_err(|_| {
-                request_error(py, format!("req_ids: must be a sequence of str, got {}", type_name(req_ids)))
-            })? {
-                ids.push(id?);
-            }
-        }
-        let num_ids = id_list.map_or(ids.len(), |list| list.len());
-        let (drafts, counts) = match num_draft_tokens {
-            Some(counts) => (
-                // A runner's contiguous int32 array is copied as it is.
-                match contiguous_int32(draft_token_ids) {
-                    Some(drafts) => Drafts::Int32(drafts),
-                    None => Drafts::Int64(token_list(py, draft_token_ids, &"draft_token_ids", request_error)?),
-                },
-                token_list(py, counts, &"num_draft_tokens", request_error)?,
-            ),
-            None => {
-                let rows = draft_token_ids.try_iter().map_err(|_| {
-                    request_error(
-                        py,
-                        format!(
-                            "draft_token_ids: must be a sequence of token lists, got {}",
-                            type_name(draft_token_ids)
-                        ),
-                    )
-                })?;
-                let (mut drafts, mut counts) = (Vec::new(), Vec::with_capacity(num_ids));
-                for (i, row) in rows.enumerate() {
-                    let row = token_list(py, &row?, &Indexed(&"draft_token_ids", i), request_error)?;
-                    counts.push(row.len() as i64);
-                    drafts.extend_from_slice(&row);
-                }
-                (Drafts::Int64(drafts), counts)
-            }
-        };
+        let config = self.config.get().inner.clone();
+        // Read under the lock: how many requests can be named depends on the live ones.
         self.with_inner(py, |inner| {
+            let rows_limit = inner.core.draft_requests_limit();
+            // A list is read in place (the usual case: the step's own id objects); any other
+            // iterable is collected first.
+            let id_list = req_ids.cast::<PyList>().ok();
+            let mut ids: Vec<Bound<'_, PyAny>> = Vec::new();
+            match id_list {
+                Some(list) if !rows_limit.allows(list.len()) => {
+                    return Err(core_err(rows_limit.too_long("req_ids", list.len())));
+                }
+                Some(_) => {}
+                None => {
+                    let not_iterable =
+                        || request_error(py, format!("req_ids: must be a sequence of str, got {}", type_name(req_ids)));
+                    for_each_bounded(req_ids, &rows_limit, &"req_ids", not_iterable, |_, id| push(&mut ids, id))?;
+                }
+            }
+            let num_ids = id_list.map_or(ids.len(), |list| list.len());
+            let (drafts, counts) = read_drafts(py, &config, draft_token_ids, num_draft_tokens, num_ids)?;
             // The ids the step handed out are known by address; any other str by its text.
             let by_address = id_list.and_then(|list| {
                 (0..list.len())
@@ -653,6 +879,10 @@ impl PyScheduler {
 
     /// Finish live requests with a finished ``status``; returns the ids
     /// finished (ids not live are ignored, as in vLLM). None means all.
+    ///
+    /// ``request_ids`` may be any iterable; it is read one id at a time, keeping only the
+    /// live ones, and at most the live requests plus 2**20 ids are read (more is an
+    /// ``InvalidRequestError``, and nothing is finished).
     fn finish_requests<'py>(
         &self,
         py: Python<'py>,
@@ -663,41 +893,54 @@ impl PyScheduler {
         let status = RequestStatus::from_value(value)
             .filter(|s| s.is_finished())
             .ok_or_else(|| request_error(py, format!("status={value}: must be a finished RequestStatus (7 to 12)")))?;
-        let ids: Option<Vec<String>> = if request_ids.is_none() {
-            None
-        } else if let Ok(one) = request_ids.cast::<PyString>() {
-            Some(vec![one.to_cow()?.into_owned()])
-        } else {
-            Some(
-                request_ids
-                    .try_iter()
-                    .map_err(|_| {
-                        request_error(
-                            py,
-                            format!(
-                                "request_ids: must be a str, an iterable of str, or None, got {}",
-                                type_name(request_ids)
-                            ),
-                        )
-                    })?
-                    .enumerate()
-                    .map(|(i, id)| {
-                        let id = id?;
-                        id.cast::<PyString>()
-                            .map_err(|_| {
-                                request_error(py, format!("request_ids[{i}]: must be a str, got {}", type_name(&id)))
-                            })?
-                            .to_cow()
-                            .map(|c| c.into_owned())
-                    })
-                    .collect::<PyResult<_>>()?,
-            )
-        };
-        let finished = self.with_inner(py, |inner| {
-            let refs: Option<Vec<&str>> = ids.as_ref().map(|v| v.iter().map(String::as_str).collect());
-            inner.core.finish_requests(refs.as_deref(), status).map_err(core_err)
-        })?;
-        PyList::new(py, finished.iter().map(|id| id.as_ref()))
+        self.with_inner(py, |inner| {
+            let requests: Vec<RequestRef<'_>> = if request_ids.is_none() {
+                inner.core.live_handles().into_iter().map(RequestRef::Handle).collect()
+            } else if let Ok(one) = request_ids.cast::<PyString>() {
+                inner
+                    .live_handle(py, one.as_any(), || "request_ids".into())?
+                    .map(RequestRef::Handle)
+                    .into_iter()
+                    .collect()
+            } else {
+                let limit = inner.core.finish_ids_limit();
+                let not_iterable = || {
+                    request_error(
+                        py,
+                        format!(
+                            "request_ids: must be a str, an iterable of str, or None, got {}",
+                            type_name(request_ids)
+                        ),
+                    )
+                };
+                // Only the live requests named are kept: memory bounded by the live requests,
+                // however many ids the iterable yields.
+                let mut seen = rustc_hash::FxHashSet::default();
+                let mut live = Vec::new();
+                for_each_bounded(request_ids, &limit, &"request_ids", not_iterable, |i, id| {
+                    match inner.live_handle(py, &id, || format!("request_ids[{i}]"))? {
+                        Some(handle) if seen.insert(handle) => push(&mut live, RequestRef::Handle(handle)),
+                        _ => Ok(()),
+                    }
+                })?;
+                live
+            };
+            // The live requests named are the ones finished, in this order: their ids are
+            // listed before the core finishes them, so that nothing can fail after.
+            let ids = requests
+                .iter()
+                .map(|request| match *request {
+                    RequestRef::Handle(handle) => inner.step_py_id(py, handle, None),
+                    RequestRef::Id(id) => new_str(py, id),
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            let finished_ids = new_list(py, ids)?;
+            let finished_before = inner.core.finished_since_last_step().len();
+            let finished = inner.core.finish_requests_of(Some(&requests), status).map_err(core_err)?;
+            debug_assert_eq!(finished.len(), finished_ids.len());
+            inner.retire_finished_since(finished_before);
+            Ok(finished_ids)
+        })
     }
 
     /// A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
@@ -743,7 +986,8 @@ impl PyScheduler {
     }
 
     /// Set the pause state (0 unpaused, 1 no new admissions, 2 nothing scheduled).
-    fn set_pause_state(&self, py: Python<'_>, pause_state: i64) -> PyResult<()> {
+    fn set_pause_state(&self, py: Python<'_>, pause_state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let pause_state = int_value(py, pause_state, &"pause_state", request_error)?;
         let Some(state) = llmsched_core::PauseState::from_value(pause_state) else {
             return Err(request_error(py, format!("pause_state={pause_state}: must be 0, 1 or 2")));
         };
@@ -813,19 +1057,19 @@ impl PyScheduler {
     /// Running request ids, in running order.
     fn running_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let ids = self.with_inner(py, |inner| Ok(inner.core.running_ids()))?;
-        PyList::new(py, ids.iter().map(|id| id.as_ref()))
+        new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
     }
 
     /// Waiting request ids, in the order the waiting loop would consider them.
     fn waiting_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let ids = self.with_inner(py, |inner| Ok(inner.core.waiting_ids()))?;
-        PyList::new(py, ids.iter().map(|id| id.as_ref()))
+        new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
     }
 
     /// The free-block queue, head first (blocks are reused from the head).
     fn free_block_queue<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let queue = self.with_inner(py, |inner| Ok(inner.core.free_block_queue()))?;
-        PyList::new(py, queue)
+        new_list(py, queue.into_iter().map(|block| new_int(py, block)).collect::<PyResult<_>>()?)
     }
 
     /// Check every invariant of the whole state: the capacity rule, queues and

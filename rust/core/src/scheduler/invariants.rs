@@ -7,7 +7,7 @@ use rustc_hash::FxHashMap;
 
 use crate::error::{CoreError, CoreResult};
 use crate::queue::RequestQueue;
-use crate::request::{QueueKind, RequestStatus};
+use crate::request::{QueueKind, Request, RequestStatus};
 use crate::scheduler::Scheduler;
 use crate::slab::Handle;
 
@@ -32,11 +32,39 @@ fn reference_block_hash(parent: u128, tokens: &[i32], salt: Option<&[u8]>, bytes
     xxhash_rust::xxh3::xxh3_128_with_seed(bytes, crate::kv::prefix::SEED)
 }
 
+/// Where each live request is: running, or one waiting queue (by name).
+type Places = FxHashMap<Handle, &'static str>;
+
 impl Scheduler {
+    /// Checks every invariant of spec Appendix A over the whole state; the error names the
+    /// first one broken.
     pub fn check_invariants(&self) -> CoreResult<()> {
+        let places = self.check_places()?;
+        self.check_finished_pending()?;
+        let in_flight = self.in_flight_tokens();
+        let mut block_refs = vec![0u32; self.kv.pool().num_blocks()];
+        let mut live = 0usize;
+        for (h, r) in self.requests.iter() {
+            if r.status.is_finished() {
+                return Err(broken(format!("finished request {:?} still holds its record", r.id)));
+            }
+            live += 1;
+            self.check_live_request(h, r, &places, &in_flight)?;
+            self.check_block_hashes(r)?;
+            self.check_block_table(r, &mut block_refs)?;
+        }
+        if live != self.ids.len() {
+            return Err(broken(format!("{} ids registered for {live} live requests", self.ids.len())));
+        }
+        self.check_block_pool(&block_refs)?;
+        self.check_steps_in_flight()
+    }
+
+    /// The running list and the waiting queues: within their caps, no request twice, queue
+    /// counts that match their live entries, dead entries swept. Returns each live
+    /// request's place.
+    fn check_places(&self) -> CoreResult<Places> {
         let cfg = &self.config;
-        let (m, s, b) = (cfg.max_model_len(), cfg.num_sampled_tokens_per_step(), cfg.block_size());
-        let lookahead = cfg.num_lookahead_tokens();
         if self.running.len() as i64 > cfg.max_num_seqs() {
             return Err(broken(format!(
                 "{} running requests > max_num_seqs {}",
@@ -44,9 +72,7 @@ impl Scheduler {
                 cfg.max_num_seqs()
             )));
         }
-
-        // Where each live (unfinished) request is: running, or one waiting queue.
-        let mut place: FxHashMap<Handle, &'static str> = FxHashMap::default();
+        let mut place = Places::default();
         for &h in &self.running {
             if place.insert(h, "running").is_some() {
                 return Err(broken(format!("handle {h:?} is twice in running")));
@@ -73,155 +99,199 @@ impl Scheduler {
                 )));
             }
         }
+        Ok(place)
+    }
 
-        // In-flight tokens per request, from the step records.
+    /// A finished request keeps only its handle and id until a step reports it.
+    fn check_finished_pending(&self) -> CoreResult<()> {
+        let mut reported = rustc_hash::FxHashSet::default();
+        for (h, id) in &self.finished_since_last_step {
+            if self.requests.get(*h).is_some() || self.ids.get(&**id) == Some(h) {
+                return Err(broken(format!("finished request {id:?} still holds its slot or its id")));
+            }
+            if !reported.insert(*h) {
+                return Err(broken(format!("request {id:?} finished twice")));
+            }
+        }
+        Ok(())
+    }
+
+    /// In-flight tokens per request, from the step records.
+    fn in_flight_tokens(&self) -> FxHashMap<Handle, i64> {
         let mut in_flight: FxHashMap<Handle, i64> = FxHashMap::default();
         for record in &self.in_flight {
             for e in &record.entries {
                 *in_flight.entry(e.handle).or_default() += e.num_new_tokens();
             }
         }
+        in_flight
+    }
 
-        let mut block_refs = vec![0u32; self.kv.pool().num_blocks()];
-        let mut live = 0usize;
-        for (h, r) in self.requests.iter() {
-            let id = &r.id;
-            let (c, n, p, f) =
-                (r.num_computed_tokens(), r.num_tokens(), r.num_output_placeholders(), r.num_in_flight_tokens());
-            if r.status.is_finished() {
-                if self.ids.get(&**id) == Some(&h) {
-                    return Err(broken(format!("finished request {id:?} is still registered")));
-                }
-                if !r.block_ids.is_empty() || place.contains_key(&h) {
-                    return Err(broken(format!("finished request {id:?} still holds blocks or a place")));
-                }
-                if !self.finished_since_last_step.contains(&h) {
-                    return Err(broken(format!("finished request {id:?} is neither reported nor pending")));
-                }
-                continue;
-            }
-            live += 1;
-            if self.ids.get(&**id) != Some(&h) {
-                return Err(broken(format!("live request {id:?} is not registered under its id")));
-            }
-            let Some(&where_) = place.get(&h) else {
-                return Err(broken(format!("live request {id:?} ({:?}) is neither running nor queued", r.status)));
-            };
-            let expected_place = match r.status {
-                RequestStatus::Running => "running",
-                RequestStatus::Waiting | RequestStatus::Preempted => match r.queued_in {
-                    Some(QueueKind::Waiting) => "waiting",
-                    Some(QueueKind::KvHolding) => "kv_holding_waiting",
-                    None => "nowhere",
-                },
-                other => return Err(broken(format!("request {id:?} has status {other:?}, which llmsched never sets"))),
-            };
-            if where_ != expected_place {
-                return Err(broken(format!("request {id:?} is {:?} but sits in {where_}", r.status)));
-            }
-            if p < 0 || f < 0 || r.num_stale_output_tokens() < 0 || r.num_stale_output_tokens() > f {
-                return Err(broken(format!(
-                    "request {id:?}: counters out of range: P={p}, F={f}, stale={}",
-                    r.num_stale_output_tokens()
-                )));
-            }
-            if in_flight.get(&h).copied().unwrap_or(0) != f {
-                return Err(broken(format!(
-                    "request {id:?}: F={f} but its steps in flight hold {} tokens",
-                    in_flight.get(&h).copied().unwrap_or(0)
-                )));
-            }
-            // The capacity rule in state form, restated from the spec rather than taken
-            // from `capacity` (a checker that called the rule it checks could not see it
-            // broken): every step kept C + n + s <= M and C advanced by n, so C + s <= M.
-            if c < 0 || c + s > m {
-                return Err(broken(format!("request {id:?}: C={c}, s={s}: C + s > M={m}")));
-            }
-            if n > m - s + 1 || n > m {
-                return Err(broken(format!("request {id:?}: N={n} exceeds max_model_len={m}")));
-            }
-            if r.spec_token_ids.len() as i64 > cfg.num_speculative_tokens() {
-                return Err(broken(format!("request {id:?}: {} drafts > K", r.spec_token_ids.len())));
-            }
-            match r.status {
-                RequestStatus::Running => {
-                    // Appendix A.7: the table covers C plus lookahead, capped at M.
-                    let covered = r.block_ids.len() as i64 * b;
-                    if covered < (c + lookahead).min(m) {
-                        return Err(broken(format!(
-                            "request {id:?}: {} blocks cover {covered} tokens < min(C + L, M) = {}",
-                            r.block_ids.len(),
-                            (c + lookahead).min(m)
-                        )));
-                    }
-                    if self.in_flight.is_empty() && s == 1 && !r.is_prefill_chunk && c != n - 1 {
-                        return Err(broken(format!(
-                            "request {id:?}: nothing in flight, decoding, but C={c} != N - 1 = {}",
-                            n - 1
-                        )));
-                    }
-                }
-                _ => {
-                    if !r.block_ids.is_empty() {
-                        return Err(broken(format!("waiting request {id:?} holds {} blocks", r.block_ids.len())));
-                    }
-                    if r.status == RequestStatus::Preempted && (c != 0 || p != 0) {
-                        return Err(broken(format!("preempted request {id:?} has C={c}, P={p}")));
-                    }
-                }
-            }
-            if self.in_flight.is_empty() && (p != 0 || f != 0) {
-                return Err(broken(format!("request {id:?}: nothing in flight but P={p}, F={f}")));
-            }
-            // Appendix A.8: hashes depend only on (parent, block tokens, salt), and a
-            // table's leading `num_cached_blocks` blocks are cached under them.
-            if self.kv.enable_caching() {
-                // One hash per full block, and the newest ones (those appended since the
-                // previous check, when checks run every step) chain correctly. Tokens and
-                // hashes are append-only, so every block is checked once while newest.
-                let full = r.num_tokens() as usize / b as usize;
-                if r.block_hashes.len() != full {
+    /// One live request: registered under its id, in the place its status says, its
+    /// counters in range and agreeing with the steps in flight, the capacity rule, its
+    /// drafts, and what its status implies of its blocks and counters.
+    fn check_live_request(
+        &self,
+        h: Handle,
+        r: &Request,
+        places: &Places,
+        in_flight: &FxHashMap<Handle, i64>,
+    ) -> CoreResult<()> {
+        let cfg = &self.config;
+        let (m, s) = (cfg.max_model_len(), cfg.num_sampled_tokens_per_step());
+        let id = &r.id;
+        let (c, n, p, f) =
+            (r.num_computed_tokens(), r.num_tokens(), r.num_output_placeholders(), r.num_in_flight_tokens());
+        if self.ids.get(&**id) != Some(&h) {
+            return Err(broken(format!("live request {id:?} is not registered under its id")));
+        }
+        let Some(&where_) = places.get(&h) else {
+            return Err(broken(format!("live request {id:?} ({:?}) is neither running nor queued", r.status)));
+        };
+        let expected_place = match r.status {
+            RequestStatus::Running => "running",
+            RequestStatus::Waiting | RequestStatus::Preempted => match r.queued_in {
+                Some(QueueKind::Waiting) => "waiting",
+                Some(QueueKind::KvHolding) => "kv_holding_waiting",
+                None => "nowhere",
+            },
+            other => return Err(broken(format!("request {id:?} has status {other:?}, which llmsched never sets"))),
+        };
+        if where_ != expected_place {
+            return Err(broken(format!("request {id:?} is {:?} but sits in {where_}", r.status)));
+        }
+        if p < 0 || f < 0 || r.num_stale_output_tokens() < 0 || r.num_stale_output_tokens() > f {
+            return Err(broken(format!(
+                "request {id:?}: counters out of range: P={p}, F={f}, stale={}",
+                r.num_stale_output_tokens()
+            )));
+        }
+        if in_flight.get(&h).copied().unwrap_or(0) != f {
+            return Err(broken(format!(
+                "request {id:?}: F={f} but its steps in flight hold {} tokens",
+                in_flight.get(&h).copied().unwrap_or(0)
+            )));
+        }
+        // The capacity rule in state form, restated from the spec rather than taken
+        // from `capacity` (a checker that called the rule it checks could not see it
+        // broken): every step kept C + n + s <= M and C advanced by n, so C + s <= M.
+        if c < 0 || c + s > m {
+            return Err(broken(format!("request {id:?}: C={c}, s={s}: C + s > M={m}")));
+        }
+        if n > m - s + 1 || n > m {
+            return Err(broken(format!("request {id:?}: N={n} exceeds max_model_len={m}")));
+        }
+        if r.spec_token_ids.len() as i64 > cfg.num_speculative_tokens() {
+            return Err(broken(format!("request {id:?}: {} drafts > K", r.spec_token_ids.len())));
+        }
+        self.check_status_state(r)?;
+        if self.in_flight.is_empty() && (p != 0 || f != 0) {
+            return Err(broken(format!("request {id:?}: nothing in flight but P={p}, F={f}")));
+        }
+        Ok(())
+    }
+
+    /// What a request's status says of its blocks and counters: a running one's table
+    /// covers `C` plus lookahead and, decoding with nothing in flight, `C = N - 1`; a
+    /// waiting one holds no block, a preempted one has `C = P = 0`.
+    fn check_status_state(&self, r: &Request) -> CoreResult<()> {
+        let cfg = &self.config;
+        let (m, s, b) = (cfg.max_model_len(), cfg.num_sampled_tokens_per_step(), cfg.block_size());
+        let id = &r.id;
+        let (c, n, p) = (r.num_computed_tokens(), r.num_tokens(), r.num_output_placeholders());
+        match r.status {
+            RequestStatus::Running => {
+                // Appendix A.7: the table covers C plus lookahead, capped at M.
+                let covered = r.block_ids.len() as i64 * b;
+                let needed = (c + cfg.num_lookahead_tokens()).min(m);
+                if covered < needed {
                     return Err(broken(format!(
-                        "request {id:?}: {} block hashes for {full} full blocks",
-                        r.block_hashes.len()
+                        "request {id:?}: {} blocks cover {covered} tokens < min(C + L, M) = {needed}",
+                        r.block_ids.len(),
                     )));
                 }
-                let mut scratch = Vec::new();
-                for i in full.saturating_sub(4)..full {
-                    let parent = if i == 0 { crate::kv::prefix::NONE_HASH } else { r.block_hashes[i - 1] };
-                    let salt = if i == 0 { r.cache_salt.as_deref() } else { None };
-                    let block: Vec<i32> = r.all_token_ids().skip(i * b as usize).take(b as usize).collect();
-                    if reference_block_hash(parent, &block, salt, &mut scratch) != r.block_hashes[i] {
-                        return Err(broken(format!("request {id:?}: block {i}'s hash does not match its tokens")));
-                    }
-                }
-            }
-            if r.num_cached_blocks > r.block_ids.len() {
-                return Err(broken(format!(
-                    "request {id:?}: {} cached blocks of {}",
-                    r.num_cached_blocks,
-                    r.block_ids.len()
-                )));
-            }
-            for (i, &block) in r.block_ids.iter().enumerate() {
-                let held = self.kv.pool().block_hash(block);
-                let want = if i < r.num_cached_blocks { r.block_hashes.get(i).copied() } else { None };
-                if held != want {
+                if self.in_flight.is_empty() && s == 1 && !r.is_prefill_chunk && c != n - 1 {
                     return Err(broken(format!(
-                        "request {id:?}: block {block} (table index {i}) holds hash {held:?}, expected {want:?}"
+                        "request {id:?}: nothing in flight, decoding, but C={c} != N - 1 = {}",
+                        n - 1
                     )));
                 }
             }
-            for &block in &r.block_ids {
-                if block == crate::kv::NULL_BLOCK {
-                    return Err(broken(format!("request {id:?} holds the null block")));
+            _ => {
+                if !r.block_ids.is_empty() {
+                    return Err(broken(format!("waiting request {id:?} holds {} blocks", r.block_ids.len())));
                 }
-                block_refs[block as usize] += 1;
+                if r.status == RequestStatus::Preempted && (c != 0 || p != 0) {
+                    return Err(broken(format!("preempted request {id:?} has C={c}, P={p}")));
+                }
             }
         }
-        if live != self.ids.len() {
-            return Err(broken(format!("{} ids registered for {live} live requests", self.ids.len())));
+        Ok(())
+    }
+
+    /// Appendix A.8: hashes depend only on (parent, block tokens, salt): one hash per full
+    /// block, and the newest ones (those appended since the previous check, when checks run
+    /// every step) chain correctly. Tokens and hashes are append-only, so every block is
+    /// checked once while newest.
+    fn check_block_hashes(&self, r: &Request) -> CoreResult<()> {
+        if !self.kv.enable_caching() {
+            return Ok(());
         }
+        let id = &r.id;
+        let b = self.config.block_size() as usize;
+        let full = r.num_tokens() as usize / b;
+        if r.block_hashes.len() != full {
+            return Err(broken(format!(
+                "request {id:?}: {} block hashes for {full} full blocks",
+                r.block_hashes.len()
+            )));
+        }
+        let mut scratch = Vec::new();
+        for i in full.saturating_sub(4)..full {
+            let parent = if i == 0 { crate::kv::prefix::NONE_HASH } else { r.block_hashes[i - 1] };
+            let salt = if i == 0 { r.cache_salt.as_deref() } else { None };
+            let block: Vec<i32> = r.all_token_ids().skip(i * b).take(b).collect();
+            if reference_block_hash(parent, &block, salt, &mut scratch) != r.block_hashes[i] {
+                return Err(broken(format!("request {id:?}: block {i}'s hash does not match its tokens")));
+            }
+        }
+        Ok(())
+    }
+
+    /// A table's leading `num_cached_blocks` blocks are cached under the request's hashes
+    /// (the others under none), and no table holds the null block; counts each block's
+    /// holders into `block_refs`.
+    fn check_block_table(&self, r: &Request, block_refs: &mut [u32]) -> CoreResult<()> {
+        let id = &r.id;
+        if r.num_cached_blocks > r.block_ids.len() {
+            return Err(broken(format!(
+                "request {id:?}: {} cached blocks of {}",
+                r.num_cached_blocks,
+                r.block_ids.len()
+            )));
+        }
+        for (i, &block) in r.block_ids.iter().enumerate() {
+            let held = self.kv.pool().block_hash(block);
+            let want = if i < r.num_cached_blocks { r.block_hashes.get(i).copied() } else { None };
+            if held != want {
+                return Err(broken(format!(
+                    "request {id:?}: block {block} (table index {i}) holds hash {held:?}, expected {want:?}"
+                )));
+            }
+        }
+        for &block in &r.block_ids {
+            if block == crate::kv::NULL_BLOCK {
+                return Err(broken(format!("request {id:?} holds the null block")));
+            }
+            block_refs[block as usize] += 1;
+        }
+        Ok(())
+    }
+
+    /// The pool against the tables: each block's reference count is the number of tables
+    /// holding it, and the free queue, walked from outside the pool, is exactly the blocks
+    /// no table holds, each once, never the null block; then the pool's own structure.
+    fn check_block_pool(&self, block_refs: &[u32]) -> CoreResult<()> {
         let pool = self.kv.pool();
         for (block, &expected) in block_refs.iter().enumerate().skip(1) {
             let block = block as u32;
@@ -232,8 +302,6 @@ impl Scheduler {
                 )));
             }
         }
-        // The free queue, walked from outside the pool: exactly the blocks no table holds,
-        // each once, never the null block.
         let queue = pool.free_queue();
         let mut queued = vec![false; block_refs.len()];
         for &block in &queue {
@@ -255,7 +323,11 @@ impl Scheduler {
             return Err(broken(format!("{} free blocks counted, {} queued", self.kv.num_free_blocks(), queue.len())));
         }
         // The pool's own structure (links, flags, the hash chains).
-        self.kv.check().map_err(broken)?;
+        self.kv.check().map_err(broken)
+    }
+
+    /// No step is in flight twice.
+    fn check_steps_in_flight(&self) -> CoreResult<()> {
         let mut ids = rustc_hash::FxHashSet::default();
         for record in &self.in_flight {
             if !ids.insert(record.step_id) {
@@ -276,16 +348,8 @@ impl Scheduler {
             let _ =
                 writeln!(out, "{label}: {:?}", queue.live_handles(&self.requests).iter().map(name).collect::<Vec<_>>());
         }
-        let _ = writeln!(
-            out,
-            "finished_since_last_step: {:?}",
-            self.finished_since_last_step.iter().map(name).collect::<Vec<_>>()
-        );
-        let _ = writeln!(
-            out,
-            "preempted_since_last_step: {:?}",
-            self.preempted_since_last_step.iter().map(name).collect::<Vec<_>>()
-        );
+        let _ = writeln!(out, "finished_since_last_step: {:?}", self.finished_since_last_step);
+        let _ = writeln!(out, "preempted_since_last_step: {:?}", self.preempted_since_last_step);
         for record in &self.in_flight {
             let _ = writeln!(out, "in_flight step {}: {:?}", record.step_id, record.entries);
         }

@@ -4,6 +4,7 @@
 //! waiting loop, then turns the decisions into a `Step`. `update_from_output`
 //! applies a runner's sampled tokens to the requests of a step in flight.
 
+mod drafts;
 mod invariants;
 mod running;
 pub mod step;
@@ -18,6 +19,7 @@ use rustc_hash::FxHashMap;
 use crate::config::SchedulerConfig;
 use crate::error::{CoreError, CoreResult};
 use crate::kv::{BlockPool, KvManager};
+use crate::limits::ListLimit;
 use crate::queue::RequestQueue;
 pub use crate::request::NewRequest;
 use crate::request::{stored, QueueKind, Request, RequestStatus};
@@ -52,8 +54,12 @@ pub struct Scheduler {
     kv_holding_waiting: RequestQueue,
     running: Vec<Handle>,
     kv: KvManager,
-    finished_since_last_step: Vec<Handle>,
-    preempted_since_last_step: Vec<Handle>,
+    /// Requests finished since the last step, by the handle they had and their id: their
+    /// records are freed when they finish, and only this much is kept for the next step to
+    /// report (a request's prompt and block hashes can be megabytes).
+    finished_since_last_step: Vec<(Handle, Arc<str>)>,
+    /// Requests preempted since the last step (one may finish before the step reports it).
+    preempted_since_last_step: Vec<(Handle, Arc<str>)>,
     in_flight: VecDeque<StepRecord>,
     next_step_id: u64,
     stats: SchedulerStats,
@@ -317,14 +323,8 @@ impl Scheduler {
         if !rows.is_empty() {
             self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: rows, has_prefill_chunk });
         }
-        step.preempted = std::mem::take(&mut self.preempted_since_last_step)
-            .into_iter()
-            .map(|h| (h, self.requests[h].id.clone()))
-            .collect();
-        step.finished = std::mem::take(&mut self.finished_since_last_step)
-            .into_iter()
-            .map(|h| (h, self.requests.remove(h).expect("a finished request keeps its slot until reported").id))
-            .collect();
+        step.preempted = std::mem::take(&mut self.preempted_since_last_step);
+        step.finished = std::mem::take(&mut self.finished_since_last_step);
         step
     }
 
@@ -343,26 +343,32 @@ impl Scheduler {
         request.set_num_output_placeholders(0);
         request.num_preemptions += 1;
         request.queued_in = Some(QueueKind::Waiting);
+        let id = request.id.clone();
         self.waiting.prepend(&self.requests, handle);
-        self.preempted_since_last_step.push(handle);
+        self.preempted_since_last_step.push((handle, id));
         self.stats.num_preemptions += 1;
     }
 
-    /// Frees a request whose status is already a finished one. The caller
-    /// takes it out of `running` if it was there.
+    /// Frees a request whose status is already a finished one: its KV blocks, its place in
+    /// a waiting queue and its record (prompt, output, block hashes). Only its handle and id
+    /// are kept, for the next step to report; a step in flight that scheduled it finds its
+    /// handle stale and skips it. The caller takes it out of `running` if it was there.
     fn release_finished(&mut self, handle: Handle) {
-        debug_assert!(self.requests[handle].status.is_finished());
-        if let Some(kind) = self.requests[handle].queued_in.take() {
+        let Some(mut request) = self.requests.remove(handle) else {
+            debug_assert!(false, "a finished request is released once");
+            return;
+        };
+        debug_assert!(request.status.is_finished());
+        // Its queue entry is dead now that the slot is empty: the queue forgets it lazily.
+        if let Some(kind) = request.queued_in.take() {
             match kind {
                 QueueKind::Waiting => self.waiting.forget_one(&self.requests),
                 QueueKind::KvHolding => self.kv_holding_waiting.forget_one(&self.requests),
             }
         }
-        let request = &mut self.requests[handle];
-        self.kv.free(request);
-        request.spec_token_ids = Vec::new();
+        self.kv.free(&mut request);
         self.ids.remove(&*request.id);
-        self.finished_since_last_step.push(handle);
+        self.finished_since_last_step.push((handle, request.id));
     }
 
     /// Finishes live requests from outside (aborts); ids not live are ignored,
@@ -372,19 +378,28 @@ impl Scheduler {
         request_ids: Option<&[&str]>,
         status: RequestStatus,
     ) -> CoreResult<Vec<Arc<str>>> {
+        let requests: Option<Vec<RequestRef<'_>>> =
+            request_ids.map(|ids| ids.iter().map(|&id| RequestRef::Id(id)).collect());
+        let finished = self.finish_requests_of(requests.as_deref(), status)?;
+        Ok(finished.into_iter().map(|(_, id)| id).collect())
+    }
+
+    /// `finish_requests` with each request given by handle or by id; returns the handle and
+    /// the id of each request finished, in the order given (handle order for `None`).
+    pub fn finish_requests_of(
+        &mut self,
+        requests: Option<&[RequestRef<'_>]>,
+        status: RequestStatus,
+    ) -> CoreResult<Vec<(Handle, Arc<str>)>> {
         if !status.is_finished() {
             return Err(CoreError::request("status", format!("{status:?}"), "must be a finished status"));
         }
-        let handles: Vec<Handle> = match request_ids {
-            Some(ids) => {
+        let handles: Vec<Handle> = match requests {
+            Some(requests) => {
                 let mut seen = rustc_hash::FxHashSet::default();
-                ids.iter().filter_map(|id| self.ids.get(*id).copied()).filter(|h| seen.insert(*h)).collect()
+                requests.iter().filter_map(|r| self.live_handle(r)).filter(|h| seen.insert(*h)).collect()
             }
-            None => {
-                let mut all: Vec<Handle> = self.ids.values().copied().collect();
-                all.sort_unstable();
-                all
-            }
+            None => self.live_handles(),
         };
         let mut was_running = false;
         let mut finished = Vec::with_capacity(handles.len());
@@ -392,117 +407,57 @@ impl Scheduler {
             let request = &mut self.requests[h];
             was_running |= request.status == RequestStatus::Running;
             request.status = status;
-            finished.push(request.id.clone());
+            finished.push((h, request.id.clone()));
             self.release_finished(h);
         }
         if was_running {
-            let requests = &self.requests;
-            self.running.retain(|&h| requests[h].status == RequestStatus::Running);
+            self.retain_running();
         }
         Ok(finished)
     }
 
-    /// Sync drafts for the next step (spec §4.7), flat: `num_draft_tokens[i]` ids of
-    /// `draft_token_ids`, in order, are the drafts of `request_ids[i]`. Ids not live
-    /// are ignored; drafts of a request still in prefill are dropped, and so are drafts
-    /// of a request that is not running (preempted or waiting: vLLM keeps them, and a
-    /// resumed request would then schedule drafts made before its preemption). Nothing
-    /// changes unless every row is valid.
-    pub fn update_draft_token_ids(
-        &mut self,
-        request_ids: &[&str],
-        draft_token_ids: &[i64],
-        num_draft_tokens: &[i64],
-    ) -> CoreResult<()> {
-        let requests: Vec<RequestRef<'_>> = request_ids.iter().map(|&id| RequestRef::Id(id)).collect();
-        self.update_draft_token_ids_of(&requests, draft_token_ids, num_draft_tokens)
+    /// Drops from `running` the requests that left it (finished, their slots freed).
+    fn retain_running(&mut self) {
+        let requests = &self.requests;
+        self.running.retain(|&h| requests.get(h).is_some_and(|r| r.status == RequestStatus::Running));
     }
 
-    /// `update_draft_token_ids` with each request given by handle or by id: a caller that
-    /// keeps the handles (the binding, by id object) skips hashing the ids. The drafts are
-    /// `i64` (from Python ints) or `i32` (a runner's int32 array, taken as it is).
-    pub fn update_draft_token_ids_of<T: Copy + Into<i64>>(
-        &mut self,
-        request_ids: &[RequestRef<'_>],
-        draft_token_ids: &[T],
-        num_draft_tokens: &[i64],
-    ) -> CoreResult<()> {
-        let k_spec = self.config.num_speculative_tokens();
-        if request_ids.len() != num_draft_tokens.len() {
-            return Err(CoreError::request(
-                "draft_token_ids",
-                format!("<{} rows>", num_draft_tokens.len()),
-                format!(
-                    "must have one row of drafts (one num_draft_tokens count) per request id ({} ids)",
-                    request_ids.len()
-                ),
-            ));
+    /// The handle of the live request `request` names, if there is one (a finished request's
+    /// handle is stale: its slot is freed).
+    pub fn live_handle(&self, request: &RequestRef<'_>) -> Option<Handle> {
+        match *request {
+            RequestRef::Id(id) => self.ids.get(id).copied(),
+            RequestRef::Handle(h) => self.requests.get(h).map(|_| h),
         }
-        // One lookup per id; duplicates found by slot (and, for ids not live, by name).
-        let mut handles = Vec::with_capacity(request_ids.len());
-        let mut seen = vec![false; self.requests.num_slots()];
-        let mut seen_unknown = rustc_hash::FxHashSet::default();
-        let mut total: i64 = 0;
-        for (i, (request, &count)) in request_ids.iter().zip(num_draft_tokens).enumerate() {
-            let handle = match *request {
-                RequestRef::Id(id) => self.ids.get(id).copied(),
-                RequestRef::Handle(h) => self.requests.get(h).filter(|r| !r.status.is_finished()).map(|_| h),
-            };
-            let first = match handle {
-                Some(h) => !std::mem::replace(&mut seen[h.index as usize], true),
-                None => seen_unknown.insert(self.request_name(request)),
-            };
-            if !first {
-                return Err(CoreError::request(
-                    format!("req_ids[{i}]"),
-                    format!("{:?}", self.request_name(request)),
-                    "appears twice",
-                ));
-            }
-            handles.push(handle);
-            if !(0..=k_spec).contains(&count) {
-                return Err(CoreError::request(
-                    format!("draft_token_ids[{i}]"),
-                    format!("<{count} drafts>"),
-                    format!("at most num_speculative_tokens={k_spec} drafts per request"),
-                ));
-            }
-            total += count;
-        }
-        if total != draft_token_ids.len() as i64 {
-            return Err(CoreError::request(
-                "num_draft_tokens",
-                format!("<sum {total}>"),
-                format!("must add up to the {} draft ids given", draft_token_ids.len()),
-            ));
-        }
-        // -1 is a drafter's padding: kept, and rejected by the sampler like vLLM does.
-        // t is in [-1, 2^31) exactly when t + 1, as an unsigned number, is at most 2^31:
-        // one pass without an early exit, which the compiler vectorizes; the position only
-        // on error.
-        let out_of_range = |t: T| (t.into() as u64).wrapping_add(1) > 1 << 31;
-        if draft_token_ids.iter().fold(false, |any, &t| any | out_of_range(t)) {
-            let at = draft_token_ids.iter().position(|&t| out_of_range(t)).expect("a draft out of range");
-            let (i, j) = row_and_column(num_draft_tokens, at);
-            return Err(CoreError::request(
-                format!("draft_token_ids[{i}][{j}]"),
-                draft_token_ids[at].into(),
-                format!("a draft must be a token id in [0, {}] or the -1 placeholder", i32::MAX),
-            ));
-        }
-        let mut start = 0;
-        for (handle, &count) in handles.into_iter().zip(num_draft_tokens) {
-            let drafts = &draft_token_ids[start..start + count as usize];
-            start += count as usize;
-            let Some(h) = handle else { continue };
-            let request = &mut self.requests[h];
-            request.spec_token_ids.clear();
-            if !request.is_prefill_chunk && request.status == RequestStatus::Running {
-                // In range (checked above).
-                request.spec_token_ids.extend(drafts.iter().map(|&t| t.into() as i32));
-            }
-        }
-        Ok(())
+    }
+
+    /// The live requests' handles, in handle order (what `finish_requests(None)` finishes).
+    pub fn live_handles(&self) -> Vec<Handle> {
+        let mut all: Vec<Handle> = self.ids.values().copied().collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// The requests finished since the last step, in the order they finished, by the handle
+    /// they had and their id: what the next step reports.
+    pub fn finished_since_last_step(&self) -> &[(Handle, Arc<str>)] {
+        &self.finished_since_last_step
+    }
+
+    /// Live (unfinished) requests.
+    pub fn num_live_requests(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The most request ids `finish_requests` reads (see `limits::MAX_IGNORED_FINISH_IDS`).
+    pub fn finish_ids_limit(&self) -> ListLimit {
+        ListLimit::finish_ids(self.num_live_requests())
+    }
+
+    /// The most requests one `update_draft_token_ids` call names: the live ones, and a
+    /// step's worth that finished since the step the drafts were made in.
+    pub fn draft_requests_limit(&self) -> ListLimit {
+        ListLimit::draft_requests(self.num_live_requests(), self.config.max_num_seqs())
     }
 
     /// The id of a request named by `request` (a handle whose slot is gone names itself).
@@ -520,6 +475,7 @@ impl Scheduler {
             .ok_or_else(|| CoreError::UnknownRequest { request_id: request_id.to_string() })
     }
 
+    /// The live request `handle` names; None once it finished (its record is freed then).
     pub fn request(&self, handle: Handle) -> Option<&Request> {
         self.requests.get(handle)
     }
@@ -629,16 +585,4 @@ impl Scheduler {
         let waiting = self.waiting.live_handles(&self.requests);
         kv.into_iter().chain(waiting).map(|h| self.requests[h].id.clone()).collect()
     }
-}
-
-/// The (row, column) of flat index `at` in rows of `counts` items each (counts
-/// checked non-negative and adding up past `at`).
-fn row_and_column(counts: &[i64], mut at: usize) -> (usize, usize) {
-    for (row, &count) in counts.iter().enumerate() {
-        if at < count as usize {
-            return (row, at);
-        }
-        at -= count as usize;
-    }
-    unreachable!("the counts add up to the number of drafts")
 }

@@ -184,8 +184,8 @@ pub struct Step {
     pub rescheduled_reqs: Vec<Handle>,
     /// Requests preempted since the previous step, this one included.
     pub preempted: Vec<(Handle, Arc<str>)>,
-    /// Requests finished since the previous step. Their slots are released
-    /// once this step is built: the handles are for id lookups only.
+    /// Requests finished since the previous step. Their slots were released when they
+    /// finished: the handles are for id lookups only (a newer request may hold the slot).
     pub finished: Vec<(Handle, Arc<str>)>,
 }
 

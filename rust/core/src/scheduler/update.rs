@@ -241,8 +241,7 @@ impl Scheduler {
             }
         }
         if stopped_running {
-            let requests = &self.requests;
-            self.running.retain(|&h| requests[h].status == RequestStatus::Running);
+            self.retain_running();
         }
         Ok(())
     }
@@ -291,8 +290,8 @@ impl Scheduler {
 
     /// Applies an entry's returned tokens to its request (spec §4): the in-flight count,
     /// verified drafts, the tokens up to a stop, placeholders, block hashes and caching.
-    /// None if the request finished meanwhile or its output is stale and dropped: nothing
-    /// to hand over. `PLAIN`: the caller checked that the entry has one token and no
+    /// None if its output is stale and dropped: nothing to hand over (a request that
+    /// finished meanwhile has no slot: the caller skips it). `PLAIN`: the caller checked that the entry has one token and no
     /// drafts and the request is running with its output current (not stale), so those
     /// branches fold away.
     #[inline(always)]
@@ -311,7 +310,7 @@ impl Scheduler {
         if stale {
             request.set_num_stale_output_tokens(request.num_stale_output_tokens() - entry.num_new_tokens());
         }
-        if !PLAIN && (request.status.is_finished() || (stale && request.drop_stale_output)) {
+        if !PLAIN && stale && request.drop_stale_output {
             return None;
         }
 

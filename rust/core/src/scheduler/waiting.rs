@@ -3,158 +3,256 @@
 //! vLLM breaks (spec §3.4).
 
 use crate::capacity;
+use crate::config::SchedulerConfig;
 use crate::kv::SlotRequest;
-use crate::request::{QueueKind, RequestStatus};
+use crate::request::{QueueKind, Request, RequestStatus};
 use crate::scheduler::step::{Budgets, Entry, EntryKind, StepBuilder};
 use crate::scheduler::{PauseState, Scheduler};
 use crate::slab::Handle;
 
+/// The config values the waiting loop reads for every request it considers.
+struct AdmissionRules {
+    m: i64,
+    s: i64,
+    k_spec: i64,
+    lookahead: i64,
+    chunked_prefill: bool,
+    reserve_full_isl: bool,
+    max_active: usize,
+    /// #54028: a threshold below 1 + K would clip a padded step after padding.
+    threshold_clips_padding: bool,
+}
+
+impl AdmissionRules {
+    fn new(config: &SchedulerConfig, budgets: &Budgets) -> Self {
+        let k_spec = config.num_speculative_tokens();
+        Self {
+            m: config.max_model_len(),
+            s: config.num_sampled_tokens_per_step(),
+            k_spec,
+            lookahead: config.num_lookahead_tokens(),
+            chunked_prefill: config.enable_chunked_prefill(),
+            reserve_full_isl: config.scheduler_reserve_full_isl(),
+            max_active: config.max_num_active_seqs() as usize,
+            threshold_clips_padding: budgets.cap_long_prefill(1 + k_spec) < 1 + k_spec,
+        }
+    }
+}
+
+/// The waiting loop's decision for the request at the front of its queue.
+enum Admission {
+    /// Admit it with `n` tokens, padded to `1 + K` (draft placeholders) when `pad`.
+    Tokens { n: i64, pad: bool },
+    /// Set it aside for this step; consider the next one.
+    Skip,
+    /// Admit nothing more in this step.
+    Stop,
+}
+
+/// What a prefix-cache lookup found for a request: the hit blocks and their tokens, and
+/// the request's `C` once admitted. A request that arrived with computed tokens keeps
+/// them and does not look up.
+struct PrefixHit {
+    looked_up: bool,
+    blocks: Vec<u32>,
+    tokens: i64,
+    num_computed: i64,
+}
+
+/// The request at the front of a waiting queue, and what the prefix cache holds of it.
+struct Candidate {
+    kind: QueueKind,
+    handle: Handle,
+    hit: PrefixHit,
+}
+
+/// Requests set aside in this step, by the queue they return to.
+#[derive(Default)]
+struct SetAside {
+    waiting: Vec<Handle>,
+    kv_holding: Vec<Handle>,
+}
+
 impl Scheduler {
     pub(super) fn schedule_waiting(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
-        let m = self.config.max_model_len();
-        let s = self.config.num_sampled_tokens_per_step();
-        let k_spec = self.config.num_speculative_tokens();
-        let lookahead = self.config.num_lookahead_tokens();
-        let chunked_prefill = self.config.enable_chunked_prefill();
-        let reserve_full_isl = self.config.scheduler_reserve_full_isl();
-        let max_active = self.config.max_num_active_seqs() as usize;
-        // #54028: a threshold below 1 + K would clip a padded step after padding.
-        let threshold_clips_padding = budgets.cap_long_prefill(1 + k_spec) < 1 + k_spec;
-
-        let mut skipped_waiting: Vec<Handle> = Vec::new();
-        let mut skipped_kv_holding: Vec<Handle> = Vec::new();
-
+        let rules = AdmissionRules::new(&self.config, budgets);
+        let mut set_aside = SetAside::default();
         while budgets.has_room() {
-            let kind = if !self.kv_holding_waiting.is_empty() {
-                QueueKind::KvHolding
-            } else if self.pause_state == PauseState::Unpaused {
-                QueueKind::Waiting
-            } else {
+            let Some((kind, handle)) = self.next_waiting(rules.max_active) else {
                 break;
             };
-            let (queue, slab) = self.queue_with_slab(kind);
-            let Some(handle) = queue.peek(slab) else {
-                break;
-            };
-            if self.running.len() >= max_active {
-                break;
-            }
             let request = &self.requests[handle];
-
             // Output from before a preemption is still in flight: resuming now
             // would interleave it with the recomputed stream.
             if request.num_stale_output_tokens() > 0 && !request.drop_stale_output {
-                self.skip_waiting(kind, &mut skipped_waiting, &mut skipped_kv_holding);
+                self.set_aside(kind, &mut set_aside);
                 continue;
             }
-
-            // New and preempted requests look up the prefix cache; a request that
-            // arrived with computed tokens keeps them.
-            let looked_up = request.num_computed_tokens() == 0;
-            let (hit_blocks, hit_tokens) =
-                if looked_up { self.kv.get_computed_blocks(request) } else { (Vec::new(), 0) };
-            let num_computed = if looked_up { hit_tokens } else { request.num_computed_tokens() };
-            let request_budget = budgets.request_budget();
-            // n = N - C_new, capped by the same room as the running loop (a no-op
-            // for a live request, whose N <= M - s).
-            let mut n = (request.num_tokens() - num_computed).min(capacity::room(num_computed, m, s));
-
-            let mut pad = false;
-            if k_spec > 0
-                && s > 0
-                && n == 1
-                && !b.prefill_scheduled
-                && (b.num_running_entries > 0 || num_computed > 0)
-                && !threshold_clips_padding
-                && capacity::can_pad(num_computed, k_spec, m, s)
-            {
-                // "Prefer not to schedule than to schedule unpadded": the budget
-                // will allow the padded shape in a later step.
-                if 1 + k_spec > request_budget {
-                    break;
+            let hit = self.look_up_prefix(request);
+            match Self::tokens_to_admit(b, budgets, &rules, request, hit.num_computed) {
+                Admission::Tokens { n, pad } => {
+                    if !self.admit(b, budgets, &rules, Candidate { kind, handle, hit }, n, pad) {
+                        break;
+                    }
                 }
-                n = 1 + k_spec;
-                pad = true;
+                Admission::Skip => self.set_aside(kind, &mut set_aside),
+                Admission::Stop => break,
             }
-            n = budgets.cap_long_prefill(n);
-            if !chunked_prefill && n > request_budget {
-                break;
-            }
-            n = n.min(request_budget);
-            if n <= 0 {
-                self.skip_waiting(kind, &mut skipped_waiting, &mut skipped_kv_holding);
-                continue;
-            }
-
-            let ask = SlotRequest {
-                num_new_tokens: n,
-                num_new_computed_tokens: hit_tokens,
-                new_computed_blocks: &hit_blocks,
-                num_lookahead_tokens: lookahead,
-                full_sequence_must_fit: reserve_full_isl,
-                has_scheduled_reqs: !self.running.is_empty(),
-            };
-            if self.kv.allocate_slots(&mut self.requests[handle], ask).is_none() {
-                break;
-            }
-            if looked_up {
-                self.kv.record_prefix_cache_stats(&self.requests[handle], hit_tokens);
-            }
-
-            let (queue, slab) = self.queue_with_slab(kind);
-            let popped = queue.pop(slab);
-            debug_assert_eq!(popped, Some(handle));
-            self.running.push(handle);
-            let request = &mut self.requests[handle];
-            request.queued_in = None;
-            let entry_kind =
-                if request.status == RequestStatus::Preempted { EntryKind::Resumed } else { EntryKind::New };
-            request.status = RequestStatus::Running;
-            request.set_num_computed_tokens(num_computed);
-            let num_spec = if pad { k_spec } else { 0 };
-            if pad {
-                b.step.spec_token_ids.extend(std::iter::repeat_n(-1, k_spec as usize));
-            }
-            Self::commit::<false>(
-                &self.config,
-                budgets,
-                b,
-                request,
-                Entry {
-                    handle,
-                    num_new_tokens: n,
-                    num_computed_before: num_computed,
-                    num_spec,
-                    kind: entry_kind,
-                    cached_blocks_before: 0,
-                },
-            );
         }
-
-        // Skipped requests go back to the front, in their original order.
-        self.kv_holding_waiting.prepend_all(&self.requests, &skipped_kv_holding);
-        self.waiting.prepend_all(&self.requests, &skipped_waiting);
-        for &h in skipped_kv_holding.iter().chain(&skipped_waiting) {
-            let request = &mut self.requests[h];
-            request.queued_in =
-                Some(if request.num_computed_tokens() > 0 { QueueKind::KvHolding } else { QueueKind::Waiting });
-        }
+        self.put_back(set_aside);
     }
 
-    fn skip_waiting(
+    /// The request the waiting loop considers next and its queue: those holding KV first,
+    /// the others only when admissions are not paused. None once the active-request cap
+    /// is reached.
+    fn next_waiting(&mut self, max_active: usize) -> Option<(QueueKind, Handle)> {
+        let kind = if !self.kv_holding_waiting.is_empty() {
+            QueueKind::KvHolding
+        } else if self.pause_state == PauseState::Unpaused {
+            QueueKind::Waiting
+        } else {
+            return None;
+        };
+        let (queue, slab) = self.queue_with_slab(kind);
+        let handle = queue.peek(slab)?;
+        if self.running.len() >= max_active {
+            return None;
+        }
+        Some((kind, handle))
+    }
+
+    /// New and preempted requests look up the prefix cache; a request that arrived with
+    /// computed tokens keeps them.
+    fn look_up_prefix(&self, request: &Request) -> PrefixHit {
+        let looked_up = request.num_computed_tokens() == 0;
+        let (blocks, tokens) = if looked_up { self.kv.get_computed_blocks(request) } else { (Vec::new(), 0) };
+        let num_computed = if looked_up { tokens } else { request.num_computed_tokens() };
+        PrefixHit { looked_up, blocks, tokens, num_computed }
+    }
+
+    /// How many tokens a request with `num_computed` tokens computed is admitted with:
+    /// the rest of its known tokens, within the capacity rule, padded to the uniform
+    /// decode shape when it has one left (spec §3.3), capped by the long-prefill threshold
+    /// and the request budget.
+    fn tokens_to_admit(
+        b: &StepBuilder,
+        budgets: &Budgets,
+        rules: &AdmissionRules,
+        request: &Request,
+        num_computed: i64,
+    ) -> Admission {
+        let AdmissionRules { m, s, k_spec, .. } = *rules;
+        let request_budget = budgets.request_budget();
+        // n = N - C_new, capped by the same room as the running loop (a no-op
+        // for a live request, whose N <= M - s).
+        let mut n = (request.num_tokens() - num_computed).min(capacity::room(num_computed, m, s));
+        let mut pad = false;
+        if k_spec > 0
+            && s > 0
+            && n == 1
+            && !b.prefill_scheduled
+            && (b.num_running_entries > 0 || num_computed > 0)
+            && !rules.threshold_clips_padding
+            && capacity::can_pad(num_computed, k_spec, m, s)
+        {
+            // "Prefer not to schedule than to schedule unpadded": the budget
+            // will allow the padded shape in a later step.
+            if 1 + k_spec > request_budget {
+                return Admission::Stop;
+            }
+            n = 1 + k_spec;
+            pad = true;
+        }
+        n = budgets.cap_long_prefill(n);
+        if !rules.chunked_prefill && n > request_budget {
+            return Admission::Stop;
+        }
+        n = n.min(request_budget);
+        if n <= 0 {
+            return Admission::Skip;
+        }
+        Admission::Tokens { n, pad }
+    }
+
+    /// Allocates the request's KV and commits its admission to the step: out of its queue,
+    /// running, with its prefix hit and `n` tokens (and `K` draft placeholders when
+    /// padded). False, changing nothing, if the blocks cannot be allocated.
+    fn admit(
         &mut self,
-        kind: QueueKind,
-        skipped_waiting: &mut Vec<Handle>,
-        skipped_kv_holding: &mut Vec<Handle>,
-    ) {
+        b: &mut StepBuilder,
+        budgets: &mut Budgets,
+        rules: &AdmissionRules,
+        candidate: Candidate,
+        n: i64,
+        pad: bool,
+    ) -> bool {
+        let Candidate { kind, handle, hit } = candidate;
+        let ask = SlotRequest {
+            num_new_tokens: n,
+            num_new_computed_tokens: hit.tokens,
+            new_computed_blocks: &hit.blocks,
+            num_lookahead_tokens: rules.lookahead,
+            full_sequence_must_fit: rules.reserve_full_isl,
+            has_scheduled_reqs: !self.running.is_empty(),
+        };
+        if self.kv.allocate_slots(&mut self.requests[handle], ask).is_none() {
+            return false;
+        }
+        if hit.looked_up {
+            self.kv.record_prefix_cache_stats(&self.requests[handle], hit.tokens);
+        }
+
+        let (queue, slab) = self.queue_with_slab(kind);
+        let popped = queue.pop(slab);
+        debug_assert_eq!(popped, Some(handle));
+        self.running.push(handle);
+        let request = &mut self.requests[handle];
+        request.queued_in = None;
+        let entry_kind = if request.status == RequestStatus::Preempted { EntryKind::Resumed } else { EntryKind::New };
+        request.status = RequestStatus::Running;
+        request.set_num_computed_tokens(hit.num_computed);
+        let num_spec = if pad { rules.k_spec } else { 0 };
+        if pad {
+            b.step.spec_token_ids.extend(std::iter::repeat_n(-1, rules.k_spec as usize));
+        }
+        Self::commit::<false>(
+            &self.config,
+            budgets,
+            b,
+            request,
+            Entry {
+                handle,
+                num_new_tokens: n,
+                num_computed_before: hit.num_computed,
+                num_spec,
+                kind: entry_kind,
+                cached_blocks_before: 0,
+            },
+        );
+        true
+    }
+
+    /// Takes the front request of `kind`'s queue out for this step.
+    fn set_aside(&mut self, kind: QueueKind, set_aside: &mut SetAside) {
         let (queue, slab) = self.queue_with_slab(kind);
         let handle = queue.pop(slab).expect("peeked");
         // Still "waiting" for counts while it is set aside in this step.
         self.requests[handle].queued_in = None;
         if self.requests[handle].num_computed_tokens() > 0 {
-            skipped_kv_holding.push(handle);
+            set_aside.kv_holding.push(handle);
         } else {
-            skipped_waiting.push(handle);
+            set_aside.waiting.push(handle);
+        }
+    }
+
+    /// Requests set aside go back to the front of their queues, in their original order.
+    fn put_back(&mut self, set_aside: SetAside) {
+        self.kv_holding_waiting.prepend_all(&self.requests, &set_aside.kv_holding);
+        self.waiting.prepend_all(&self.requests, &set_aside.waiting);
+        for &h in set_aside.kv_holding.iter().chain(&set_aside.waiting) {
+            let request = &mut self.requests[h];
+            request.queued_in =
+                Some(if request.num_computed_tokens() > 0 { QueueKind::KvHolding } else { QueueKind::Waiting });
         }
     }
 }
