@@ -36,7 +36,7 @@ COVERAGE_COLUMNS = (
 DEVIATIONS_MD = """\
 ## Deliberate deviations and how the harness treats them
 
-llmsched deliberately differs from vLLM 0.33.0 in the eight ways below; each difference
+llmsched deliberately differs from vLLM 0.33.0 in the nine ways below; each difference
 fixes a crash, a livelock or wrong KV in vLLM, and none changes a decision vLLM gets right.
 The comparison is never loosened for them: every step of every case is compared in full and
 no step summary is normalized. Instead
@@ -115,6 +115,13 @@ documented (or, for 2, that they cannot differ).
    *Harness:* out of reach: the runner gives drafts only to the requests of the step just
    applied, which are running or finished (the llmsched side raises if one is waiting).
    *Test:* `test_deviation_drafts_for_requests_not_running`.
+9. **Drafts for a request whose step is still in flight are refused** (synchronous
+   scheduling): `update_draft_token_ids` raises `InvalidRequestError` naming the request
+   and the step, and changes nothing. *Why:* vLLM takes them, and a `schedule()` before
+   that step's output gives the drafts the positions where the in-flight token belongs;
+   once both outputs are applied the request holds `C = N - 2` and its next step
+   recomputes. *Harness:* out of reach: the runner hands drafts in after the step that
+   made them is applied. *Test:* `test_deviation_drafts_for_a_request_in_flight`.
 """
 
 PLUGIN_MD = """\

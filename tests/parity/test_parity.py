@@ -501,6 +501,45 @@ def test_deviation_drafts_for_requests_not_running() -> None:
     assert scheduled["llmsched"][1] == ([("a", 1)], {})
 
 
+def test_deviation_drafts_for_a_request_in_flight() -> None:
+    """Synchronous scheduling, K = 1: drafts handed in for a request whose decode step is
+    still in flight, then a second ``schedule()``. vLLM takes them and schedules a draft
+    slot where the in-flight step's token belongs; once both outputs are applied it holds
+    ``C = N - 2`` and its next step recomputes two tokens. llmsched refuses the drafts,
+    naming the request, schedules nothing in the second step and keeps ``C = N - 1``."""
+    import llmsched
+
+    config = ParityConfig(
+        "deviation-drafts-in-flight", False, 1, False, "fcfs", num_gpu_blocks=64, max_model_len=64
+    )
+    request = ParityRequest("a", tuple(range(10, 15)), 20, arrival_step=0, arrival_time=0.0)
+    vllm_side, llmsched_side = VllmSide(config), LlmschedSide(config)
+    decodes = {}
+    for side in (vllm_side, llmsched_side):
+        side.add(request)
+        out, prefill = side.schedule()
+        side.update(out, prefill, {"a": [77]})
+        decodes[side.name] = side.schedule()
+    assert decodes["vllm"][1]["scheduled"] == decodes["llmsched"][1]["scheduled"] == [("a", 1)]
+    vllm_side.update_draft_token_ids(["a"], [[500]])
+    with pytest.raises(llmsched.InvalidRequestError, match="step 2 is still in flight"):
+        llmsched_side.update_draft_token_ids(["a"], [[500]])
+    second = {side.name: side.schedule() for side in (vllm_side, llmsched_side)}
+    assert second["vllm"][1]["scheduled"] == [("a", 1)]
+    assert second["vllm"][1]["spec_tokens"] == {"a": [500]}
+    assert second["llmsched"][1]["scheduled"] == []
+    vllm_side.update(*decodes["vllm"], {"a": [78]})
+    vllm_side.update(*second["vllm"], {"a": [79]})
+    llmsched_side.update(*decodes["llmsched"], {"a": [78]})
+    vllm_request = vllm_side.scheduler.requests["a"]
+    assert (vllm_request.num_computed_tokens, vllm_request.num_tokens) == (6, 8)
+    ours = llmsched_side.scheduler.get_request("a")
+    assert (ours.num_computed_tokens, ours.num_tokens) == (6, 7)
+    llmsched_side.scheduler.check_invariants()
+    assert vllm_side.schedule()[1]["scheduled"] == [("a", 2)]
+    assert llmsched_side.schedule()[1]["scheduled"] == [("a", 1)]
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_random_small_case(seed: int) -> None:
     """Odd small configs and workloads (``fuzz.make_case``); more seeds: ``python -m
