@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33.0 is installed in its own venv: make parity-test")
 
 import vllm
+from tests.parity.references import BLOCK, reference
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.engine import FinishReason
@@ -22,21 +23,6 @@ from vllm.v1.request import RequestStatus
 import llmsched
 import llmsched.vllm as plugin
 from llmsched.bench import vllm_reference as ref
-
-BLOCK = 4
-
-
-def reference(**overrides: Any) -> Any:
-    kwargs: dict[str, Any] = {
-        "max_model_len": 256,
-        "max_num_seqs": 8,
-        "max_num_batched_tokens": 64,
-        "block_size": BLOCK,
-        "num_gpu_blocks": 200,
-        "enable_prefix_caching": True,
-    }
-    kwargs.update(overrides)
-    return ref.make_vllm_scheduler(**kwargs)
 
 
 def build(scheduler: Any, cls: type | None = None, **kwargs: Any) -> Any:

@@ -13,13 +13,12 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33.0 is installed in its own venv: make parity-test")
 
 import vllm.config
+from tests.parity.references import BLOCK, reference
 
 import llmsched.vllm as plugin
 from llmsched.bench import vllm_reference as ref
 from llmsched.vllm._config import SHARED_FIELDS, read
 from llmsched.vllm._fields import CHECKED, FIELDS, PROPERTIES_READ, READ
-
-BLOCK = 4
 
 # Where each classified class lives in this vLLM.
 _CLASSES = {
@@ -92,19 +91,6 @@ def _configs() -> list[Any]:
     with_events = reference(num_speculative_tokens=2)
     _set(with_events.vllm_config, "kv_events_config", vllm.config.KVEventsConfig())
     return [with_events, reference(async_scheduling=True, enable_prefix_caching=False)]
-
-
-def reference(**overrides: Any) -> Any:
-    kwargs: dict[str, Any] = {
-        "max_model_len": 256,
-        "max_num_seqs": 8,
-        "max_num_batched_tokens": 64,
-        "block_size": BLOCK,
-        "num_gpu_blocks": 200,
-        "enable_prefix_caching": True,
-    }
-    kwargs.update(overrides)
-    return ref.make_vllm_scheduler(**kwargs)
 
 
 def _set(obj: Any, name: str, value: Any) -> None:
@@ -186,9 +172,9 @@ def test_the_config_mapping_is_the_same_both_ways() -> None:
     }
     assert {name for name, _, _ in SHARED_FIELDS} == set(chosen) | set(no_chunks)
     for values in (chosen, {**chosen, **no_chunks}):
-        reference = ref.make_vllm_scheduler(block_size=BLOCK, num_gpu_blocks=200, **values)
-        ours = ref.scheduler_from(reference)
+        theirs = ref.make_vllm_scheduler(block_size=BLOCK, num_gpu_blocks=200, **values)
+        ours = ref.scheduler_from(theirs)
         for name, path, _ in SHARED_FIELDS:
             if name in values:
-                assert read(reference.vllm_config, path) == values[name], path
+                assert read(theirs.vllm_config, path) == values[name], path
                 assert getattr(ours.core.config, name) == values[name], name
