@@ -209,12 +209,8 @@ CYCLES = textwrap.dedent(
 CHECK_WORKLOAD = textwrap.dedent(
     """
     import resource
-    try:
-        from llmsched.sim import check_workload
-        from llmsched.sim.workload import RequestSpec, Workload
-    except ImportError:
-        from llmsched.simulate import check_workload
-        from llmsched.workload import RequestSpec, Workload
+    from llmsched.sim.simulate import check_workload
+    from llmsched.sim.workload import RequestSpec, Workload
     from llmsched import SchedulerConfig
 
     def peak_resident_bytes():
