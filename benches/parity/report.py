@@ -146,8 +146,9 @@ same way. Beyond them, the plug-in:
   LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors, KV events,
   KV cache residency and MFU metrics, pipeline, decode- and prefill-context parallelism,
   data parallelism of MoE models (a dense model's data-parallel ranks are independent
-  engines with a scheduler each, served), more than one KV-cache group or a layout other than full attention, a hash
-  block size other than the block size, prefill cadence, speculative methods other than
+  engines with a scheduler each, served), more than one KV-cache group or a layout other
+  than full attention, a hash block size other than the block size, prefill cadence,
+  speculative methods other than
   `ngram`, dynamic speculative decoding (every field of the vLLM config classes it reads
   is classified in `llmsched/vllm/_fields.py`: read, refused, or why it need not be);
   per request (the request finishes with `FinishReason.ERROR` and the
