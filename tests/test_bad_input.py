@@ -327,6 +327,9 @@ BAD_KWARGS: list[tuple[str, dict[str, Any], str]] = [
     ("salt-bytes", {"cache_salt": b"a"}, "cache_salt"),
     ("salt-int", {"cache_salt": 5}, "cache_salt"),
     ("salt-list", {"cache_salt": ["a"]}, "cache_salt"),
+    ("lora-with-lora-off", {"lora_id": 1}, "lora_id=1: LoRA is off"),
+    ("lora-bool", {"lora_id": True}, "lora_id"),
+    ("lora-str", {"lora_id": "1"}, "lora_id"),
 ]
 for label, kwargs, pattern in BAD_KWARGS:
     case(f"add_request-{label}", add("x", [1, 2, 3], **kwargs), InvalidRequestError, pattern)

@@ -122,3 +122,18 @@ def test_finish_requests_validates_its_status_and_ignores_unknown_ids() -> None:
     assert sched.has_finished_requests()
     assert sorted(sched.schedule().finished_req_ids) == ["0", "1", "2"]
     assert not sched.has_requests() and not sched.has_finished_requests()
+
+
+def test_lora_adapters_reach_the_step_and_the_request() -> None:
+    """``lora_id`` is the request's adapter: the step lists its adapters once each, within
+    ``max_loras``; a request under a further adapter waits, the ones behind it go on."""
+    sched = Scheduler(SchedulerConfig(max_loras=1, async_scheduling=False))
+    for req_id, lora in [("a", 7), ("b", 3), ("c", 7), ("d", None)]:
+        sched.add_request(req_id, [1, 2, 3], max_tokens=2, lora_id=lora)
+    out = sched.schedule()
+    assert out.req_ids == ["a", "c", "d"]
+    assert out.lora_ids.tolist() == [7] and out.lora_ids.dtype == np.int32
+    assert sched.get_request("b").lora_id == 3 and sched.get_request("d").lora_id is None
+    for bad in (0, -1, 2**31):
+        with pytest.raises(InvalidRequestError, match=f"lora_id={bad}"):
+            sched.add_request("x", [1], max_tokens=1, lora_id=bad)

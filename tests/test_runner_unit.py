@@ -46,6 +46,7 @@ class StepOutput:
     block_ids: np.ndarray
     num_all_token_ids: np.ndarray
     all_token_ids: np.ndarray
+    lora_ids: np.ndarray
     total_num_scheduled_tokens: int
     new_req_ids: list[str]
     resumed_req_ids: list[str]
@@ -83,6 +84,7 @@ def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> StepOutput
         block_ids=i32([b for r in reqs for b in r.get("blocks", ())]),
         num_all_token_ids=i32([len(r.get("tokens", ())) for r in reqs]),
         all_token_ids=i32([t for r in reqs for t in r.get("tokens", ())]),
+        lora_ids=i32([]),
         total_num_scheduled_tokens=sum(r["n"] for r in reqs),
         new_req_ids=[r["id"] for r in admitted if not r.get("resumed")],
         resumed_req_ids=[r["id"] for r in admitted if r.get("resumed")],

@@ -8,7 +8,7 @@ import argparse
 import inspect
 import os
 import platform
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
@@ -95,12 +95,16 @@ def field_summary(name: str) -> str:
 
 
 def add_config_flags(
-    parser: argparse.ArgumentParser, defaults: Mapping[str, Any], why_other_defaults: str
+    parser: argparse.ArgumentParser,
+    defaults: Mapping[str, Any],
+    why_other_defaults: str,
+    omit: Collection[str] = (),
 ) -> None:
     """A flag per ``SchedulerConfig`` field (``--max-num-seqs N``, ``--[no-]async-scheduling``),
     helped by the field's documentation. ``defaults`` overrides the config's own defaults,
     and ``why_other_defaults`` says why; a derived field (None: derived) stays derived
-    unless given."""
+    unless given. The fields in ``omit`` (those the command cannot exercise) get no flag
+    and keep the config's default."""
     library = SchedulerConfig().to_dict()
     signature = inspect.signature(SchedulerConfig)
     group = parser.add_argument_group(
@@ -110,6 +114,8 @@ def add_config_flags(
         + ". Derived fields follow the budgets unless given.",
     )
     for name, resolved in library.items():
+        if name in omit:
+            continue
         flag = "--" + name.replace("_", "-")
         help = field_summary(name)
         default = signature.parameters[name].default
@@ -134,7 +140,7 @@ def add_config_flags(
 
 def config_from_flags(args: argparse.Namespace) -> SchedulerConfig:
     """The validated ``SchedulerConfig`` of the flags :func:`add_config_flags` added."""
-    values = {name: getattr(args, name) for name in SchedulerConfig().to_dict()}
+    values = {name: getattr(args, name, None) for name in SchedulerConfig().to_dict()}
     return SchedulerConfig(**{name: v for name, v in values.items() if v is not None})
 
 

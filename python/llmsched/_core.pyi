@@ -104,6 +104,7 @@ class SchedulerConfig:
         scheduler_reserve_full_isl: bool = True,
         enable_prefix_caching: bool = True,
         policy: str = "fcfs",
+        max_loras: int = 0,
     ) -> SchedulerConfig: ...
     @property
     def max_model_len(self) -> int:
@@ -164,6 +165,10 @@ class SchedulerConfig:
     @property
     def policy(self) -> str:
         """``"fcfs"``, or ``"priority"`` (lower value first, then arrival)."""
+    @property
+    def max_loras(self) -> int:
+        """The most LoRA adapters the running requests may use together; a waiting
+        request under another adapter waits (0: LoRA off, requests name none)."""
     def replace(self, **changes: Any) -> SchedulerConfig:
         """A new validated config with ``changes`` applied."""
     def to_dict(self) -> dict[str, Any]:
@@ -216,6 +221,10 @@ class SchedulerOutput:
     @property
     def all_token_ids(self) -> _Int32Array:
         """The tokens counted by ``num_all_token_ids``, flat."""
+    @property
+    def lora_ids(self) -> _Int32Array:
+        """The LoRA adapters of the scheduled requests, ascending, each once (at most
+        ``max_loras``; empty without LoRA). Not per request."""
     @property
     def total_num_scheduled_tokens(self) -> int:
         """The sum of ``num_scheduled_tokens``."""
@@ -367,6 +376,9 @@ class Request:
     @property
     def num_cached_blocks(self) -> int:
         """Leading blocks of ``block_ids`` registered in the prefix cache."""
+    @property
+    def lora_id(self) -> int | None:
+        """The LoRA adapter the request runs under, or None."""
 
 @final
 class Scheduler:
@@ -390,6 +402,7 @@ class Scheduler:
         num_computed_tokens: int = 0,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_id: int | None = None,
     ) -> None:
         """Queue a request. Copies the prompt into the scheduler.
 
@@ -401,7 +414,9 @@ class Scheduler:
         Raises ``InvalidRequestError`` (``DuplicateRequestError`` for an id still live)
         naming the field and the value, and changes nothing, for a request that could
         never finish: an empty prompt, one longer than ``max_model_len`` minus the sampled
-        token, a token id outside int32, or one whose KV could outgrow the pool."""
+        token, a token id outside int32, or one whose KV could outgrow the pool. ``lora_id``
+        names the LoRA adapter the request runs under (a positive int; the config's
+        ``max_loras`` must be at least 1)."""
     def schedule(self) -> SchedulerOutput:
         """Decide the next step: which requests run and how many tokens each.
 

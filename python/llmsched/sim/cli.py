@@ -37,7 +37,7 @@ from llmsched.sim.report import SimulationReport
 from llmsched.sim.simulate import ACCEPTANCE_RATE, TIME_SCALE, simulate
 from llmsched.sim.workload import PRESETS, Workload, load_workload
 
-__all__ = ["SIMULATE_DEFAULTS", "main", "parser"]
+__all__ = ["SIMULATE_DEFAULTS", "WITHOUT_FLAGS", "main", "parser"]
 
 
 # The simulator's defaults where they differ from SchedulerConfig's: vLLM's class defaults
@@ -50,6 +50,10 @@ SIMULATE_DEFAULTS: dict[str, Any] = {
     "max_num_batched_tokens": 8192,
     "num_gpu_blocks": 16384,
 }
+
+#: ``SchedulerConfig`` fields ``simulate`` has no flag for: its workloads cannot exercise
+#: them (no request names a LoRA adapter).
+WITHOUT_FLAGS = ("max_loras",)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -113,6 +117,7 @@ def parser() -> argparse.ArgumentParser:
         sim,
         SIMULATE_DEFAULTS,
         "vLLM's are sized for small GPUs, the simulated GPU is an 8B model on one 80 GB GPU",
+        omit=WITHOUT_FLAGS,
     )
     return sim
 

@@ -89,6 +89,9 @@ macro_rules! config_fields {
             enable_prefix_caching: Bool = true;
             /// ``"fcfs"``, or ``"priority"`` (lower value first, then arrival).
             policy: Policy = Policy::Fcfs;
+            /// The most LoRA adapters the running requests may use together; a waiting
+            /// request under another adapter waits (0: LoRA off, requests name none).
+            max_loras: Int = 0;
         }
     };
 }
@@ -262,6 +265,7 @@ fn check_field_ranges(p: &ConfigParams) -> CoreResult<()> {
         ("num_lookahead_tokens", p.num_lookahead_tokens),
         ("max_num_new_slots_for_drafting", p.max_num_new_slots_for_drafting),
         ("num_sampled_tokens_per_step", p.num_sampled_tokens_per_step),
+        ("max_loras", p.max_loras),
     ] {
         if value < 0 {
             return Err(CoreError::config(field, value, "must not be negative"));

@@ -84,6 +84,8 @@ pub struct NewRequest {
     pub num_computed_tokens: i64,
     pub priority: i64,
     pub cache_salt: Option<String>,
+    /// The LoRA adapter the request runs under (vLLM's `lora_int_id`), if any.
+    pub lora_id: Option<i64>,
 }
 
 impl NewRequest {
@@ -99,6 +101,7 @@ impl NewRequest {
             num_computed_tokens: 0,
             priority: 0,
             cache_salt: None,
+            lora_id: None,
         }
     }
 }
@@ -130,6 +133,19 @@ fn token_ids(field: &str, values: &[i64]) -> CoreResult<Vec<i32>> {
         }
     }
     Ok(values.iter().map(|&t| t as i32).collect())
+}
+
+/// A request's LoRA adapter checked: a positive id that fits the int32 columns, and only
+/// when the config runs adapters (`max_loras > 0`).
+fn lora_id(value: Option<i64>, cfg: &SchedulerConfig) -> CoreResult<Option<u32>> {
+    let Some(id) = value else { return Ok(None) };
+    if cfg.max_loras() == 0 {
+        return Err(CoreError::request("lora_id", id, "LoRA is off in this scheduler (max_loras=0)"));
+    }
+    if !(1..=i32::MAX as i64).contains(&id) {
+        return Err(CoreError::request("lora_id", id, format!("must be in [1, {}]", i32::MAX)));
+    }
+    Ok(Some(id as u32))
 }
 
 /// A token id no token equals: every id is in `[0, 2^31)`.
@@ -202,6 +218,9 @@ pub struct Request {
     pub(crate) stop_reason: Option<i32>,
     /// Enters the first block's hash: requests share cached blocks only with the same salt.
     pub(crate) cache_salt: Option<Box<[u8]>>,
+    /// The LoRA adapter; enters every block's hash: requests under different adapters
+    /// never share cached blocks.
+    pub(crate) lora_id: Option<u32>,
 }
 
 /// The slot lines the running loop reads: the counters and status, the block table and
@@ -325,6 +344,7 @@ impl Request {
                 ),
             ));
         }
+        let lora_id = lora_id(new.lora_id, cfg)?;
         let priority = i32::try_from(new.priority)
             .map_err(|_| CoreError::request("priority", new.priority, "must fit in a 32-bit signed integer"))?;
         let arrival_time = match new.arrival_time {
@@ -362,6 +382,7 @@ impl Request {
             arrival_time,
             stop_reason: None,
             cache_salt: new.cache_salt.map(|salt| salt.into_bytes().into_boxed_slice()),
+            lora_id,
         })
     }
 
@@ -491,7 +512,7 @@ impl Request {
             &self.prompt_token_ids,
             self.output.make_contiguous(self.num_output_tokens as usize, expected),
             block_size,
-            self.cache_salt.as_deref(),
+            prefix::ExtraKeys { cache_salt: self.cache_salt.as_deref(), lora_id: self.lora_id },
             scratch,
         );
     }
@@ -522,6 +543,10 @@ impl Request {
     }
     pub fn stop_reason(&self) -> Option<i32> {
         self.stop_reason
+    }
+    /// The LoRA adapter the request runs under, if any.
+    pub fn lora_id(&self) -> Option<u32> {
+        self.lora_id
     }
 
     /// vLLM's `check_stop` on the last output token, `last`, just appended; the order of

@@ -4,10 +4,11 @@
 //! sizes 1..16, `K` 0..4 with its lookahead and draft slots, tight or loose
 //! budgets, `max_num_seqs` 1..64, few or many KV blocks, chunked prefill on or
 //! off, long-prefill threshold, sync or async, FCFS or priority, prefix caching,
-//! watermark, `scheduler_reserve_full_isl`, pooling `s = 0` now and then) plus a
-//! random sequence of operations (add a request — prompts of 1 token, of
-//! `M - s` tokens, one token too long, sharing prefixes, arriving with computed
-//! tokens, with EOS and stop tokens, priorities, cache salts —, add a duplicate
+//! watermark, `scheduler_reserve_full_isl`, pooling `s = 0` now and then, LoRA
+//! off or `max_loras` 1..=2) plus a random sequence of operations (add a request —
+//! prompts of 1 token, of `M - s` tokens, one token too long, sharing prefixes,
+//! arriving with computed tokens, with EOS and stop tokens, priorities, cache
+//! salts, LoRA adapters 1..=3 —, add a duplicate
 //! id, abort, abort all, schedule, apply the oldest step in flight, sync drafts,
 //! reset the prefix cache), played against the core by a small deterministic
 //! runner; then a drain to completion with no new arrivals.
@@ -27,6 +28,7 @@
 //!   `C` after the step is `C + n`; one entry per request;
 //! * `sum(n) = total <= max_num_scheduled_tokens`,
 //!   `sum(n + draft_slots) <= max_num_batched_tokens`, `len <= max_num_seqs`;
+//! * the step's LoRA set is its rows' adapters, at most `max_loras` of them;
 //! * drafts: an admission has drafts only when padded (`n = 1 + K`, all -1);
 //!   async drafts are -1 placeholders; sync drafts are a prefix of the ones
 //!   given; a prefix hit is whole blocks and at most `N - 1` tokens;
@@ -151,6 +153,7 @@ struct RawConfig {
     watermark_sel: u8,
     reserve_full_isl: bool,
     depth: usize,
+    max_loras: i64,
 }
 
 fn raw_config() -> impl Strategy<Value = RawConfig> {
@@ -182,7 +185,9 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
         prop::bool::weighted(0.85),
         1usize..=3,
     );
-    (a, b).prop_map(|(a, b)| RawConfig {
+    // Mostly LoRA off; else one or two adapters at a time.
+    let c = prop_oneof![3 => Just(0i64), 1 => 1i64..=2];
+    (a, b, c).prop_map(|(a, b, max_loras)| RawConfig {
         block_size_log2: a.0,
         model_blocks: a.1,
         model_extra: a.2,
@@ -207,6 +212,7 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
         watermark_sel: b.9,
         reserve_full_isl: b.10,
         depth: b.11,
+        max_loras,
     })
 }
 
@@ -279,6 +285,7 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         scheduler_reserve_full_isl: r.reserve_full_isl,
         enable_prefix_caching: r.caching,
         policy: if r.priority { Policy::Priority } else { Policy::Fcfs },
+        max_loras: r.max_loras,
     };
     fit_budget_rules(&mut p);
     p
@@ -325,6 +332,8 @@ struct AddOp {
     /// 0: same arrival time as the previous request (a tie), else later.
     arrival_delta: u8,
     salt: Option<u8>,
+    /// The LoRA adapter, 1..=3 (refused when the config has LoRA off).
+    lora: Option<u8>,
     token_seed: u64,
 }
 
@@ -370,6 +379,7 @@ fn add_op() -> impl Strategy<Value = AddOp> {
             0u8..3,
             prop::option::weighted(0.2, 0u8..2),
             any::<u64>(),
+            prop::option::weighted(0.4, 1u8..=3),
         ),
     )
         .prop_map(|(a, b)| AddOp {
@@ -387,6 +397,7 @@ fn add_op() -> impl Strategy<Value = AddOp> {
             arrival_delta: b.5,
             salt: b.6,
             token_seed: b.7,
+            lora: b.8,
         })
 }
 
@@ -444,6 +455,7 @@ struct Tracked {
     max_tokens: i64,
     eos: Option<i32>,
     stops: Vec<i32>,
+    lora: Option<i32>,
     /// Output tokens delivered through events.
     delivered: i64,
     /// Prompt and delivered tokens: the request's tokens, kept after it is gone.
@@ -507,6 +519,8 @@ struct Coverage {
     reordered_rows: u64,
     at_model_len_edge: u64,
     drain_iterations: u64,
+    /// Requests the waiting loop passed over for the full LoRA set.
+    lora_set_aside: u64,
     max_drain_ratio: f64,
 }
 
@@ -628,6 +642,7 @@ impl Harness {
             num_computed_tokens,
             priority: op.priority as i64,
             cache_salt: op.salt.map(|s| format!("salt{s}")),
+            lora_id: op.lora.map(i64::from),
         }
     }
 
@@ -643,6 +658,7 @@ impl Harness {
             && r.max_tokens >= 1
             && (0..len).contains(&r.num_computed_tokens)
             && blocks <= usable_blocks
+            && (r.lora_id.is_none() || self.cfg.max_loras() > 0)
     }
 
     fn add(&mut self, op: &AddOp) -> Result<(), TestCaseError> {
@@ -656,6 +672,7 @@ impl Harness {
         let arrived_computed = request.num_computed_tokens;
         let eos = request.eos_token_id.map(|t| t as i32);
         let stops: Vec<i32> = request.stop_token_ids.iter().map(|&t| t as i32).collect();
+        let lora = request.lora_id.map(|id| id as i32);
         match self.sched.add_request(request) {
             Ok(handle) => {
                 self.cov.accepted += 1;
@@ -669,6 +686,7 @@ impl Harness {
                     max_tokens,
                     eos,
                     stops,
+                    lora,
                     delivered: 0,
                     tokens: prompt,
                     arrived_computed,
@@ -792,9 +810,11 @@ impl Harness {
     /// The waiting loop admits in waiting order and stops at the first request it cannot
     /// admit (a failed allocation ends admission): the admissions are a prefix of the
     /// waiting order, except that the loop passes over a preempted request whose output
-    /// from before the preemption is still in flight (spec §3.3). With one step in flight
-    /// at a time (vLLM's sync loop) there is none, and the admissions are a prefix.
-    fn check_admission_order(&self, waiting_before: &[Arc<str>], step: &Step) -> Result<(), TestCaseError> {
+    /// from before the preemption is still in flight (spec §3.3), and a request under an
+    /// adapter the full LoRA set lacks (vLLM's `max_loras` rule: the set, once full, is the
+    /// running requests' adapters after the step). With one step in flight at a time
+    /// (vLLM's sync loop) and LoRA off there is none, and the admissions are a prefix.
+    fn check_admission_order(&mut self, waiting_before: &[Arc<str>], step: &Step) -> Result<(), TestCaseError> {
         let admitted: Vec<&str> = step
             .req_handles
             .iter()
@@ -809,8 +829,23 @@ impl Harness {
         let passed = &waiting_before[..=end];
         let in_waiting_order: Vec<&str> = passed.iter().map(|id| &**id).filter(|id| admitted.contains(id)).collect();
         prop_assert_eq!(&in_waiting_order, &admitted, "admissions out of waiting order");
+        let mut running_loras: Vec<u32> = self
+            .sched
+            .running_ids()
+            .iter()
+            .filter_map(|id| self.sched.get_request(id).ok().and_then(|r| r.lora_id()))
+            .collect();
+        running_loras.sort_unstable();
+        running_loras.dedup();
+        let lora_set_full = running_loras.len() as i64 == self.cfg.max_loras();
         for id in passed.iter().filter(|id| !admitted.contains(&&***id)) {
             let r = self.sched.get_request(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            if let Some(lora) = r.lora_id().filter(|_| lora_set_full) {
+                if !running_loras.contains(&lora) {
+                    self.cov.lora_set_aside += 1;
+                    continue;
+                }
+            }
             prop_assert!(
                 r.status() == RequestStatus::Preempted && r.num_stale_output_tokens() > 0 && !r.drop_stale_output(),
                 "{} passed over by the waiting loop as {:?} with {} tokens from before a preemption in flight",
@@ -897,6 +932,13 @@ impl Harness {
             token_offset += num;
         }
         prop_assert_eq!(token_offset, step.all_token_ids.len());
+        // The step's adapters: those of its rows, each once, ascending, within max_loras.
+        let mut loras: Vec<i32> =
+            step.req_handles.iter().filter_map(|h| self.by_handle.get(h).and_then(|&i| self.tracked[i].lora)).collect();
+        loras.sort_unstable();
+        loras.dedup();
+        prop_assert_eq!(&step.lora_ids, &loras, "the step's LoRA set is not its rows' adapters");
+        prop_assert!(loras.len() as i64 <= cfg.max_loras(), "{} adapters > max_loras", loras.len());
         Ok(())
     }
 
@@ -1529,7 +1571,8 @@ fn coverage() {
                 resets_refused,
                 reordered_rows,
                 at_model_len_edge,
-                drain_iterations
+                drain_iterations,
+                lora_set_aside
             );
             total.max_in_flight = total.max_in_flight.max(c.max_in_flight);
         }

@@ -164,6 +164,10 @@ pub struct PySchedulerOutput {
     /// The tokens counted by ``num_all_token_ids``, flat.
     #[pyo3(get)]
     pub all_token_ids: Py<PyArray1<i32>>,
+    /// The LoRA adapters of the scheduled requests, ascending, each once (at most
+    /// ``max_loras``; empty without LoRA). Not per request.
+    #[pyo3(get)]
+    pub lora_ids: Py<PyArray1<i32>>,
     /// The sum of ``num_scheduled_tokens``.
     #[pyo3(get)]
     pub total_num_scheduled_tokens: i64,
@@ -527,6 +531,9 @@ pub struct PyRequest {
     /// Leading blocks of ``block_ids`` registered in the prefix cache.
     #[pyo3(get)]
     num_cached_blocks: usize,
+    /// The LoRA adapter the request runs under, or None.
+    #[pyo3(get)]
+    lora_id: Option<u32>,
 }
 
 impl PyRequest {
@@ -553,6 +560,7 @@ impl PyRequest {
             block_ids: r.block_ids().to_vec(),
             block_hashes: r.block_hashes().to_vec(),
             num_cached_blocks: r.num_cached_blocks(),
+            lora_id: r.lora_id(),
         }
     }
 }

@@ -178,7 +178,7 @@ impl Inner {
             .collect::<PyResult<Vec<_>>>()?;
         let reported = self.unreported.len() - unreported.len();
         let finished_req_ids = new_list(py, finished)?.unbind();
-        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids] =
+        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids] =
             step_columns(py, step)?;
         let columns = [
             &num_scheduled_tokens,
@@ -190,6 +190,7 @@ impl Inner {
             &block_ids,
             &num_all_token_ids,
             &all_token_ids,
+            &lora_ids,
         ]
         .map(|column| column.clone_ref(py));
         let output = PySchedulerOutput {
@@ -206,6 +207,7 @@ impl Inner {
             block_ids,
             num_all_token_ids,
             all_token_ids,
+            lora_ids,
             total_num_scheduled_tokens: step.total_num_scheduled_tokens,
             new_req_ids,
             resumed_req_ids,
@@ -238,7 +240,7 @@ struct Undelivered {
 }
 
 /// A step's columns, in `PySchedulerOutput`'s order.
-fn column_slots(step: &mut Step) -> [&mut Vec<i32>; 9] {
+fn column_slots(step: &mut Step) -> [&mut Vec<i32>; 10] {
     [
         &mut step.num_scheduled_tokens,
         &mut step.num_computed_tokens,
@@ -249,13 +251,14 @@ fn column_slots(step: &mut Step) -> [&mut Vec<i32>; 9] {
         &mut step.block_ids,
         &mut step.num_all_token_ids,
         &mut step.all_token_ids,
+        &mut step.lora_ids,
     ]
 }
 
 /// The step's columns as read-only numpy arrays that own its buffers (moved, not copied).
 /// On error every column is back in `step` as it was.
-fn step_columns(py: Python<'_>, step: &mut Step) -> PyResult<[Py<PyArray1<i32>>; 9]> {
-    let mut made = Vec::with_capacity(9);
+fn step_columns(py: Python<'_>, step: &mut Step) -> PyResult<[Py<PyArray1<i32>>; 10]> {
+    let mut made = Vec::with_capacity(10);
     let mut failed = None;
     for slot in column_slots(step) {
         match frozen_array(py, std::mem::take(slot)) {
@@ -271,7 +274,7 @@ fn step_columns(py: Python<'_>, step: &mut Step) -> PyResult<[Py<PyArray1<i32>>;
         restore_columns(py, step, &made);
         return Err(error);
     }
-    made.try_into().map_err(|_| internal_error(py, "a step has 9 columns".into()))
+    made.try_into().map_err(|_| internal_error(py, "a step has 10 columns".into()))
 }
 
 /// Puts back into `step` the columns `arrays` took (a copy of each: the arrays are dropped
@@ -584,11 +587,15 @@ impl PyScheduler {
     /// Raises ``InvalidRequestError`` (``DuplicateRequestError`` for an id still live)
     /// naming the field and the value, and changes nothing, for a request that could
     /// never finish: an empty prompt, one longer than ``max_model_len`` minus the sampled
-    /// token, a token id outside int32, or one whose KV could outgrow the pool.
+    /// token, a token id outside int32, or one whose KV could outgrow the pool. ``lora_id``
+    /// names the LoRA adapter the request runs under (a positive int; the config's
+    /// ``max_loras`` must be at least 1).
     #[pyo3(signature = (request_id, prompt_token_ids, *, max_tokens, min_tokens=None, eos_token_id=None,
-        stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None, cache_salt=None),
+        stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None, cache_salt=None,
+        lora_id=None),
         text_signature = "(self, request_id, prompt_token_ids, *, max_tokens, min_tokens=0, eos_token_id=None, \
-        stop_token_ids=(), arrival_time=None, num_computed_tokens=0, priority=0, cache_salt=None)")]
+        stop_token_ids=(), arrival_time=None, num_computed_tokens=0, priority=0, cache_salt=None, \
+        lora_id=None)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &self,
@@ -603,6 +610,7 @@ impl PyScheduler {
         num_computed_tokens: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
         cache_salt: Option<&Bound<'_, PyAny>>,
+        lora_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = request_id.cast::<PyString>().map_err(|_| {
             request_error(
@@ -656,6 +664,10 @@ impl PyScheduler {
                         .to_cow()?
                         .into_owned(),
                 ),
+                _ => None,
+            },
+            lora_id: match lora_id {
+                Some(v) if !v.is_none() => Some(int_value(py, v, &"lora_id", request_error)?),
                 _ => None,
             },
         };

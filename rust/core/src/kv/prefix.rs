@@ -2,9 +2,9 @@
 //!
 //! Each full block of a request's tokens, prompt and output alike, gets a
 //! hash chained on its parent's: `h_i = H(h_{i-1}, tokens of block i, extra_i)`.
-//! The only extra key is `cache_salt`, and only in the first block, so two
-//! requests share cached blocks exactly when they share a salt and a leading
-//! run of full blocks.
+//! The extra keys are vLLM's: the LoRA adapter in every block, `cache_salt` in
+//! the first only, so two requests share cached blocks exactly when they share
+//! an adapter, a salt and a leading run of full blocks.
 //!
 //! `H` is XXH3-128 with a fixed seed: fast (tens of nanoseconds per 16-token
 //! block) and reproducible across runs and machines. Its 128-bit width makes a
@@ -23,16 +23,37 @@ pub(crate) const SEED: u64 = 0x6c6c_6d73_6368_6564; // "llmsched"
 /// The parent of the first block (vLLM's `NONE_HASH`).
 pub const NONE_HASH: BlockHash = 0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834;
 
+/// A request's keys besides its tokens (vLLM's block-hash extra keys).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExtraKeys<'a> {
+    /// Enters the first block only.
+    pub cache_salt: Option<&'a [u8]>,
+    /// Enters every block.
+    pub lora_id: Option<u32>,
+}
+
 /// Hashes one full block, its tokens given in pieces (a block can span the end of the
-/// prompt); `scratch` is reused across calls to avoid allocating.
-pub fn hash_block(parent: BlockHash, pieces: &[&[i32]], salt: Option<&[u8]>, scratch: &mut Vec<u8>) -> BlockHash {
+/// prompt), with the extra keys that block takes; `scratch` is reused across calls to
+/// avoid allocating.
+pub fn hash_block(
+    parent: BlockHash,
+    pieces: &[&[i32]],
+    lora_id: Option<u32>,
+    salt: Option<&[u8]>,
+    scratch: &mut Vec<u8>,
+) -> BlockHash {
     scratch.clear();
     scratch.extend_from_slice(&parent.to_le_bytes());
     for &token in pieces.iter().copied().flatten() {
         scratch.extend_from_slice(&token.to_le_bytes());
     }
+    // Each key behind its own separator: no (tokens, key) pair collides with another by
+    // concatenation, and a block with no extra key hashes its tokens alone.
+    if let Some(lora_id) = lora_id {
+        scratch.push(0xfe);
+        scratch.extend_from_slice(&lora_id.to_le_bytes());
+    }
     if let Some(salt) = salt {
-        // A separator keeps (tokens, salt) pairs from colliding by concatenation.
         scratch.push(0xff);
         scratch.extend_from_slice(&(salt.len() as u64).to_le_bytes());
         scratch.extend_from_slice(salt);
@@ -47,7 +68,7 @@ pub fn extend_block_hashes(
     prompt: &[i32],
     output: &[i32],
     block_size: usize,
-    salt: Option<&[u8]>,
+    extra: ExtraKeys<'_>,
     scratch: &mut Vec<u8>,
 ) {
     let np = prompt.len();
@@ -63,7 +84,8 @@ pub fn extend_block_hashes(
         };
         let parent = hashes.last().copied().unwrap_or(NONE_HASH);
         let first = hashes.is_empty();
-        hashes.push(hash_block(parent, &pieces, if first { salt } else { None }, scratch));
+        let salt = if first { extra.cache_salt } else { None };
+        hashes.push(hash_block(parent, &pieces, extra.lora_id, salt, scratch));
         start = end;
     }
 }
@@ -72,34 +94,39 @@ pub fn extend_block_hashes(
 mod tests {
     use super::*;
 
-    fn hashes(tokens: &[i32], block_size: usize, salt: Option<&[u8]>) -> Vec<BlockHash> {
+    fn salted(salt: Option<&[u8]>) -> ExtraKeys<'_> {
+        ExtraKeys { cache_salt: salt, lora_id: None }
+    }
+
+    fn hashes(tokens: &[i32], block_size: usize, extra: ExtraKeys<'_>) -> Vec<BlockHash> {
         let mut out = Vec::new();
-        extend_block_hashes(&mut out, tokens, &[], block_size, salt, &mut Vec::new());
+        extend_block_hashes(&mut out, tokens, &[], block_size, extra, &mut Vec::new());
         out
     }
 
     #[test]
     fn only_full_blocks_are_hashed_and_extension_is_incremental() {
         let tokens: Vec<i32> = (0..10).collect();
-        assert_eq!(hashes(&tokens, 4, None).len(), 2);
+        assert_eq!(hashes(&tokens, 4, salted(None)).len(), 2);
         let mut incremental = Vec::new();
         let mut scratch = Vec::new();
         for end in 0..=tokens.len() {
-            extend_block_hashes(&mut incremental, &tokens[..end], &[], 4, None, &mut scratch);
+            extend_block_hashes(&mut incremental, &tokens[..end], &[], 4, salted(None), &mut scratch);
         }
-        assert_eq!(incremental, hashes(&tokens, 4, None));
+        assert_eq!(incremental, hashes(&tokens, 4, salted(None)));
     }
 
     #[test]
     fn a_block_hashes_the_same_wherever_the_prompt_ends() {
         let tokens: Vec<i32> = (0..13).collect();
-        let whole = hashes(&tokens, 4, Some(b"s"));
+        let extra = ExtraKeys { cache_salt: Some(b"s"), lora_id: Some(3) };
+        let whole = hashes(&tokens, 4, extra);
         for np in 0..=tokens.len() {
             let (prompt, output) = tokens.split_at(np);
             let mut incremental = Vec::new();
             let mut scratch = Vec::new();
             for end in 0..=output.len() {
-                extend_block_hashes(&mut incremental, prompt, &output[..end], 4, Some(b"s"), &mut scratch);
+                extend_block_hashes(&mut incremental, prompt, &output[..end], 4, extra, &mut scratch);
             }
             assert_eq!(incremental, whole, "prompt of {np} tokens");
         }
@@ -107,24 +134,37 @@ mod tests {
 
     #[test]
     fn hashes_chain_on_the_parent() {
-        let a = hashes(&[1, 2, 3, 4, 5, 6, 7, 8], 4, None);
-        let b = hashes(&[9, 2, 3, 4, 5, 6, 7, 8], 4, None);
+        let a = hashes(&[1, 2, 3, 4, 5, 6, 7, 8], 4, salted(None));
+        let b = hashes(&[9, 2, 3, 4, 5, 6, 7, 8], 4, salted(None));
         assert_ne!(a[0], b[0]);
         // Same second block, different prefix: different hash.
         assert_ne!(a[1], b[1]);
-        assert_eq!(a, hashes(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 4, None));
+        assert_eq!(a, hashes(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 4, salted(None)));
     }
 
     #[test]
     fn salt_enters_the_first_block_only() {
         let tokens: Vec<i32> = (0..8).collect();
-        let plain = hashes(&tokens, 4, None);
-        let salted = hashes(&tokens, 4, Some(b"tenant-a"));
-        let other = hashes(&tokens, 4, Some(b"tenant-b"));
-        assert_ne!(plain[0], salted[0]);
-        assert_ne!(salted[0], other[0]);
+        let plain = hashes(&tokens, 4, salted(None));
+        let salted_a = hashes(&tokens, 4, salted(Some(b"tenant-a")));
+        let other = hashes(&tokens, 4, salted(Some(b"tenant-b")));
+        assert_ne!(plain[0], salted_a[0]);
+        assert_ne!(salted_a[0], other[0]);
         // The second block's own input has no salt; it differs only through its parent.
         let mut scratch = Vec::new();
-        assert_eq!(salted[1], hash_block(salted[0], &[&tokens[4..8]], None, &mut scratch));
+        assert_eq!(salted_a[1], hash_block(salted_a[0], &[&tokens[4..8]], None, None, &mut scratch));
+    }
+
+    #[test]
+    fn the_adapter_enters_every_block() {
+        let tokens: Vec<i32> = (0..8).collect();
+        let under = |lora_id| hashes(&tokens, 4, ExtraKeys { cache_salt: None, lora_id });
+        let (plain, first, second) = (under(None), under(Some(1)), under(Some(2)));
+        assert_ne!(plain[0], first[0]);
+        assert_ne!(first[0], second[0]);
+        // The second block takes the adapter itself, not only through its parent.
+        let mut scratch = Vec::new();
+        assert_ne!(first[1], hash_block(first[0], &[&tokens[4..8]], None, None, &mut scratch));
+        assert_eq!(first[1], hash_block(first[0], &[&tokens[4..8]], Some(1), None, &mut scratch));
     }
 }

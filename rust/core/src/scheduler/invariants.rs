@@ -16,14 +16,25 @@ fn broken(reason: String) -> CoreError {
 }
 
 /// The block hash of spec §5.3, written again from its definition for the checker:
-/// XXH3-128 (seed `prefix::SEED`) of the parent hash, each token, then, for a salted
-/// first block, a 0xff separator, the salt's length and the salt, all little-endian.
-/// A second writing, not a call of `prefix::hash_block`: a checker that called the
-/// code it checks could not see it broken.
-fn reference_block_hash(parent: u128, tokens: &[i32], salt: Option<&[u8]>, bytes: &mut Vec<u8>) -> u128 {
+/// XXH3-128 (seed `prefix::SEED`) of the parent hash, each token, then, under a LoRA
+/// adapter, a 0xfe separator and the adapter's id, then, for a salted first block, a 0xff
+/// separator, the salt's length and the salt, all little-endian. A second writing, not a
+/// call of `prefix::hash_block`: a checker that called the code it checks could not see
+/// it broken.
+fn reference_block_hash(
+    parent: u128,
+    tokens: &[i32],
+    lora_id: Option<u32>,
+    salt: Option<&[u8]>,
+    bytes: &mut Vec<u8>,
+) -> u128 {
     bytes.clear();
     bytes.extend(parent.to_le_bytes());
     bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    if let Some(lora_id) = lora_id {
+        bytes.push(0xfe);
+        bytes.extend(lora_id.to_le_bytes());
+    }
     if let Some(salt) = salt {
         bytes.push(0xff);
         bytes.extend((salt.len() as u64).to_le_bytes());
@@ -77,6 +88,16 @@ impl Scheduler {
             if place.insert(h, "running").is_some() {
                 return Err(broken(format!("handle {h:?} is twice in running")));
             }
+        }
+        let mut loras: Vec<u32> = self.running.iter().filter_map(|&h| self.requests[h].lora_id).collect();
+        loras.sort_unstable();
+        loras.dedup();
+        if loras.len() as i64 > cfg.max_loras() {
+            return Err(broken(format!(
+                "the running requests use {} LoRA adapters {loras:?} > max_loras {}",
+                loras.len(),
+                cfg.max_loras()
+            )));
         }
         for (queue, name) in [(&self.waiting, "waiting"), (&self.kv_holding_waiting, "kv_holding_waiting")] {
             let live = queue.live_handles(&self.requests);
@@ -229,7 +250,7 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Appendix A.8: hashes depend only on (parent, block tokens, salt): one hash per full
+    /// Appendix A.8: hashes depend only on (parent, block tokens, adapter, salt): one hash per full
     /// block, and the newest ones (those appended since the previous check, when checks run
     /// every step) chain correctly. Tokens and hashes are append-only, so every block is
     /// checked once while newest.
@@ -251,7 +272,7 @@ impl Scheduler {
             let parent = if i == 0 { crate::kv::prefix::NONE_HASH } else { r.block_hashes[i - 1] };
             let salt = if i == 0 { r.cache_salt.as_deref() } else { None };
             let block: Vec<i32> = r.all_token_ids().skip(i * b).take(b).collect();
-            if reference_block_hash(parent, &block, salt, &mut scratch) != r.block_hashes[i] {
+            if reference_block_hash(parent, &block, r.lora_id, salt, &mut scratch) != r.block_hashes[i] {
                 return Err(broken(format!("request {id:?}: block {i}'s hash does not match its tokens")));
             }
         }

@@ -320,6 +320,13 @@ impl Scheduler {
                 request.copy_token_ids_to(&mut step.all_token_ids);
             }
         }
+        if self.config.max_loras() > 0 {
+            let mut loras: Vec<i32> =
+                rows.iter().filter_map(|r| self.requests[r.handle].lora_id).map(|id| id as i32).collect();
+            loras.sort_unstable();
+            loras.dedup();
+            step.lora_ids = loras;
+        }
         if !rows.is_empty() {
             self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: rows, has_prefill_chunk });
         }

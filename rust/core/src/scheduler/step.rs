@@ -178,6 +178,9 @@ pub struct Step {
     pub num_all_token_ids: Vec<i32>,
     pub all_token_ids: Vec<i32>,
     pub total_num_scheduled_tokens: i64,
+    /// The LoRA adapters of the scheduled requests, ascending, each once (empty without
+    /// LoRA): at most `max_loras` of them.
+    pub lora_ids: Vec<i32>,
     pub new_reqs: Vec<Handle>,
     pub resumed_reqs: Vec<Handle>,
     /// Running requests scheduled in this step that the previous step did not schedule.

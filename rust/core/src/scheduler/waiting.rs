@@ -66,6 +66,40 @@ struct Candidate {
     hit: PrefixHit,
 }
 
+/// vLLM's `max_loras` rule: the adapters of every running request, scheduled in this step
+/// or not, and of those admitted in it, at most `max_loras` of them. A waiting request
+/// under another adapter is set aside once the set is full. The running requests' set is
+/// read when the first request under an adapter is considered (never without LoRA).
+struct LoraSlots {
+    max_loras: usize,
+    in_use: Option<Vec<u32>>,
+}
+
+impl LoraSlots {
+    fn new(config: &SchedulerConfig) -> Self {
+        Self { max_loras: config.max_loras() as usize, in_use: None }
+    }
+
+    /// Whether a request under `lora_id` may be admitted now.
+    fn admits(&mut self, lora_id: u32, running: &[Handle], requests: &crate::slab::Slab) -> bool {
+        let in_use = self.in_use.get_or_insert_with(|| {
+            let mut ids: Vec<u32> = running.iter().filter_map(|&h| requests[h].lora_id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        });
+        in_use.len() < self.max_loras || in_use.contains(&lora_id)
+    }
+
+    /// Records an admitted request's adapter (`admits` was asked first).
+    fn admitted(&mut self, lora_id: u32) {
+        let in_use = self.in_use.as_mut().expect("admits() read the running requests' adapters");
+        if !in_use.contains(&lora_id) {
+            in_use.push(lora_id);
+        }
+    }
+}
+
 /// Requests set aside in this step, by the queue they return to.
 #[derive(Default)]
 struct SetAside {
@@ -77,6 +111,7 @@ impl Scheduler {
     pub(super) fn schedule_waiting(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
         let rules = AdmissionRules::new(&self.config, budgets);
         let mut set_aside = SetAside::default();
+        let mut lora_slots = LoraSlots::new(&self.config);
         while budgets.has_room() {
             let Some((kind, handle)) = self.next_waiting(rules.max_active) else {
                 break;
@@ -88,11 +123,21 @@ impl Scheduler {
                 self.set_aside(kind, &mut set_aside);
                 continue;
             }
+            let lora_id = request.lora_id;
+            if let Some(id) = lora_id {
+                if !lora_slots.admits(id, &self.running, &self.requests) {
+                    self.set_aside(kind, &mut set_aside);
+                    continue;
+                }
+            }
             let hit = self.look_up_prefix(request);
             match Self::tokens_to_admit(b, budgets, &rules, request, hit.num_computed) {
                 Admission::Tokens { n, pad } => {
                     if !self.admit(b, budgets, &rules, Candidate { kind, handle, hit }, n, pad) {
                         break;
+                    }
+                    if let Some(id) = lora_id {
+                        lora_slots.admitted(id);
                     }
                 }
                 Admission::Skip => self.set_aside(kind, &mut set_aside),
