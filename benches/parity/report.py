@@ -141,7 +141,7 @@ ones). Event timestamps are wall-clock readings and are left out; their types ar
 compared. The deviations above hold for the plug-in as they do for the core, kept out the
 same way. Beyond them, the plug-in:
 
-- **refuses what llmsched does not implement**, naming the feature: at construction, LoRA,
+- **refuses what llmsched does not implement**, naming the feature: at construction,
   multimodal models, pooling models, prompt embeddings, encoder-decoder models, diffusion
   LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors, KV events,
   KV cache residency and MFU metrics, pipeline, decode- and prefill-context parallelism,
@@ -153,10 +153,13 @@ same way. Beyond them, the plug-in:
   is classified in `llmsched/vllm/_fields.py`: read, refused, or why it need not be);
   per request (the request finishes with `FinishReason.ERROR` and the
   reason, every other request goes on; vLLM's OpenAI server answers it with HTTP 400 and the
-  reason), LoRA adapters, multimodal inputs, structured
+  reason), multimodal inputs, structured
   output, streaming input, repetition detection, KV transfer parameters, and prompt
   logprobs with prefix caching on (vLLM serves those by skipping the prefix cache for that
   request; llmsched has no per-request switch);
+- **serves LoRA** with vLLM's `max_loras` rule in the core's waiting loop and the adapter in
+  every block hash; the hash takes the adapter's `lora_int_id` where vLLM's takes its
+  `lora_name` (vLLM's server gives each name one id, so the two key the same blocks);
 - **keeps vLLM's `Request` objects as the engine hands them over**: their status is set when
   they finish, their events, prefill stats and per-request speculative-decoding metrics are
   filled as vLLM fills them, but the counters vLLM's own scheduler keeps on them

@@ -69,7 +69,6 @@ def _set(obj: Any, name: str, value: Any) -> None:
 
 
 ENGINE_REFUSALS = {
-    "LoRA": lambda s: _set(s.vllm_config, "lora_config", object()),
     "KV connectors": lambda s: _set(s.vllm_config, "kv_transfer_config", object()),
     "pipeline parallelism": lambda s: _set(
         s.vllm_config.parallel_config, "pipeline_parallel_size", 2
@@ -123,7 +122,6 @@ def test_a_hash_block_size_other_than_the_block_size_is_refused() -> None:
 # ------------------------------------------------------------------- per request
 
 REQUEST_REFUSALS: dict[str, dict[str, Any]] = {
-    "LoRA": {"lora_request": object()},
     "multimodal inputs": {"mm_features": [object()]},
     "structured output": {"structured_output_request": object()},
     "prompt logprobs with prefix caching": {"skip_reading_prefix_cache": True},
@@ -154,7 +152,7 @@ def test_a_refused_requests_error_reaches_its_own_client_with_the_reason() -> No
     leaves the ``Request`` FINISHED_ERROR."""
     sched = build(reference(), include_finished_set=True)
     sched.add_request(request("ok"))
-    refused = request("bad", lora_request=object())
+    refused = request("bad", mm_features=[object()])
     refused.client_index = 1
     sched.add_request(refused)
     so = sched.schedule()
@@ -162,20 +160,77 @@ def test_a_refused_requests_error_reaches_its_own_client_with_the_reason() -> No
     assert [o.request_id for o in engine_outputs[0].outputs] == ["ok"]
     (error,) = engine_outputs[1].outputs
     assert error.request_id == "bad" and error.finish_reason == FinishReason.ERROR
-    assert isinstance(error.stop_reason, str) and "LoRA" in error.stop_reason
+    assert isinstance(error.stop_reason, str) and "multimodal" in error.stop_reason
     assert engine_outputs[1].finished_requests == {"bad"}
     assert refused.status == RequestStatus.FINISHED_ERROR and refused.is_finished()
 
 
 def test_a_refused_request_can_be_aborted_before_it_is_reported() -> None:
     sched = build(reference())
-    sched.add_request(request("bad", lora_request=object()))
+    sched.add_request(request("bad", mm_features=[object()]))
     (aborted,) = sched.finish_requests("bad", RequestStatus.FINISHED_ABORTED)
     assert aborted.request_id == "bad" and aborted.status == RequestStatus.FINISHED_ABORTED
     assert not sched.has_requests()
 
 
 # ------------------------------------------------------------------- vs vLLM
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_lora_steps_match_vllms(async_scheduling: bool) -> None:
+    """Two adapters with ``max_loras=1``, plain requests between, the same prompt under each
+    adapter and none, a KV cache small enough to preempt: every step schedules the same
+    requests with the same tokens and prefix hits as vLLM's scheduler (a request under the
+    other adapter waits, the ones behind it go on; no block is shared across adapters), and
+    each new request carries its adapter to the runner."""
+    from vllm.lora.request import LoRARequest
+
+    adapters = [LoRARequest(f"adapter-{i}", i, f"/adapters/{i}") for i in (1, 2)]
+
+    def drive(sched: Any) -> list[Any]:
+        for i in range(14):
+            r = request(f"r{i}", prompt_len=12 + (i % 3) * 4, max_tokens=3 + i % 5)
+            r.lora_request = [adapters[0], adapters[1], None][i % 3]
+            # The adapter is a block-hash key: hash again now that the request has one.
+            r.block_hashes.clear()
+            r.update_block_hashes()
+            sched.add_request(r)
+        trace = []
+        pending = None
+        for _ in range(200):
+            if not sched.has_requests():
+                break
+            so = sched.schedule()
+            trace.append(
+                (
+                    dict(so.num_scheduled_tokens),
+                    [
+                        (n.req_id, n.num_computed_tokens, getattr(n.lora_request, "lora_int_id", 0))
+                        for n in so.scheduled_new_reqs
+                    ],
+                    sorted(so.preempted_req_ids or ()),
+                )
+            )
+            sampled = {rid: [9] for rid in so.num_scheduled_tokens}
+            if async_scheduling:
+                so, pending = pending, (so, sampled)
+                if so is None:
+                    continue
+                so, sampled = so
+            sched.update_from_output(so, ref.vllm_runner_output(so, sampled))
+        return trace
+
+    config = {
+        "max_loras": 1,
+        "num_gpu_blocks": 20,
+        "scheduler_reserve_full_isl": False,
+        "async_scheduling": async_scheduling,
+    }
+    theirs = drive(reference(**config))
+    assert theirs == drive(build(reference(**config)))
+    admitted = [entry for step in theirs for entry in step[1]]
+    assert len(admitted) >= 14 and any(step[2] for step in theirs), "no preemption"
+    assert {lora for _, _, lora in admitted} == {0, 1, 2}
 
 
 def test_pause_states_match_vllms() -> None:
@@ -451,7 +506,7 @@ def test_a_refused_request_is_counted_as_vllm_counts_a_waiting_request(pause: An
     theirs.add_request(request("will-fail"))
     ours = build(reference())
     ours.add_request(request("ok"))
-    ours.add_request(request("will-fail", lora_request=object()))
+    ours.add_request(request("will-fail", mm_features=[object()]))
     assert counts(ours) == counts(theirs)
     so = ours.schedule()
     ours.update_from_output(so, ref.vllm_runner_output(so, {"ok": [9]}))

@@ -87,10 +87,14 @@ class _Watched:
 
 def _configs() -> list[Any]:
     """References covering every branch the plug-in reads config in: drafts, KV events
-    configured but off, async scheduling, prefix caching off."""
+    configured but off, async scheduling, prefix caching off, LoRA."""
     with_events = reference(num_speculative_tokens=2)
     _set(with_events.vllm_config, "kv_events_config", vllm.config.KVEventsConfig())
-    return [with_events, reference(async_scheduling=True, enable_prefix_caching=False)]
+    return [
+        with_events,
+        reference(async_scheduling=True, enable_prefix_caching=False),
+        reference(max_loras=2),
+    ]
 
 
 def _set(obj: Any, name: str, value: Any) -> None:

@@ -8,7 +8,7 @@ reason: the vLLM scheduler internal it reads or patches (``scheduler.running``,
 ``scheduler.kv_cache_manager``, ...), the fields of vLLM's ``Request`` that only vLLM's own
 scheduler updates (``num_output_tokens``, ``output_token_ids``, ``spec_token_ids``, ...), or
 the feature llmsched.vllm refuses by design (KV and encoder-cache connectors, multimodal
-inputs, LoRA, structured output, pooling, pipeline / data parallelism, hybrid KV-cache
+inputs, structured output, pooling, pipeline / data parallelism, hybrid KV-cache
 groups, speculative methods other than ``ngram``), or the deliberate deviation of
 ``docs/parity.md`` it trips. A key is a test function name (every parametrization) or
 ``name[params]`` (one parametrization; it wins over the name). A test of these files that is
@@ -136,10 +136,12 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "num_output_placeholders"
         ),
         "test_max_loras_counts_running_request_awaiting_output": (
-            "refused feature: LoRA (lora_config is set); Request fields: status"
+            "refused feature: pipeline parallelism (pipeline_parallel_size=2; its LoRA rule "
+            "is served); Request fields: status"
         ),
         "test_max_loras_counts_running_request_skipped_for_encoder_budget": (
-            "refused feature: LoRA (lora_config is set); also scheduler.encoder_cache_manager, "
+            "multimodal inputs (mm_positions; its LoRA rule is served); also "
+            "scheduler.encoder_cache_manager, "
             "scheduler.max_num_encoder_input_tokens; Request fields: status"
         ),
         "test_cached_request_data_resumed_all_token_ids_mrv1_only": (

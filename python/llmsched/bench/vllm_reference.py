@@ -156,6 +156,7 @@ def make_vllm_scheduler(
     block_size: int,
     num_gpu_blocks: int,
     num_speculative_tokens: int = 0,
+    max_loras: int = 0,
     use_v2_model_runner: bool = False,
     **shared_fields: Any,
 ) -> Any:
@@ -169,12 +170,14 @@ def make_vllm_scheduler(
     required; the others default to chunked prefill on, no long-prefill threshold, sync
     scheduling, prefix caching off, FCFS, no watermark, and vLLM's defaults for the rest.
     ``num_gpu_blocks`` is the KV cache's block count, ``num_speculative_tokens`` the ``K``
-    of ngram speculative decoding (0 for none). See the module docstring for the rest.
+    of ngram speculative decoding (0 for none), ``max_loras`` the LoRA config's (0: LoRA
+    off). See the module docstring for the rest.
     """
     import torch
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
+        LoRAConfig,
         ModelConfig,
         ParallelConfig,
         SchedulerConfig,
@@ -230,6 +233,7 @@ def make_vllm_scheduler(
         parallel_config=ParallelConfig(),
         device_config=DeviceConfig(device="cpu"),
         speculative_config=speculative_config,
+        lora_config=LoRAConfig(max_loras=max_loras) if max_loras > 0 else None,
     )
     kv_cache_config = KVCacheConfig(
         num_blocks=num_gpu_blocks,

@@ -59,7 +59,8 @@ llmsched's ``SchedulerConfig`` that vLLM's ``VllmConfig`` holds as one field of 
 meaning. The others come from elsewhere (:func:`llmsched_config`): ``block_size`` is the one
 vLLM hands its scheduler, ``num_gpu_blocks`` the KV pool vLLM sized
 (``kv_cache_config.num_blocks``), ``num_speculative_tokens``, ``num_lookahead_tokens`` and
-``max_num_new_slots_for_drafting`` vLLM's own derivations from the speculative config, and
+``max_num_new_slots_for_drafting`` vLLM's own derivations from the speculative config,
+``max_loras`` the LoRA config's (0 without one), and
 ``num_sampled_tokens_per_step`` is 1 (pooling models, which sample none, are refused)."""
 
 
@@ -123,7 +124,6 @@ def check_engine_config(
 
     model_name = get("model_config.model")
     refusals: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
-        ("LoRA", lambda: (get("lora_config") is not None, "lora_config is set")),
         (
             "multimodal inputs",
             lambda: (get("model_config.is_multimodal_model"), f"model {model_name!r}"),
@@ -246,9 +246,10 @@ def llmsched_config(
 ) -> llmsched.SchedulerConfig:
     """vLLM -> llmsched: llmsched's config for the engine vLLM configured: the same budgets
     and policy (:data:`SHARED_FIELDS`), the KV pool vLLM sized (``kv_cache_config.num_blocks``
-    blocks, block 0 the null block), the same drafts."""
+    blocks, block 0 the null block), the same drafts and LoRA adapters."""
     shared = {name: convert(read(vllm_config, path)) for name, path, convert in SHARED_FIELDS}
     spec = read(vllm_config, "speculative_config")
+    lora = read(vllm_config, "lora_config")
     try:
         return llmsched.SchedulerConfig(
             **shared,
@@ -260,6 +261,7 @@ def llmsched_config(
                 0 if spec is None else read(spec, "max_num_new_slots_for_drafting")
             ),
             num_sampled_tokens_per_step=1,
+            max_loras=0 if lora is None else read(lora, "max_loras"),
         )
     except llmsched.ConfigError as exc:
         raise llmsched.ConfigError(f"llmsched.vllm cannot schedule this engine: {exc}") from None
@@ -270,8 +272,6 @@ def check_request(request: Any, prefix_caching: bool) -> str | None:
     params = request.sampling_params
     if request.pooling_params is not None or params is None:
         return "llmsched.vllm does not support pooling requests"
-    if request.lora_request is not None:
-        return "llmsched.vllm does not support LoRA (the request names an adapter)"
     if request.mm_features:
         return "llmsched.vllm does not support multimodal inputs"
     if request.prompt_embeds is not None or request.prompt_token_ids is None:

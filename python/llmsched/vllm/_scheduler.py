@@ -183,6 +183,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     arrival_time=request.arrival_time,
                     priority=request.priority,
                     cache_salt=request.cache_salt,
+                    lora_id=None
+                    if request.lora_request is None
+                    else request.lora_request.lora_int_id,
                 )
             except llmsched.InvalidRequestError as exc:
                 reason = str(exc)
