@@ -368,6 +368,17 @@ def test_the_cold_figure_evicts_before_each_timed_call() -> None:
     assert in_flight == [1]
 
 
+def test_the_lora_case_runs_two_of_its_four_adapters_at_a_time() -> None:
+    from llmsched.bench.step import CASES, LlmschedStepper
+
+    stepper = LlmschedStepper(CASES["lora-churn"])
+    for _ in range(3):
+        _, _, scheduled, _ = stepper.step()
+    running = {stepper.sched.get_request(rid).lora_id for rid in stepper.known}
+    assert running == {1, 2, 3, 4}  # every adapter has requests, running or waiting
+    assert 0 < scheduled < CASES["lora-churn"].running  # half of them wait
+
+
 # ------------------------------------------------------------------ pages of figures
 
 

@@ -75,6 +75,14 @@ class Case:
     requests finish a few at a time, as an engine's do, and the running order drifts from
     the order the requests arrived in."""
     block_size: int = 16
+    max_loras: int = 0
+    num_loras: int = 0
+    """> 0: request ``i`` runs under LoRA adapter ``i % num_loras + 1``, at most
+    ``max_loras`` adapters at a time."""
+
+    def lora_of(self, i: int) -> int | None:
+        """The LoRA adapter of the case's ``i``-th request, if any."""
+        return i % self.num_loras + 1 if self.num_loras else None
 
     def max_tokens_of(self, i: int) -> int:
         """``max_tokens`` of the case's ``i``-th request."""
@@ -93,6 +101,7 @@ class Case:
             "num_speculative_tokens": self.num_speculative_tokens,
             "enable_prefix_caching": self.prefix_caching,
             "async_scheduling": False,
+            "max_loras": self.max_loras,
         }
 
 
@@ -126,6 +135,16 @@ CASES: dict[str, Case] = {
             max_num_seqs=256,
         ),
         Case("waiting-100k", running=256, waiting=100_000, max_num_seqs=256),
+        # Four adapters, two at a time: requests finish and others are admitted under
+        # vLLM's max_loras rule (those under a third adapter wait).
+        Case(
+            "lora-churn",
+            running=1024,
+            churn_max_tokens=64,
+            churn_spread=128,
+            max_loras=2,
+            num_loras=4,
+        ),
     )
 }
 
@@ -189,7 +208,9 @@ class LlmschedStepper:
         case, i = self.case, self.next_id
         self.next_id += 1
         rid, prompt = f"r{i}", _prompt(case, i)
-        self.sched.add_request(rid, prompt, max_tokens=case.max_tokens_of(i))
+        self.sched.add_request(
+            rid, prompt, max_tokens=case.max_tokens_of(i), lora_id=case.lora_of(i)
+        )
         self.known[rid] = len(prompt)
 
     def step(self) -> tuple[float, float, int, int]:
@@ -255,6 +276,7 @@ class VllmStepper:
             max_tokens=case.max_tokens_of(self.next_id),
             block_size=case.block_size,
             prefix_caching=case.prefix_caching,
+            lora_id=case.lora_of(self.next_id),
         )
         self.next_id += 1
         self.sched.add_request(request)

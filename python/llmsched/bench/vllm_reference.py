@@ -297,6 +297,7 @@ def make_vllm_request(
     priority: int = 0,
     block_size: int,
     prefix_caching: bool = True,
+    lora_id: int | None = None,
 ) -> Any:
     """Build a vLLM ``Request`` for ``scheduler.add_request``.
 
@@ -304,8 +305,10 @@ def make_vllm_request(
     further stop ids, set the way vLLM's engine sets them. ``block_size`` must be the
     scheduler's: it sizes the prefix-cache block hasher attached to the request (vLLM's
     engine attaches one only when prefix caching is on; pass ``prefix_caching=False`` to
-    leave it off and save the hashing cost).
+    leave it off and save the hashing cost). ``lora_id`` puts the request under the LoRA
+    adapter of that id (named ``adapter-<id>``; it enters the block hashes).
     """
+    from vllm.lora.request import LoRARequest
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
@@ -325,6 +328,9 @@ def make_vllm_request(
         arrival_time=arrival_time,
         priority=priority,
         block_hasher=block_hasher,
+        lora_request=None
+        if lora_id is None
+        else LoRARequest(f"adapter-{lora_id}", lora_id, f"/adapters/{lora_id}"),
     )
 
 
