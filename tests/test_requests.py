@@ -111,6 +111,26 @@ def test_get_request_snapshot_and_key_error_once_finished() -> None:
     assert isinstance(info.value, KeyError)
 
 
+def test_a_finished_requests_final_state_is_taken_once() -> None:
+    sched = make_scheduler()
+    sched.add_request("a", [5, 6, 7], max_tokens=2)
+    sched.add_request("b", [5, 6], max_tokens=9)
+    for token in (11, 12):
+        so = sched.schedule()
+        sched.update_from_output(so, one_token_each(so, token))
+    (a,) = sched.take_finished_requests()
+    assert (a.request_id, a.status, a.output_token_ids) == (
+        "a",
+        RequestStatus.FINISHED_LENGTH_CAPPED,
+        [11, 12],
+    )
+    assert (a.num_computed_tokens, a.num_tokens, a.block_ids) == (4, 5, [])
+    assert sched.take_finished_requests() == []
+    assert sched.finish_requests("b", RequestStatus.FINISHED_ABORTED) == ["b"]
+    (b,) = sched.take_finished_requests()
+    assert (b.status, b.output_token_ids) == (RequestStatus.FINISHED_ABORTED, [11, 12])
+
+
 def test_finish_requests_validates_its_status_and_ignores_unknown_ids() -> None:
     sched = make_scheduler()
     add_requests(sched, 3)

@@ -8,7 +8,11 @@ same vLLM ``ModelRunnerOutput``s by the harness's runner and engine loop, and at
 every field of the ``SchedulerOutput`` (new-request data with block tables, cached-request
 data, counts, drafts, finished and preempted ids, and the rest) and of the returned
 ``EngineCoreOutputs`` (every ``EngineCoreOutput`` field, the scheduler stats) is recorded
-for comparison.
+for comparison; so are the ``Request`` objects' scheduling fields (:data:`REQUEST_FIELDS`)
+of every request the step names, after the step and after its output, and the order of the
+``running`` and ``waiting`` queues. The token lists (:data:`TOKEN_FIELDS`; their lengths are
+fields too) are recorded when a request leaves the running queue (preempted, finished): each
+step recording them would cost the square of a request's length.
 
 Normalized, not loosened: objects that are per-side copies of the same input (the
 requests' ``SamplingParams``) are compared by value; event timestamps and
@@ -18,15 +22,52 @@ requests' ``SamplingParams``) are compared by value; event timestamps and
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
-from .harness import STEP_KEYS, ParityConfig, VllmSide, output_rows
+from .harness import STEP_KEYS, ParityConfig, ParityRequest, VllmSide, output_rows
 
-__all__ = ["FIELD_KEYS", "PluginFieldSide", "VllmFieldSide", "engine_outputs_fields"]
+__all__ = [
+    "FIELD_KEYS",
+    "REQUEST_FIELDS",
+    "TOKEN_FIELDS",
+    "PluginFieldSide",
+    "VllmFieldSide",
+    "engine_outputs_fields",
+    "request_fields",
+]
 
-FIELD_KEYS = (*STEP_KEYS, "scheduler_output", "engine_outputs")
-"""What is compared at every step: the harness's summary, and every field of vLLM's
-``SchedulerOutput`` and ``EngineCoreOutputs``."""
+FIELD_KEYS = (
+    *STEP_KEYS,
+    "scheduler_output",
+    "engine_outputs",
+    "requests_scheduled",
+    "requests_updated",
+    "queues",
+)
+"""What is compared at every step: the harness's summary, every field of vLLM's
+``SchedulerOutput`` and ``EngineCoreOutputs``, the ``Request`` fields and the queues."""
+
+TOKEN_FIELDS = ("output_token_ids", "all_token_ids")
+"""The ``Request`` fields that hold every token so far."""
+
+REQUEST_FIELDS = (
+    *TOKEN_FIELDS,
+    "status",
+    "num_computed_tokens",
+    "num_tokens",
+    "num_tokens_with_spec",
+    "num_output_tokens",
+    "spec_token_ids",
+    "num_output_placeholders",
+    "num_in_flight_tokens",
+    "num_stale_output_tokens",
+    "drop_stale_output",
+    "num_preemptions",
+    "is_prefill_chunk",
+)
+"""The fields of vLLM's ``Request`` that its scheduler maintains."""
 
 # EngineCoreOutputs fields that are wall-clock readings.
 _CLOCK_FIELDS = frozenset({"timestamp"})
@@ -83,14 +124,49 @@ def engine_outputs_fields(engine_outputs: dict[int, Any]) -> dict[int, dict[str,
     }
 
 
+def request_fields(request: Any, *, tokens: bool = True) -> dict[str, Any]:
+    """A ``Request``'s :data:`REQUEST_FIELDS` (without :data:`TOKEN_FIELDS` unless
+    ``tokens``), and whether it says it is finished."""
+    fields = {}
+    for name in REQUEST_FIELDS if tokens else REQUEST_FIELDS[len(TOKEN_FIELDS) :]:
+        value = getattr(request, name)
+        # output_token_ids and all_token_ids are vLLM's read-only list views.
+        fields[name] = _value(list(value) if isinstance(value, Sequence) else value)
+    fields["is_finished"] = request.is_finished()
+    return fields
+
+
 class VllmFieldSide(VllmSide):
     """vLLM's scheduler, recording its objects' fields at every step."""
 
     name = "vllm"
 
+    def __init__(self, config: ParityConfig, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        # Every Request object added, live or finished, by id.
+        self.added: dict[str, Any] = {}
+
+    def add(self, req: ParityRequest) -> None:
+        super().add(req)
+        self.added[req.request_id] = self.scheduler.requests[req.request_id]
+
+    def _requests(self, req_ids: Any, left: Any) -> dict[str, dict[str, Any]]:
+        """The fields of the requests ``req_ids`` names; tokens too for those in ``left``."""
+        return {
+            req_id: request_fields(self.added[req_id], tokens=req_id in left)
+            for req_id in sorted(set(req_ids))
+        }
+
     def schedule(self) -> tuple[Any, dict[str, Any]]:
         out, summary = super().schedule()
         summary["scheduler_output"] = scheduler_output_fields(out)
+        left = out.preempted_req_ids | out.finished_req_ids
+        summary["requests_scheduled"] = self._requests(chain(out.num_scheduled_tokens, left), left)
+        summary["requests_updated"] = None
+        summary["queues"] = {
+            queue: [r.request_id for r in getattr(self.scheduler, queue)]
+            for queue in ("running", "waiting")
+        }
         return out, summary
 
     def update(self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]) -> Any:
@@ -98,7 +174,10 @@ class VllmFieldSide(VllmSide):
             out, self.ref.vllm_runner_output(out, sampled)
         )
         summary["engine_outputs"] = engine_outputs_fields(engine_outputs)
-        return output_rows(engine_outputs)
+        rows = output_rows(engine_outputs)
+        finished = {row[0] for row in rows if row[2] is not None}
+        summary["requests_updated"] = self._requests((row[0] for row in rows), finished)
+        return rows
 
 
 class PluginFieldSide(VllmFieldSide):

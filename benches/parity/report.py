@@ -135,11 +135,12 @@ cached-request data with resumed ids, new block ids, computed and output-token c
 the token lists a runner reloads, counts, drafts, finished and preempted ids, and the rest)
 and of the `EngineCoreOutputs` (each `EngineCoreOutput`: tokens, finish and stop reasons,
 logprobs, events, prefill stats, NaN counts; the scheduler stats: queue lengths, KV usage,
-prefix-cache and speculative-decoding stats), with each of vLLM's two model runners (the V2
-runner, vLLM 0.33's default where Triton is installed, gets resumed requests among the new
-ones). Event timestamps are wall-clock readings and are left out; their types are
-compared. The deviations above hold for the plug-in as they do for the core, kept out the
-same way. Beyond them, the plug-in:
+prefix-cache and speculative-decoding stats), the scheduling fields of every `Request` the
+step names and the order of the `running` and `waiting` queues, with each of vLLM's two
+model runners (the V2 runner, vLLM 0.33's default where Triton is installed, gets resumed
+requests among the new ones). Event timestamps are wall-clock readings and are left out;
+their types are compared. The deviations above hold for the plug-in as they do for the
+core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction,
   multimodal models, pooling models, prompt embeddings, encoder-decoder models, diffusion
@@ -160,12 +161,13 @@ same way. Beyond them, the plug-in:
 - **serves LoRA** with vLLM's `max_loras` rule in the core's waiting loop and the adapter in
   every block hash; the hash takes the adapter's `lora_int_id` where vLLM's takes its
   `lora_name` (vLLM's server gives each name one id, so the two key the same blocks);
-- **keeps vLLM's `Request` objects as the engine hands them over**: their status is set when
-  they finish, their events, prefill stats and per-request speculative-decoding metrics are
-  filled as vLLM fills them, but the counters vLLM's own scheduler keeps on them
-  (`num_computed_tokens`, output tokens, drafts) live in llmsched's core instead. Nothing in
-  vLLM's engine reads them; vLLM's scheduler tests that do are listed in
-  `tests/vllm_upstream/selection.py`;
+- **shows vLLM's `Request` objects as vLLM's scheduler would**: the fields vLLM's scheduler
+  keeps on them (status, `num_computed_tokens`, output and all token ids, drafts,
+  placeholders, in-flight and stale tokens, preemptions, `is_prefill_chunk`) read the core
+  when accessed (nothing is written per step), and a finished request keeps its final
+  state; setting one of them is an `AttributeError` (the core owns it). The `running` and
+  `waiting` queues are views of the core's. Events, prefill stats and per-request
+  speculative-decoding metrics are filled as vLLM fills them;
 - **follows the engine's `async_scheduling`** whichever of its two classes is named.
 """
 

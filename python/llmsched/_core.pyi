@@ -310,7 +310,8 @@ class RequestOutputs(Sequence[RequestOutput]):
 
 @final
 class Request:
-    """A snapshot of one live request, taken by ``Scheduler.get_request``."""
+    """A snapshot of one request: a live one (``Scheduler.get_request``) or a finished one
+    (``Scheduler.take_finished_requests``)."""
 
     @property
     def request_id(self) -> str:
@@ -475,6 +476,11 @@ class Scheduler:
     def get_request(self, request_id: str) -> Request:
         """A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
         live request has that id."""
+    def take_finished_requests(self) -> list[Request]:
+        """The final state of each request the latest ``update_from_output`` or
+        ``finish_requests`` call finished, in the order they finished: one ``Request``
+        snapshot each (status, counters and tokens as they were; its blocks are freed).
+        Taking them leaves none; the next such call drops those nobody took."""
     def has_unfinished_requests(self) -> bool:
         """Whether any request is running or waiting."""
     def get_num_unfinished_requests(self) -> int:

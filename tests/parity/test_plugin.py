@@ -4,10 +4,11 @@ Every parity case (``matrix``: sync and async, K in {0, 1, 3}, prefix caching, K
 and preemption, priority, aborts in every state, the ``max_model_len`` boundary) is driven
 through vLLM 0.33.0's scheduler and through the plug-in, with the same vLLM ``Request``s
 and ``ModelRunnerOutput``s, and every field of every ``SchedulerOutput`` and
-``EngineCoreOutputs`` is compared at every step (``plugin``), for each of vLLM's two model
-runners (``use_v2_model_runner``: the V2 runner, vLLM 0.33's default where Triton is
-installed, gets resumed requests among the new ones, every token re-sent). Runs where vLLM
-is importable (``make parity-test``).
+``EngineCoreOutputs``, the scheduling fields of the ``Request`` objects the step names and
+the order of the ``running`` and ``waiting`` queues are compared at every step
+(``plugin``), for each of vLLM's two model runners (``use_v2_model_runner``: the V2 runner,
+vLLM 0.33's default where Triton is installed, gets resumed requests among the new ones,
+every token re-sent). Runs where vLLM is importable (``make parity-test``).
 """
 
 from __future__ import annotations
@@ -64,15 +65,48 @@ class _NoRescheduledTokens(PluginFieldSide):
         return out, summary
 
 
+class _UnmirroredRequests(PluginFieldSide):
+    """The plug-in as it was before its ``Request`` objects read the core: vLLM's objects as
+    the engine made them, never brought up to date."""
+
+    def add(self, req: Any) -> None:
+        from vllm.v1.request import Request
+
+        super().add(req)
+        self.added[req.request_id].__class__ = Request
+
+
+class _ReversedRunning(PluginFieldSide):
+    """A plug-in whose ``running`` view lists the running requests backwards."""
+
+    def schedule(self) -> tuple[Any, dict[str, Any]]:
+        out, summary = super().schedule()
+        summary["queues"]["running"].reverse()
+        return out, summary
+
+
 @pytest.mark.parametrize(
-    ("side", "case_id", "field"),
+    ("side", "case_id", "key", "field"),
     [
-        (_NoOutputTokenCounts, "synthetic-conv/async-K0-apc-fcfs", "num_output_tokens"),
-        (_NoRescheduledTokens, "synthetic-conv/sync-K3-apc-fcfs-kv", "all_token_ids"),
+        (
+            _NoOutputTokenCounts,
+            "synthetic-conv/async-K0-apc-fcfs",
+            "scheduler_output",
+            "num_output_tokens",
+        ),
+        (
+            _NoRescheduledTokens,
+            "synthetic-conv/sync-K3-apc-fcfs-kv",
+            "scheduler_output",
+            "all_token_ids",
+        ),
+        (_UnmirroredRequests, "synthetic-conv/sync-K0-apc-fcfs", "requests_scheduled", "status"),
+        (_ReversedRunning, "synthetic-conv/sync-K0-apc-fcfs", "queues", "running"),
     ],
 )
-def test_a_wrong_field_is_caught(side: Any, case_id: str, field: str) -> None:
-    """The comparison is not vacuous: one field a runner reads, got wrong, shows up."""
+def test_a_wrong_field_is_caught(side: Any, case_id: str, key: str, field: str) -> None:
+    """The comparison is not vacuous: one field a runner or a reader of the scheduler's
+    state reads, got wrong, shows up."""
     case = case_by_id(case_id)
     requests = case.requests()
     comparison = compare(
@@ -81,7 +115,7 @@ def test_a_wrong_field_is_caught(side: Any, case_id: str, field: str) -> None:
         FIELD_KEYS,
     )
     assert not comparison.identical
-    assert field in str(comparison.detail.get("scheduler_output"))
+    assert field in str(comparison.detail.get(key))
 
 
 def test_a_different_block_pool_is_caught() -> None:

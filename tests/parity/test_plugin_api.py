@@ -233,6 +233,68 @@ def test_lora_steps_match_vllms(async_scheduling: bool) -> None:
     assert {lora for _, _, lora in admitted} == {0, 1, 2}
 
 
+# ------------------------------------------------------------------- Request objects
+
+
+def test_request_objects_match_vllms_at_every_step_long_after_they_finish() -> None:
+    """Every Request object ever added (waiting, running, preempted, finished by a stop, by
+    its length or by an abort, steps ago) reads as vLLM's own does, after every call; so do
+    the running and waiting queues."""
+    from benches.parity.plugin import request_fields
+
+    def drive(sched: Any) -> list[Any]:
+        added = {}
+        trace = []
+        for step in range(40):
+            if step < 12:
+                r = ref.make_vllm_request(
+                    f"r{step}",
+                    list(range(1, 10 + step)),
+                    max_tokens=3 + step % 5,
+                    eos_token_id=ref.EOS_TOKEN_ID,
+                    block_size=BLOCK,
+                )
+                sched.add_request(r)
+                added[r.request_id] = r
+            if step == 6:
+                sched.finish_requests(["r2", "r5"], RequestStatus.FINISHED_ABORTED)
+            so = sched.schedule()
+            # The runner samples EOS for r4's second token: a stop, not a length cap.
+            sampled = {
+                rid: [ref.EOS_TOKEN_ID if rid == "r4" and added[rid].num_output_tokens else 7]
+                for rid in so.num_scheduled_tokens
+            }
+            sched.update_from_output(so, ref.vllm_runner_output(so, sampled))
+            trace.append(
+                (
+                    {rid: request_fields(r) for rid, r in added.items()},
+                    [r.request_id for r in sched.running],
+                    [r.request_id for r in sched.waiting],
+                )
+            )
+        return trace
+
+    # A pool of 12 blocks of 4 for up to 11 running requests: preemptions.
+    theirs = drive(reference(num_gpu_blocks=12))
+    ours = drive(build(reference(num_gpu_blocks=12)))
+    statuses = {fields["status"] for fields in theirs[-1][0].values()}
+    assert {RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_STOPPED} <= statuses
+    assert any(fields["num_preemptions"] for fields in theirs[-1][0].values())
+    assert ours == theirs
+
+
+def test_a_field_the_core_keeps_cannot_be_set() -> None:
+    sched = build(reference())
+    r = request("a")
+    sched.add_request(r)
+    sched.schedule()
+    with pytest.raises(AttributeError, match=r"num_computed_tokens of request 'a'"):
+        r.num_computed_tokens = 0
+    with pytest.raises(AttributeError, match=r"status of request 'a'"):
+        r.status = RequestStatus.WAITING
+    assert (r.num_computed_tokens, r.status) == (10, RequestStatus.RUNNING)
+
+
 def test_pause_states_match_vllms() -> None:
     def drive(sched: Any) -> list[Any]:
         trace = []

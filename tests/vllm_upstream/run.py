@@ -188,6 +188,12 @@ def summarize(plugin: object, run_all: bool, excluded: dict[str, str]) -> list[s
     if out.unclassified:
         lines.append(f"unclassified in selection.py ({len(out.unclassified)}):")
         lines.extend(f"  {nodeid}" for nodeid in out.unclassified)
+    passing_excluded = [
+        nodeid for nodeid in out.passed if nodeid in excluded or nodeid.split("[", 1)[0] in excluded
+    ]
+    if run_all and passing_excluded:
+        lines.append(f"excluded but passing ({len(passing_excluded)}):")
+        lines.extend(f"  {nodeid}" for nodeid in passing_excluded)
     if out.failed:
         label = "failed" if run_all else "FAILED (included)"
         lines.append(f"{label} ({len(out.failed)}):")

@@ -1,22 +1,24 @@
 """Which of vLLM 0.33.0's scheduler tests run against ``llmsched.vllm``, and why the others
 do not.
 
-``INCLUDED`` lists, per file, every test that drives the scheduler only through vLLM's
-``SchedulerInterface`` (and the ``SchedulerOutput`` / ``EngineCoreOutputs`` it returns) and
-passes: ``run.py`` fails if one of them fails. ``EXCLUDED`` maps every other test to the
-reason: the vLLM scheduler internal it reads or patches (``scheduler.running``,
-``scheduler.kv_cache_manager``, ...), the fields of vLLM's ``Request`` that only vLLM's own
-scheduler updates (``num_output_tokens``, ``output_token_ids``, ``spec_token_ids``, ...), or
-the feature llmsched.vllm refuses by design (KV and encoder-cache connectors, multimodal
-inputs, structured output, pooling, pipeline / data parallelism, hybrid KV-cache
-groups, speculative methods other than ``ngram``), or the deliberate deviation of
-``docs/parity.md`` it trips. A key is a test function name (every parametrization) or
-``name[params]`` (one parametrization; it wins over the name). A test of these files that is
-in neither list fails the run, so that a new vLLM test is classified before it counts.
+``INCLUDED`` lists, per file, every test that drives the scheduler through vLLM's
+``SchedulerInterface`` (and the ``SchedulerOutput`` / ``EngineCoreOutputs`` it returns), what
+the plug-in shows of its state (the ``running`` and ``waiting`` queues, the fields of each
+``Request`` that vLLM's scheduler maintains: status, computed and output tokens, drafts,
+preemptions) and passes: ``run.py`` fails if one of them fails. ``EXCLUDED`` maps every
+other test to the reason: the vLLM scheduler internal it reads or patches
+(``scheduler.kv_cache_manager``, ``scheduler.finished_req_ids``, ...), a ``Request`` field
+it writes to build a state by hand, the feature llmsched.vllm refuses by design (KV and
+encoder-cache connectors, multimodal inputs, structured output, pooling, pipeline / data
+parallelism, hybrid KV-cache groups, speculative methods other than ``ngram``), the
+deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the plug-in.
+A key is a test function name (every parametrization) or ``name[params]`` (one
+parametrization; it wins over the name). A test of these files that is in neither list
+fails the run, so that a new vLLM test is classified before it counts.
 
 Each reason names the first thing that stops the test; "also" lists the other vLLM scheduler
-internals it touches and "Request fields" the ``Request`` attributes it reads that vLLM's
-scheduler maintains (not mirrored by llmsched.vllm).
+internals it touches and "Request fields" the ``Request`` attributes it reads (``written``:
+it sets them, which the plug-in refuses: the core keeps them).
 """
 
 from __future__ import annotations
@@ -59,8 +61,28 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         # scheduler.spec_decode_metrics_level, which llmsched.vllm keeps as vLLM's does.
         "test_per_request_spec_decode_detailed_records_per_step",
         "test_per_request_spec_decode_acceptance_disabled_by_default",
+        # These read the running and waiting queues (the plug-in's views of the core's) and
+        # the Request fields vLLM's scheduler maintains (the plug-in's read the core).
+        "test_add_requests",
+        "test_schedule[False-None]",
+        "test_schedule_concurrent_partial_requests",
+        "test_preempt_during_execution",
+        "test_schedule_spec_decoding_stats",
+        "test_no_spec_tokens_scheduled_for_prefill_chunks",
+        "test_priority_scheduling_preemption",
+        "test_priority_scheduling_no_preemption_when_space_available",
+        "test_priority_scheduling_preemption_victim_selection",
+        "test_priority_scheduling_equal_priority_preemption",
+        "test_priority_scheduling_waiting_queue_order",
+        "test_priority_scheduling_with_limited_slots",
+        "test_priority_scheduling_heap_property",
     ),
-    ASYNC_SCHEDULER_TESTS: ("test_prefix_caching_for_prefill_dedup",),
+    ASYNC_SCHEDULER_TESTS: (
+        "test_prefix_caching_for_prefill_dedup",
+        "test_stop_by_max_tokens",
+        "test_abort",
+        "test_prefix_caching_for_multi_turn",
+    ),
 }
 
 #: Tests not run, each with the internal or the feature it needs.
@@ -76,7 +98,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_scheduled_encoder_input_stats_disabled_without_log_stats": (
             "scheduler internal: scheduler.observability_config"
         ),
-        "test_add_requests": "scheduler internal: scheduler.waiting",
         "test_routed_experts_prompt_start_at_prompt_end": (
             "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector"
         ),
@@ -93,17 +114,16 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector"
         ),
         "test_finish_request": (
-            "scheduler internal: scheduler.waiting; also scheduler.aux_output_connector"
+            "scheduler internal: scheduler.aux_output_connector (a mock that expects "
+            "request_finished)"
         ),
         "test_max_num_active_seqs_caps_admission": (
-            "scheduler internal: scheduler.running; also scheduler.max_num_running_reqs, "
-            "scheduler.waiting"
+            "scheduler internal: scheduler.max_num_running_reqs"
         ),
         "test_pending_hisparse_spill_keeps_scheduler_alive": (
             "KV connector internals (HiSparse connector, object.__new__ scheduler with mocked "
             "connector)"
         ),
-        "test_schedule[False-None]": "scheduler internals: scheduler.waiting, scheduler.running",
         "test_schedule[True-5]": (
             "prompt logprobs with prefix caching (request refused by design); scheduler.waiting / "
             "scheduler.running"
@@ -156,7 +176,10 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_encoder_only_prompt_longer_than_budget_is_chunked": (
             "multimodal inputs (llava-1.5 model; refused by design)"
         ),
-        "test_schedule_prefills_gating[True]": "scheduler internal: scheduler.running",
+        "test_schedule_prefills_gating[True]": (
+            "schedule(throttle_prefills=True): prefill balancing across data-parallel ranks "
+            "(refused with data parallelism)"
+        ),
         "test_local_prefill_interval_holds_prefill_between_bursts": (
             "refused feature: prefill cadence (prefill_schedule_interval=2) / refused feature: "
             "prefill cadence (prefill_schedule_interval=4); also scheduler.last_prefill_step, "
@@ -194,7 +217,10 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
             "scheduler.running, scheduler.waiting; Request fields: status"
         ),
-        "test_throttle_defers_inflight_prefill_chunk": "scheduler internal: scheduler.running",
+        "test_throttle_defers_inflight_prefill_chunk": (
+            "schedule(throttle_prefills=True): prefill balancing across data-parallel ranks "
+            "(refused with data parallelism)"
+        ),
         "test_throttle_capacity_bound_guard_admits": (
             "scheduler internal: scheduler.prefill_capacity_bound"
         ),
@@ -213,19 +239,17 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "multimodal inputs (llava-1.5 model; refused by design); also "
             "scheduler._try_schedule_encoder_inputs"
         ),
-        "test_schedule_concurrent_partial_requests": "scheduler internal: scheduler.running",
         "test_update_from_output_routes_sampling_masks_by_request": (
-            "scheduler internal: scheduler.running; also scheduler.return_sampling_mask; Request "
-            "fields: num_computed_tokens (written), num_tokens, status (written)"
+            "refused feature: sampling masks (scheduler.return_sampling_mask); Request fields: "
+            "num_computed_tokens (written), status (written)"
         ),
         "test_update_from_output_routes_multi_position_sampling_masks": (
-            "scheduler internal: scheduler.running; also scheduler.return_sampling_mask; Request "
-            "fields: num_computed_tokens (written), num_tokens, status (written)"
+            "refused feature: sampling masks (scheduler.return_sampling_mask); Request fields: "
+            "num_computed_tokens (written), status (written)"
         ),
         "test_stop_via_update_from_output": (
-            "scheduler internal: scheduler.running; also scheduler.finished_req_ids; Request "
-            "fields: is_finished, num_computed_tokens (written), num_tokens, output_token_ids, "
-            "status, status (written), stop_reason"
+            "builds the requests' state by hand; Request fields: num_computed_tokens (written), "
+            "status (written); also scheduler.finished_req_ids"
         ),
         "test_check_stop_min_tokens": (
             "tests vLLM's check_stop() helper on Request objects; no scheduler"
@@ -240,9 +264,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "deliberate deviation 5 (docs/parity.md): chunked prefill off with "
             "max_num_batched_tokens=1024 < max_model_len=2048 is refused (ConfigError)"
         ),
-        "test_preempt_during_execution": (
-            "scheduler internal: scheduler.running; Request fields: output_token_ids, status"
-        ),
         "test_pending_hisparse_reclamation_defers_preemption": (
             "scheduler internal: scheduler.kv_cache_manager; also scheduler.running; Request "
             "fields: num_preemptions, status"
@@ -256,15 +277,13 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.running; Request fields: status"
         ),
         "test_preemption_processes_stale_aux_output": (
-            "scheduler internal: scheduler.running; also scheduler._preempt_request, "
-            "scheduler.aux_output_connector"
+            "scheduler internal: scheduler._preempt_request; also scheduler.aux_output_connector"
         ),
         "test_prefix_cache_stats_not_recorded_when_caching_disabled": (
             "scheduler internal: scheduler.kv_cache_manager"
         ),
         "test_prefix_cache_stats_counted_once_for_retried_then_scheduled_request": (
-            "scheduler internal: scheduler.running; also scheduler.kv_cache_manager; Request "
-            "fields: num_tokens"
+            "scheduler internal: scheduler.kv_cache_manager"
         ),
         "test_scheduler_reset_prefix_cache": (
             "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector, "
@@ -293,17 +312,9 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             " / refused feature: this speculative decoding method (method='dspark'; supported: "
             "ngram)"
         ),
-        "test_schedule_spec_decoding_stats": (
-            "scheduler internal: scheduler.running; Request fields: num_computed_tokens, "
-            "num_tokens, num_tokens_with_spec"
-        ),
         "test_per_request_spec_decode_subtracts_invalid_drafts": (
             "per-request spec-decode metrics + structured output (num_invalid_spec_tokens); reads "
             "Request.spec_decode_metrics"
-        ),
-        "test_no_spec_tokens_scheduled_for_prefill_chunks": (
-            "reads vLLM Request field request.spec_token_ids (set by vLLM's scheduler; not "
-            "mirrored)"
         ),
         "test_spec_decode_padding_resumed_request_without_running_requests": (
             "refused feature: KV connectors (kv_transfer_config is set)"
@@ -319,8 +330,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler.finished_req_ids"
         ),
         "test_scheduler_stats_waiting_queues": (
-            "scheduler internal: scheduler.waiting; also scheduler.deferred_waiting; Request "
-            "fields: status (written)"
+            "scheduler internal: scheduler.deferred_waiting; Request fields: status (written)"
         ),
         "test_pause_new_drains_async_kv_loads": (
             "refused feature: KV connectors (kv_transfer_config is set); also scheduler.waiting; "
@@ -358,27 +368,11 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.kv_holding_waiting, scheduler.running; Request fields: status"
         ),
         "test_memory_leak": (
-            "scheduler internal: scheduler.running; also scheduler.encoder_cache_manager, "
-            "scheduler.finished_req_ids, scheduler.kv_cache_manager, scheduler.waiting"
+            "scheduler internal: scheduler.finished_req_ids; also "
+            "scheduler.encoder_cache_manager, scheduler.kv_cache_manager"
         ),
-        "test_priority_scheduling_preemption": (
-            "scheduler internal: scheduler.running; Request fields: status"
-        ),
-        "test_priority_scheduling_no_preemption_when_space_available": (
-            "scheduler internal: scheduler.running; also scheduler.waiting"
-        ),
-        "test_priority_scheduling_preemption_victim_selection": (
-            "scheduler internal: scheduler.waiting"
-        ),
-        "test_priority_scheduling_equal_priority_preemption": (
-            "scheduler internal: scheduler.waiting"
-        ),
-        "test_priority_scheduling_waiting_queue_order": "scheduler internal: scheduler.waiting",
-        "test_priority_scheduling_with_limited_slots": "scheduler internal: scheduler.waiting",
-        "test_priority_scheduling_heap_property": "scheduler internal: scheduler.waiting",
         "test_schedule_skip_tokenizer_init_structured_output_request": (
-            "scheduler internal: scheduler.running; also scheduler.deferred_waiting, "
-            "scheduler.waiting"
+            "structured output (refused by design); also scheduler.deferred_waiting"
         ),
         "test_grammar_compile_error_finishes_only_request": (
             "structured output (refused by design: the request is failed with that reason); "
@@ -448,9 +442,9 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.waiting; Request fields: status (written)"
         ),
         "test_fcfs_mixed_blocked_types_remote_load_drains_first": (
-            "scheduler internal: scheduler.waiting; also scheduler._update_waiting_for_remote_kv, "
-            "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
-            "scheduler.running; Request fields: status (written)"
+            "scheduler internal: scheduler._update_waiting_for_remote_kv (KV connectors); also "
+            "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting; Request "
+            "fields: status (written)"
         ),
         "test_abort_request_waiting_for_remote_kvs": (
             "refused feature: KV connectors (kv_transfer_config is set); also "
@@ -668,25 +662,14 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         ),
     },
     ASYNC_SCHEDULER_TESTS: {
-        "test_stop_by_max_tokens": (
-            "reads vLLM Request field request.num_output_tokens (not mirrored)"
-        ),
         "test_no_spec_decode_padding_up_to_max_model_len": (
             "refused feature: this speculative decoding method (method='ngram_gpu'; supported: "
             "ngram); Request fields: num_computed_tokens, num_computed_tokens (written), "
             "num_tokens, status"
         ),
-        "test_abort": (
-            "reads vLLM Request fields request.num_output_tokens and request.status "
-            "(num_output_tokens not mirrored)"
-        ),
         "test_connector_metadata_precedes_async_placeholder_advance": (
             "refused feature: KV connectors (kv_transfer_config is set); Request fields: "
             "num_output_placeholders"
-        ),
-        "test_prefix_caching_for_multi_turn": (
-            "reads vLLM Request field request.output_token_ids to build the next turn (not "
-            "mirrored); writes Request._all_token_ids"
         ),
         "test_abort_request_when_structured_output_fsm_cannot_advance": (
             _FSM_ABORT_BY_HAND + " num_output_placeholders (written), num_tokens, status, status"

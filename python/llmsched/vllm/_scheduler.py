@@ -38,6 +38,7 @@ from llmsched.vllm._config import (
     read,
 )
 from llmsched.vllm._kv_layout import KVCacheLayout
+from llmsched.vllm._requests import attach, freeze, new_request_data
 
 __all__ = ["TESTED_VLLM_VERSIONS", "AsyncScheduler", "Scheduler"]
 
@@ -193,6 +194,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._refused[req_id] = (request, reason)
             return
         self.requests[req_id] = request
+        attach(request, self.core)
         if params.logprobs is not None or request.trace_headers or request.client_index:
             self._always_full.add(req_id)
         if request.client_index:
@@ -217,14 +219,24 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             if refused is not None:
                 refused[0].status = finished_status
                 finished.append(refused[0])
-        for req_id in self.core.finish_requests(request_ids, int(finished_status)):
-            request = self._forget(req_id, int(finished_status))
+        self.core.finish_requests(request_ids, int(finished_status))
+        for request in self._freeze_finished():
+            self._forget(request.request_id)
             finished.append(request)
         return finished
 
-    def _forget(self, req_id: str, status: int) -> Request:
+    def _freeze_finished(self) -> list[Request]:
+        """Give the requests the core's latest call finished their final records."""
+        finals = self.core.take_finished_requests()
+        frozen = []
+        for final in finals:
+            request = self.requests[final.request_id]
+            freeze(request, final)
+            frozen.append(request)
+        return frozen
+
+    def _forget(self, req_id: str) -> Request:
         request = self.requests.pop(req_id)
-        request.status = RequestStatus(status)
         self._always_full.discard(req_id)
         self._next_full.discard(req_id)
         if request.client_index:
@@ -261,6 +273,26 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
 
     def get_kv_cache_usage(self) -> float:
         return self.core.get_kv_cache_usage()
+
+    # vLLM's scheduler keeps its queues as attributes that tools and vLLM's tests read;
+    # here they are views of the core's, rebuilt on each access.
+
+    @property
+    def running(self) -> list[Request]:
+        """The running requests in running order: a new list on each access (changing it
+        changes nothing)."""
+        requests = self.requests
+        return [requests[req_id] for req_id in self.core.running_request_ids()]
+
+    @property
+    def waiting(self) -> list[Request]:
+        """The waiting requests in the order the next step considers them, then the
+        refused ones (waiting for the next output to fail them): a new list on each
+        access."""
+        requests = self.requests
+        waiting = [requests[req_id] for req_id in self.core.waiting_request_ids()]
+        waiting.extend(request for request, _ in self._refused.values())
+        return waiting
 
     # -- one step ----------------------------------------------------------------------
 
@@ -320,7 +352,6 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         for req_id in admissions:
             i = admitted_at[req_id]
             request = self.requests[req_id]
-            request.num_computed_tokens = computed[i]
             if req_id in first_admissions and request.prefill_stats is not None:
                 request.prefill_stats.set(
                     num_prompt_tokens=request.num_prompt_tokens,
@@ -328,8 +359,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     num_external_cached_tokens=0,
                 )
             new_requests.append(
-                NewRequestData.from_request(
-                    request, (block_rows.get(i, []),), all_tokens.get(req_id, None)
+                new_request_data(
+                    request, (block_rows.get(i, []),), all_tokens.get(req_id, None), computed[i]
                 )
             )
         return new_requests
@@ -446,6 +477,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             # object per token. An output the core refuses raises here, changing nothing.
             core_outputs = self.core.update_from_output(core_step, _RunnerRows(runner_ids, sampled))
             del self._core_steps[id(scheduler_output)]
+            self._freeze_finished()
             if scheduler_output.scheduled_spec_decode_tokens:
                 spec_stats = self._observe_drafts(scheduler_output, mro.req_id_to_index, sampled)
             self._emit(core_outputs, mro, outputs)
@@ -548,7 +580,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             outputs[0].extend(built)
         for i in full:
             if statuses[i] >= _FIRST_FINISHED:
-                self._forget(out_ids[i], statuses[i])
+                self._forget(out_ids[i])
 
     def _complete(
         self,

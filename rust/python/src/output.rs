@@ -466,7 +466,8 @@ impl PyRequestOutputs {
     }
 }
 
-/// A snapshot of one live request, taken by ``Scheduler.get_request``.
+/// A snapshot of one request: a live one (``Scheduler.get_request``) or a finished one
+/// (``Scheduler.take_finished_requests``).
 #[pyclass(frozen, module = "llmsched", name = "Request")]
 pub struct PyRequest {
     /// The request's id.

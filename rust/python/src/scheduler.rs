@@ -965,6 +965,15 @@ impl PyScheduler {
         self.with_inner(py, |inner| Ok(PyRequest::snapshot(inner.core.get_request(&request_id).map_err(core_err)?)))
     }
 
+    /// The final state of each request the latest ``update_from_output`` or
+    /// ``finish_requests`` call finished, in the order they finished: one ``Request``
+    /// snapshot each (status, counters and tokens as they were; its blocks are freed).
+    /// Taking them leaves none; the next such call drops those nobody took.
+    fn take_finished_requests(&self, py: Python<'_>) -> PyResult<Vec<PyRequest>> {
+        let records = self.with_inner(py, |inner| Ok(inner.core.take_last_finished()))?;
+        Ok(records.iter().map(PyRequest::snapshot).collect())
+    }
+
     /// Whether any request is running or waiting.
     fn has_unfinished_requests(&self, py: Python<'_>) -> PyResult<bool> {
         self.with_inner(py, |inner| Ok(inner.core.has_unfinished_requests()))

@@ -58,6 +58,11 @@ pub struct Scheduler {
     /// records are freed when they finish, and only this much is kept for the next step to
     /// report (a request's prompt and block hashes can be megabytes).
     finished_since_last_step: Vec<(Handle, Arc<str>)>,
+    /// The records of the requests the latest `update_from_output` or `finish_requests`
+    /// finished, until the next such call drops them (or `take_last_finished` takes them):
+    /// a caller that mirrors requests reads their final state here, and records nobody
+    /// takes never pile up.
+    last_finished: Vec<Request>,
     /// Requests preempted since the last step (one may finish before the step reports it).
     preempted_since_last_step: Vec<(Handle, Arc<str>)>,
     in_flight: VecDeque<StepRecord>,
@@ -114,6 +119,7 @@ impl Scheduler {
             running: Vec::new(),
             kv,
             finished_since_last_step: Vec::new(),
+            last_finished: Vec::new(),
             preempted_since_last_step: Vec::new(),
             in_flight: VecDeque::new(),
             next_step_id: 1,
@@ -375,7 +381,16 @@ impl Scheduler {
         }
         self.kv.free(&mut request);
         self.ids.remove(&*request.id);
-        self.finished_since_last_step.push((handle, request.id));
+        self.finished_since_last_step.push((handle, request.id.clone()));
+        self.last_finished.push(request);
+    }
+
+    /// The final records of the requests the latest `update_from_output` or
+    /// `finish_requests` call finished, in the order they finished (a request's status,
+    /// counters and tokens as they were when it finished; its blocks are freed); taking
+    /// them leaves none.
+    pub fn take_last_finished(&mut self) -> Vec<Request> {
+        std::mem::take(&mut self.last_finished)
     }
 
     /// Finishes live requests from outside (aborts); ids not live are ignored,
@@ -408,6 +423,7 @@ impl Scheduler {
             }
             None => self.live_handles(),
         };
+        self.last_finished.clear();
         let mut was_running = false;
         let mut finished = Vec::with_capacity(handles.len());
         for &h in &handles {

@@ -195,6 +195,7 @@ impl Scheduler {
         let record = self.locate_step(step_id)?;
         let row_offsets = self.validate_output(record, out)?;
         let record = self.in_flight.pop_front().expect("located");
+        self.last_finished.clear();
         let consts = UpdateConsts {
             m: self.config.max_model_len(),
             s: self.config.num_sampled_tokens_per_step(),

@@ -1,0 +1,126 @@
+"""vLLM's ``Request`` objects, telling what llmsched's core knows of them.
+
+vLLM's own scheduler writes a request's progress (status, computed tokens, output tokens,
+drafts, preemptions) into its ``Request`` object every step; the engine, connectors, the
+structured output manager and vLLM's tests read it there. The plug-in does not write it:
+each request the core takes is turned into a :class:`LiveRequest`, whose fields of that
+kind read the core when they are accessed (no Python work per request per step). When the
+request finishes, the core hands over its final record (``take_finished_requests``) and
+the object keeps it: it reads what it read at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from vllm.v1.core.sched.output import NewRequestData
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.utils import ConstantList
+
+import llmsched
+
+__all__ = ["LiveRequest", "attach", "freeze", "new_request_data"]
+
+# Where a LiveRequest finds its state, in its instance dict: the core while it is live,
+# the core's final record once it finished; and the computed tokens before the step being
+# built, while vLLM's NewRequestData reads them.
+_CORE = "_llmsched_core"
+_FINAL = "_llmsched_final"
+_BEFORE_STEP = "_llmsched_computed_before_step"
+
+
+def _state(request: Request) -> llmsched.Request:
+    fields = request.__dict__
+    final: llmsched.Request | None = fields.get(_FINAL)
+    if final is not None:
+        return final
+    core: llmsched.Scheduler = fields[_CORE]
+    return core.get_request(request.request_id)
+
+
+class _CoreField:
+    """A ``Request`` field vLLM's scheduler maintains, read from the core on access. The
+    core owns it: setting it is an error (it would be silently out of date)."""
+
+    def __init__(self, read: Callable[[llmsched.Request], Any]) -> None:
+        self._read = read
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, request: Request | None, owner: type | None = None) -> Any:
+        if request is None:
+            return self
+        return self._read(_state(request))
+
+    def __set__(self, request: Request, value: Any) -> None:
+        raise AttributeError(
+            f"Request.{self._name} of request {request.request_id!r} is kept by llmsched's "
+            "scheduler core and cannot be set"
+        )
+
+
+class _ComputedTokens(_CoreField):
+    """``num_computed_tokens``: the core's ``C``, except while :func:`new_request_data`
+    builds the request's ``NewRequestData`` (vLLM's scheduler builds it mid-step, before it
+    advances ``C`` by the step's tokens; the core has advanced it already)."""
+
+    def __get__(self, request: Request | None, owner: type | None = None) -> Any:
+        if request is not None:
+            before_step = request.__dict__.get(_BEFORE_STEP)
+            if before_step is not None:
+                return before_step
+        return super().__get__(request, owner)
+
+
+class LiveRequest(Request):  # type: ignore[misc]  # vLLM ships no stubs
+    """A vLLM ``Request`` whose scheduling state is the core's (see the module's doc).
+    Made by :func:`attach` from the engine's own object, so every other field (sampling
+    parameters, events, the prompt, metrics) stays what vLLM put there."""
+
+    status = _CoreField(lambda s: RequestStatus(int(s.status)))
+    num_computed_tokens = _ComputedTokens(lambda s: s.num_computed_tokens)
+    num_tokens = _CoreField(lambda s: s.num_tokens)
+    num_tokens_with_spec = _CoreField(lambda s: s.num_tokens_with_spec)
+    num_output_tokens = _CoreField(lambda s: s.num_tokens - s.num_prompt_tokens)
+    output_token_ids = _CoreField(lambda s: ConstantList(s.output_token_ids))
+    all_token_ids = _CoreField(lambda s: ConstantList(s.prompt_token_ids + s.output_token_ids))
+    spec_token_ids = _CoreField(lambda s: s.spec_token_ids)
+    num_output_placeholders = _CoreField(lambda s: s.num_output_placeholders)
+    num_in_flight_tokens = _CoreField(lambda s: s.num_in_flight_tokens)
+    num_stale_output_tokens = _CoreField(lambda s: s.num_stale_output_tokens)
+    drop_stale_output = _CoreField(lambda s: s.drop_stale_output)
+    num_preemptions = _CoreField(lambda s: s.num_preemptions)
+    is_prefill_chunk = _CoreField(lambda s: s.is_prefill_chunk)
+
+
+def attach(request: Request, core: llmsched.Scheduler) -> None:
+    """Make ``request`` (just added to ``core``) a :class:`LiveRequest` reading ``core``."""
+    request.__dict__[_CORE] = core
+    request.__class__ = LiveRequest
+
+
+def freeze(request: Request, final: llmsched.Request) -> None:
+    """Give a finished ``request`` its final record (the core has let it go)."""
+    fields = request.__dict__
+    fields[_FINAL] = final
+    fields.pop(_CORE, None)
+
+
+def new_request_data(
+    request: Request,
+    block_ids: tuple[list[int], ...],
+    prefill_token_ids: list[int] | None,
+    num_computed_tokens: int,
+) -> NewRequestData:
+    """vLLM's ``NewRequestData.from_request`` for a request the step admits, read as vLLM's
+    scheduler reads it: with ``num_computed_tokens``, the request's ``C`` before the step
+    (what the runner starts from, and where multimodal inputs already covered end)."""
+    fields = request.__dict__
+    fields[_BEFORE_STEP] = num_computed_tokens
+    try:
+        return NewRequestData.from_request(request, block_ids, prefill_token_ids)
+    finally:
+        del fields[_BEFORE_STEP]
