@@ -43,6 +43,11 @@ from conftest import add_requests, make_scheduler, one_token_each
         (("x", [1]), {"max_tokens": 1, "arrival_time": float("inf")}, "arrival_time"),
         (("x", [1]), {"max_tokens": 1, "priority": 2**40}, "priority"),
         (("x", [1] * 40), {"max_tokens": 100}, "max_tokens"),  # could outgrow the KV pool
+        (
+            ("x", [1]),
+            {"max_tokens": 1, "skip_reading_prefix_cache": 1},
+            "skip_reading_prefix_cache",
+        ),
     ],
 )
 def test_bad_request_is_refused_and_changes_nothing(
@@ -131,6 +136,23 @@ def test_a_finished_requests_final_state_is_taken_once() -> None:
     assert (b.status, b.output_token_ids) == (RequestStatus.FINISHED_ABORTED, [11, 12])
 
 
+def test_a_request_can_skip_reading_the_prefix_cache() -> None:
+    """``skip_reading_prefix_cache`` (vLLM's, for prompt logprobs): admitted with no prefix
+    hit, no lookup counted; its blocks are still cached for the next request."""
+    sched = make_scheduler(enable_prefix_caching=True, block_size=4)
+    prompt = list(range(1, 14))
+    sched.add_request("first", prompt, max_tokens=1)
+    so = sched.schedule()
+    sched.update_from_output(so, one_token_each(so))
+    lookups = sched.stats()["prefix_cache_requests"]
+    sched.add_request("skips", prompt, max_tokens=1, skip_reading_prefix_cache=True)
+    sched.add_request("reads", prompt, max_tokens=1, skip_reading_prefix_cache=False)
+    so = sched.schedule()
+    computed = dict(zip(so.req_ids, so.num_computed_tokens.tolist(), strict=True))
+    assert computed == {"skips": 0, "reads": 12}
+    assert sched.stats()["prefix_cache_requests"] == lookups + 1
+
+
 def test_finish_requests_validates_its_status_and_ignores_unknown_ids() -> None:
     sched = make_scheduler()
     add_requests(sched, 3)
@@ -154,6 +176,8 @@ def test_lora_adapters_reach_the_step_and_the_request() -> None:
     assert out.req_ids == ["a", "c", "d"]
     assert out.lora_ids.tolist() == [7] and out.lora_ids.dtype == np.int32
     assert sched.get_request("b").lora_id == 3 and sched.get_request("d").lora_id is None
+    # "b" was set aside: a skipped waiting request (vLLM's count) until admitted.
+    assert (sched.get_request_counts(), sched.num_skipped_waiting) == ((3, 1), 1)
     for bad in (0, -1, 2**31):
         with pytest.raises(InvalidRequestError, match=f"lora_id={bad}"):
             sched.add_request("x", [1], max_tokens=1, lora_id=bad)

@@ -140,6 +140,7 @@ STEP_KEYS = (
     "block_ids",
     "block_hashes",
     "request_counts",
+    "lora_ids",
     "outputs",
 )
 """What is compared at every step.
@@ -153,7 +154,8 @@ the newly allocated ones otherwise); ``block_hashes`` the prefix-cache hashes of
 request admitted in this step (new or resumed: the hashes its prefix lookup used), one per
 full block of its tokens, as :class:`HashLabels` (equal where the hashes are equal, so the
 parent chain is compared whatever hash function each side uses); ``request_counts`` is
-``(running, waiting)`` right after ``schedule()``; ``outputs`` is what
+``(running, waiting)`` right after ``schedule()``; ``lora_ids`` the LoRA adapters the step
+runs (sorted; vLLM's runner gathers them from the scheduled requests); ``outputs`` is what
 ``update_from_output`` returned for this step: ``[(req_id, new_token_ids, finish_reason,
 stop_reason)]`` in order.
 """
@@ -231,6 +233,11 @@ class ParityRequest:
     stop_at: int | None = None
     abort_step: int | None = None
     """Loop iteration at which the driver aborts it (``finish_requests``), if still live."""
+    lora_id: int | None = None
+    """The LoRA adapter it runs under, if any."""
+    cache_salt: str | None = None
+    skip_reading_prefix_cache: bool = False
+    """Admitted without a prefix-cache lookup (vLLM's engine: prompt logprobs)."""
 
     @property
     def key(self) -> int:
@@ -306,6 +313,7 @@ class ParityConfig:
     max_num_scheduled_tokens: int | None = None
     max_num_active_seqs: int | None = None
     long_prefill_token_threshold_adaptive: bool = False
+    max_loras: int = 0
     use_v2_model_runner: bool = False
     """vLLM's side only: how vLLM reports resumed requests (with the V2 model runner, among
     the new ones, every token re-sent); llmsched's own side has no runner to follow."""
@@ -328,6 +336,7 @@ class ParityConfig:
             "max_num_scheduled_tokens": self.max_num_scheduled_tokens,
             "max_num_active_seqs": self.max_num_active_seqs,
             "long_prefill_token_threshold_adaptive": self.long_prefill_token_threshold_adaptive,
+            "max_loras": self.max_loras,
         }
 
     def scheduler_kwargs(self) -> dict[str, Any]:
@@ -517,6 +526,9 @@ class LlmschedSide:
             stop_token_ids=() if req.stop_token_id is None else (req.stop_token_id,),
             arrival_time=req.arrival_time,
             priority=req.priority,
+            lora_id=req.lora_id,
+            cache_salt=req.cache_salt,
+            skip_reading_prefix_cache=req.skip_reading_prefix_cache,
         )
 
     def has_requests(self) -> bool:
@@ -551,6 +563,7 @@ class LlmschedSide:
             "finished": sorted(out.finished_req_ids),
             "block_ids": blocks,
             "request_counts": tuple(self.scheduler.get_request_counts()),
+            "lora_ids": [int(lora) for lora in out.lora_ids],
         }
         summary["block_hashes"] = self.hash_labels.admitted(
             summary, lambda rid: self.scheduler.get_request(rid).block_hashes
@@ -703,6 +716,9 @@ class VllmSide:
                 priority=req.priority,
                 block_size=self.config.block_size,
                 prefix_caching=self.config.enable_prefix_caching,
+                lora_id=req.lora_id,
+                cache_salt=req.cache_salt,
+                skip_reading_prefix_cache=req.skip_reading_prefix_cache,
             )
         )
 
@@ -720,6 +736,9 @@ class VllmSide:
             blocks[rid] = [] if new_ids is None else [int(b) for b in new_ids[0]]
         summary["block_ids"] = {rid: blocks[rid] for rid, _ in summary["scheduled"]}
         summary["request_counts"] = tuple(self.scheduler.get_request_counts())
+        requests = self.scheduler.requests
+        adapters = {requests[rid].lora_request for rid in out.num_scheduled_tokens}
+        summary["lora_ids"] = sorted(a.lora_int_id for a in adapters if a is not None)
         summary["block_hashes"] = self.hash_labels.admitted(summary, self.block_hashes)
         # Not compared (vLLM's side only): what the emulation of llmsched uncached.
         summary["uncached_blocks"] = 0 if self.uncache is None else self.uncache.take_count()

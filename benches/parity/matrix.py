@@ -338,13 +338,33 @@ class Case:
     workload: str
     config: ParityConfig
     output_factor: int = 1
+    lora_adapters: int = 0
+    """LoRA adapters the requests run under (ids 1..n, round robin), every third request
+    under none."""
+    cache_salts: int = 0
+    """Cache salts the requests carry (round robin), every third request none."""
+    prefix_cache_skippers: bool = False
+    """Every fourth request skips reading the prefix cache (as for prompt logprobs)."""
 
     @property
     def id(self) -> str:
         return f"{self.workload}/{self.config.name}"
 
     def requests(self) -> list[ParityRequest]:
-        return build_requests(self.workload, self.config, output_factor=self.output_factor)
+        out = build_requests(self.workload, self.config, output_factor=self.output_factor)
+        if self.lora_adapters:
+            out = [
+                replace(r, lora_id=None if i % 3 == 2 else 1 + i % self.lora_adapters)
+                for i, r in enumerate(out)
+            ]
+        if self.cache_salts:
+            out = [
+                replace(r, cache_salt=None if i % 3 == 0 else f"salt-{i % self.cache_salts}")
+                for i, r in enumerate(out)
+            ]
+        if self.prefix_cache_skippers:
+            out = [replace(r, skip_reading_prefix_cache=i % 4 == 1) for i, r in enumerate(out)]
+        return out
 
 
 def build_requests(
@@ -586,6 +606,62 @@ def edge_cases() -> list[Case]:
                         num_gpu_blocks=tight,
                     ),
                     output_factor=4,
+                )
+            )
+        # Two LoRA adapters and plain requests, one adapter per step: requests under a
+        # second adapter wait without blocking the others; adapters key the prefix cache.
+        roomy, tight = _pool_sizes("synthetic-conv")
+        for k, policy, pressure in ((0, "fcfs", True), (3, "priority", False)):
+            out.append(
+                Case(
+                    "synthetic-conv",
+                    ParityConfig(
+                        f"edge-lora-{mode}-K{k}-apc-{policy[:4]}" + ("-kv" if pressure else ""),
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=tight if pressure else roomy,
+                        max_loras=1,
+                    ),
+                    output_factor=WORKLOADS["synthetic-conv"].pressure_output_factor
+                    if pressure
+                    else 1,
+                    lora_adapters=2,
+                )
+            )
+        # Cache salts: requests share cached blocks only under the same salt.
+        for workload in ("synthetic-conv", "mooncake-turns"):
+            out.append(
+                Case(
+                    workload,
+                    ParityConfig(
+                        f"edge-salt-{mode}-K1-apc-fcfs-kv",
+                        async_scheduling=a,
+                        num_speculative_tokens=1,
+                        enable_prefix_caching=True,
+                        policy="fcfs",
+                        num_gpu_blocks=_pool_sizes(workload)[1],
+                    ),
+                    output_factor=4,
+                    cache_salts=2,
+                )
+            )
+        # Requests that skip reading the prefix cache (prompt logprobs) among ones that hit.
+        for workload in ("synthetic-conv", "mooncake-turns"):
+            out.append(
+                Case(
+                    workload,
+                    ParityConfig(
+                        f"edge-skipread-{mode}-K1-apc-prio-kv",
+                        async_scheduling=a,
+                        num_speculative_tokens=1,
+                        enable_prefix_caching=True,
+                        policy="priority",
+                        num_gpu_blocks=_pool_sizes(workload)[1],
+                    ),
+                    output_factor=4,
+                    prefix_cache_skippers=True,
                 )
             )
         # Few sequences under KV pressure, bigger blocks.

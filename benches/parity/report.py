@@ -155,9 +155,10 @@ core, kept out the same way. Beyond them, the plug-in:
   per request (the request finishes with `FinishReason.ERROR` and the
   reason, every other request goes on; vLLM's OpenAI server answers it with HTTP 400 and the
   reason), multimodal inputs, structured
-  output, streaming input, repetition detection, KV transfer parameters, and prompt
-  logprobs with prefix caching on (vLLM serves those by skipping the prefix cache for that
-  request; llmsched has no per-request switch);
+  output, streaming input, repetition detection and KV transfer parameters;
+- **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's
+  engine sets its `skip_reading_prefix_cache`) is admitted without a prefix-cache lookup,
+  and its blocks are cached for others;
 - **serves LoRA** with vLLM's `max_loras` rule in the core's waiting loop and the adapter in
   every block hash; the hash takes the adapter's `lora_int_id` where vLLM's takes its
   `lora_name` (vLLM's server gives each name one id, so the two key the same blocks);
@@ -252,14 +253,18 @@ def to_markdown(records: list[dict[str, Any]], versions: dict[str, str]) -> str:
         "`num_computed_tokens` before the step, the scheduled draft tokens, new / resumed / "
         "preempted / finished ids, the KV block ids sent to the runner, the prefix-cache "
         "block hashes of each admitted request (where they are equal: `harness.HashLabels`), "
-        "the (running, waiting) counts, the aborts before the step, and what `update_from_output` "
-        "returned (tokens, finish and stop reasons). The harness, the runner and the "
+        "the (running, waiting) counts, the step's LoRA adapters, the aborts before the step, "
+        "and what `update_from_output` returned (tokens, finish and stop reasons). The "
+        "harness, the runner and the "
         "engine loop are described in `benches/parity/harness.py`; the workloads and configs "
         "in `benches/parity/matrix.py`.",
         "",
         "Config names: `sync`/`async` scheduling, `K` speculative tokens, `apc`/`noapc` "
         "prefix caching, `fcfs`/`prio` policy, `kv`: a small KV pool (preemption); `edge-*` "
-        "cases are listed in `matrix.edge_cases`. The count columns say what a case "
+        "cases are listed in `matrix.edge_cases` (among them `edge-lora`: two LoRA adapters "
+        "and plain requests under `max_loras=1`; `edge-salt`: two cache salts and unsalted "
+        "requests; `edge-skipread`: every fourth request skips reading the prefix cache, as "
+        "vLLM's engine makes requests for prompt logprobs). The count columns say what a case "
         "exercised (counted on vLLM's side): preemptions, admissions with a prefix-cache "
         "hit, admissions padded to `1 + K`, draft slots scheduled, requests finished by "
         "a stop/EOS token and by length, and blocks that the emulation of deviation 7 "

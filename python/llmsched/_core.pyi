@@ -404,6 +404,7 @@ class Scheduler:
         priority: int = 0,
         cache_salt: str | None = None,
         lora_id: int | None = None,
+        skip_reading_prefix_cache: bool = False,
     ) -> None:
         """Queue a request. Copies the prompt into the scheduler.
 
@@ -417,7 +418,9 @@ class Scheduler:
         never finish: an empty prompt, one longer than ``max_model_len`` minus the sampled
         token, a token id outside int32, or one whose KV could outgrow the pool. ``lora_id``
         names the LoRA adapter the request runs under (a positive int; the config's
-        ``max_loras`` must be at least 1)."""
+        ``max_loras`` must be at least 1). ``skip_reading_prefix_cache`` admits it without
+        reading the prefix cache (vLLM sets it for prompt logprobs: every prompt position is
+        computed); its blocks are still cached for other requests."""
     def schedule(self) -> SchedulerOutput:
         """Decide the next step: which requests run and how many tokens each.
 
@@ -490,6 +493,11 @@ class Scheduler:
         ``schedule()``."""
     def has_finished_requests(self) -> bool:
         """Whether any request finished since the last ``schedule()``, which will report it."""
+    @property
+    def num_skipped_waiting(self) -> int:
+        """How many of the waiting requests a waiting loop set aside (a LoRA adapter past
+        ``max_loras``, output from before a preemption still in flight, no token it could
+        schedule) and none has admitted since: vLLM's ``num_skipped_waiting_reqs``."""
     def get_request_counts(self) -> tuple[int, int]:
         """``(running, waiting)``."""
     def get_kv_cache_usage(self) -> float:

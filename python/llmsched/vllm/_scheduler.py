@@ -171,7 +171,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if req_id in self.requests or req_id in self._refused:
             raise llmsched.DuplicateRequestError(f"request_id={req_id!r}: already live")
         params = request.sampling_params
-        reason = check_request(request, self.cache_config.enable_prefix_caching)
+        reason = check_request(request)
         if reason is None:
             try:
                 self.core.add_request(
@@ -187,6 +187,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     lora_id=None
                     if request.lora_request is None
                     else request.lora_request.lora_int_id,
+                    # vLLM's engine sets it for prompt logprobs (every position computed).
+                    skip_reading_prefix_cache=request.skip_reading_prefix_cache,
                 )
             except llmsched.InvalidRequestError as exc:
                 reason = str(exc)
@@ -683,9 +685,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         )
         self._prefix_cache_reset = False
         num_running, num_waiting = self.get_request_counts()
+        num_skipped = self.core.num_skipped_waiting
         return SchedulerStats(
             num_running_reqs=num_running,
-            num_waiting_reqs=num_waiting,
+            num_waiting_reqs=num_waiting - num_skipped,
+            num_skipped_waiting_reqs=num_skipped,
             # No KV connector, so no request is ever in a fetch stage.
             num_kv_fetch_reqs_by_stage=dict.fromkeys(KV_FETCH_STAGES, 0),
             kv_cache_usage=self.core.get_kv_cache_usage(),

@@ -86,6 +86,10 @@ pub struct NewRequest {
     pub cache_salt: Option<String>,
     /// The LoRA adapter the request runs under (vLLM's `lora_int_id`), if any.
     pub lora_id: Option<i64>,
+    /// Admit it without reading the prefix cache (vLLM's `skip_reading_prefix_cache`, which
+    /// its engine sets for prompt logprobs: every prompt position must be computed). Its
+    /// blocks are still cached for others.
+    pub skip_reading_prefix_cache: bool,
 }
 
 impl NewRequest {
@@ -102,6 +106,7 @@ impl NewRequest {
             priority: 0,
             cache_salt: None,
             lora_id: None,
+            skip_reading_prefix_cache: false,
         }
     }
 }
@@ -184,6 +189,8 @@ pub struct Request {
     /// The last scheduled chunk did not reach the end of the known tokens.
     pub(crate) is_prefill_chunk: bool,
     pub(crate) drop_stale_output: bool,
+    /// A waiting loop set it aside (vLLM's `deferred_waiting`) and none has admitted it since.
+    pub(crate) skipped_waiting: bool,
     /// `stop_token_ids` is not empty (the stop check reads it only then).
     has_stop_token_ids: bool,
     /// The id of the last step that scheduled the request (0: never). A runner that did not
@@ -221,6 +228,8 @@ pub struct Request {
     /// The LoRA adapter; enters every block's hash: requests under different adapters
     /// never share cached blocks.
     pub(crate) lora_id: Option<u32>,
+    /// Admitted without a prefix-cache lookup (and without counting one in the stats).
+    pub(crate) skip_reading_prefix_cache: bool,
 }
 
 /// The slot lines the running loop reads: the counters and status, the block table and
@@ -368,6 +377,7 @@ impl Request {
             status: RequestStatus::Waiting,
             is_prefill_chunk: false,
             drop_stale_output: false,
+            skipped_waiting: false,
             has_stop_token_ids: !stop_token_ids.is_empty(),
             block_ids: Vec::new(),
             spec_token_ids: Vec::new(),
@@ -383,6 +393,7 @@ impl Request {
             stop_reason: None,
             cache_salt: new.cache_salt.map(|salt| salt.into_bytes().into_boxed_slice()),
             lora_id,
+            skip_reading_prefix_cache: new.skip_reading_prefix_cache,
         })
     }
 

@@ -30,8 +30,39 @@ fn a_request_under_a_further_adapter_waits_without_blocking_the_others() {
     check_step(&sched, &step);
     assert_eq!(ids(&sched, &step), ["a1", "c1", "d"]);
     assert_eq!(step.lora_ids, [1]);
-    // Set aside in this step, they keep their places at the front, in order.
+    // Set aside in this step, they keep their places at the front, in order, and count
+    // as skipped waiting requests until admitted or finished.
     assert_eq!(waiting(&sched), ["b2", "e2"]);
+    assert_eq!(sched.num_skipped_waiting(), 2);
+    sched.finish_requests(Some(&["e2"]), RequestStatus::FinishedAborted).unwrap();
+    assert_eq!(sched.num_skipped_waiting(), 1);
+    sched.check_invariants().unwrap();
+}
+
+#[test]
+fn a_skipped_request_stays_skipped_until_admitted() {
+    let mut sched = Scheduler::new(config(|p| p.max_loras = 1)).unwrap();
+    sched.add_request(under("a1", 8, Some(1))).unwrap();
+    sched.add_request(under("b2", 8, Some(2))).unwrap();
+    let step = sched.schedule();
+    assert_eq!(sched.num_skipped_waiting(), 1);
+    // Further steps consider it again (and set it aside again): still one.
+    let (tokens, counts) = sample(&sched, &step, false);
+    apply(&mut sched, &step, &tokens, &counts);
+    let step = sched.schedule();
+    assert_eq!(ids(&sched, &step), ["a1"]);
+    assert_eq!(sched.num_skipped_waiting(), 1);
+    sched.check_invariants().unwrap();
+    // a1 runs to its end; b2 is admitted and no longer skipped.
+    let mut step = step;
+    while !step.req_handles.is_empty() && ids(&sched, &step) == ["a1"] {
+        let (tokens, counts) = sample(&sched, &step, false);
+        apply(&mut sched, &step, &tokens, &counts);
+        step = sched.schedule();
+    }
+    assert_eq!(ids(&sched, &step), ["b2"]);
+    assert_eq!(sched.num_skipped_waiting(), 0);
+    sched.check_invariants().unwrap();
 }
 
 #[test]

@@ -332,6 +332,8 @@ struct AddOp {
     /// 0: same arrival time as the previous request (a tie), else later.
     arrival_delta: u8,
     salt: Option<u8>,
+    /// Admitted without reading the prefix cache (vLLM's prompt-logprobs requests).
+    skip_prefix_cache: bool,
     /// The LoRA adapter, 1..=3 (refused when the config has LoRA off).
     lora: Option<u8>,
     token_seed: u64,
@@ -380,6 +382,7 @@ fn add_op() -> impl Strategy<Value = AddOp> {
             prop::option::weighted(0.2, 0u8..2),
             any::<u64>(),
             prop::option::weighted(0.4, 1u8..=3),
+            prop::bool::weighted(0.15),
         ),
     )
         .prop_map(|(a, b)| AddOp {
@@ -398,6 +401,7 @@ fn add_op() -> impl Strategy<Value = AddOp> {
             salt: b.6,
             token_seed: b.7,
             lora: b.8,
+            skip_prefix_cache: b.9,
         })
 }
 
@@ -456,6 +460,7 @@ struct Tracked {
     eos: Option<i32>,
     stops: Vec<i32>,
     lora: Option<i32>,
+    skip_prefix_cache: bool,
     /// Output tokens delivered through events.
     delivered: i64,
     /// Prompt and delivered tokens: the request's tokens, kept after it is gone.
@@ -643,6 +648,7 @@ impl Harness {
             priority: op.priority as i64,
             cache_salt: op.salt.map(|s| format!("salt{s}")),
             lora_id: op.lora.map(i64::from),
+            skip_reading_prefix_cache: op.skip_prefix_cache,
         }
     }
 
@@ -673,6 +679,7 @@ impl Harness {
         let eos = request.eos_token_id.map(|t| t as i32);
         let stops: Vec<i32> = request.stop_token_ids.iter().map(|&t| t as i32).collect();
         let lora = request.lora_id.map(|id| id as i32);
+        let skip_prefix_cache = request.skip_reading_prefix_cache;
         match self.sched.add_request(request) {
             Ok(handle) => {
                 self.cov.accepted += 1;
@@ -687,6 +694,7 @@ impl Harness {
                     eos,
                     stops,
                     lora,
+                    skip_prefix_cache,
                     delivered: 0,
                     tokens: prompt,
                     arrived_computed,
@@ -976,8 +984,12 @@ impl Harness {
         if fresh {
             // Appendix A.8: a prefix hit is whole blocks, at most N - 1 tokens
             // (a request that arrived holding KV keeps its count instead).
-            let arrived = self.by_handle.get(&h).map_or(0, |&t| self.tracked[t].arrived_computed);
+            let tracked = self.by_handle.get(&h).map(|&t| &self.tracked[t]);
+            let arrived = tracked.map_or(0, |t| t.arrived_computed);
             if arrived == 0 || req.num_preemptions() > 0 {
+                // A request that skips reading the prefix cache has no hit.
+                let skips = tracked.is_some_and(|t| t.skip_prefix_cache);
+                prop_assert!(!(skips && c > 0), "{id} skips reading the prefix cache but hit {c} tokens");
                 let bs = cfg.block_size();
                 prop_assert!(
                     c == 0 || (cfg.enable_prefix_caching() && c % bs == 0 && c < req.num_tokens()),

@@ -589,13 +589,15 @@ impl PyScheduler {
     /// never finish: an empty prompt, one longer than ``max_model_len`` minus the sampled
     /// token, a token id outside int32, or one whose KV could outgrow the pool. ``lora_id``
     /// names the LoRA adapter the request runs under (a positive int; the config's
-    /// ``max_loras`` must be at least 1).
+    /// ``max_loras`` must be at least 1). ``skip_reading_prefix_cache`` admits it without
+    /// reading the prefix cache (vLLM sets it for prompt logprobs: every prompt position is
+    /// computed); its blocks are still cached for other requests.
     #[pyo3(signature = (request_id, prompt_token_ids, *, max_tokens, min_tokens=None, eos_token_id=None,
         stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None, cache_salt=None,
-        lora_id=None),
+        lora_id=None, skip_reading_prefix_cache=None),
         text_signature = "(self, request_id, prompt_token_ids, *, max_tokens, min_tokens=0, eos_token_id=None, \
         stop_token_ids=(), arrival_time=None, num_computed_tokens=0, priority=0, cache_salt=None, \
-        lora_id=None)")]
+        lora_id=None, skip_reading_prefix_cache=False)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &self,
@@ -611,6 +613,7 @@ impl PyScheduler {
         priority: Option<&Bound<'_, PyAny>>,
         cache_salt: Option<&Bound<'_, PyAny>>,
         lora_id: Option<&Bound<'_, PyAny>>,
+        skip_reading_prefix_cache: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = request_id.cast::<PyString>().map_err(|_| {
             request_error(
@@ -669,6 +672,10 @@ impl PyScheduler {
             lora_id: match lora_id {
                 Some(v) if !v.is_none() => Some(int_value(py, v, &"lora_id", request_error)?),
                 _ => None,
+            },
+            skip_reading_prefix_cache: match skip_reading_prefix_cache {
+                Some(v) => bool_value(py, v, &"skip_reading_prefix_cache", request_error)?,
+                None => false,
             },
         };
         // Keep an exact str: a subclass instance could carry state of its own.
@@ -993,6 +1000,14 @@ impl PyScheduler {
     /// Whether any request finished since the last ``schedule()``, which will report it.
     fn has_finished_requests(&self, py: Python<'_>) -> PyResult<bool> {
         self.with_inner(py, |inner| Ok(inner.core.has_finished_requests()))
+    }
+
+    /// How many of the waiting requests a waiting loop set aside (a LoRA adapter past
+    /// ``max_loras``, output from before a preemption still in flight, no token it could
+    /// schedule) and none has admitted since: vLLM's ``num_skipped_waiting_reqs``.
+    #[getter]
+    fn num_skipped_waiting(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_inner(py, |inner| Ok(inner.core.num_skipped_waiting()))
     }
 
     /// ``(running, waiting)``.

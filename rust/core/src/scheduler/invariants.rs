@@ -55,17 +55,30 @@ impl Scheduler {
         let in_flight = self.in_flight_tokens();
         let mut block_refs = vec![0u32; self.kv.pool().num_blocks()];
         let mut live = 0usize;
+        let mut skipped = 0usize;
         for (h, r) in self.requests.iter() {
             if r.status.is_finished() {
                 return Err(broken(format!("finished request {:?} still holds its record", r.id)));
             }
             live += 1;
+            if r.skipped_waiting {
+                if r.queued_in.is_none() {
+                    return Err(broken(format!("request {:?} is a skipped waiting one but in no queue", r.id)));
+                }
+                skipped += 1;
+            }
             self.check_live_request(h, r, &places, &in_flight)?;
             self.check_block_hashes(r)?;
             self.check_block_table(r, &mut block_refs)?;
         }
         if live != self.ids.len() {
             return Err(broken(format!("{} ids registered for {live} live requests", self.ids.len())));
+        }
+        if skipped != self.num_skipped_waiting {
+            return Err(broken(format!(
+                "num_skipped_waiting {} but {skipped} requests are marked skipped",
+                self.num_skipped_waiting
+            )));
         }
         self.check_block_pool(&block_refs)?;
         self.check_steps_in_flight()

@@ -53,6 +53,9 @@ pub struct Scheduler {
     /// Waiting requests that arrived with computed tokens; drained first.
     kv_holding_waiting: RequestQueue,
     running: Vec<Handle>,
+    /// Waiting requests a waiting loop set aside and none has admitted since (vLLM's
+    /// `deferred_waiting`, reported apart from the other waiting requests).
+    num_skipped_waiting: usize,
     kv: KvManager,
     /// Requests finished since the last step, by the handle they had and their id: their
     /// records are freed when they finish, and only this much is kept for the next step to
@@ -69,6 +72,14 @@ pub struct Scheduler {
     next_step_id: u64,
     stats: SchedulerStats,
     pause_state: PauseState,
+}
+
+/// The distinct LoRA adapters the requests of `handles` run under, sorted.
+fn distinct_adapters(requests: &Slab, handles: impl IntoIterator<Item = Handle>) -> Vec<u32> {
+    let mut ids: Vec<u32> = handles.into_iter().filter_map(|h| requests[h].lora_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 /// vLLM's `PauseState`: what `schedule()` may still schedule.
@@ -117,6 +128,7 @@ impl Scheduler {
             waiting: RequestQueue::new(QueueKind::Waiting, policy),
             kv_holding_waiting: RequestQueue::new(QueueKind::KvHolding, policy),
             running: Vec::new(),
+            num_skipped_waiting: 0,
             kv,
             finished_since_last_step: Vec::new(),
             last_finished: Vec::new(),
@@ -327,11 +339,8 @@ impl Scheduler {
             }
         }
         if self.config.max_loras() > 0 {
-            let mut loras: Vec<i32> =
-                rows.iter().filter_map(|r| self.requests[r.handle].lora_id).map(|id| id as i32).collect();
-            loras.sort_unstable();
-            loras.dedup();
-            step.lora_ids = loras;
+            let loras = distinct_adapters(&self.requests, rows.iter().map(|r| r.handle));
+            step.lora_ids = loras.into_iter().map(|id| id as i32).collect();
         }
         if !rows.is_empty() {
             self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: rows, has_prefill_chunk });
@@ -378,6 +387,9 @@ impl Scheduler {
                 QueueKind::Waiting => self.waiting.forget_one(&self.requests),
                 QueueKind::KvHolding => self.kv_holding_waiting.forget_one(&self.requests),
             }
+        }
+        if request.skipped_waiting {
+            self.num_skipped_waiting -= 1;
         }
         self.kv.free(&mut request);
         self.ids.remove(&*request.id);
@@ -501,6 +513,13 @@ impl Scheduler {
     /// The live request `handle` names; None once it finished (its record is freed then).
     pub fn request(&self, handle: Handle) -> Option<&Request> {
         self.requests.get(handle)
+    }
+
+    /// How many of the waiting requests a waiting loop set aside (a LoRA adapter past
+    /// `max_loras`, stale output in flight, no token it could schedule) and none has admitted
+    /// since: vLLM's `num_skipped_waiting_reqs`.
+    pub fn num_skipped_waiting(&self) -> usize {
+        self.num_skipped_waiting
     }
 
     /// `(running, waiting)`.

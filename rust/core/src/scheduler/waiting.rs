@@ -82,12 +82,7 @@ impl LoraSlots {
 
     /// Whether a request under `lora_id` may be admitted now.
     fn admits(&mut self, lora_id: u32, running: &[Handle], requests: &crate::slab::Slab) -> bool {
-        let in_use = self.in_use.get_or_insert_with(|| {
-            let mut ids: Vec<u32> = running.iter().filter_map(|&h| requests[h].lora_id).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            ids
-        });
+        let in_use = self.in_use.get_or_insert_with(|| super::distinct_adapters(requests, running.iter().copied()));
         in_use.len() < self.max_loras || in_use.contains(&lora_id)
     }
 
@@ -169,7 +164,7 @@ impl Scheduler {
     /// New and preempted requests look up the prefix cache; a request that arrived with
     /// computed tokens keeps them.
     fn look_up_prefix(&self, request: &Request) -> PrefixHit {
-        let looked_up = request.num_computed_tokens() == 0;
+        let looked_up = request.num_computed_tokens() == 0 && !request.skip_reading_prefix_cache;
         let (blocks, tokens) = if looked_up { self.kv.get_computed_blocks(request) } else { (Vec::new(), 0) };
         let num_computed = if looked_up { tokens } else { request.num_computed_tokens() };
         PrefixHit { looked_up, blocks, tokens, num_computed }
@@ -253,6 +248,10 @@ impl Scheduler {
         self.running.push(handle);
         let request = &mut self.requests[handle];
         request.queued_in = None;
+        if request.skipped_waiting {
+            request.skipped_waiting = false;
+            self.num_skipped_waiting -= 1;
+        }
         let entry_kind = if request.status == RequestStatus::Preempted { EntryKind::Resumed } else { EntryKind::New };
         request.status = RequestStatus::Running;
         request.set_num_computed_tokens(hit.num_computed);
@@ -282,7 +281,12 @@ impl Scheduler {
         let (queue, slab) = self.queue_with_slab(kind);
         let handle = queue.pop(slab).expect("peeked");
         // Still "waiting" for counts while it is set aside in this step.
-        self.requests[handle].queued_in = None;
+        let request = &mut self.requests[handle];
+        request.queued_in = None;
+        if !request.skipped_waiting {
+            request.skipped_waiting = true;
+            self.num_skipped_waiting += 1;
+        }
         if self.requests[handle].num_computed_tokens() > 0 {
             set_aside.kv_holding.push(handle);
         } else {
