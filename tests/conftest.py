@@ -89,8 +89,8 @@ class CheckedScheduler:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def schedule(self) -> SchedulerOutput:
-        so = self.inner.schedule()
+    def schedule(self, *, throttle_prefills: bool = False) -> SchedulerOutput:
+        so = self.inner.schedule(throttle_prefills=throttle_prefills)
         check_scheduler_output(self.config, so)
         self.inner.check_invariants()
         self.outputs.append(so)

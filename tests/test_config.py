@@ -59,6 +59,7 @@ def test_config_defaults_are_vllms() -> None:
         ("max_model_len", 2048.0),
         ("async_scheduling", 1),
         ("max_num_seqs", True),
+        ("prefill_schedule_interval", 0),
         ("no_such_field", 1),
     ],
 )

@@ -153,6 +153,31 @@ def test_a_request_can_skip_reading_the_prefix_cache() -> None:
     assert sched.stats()["prefix_cache_requests"] == lookups + 1
 
 
+def test_prefill_waits_for_its_step_while_a_request_decodes() -> None:
+    """``prefill_schedule_interval`` and ``schedule(throttle_prefills=True)``: a newcomer
+    waits while "a" decodes (the cadence: until 3 executed steps since "a"'s prefill); a
+    throttle that is not a bool is refused, the state unchanged."""
+    sched = make_scheduler(prefill_schedule_interval=3)
+    sched.add_request("a", [1, 2, 3], max_tokens=20)
+    so = sched.schedule()
+    sched.update_from_output(so, one_token_each(so))
+    sched.add_request("b", [4, 5, 6], max_tokens=20)
+    with pytest.raises(InvalidRequestError, match="throttle_prefills=1"):
+        sched.schedule(throttle_prefills=1)  # type: ignore[arg-type]
+    steps = []
+    for _ in range(3):
+        so = sched.schedule()
+        steps.append(so.req_ids)
+        sched.update_from_output(so, one_token_each(so))
+    assert steps == [["a"], ["a"], ["a", "b"]]
+    unthrottled = make_scheduler()
+    unthrottled.add_request("a", [1, 2, 3], max_tokens=20)
+    so = unthrottled.schedule()
+    unthrottled.update_from_output(so, one_token_each(so))
+    unthrottled.add_request("b", [4, 5, 6], max_tokens=20)
+    assert unthrottled.schedule(throttle_prefills=True).req_ids == ["a"]
+
+
 def test_finish_requests_validates_its_status_and_ignores_unknown_ids() -> None:
     sched = make_scheduler()
     add_requests(sched, 3)

@@ -314,6 +314,7 @@ class ParityConfig:
     max_num_active_seqs: int | None = None
     long_prefill_token_threshold_adaptive: bool = False
     max_loras: int = 0
+    prefill_schedule_interval: int = 1
     use_v2_model_runner: bool = False
     """vLLM's side only: how vLLM reports resumed requests (with the V2 model runner, among
     the new ones, every token re-sent); llmsched's own side has no runner to follow."""
@@ -337,6 +338,7 @@ class ParityConfig:
             "max_num_active_seqs": self.max_num_active_seqs,
             "long_prefill_token_threshold_adaptive": self.long_prefill_token_threshold_adaptive,
             "max_loras": self.max_loras,
+            "prefill_schedule_interval": self.prefill_schedule_interval,
         }
 
     def scheduler_kwargs(self) -> dict[str, Any]:

@@ -664,6 +664,41 @@ def edge_cases() -> list[Case]:
                     prefix_cache_skippers=True,
                 )
             )
+        # Prefill cadence: prefill (admissions and prompt chunks) held back while requests
+        # decode, released every few executed steps, and whenever the waiting requests
+        # outgrew the last prefill step; with a long-prefill threshold, several chunks.
+        for interval, workload, k in ((2, "synthetic-chat", 0), (4, "azure-code", 3)):
+            out.append(
+                Case(
+                    workload,
+                    ParityConfig(
+                        f"edge-cadence{interval}-{mode}-K{k}-apc-fcfs",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy="fcfs",
+                        num_gpu_blocks=_pool_sizes(workload)[0],
+                        max_num_batched_tokens=256,
+                        long_prefill_token_threshold=64,
+                        prefill_schedule_interval=interval,
+                    ),
+                )
+            )
+        out.append(
+            Case(
+                "mooncake",
+                ParityConfig(
+                    f"edge-cadence3-{mode}-K1-apc-prio-kv",
+                    async_scheduling=a,
+                    num_speculative_tokens=1,
+                    enable_prefix_caching=True,
+                    policy="priority",
+                    num_gpu_blocks=_pool_sizes("mooncake")[1],
+                    prefill_schedule_interval=3,
+                ),
+                output_factor=4,
+            )
+        )
         # Few sequences under KV pressure, bigger blocks.
         for policy in ("fcfs", "priority"):
             out.append(

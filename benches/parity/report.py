@@ -148,14 +148,13 @@ core, kept out the same way. Beyond them, the plug-in:
   KV cache residency and MFU metrics, pipeline, decode- and prefill-context parallelism,
   data parallelism of MoE models (a dense model's data-parallel ranks are independent
   engines with a scheduler each, served), more than one KV-cache group or a layout other
-  than full attention, a hash block size other than the block size, prefill cadence,
-  speculative methods other than
-  `ngram`, dynamic speculative decoding (every field of the vLLM config classes it reads
-  is classified in `llmsched/vllm/_fields.py`: read, refused, or why it need not be);
-  per request (the request finishes with `FinishReason.ERROR` and the
-  reason, every other request goes on; vLLM's OpenAI server answers it with HTTP 400 and the
-  reason), multimodal inputs, structured
-  output, streaming input, repetition detection and KV transfer parameters;
+  than full attention, a hash block size other than the block size, speculative
+  methods other than `ngram`, dynamic speculative decoding (every field of the vLLM
+  config classes it reads is classified in `llmsched/vllm/_fields.py`: read, refused, or
+  why it need not be); per request (the request finishes with `FinishReason.ERROR` and
+  the reason, every other request goes on; vLLM's OpenAI server answers it with HTTP 400
+  and the reason), multimodal inputs, structured output, streaming input, repetition
+  detection and KV transfer parameters;
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's
   engine sets its `skip_reading_prefix_cache`) is admitted without a prefix-cache lookup,
   and its blocks are cached for others;
@@ -169,6 +168,8 @@ core, kept out the same way. Beyond them, the plug-in:
   state; setting one of them is an `AttributeError` (the core owns it). The `running` and
   `waiting` queues are views of the core's. Events, prefill stats and per-request
   speculative-decoding metrics are filled as vLLM fills them;
+- **serves the prefill cadence** (`prefill_schedule_interval`) and throttled steps
+  (`schedule(throttle_prefills=True)`) with vLLM's rule, in the core's loops;
 - **follows the engine's `async_scheduling`** whichever of its two classes is named.
 """
 
@@ -264,7 +265,8 @@ def to_markdown(records: list[dict[str, Any]], versions: dict[str, str]) -> str:
         "cases are listed in `matrix.edge_cases` (among them `edge-lora`: two LoRA adapters "
         "and plain requests under `max_loras=1`; `edge-salt`: two cache salts and unsalted "
         "requests; `edge-skipread`: every fourth request skips reading the prefix cache, as "
-        "vLLM's engine makes requests for prompt logprobs). The count columns say what a case "
+        "vLLM's engine makes requests for prompt logprobs; `edge-cadenceN`: "
+        "`prefill_schedule_interval=N`). The count columns say what a case "
         "exercised (counted on vLLM's side): preemptions, admissions with a prefix-cache "
         "hit, admissions padded to `1 + K`, draft slots scheduled, requests finished by "
         "a stop/EOS token and by length, and blocks that the emulation of deviation 7 "

@@ -105,6 +105,7 @@ class SchedulerConfig:
         enable_prefix_caching: bool = True,
         policy: str = "fcfs",
         max_loras: int = 0,
+        prefill_schedule_interval: int = 1,
     ) -> SchedulerConfig: ...
     @property
     def max_model_len(self) -> int:
@@ -169,6 +170,12 @@ class SchedulerConfig:
     def max_loras(self) -> int:
         """The most LoRA adapters the running requests may use together; a waiting
         request under another adapter waits (0: LoRA off, requests name none)."""
+    @property
+    def prefill_schedule_interval(self) -> int:
+        """Prefill cadence: while a request decodes, prefill (admissions and running
+        prompt chunks) runs only once this many executed steps have passed since
+        the last step that carried prefill, unless the waiting requests outgrew
+        the last prefill step (1: every step)."""
     def replace(self, **changes: Any) -> SchedulerConfig:
         """A new validated config with ``changes`` applied."""
     def to_dict(self) -> dict[str, Any]:
@@ -421,7 +428,7 @@ class Scheduler:
         ``max_loras`` must be at least 1). ``skip_reading_prefix_cache`` admits it without
         reading the prefix cache (vLLM sets it for prompt logprobs: every prompt position is
         computed); its blocks are still cached for other requests."""
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, *, throttle_prefills: bool = False) -> SchedulerOutput:
         """Decide the next step: which requests run and how many tokens each.
 
         Runs the running loop (decodes and prefill chunks of running requests, preempting
@@ -430,7 +437,11 @@ class Scheduler:
         ``C + n + s <= max_model_len``. Returns the step as a ``SchedulerOutput``.
 
         Should building that output fail (Python out of memory), the step stays decided and
-        in flight, and the next ``schedule()`` returns it before deciding another."""
+        in flight, and the next ``schedule()`` returns it before deciding another.
+
+        ``throttle_prefills`` (vLLM's, for data-parallel prefill balancing): while a request
+        decodes, the step carries no prefill, unless the waiting requests outgrew the last
+        step that admitted (``prefill_schedule_interval`` holds prefill back the same way)."""
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: Any
     ) -> RequestOutputs:

@@ -79,9 +79,6 @@ ENGINE_REFUSALS = {
     "more than one KV-cache group": lambda s: s.kv_cache_config.kv_cache_groups.append(
         s.kv_cache_config.kv_cache_groups[0]
     ),
-    "prefill cadence": lambda s: _set(
-        s.vllm_config.scheduler_config, "prefill_schedule_interval", 4
-    ),
     "prefill context parallelism": lambda s: _set(
         s.vllm_config.parallel_config, "prefill_context_parallel_size", 2
     ),

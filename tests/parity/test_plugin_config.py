@@ -168,6 +168,7 @@ def test_the_config_mapping_is_the_same_both_ways() -> None:
         "scheduler_reserve_full_isl": False,
         "policy": "priority",
         "enable_prefix_caching": False,
+        "prefill_schedule_interval": 3,
     }
     no_chunks = {
         "enable_chunked_prefill": False,

@@ -43,7 +43,7 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
     SCHEDULER_TESTS: (
         "test_get_num_unfinished_requests",
         "test_scheduler_stats_route_to_existing_output_client",
-        "test_schedule_prefills_gating[False]",
+        "test_schedule_prefills_gating",
         "test_long_prefill_threshold_ignored_when_alone",
         "test_long_prefill_threshold_applies_with_other_requests",
         "test_long_prefill_threshold_floored_by_fair_share",
@@ -76,6 +76,10 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_priority_scheduling_waiting_queue_order",
         "test_priority_scheduling_with_limited_slots",
         "test_priority_scheduling_heap_property",
+        # The prefill cadence and throttled steps.
+        "test_local_prefill_interval_never_idles_the_model",
+        "test_local_prefill_interval_defers_inflight_prefill_chunk",
+        "test_throttle_defers_inflight_prefill_chunk",
     ),
     ASYNC_SCHEDULER_TESTS: (
         "test_prefix_caching_for_prefill_dedup",
@@ -172,22 +176,17 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_encoder_only_prompt_longer_than_budget_is_chunked": (
             "multimodal inputs (llava-1.5 model; refused by design)"
         ),
-        "test_schedule_prefills_gating[True]": (
-            "schedule(throttle_prefills=True): prefill balancing across data-parallel ranks "
-            "(refused with data parallelism)"
-        ),
         "test_local_prefill_interval_holds_prefill_between_bursts": (
-            "refused feature: prefill cadence (prefill_schedule_interval=2) / refused feature: "
-            "prefill cadence (prefill_schedule_interval=4); also scheduler.last_prefill_step, "
-            "scheduler.num_executed_steps, scheduler.running"
+            "scheduler internals: scheduler.last_prefill_step, scheduler.num_executed_steps "
+            "(the prefill cadence's counters, kept in the core)"
         ),
         "test_empty_schedule_does_not_advance_the_prefill_cadence": (
-            "refused feature: prefill cadence (prefill_schedule_interval=4); also "
-            "scheduler.current_step, scheduler.num_executed_steps, scheduler.running"
+            "scheduler internals: scheduler.current_step, scheduler.num_executed_steps (the "
+            "prefill cadence's counters, kept in the core)"
         ),
         "test_prefill_cadence_counts_executed_steps_not_schedule_calls": (
-            "refused feature: prefill cadence (prefill_schedule_interval=4); also "
-            "scheduler.current_step, scheduler.num_executed_steps, scheduler.running"
+            "scheduler internals: scheduler.current_step, scheduler.num_executed_steps (the "
+            "prefill cadence's counters, kept in the core)"
         ),
         "test_local_prefill_interval_defaults_to_no_gating": (
             "scheduler internal: scheduler.local_prefill_interval; also scheduler.running"
@@ -195,13 +194,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_local_prefill_interval_left_to_engine_under_dp": (
             "refused feature: data parallelism (data_parallel_size=2); also "
             "scheduler.local_prefill_interval, scheduler.running"
-        ),
-        "test_local_prefill_interval_never_idles_the_model": (
-            "refused feature: prefill cadence (prefill_schedule_interval=8); also scheduler.running"
-        ),
-        "test_local_prefill_interval_defers_inflight_prefill_chunk": (
-            "refused feature: prefill cadence (prefill_schedule_interval=2) / refused feature: "
-            "prefill cadence (prefill_schedule_interval=3); also scheduler.running"
         ),
         "test_throttle_prefills_excludes_fully_transferred_remote_kv": (
             "refused feature: KV connectors (kv_transfer_config is set); also "
@@ -212,10 +204,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "refused feature: KV connectors (kv_transfer_config is set); also "
             "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
             "scheduler.running, scheduler.waiting; Request fields: status"
-        ),
-        "test_throttle_defers_inflight_prefill_chunk": (
-            "schedule(throttle_prefills=True): prefill balancing across data-parallel ranks "
-            "(refused with data parallelism)"
         ),
         "test_throttle_capacity_bound_guard_admits": (
             "scheduler internal: scheduler.prefill_capacity_bound"

@@ -53,6 +53,10 @@ SHARED_FIELDS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
     ("scheduler_reserve_full_isl", "scheduler_config.scheduler_reserve_full_isl", bool),
     ("policy", "scheduler_config.policy", str),
     ("enable_prefix_caching", "cache_config.enable_prefix_caching", bool),
+    # vLLM applies it where the engine is not data-parallel-coordinated: a dense model's
+    # ranks are independent engines (the ranks of an MoE model, stepping together, are
+    # refused).
+    ("prefill_schedule_interval", "scheduler_config.prefill_schedule_interval", int),
 )
 """``(llmsched field, where vLLM keeps it, how its value converts)`` for every field of
 llmsched's ``SchedulerConfig`` that vLLM's ``VllmConfig`` holds as one field of the same
@@ -213,7 +217,6 @@ def check_engine_config(
                 f"hash_block_size={hash_block_size}, block_size={block_size}",
             ),
         ),
-        ("prefill cadence", lambda: larger_than_one("scheduler_config.prefill_schedule_interval")),
     ]
     for feature, check in refusals:
         refused, detail = check()

@@ -115,7 +115,7 @@ FIELDS: dict[str, dict[str, str]] = {
         "scheduler_reserve_full_isl": READ,
         "watermark": READ,
         "async_scheduling": READ,
-        "prefill_schedule_interval": CHECKED,
+        "prefill_schedule_interval": READ,
         "runner_type": "a copy of model_config.runner_type, checked (pooling refused)",
         "is_multimodal_model": "a copy of model_config.is_multimodal_model, checked",
         "max_num_queued_reqs": _FRONT_END,

@@ -299,10 +299,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     # -- one step ----------------------------------------------------------------------
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        """One step of the core, as vLLM's ``SchedulerOutput``. ``throttle_prefills``
-        (prefill balancing across an MoE model's data-parallel ranks) never applies: those
-        ranks and prefill cadence are refused."""
-        core_out = self.core.schedule()
+        """One step of the core, as vLLM's ``SchedulerOutput``; with ``throttle_prefills``
+        (data-parallel prefill balancing) a step that carries no prefill while a request
+        decodes, as vLLM's."""
+        core_out = self.core.schedule(throttle_prefills=throttle_prefills)
         req_ids: list[str] = core_out.req_ids
         new_ids: list[str] = core_out.new_req_ids
         resumed_ids: list[str] = core_out.resumed_req_ids

@@ -92,6 +92,11 @@ macro_rules! config_fields {
             /// The most LoRA adapters the running requests may use together; a waiting
             /// request under another adapter waits (0: LoRA off, requests name none).
             max_loras: Int = 0;
+            /// Prefill cadence: while a request decodes, prefill (admissions and running
+            /// prompt chunks) runs only once this many executed steps have passed since
+            /// the last step that carried prefill, unless the waiting requests outgrew
+            /// the last prefill step (1: every step).
+            prefill_schedule_interval: Int = 1;
         }
     };
 }
@@ -259,6 +264,7 @@ fn check_field_ranges(p: &ConfigParams) -> CoreResult<()> {
         ));
     }
     positive("num_gpu_blocks", p.num_gpu_blocks, I32_MAX)?;
+    positive("prefill_schedule_interval", p.prefill_schedule_interval, I32_MAX)?;
     for (field, value) in [
         ("long_prefill_token_threshold", p.long_prefill_token_threshold),
         ("num_speculative_tokens", p.num_speculative_tokens),

@@ -5,12 +5,14 @@
 //! budgets, `max_num_seqs` 1..64, few or many KV blocks, chunked prefill on or
 //! off, long-prefill threshold, sync or async, FCFS or priority, prefix caching,
 //! watermark, `scheduler_reserve_full_isl`, pooling `s = 0` now and then, LoRA
-//! off or `max_loras` 1..=2) plus a random sequence of operations (add a request —
+//! off or `max_loras` 1..=2, a prefill cadence of 1 to 4 steps) plus a random
+//! sequence of operations (add a request —
 //! prompts of 1 token, of `M - s` tokens, one token too long, sharing prefixes,
 //! arriving with computed tokens, with EOS and stop tokens, priorities, cache
-//! salts, LoRA adapters 1..=3 —, add a duplicate
-//! id, abort, abort all, schedule, apply the oldest step in flight, sync drafts,
-//! reset the prefix cache), played against the core by a small deterministic
+//! salts, LoRA adapters 1..=3, skipping the prefix cache —, add a duplicate
+//! id, abort, abort all, schedule (now and then throttled), apply the oldest step in
+//! flight, sync drafts, reset the prefix cache), played against the core by a small
+//! deterministic
 //! runner; then a drain to completion with no new arrivals.
 //!
 //! The runner samples, for each entry of a step whose request is not a prefill
@@ -154,6 +156,7 @@ struct RawConfig {
     reserve_full_isl: bool,
     depth: usize,
     max_loras: i64,
+    prefill_schedule_interval: i64,
 }
 
 fn raw_config() -> impl Strategy<Value = RawConfig> {
@@ -187,7 +190,9 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
     );
     // Mostly LoRA off; else one or two adapters at a time.
     let c = prop_oneof![3 => Just(0i64), 1 => 1i64..=2];
-    (a, b, c).prop_map(|(a, b, max_loras)| RawConfig {
+    // Mostly every step may prefill; else a cadence of 2 to 4 executed steps.
+    let d = prop_oneof![3 => Just(1i64), 1 => 2i64..=4];
+    (a, b, c, d).prop_map(|(a, b, max_loras, prefill_schedule_interval)| RawConfig {
         block_size_log2: a.0,
         model_blocks: a.1,
         model_extra: a.2,
@@ -213,6 +218,7 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
         reserve_full_isl: b.10,
         depth: b.11,
         max_loras,
+        prefill_schedule_interval,
     })
 }
 
@@ -286,6 +292,7 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         enable_prefix_caching: r.caching,
         policy: if r.priority { Policy::Priority } else { Policy::Fcfs },
         max_loras: r.max_loras,
+        prefill_schedule_interval: r.prefill_schedule_interval,
     };
     fit_budget_rules(&mut p);
     p
@@ -727,7 +734,8 @@ impl Harness {
 
     fn schedule(&mut self, rng: &mut Rng) -> Result<usize, TestCaseError> {
         let waiting_before = self.sched.waiting_ids();
-        let step = self.sched.schedule();
+        // Now and then a step the engine throttles (data-parallel prefill balancing).
+        let step = self.sched.schedule_throttled(rng.below(8) == 0);
         self.check_admission_order(&waiting_before, &step)?;
         if tracing() {
             let names: Vec<String> = step

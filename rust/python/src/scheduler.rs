@@ -705,13 +705,26 @@ impl PyScheduler {
     ///
     /// Should building that output fail (Python out of memory), the step stays decided and
     /// in flight, and the next ``schedule()`` returns it before deciding another.
-    fn schedule(&self, py: Python<'_>) -> PyResult<Py<PySchedulerOutput>> {
+    ///
+    /// ``throttle_prefills`` (vLLM's, for data-parallel prefill balancing): while a request
+    /// decodes, the step carries no prefill, unless the waiting requests outgrew the last
+    /// step that admitted (``prefill_schedule_interval`` holds prefill back the same way).
+    #[pyo3(signature = (*, throttle_prefills=None), text_signature = "(self, *, throttle_prefills=False)")]
+    fn schedule(
+        &self,
+        py: Python<'_>,
+        throttle_prefills: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PySchedulerOutput>> {
+        let throttle = match throttle_prefills {
+            Some(v) => bool_value(py, v, &"throttle_prefills", request_error)?,
+            None => false,
+        };
         self.with_inner(py, |inner| {
             let (mut step, texts) = match inner.undelivered.take() {
                 Some(Undelivered { step, texts }) => (step, Some(texts)),
                 None => {
                     let core = &mut inner.core;
-                    (py.detach(|| core.schedule()), None)
+                    (py.detach(|| core.schedule_throttled(throttle)), None)
                 }
             };
             inner.build_output(py, self.uid, &mut step, texts.as_ref()).inspect_err(|_| {

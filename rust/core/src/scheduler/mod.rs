@@ -72,6 +72,12 @@ pub struct Scheduler {
     next_step_id: u64,
     stats: SchedulerStats,
     pause_state: PauseState,
+    /// The prefill cadence: executed steps (those that scheduled tokens), the last one that
+    /// carried prefill, and whether the last step that could admit left requests waiting
+    /// that were not set aside (then prefill is not deferred).
+    num_executed_steps: i64,
+    last_prefill_step: i64,
+    prefill_capacity_bound: bool,
 }
 
 /// The distinct LoRA adapters the requests of `handles` run under, sorted.
@@ -137,6 +143,10 @@ impl Scheduler {
             next_step_id: 1,
             stats: SchedulerStats::default(),
             pause_state: PauseState::Unpaused,
+            num_executed_steps: 0,
+            // A whole interval back: the first step is never held.
+            last_prefill_step: -config.prefill_schedule_interval(),
+            prefill_capacity_bound: false,
             config,
         })
     }
@@ -171,6 +181,14 @@ impl Scheduler {
 
     /// One scheduling step (spec §3).
     pub fn schedule(&mut self) -> Step {
+        self.schedule_throttled(false)
+    }
+
+    /// `schedule()` on a step an engine throttles (vLLM's `throttle_prefills`: data-parallel
+    /// prefill balancing): while a request decodes and the waiting requests did not outgrow
+    /// the last prefill step, the step carries no prefill.
+    pub fn schedule_throttled(&mut self, throttle_prefills: bool) -> Step {
+        let defer_prefills = self.defers_prefills(throttle_prefills);
         let cfg = &self.config;
         let num_eligible = self.running.len() + self.waiting.len() + self.kv_holding_waiting.len();
         let input_budget = cfg.max_num_batched_tokens();
@@ -201,6 +219,8 @@ impl Scheduler {
             undo: Vec::new(),
             num_running_entries: 0,
             prefill_scheduled: false,
+            defer_prefills,
+            prefill_admitted: false,
             has_prefill_chunk: false,
             preempted: false,
         };
@@ -208,11 +228,33 @@ impl Scheduler {
         self.schedule_running(&mut b, &mut budgets);
         b.num_running_entries = b.rows.len();
         // No admissions in a step that preempted.
-        if !b.preempted {
+        if !b.preempted && !paused_all {
             self.schedule_waiting(&mut b, &mut budgets);
+            if !defer_prefills {
+                let (_, num_waiting) = self.get_request_counts();
+                self.prefill_capacity_bound = num_waiting > self.num_skipped_waiting;
+            }
         }
         self.stats.num_steps += 1;
-        self.finish_step(b)
+        let carried_prefill = b.prefill_scheduled || b.prefill_admitted;
+        let step = self.finish_step(b);
+        if step.total_num_scheduled_tokens > 0 {
+            self.num_executed_steps += 1;
+        }
+        if carried_prefill && self.config.prefill_schedule_interval() > 1 {
+            self.last_prefill_step = self.num_executed_steps;
+        }
+        step
+    }
+
+    /// Whether this step holds prefill back: throttled, or within the prefill cadence's
+    /// interval (counted as if this step executes), and only while a running request
+    /// decodes and the waiting requests did not outgrow the last prefill step.
+    fn defers_prefills(&self, throttle_prefills: bool) -> bool {
+        let interval = self.config.prefill_schedule_interval();
+        let held =
+            throttle_prefills || (interval > 1 && self.num_executed_steps + 1 - self.last_prefill_step < interval);
+        held && !self.prefill_capacity_bound && self.running.iter().any(|&h| !self.requests[h].is_prefill_chunk)
     }
 
     /// Commits a loop's decision: takes its budget, writes its row of the step (and its

@@ -15,6 +15,7 @@ impl Scheduler {
     pub(super) fn schedule_running(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
         let simple = !self.config.async_scheduling()
             && !b.undoable
+            && !b.defer_prefills
             && budgets.long_prefill_threshold == 0
             && self.config.num_lookahead_tokens() == 0;
         if simple {
@@ -25,7 +26,8 @@ impl Scheduler {
     }
 
     /// The running loop. `SIMPLE`: synchronous, FCFS (no entry can be undone), no
-    /// long-prefill threshold and no lookahead, so that code folds away.
+    /// long-prefill threshold, no lookahead and no prefill held back, so that code folds
+    /// away.
     // Out of line: its state stays in registers.
     #[inline(never)]
     fn schedule_running_with<const SIMPLE: bool>(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
@@ -48,6 +50,11 @@ impl Scheduler {
             // Async: the step in flight reaches max_tokens even if every draft
             // in it is rejected, (C + 1) - (P - 1) >= Np + max_tokens.
             if p > 0 && c + 2 - p >= request.num_prompt_tokens() + request.max_tokens() {
+                req_index += 1;
+                continue;
+            }
+            // A step that carries no prefill passes the prompt chunks over.
+            if !SIMPLE && b.defer_prefills && request.is_prefill_chunk {
                 req_index += 1;
                 continue;
             }

@@ -149,6 +149,12 @@ pub(crate) struct StepBuilder {
     pub num_running_entries: usize,
     /// A running-loop request scheduled in this step was mid-prefill.
     pub prefill_scheduled: bool,
+    /// The step carries no prefill: running prompt chunks are passed over and the waiting
+    /// loop stops at the first request with prompt left (the prefill cadence, or a
+    /// throttled step).
+    pub defer_prefills: bool,
+    /// A waiting request was admitted with prompt left to compute.
+    pub prefill_admitted: bool,
     /// Some row written is a non-final prefill chunk (it stays set if the row is undone).
     pub has_prefill_chunk: bool,
     pub preempted: bool,

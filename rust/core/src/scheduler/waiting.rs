@@ -126,11 +126,16 @@ impl Scheduler {
                 }
             }
             let hit = self.look_up_prefix(request);
+            let prompt_left = hit.num_computed < request.num_tokens() - 1;
+            if b.defer_prefills && prompt_left {
+                break;
+            }
             match Self::tokens_to_admit(b, budgets, &rules, request, hit.num_computed) {
                 Admission::Tokens { n, pad } => {
                     if !self.admit(b, budgets, &rules, Candidate { kind, handle, hit }, n, pad) {
                         break;
                     }
+                    b.prefill_admitted |= prompt_left;
                     if let Some(id) = lora_id {
                         lora_slots.admitted(id);
                     }
