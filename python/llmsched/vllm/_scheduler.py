@@ -237,7 +237,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             frozen.append(request)
         return frozen
 
-    def _forget(self, req_id: str) -> Request:
+    def _forget(self, req_id: str) -> None:
+        """Let a finished request go (its object keeps its final state)."""
         request = self.requests.pop(req_id)
         self._always_full.discard(req_id)
         self._next_full.discard(req_id)
@@ -245,7 +246,6 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._num_other_clients -= 1
         if self.finished_req_ids_dict is not None:
             self.finished_req_ids_dict[request.client_index].add(req_id)
-        return request
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self.requests or request_id in self._refused
