@@ -47,6 +47,8 @@ class StepOutput:
     num_all_token_ids: np.ndarray
     all_token_ids: np.ndarray
     lora_ids: np.ndarray
+    structured_output_rows: np.ndarray
+    pending_structured_output_tokens: bool
     total_num_scheduled_tokens: int
     new_req_ids: list[str]
     resumed_req_ids: list[str]
@@ -85,6 +87,8 @@ def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> StepOutput
         num_all_token_ids=i32([len(r.get("tokens", ())) for r in reqs]),
         all_token_ids=i32([t for r in reqs for t in r.get("tokens", ())]),
         lora_ids=i32([]),
+        structured_output_rows=i32([]),
+        pending_structured_output_tokens=False,
         total_num_scheduled_tokens=sum(r["n"] for r in reqs),
         new_req_ids=[r["id"] for r in admitted if not r.get("resumed")],
         resumed_req_ids=[r["id"] for r in admitted if r.get("resumed")],

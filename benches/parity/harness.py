@@ -82,6 +82,7 @@ So no step summary needs to be normalized for a deviation.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import traceback
@@ -141,6 +142,7 @@ STEP_KEYS = (
     "block_hashes",
     "request_counts",
     "lora_ids",
+    "structured_output",
     "outputs",
 )
 """What is compared at every step.
@@ -155,7 +157,10 @@ request admitted in this step (new or resumed: the hashes its prefix lookup used
 full block of its tokens, as :class:`HashLabels` (equal where the hashes are equal, so the
 parent chain is compared whatever hash function each side uses); ``request_counts`` is
 ``(running, waiting)`` right after ``schedule()``; ``lora_ids`` the LoRA adapters the step
-runs (sorted; vLLM's runner gathers them from the scheduled requests); ``outputs`` is what
+runs (sorted; vLLM's runner gathers them from the scheduled requests);
+``structured_output`` the requests whose sampled token a grammar constrains, in the step's
+order (the rows of its bitmask), and whether one awaits an earlier step's output
+(``pending_structured_output_tokens``); ``outputs`` is what
 ``update_from_output`` returned for this step: ``[(req_id, new_token_ids, finish_reason,
 stop_reason)]`` in order.
 """
@@ -238,6 +243,11 @@ class ParityRequest:
     cache_salt: str | None = None
     skip_reading_prefix_cache: bool = False
     """Admitted without a prefix-cache lookup (vLLM's engine: prompt logprobs)."""
+    grammar_at: int | None = None
+    """Structured output: the loop iteration at which the engine is done compiling its
+    grammar (None: its output is unconstrained); see ``grammar``."""
+    grammar_fails: bool = False
+    """Its grammar fails to compile (the request then fails with vLLM's error)."""
 
     @property
     def key(self) -> int:
@@ -518,8 +528,12 @@ class LlmschedSide:
         self.config = config
         self.scheduler = llmsched.Scheduler(llmsched.SchedulerConfig(**config.llmsched_kwargs()))
         self.hash_labels = HashLabels()
+        # The structured-output requests, whose drafts the "engine" validates.
+        self.structured: dict[str, ParityRequest] = {}
 
     def add(self, req: ParityRequest) -> None:
+        if req.grammar_at is not None:
+            self.structured[req.request_id] = req
         self.scheduler.add_request(
             req.request_id,
             list(req.prompt),
@@ -531,7 +545,13 @@ class LlmschedSide:
             lora_id=req.lora_id,
             cache_salt=req.cache_salt,
             skip_reading_prefix_cache=req.skip_reading_prefix_cache,
+            structured_output=req.grammar_at is not None,
         )
+
+    def compile_grammar(self, req: ParityRequest) -> None:
+        """The engine is done compiling ``req``'s grammar (if the request is still live)."""
+        with contextlib.suppress(self._llmsched.UnknownRequestError):
+            self.scheduler.resolve_grammar(req.request_id, not req.grammar_fails)
 
     def has_requests(self) -> bool:
         return bool(self.scheduler.has_requests())
@@ -566,6 +586,10 @@ class LlmschedSide:
             "block_ids": blocks,
             "request_counts": tuple(self.scheduler.get_request_counts()),
             "lora_ids": [int(lora) for lora in out.lora_ids],
+            "structured_output": (
+                [ids[i] for i in out.structured_output_rows.tolist()],
+                bool(out.pending_structured_output_tokens),
+            ),
         }
         summary["block_hashes"] = self.hash_labels.admitted(
             summary, lambda rid: self.scheduler.get_request(rid).block_hashes
@@ -580,9 +604,12 @@ class LlmschedSide:
             ids, [sampled.get(rid, []) for rid in ids]
         )
         outputs = self.scheduler.update_from_output(out, runner_output)
-        return [
+        rows: list[OutputRow] = [
             (o.request_id, list(o.new_token_ids), o.finish_reason, o.stop_reason) for o in outputs
         ]
+        # The engine reports the requests whose grammar failed, after the others.
+        rows.extend((rid, [], "error", None) for rid in self.scheduler.finish_failed_grammars())
+        return failures_by_id(rows, _grammar_failure_row)
 
     def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
         # llmsched drops drafts given to a request that is not running, vLLM keeps them (a
@@ -590,6 +617,20 @@ class LlmschedSide:
         waiting = set(self.scheduler.waiting_request_ids()).intersection(req_ids)
         if waiting:
             raise RunnerError(f"drafts for requests that are not running: {sorted(waiting)}")
+        if self.structured:
+            from .grammar import grammar_valid_prefix
+
+            drafts = list(drafts)
+            for i, rid in enumerate(req_ids):
+                req = self.structured.get(rid)
+                if req is None:
+                    continue
+                try:
+                    request = self.scheduler.get_request(rid)
+                except self._llmsched.UnknownRequestError:
+                    continue  # finished: the core drops its drafts
+                if not request.is_prefill_chunk:
+                    drafts[i] = grammar_valid_prefix(req, request.num_tokens, drafts[i])
         self.scheduler.update_draft_token_ids(req_ids, drafts)
 
     def abort(self, request_id: str) -> list[str]:
@@ -668,6 +709,18 @@ class UncacheUndoneSteps:
         return count
 
 
+def failures_by_id(rows: list[Any], is_failure: Callable[[Any], bool]) -> list[Any]:
+    """``rows`` with the requests failed outside the per-request outputs (a grammar that
+    did not compile) sorted by id: vLLM's scheduler finishes those in the order of a set
+    of ids (which the process's hash seed decides), after every other output."""
+    failed = sorted((row for row in rows if is_failure(row)), key=str)
+    return [row for row in rows if not is_failure(row)] + failed
+
+
+def _grammar_failure_row(row: OutputRow) -> bool:
+    return row[2] == "error" and not row[1]
+
+
 def output_rows(engine_outputs: dict[int, Any]) -> list[OutputRow]:
     """A step's ``EngineCoreOutputs`` (every client's) as the summary's ``outputs`` rows."""
     rows = []
@@ -675,7 +728,7 @@ def output_rows(engine_outputs: dict[int, Any]) -> list[OutputRow]:
         for o in client_outputs.outputs:
             reason = None if o.finish_reason is None else str(o.finish_reason)
             rows.append((o.request_id, list(o.new_token_ids), reason, o.stop_reason))
-    return rows
+    return failures_by_id(rows, _grammar_failure_row)
 
 
 class VllmSide:
@@ -701,28 +754,48 @@ class VllmSide:
         )
         self.scheduler = scheduler
         self.hash_labels = HashLabels()
+        from .grammar import install_parity_backend
+
+        install_parity_backend(scheduler.structured_output_manager)
+        # Each structured-output request's grammar, compiling until the loop says.
+        self.grammars: dict[str, Any] = {}
 
     def block_hashes(self, req_id: str) -> Sequence[Any]:
         """The prefix-cache hashes of a live request, as vLLM computes them."""
         return self.scheduler.requests[req_id].block_hashes  # type: ignore[no-any-return]
 
     def add(self, req: ParityRequest) -> None:
-        self.scheduler.add_request(
-            self.ref.make_vllm_request(
-                req.request_id,
-                req.prompt,
-                max_tokens=req.max_tokens,
-                eos_token_id=EOS_TOKEN_ID,
-                stop_token_ids=() if req.stop_token_id is None else (req.stop_token_id,),
-                arrival_time=req.arrival_time,
-                priority=req.priority,
-                block_size=self.config.block_size,
-                prefix_caching=self.config.enable_prefix_caching,
-                lora_id=req.lora_id,
-                cache_salt=req.cache_salt,
-                skip_reading_prefix_cache=req.skip_reading_prefix_cache,
-            )
+        request = self.ref.make_vllm_request(
+            req.request_id,
+            req.prompt,
+            max_tokens=req.max_tokens,
+            eos_token_id=EOS_TOKEN_ID,
+            stop_token_ids=() if req.stop_token_id is None else (req.stop_token_id,),
+            arrival_time=req.arrival_time,
+            priority=req.priority,
+            block_size=self.config.block_size,
+            prefix_caching=self.config.enable_prefix_caching,
+            lora_id=req.lora_id,
+            cache_salt=req.cache_salt,
+            skip_reading_prefix_cache=req.skip_reading_prefix_cache,
+            structured_output=req.grammar_at is not None,
         )
+        if request.structured_output_request is not None:
+            from concurrent.futures import Future
+
+            self.grammars[req.request_id] = request.structured_output_request.grammar = Future()
+        self.scheduler.add_request(request)
+
+    def compile_grammar(self, req: ParityRequest) -> None:
+        """The engine is done compiling ``req``'s grammar: vLLM's scheduler finds out when
+        its waiting loop next reaches the request."""
+        from .grammar import GRAMMAR_ERROR, ParityGrammar
+
+        future = self.grammars.pop(req.request_id)
+        if req.grammar_fails:
+            future.set_exception(RuntimeError(GRAMMAR_ERROR))
+        else:
+            future.set_result(ParityGrammar(req))
 
     def has_requests(self) -> bool:
         return bool(self.scheduler.has_requests())
@@ -741,6 +814,16 @@ class VllmSide:
         requests = self.scheduler.requests
         adapters = {requests[rid].lora_request for rid in out.num_scheduled_tokens}
         summary["lora_ids"] = sorted(a.lora_int_id for a in adapters if a is not None)
+        # The rows vLLM's get_grammar_bitmask picks, read from vLLM's requests right after
+        # the step (as its engine asks for the bitmask).
+        structured = [
+            rid
+            for rid in out.num_scheduled_tokens
+            if requests[rid].use_structured_output and not requests[rid].is_prefill_chunk
+        ]
+        if bool(structured) != out.has_structured_output_requests:
+            raise AssertionError("vLLM's has_structured_output_requests disagrees with its rows")
+        summary["structured_output"] = (structured, out.pending_structured_output_tokens)
         summary["block_hashes"] = self.hash_labels.admitted(summary, self.block_hashes)
         # Not compared (vLLM's side only): what the emulation of llmsched uncached.
         summary["uncached_blocks"] = 0 if self.uncache is None else self.uncache.take_count()
@@ -789,6 +872,10 @@ def drive(
     for req in requests:
         if req.abort_step is not None:
             aborts.setdefault(req.abort_step, []).append(req.request_id)
+    grammars: dict[int, list[ParityRequest]] = {}
+    for req in requests:
+        if req.grammar_at is not None:
+            grammars.setdefault(max(req.grammar_at, req.arrival_step), []).append(req)
     aborted: list[str] = []
     in_flight: deque[tuple[Any, dict[str, Any], dict[str, list[int]]]] = deque()
     iteration = 0
@@ -800,7 +887,9 @@ def drive(
                 runner.add(req)
             for rid in aborts.pop(iteration, ()):
                 aborted.extend(side.abort(rid))
-            if not pending and not in_flight and not side.has_requests():
+            for req in grammars.pop(iteration, ()):
+                side.compile_grammar(req)
+            if not pending and not in_flight and not side.has_requests() and not grammars:
                 break
             if iteration >= MAX_LOOP_ITERATIONS:
                 raise RuntimeError(f"no end after {iteration} loop iterations")

@@ -345,6 +345,9 @@ class Case:
     """Cache salts the requests carry (round robin), every third request none."""
     prefix_cache_skippers: bool = False
     """Every fourth request skips reading the prefix cache (as for prompt logprobs)."""
+    structured_output: bool = False
+    """Two requests in three use structured output: the engine compiles a grammar 0 to 3
+    loop iterations after the request arrives; one grammar in seven fails to compile."""
 
     @property
     def id(self) -> str:
@@ -364,6 +367,13 @@ class Case:
             ]
         if self.prefix_cache_skippers:
             out = [replace(r, skip_reading_prefix_cache=i % 4 == 1) for i, r in enumerate(out)]
+        if self.structured_output:
+            out = [
+                r
+                if i % 3 == 0
+                else replace(r, grammar_at=r.arrival_step + i % 4, grammar_fails=i % 7 == 1)
+                for i, r in enumerate(out)
+            ]
         return out
 
 
@@ -628,6 +638,27 @@ def edge_cases() -> list[Case]:
                     if pressure
                     else 1,
                     lora_adapters=2,
+                )
+            )
+        # Structured output: requests wait for their grammars without blocking the others,
+        # a grammar that fails fails its request; sync drafts are cut to what the grammar
+        # accepts.
+        for k, policy, pressure in ((0, "fcfs", True), (3, "priority", True), (1, "fcfs", False)):
+            out.append(
+                Case(
+                    "synthetic-conv",
+                    ParityConfig(
+                        f"edge-grammar-{mode}-K{k}-apc-{policy[:4]}" + ("-kv" if pressure else ""),
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=_pool_sizes("synthetic-conv")[1 if pressure else 0],
+                    ),
+                    output_factor=WORKLOADS["synthetic-conv"].pressure_output_factor
+                    if pressure
+                    else 1,
+                    structured_output=True,
                 )
             )
         # Cache salts: requests share cached blocks only under the same salt.

@@ -26,7 +26,14 @@ from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
-from .harness import STEP_KEYS, ParityConfig, ParityRequest, VllmSide, output_rows
+from .harness import (
+    STEP_KEYS,
+    ParityConfig,
+    ParityRequest,
+    VllmSide,
+    failures_by_id,
+    output_rows,
+)
 
 __all__ = [
     "FIELD_KEYS",
@@ -45,9 +52,13 @@ FIELD_KEYS = (
     "requests_scheduled",
     "requests_updated",
     "queues",
+    "grammar_output",
 )
 """What is compared at every step: the harness's summary, every field of vLLM's
-``SchedulerOutput`` and ``EngineCoreOutputs``, the ``Request`` fields and the queues."""
+``SchedulerOutput`` and ``EngineCoreOutputs``, the ``Request`` fields, the queues, and the
+step's ``GrammarOutput`` (``get_grammar_bitmask``: structured-output rows, bitmask, drafts
+it constrains), asked for when vLLM's engine asks: right after the step, or, when it
+awaits an earlier step's tokens, right after that step's output."""
 
 TOKEN_FIELDS = ("output_token_ids", "all_token_ids")
 """The ``Request`` fields that hold every token so far."""
@@ -112,16 +123,23 @@ def scheduler_output_fields(out: Any) -> dict[str, Any]:
     return fields
 
 
+def _grammar_failure(output: dict[str, Any]) -> bool:
+    return output["error"] is not None and not output["new_token_ids"]
+
+
 def engine_outputs_fields(engine_outputs: dict[int, Any]) -> dict[int, dict[str, Any]]:
-    """Every field of each client's ``EngineCoreOutputs``, wall-clock readings left out."""
-    return {
-        client: {
+    """Every field of each client's ``EngineCoreOutputs``, wall-clock readings left out
+    (failed grammars' outputs by id: vLLM lists them in a set's order)."""
+    fields = {}
+    for client, eco in sorted(engine_outputs.items()):
+        values = {
             name: _value(getattr(eco, name))
             for name in type(eco).__struct_fields__
             if name not in _CLOCK_FIELDS
         }
-        for client, eco in sorted(engine_outputs.items())
-    }
+        values["outputs"] = failures_by_id(values["outputs"], _grammar_failure)
+        fields[client] = values
+    return fields
 
 
 def request_fields(request: Any, *, tokens: bool = True) -> dict[str, Any]:
@@ -145,6 +163,8 @@ class VllmFieldSide(VllmSide):
         super().__init__(config, **kwargs)
         # Every Request object added, live or finished, by id.
         self.added: dict[str, Any] = {}
+        # A step whose grammar bitmask waits for the next output.
+        self._awaiting_bitmask: tuple[Any, dict[str, Any]] | None = None
 
     def add(self, req: ParityRequest) -> None:
         super().add(req)
@@ -167,6 +187,11 @@ class VllmFieldSide(VllmSide):
             queue: [r.request_id for r in getattr(self.scheduler, queue)]
             for queue in ("running", "waiting")
         }
+        summary["grammar_output"] = None
+        if out.pending_structured_output_tokens:
+            self._awaiting_bitmask = (out, summary)
+        else:
+            summary["grammar_output"] = _value(self.scheduler.get_grammar_bitmask(out))
         return out, summary
 
     def update(self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]) -> Any:
@@ -177,6 +202,12 @@ class VllmFieldSide(VllmSide):
         rows = output_rows(engine_outputs)
         finished = {row[0] for row in rows if row[2] is not None}
         summary["requests_updated"] = self._requests((row[0] for row in rows), finished)
+        if self._awaiting_bitmask is not None:
+            awaiting, awaiting_summary = self._awaiting_bitmask
+            self._awaiting_bitmask = None
+            awaiting_summary["grammar_output"] = _value(
+                self.scheduler.get_grammar_bitmask(awaiting)
+            )
         return rows
 
 

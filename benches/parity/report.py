@@ -153,8 +153,21 @@ core, kept out the same way. Beyond them, the plug-in:
   config classes it reads is classified in `llmsched/vllm/_fields.py`: read, refused, or
   why it need not be); per request (the request finishes with `FinishReason.ERROR` and
   the reason, every other request goes on; vLLM's OpenAI server answers it with HTTP 400
-  and the reason), multimodal inputs, structured output, streaming input, repetition
-  detection and KV transfer parameters;
+  and the reason), multimodal inputs, streaming input, repetition detection and KV
+  transfer parameters;
+- **serves structured output** with vLLM's rules, in the core: a request waits in
+  `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`, passed over without blocking the others, until
+  its grammar is compiled (the plug-in asks vLLM's structured-output manager before each
+  step and tells the core; vLLM asks when its waiting loop reaches the request, which
+  differs only for a compilation that ends during the `schedule()` call); a grammar that did
+  not compile fails its request with vLLM's error at the next update; the core names the
+  step's bitmask rows and whether they await an earlier step's tokens, and the bitmask is
+  vLLM's manager's; accepted tokens advance the grammar, and drafts are cut to what it
+  accepts (sync) or padded with `-1` in the step's output (async). The parity matrix's
+  `edge-grammar` cases compare the steps, the bitmasks and every output with vLLM's. One
+  difference remains, on a path vLLM logs as unexpected: a grammar that rejects the
+  tokens of a request those same tokens stopped reports `FinishReason.ERROR` as vLLM does,
+  but the `Request`'s final status stays the stop's (vLLM's becomes `FINISHED_ERROR`);
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's
   engine sets its `skip_reading_prefix_cache`) is admitted without a prefix-cache lookup,
   and its blocks are cached for others;

@@ -233,6 +233,17 @@ class SchedulerOutput:
         """The LoRA adapters of the scheduled requests, ascending, each once (at most
         ``max_loras``; empty without LoRA). Not per request."""
     @property
+    def structured_output_rows(self) -> _Int32Array:
+        """The rows (indices into ``req_ids``) whose sampled token a grammar constrains:
+        structured-output requests whose chunk reaches the end of their tokens, ascending
+        (the rows of the step's grammar bitmask). Empty while no request uses structured
+        output."""
+    @property
+    def pending_structured_output_tokens(self) -> bool:
+        """Async scheduling: one of those rows awaits an earlier step's output, so the step's
+        bitmask can be built only once that output is applied (vLLM's
+        ``pending_structured_output_tokens``)."""
+    @property
     def total_num_scheduled_tokens(self) -> int:
         """The sum of ``num_scheduled_tokens``."""
     @property
@@ -412,6 +423,7 @@ class Scheduler:
         cache_salt: str | None = None,
         lora_id: int | None = None,
         skip_reading_prefix_cache: bool = False,
+        structured_output: bool = False,
     ) -> None:
         """Queue a request. Copies the prompt into the scheduler.
 
@@ -427,7 +439,10 @@ class Scheduler:
         names the LoRA adapter the request runs under (a positive int; the config's
         ``max_loras`` must be at least 1). ``skip_reading_prefix_cache`` admits it without
         reading the prefix cache (vLLM sets it for prompt logprobs: every prompt position is
-        computed); its blocks are still cached for other requests."""
+        computed); its blocks are still cached for other requests. ``structured_output``: its
+        output follows a grammar the engine compiles; it waits
+        (``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``), passed over without blocking others,
+        until ``resolve_grammar`` reports the grammar compiled."""
     def schedule(self, *, throttle_prefills: bool = False) -> SchedulerOutput:
         """Decide the next step: which requests run and how many tokens each.
 
@@ -487,6 +502,18 @@ class Scheduler:
         ``request_ids`` may be any iterable; it is read one id at a time, keeping only the
         live ones, and at most the live requests plus 2**20 ids are read (more is an
         ``InvalidRequestError``, and nothing is finished)."""
+    def resolve_grammar(self, request_id: str, compiled: bool) -> None:
+        """Report whether the grammar of the structured-output request ``request_id`` compiled.
+        The next waiting loop that reaches the request acts on it: a compiled grammar makes
+        it an ordinary waiting request; a failed one makes ``finish_failed_grammars`` fail
+        it. ``UnknownRequestError`` for an id not live, ``InvalidRequestError`` for a
+        request without structured output or whose grammar was already reported; either
+        changes nothing."""
+    def finish_failed_grammars(self) -> list[str]:
+        """Finish (``FINISHED_ERROR``) the requests whose grammar did not compile and that a
+        waiting loop reached since the last call (vLLM fails them in its next
+        ``update_from_output``); returns their ids. Their final records are then
+        ``take_finished_requests``'s; the next ``schedule()`` reports them finished."""
     def get_request(self, request_id: str) -> Request:
         """A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
         live request has that id."""

@@ -120,7 +120,6 @@ def test_a_hash_block_size_other_than_the_block_size_is_refused() -> None:
 
 REQUEST_REFUSALS: dict[str, dict[str, Any]] = {
     "multimodal inputs": {"mm_features": [object()]},
-    "structured output": {"structured_output_request": object()},
 }
 
 
@@ -139,6 +138,76 @@ def test_a_request_asking_for_an_unsupported_feature_fails_alone(feature: str) -
         tokens = [t for _, out in seen[rid] for t in out.new_token_ids]
         assert len(tokens) == 4 and seen[rid][-1][1].finish_reason == FinishReason.LENGTH
     assert not sched.has_request("bad") and not sched.has_requests()
+
+
+class _RejectingGrammar:
+    """A grammar that rejects token 8 (``run_to_end`` samples 7, 8, 9, ...)."""
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        return 8 not in tokens
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        return tokens
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+def _failing_grammar() -> Any:
+    from concurrent.futures import Future
+
+    future: Future[Any] = Future()
+    future.set_exception(RuntimeError("no such grammar"))
+    return future
+
+
+@pytest.mark.parametrize(
+    "grammar", [_RejectingGrammar, _failing_grammar], ids=["rejects-a-token", "does-not-compile"]
+)
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_grammar_that_fails_fails_only_its_request_as_in_vllm(
+    grammar: Any, async_scheduling: bool
+) -> None:
+    """A structured-output request whose grammar does not compile, or rejects a sampled
+    token, finishes with vLLM's error (and message) while the others go on; every block
+    is free afterwards, and each output matches vLLM's scheduler's."""
+
+    def drive(sched: Any) -> tuple[dict[str, list[Any]], Any]:
+        for rid in ("plain-a", "grammar", "plain-b"):
+            structured = rid == "grammar"
+            req = ref.make_vllm_request(
+                rid,
+                list(range(1, 11)),
+                max_tokens=4,
+                block_size=BLOCK,
+                structured_output=structured,
+            )
+            if structured:
+                req.structured_output_request.grammar = grammar()
+            sched.add_request(req)
+        seen = run_to_end(sched)
+        return (
+            {
+                rid: [
+                    (client, out.new_token_ids, out.finish_reason, out.stop_reason, out.error)
+                    for client, out in outs
+                ]
+                for rid, outs in seen.items()
+            },
+            sched,
+        )
+
+    want, vllm_sched = drive(reference(async_scheduling=async_scheduling))
+    got, sched = drive(build(reference(async_scheduling=async_scheduling)))
+    assert got == want
+    assert want["grammar"][-1][2] == FinishReason.ERROR
+    for rid in ("plain-a", "plain-b"):
+        assert want[rid][-1][2] == FinishReason.LENGTH
+    assert not sched.has_requests()
+    assert (
+        sched.core.num_free_blocks == vllm_sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    )
+    assert sched.get_kv_cache_usage() == 0.0
 
 
 def test_prompt_logprobs_skip_reading_the_prefix_cache_as_in_vllm() -> None:

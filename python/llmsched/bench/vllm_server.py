@@ -46,6 +46,9 @@ class ServerSpec:
     kv_cache_space_gib: int = 1
     seed: int = 0
     max_logprobs: int = 8
+    structured_outputs_config: str = '{"backend": "xgrammar", "disable_any_whitespace": true}'
+    """vLLM's ``--structured-outputs-config``: xgrammar, JSON without optional whitespace (a
+    random-weight model would otherwise fill its budget with blanks between JSON tokens)."""
 
 
 def serve_command(spec: ServerSpec, port: int, python: str = sys.executable) -> list[str]:
@@ -76,6 +79,8 @@ def serve_command(spec: ServerSpec, port: int, python: str = sys.executable) -> 
         str(spec.max_logprobs),
         "--data-parallel-size",
         str(spec.data_parallel_size),
+        "--structured-outputs-config",
+        spec.structured_outputs_config,
     ]
     if spec.num_gpu_blocks is not None:
         command += ["--num-gpu-blocks-override", str(spec.num_gpu_blocks)]

@@ -279,8 +279,6 @@ def check_request(request: Any) -> str | None:
         return "llmsched.vllm does not support multimodal inputs"
     if request.prompt_embeds is not None or request.prompt_token_ids is None:
         return "llmsched.vllm does not support prompt embeddings"
-    if request.use_structured_output:
-        return "llmsched.vllm does not support structured output"
     if request.resumable:
         return "llmsched.vllm does not support streaming-input (resumable) requests"
     if params.repetition_detection is not None:

@@ -86,8 +86,8 @@ FIELDS: dict[str, dict[str, str]] = {
         "kernel_config": _RUNNER,
         "watermark_config": "text watermarking, done by the model runner's sampler",
         "structured_outputs_config": (
-            "structured output is refused per request (check_request); vLLM's scheduler uses "
-            "the structured-output manager, not this config"
+            "the structured-output manager's (backend, whitespace, reasoning); vLLM's scheduler "
+            "and the plug-in use that manager, not this config"
         ),
         "logging_config": _OBSERVED,
         "quant_config": _RUNNER,

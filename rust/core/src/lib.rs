@@ -24,7 +24,7 @@ pub use config::{ConfigParams, Policy, SchedulerConfig};
 pub use error::{CoreError, CoreResult};
 pub use kv::{BlockHash, PrefixCacheStats};
 pub use limits::ListLimit;
-pub use request::{Request, RequestStatus};
+pub use request::{Grammar, Request, RequestStatus};
 pub use scheduler::step::Step;
 pub use scheduler::{NewRequest, PauseState, RequestEvent, RequestRef, RunnerOutput, Scheduler, SchedulerStats};
 pub use slab::Handle;

@@ -90,6 +90,11 @@ pub struct NewRequest {
     /// its engine sets for prompt logprobs: every prompt position must be computed). Its
     /// blocks are still cached for others.
     pub skip_reading_prefix_cache: bool,
+    /// The request's output follows a grammar (vLLM's structured output): it waits in
+    /// `WaitingForStructuredOutputGrammar` until its grammar is resolved
+    /// (`Scheduler::resolve_grammar`), and the steps name it among the rows that need the
+    /// grammar's bitmask.
+    pub structured_output: bool,
 }
 
 impl NewRequest {
@@ -107,8 +112,23 @@ impl NewRequest {
             cache_salt: None,
             lora_id: None,
             skip_reading_prefix_cache: false,
+            structured_output: false,
         }
     }
+}
+
+/// Where a structured-output request's grammar stands. The engine compiles grammars; the
+/// scheduler only learns the outcome, and acts on it when its waiting loop reaches the
+/// request (vLLM's rule: a grammar that failed fails its request at the next update).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grammar {
+    /// Not resolved yet: the request is passed over.
+    Compiling,
+    Compiled,
+    /// It did not compile; once a waiting loop has seen it, the request waits to be failed.
+    Failed {
+        seen: bool,
+    },
 }
 
 fn is_token_id(value: &i64) -> bool {
@@ -230,6 +250,8 @@ pub struct Request {
     pub(crate) lora_id: Option<u32>,
     /// Admitted without a prefix-cache lookup (and without counting one in the stats).
     pub(crate) skip_reading_prefix_cache: bool,
+    /// Its grammar, for a structured-output request (None: its output is unconstrained).
+    pub(crate) grammar: Option<Grammar>,
 }
 
 /// The slot lines the running loop reads: the counters and status, the block table and
@@ -374,7 +396,11 @@ impl Request {
             num_output_tokens: 0,
             max_tokens: stored(new.max_tokens),
             eos_token_id: eos_token_id.unwrap_or(NO_TOKEN),
-            status: RequestStatus::Waiting,
+            status: if new.structured_output {
+                RequestStatus::WaitingForStructuredOutputGrammar
+            } else {
+                RequestStatus::Waiting
+            },
             is_prefill_chunk: false,
             drop_stale_output: false,
             skipped_waiting: false,
@@ -394,6 +420,7 @@ impl Request {
             cache_salt: new.cache_salt.map(|salt| salt.into_bytes().into_boxed_slice()),
             lora_id,
             skip_reading_prefix_cache: new.skip_reading_prefix_cache,
+            grammar: new.structured_output.then_some(Grammar::Compiling),
         })
     }
 
@@ -558,6 +585,10 @@ impl Request {
     /// The LoRA adapter the request runs under, if any.
     pub fn lora_id(&self) -> Option<u32> {
         self.lora_id
+    }
+    /// Its grammar's state, for a structured-output request.
+    pub fn grammar(&self) -> Option<Grammar> {
+        self.grammar
     }
 
     /// vLLM's `check_stop` on the last output token, `last`, just appended; the order of

@@ -73,8 +73,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use llmsched_core::{
-    ConfigParams, CoreError, Handle, NewRequest, Policy, RequestEvent, RequestStatus, RunnerOutput, Scheduler,
-    SchedulerConfig, Step,
+    ConfigParams, CoreError, Grammar, Handle, NewRequest, Policy, RequestEvent, RequestRef, RequestStatus,
+    RunnerOutput, Scheduler, SchedulerConfig, Step,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError};
@@ -343,6 +343,8 @@ struct AddOp {
     skip_prefix_cache: bool,
     /// The LoRA adapter, 1..=3 (refused when the config has LoRA off).
     lora: Option<u8>,
+    /// Structured output: whether its grammar will compile.
+    grammar: Option<bool>,
     token_seed: u64,
 }
 
@@ -374,6 +376,11 @@ enum Op {
     Duplicate {
         pick: u16,
     },
+    /// The engine reports some grammars compiled or failed, then fails the requests whose
+    /// failed grammar a waiting loop saw.
+    Grammars {
+        seed: u64,
+    },
 }
 
 fn add_op() -> impl Strategy<Value = AddOp> {
@@ -390,6 +397,7 @@ fn add_op() -> impl Strategy<Value = AddOp> {
             any::<u64>(),
             prop::option::weighted(0.4, 1u8..=3),
             prop::bool::weighted(0.15),
+            prop::option::weighted(0.2, prop::bool::weighted(0.8)),
         ),
     )
         .prop_map(|(a, b)| AddOp {
@@ -409,6 +417,7 @@ fn add_op() -> impl Strategy<Value = AddOp> {
             token_seed: b.7,
             lora: b.8,
             skip_prefix_cache: b.9,
+            grammar: b.10,
         })
 }
 
@@ -423,6 +432,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => any::<u64>().prop_map(|seed| Op::Drafts { seed }),
         3 => any::<bool>().prop_map(|reset_running| Op::ResetPrefixCache { reset_running }),
         2 => any::<u16>().prop_map(|pick| Op::Duplicate { pick }),
+        4 => any::<u64>().prop_map(|seed| Op::Grammars { seed }),
     ]
 }
 
@@ -468,6 +478,8 @@ struct Tracked {
     stops: Vec<i32>,
     lora: Option<i32>,
     skip_prefix_cache: bool,
+    /// Structured output: whether its grammar compiles, and whether the core was told.
+    grammar: Option<(bool, bool)>,
     /// Output tokens delivered through events.
     delivered: i64,
     /// Prompt and delivered tokens: the request's tokens, kept after it is gone.
@@ -533,6 +545,10 @@ struct Coverage {
     drain_iterations: u64,
     /// Requests the waiting loop passed over for the full LoRA set.
     lora_set_aside: u64,
+    /// Requests the waiting loop passed over while their grammar compiled or after it failed.
+    grammar_set_aside: u64,
+    /// Requests failed for a grammar that did not compile.
+    grammar_failed: u64,
     max_drain_ratio: f64,
 }
 
@@ -656,6 +672,7 @@ impl Harness {
             cache_salt: op.salt.map(|s| format!("salt{s}")),
             lora_id: op.lora.map(i64::from),
             skip_reading_prefix_cache: op.skip_prefix_cache,
+            structured_output: op.grammar.is_some(),
         }
     }
 
@@ -687,6 +704,7 @@ impl Harness {
         let stops: Vec<i32> = request.stop_token_ids.iter().map(|&t| t as i32).collect();
         let lora = request.lora_id.map(|id| id as i32);
         let skip_prefix_cache = request.skip_reading_prefix_cache;
+        let grammar = op.grammar.map(|compiles| (compiles, false));
         match self.sched.add_request(request) {
             Ok(handle) => {
                 self.cov.accepted += 1;
@@ -702,6 +720,7 @@ impl Harness {
                     stops,
                     lora,
                     skip_prefix_cache,
+                    grammar,
                     delivered: 0,
                     tokens: prompt,
                     arrived_computed,
@@ -862,6 +881,14 @@ impl Harness {
                     continue;
                 }
             }
+            if r.status() == RequestStatus::WaitingForStructuredOutputGrammar {
+                prop_assert!(
+                    !matches!(r.grammar(), Some(Grammar::Compiled)),
+                    "{id} passed over with its grammar compiled"
+                );
+                self.cov.grammar_set_aside += 1;
+                continue;
+            }
             prop_assert!(
                 r.status() == RequestStatus::Preempted && r.num_stale_output_tokens() > 0 && !r.drop_stale_output(),
                 "{} passed over by the waiting loop as {:?} with {} tokens from before a preemption in flight",
@@ -892,6 +919,7 @@ impl Harness {
             self.check_entry(step, i, drafts)?;
             self.runner_takes_entry(step, i, blocks, &mut pending_kv)?;
         }
+        self.check_structured_rows(step)?;
         prop_assert_eq!(block_offset, step.block_ids.len());
         prop_assert_eq!(spec_offset, step.spec_token_ids.len());
         for h in step.new_reqs.iter().chain(&step.resumed_reqs) {
@@ -919,6 +947,28 @@ impl Harness {
             self.tables.remove(h);
             self.drafts_given.remove(h); // a preemption drops the drafts
         }
+        Ok(())
+    }
+
+    /// The step names as structured-output rows exactly the structured-output requests whose
+    /// chunk reaches the end of their tokens, and schedules none whose grammar did not compile.
+    fn check_structured_rows(&self, step: &Step) -> Result<(), TestCaseError> {
+        let mut expected = Vec::new();
+        for (i, h) in step.req_handles.iter().enumerate() {
+            let t = &self.tracked[self.by_handle[h]];
+            if t.grammar.is_none() {
+                continue;
+            }
+            let r = self.sched.request(*h).ok_or_else(|| TestCaseError::fail("scheduled, no slot"))?;
+            prop_assert_eq!(r.grammar(), Some(Grammar::Compiled), "{} scheduled before its grammar compiled", t.id);
+            // `N + P` before the step: the prompt and the outputs the row counts.
+            let end = t.prompt_len + i64::from(step.num_output_tokens[i]);
+            let reached = i64::from(step.num_computed_tokens[i]) + i64::from(step.num_scheduled_tokens[i]);
+            if reached >= end {
+                expected.push(i as i32);
+            }
+        }
+        prop_assert_eq!(&step.structured_output_rows, &expected, "the step's structured-output rows");
         Ok(())
     }
 
@@ -1279,6 +1329,36 @@ impl Harness {
         }
     }
 
+    /// The engine's part in structured output: reports each unreported grammar with
+    /// probability `1/odds`, then fails the requests whose failed grammar a waiting loop
+    /// saw; checks those are exactly such requests. Returns how many it failed.
+    fn grammars(&mut self, rng: &mut Rng, odds: u64) -> Result<usize, TestCaseError> {
+        for i in 0..self.tracked.len() {
+            let t = &self.tracked[i];
+            let Some((compiles, false)) = t.grammar else { continue };
+            if t.finished || rng.below(odds) != 0 {
+                continue;
+            }
+            let id = t.id.clone();
+            self.sched
+                .resolve_grammar(RequestRef::Id(&id), compiles)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let again = self.sched.resolve_grammar(RequestRef::Id(&id), compiles);
+            prop_assert!(matches!(again, Err(CoreError::InvalidRequest { .. })), "{id}: a second report: {again:?}");
+            self.tracked[i].grammar = Some((compiles, true));
+        }
+        let failed = self.sched.finish_failed_grammars();
+        for (_, id) in &failed {
+            let t = self.tracked.iter_mut().find(|t| *t.id == **id).expect("tracked");
+            prop_assert_eq!(t.grammar, Some((false, true)), "{} failed for its grammar", t.id);
+            prop_assert!(!t.finished, "{} finished twice", t.id);
+            t.finished = true;
+            self.cov.grammar_failed += 1;
+        }
+        invariants!(self, "after the grammars");
+        Ok(failed.len())
+    }
+
     fn abort(&mut self, ids: &[String]) -> Result<(), TestCaseError> {
         let refs: Vec<&str> = ids.iter().map(|s| s.as_str()).collect();
         let finished = self
@@ -1451,10 +1531,13 @@ impl Harness {
                     self.drafts(&mut rng)?;
                 }
             }
+            // Every grammar is done compiling by now.
+            self.grammars(&mut rng, 1)?;
             let in_flight_before = self.queue.len();
             let stats_before = self.sched.stats().num_preemptions;
             let n = self.schedule(&mut rng)?;
-            if n == 0 && in_flight_before == 0 && self.sched.stats().num_preemptions == stats_before {
+            let failed = self.grammars(&mut rng, 1)?;
+            if n == 0 && in_flight_before == 0 && self.sched.stats().num_preemptions == stats_before && failed == 0 {
                 // Nothing scheduled, nothing in flight, nothing preempted: the
                 // next schedule() sees the same state. A livelock, found early.
                 prop_assert!(
@@ -1527,6 +1610,9 @@ fn run_case_with_coverage(case: &Case) -> Result<Coverage, TestCaseError> {
             Op::Drafts { seed } => h.drafts(&mut Rng(*seed))?,
             Op::ResetPrefixCache { reset_running } => h.reset_prefix_cache(*reset_running)?,
             Op::Duplicate { pick } => h.duplicate(*pick)?,
+            Op::Grammars { seed } => {
+                h.grammars(&mut Rng(*seed), 2)?;
+            }
         }
     }
     h.drain(case.drain_seed)?;
@@ -1592,7 +1678,9 @@ fn coverage() {
                 reordered_rows,
                 at_model_len_edge,
                 drain_iterations,
-                lora_set_aside
+                lora_set_aside,
+                grammar_set_aside,
+                grammar_failed
             );
             total.max_in_flight = total.max_in_flight.max(c.max_in_flight);
         }

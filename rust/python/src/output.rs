@@ -168,6 +168,17 @@ pub struct PySchedulerOutput {
     /// ``max_loras``; empty without LoRA). Not per request.
     #[pyo3(get)]
     pub lora_ids: Py<PyArray1<i32>>,
+    /// The rows (indices into ``req_ids``) whose sampled token a grammar constrains:
+    /// structured-output requests whose chunk reaches the end of their tokens, ascending
+    /// (the rows of the step's grammar bitmask). Empty while no request uses structured
+    /// output.
+    #[pyo3(get)]
+    pub structured_output_rows: Py<PyArray1<i32>>,
+    /// Async scheduling: one of those rows awaits an earlier step's output, so the step's
+    /// bitmask can be built only once that output is applied (vLLM's
+    /// ``pending_structured_output_tokens``).
+    #[pyo3(get)]
+    pub pending_structured_output_tokens: bool,
     /// The sum of ``num_scheduled_tokens``.
     #[pyo3(get)]
     pub total_num_scheduled_tokens: i64,

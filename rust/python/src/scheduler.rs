@@ -178,7 +178,7 @@ impl Inner {
             .collect::<PyResult<Vec<_>>>()?;
         let reported = self.unreported.len() - unreported.len();
         let finished_req_ids = new_list(py, finished)?.unbind();
-        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids] =
+        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids, structured_output_rows] =
             step_columns(py, step)?;
         let columns = [
             &num_scheduled_tokens,
@@ -191,6 +191,7 @@ impl Inner {
             &num_all_token_ids,
             &all_token_ids,
             &lora_ids,
+            &structured_output_rows,
         ]
         .map(|column| column.clone_ref(py));
         let output = PySchedulerOutput {
@@ -208,6 +209,8 @@ impl Inner {
             num_all_token_ids,
             all_token_ids,
             lora_ids,
+            structured_output_rows,
+            pending_structured_output_tokens: step.pending_structured_output_tokens,
             total_num_scheduled_tokens: step.total_num_scheduled_tokens,
             new_req_ids,
             resumed_req_ids,
@@ -240,7 +243,7 @@ struct Undelivered {
 }
 
 /// A step's columns, in `PySchedulerOutput`'s order.
-fn column_slots(step: &mut Step) -> [&mut Vec<i32>; 10] {
+fn column_slots(step: &mut Step) -> [&mut Vec<i32>; 11] {
     [
         &mut step.num_scheduled_tokens,
         &mut step.num_computed_tokens,
@@ -252,13 +255,14 @@ fn column_slots(step: &mut Step) -> [&mut Vec<i32>; 10] {
         &mut step.num_all_token_ids,
         &mut step.all_token_ids,
         &mut step.lora_ids,
+        &mut step.structured_output_rows,
     ]
 }
 
 /// The step's columns as read-only numpy arrays that own its buffers (moved, not copied).
 /// On error every column is back in `step` as it was.
-fn step_columns(py: Python<'_>, step: &mut Step) -> PyResult<[Py<PyArray1<i32>>; 10]> {
-    let mut made = Vec::with_capacity(10);
+fn step_columns(py: Python<'_>, step: &mut Step) -> PyResult<[Py<PyArray1<i32>>; 11]> {
+    let mut made = Vec::with_capacity(11);
     let mut failed = None;
     for slot in column_slots(step) {
         match frozen_array(py, std::mem::take(slot)) {
@@ -274,7 +278,7 @@ fn step_columns(py: Python<'_>, step: &mut Step) -> PyResult<[Py<PyArray1<i32>>;
         restore_columns(py, step, &made);
         return Err(error);
     }
-    made.try_into().map_err(|_| internal_error(py, "a step has 10 columns".into()))
+    made.try_into().map_err(|_| internal_error(py, "a step has 11 columns".into()))
 }
 
 /// Puts back into `step` the columns `arrays` took (a copy of each: the arrays are dropped
@@ -591,13 +595,16 @@ impl PyScheduler {
     /// names the LoRA adapter the request runs under (a positive int; the config's
     /// ``max_loras`` must be at least 1). ``skip_reading_prefix_cache`` admits it without
     /// reading the prefix cache (vLLM sets it for prompt logprobs: every prompt position is
-    /// computed); its blocks are still cached for other requests.
+    /// computed); its blocks are still cached for other requests. ``structured_output``: its
+    /// output follows a grammar the engine compiles; it waits
+    /// (``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``), passed over without blocking others,
+    /// until ``resolve_grammar`` reports the grammar compiled.
     #[pyo3(signature = (request_id, prompt_token_ids, *, max_tokens, min_tokens=None, eos_token_id=None,
         stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None, cache_salt=None,
-        lora_id=None, skip_reading_prefix_cache=None),
+        lora_id=None, skip_reading_prefix_cache=None, structured_output=None),
         text_signature = "(self, request_id, prompt_token_ids, *, max_tokens, min_tokens=0, eos_token_id=None, \
         stop_token_ids=(), arrival_time=None, num_computed_tokens=0, priority=0, cache_salt=None, \
-        lora_id=None, skip_reading_prefix_cache=False)")]
+        lora_id=None, skip_reading_prefix_cache=False, structured_output=False)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &self,
@@ -614,6 +621,7 @@ impl PyScheduler {
         cache_salt: Option<&Bound<'_, PyAny>>,
         lora_id: Option<&Bound<'_, PyAny>>,
         skip_reading_prefix_cache: Option<&Bound<'_, PyAny>>,
+        structured_output: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = request_id.cast::<PyString>().map_err(|_| {
             request_error(
@@ -675,6 +683,10 @@ impl PyScheduler {
             },
             skip_reading_prefix_cache: match skip_reading_prefix_cache {
                 Some(v) => bool_value(py, v, &"skip_reading_prefix_cache", request_error)?,
+                None => false,
+            },
+            structured_output: match structured_output {
+                Some(v) => bool_value(py, v, &"structured_output", request_error)?,
                 None => false,
             },
         };
@@ -972,6 +984,42 @@ impl PyScheduler {
             debug_assert_eq!(finished.len(), finished_ids.len());
             inner.retire_finished_since(finished_before);
             Ok(finished_ids)
+        })
+    }
+
+    /// Report whether the grammar of the structured-output request ``request_id`` compiled.
+    /// The next waiting loop that reaches the request acts on it: a compiled grammar makes
+    /// it an ordinary waiting request; a failed one makes ``finish_failed_grammars`` fail
+    /// it. ``UnknownRequestError`` for an id not live, ``InvalidRequestError`` for a
+    /// request without structured output or whose grammar was already reported; either
+    /// changes nothing.
+    fn resolve_grammar(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        compiled: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = request_id
+            .cast::<PyString>()
+            .map_err(|_| request_error(py, format!("request_id: must be a str, got {}", type_name(request_id))))?
+            .to_cow()?;
+        let compiled = bool_value(py, compiled, &"compiled", request_error)?;
+        self.with_inner(py, |inner| inner.core.resolve_grammar(RequestRef::Id(&id), compiled).map_err(core_err))
+    }
+
+    /// Finish (``FINISHED_ERROR``) the requests whose grammar did not compile and that a
+    /// waiting loop reached since the last call (vLLM fails them in its next
+    /// ``update_from_output``); returns their ids. Their final records are then
+    /// ``take_finished_requests``'s; the next ``schedule()`` reports them finished.
+    fn finish_failed_grammars<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        self.with_inner(py, |inner| {
+            let before = inner.core.finished_since_last_step().len();
+            let num_unreported = inner.unreported.len();
+            let finished = inner.core.finish_failed_grammars();
+            inner.retire_finished_since(before);
+            debug_assert_eq!(inner.unreported.len() - num_unreported, finished.len());
+            let ids = inner.unreported[num_unreported..].iter().map(|(_, id)| id.bind(py).clone()).collect();
+            new_list(py, ids)
         })
     }
 

@@ -56,6 +56,7 @@ impl Scheduler {
         let mut block_refs = vec![0u32; self.kv.pool().num_blocks()];
         let mut live = 0usize;
         let mut skipped = 0usize;
+        let mut structured = 0usize;
         for (h, r) in self.requests.iter() {
             if r.status.is_finished() {
                 return Err(broken(format!("finished request {:?} still holds its record", r.id)));
@@ -66,6 +67,17 @@ impl Scheduler {
                     return Err(broken(format!("request {:?} is a skipped waiting one but in no queue", r.id)));
                 }
                 skipped += 1;
+            }
+            if r.grammar.is_some() {
+                structured += 1;
+            }
+            if r.status == RequestStatus::WaitingForStructuredOutputGrammar
+                && (r.grammar.is_none() || !r.skipped_waiting)
+            {
+                return Err(broken(format!(
+                    "request {:?} waits for a grammar (grammar {:?}) but is not a skipped waiting request",
+                    r.id, r.grammar
+                )));
             }
             self.check_live_request(h, r, &places, &in_flight)?;
             self.check_block_hashes(r)?;
@@ -79,6 +91,22 @@ impl Scheduler {
                 "num_skipped_waiting {} but {skipped} requests are marked skipped",
                 self.num_skipped_waiting
             )));
+        }
+        if structured != self.num_structured_output {
+            return Err(broken(format!(
+                "num_structured_output {} but {structured} live requests use structured output",
+                self.num_structured_output
+            )));
+        }
+        for &h in &self.grammar_failures {
+            if let Some(r) = self.requests.get(h) {
+                if r.grammar != Some(crate::request::Grammar::Failed { seen: true }) {
+                    return Err(broken(format!(
+                        "request {:?} is to be failed for its grammar, which is {:?}",
+                        r.id, r.grammar
+                    )));
+                }
+            }
         }
         self.check_block_pool(&block_refs)?;
         self.check_steps_in_flight()
@@ -184,11 +212,13 @@ impl Scheduler {
         };
         let expected_place = match r.status {
             RequestStatus::Running => "running",
-            RequestStatus::Waiting | RequestStatus::Preempted => match r.queued_in {
-                Some(QueueKind::Waiting) => "waiting",
-                Some(QueueKind::KvHolding) => "kv_holding_waiting",
-                None => "nowhere",
-            },
+            RequestStatus::Waiting | RequestStatus::Preempted | RequestStatus::WaitingForStructuredOutputGrammar => {
+                match r.queued_in {
+                    Some(QueueKind::Waiting) => "waiting",
+                    Some(QueueKind::KvHolding) => "kv_holding_waiting",
+                    None => "nowhere",
+                }
+            }
             other => return Err(broken(format!("request {id:?} has status {other:?}, which llmsched never sets"))),
         };
         if where_ != expected_place {

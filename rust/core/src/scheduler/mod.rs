@@ -5,6 +5,7 @@
 //! applies a runner's sampled tokens to the requests of a step in flight.
 
 mod drafts;
+mod grammar;
 mod invariants;
 mod running;
 pub mod step;
@@ -56,6 +57,11 @@ pub struct Scheduler {
     /// Waiting requests a waiting loop set aside and none has admitted since (vLLM's
     /// `deferred_waiting`, reported apart from the other waiting requests).
     num_skipped_waiting: usize,
+    /// Live requests that use structured output (while none does, steps skip the grammar
+    /// rows' pass).
+    num_structured_output: usize,
+    /// Requests whose grammar failed, seen by a waiting loop: `finish_failed_grammars` fails them.
+    grammar_failures: Vec<Handle>,
     kv: KvManager,
     /// Requests finished since the last step, by the handle they had and their id: their
     /// records are freed when they finish, and only this much is kept for the next step to
@@ -135,6 +141,8 @@ impl Scheduler {
             kv_holding_waiting: RequestQueue::new(QueueKind::KvHolding, policy),
             running: Vec::new(),
             num_skipped_waiting: 0,
+            num_structured_output: 0,
+            grammar_failures: Vec::new(),
             kv,
             finished_since_last_step: Vec::new(),
             last_finished: Vec::new(),
@@ -172,6 +180,13 @@ impl Scheduler {
         self.kv.update_block_hashes(&mut request);
         let kind = if request.num_computed_tokens() > 0 { QueueKind::KvHolding } else { QueueKind::Waiting };
         request.queued_in = Some(kind);
+        if request.grammar.is_some() {
+            self.num_structured_output += 1;
+            // Blocked on its grammar from the start: counted as a skipped waiting request
+            // (vLLM enqueues it into `deferred_waiting`).
+            request.skipped_waiting = true;
+            self.num_skipped_waiting += 1;
+        }
         let handle = self.requests.insert(request);
         self.ids.insert(id, handle);
         let (queue, slab) = self.queue_with_slab(kind);
@@ -384,6 +399,7 @@ impl Scheduler {
             let loras = distinct_adapters(&self.requests, rows.iter().map(|r| r.handle));
             step.lora_ids = loras.into_iter().map(|id| id as i32).collect();
         }
+        self.mark_structured_rows(&mut step, &rows);
         if !rows.is_empty() {
             self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: rows, has_prefill_chunk });
         }
@@ -432,6 +448,9 @@ impl Scheduler {
         }
         if request.skipped_waiting {
             self.num_skipped_waiting -= 1;
+        }
+        if request.grammar.is_some() {
+            self.num_structured_output -= 1;
         }
         self.kv.free(&mut request);
         self.ids.remove(&*request.id);

@@ -187,6 +187,12 @@ pub struct Step {
     /// The LoRA adapters of the scheduled requests, ascending, each once (empty without
     /// LoRA): at most `max_loras` of them.
     pub lora_ids: Vec<i32>,
+    /// The rows whose sampled token a grammar constrains (structured-output requests whose
+    /// chunk reaches the end of their tokens), ascending: the rows of the step's bitmask.
+    pub structured_output_rows: Vec<i32>,
+    /// Async scheduling: one of those rows awaits an earlier step's output, so its bitmask
+    /// can be built only once that output is applied (vLLM's `pending_structured_output_tokens`).
+    pub pending_structured_output_tokens: bool,
     pub new_reqs: Vec<Handle>,
     pub resumed_reqs: Vec<Handle>,
     /// Running requests scheduled in this step that the previous step did not schedule.

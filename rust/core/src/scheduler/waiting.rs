@@ -111,6 +111,12 @@ impl Scheduler {
             let Some((kind, handle)) = self.next_waiting(rules.max_active) else {
                 break;
             };
+            if self.requests[handle].status == RequestStatus::WaitingForStructuredOutputGrammar
+                && !self.grammar_gate(handle)
+            {
+                self.set_aside(kind, &mut set_aside);
+                continue;
+            }
             let request = &self.requests[handle];
             // Output from before a preemption is still in flight: resuming now
             // would interleave it with the recomputed stream.
