@@ -328,6 +328,9 @@ class ParityConfig:
     use_v2_model_runner: bool = False
     """vLLM's side only: how vLLM reports resumed requests (with the V2 model runner, among
     the new ones, every token re-sent); llmsched's own side has no runner to follow."""
+    pooling: bool = False
+    """A pooling (embedding) model: no token is sampled, a request ends with its prompt's
+    pooled output (llmsched: ``num_sampled_tokens_per_step=0``)."""
 
     def llmsched_kwargs(self) -> dict[str, Any]:
         """llmsched's ``SchedulerConfig`` fields."""
@@ -349,12 +352,20 @@ class ParityConfig:
             "long_prefill_token_threshold_adaptive": self.long_prefill_token_threshold_adaptive,
             "max_loras": self.max_loras,
             "prefill_schedule_interval": self.prefill_schedule_interval,
+            "num_sampled_tokens_per_step": 0 if self.pooling else 1,
         }
 
     def scheduler_kwargs(self) -> dict[str, Any]:
         """What ``vllm_reference.make_vllm_scheduler`` takes: the same fields, which it sets
-        where vLLM's config keeps them, and the model runner."""
-        return {**self.llmsched_kwargs(), "use_v2_model_runner": self.use_v2_model_runner}
+        where vLLM's config keeps them (vLLM derives the sampled tokens per step from the
+        model's runner), and the model runner."""
+        shared = self.llmsched_kwargs()
+        del shared["num_sampled_tokens_per_step"]
+        return {
+            **shared,
+            "use_v2_model_runner": self.use_v2_model_runner,
+            "pooling": self.pooling,
+        }
 
 
 def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
@@ -478,6 +489,9 @@ class Runner:
                 if drafts:
                     raise RunnerError(f"{rid}: draft slots scheduled in a non-final prefill chunk")
                 continue  # a non-final prefill chunk: no sample
+            if self.config.pooling:
+                sampled[rid] = []  # the prompt is done: pooled, nothing sampled
+                continue
             if st.computed > st.known:
                 raise RunnerError(
                     f"{rid}: scheduled past its known tokens (computed {st.computed} > "
@@ -534,6 +548,16 @@ class LlmschedSide:
     def add(self, req: ParityRequest) -> None:
         if req.grammar_at is not None:
             self.structured[req.request_id] = req
+        if self.config.pooling:
+            self.scheduler.add_request(
+                req.request_id,
+                list(req.prompt),
+                max_tokens=1,
+                arrival_time=req.arrival_time,
+                priority=req.priority,
+                cache_salt=req.cache_salt,
+            )
+            return
         self.scheduler.add_request(
             req.request_id,
             list(req.prompt),
@@ -779,6 +803,7 @@ class VllmSide:
             cache_salt=req.cache_salt,
             skip_reading_prefix_cache=req.skip_reading_prefix_cache,
             structured_output=req.grammar_at is not None,
+            pooling=self.config.pooling,
         )
         if request.structured_output_request is not None:
             from concurrent.futures import Future
@@ -833,7 +858,7 @@ class VllmSide:
         self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]
     ) -> list[OutputRow]:
         engine_outputs = self.scheduler.update_from_output(
-            out, self.ref.vllm_runner_output(out, sampled)
+            out, self.ref.vllm_runner_output(out, sampled, pooling=self.config.pooling)
         )
         return output_rows(engine_outputs)
 

@@ -661,6 +661,28 @@ def edge_cases() -> list[Case]:
                     structured_output=True,
                 )
             )
+        # A pooling (embedding) model: no token sampled, each request ends with its prompt
+        # (chunked, with and without shared prefixes); pools a few blocks above the longest
+        # prompt's, so admissions wait for blocks.
+        for workload, apc, policy, blocks in (
+            ("synthetic-conv", True, "fcfs", 30),
+            ("mooncake", False, "priority", 118),
+        ):
+            out.append(
+                Case(
+                    workload,
+                    ParityConfig(
+                        f"edge-pool-{mode}-{'apc' if apc else 'noapc'}-{policy[:4]}",
+                        async_scheduling=a,
+                        num_speculative_tokens=0,
+                        enable_prefix_caching=apc,
+                        policy=policy,
+                        num_gpu_blocks=blocks,
+                        max_num_batched_tokens=256,
+                        pooling=True,
+                    ),
+                )
+            )
         # Cache salts: requests share cached blocks only under the same salt.
         for workload in ("synthetic-conv", "mooncake-turns"):
             out.append(

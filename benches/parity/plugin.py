@@ -196,7 +196,7 @@ class VllmFieldSide(VllmSide):
 
     def update(self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]) -> Any:
         engine_outputs = self.scheduler.update_from_output(
-            out, self.ref.vllm_runner_output(out, sampled)
+            out, self.ref.vllm_runner_output(out, sampled, pooling=self.config.pooling)
         )
         summary["engine_outputs"] = engine_outputs_fields(engine_outputs)
         rows = output_rows(engine_outputs)

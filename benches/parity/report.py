@@ -143,7 +143,7 @@ their types are compared. The deviations above hold for the plug-in as they do f
 core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction,
-  multimodal models, pooling models, prompt embeddings, encoder-decoder models, diffusion
+  multimodal models, prompt embeddings, encoder-decoder models, diffusion
   LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors, KV events,
   KV cache residency and MFU metrics, pipeline, decode- and prefill-context parallelism,
   data parallelism of MoE models (a dense model's data-parallel ranks are independent
@@ -171,6 +171,10 @@ core, kept out the same way. Beyond them, the plug-in:
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's
   engine sets its `skip_reading_prefix_cache`) is admitted without a prefix-cache lookup,
   and its blocks are cached for others;
+- **serves pooling (embedding) models**: no token is sampled
+  (`num_sampled_tokens_per_step=0`, so a prompt may fill `max_model_len`), and a request
+  ends with the output of its prompt's last chunk, carrying the runner's pooled output
+  (`edge-pool` cases);
 - **serves LoRA** with vLLM's `max_loras` rule in the core's waiting loop and the adapter in
   every block hash; the hash takes the adapter's `lora_int_id` where vLLM's takes its
   `lora_name` (vLLM's server gives each name one id, so the two key the same blocks);

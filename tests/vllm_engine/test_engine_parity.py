@@ -4,13 +4,18 @@ Each configuration builds one engine (a small random-weight Llama on the CPU) wi
 candidate as ``scheduler_cls``, serves a workload of 512 or 1,024 requests, then installs a
 fresh vLLM scheduler of the same mode in the same engine and serves the same workload again.
 Every request must come out the same: output token ids, finish reason, logprobs (where asked
-for) and ``num_cached_tokens``. The workloads are built to reach the hard paths: a KV cache
-small enough to preempt, shared system prompts (prefix-cache hits), aborts in the middle of
-generation, requests capped by ``max_model_len``, n-gram speculative decoding (K=3), LoRA
-adapters (two random-weight adapters, one per step at most, requests of both mixed with plain
-ones) and structured output (xgrammar: every third request constrained by a JSON schema, a
-regex or a choice, mixed with plain ones; each grammar ready 0 to 6 steps after arrival, so
-some requests wait for theirs while later ones run; the outputs must obey the constraints).
+for), ``num_cached_tokens`` and, for embedding requests, the embedding (float for float). The
+workloads are built to reach the hard paths: a KV cache small enough to preempt, shared
+system prompts (prefix-cache hits), aborts in the middle of generation, requests capped by
+``max_model_len``, n-gram speculative decoding (K=3), LoRA adapters (two random-weight
+adapters, one per step at most, requests of both mixed with plain ones), structured output
+(xgrammar: every third request constrained by a JSON schema, a regex or a choice, mixed with
+plain ones; each grammar ready 0 to 6 steps after arrival, so some requests wait for theirs
+while later ones run; the outputs must obey the constraints) and pooling (the Llama as an
+embedding model, LAST pooling: prompts of up to 511 tokens prefilled in chunks of a 256-token
+budget, prefix-cache hits, a KV cache so small that requests wait for blocks with budget to
+spare, aborts between two chunks of a prefill; no preemption, no tokens: the generation-only
+tests skip these cases and say why).
 
 Run with ``make test-engine`` (CI: ``.ci/run``). The candidate is the llmsched plug-in;
 ``LLMSCHED_ENGINE_CANDIDATE=vllm`` puts vLLM's own classes in its place (to prove the harness),
@@ -61,6 +66,12 @@ NUM_LORA_REQUESTS = 512
 NUM_LORA_PROBES = 48
 #: Requests of the structured-output cases (a third of them structured).
 NUM_STRUCTURED_REQUESTS = 512
+#: Requests of the pooling (embedding) cases.
+NUM_POOLING_REQUESTS = 1024
+#: The pooling cases' context length (prompts of up to 511 tokens) and token budget per step:
+#: a prompt longer than the budget left in its first step is prefilled in 2 or 3 chunks.
+POOLING_MAX_MODEL_LEN = 512
+POOLING_TOKEN_BUDGET = 256
 
 
 @dataclass(frozen=True)
@@ -142,6 +153,37 @@ def _cases(
             "grammar_delay": (0, 6),
         }
     )
+    # The Llama as an embedding model (LAST pooling: vLLM keeps chunked prefill and prefix
+    # caching on). A request ends with its prefill, so the hard paths are the prompts': user
+    # parts of 4-400 tokens after the shared system prompts (40-140) make prompts of up to
+    # 511 tokens, many longer than the 256-token budget, prefilled in chunks; every 4th
+    # request is aborted once its first chunk is in (those whose prompt fits in one step end
+    # normally). 20 blocks of 32 tokens: a 511-token prompt takes 16, so new requests often
+    # do not fit in a step and wait with token budget to spare, and the system prompts'
+    # cached blocks get evicted. No preemption: see test_preemption_happened.
+    pooling_engine = ve.EngineSpec(
+        **{
+            **base.__dict__,
+            "runner": "pooling",
+            "max_model_len": POOLING_MAX_MODEL_LEN,
+            "max_num_batched_tokens": POOLING_TOKEN_BUDGET,
+            "num_gpu_blocks": 20,
+        }
+    )
+    pooling_workload = ve.WorkloadSpec(
+        **{
+            **workload.__dict__,
+            "num_requests": NUM_POOLING_REQUESTS,
+            "max_tokens": 1,
+            "max_model_len": POOLING_MAX_MODEL_LEN,
+            "user_prompt_len": (4, 400),
+            "logprobs_every": 0,
+            "eos_every": 0,
+            "long_every": 0,
+            "abort_every": 4,
+            "repeat_every": 0,
+        }
+    )
     return {
         "sync": Case("sync", base, workload),
         "async": Case(
@@ -174,6 +216,12 @@ def _cases(
             "structured-async",
             ve.EngineSpec(**{**structured_engine.__dict__, "async_scheduling": True}),
             structured_workload,
+        ),
+        "pooling": Case("pooling", pooling_engine, pooling_workload),
+        "pooling-async": Case(
+            "pooling-async",
+            ve.EngineSpec(**{**pooling_engine.__dict__, "async_scheduling": True}),
+            pooling_workload,
         ),
     }
 
@@ -252,7 +300,17 @@ _OUTCOMES: dict[str, Outcome] = {}
 # symbol, which has no ``get``).
 @pytest.fixture(
     scope="module",
-    params=["sync", "async", "lora", "lora-async", "structured", "structured-async", "ngram-k3"],
+    params=[
+        "sync",
+        "async",
+        "lora",
+        "lora-async",
+        "structured",
+        "structured-async",
+        "pooling",
+        "pooling-async",
+        "ngram-k3",
+    ],
 )
 def outcome(
     request: pytest.FixtureRequest,
@@ -284,6 +342,7 @@ def outcome(
             f"scheduler {want.scheduler_s:.2f}s; preemptions {want.preemptions}, "
             f"prefix-hit tokens {want.prefix_hit_tokens}, finish {want.finish_reasons()}"
             f"{_lora_summary(_OUTCOMES[name])}{_structured_summary(_OUTCOMES[name])}"
+            f"{_pooling_summary(_OUTCOMES[name])}"
         )
     yield _OUTCOMES[name]
 
@@ -321,6 +380,43 @@ def _structured_summary(outcome: Outcome) -> str:
     )
 
 
+def _pooling_summary(outcome: Outcome) -> str:
+    """For the print-out: how vLLM's run prefilled the pooling requests."""
+    if outcome.case.engine.runner != "pooling":
+        return ""
+    ref = outcome.reference
+    chunks = ref.times_scheduled.values()
+    return (
+        f"; prefilled in 2 chunks {sum(n == 2 for n in chunks)}, in 3+ "
+        f"{sum(n >= 3 for n in chunks)}, steps left requests waiting with budget to spare "
+        f"{_kv_limited_steps(outcome.case, ref)}/{ref.schedule_calls}"
+    )
+
+
+def _kv_limited_steps(case: Case, run: ve.RunResult) -> int:
+    """``schedule()`` calls that left unfinished requests out with token budget to spare: in
+    the pooling cases (no grammar, no LoRA, max_num_seqs far off) only for lack of KV blocks."""
+    budget = case.engine.max_num_batched_tokens or 0
+    return sum(
+        tokens < budget and left_out > 0
+        for tokens, left_out in zip(run.tokens_per_step, run.left_out_per_step, strict=True)
+    )
+
+
+def _skip_if_pooling(outcome: Outcome, why: str) -> None:
+    """Skip a generation test in the pooling cases, saying why they cannot reach it."""
+    __tracebackhide__ = True  # the skip is reported at the test's line, not here
+    if outcome.case.engine.runner == "pooling":
+        pytest.skip(f"pooling case: {why}")
+
+
+def _skip_unless_pooling(outcome: Outcome) -> None:
+    """Skip an embedding test outside the pooling cases."""
+    __tracebackhide__ = True  # the skip is reported at the test's line, not here
+    if outcome.case.engine.runner != "pooling":
+        pytest.skip("no pooling (embedding) requests in this case")
+
+
 def _overtaken(requests: list[ve.RequestSpec], run: ve.RunResult) -> list[str]:
     """Structured requests first scheduled after some later request: all requests arrive at
     once and vLLM's FCFS queue only lets a later one pass a request it skips (here, one
@@ -337,7 +433,8 @@ def _overtaken(requests: list[ve.RequestSpec], run: ve.RunResult) -> list[str]:
 
 
 def test_outputs_identical(outcome: Outcome) -> None:
-    """Token ids, finish and stop reasons, logprobs and cached-token counts all equal."""
+    """Token ids, finish and stop reasons, logprobs, cached-token counts and (pooling
+    cases) embeddings all equal."""
     diffs = ve.diff_results(outcome.reference, outcome.candidate)
     assert not diffs, "\n".join(diffs)
     assert len(outcome.reference.results) == outcome.case.workload.num_requests
@@ -345,6 +442,7 @@ def test_outputs_identical(outcome: Outcome) -> None:
 
 def test_logprobs_returned_where_asked(outcome: Outcome) -> None:
     """Requests that asked for logprobs got one row per output token, k+1 entries at most."""
+    _skip_if_pooling(outcome, "embedding requests produce no tokens, hence no logprobs")
     asked = [r for r in outcome.requests if r.logprobs is not None]
     assert len(asked) >= 100
     for run in (outcome.reference, outcome.candidate):
@@ -357,6 +455,13 @@ def test_logprobs_returned_where_asked(outcome: Outcome) -> None:
 
 def test_preemption_happened(outcome: Outcome) -> None:
     """The small KV cache preempted requests, in both runs alike."""
+    _skip_if_pooling(
+        outcome,
+        "a request finishes with its prefill and frees its blocks after that step, so each "
+        "schedule() finds at most one running request (the last step's chunked one, at most "
+        "max_model_len tokens, which fits the cache): nothing to preempt; requests that do "
+        "not fit wait instead (test_embeddings_run_nontrivial counts those steps)",
+    )
     ref, cand = outcome.reference, outcome.candidate
     assert ref.preemptions > 0
     assert cand.preemptions == ref.preemptions
@@ -373,6 +478,11 @@ def test_prefix_cache_hits(outcome: Outcome) -> None:
 
 def test_aborts_mid_generation(outcome: Outcome) -> None:
     """Aborted requests end as aborts with tokens; every other request completes."""
+    _skip_if_pooling(
+        outcome,
+        "embedding requests produce no tokens; they are aborted mid-prefill instead "
+        "(test_embeddings_aborted_mid_prefill)",
+    )
     by_id = {r.req_id: r for r in outcome.requests}
     for run in (outcome.reference, outcome.candidate):
         aborted = {k for k, v in run.results.items() if v.finish_reason == "abort"}
@@ -390,6 +500,11 @@ def test_aborts_mid_generation(outcome: Outcome) -> None:
 
 def test_capped_by_max_model_len(outcome: Outcome) -> None:
     """Requests asking for more than fits end by length exactly at max_model_len."""
+    _skip_if_pooling(
+        outcome,
+        "embedding requests produce no tokens (vLLM gives them max_tokens 1 and ends them "
+        "with their prefill), so none runs into max_model_len",
+    )
     capped = [
         (r, outcome.reference.results[r.req_id])
         for r in outcome.requests
@@ -513,3 +628,77 @@ def test_grammar_waits(outcome: Outcome) -> None:
     assert len(_overtaken(outcome.requests, ref)) >= 10
     assert cand.grammar_ready_call == ref.grammar_ready_call
     assert cand.first_scheduled_call == ref.first_scheduled_call
+
+
+def test_embeddings_identical(outcome: Outcome) -> None:
+    """Every embedding request that was not aborted returned an embedding (hidden-size
+    values, normalized, no tokens), the same float for float in both runs; aborted ones none.
+    """
+    _skip_unless_pooling(outcome)
+    hidden_size = ve.ModelSpec().hidden_size
+    ref, cand = outcome.reference.results, outcome.candidate.results
+    assert set(ref) == set(cand) == {r.req_id for r in outcome.requests}
+    for run in (ref, cand):
+        for k, res in run.items():
+            assert not res.token_ids, k
+            if res.finish_reason == "abort":
+                assert res.embedding is None, k
+                continue
+            assert res.finish_reason == "stop", (k, res.finish_reason)
+            assert res.embedding is not None and len(res.embedding) == hidden_size, k
+            norm = sum(x * x for x in res.embedding) ** 0.5
+            assert abs(norm - 1.0) < 1e-4, (k, norm)
+    differ = [k for k in ref if ref[k].embedding != cand[k].embedding]
+    assert not differ, f"{len(differ)} embeddings differ: " + "; ".join(
+        ve.diff_results(outcome.reference, outcome.candidate)
+    )
+    # The embeddings depend on the prompts (a model that ignored them would pass the above).
+    completed = [res.embedding for res in ref.values() if res.embedding is not None]
+    assert len(set(completed)) == len(completed)
+
+
+def test_embeddings_run_nontrivial(outcome: Outcome) -> None:
+    """The pooling runs chunked long prompts (some in three chunks), served shared system
+    prompts from the prefix cache (their tokens were not computed again), and left requests
+    waiting for KV blocks with token budget to spare; both runs built the same steps."""
+    _skip_unless_pooling(outcome)
+    ref, cand = outcome.reference, outcome.candidate
+    chunks = ref.times_scheduled
+    assert sum(n >= 2 for n in chunks.values()) >= 100
+    assert sum(n >= 3 for n in chunks.values()) >= 5
+    assert ref.prefix_hit_tokens > 0
+    assert _kv_limited_steps(outcome.case, ref) >= 50
+    for run in (ref, cand):
+        for r in outcome.requests:
+            res = run.results[r.req_id]
+            if res.finish_reason == "stop":
+                # Prefix hits skipped, the rest computed once (no preemption, no recompute).
+                assert run.tokens_scheduled[r.req_id] == res.prompt_len - res.num_cached_tokens
+    assert (cand.steps, cand.schedule_calls) == (ref.steps, ref.schedule_calls)
+    assert cand.tokens_per_step == ref.tokens_per_step
+    assert cand.left_out_per_step == ref.left_out_per_step
+    assert cand.times_scheduled == ref.times_scheduled
+    assert cand.tokens_scheduled == ref.tokens_scheduled
+    assert cand.first_scheduled_call == ref.first_scheduled_call
+
+
+def test_embeddings_aborted_mid_prefill(outcome: Outcome) -> None:
+    """Requests due for an abort whose prompt took more than one step were aborted between
+    two chunks (part of the prompt computed, no embedding); all others completed."""
+    _skip_unless_pooling(outcome)
+    by_id = {r.req_id: r for r in outcome.requests}
+    planned = {k for k, r in by_id.items() if r.abort_after is not None}
+    for run in (outcome.reference, outcome.candidate):
+        aborted = {k for k, v in run.results.items() if v.finish_reason == "abort"}
+        assert len(aborted) >= 40
+        assert aborted <= planned
+        assert aborted == run.aborted_in_scheduler
+        for k in aborted:
+            done = run.tokens_scheduled[k]
+            assert (by_id[k].abort_after or 0) <= done < len(by_id[k].prompt_token_ids), k
+            assert run.times_scheduled[k] >= 1
+        # Due for an abort but finished first: the whole prompt fit in one step (or the
+        # chunks before the last were shorter than abort_after).
+        for k in planned - aborted:
+            assert run.results[k].finish_reason == "stop", k
+    assert outcome.candidate.aborted_in_scheduler == outcome.reference.aborted_in_scheduler

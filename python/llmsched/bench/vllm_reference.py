@@ -158,6 +158,7 @@ def make_vllm_scheduler(
     num_speculative_tokens: int = 0,
     max_loras: int = 0,
     use_v2_model_runner: bool = False,
+    pooling: bool = False,
     **shared_fields: Any,
 ) -> Any:
     """Build vLLM 0.33.0's ``Scheduler`` (or ``AsyncScheduler`` if ``async_scheduling``)
@@ -171,7 +172,8 @@ def make_vllm_scheduler(
     scheduling, prefix caching off, FCFS, no watermark, and vLLM's defaults for the rest.
     ``num_gpu_blocks`` is the KV cache's block count, ``num_speculative_tokens`` the ``K``
     of ngram speculative decoding (0 for none), ``max_loras`` the LoRA config's (0: LoRA
-    off). See the module docstring for the rest.
+    off), ``pooling`` a pooling (embedding) model's runner (it samples no token). See the
+    module docstring for the rest.
     """
     import torch
     from vllm.config import (
@@ -205,6 +207,7 @@ def make_vllm_scheduler(
         skip_tokenizer_init=True,
         dtype="float16",
         seed=0,
+        runner="pooling" if pooling else "generate",
         **sections.pop("model_config"),
     )
     scheduler_config = SchedulerConfig(
@@ -301,6 +304,7 @@ def make_vllm_request(
     cache_salt: str | None = None,
     skip_reading_prefix_cache: bool = False,
     structured_output: bool = False,
+    pooling: bool = False,
 ) -> Any:
     """Build a vLLM ``Request`` for ``scheduler.add_request``.
 
@@ -315,8 +319,10 @@ def make_vllm_request(
     vLLM's engine sets for prompt logprobs). ``structured_output`` gives it a (regex)
     structured-output constraint: it waits for its grammar, which the caller sets on
     ``request.structured_output_request`` (vLLM's engine has its manager compile it).
+    ``pooling`` makes it an embedding request (pooling parameters, no sampling ones).
     """
     from vllm.lora.request import LoRARequest
+    from vllm.pooling_params import PoolingParams
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
@@ -336,8 +342,8 @@ def make_vllm_request(
     return Request(
         request_id=request_id,
         prompt_token_ids=[int(t) for t in prompt_token_ids],
-        sampling_params=params,
-        pooling_params=None,
+        sampling_params=None if pooling else params,
+        pooling_params=PoolingParams(task="embed") if pooling else None,
         arrival_time=arrival_time,
         priority=priority,
         block_hasher=block_hasher,
@@ -348,16 +354,32 @@ def make_vllm_request(
     )
 
 
-def vllm_runner_output(scheduler_output: Any, sampled: Mapping[str, Sequence[int]]) -> Any:
+def vllm_runner_output(
+    scheduler_output: Any, sampled: Mapping[str, Sequence[int]], *, pooling: bool = False
+) -> Any:
     """A vLLM ``ModelRunnerOutput`` answering ``scheduler_output``.
 
     One row per scheduled request, in the scheduler output's order: ``sampled[req_id]``
     (the tokens sampled for it this step, accepted drafts first), or an empty row when the
-    request is missing from ``sampled`` (a partial prefill chunk samples nothing).
+    request is missing from ``sampled`` (a partial prefill chunk samples nothing). With
+    ``pooling``, no token rows: each request in ``sampled`` (its prompt done) gets a pooled
+    output (a one-element tensor of its position in the step), the others None.
     """
     from vllm.v1.outputs import ModelRunnerOutput
 
     req_ids = list(scheduler_output.num_scheduled_tokens)
+    if pooling:
+        import torch
+
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=[],
+            pooler_output=[
+                torch.tensor([float(i)]) if rid in sampled else None
+                for i, rid in enumerate(req_ids)
+            ],
+        )
     return ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={rid: i for i, rid in enumerate(req_ids)},

@@ -64,8 +64,9 @@ meaning. The others come from elsewhere (:func:`llmsched_config`): ``block_size`
 vLLM hands its scheduler, ``num_gpu_blocks`` the KV pool vLLM sized
 (``kv_cache_config.num_blocks``), ``num_speculative_tokens``, ``num_lookahead_tokens`` and
 ``max_num_new_slots_for_drafting`` vLLM's own derivations from the speculative config,
-``max_loras`` the LoRA config's (0 without one), and
-``num_sampled_tokens_per_step`` is 1 (pooling models, which sample none, are refused)."""
+``max_loras`` the LoRA config's (0 without one), and ``num_sampled_tokens_per_step`` 0 for
+a pooling model (it samples none: a request ends with its prompt's pooled output) and 1
+otherwise (vLLM's rule; diffusion models, its other case of 0, are refused)."""
 
 
 class UnsupportedFeatureError(llmsched.LlmschedError, ValueError):
@@ -131,10 +132,6 @@ def check_engine_config(
         (
             "multimodal inputs",
             lambda: (get("model_config.is_multimodal_model"), f"model {model_name!r}"),
-        ),
-        (
-            "pooling models",
-            lambda: (get("model_config.runner_type") == "pooling", "runner_type='pooling'"),
         ),
         (
             "prompt embeddings",
@@ -263,7 +260,9 @@ def llmsched_config(
             max_num_new_slots_for_drafting=(
                 0 if spec is None else read(spec, "max_num_new_slots_for_drafting")
             ),
-            num_sampled_tokens_per_step=1,
+            num_sampled_tokens_per_step=0
+            if read(vllm_config, "model_config.runner_type") == "pooling"
+            else 1,
             max_loras=0 if lora is None else read(lora, "max_loras"),
         )
     except llmsched.ConfigError as exc:
@@ -273,15 +272,13 @@ def llmsched_config(
 def check_request(request: Any) -> str | None:
     """Why llmsched cannot serve ``request`` (naming the feature), or None."""
     params = request.sampling_params
-    if request.pooling_params is not None or params is None:
-        return "llmsched.vllm does not support pooling requests"
     if request.mm_features:
         return "llmsched.vllm does not support multimodal inputs"
     if request.prompt_embeds is not None or request.prompt_token_ids is None:
         return "llmsched.vllm does not support prompt embeddings"
     if request.resumable:
         return "llmsched.vllm does not support streaming-input (resumable) requests"
-    if params.repetition_detection is not None:
+    if params is not None and params.repetition_detection is not None:
         return "llmsched.vllm does not support repetition detection"
     if request.kv_transfer_params:
         return "llmsched.vllm does not support KV transfer parameters"

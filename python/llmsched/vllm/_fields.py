@@ -116,7 +116,7 @@ FIELDS: dict[str, dict[str, str]] = {
         "watermark": READ,
         "async_scheduling": READ,
         "prefill_schedule_interval": READ,
-        "runner_type": "a copy of model_config.runner_type, checked (pooling refused)",
+        "runner_type": "a copy of model_config.runner_type, read there (pooling: s = 0)",
         "is_multimodal_model": "a copy of model_config.is_multimodal_model, checked",
         "max_num_queued_reqs": _FRONT_END,
         "max_num_queued_tokens": _FRONT_END,
@@ -139,7 +139,7 @@ FIELDS: dict[str, dict[str, str]] = {
         "specialize_active_lora": _RUNNER,
         "enable_mixed_moe_lora_format": _MOE,
         "enable_moe_shared_loras": _MOE,
-        "max_lora_cls_labels": "only for classification (pooling) models, refused (runner_type)",
+        "max_lora_cls_labels": "the classifier head's labels: the workers' (pooling models)",
     },
     "CacheConfig": {
         "enable_prefix_caching": READ,
@@ -194,15 +194,16 @@ FIELDS: dict[str, dict[str, str]] = {
         "model": READ,  # named in refusal messages
         "enable_prompt_embeds": CHECKED,
         "return_sampling_mask": CHECKED,
-        "runner": "decides model_config.runner_type, checked (pooling refused)",
-        "convert": "decides model_config.runner_type, checked (pooling refused)",
+        "runner": "decides model_config.runner_type, read (pooling: s = 0)",
+        "convert": "decides model_config.runner_type, read (pooling: s = 0)",
         "hf_config": (
             "the architecture, checked through model_config.is_multimodal_model, "
             "is_encoder_decoder and runner_type, and vllm_config.diffusion_config"
         ),
         "hf_text_config": "the text stack of hf_config: the workers'",
         "multimodal_config": "checked through model_config.is_multimodal_model",
-        "pooler_config": "only for pooling models, refused (runner_type)",
+        "pooler_config": "how a pooling model pools: the workers' (the scheduler hands the "
+        "pooled output on)",
         "model_weights": _RUNNER,
         "tokenizer": _FRONT_END,
         "tokenizer_mode": _FRONT_END,

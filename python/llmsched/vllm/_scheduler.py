@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import vllm
 from vllm.logger import init_logger
+from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
 from vllm.v1.core.sched.output import (
     CachedRequestData,
@@ -59,6 +60,8 @@ _FIRST_FINISHED = int(RequestStatus.FINISHED_STOPPED)
 _FINISH_REASON: dict[int, FinishReason | None] = {
     int(status): RequestStatus.get_finished_reason(status) for status in RequestStatus
 }
+# What a pooling request's missing sampling parameters amount to for the core.
+_NO_SAMPLING = SamplingParams(max_tokens=1)
 # EngineCoreOutput's `error` field exists from vLLM 0.33 on.
 _OUTPUT_HAS_ERROR = "error" in EngineCoreOutput.__struct_fields__
 
@@ -183,7 +186,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         req_id = request.request_id
         if req_id in self.requests or req_id in self._refused:
             raise llmsched.DuplicateRequestError(f"request_id={req_id!r}: already live")
-        params = request.sampling_params
+        # A pooling request has no sampling parameters: it ends with its prompt.
+        params = request.sampling_params or _NO_SAMPLING
         reason = check_request(request)
         if reason is None:
             try:
@@ -698,6 +702,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             output.finish_reason = _FINISH_REASON[status]
             output.stop_reason = core_outputs[i].stop_reason
             output.spec_decode_metrics = request.spec_decode_metrics
+            if mro.pooler_output:
+                # A pooling request ends with its prompt, carrying the pooled output.
+                output.pooling_output = mro.pooler_output[mro.req_id_to_index[req_id]]
         if count and mro.logprobs and request.sampling_params.logprobs is not None:
             output.new_logprobs = mro.logprobs.slice_request(mro.req_id_to_index[req_id], count)
         output.new_prompt_logprobs_tensors = mro.prompt_logprobs_dict.get(req_id)
