@@ -31,7 +31,11 @@ sides see the same tokens whatever the schedulers decide:
 
 The runner tracks, per request, the tokens it has produced (``known``) and the positions
 whose KV it has computed (``computed``), like a real runner's persistent batch; a request
-admitted (new or resumed) restarts from the scheduler's ``num_computed_tokens``.
+admitted (new or resumed) restarts from the scheduler's ``num_computed_tokens``. For a
+pooling model (``ParityConfig.pooling``) it samples nothing: a step that completes a prompt
+returns the request's pooled output. Structured-output requests get their grammars from
+the "engine" at fixed loop iterations (``ParityRequest.grammar_at``; ``grammar.py``), with
+a stand-in grammar that accepts every token the runner samples.
 
 The engine loop
 ---------------

