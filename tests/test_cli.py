@@ -429,3 +429,75 @@ def test_bench_writes_its_table_as_a_section(tmp_path: Path) -> None:
     assert "--markdown" not in section
     table_row = next(line for line in result.stdout.splitlines() if line.startswith("decode-64"))
     assert table_row in section
+
+
+# ------------------------------------------------------------------ --cost-model
+
+COST_FILE = {
+    "cost_model": {
+        "fixed_ms": 1.5,
+        "prefill_token_ms": 0.02,
+        "decode_request_ms": 0.3,
+        "kv_token_ms": 0.0001,
+    },
+    "engine": {"max_model_len": 4096, "max_num_seqs": 4, "num_gpu_blocks": 1024},
+}
+
+
+def _simulated(tmp_path: Path, *flags: str) -> dict[str, object]:
+    out = tmp_path / "report.json"
+    result = run(*SMALL, *flags, "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    report: dict[str, object] = json.loads(out.read_text())
+    return report
+
+
+def test_a_cost_model_file_sets_the_terms_and_the_engine_and_flags_override_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "engine.json"
+    path.write_text(json.dumps(COST_FILE))
+    default = _simulated(tmp_path)
+    fitted = _simulated(tmp_path, "--cost-model", str(path))
+    assert fitted["cost_model"] == COST_FILE["cost_model"]
+    config = fitted["config"]
+    assert isinstance(config, dict)
+    for name, value in COST_FILE["engine"].items():
+        assert config[name] == value
+    assert fitted["latency_seconds"] != default["latency_seconds"]
+    overridden = _simulated(
+        tmp_path, "--cost-model", str(path), "--max-num-seqs", "2", "--fixed-ms", "9"
+    )
+    config = overridden["config"]
+    cost = overridden["cost_model"]
+    assert isinstance(config, dict) and isinstance(cost, dict)
+    assert config["max_num_seqs"] == 2 and config["num_gpu_blocks"] == 1024
+    assert cost["fixed_ms"] == 9 and cost["decode_request_ms"] == 0.3
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        (lambda d: d["cost_model"].pop("kv_token_ms"), ["cost_model.kv_token_ms", "missing"]),
+        (lambda d: d["cost_model"].update(fixed_ms=-2), ["cost_model.fixed_ms=-2"]),
+        (lambda d: d["cost_model"].update(fixed_ms="fast"), ["cost_model.fixed_ms='fast'"]),
+        (lambda d: d["cost_model"].update(warp_ms=1), ["cost_model.warp_ms", "not a term"]),
+        (lambda d: d["engine"].update(max_num_sequences=3), ["engine.max_num_sequences"]),
+        (lambda d: d.update(extra=1), ["unknown key 'extra'"]),
+    ],
+)
+def test_a_bad_cost_model_file_is_one_line_naming_the_file_and_the_entry(
+    tmp_path: Path, change: object, names: list[str]
+) -> None:
+    data = json.loads(json.dumps(COST_FILE))
+    change(data)  # type: ignore[operator]
+    path = tmp_path / "engine.json"
+    path.write_text(json.dumps(data))
+    refused(run(*SMALL, "--cost-model", str(path)), "--cost-model", str(path), *names)
+
+
+def test_a_cost_model_file_that_is_not_json_or_missing_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "engine.json"
+    path.write_text("{fixed_ms: 1")
+    refused(run(*SMALL, "--cost-model", str(path)), str(path), "not JSON")
+    refused(run(*SMALL, "--cost-model", str(tmp_path / "none.json")), "cannot read it")

@@ -31,7 +31,7 @@ from llmsched._cli import (
     write_markdown_section,
 )
 from llmsched._core import SchedulerConfig
-from llmsched.sim.cost import COST_TERM, CostModel
+from llmsched.sim.cost import COST_TERM, CostModel, load_cost_model
 from llmsched.sim.plots import PLOT_HINT, write_plots
 from llmsched.sim.report import SimulationReport
 from llmsched.sim.simulate import ACCEPTANCE_RATE, TIME_SCALE, simulate
@@ -85,6 +85,12 @@ def parser() -> argparse.ArgumentParser:
     ]  # fmt: skip
     for flag, bound, metavar, default, help in numbers:
         sim.add_argument(flag, type=number(bound), metavar=metavar, default=default, help=help)
+    sim.add_argument(
+        "--cost-model",
+        metavar="FILE",
+        help="a cost model for an engine (JSON: its terms, and the scheduler settings it was "
+        "measured under); the flags below still override it",
+    )
     sim.add_argument("--json", metavar="PATH", help="write the full report as JSON to PATH")
     sim.add_argument(
         "--plot",
@@ -195,7 +201,14 @@ class _Output:
 def main(argv: list[str]) -> int:
     """Runs ``llmsched simulate ARGV``; returns the exit status (0: every request finished,
     1: some did not, 130: interrupted). Bad input raises, for the caller to report."""
-    args = parser().parse_args(argv)
+    sim = parser()
+    args = sim.parse_args(argv)
+    if args.cost_model is not None:
+        # The file's values become the defaults: the flags given still win.
+        model = load_cost_model(args.cost_model)
+        terms = {f.name: getattr(model.cost, f.name) for f in fields(CostModel)}
+        sim.set_defaults(**terms, **model.engine)
+        args = sim.parse_args(argv)
     config = config_from_flags(args)
     json_path = json_destination(args.json)
     page = markdown_destination(args.markdown)
