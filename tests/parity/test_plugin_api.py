@@ -6,6 +6,7 @@ Runs where vLLM is importable (``make parity-test``)."""
 from __future__ import annotations
 
 import copy
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -806,3 +807,60 @@ def test_spec_decoding_stats_counted_at_once_equal_vllms_per_request_counting() 
             for n, a in zip(num_drafts, num_accepted, strict=True):
                 theirs.observe_draft(n, a)
             assert _spec_decoding_stats(k, num_drafts, num_accepted) == theirs
+
+
+def test_the_step_log_records_each_steps_shape_and_timing(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With LLMSCHED_STEP_LOG set, a header (the format llmsched calibrate reads, the
+    engine's configuration) and a line per step that ran, whose shape is the step's as
+    read from vLLM's own SchedulerOutput; unset, no file."""
+    from llmsched.sim.calibrate import LOG_FORMAT
+
+    log = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("LLMSCHED_STEP_LOG", str(log))
+    sched = build(reference())
+    shapes = []
+    original = sched.schedule
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        so = original(*args, **kwargs)
+        cached = so.scheduled_cached_reqs
+        computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        computed.update({r.req_id: r.num_computed_tokens for r in so.scheduled_new_reqs})
+        spec = so.scheduled_spec_decode_tokens
+        decode = [
+            rid for rid, n in so.num_scheduled_tokens.items() if n - len(spec.get(rid, ())) == 1
+        ]
+        if so.total_num_scheduled_tokens:
+            shapes.append(
+                {
+                    "prefill_tokens": so.total_num_scheduled_tokens - len(decode),
+                    "decode_requests": len(decode),
+                    "context_tokens": sum(
+                        computed[rid] + n for rid, n in so.num_scheduled_tokens.items()
+                    ),
+                    "num_requests": len(so.num_scheduled_tokens),
+                }
+            )
+        return so
+
+    sched.schedule = schedule
+    # Prompts that fit in one step (run_to_end samples for every scheduled request).
+    for i, prompt_len in enumerate((10, 20, 30)):
+        sched.add_request(request(f"r{i}", prompt_len=prompt_len, max_tokens=5))
+    run_to_end(sched)
+    sched.shutdown()
+    header, *steps = (json.loads(line) for line in log.read_text().splitlines())
+    assert header["format"] == LOG_FORMAT
+    assert header["engine"] == sched.core.config.to_dict()
+    assert [{k: s[k] for k in shapes[0]} for s in steps] == shapes
+    times = [s["t"] for s in steps]
+    assert times == sorted(times) and all(s["schedule_s"] > 0 and s["update_s"] > 0 for s in steps)
+
+    monkeypatch.delenv("LLMSCHED_STEP_LOG")
+    log.unlink()
+    quiet = build(reference())
+    quiet.add_request(request("q"))
+    run_to_end(quiet)
+    assert not log.exists()

@@ -63,8 +63,12 @@ def _write_trace(path: Path, rows: list[tuple[float, int, int]]) -> Path:
     return path
 
 
-def _replay(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+def _replay(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        **(env or {}),
+    }
     return subprocess.run(
         [sys.executable, "-m", "llmsched", "replay-engine", *args],
         capture_output=True,
@@ -156,3 +160,41 @@ def test_a_model_folder_without_a_config_is_one_line_and_status_2(tmp_path: Path
     assert run.stderr.strip().splitlines() == [
         f"llmsched: error: --model={str(tmp_path)!r}: no config.json in that folder"
     ]
+
+
+def test_a_served_engines_step_log_calibrates_simulate(tmp_path: Path) -> None:
+    """The plug-in's step log (LLMSCHED_STEP_LOG) of a replay fits a cost model
+    (``calibrate --from-log``) that ``simulate --cost-model`` takes, with the engine's
+    scheduler settings."""
+    trace = _write_trace(tmp_path / "trace.csv", TRACE)
+    log = tmp_path / "steps.jsonl"
+    served = _replay(
+        str(trace),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-num-seqs",
+        "16",
+        env={"LLMSCHED_STEP_LOG": str(log)},
+    )
+    assert served.returncode == 0, served.stderr[-3000:]
+    header, *steps = (json.loads(line) for line in log.read_text().splitlines())
+    assert header["engine"]["max_num_seqs"] == 16
+    assert len(steps) >= 20
+    model = tmp_path / "model.json"
+    fitted = subprocess.run(
+        [sys.executable, "-m", "llmsched", "calibrate", "--from-log", str(log), "--out",
+         str(model)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert fitted.returncode == 0, fitted.stderr
+    cost = json.loads(model.read_text())
+    assert cost["engine"] == header["engine"]
+    assert cost["cost_model"]["fixed_ms"] > 0  # a CPU step costs milliseconds
+    report = tmp_path / "simulated.json"
+    simulated = subprocess.run(
+        [sys.executable, "-m", "llmsched", "simulate", str(trace), "--no-progress",
+         "--cost-model", str(model), "--json", str(report)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert simulated.returncode == 0, simulated.stderr
+    assert json.loads(report.read_text())["config"]["max_num_seqs"] == 16

@@ -3,9 +3,10 @@
     step = fixed + prefill_token * prefill tokens + decode_request * decode requests
                  + kv_token * context tokens read by attention
 
-A scheduled request counts as a decode request when its step is one sampled position plus
-its draft slots; every other scheduled token counts as a prefill token. The defaults are
-sized for an 8B-parameter model on one datacenter GPU; every term can be overridden.
+The step's shape (prefill tokens, decode requests, context tokens) is
+:func:`llmsched.steps.step_shape`'s. The defaults are sized for an 8B-parameter model on one
+datacenter GPU; every term can be overridden, or taken from a cost-model file
+(:func:`load_cost_model`, which ``llmsched calibrate`` writes).
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from llmsched._checks import Range
 from llmsched._core import SchedulerOutput
+from llmsched.steps import step_shape
 
 __all__ = ["COST_TERM", "CostModel", "CostModelFile", "load_cost_model"]
 
@@ -43,17 +43,14 @@ class CostModel:
             COST_TERM.check(f.name, getattr(self, f.name))
 
     def step_seconds(self, so: SchedulerOutput) -> float:
-        n = so.num_scheduled_tokens.astype(np.int64)
-        if len(n) == 0:
+        if len(so.num_scheduled_tokens) == 0:
             return 0.0
-        decode = (n - so.num_spec_tokens) == 1
-        prefill_tokens = int(n[~decode].sum())
-        context_tokens = int((so.num_computed_tokens + n).sum())
+        shape = step_shape(so)
         ms = (
             self.fixed_ms
-            + self.prefill_token_ms * prefill_tokens
-            + self.decode_request_ms * int(decode.sum())
-            + self.kv_token_ms * context_tokens
+            + self.prefill_token_ms * shape.prefill_tokens
+            + self.decode_request_ms * shape.decode_requests
+            + self.kv_token_ms * shape.context_tokens
         )
         return ms / 1000.0
 
@@ -69,8 +66,9 @@ class CostModelFile:
 
 def load_cost_model(path: str | Path) -> CostModelFile:
     """Reads a cost-model file: a JSON object ``{"cost_model": {TERM: ms, ...}, "engine":
-    {SchedulerConfig field: value, ...}}``, every term of :class:`CostModel` present and
-    in range, ``engine`` optional. ``ValueError`` naming the file and what is wrong."""
+    {SchedulerConfig field: value, ...}, "fit": {...}}``, every term of :class:`CostModel`
+    present and in range, ``engine`` optional, ``fit`` (how well the terms fit the steps
+    they were fitted to) informative. ``ValueError`` naming the file and what is wrong."""
     from llmsched._core import SchedulerConfig
 
     path = Path(path)
@@ -82,7 +80,7 @@ def load_cost_model(path: str | Path) -> CostModelFile:
         raise ValueError(f"--cost-model {path}: not JSON ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("cost_model"), dict):
         raise ValueError(f'--cost-model {path}: expected an object with a "cost_model" object')
-    unknown = sorted(set(data) - {"cost_model", "engine"})
+    unknown = sorted(set(data) - {"cost_model", "engine", "fit"})
     if unknown:
         raise ValueError(f"--cost-model {path}: unknown key {unknown[0]!r}")
     terms: dict[str, Any] = data["cost_model"]

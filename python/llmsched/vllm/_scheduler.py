@@ -9,6 +9,7 @@ requests, done with list and numpy operations wherever a request needs nothing o
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -47,6 +48,8 @@ from llmsched.vllm._config import (
 )
 from llmsched.vllm._kv_layout import KVCacheLayout
 from llmsched.vllm._requests import attach, freeze, new_request_data
+from llmsched.vllm._step_log import ENV as STEP_LOG_ENV
+from llmsched.vllm._step_log import StepLog
 
 __all__ = ["TESTED_VLLM_VERSIONS", "AsyncScheduler", "Scheduler"]
 
@@ -143,6 +146,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.ec_connector = None
         self.kv_cache_manager = KVCacheLayout(kv_cache_config)
         self.core = llmsched.Scheduler(llmsched_config(vllm_config, kv_cache_config, block_size))
+        # Opt-in (LLMSCHED_STEP_LOG): each step's shape and timing, for llmsched calibrate.
+        log_path = os.environ.get(STEP_LOG_ENV)
+        self._step_log = StepLog(log_path, self.core.config, vllm.__version__) if log_path else None
         self.max_model_len = self.core.config.max_model_len
         self.num_spec_tokens = self.core.config.num_speculative_tokens
         self.use_v2_model_runner = bool(read(vllm_config, "use_v2_model_runner"))
@@ -326,6 +332,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         """One step of the core, as vLLM's ``SchedulerOutput``; with ``throttle_prefills``
         (data-parallel prefill balancing) a step that carries no prefill while a request
         decodes, as vLLM's."""
+        started = time.monotonic()
         if self._compiling:
             self._report_grammars()
         core_out = self.core.schedule(throttle_prefills=throttle_prefills)
@@ -361,6 +368,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._watch_scheduled(core_out, new_ids, resumed_ids)
         if req_ids:
             self._core_steps[id(output)] = (output, core_out)
+            if self._step_log is not None:
+                self._step_log.scheduled(id(output), started, time.monotonic() - started, core_out)
         return output
 
     def _report_grammars(self) -> None:
@@ -506,6 +515,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     ) -> dict[int, EngineCoreOutputs]:
         """Apply the runner's output of ``scheduler_output`` in the core, and return
         what each client receives: new tokens, finish reasons, logprobs, stats."""
+        started = time.monotonic()
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         spec_stats = None
         if scheduler_output.total_num_scheduled_tokens:
@@ -560,6 +570,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             if eco is None:
                 engine_core_outputs[0] = eco = EngineCoreOutputs()
             eco.scheduler_stats = stats
+        if self._step_log is not None and scheduler_output.total_num_scheduled_tokens:
+            self._step_log.applied(
+                id(scheduler_output),
+                time.monotonic() - started,
+                len(scheduler_output.num_scheduled_tokens),
+            )
         return engine_core_outputs
 
     def _core_step(self, scheduler_output: SchedulerOutput) -> llmsched.SchedulerOutput:
@@ -882,7 +898,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         """No encoder cache: multimodal inputs are refused."""
 
     def shutdown(self) -> None:
-        """Nothing to release: the core frees its memory with the object."""
+        """Closes the step log, if one is kept (the core frees its memory with the object)."""
+        if self._step_log is not None:
+            self._step_log.close()
 
     def get_kv_connector(self) -> None:
         return None

@@ -1,0 +1,176 @@
+"""``llmsched calibrate --from-log LOG``: fit ``simulate``'s step-cost model to an engine.
+
+The log is the one the vLLM plug-in writes while it serves (``LLMSCHED_STEP_LOG=PATH`` in the
+engine's environment): a header naming the scheduler configuration, then a line per step with
+when ``schedule()`` was called, the time spent in the scheduler's two calls, and the step's
+shape. A step's engine time is the interval to the next ``schedule()`` call less the
+scheduler's own time (the model step and the engine's other work between the two calls);
+the terms of :class:`~llmsched.sim.cost.CostModel` are the non-negative least-squares fit
+(``scipy.optimize.nnls``) of those times to the shapes. The cost-model file it writes
+(``--out``) holds the terms, the engine's configuration and how well the fit does;
+``llmsched simulate --cost-model FILE`` reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmsched._cli import Formatter, Parser, json_destination
+from llmsched.sim.cost import CostModel
+from llmsched.steps import StepShape
+
+__all__ = ["FitResult", "fit_cost_model", "main", "parser", "read_step_log"]
+
+PROG = "llmsched calibrate"
+#: The step log's header marker (the plug-in's ``llmsched.vllm._step_log.FORMAT``; the two
+#: rooms share no import).
+LOG_FORMAT = "llmsched-step-log/1"
+_STEP_KEYS = ("t", "schedule_s", "update_s", "num_requests", *StepShape._fields)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimes:
+    """The engine time of each logged step that has a successor, and the step's shape."""
+
+    engine: dict[str, Any]
+    seconds: list[float]
+    shapes: list[StepShape]
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def read_step_log(paths: list[str]) -> StepTimes:
+    """The steps of one or more logs of the same engine configuration; ``ValueError``
+    naming the file and line of the first bad line, or of a header whose configuration
+    differs from the first one's."""
+    engine: dict[str, Any] | None = None
+    seconds: list[float] = []
+    shapes: list[StepShape] = []
+    for path in paths:
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise ValueError(f"--from-log {path}: cannot read it ({e.strerror})") from None
+        previous: dict[str, Any] | None = None
+        for number, line in enumerate(lines, 1):
+            where = f"{path}, line {number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                raise ValueError(f"{where}: not a JSON object") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: not a JSON object")
+            if "format" in record:
+                if record["format"] != LOG_FORMAT or not isinstance(record.get("engine"), dict):
+                    raise ValueError(f"{where}: not a {LOG_FORMAT} header")
+                if engine is None:
+                    engine = record["engine"]
+                elif record["engine"] != engine:
+                    differ = ", ".join(
+                        f"{k}={record['engine'].get(k)!r} (first log: {engine.get(k)!r})"
+                        for k in sorted(set(engine) | set(record["engine"]))
+                        if engine.get(k) != record["engine"].get(k)
+                    )
+                    raise ValueError(f"{where}: a log of another engine configuration: {differ}")
+                previous = None  # a new engine's steps: no interval across engines
+                continue
+            if engine is None:
+                raise ValueError(f"{where}: a step before the log's header")
+            bad = [k for k in _STEP_KEYS if not _number(record.get(k))]
+            if bad:
+                raise ValueError(f"{where}: {bad[0]}={record.get(bad[0])!r} is not a number")
+            if previous is not None:
+                interval = record["t"] - previous["t"]
+                if interval < 0:
+                    raise ValueError(
+                        f"{where}: t={record['t']!r} is earlier than the line before's"
+                    )
+                own = previous["schedule_s"] + previous["update_s"]
+                seconds.append(max(interval - own, 0.0))
+                shapes.append(StepShape(*(int(previous[k]) for k in StepShape._fields)))
+            previous = record
+    if engine is None:
+        raise ValueError(f"--from-log {' '.join(paths)}: no {LOG_FORMAT} header")
+    return StepTimes(engine, seconds, shapes)
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    cost: CostModel
+    num_steps: int
+    median_abs_error: float
+    """The median over the steps of |predicted - measured| / measured."""
+
+
+def fit_cost_model(times: StepTimes, *, min_steps: int = 8) -> FitResult:
+    """The non-negative least-squares fit of :class:`CostModel`'s terms to the steps."""
+    try:
+        from scipy.optimize import nnls
+    except ImportError:
+        raise ValueError("calibrate needs scipy: pip install 'llmsched[calibrate]'") from None
+    if len(times.seconds) < min_steps:
+        raise ValueError(
+            f"--from-log: {len(times.seconds)} timed steps, fewer than the {min_steps} a fit needs"
+        )
+    shapes = np.asarray(times.shapes, dtype=np.float64)
+    design = np.column_stack([np.ones(len(shapes)), shapes])
+    measured_ms = 1000.0 * np.asarray(times.seconds)
+    terms, _ = nnls(design, measured_ms)
+    names = [f.name for f in fields(CostModel)]
+    cost = CostModel(**dict(zip(names, (float(t) for t in terms), strict=True)))
+    predicted = design @ terms
+    positive = measured_ms > 0
+    errors = np.abs(predicted[positive] - measured_ms[positive]) / measured_ms[positive]
+    return FitResult(cost, len(measured_ms), float(np.median(errors)) if errors.size else math.nan)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's argument parser."""
+    p = Parser(
+        prog=PROG,
+        description=(
+            "Fit simulate's step-cost model to an engine: --from-log reads the step logs the "
+            "vLLM plug-in writes while serving (LLMSCHED_STEP_LOG=PATH in the engine's "
+            "environment) and writes a cost-model file for simulate --cost-model."
+        ),
+        formatter_class=Formatter,
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "--from-log",
+        metavar="LOG",
+        nargs="+",
+        required=True,
+        help="step logs of one engine configuration",
+    )
+    p.add_argument("--out", metavar="FILE", required=True, help="the cost-model file to write")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Runs ``llmsched calibrate ARGV``. Bad input (a flag, a log line, an output path)
+    raises ``ValueError`` naming it, for the caller to report in one line."""
+    args = parser().parse_args(argv)
+    out = json_destination(args.out, "--out")
+    assert out is not None  # --out is required
+    times = read_step_log(args.from_log)
+    fit = fit_cost_model(times)
+    model = {
+        "cost_model": {f.name: getattr(fit.cost, f.name) for f in fields(CostModel)},
+        "engine": times.engine,
+        "fit": {"steps": fit.num_steps, "median_abs_error": fit.median_abs_error},
+    }
+    out.write_text(json.dumps(model, indent=1) + "\n")
+    terms = ", ".join(f"{name} {value:.6g}" for name, value in model["cost_model"].items())
+    print(f"{PROG}: {fit.num_steps:,} steps, median error {fit.median_abs_error:.1%}: {terms}")
+    print(f"cost model written to {out}")
+    return 0

@@ -1,0 +1,63 @@
+"""The plug-in's step log (opt-in): what each step asked of the model and how long the
+engine took, for ``llmsched calibrate --from-log`` to fit a step-cost model to the engine a
+user runs.
+
+Set ``LLMSCHED_STEP_LOG=PATH`` in the engine's environment: each scheduler the engine builds
+appends to ``PATH`` (JSON lines) a header naming its configuration, then one line per step
+that ran: when ``schedule()`` was called (``t``, seconds on the process's monotonic clock),
+the time spent in ``schedule()`` and ``update_from_output()``, and the step's shape
+(:func:`llmsched.steps.step_shape`). Unset, the plug-in pays one attribute test per step.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from typing import IO, Any
+
+import llmsched
+from llmsched.steps import step_shape
+
+__all__ = ["ENV", "FORMAT", "StepLog"]
+
+#: The environment variable that turns the log on.
+ENV = "LLMSCHED_STEP_LOG"
+#: The header's format marker (``llmsched calibrate`` checks it).
+FORMAT = "llmsched-step-log/1"
+
+
+class StepLog:
+    """Appends one engine's steps to a log file."""
+
+    def __init__(self, path: str, config: llmsched.SchedulerConfig, vllm_version: str) -> None:
+        # Line-buffered: a line per step reaches the file as it is written (an engine that
+        # dies keeps its log); closed by close(), or when the scheduler is dropped.
+        self._file: IO[str] = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        self._closer = weakref.finalize(self, self._file.close)
+        header = {"format": FORMAT, "vllm": vllm_version, "engine": config.to_dict()}
+        self._write(header)
+        # Steps decided and not yet applied: when schedule() was called and how long it took.
+        self._pending: dict[int, tuple[float, float, Any]] = {}
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def scheduled(self, key: int, started: float, seconds: float, step: Any) -> None:
+        """A step the core decided (``step``, its ``SchedulerOutput``) under ``key``."""
+        self._pending[key] = (started, seconds, step_shape(step))
+
+    def applied(self, key: int, seconds: float, num_requests: int) -> None:
+        """The output of the step under ``key`` was applied in ``seconds``: its line."""
+        started, schedule_s, shape = self._pending.pop(key)
+        self._write(
+            {
+                "t": started,
+                "schedule_s": schedule_s,
+                "update_s": seconds,
+                "num_requests": num_requests,
+                **shape._asdict(),
+            }
+        )
+
+    def close(self) -> None:
+        self._closer()
