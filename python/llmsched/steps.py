@@ -21,13 +21,15 @@ __all__ = ["StepShape", "step_shape"]
 
 
 class StepShape(NamedTuple):
+    """A step's prefill tokens, decode requests and context tokens (see the module doc)."""
+
     prefill_tokens: int
     decode_requests: int
     context_tokens: int
 
 
 def step_shape(so: SchedulerOutput) -> StepShape:
-    """The shape of a step the core decided (its columns; nothing is copied)."""
+    """The shape of a step the core decided, read from its columns."""
     n = so.num_scheduled_tokens.astype(np.int64)
     if len(n) == 0:
         return StepShape(0, 0, 0)

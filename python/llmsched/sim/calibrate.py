@@ -26,7 +26,7 @@ from llmsched._cli import Formatter, Parser, json_destination
 from llmsched.sim.cost import CostModel
 from llmsched.steps import StepShape
 
-__all__ = ["FitResult", "fit_cost_model", "main", "parser", "read_step_log"]
+__all__ = ["FitResult", "StepTimes", "fit_cost_model", "main", "parser", "read_step_log"]
 
 PROG = "llmsched calibrate"
 #: The step log's header marker (the plug-in's ``llmsched.vllm._step_log.FORMAT``; the two
@@ -105,6 +105,8 @@ def read_step_log(paths: list[str]) -> StepTimes:
 
 @dataclass(frozen=True, slots=True)
 class FitResult:
+    """The fitted terms, over how many steps, and how far they miss those steps."""
+
     cost: CostModel
     num_steps: int
     median_abs_error: float

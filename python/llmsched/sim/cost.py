@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from llmsched._checks import Range
-from llmsched._core import SchedulerOutput
+from llmsched._core import SchedulerConfig, SchedulerOutput
 from llmsched.steps import step_shape
 
 __all__ = ["COST_TERM", "CostModel", "CostModelFile", "load_cost_model"]
@@ -69,8 +69,6 @@ def load_cost_model(path: str | Path) -> CostModelFile:
     {SchedulerConfig field: value, ...}, "fit": {...}}``, every term of :class:`CostModel`
     present and in range, ``engine`` optional, ``fit`` (how well the terms fit the steps
     they were fitted to) informative. ``ValueError`` naming the file and what is wrong."""
-    from llmsched._core import SchedulerConfig
-
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
