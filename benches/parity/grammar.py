@@ -12,33 +12,31 @@ the bitmask shows how far each side advanced each grammar.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
-
-from .harness import ParityRequest, _hash, target_token
 
 __all__ = [
     "GRAMMAR_ERROR",
     "ParityBackend",
     "ParityGrammar",
+    "TokenRule",
     "grammar_valid_prefix",
     "install_parity_backend",
 ]
 
 GRAMMAR_ERROR = "the parity grammar did not compile"
 
-_SALT_GRAMMAR = 0x67A3_3A12_0000_0004
+TokenRule = Callable[[int, int], bool]
+"""Whether a request's grammar accepts ``token`` at ``position`` (the harness's rule:
+``harness.grammar_accepts``, bound to the request)."""
 
 
-def _valid(req: ParityRequest, position: int, token: int) -> bool:
-    return token == target_token(req, position) or _hash(req.key, _SALT_GRAMMAR, position) % 2 == 0
-
-
-def grammar_valid_prefix(req: ParityRequest, position: int, tokens: list[int]) -> list[int]:
+def grammar_valid_prefix(accepts: TokenRule, position: int, tokens: list[int]) -> list[int]:
     """The longest prefix of ``tokens`` (drafts for ``position`` on, ``-1`` padding and
-    what follows it stripped, as vLLM strips it) that ``req``'s grammar accepts."""
+    what follows it stripped, as vLLM strips it) that the grammar accepts."""
     valid = []
     for j, token in enumerate(tokens):
-        if token == -1 or not _valid(req, position + j, token):
+        if token == -1 or not accepts(position + j, token):
             break
         valid.append(token)
     return valid
@@ -51,34 +49,37 @@ def _grammar_base() -> type:
 
 
 class ParityGrammar(_grammar_base()):  # type: ignore[misc]
-    """vLLM's ``StructuredOutputGrammar`` for one parity request: the rule above."""
+    """vLLM's ``StructuredOutputGrammar`` for one parity request: ``accepts`` (its rule),
+    from position ``start`` (its prompt's length) on; ``key`` marks its bitmask rows."""
 
-    def __init__(self, req: ParityRequest) -> None:
-        self.req = req
-        self.position = req.prompt_len
+    def __init__(self, accepts: TokenRule, start: int, key: int) -> None:
+        self.accepts = accepts
+        self.start = start
+        self.key = key
+        self.position = start
 
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
         for token in tokens:
-            if not _valid(self.req, self.position, token):
+            if not self.accepts(self.position, token):
                 return False
             self.position += 1
         return True
 
     def validate_tokens(self, tokens: list[int]) -> list[int]:
-        return grammar_valid_prefix(self.req, self.position, tokens)
+        return grammar_valid_prefix(self.accepts, self.position, tokens)
 
     def rollback(self, num_tokens: int) -> None:
         self.position -= num_tokens
 
     def fill_bitmask(self, bitmask: Any, batch_index: int) -> None:
         bitmask[batch_index, 0] = self.position
-        bitmask[batch_index, 1] = self.req.key & 0x7FFF_FFFF
+        bitmask[batch_index, 1] = self.key & 0x7FFF_FFFF
 
     def is_terminated(self) -> bool:
         return False
 
     def reset(self) -> None:
-        self.position = self.req.prompt_len
+        self.position = self.start
 
 
 class ParityBackend:

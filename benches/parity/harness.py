@@ -94,6 +94,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -271,6 +272,15 @@ def target_token(req: ParityRequest, position: int) -> int:
         return req.stop_token_id
     span = VOCAB_SIZE - FIRST_REGULAR_TOKEN
     return FIRST_REGULAR_TOKEN + _hash(req.key, _SALT_TOKEN, position) % span
+
+
+_SALT_GRAMMAR = 0x67A3_3A12_0000_0004
+
+
+def grammar_accepts(req: ParityRequest, position: int, token: int) -> bool:
+    """The stand-in grammar of a structured-output request (``grammar.py``): every token the
+    runner samples is valid, a wrong draft at about half of the positions."""
+    return token == target_token(req, position) or _hash(req.key, _SALT_GRAMMAR, position) % 2 == 0
 
 
 def draft_accepted(req: ParityRequest, position: int) -> bool:
@@ -646,8 +656,6 @@ class LlmschedSide:
         if waiting:
             raise RunnerError(f"drafts for requests that are not running: {sorted(waiting)}")
         if self.structured:
-            from .grammar import grammar_valid_prefix
-
             drafts = list(drafts)
             for i, rid in enumerate(req_ids):
                 req = self.structured.get(rid)
@@ -658,7 +666,11 @@ class LlmschedSide:
                 except self._llmsched.UnknownRequestError:
                     continue  # finished: the core drops its drafts
                 if not request.is_prefill_chunk:
-                    drafts[i] = grammar_valid_prefix(req, request.num_tokens, drafts[i])
+                    from .grammar import grammar_valid_prefix  # imports vLLM
+
+                    drafts[i] = grammar_valid_prefix(
+                        partial(grammar_accepts, req), request.num_tokens, drafts[i]
+                    )
         self.scheduler.update_draft_token_ids(req_ids, drafts)
 
     def abort(self, request_id: str) -> list[str]:
@@ -782,7 +794,7 @@ class VllmSide:
         )
         self.scheduler = scheduler
         self.hash_labels = HashLabels()
-        from .grammar import install_parity_backend
+        from .grammar import install_parity_backend  # imports vLLM
 
         install_parity_backend(scheduler.structured_output_manager)
         # Each structured-output request's grammar, compiling until the loop says.
@@ -824,7 +836,7 @@ class VllmSide:
         if req.grammar_fails:
             future.set_exception(RuntimeError(GRAMMAR_ERROR))
         else:
-            future.set_result(ParityGrammar(req))
+            future.set_result(ParityGrammar(partial(grammar_accepts, req), req.prompt_len, req.key))
 
     def has_requests(self) -> bool:
         return bool(self.scheduler.has_requests())

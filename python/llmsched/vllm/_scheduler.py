@@ -69,6 +69,16 @@ _NO_SAMPLING = SamplingParams(max_tokens=1)
 _OUTPUT_HAS_ERROR = "error" in EngineCoreOutput.__struct_fields__
 
 
+def _validation_error(message: str) -> dict[str, Any]:
+    """The ``EngineCoreOutput`` field that carries a request's error to its client, where
+    this vLLM has it (vLLM's ``validation_error``)."""
+    if not _OUTPUT_HAS_ERROR:
+        return {}
+    from vllm.outputs import RequestError
+
+    return {"error": RequestError(code="validation_error", message=message)}
+
+
 def _spec_decoding_stats(k: int, num_drafts: list[int], num_accepted: list[int]) -> Any:
     """vLLM's ``SpecDecodingStats`` after ``observe_draft(num_drafts[i], num_accepted[i])``
     for every i, counted at once: per position, the drafts (and accepted drafts) that
@@ -332,7 +342,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         """One step of the core, as vLLM's ``SchedulerOutput``; with ``throttle_prefills``
         (data-parallel prefill balancing) a step that carries no prefill while a request
         decodes, as vLLM's."""
-        started = time.monotonic()
+        started = time.monotonic() if self._step_log is not None else 0.0
         if self._compiling:
             self._report_grammars()
         core_out = self.core.schedule(throttle_prefills=throttle_prefills)
@@ -515,7 +525,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     ) -> dict[int, EngineCoreOutputs]:
         """Apply the runner's output of ``scheduler_output`` in the core, and return
         what each client receives: new tokens, finish reasons, logprobs, stats."""
-        started = time.monotonic()
+        started = time.monotonic() if self._step_log is not None else 0.0
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         spec_stats = None
         if scheduler_output.total_num_scheduled_tokens:
@@ -535,18 +545,13 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._fail_uncompiled_grammars(outputs)
         for req_id, (request, reason) in self._refused.items():
             request.status = RequestStatus.FINISHED_ERROR
-            extra: dict[str, Any] = {}
-            if _OUTPUT_HAS_ERROR:
-                from vllm.outputs import RequestError
-
-                extra["error"] = RequestError(code="validation_error", message=reason)
             outputs[request.client_index].append(
                 EngineCoreOutput(
                     request_id=req_id,
                     new_token_ids=[],
                     finish_reason=FinishReason.ERROR,
                     stop_reason=reason,
-                    **extra,
+                    **_validation_error(reason),
                 )
             )
             if self.finished_req_ids_dict is not None:
@@ -677,15 +682,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if not self.core.finish_failed_grammars():
             return
         for request in self._freeze_finished():
-            extra: dict[str, Any] = {}
-            if _OUTPUT_HAS_ERROR:
-                from vllm.outputs import RequestError
-
-                extra["error"] = RequestError(
-                    code="validation_error",
-                    message="Invalid structured outputs: "
-                    f"{request.structured_output_request.grammar}",
-                )
+            message = f"Invalid structured outputs: {request.structured_output_request.grammar}"
             outputs[request.client_index].append(
                 EngineCoreOutput(
                     request_id=request.request_id,
@@ -693,7 +690,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     finish_reason=FinishReason.ERROR,
                     events=request.take_events(),
                     trace_headers=request.trace_headers,
-                    **extra,
+                    **_validation_error(message),
                 )
             )
             self._forget(request.request_id)
