@@ -21,7 +21,13 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from llmsched import RequestOutput, RequestStatus, SchedulerOutput, UnknownRequestError
+from llmsched import (
+    InvalidRequestError,
+    RequestOutput,
+    RequestStatus,
+    SchedulerOutput,
+    UnknownRequestError,
+)
 
 from conftest import (
     EOS_TOKEN_ID,
@@ -996,3 +1002,56 @@ def test_block_hashes_empty_without_prefix_caching() -> None:
     _add(sched, "s", [7] * 40)
     so = sched.schedule()
     assert computed(so)["s"] == 0
+
+
+# ---------------------------------------------------------------------------- KV cache events
+
+
+def test_kv_events_tell_what_entered_and_left_the_prefix_cache() -> None:
+    """``take_kv_events`` (vLLM's KV cache events, by block id): a prefill stores its full
+    blocks, the ones its output names; a later request's lookup reports its hit when the
+    request asked; blocks evicted for reuse are removed; a reset clears."""
+    # 7 usable blocks of 16 tokens.
+    sched = apc(enable_kv_cache_events=True, num_gpu_blocks=8, async_scheduling=False)
+    sched.add_request("a", [*COMMON, 7], max_tokens=1)
+    so = sched.schedule()
+    a_blocks = blocks(so, "a")
+    assert sched.take_kv_events() == [("stored", "a", 0, a_blocks[:3])]
+    sched.update_from_output(so, one_token_each(so, EOS_TOKEN_ID))
+    assert sched.take_kv_events() == []
+
+    # b shares a's first block and asks to be told of its hit; c shares nothing and needs
+    # four blocks: the free queue's uncached ones, then a's cached ones, least recently
+    # used first (a freed its blocks tail first: its third block leaves before its second).
+    sched.add_request("b", COMMON[:B] + [8] * (B + 1), max_tokens=1, report_reused_blocks=True)
+    sched.add_request("c", [9] * (3 * B + 1), max_tokens=1)
+    so = sched.schedule()
+    assert blocks(so, "b")[0] == a_blocks[0]
+    assert sched.take_kv_events() == [
+        ("reused", "b", 1),
+        ("stored", "b", 1, blocks(so, "b")[1:2]),
+        ("removed", a_blocks[2]),
+        ("removed", a_blocks[1]),
+        ("stored", "c", 0, blocks(so, "c")[:3]),
+    ]
+    sched.update_from_output(so, one_token_each(so, EOS_TOKEN_ID))
+    assert sched.reset_prefix_cache()
+    assert sched.take_kv_events() == [("cleared",)]
+
+
+def test_kv_events_are_off_unless_enabled() -> None:
+    """Without ``enable_kv_cache_events`` nothing is recorded, whatever the requests ask."""
+    sched = apc(num_gpu_blocks=6, async_scheduling=False)
+    sched.add_request("a", [*COMMON, 7], max_tokens=1, report_reused_blocks=True)
+    so = sched.schedule()
+    sched.update_from_output(so, one_token_each(so, EOS_TOKEN_ID))
+    sched.add_request("b", [*COMMON, 7], max_tokens=1, report_reused_blocks=True)
+    sched.schedule()
+    assert sched.take_kv_events() == []
+
+
+def test_report_reused_blocks_must_be_a_bool() -> None:
+    sched = apc(enable_kv_cache_events=True)
+    with pytest.raises(InvalidRequestError, match="report_reused_blocks"):
+        sched.add_request("a", [1, 2, 3], max_tokens=1, report_reused_blocks="yes")
+    assert sched.get_request_counts() == (0, 0)

@@ -253,6 +253,8 @@ class ParityRequest:
     grammar (None: its output is unconstrained); see ``grammar``."""
     grammar_fails: bool = False
     """Its grammar fails to compile (the request then fails with vLLM's error)."""
+    report_reused_blocks: bool = False
+    """With KV cache events, its prefix hits are reported too (``kv_cache_report_mode``)."""
 
     @property
     def key(self) -> int:
@@ -345,6 +347,9 @@ class ParityConfig:
     pooling: bool = False
     """A pooling (embedding) model: no token is sampled, a request ends with its prompt's
     pooled output (llmsched: ``num_sampled_tokens_per_step=0``)."""
+    kv_events: bool = False
+    """vLLM's KV cache events on (``kv_events_config``): compared where both sides are vLLM
+    schedulers (``plugin``), the events each ``update_from_output`` publishes."""
 
     def llmsched_kwargs(self) -> dict[str, Any]:
         """llmsched's ``SchedulerConfig`` fields."""
@@ -379,6 +384,7 @@ class ParityConfig:
             **shared,
             "use_v2_model_runner": self.use_v2_model_runner,
             "pooling": self.pooling,
+            "kv_events": self.kv_events,
         }
 
 
@@ -820,6 +826,7 @@ class VllmSide:
             skip_reading_prefix_cache=req.skip_reading_prefix_cache,
             structured_output=req.grammar_at is not None,
             pooling=self.config.pooling,
+            report_reused_blocks=req.report_reused_blocks,
         )
         if request.structured_output_request is not None:
             from concurrent.futures import Future

@@ -348,6 +348,8 @@ class Case:
     structured_output: bool = False
     """Two requests in three use structured output: the engine compiles a grammar 0 to 3
     loop iterations after the request arrives; one grammar in seven fails to compile."""
+    hit_reporters: bool = False
+    """Every second request asks for KV cache events of its prefix hits."""
 
     @property
     def id(self) -> str:
@@ -374,6 +376,8 @@ class Case:
                 else replace(r, grammar_at=r.arrival_step + i % 4, grammar_fails=i % 7 == 1)
                 for i, r in enumerate(out)
             ]
+        if self.hit_reporters:
+            out = [replace(r, report_reused_blocks=i % 2 == 0) for i, r in enumerate(out)]
         return out
 
 
@@ -681,6 +685,31 @@ def edge_cases() -> list[Case]:
                         max_num_batched_tokens=256,
                         pooling=True,
                     ),
+                )
+            )
+        # KV cache events (compared on vLLM's objects only): blocks stored by allocations
+        # and by outputs (async, drafts), evicted under KV pressure, uncached by undone
+        # steps (priority: the configs whose plain cases undo one, synthetic-code's sync
+        # K3 and azure-code's async K1), hits reported to the requests that ask.
+        for workload, k, policy in (
+            ("synthetic-conv", 0, "fcfs"),
+            ("azure-code", 1, "priority"),
+            ("synthetic-code", 3, "priority"),
+        ):
+            out.append(
+                Case(
+                    workload,
+                    ParityConfig(
+                        f"edge-events-{mode}-K{k}-apc-{policy[:4]}-kv",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=_pool_sizes(workload)[1],
+                        kv_events=True,
+                    ),
+                    output_factor=WORKLOADS[workload].pressure_output_factor,
+                    hit_reporters=True,
                 )
             )
         # Cache salts: requests share cached blocks only under the same salt.

@@ -53,12 +53,14 @@ FIELD_KEYS = (
     "requests_updated",
     "queues",
     "grammar_output",
+    "kv_events",
 )
 """What is compared at every step: the harness's summary, every field of vLLM's
 ``SchedulerOutput`` and ``EngineCoreOutputs``, the ``Request`` fields, the queues, and the
 step's ``GrammarOutput`` (``get_grammar_bitmask``: structured-output rows, bitmask, drafts
 it constrains), asked for when vLLM's engine asks: right after the step, or, when it
-awaits an earlier step's tokens, right after that step's output."""
+awaits an earlier step's tokens, right after that step's output; and the KV cache events
+``update_from_output`` published (every field of each, the batch's timestamp left out)."""
 
 TOKEN_FIELDS = ("output_token_ids", "all_token_ids")
 """The ``Request`` fields that hold every token so far."""
@@ -154,6 +156,19 @@ def request_fields(request: Any, *, tokens: bool = True) -> dict[str, Any]:
     return fields
 
 
+class _Recorder:
+    """A KV event publisher that keeps the batches it is given."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self._batches = batches
+
+    def publish(self, batch: Any) -> None:
+        self._batches.append(batch)
+
+    def shutdown(self) -> None:
+        pass
+
+
 class VllmFieldSide(VllmSide):
     """vLLM's scheduler, recording its objects' fields at every step."""
 
@@ -165,6 +180,8 @@ class VllmFieldSide(VllmSide):
         self.added: dict[str, Any] = {}
         # A step whose grammar bitmask waits for the next output.
         self._awaiting_bitmask: tuple[Any, dict[str, Any]] | None = None
+        self.published: list[Any] = []
+        self.scheduler.kv_event_publisher = _Recorder(self.published)
 
     def add(self, req: ParityRequest) -> None:
         super().add(req)
@@ -199,6 +216,8 @@ class VllmFieldSide(VllmSide):
             out, self.ref.vllm_runner_output(out, sampled, pooling=self.config.pooling)
         )
         summary["engine_outputs"] = engine_outputs_fields(engine_outputs)
+        summary["kv_events"] = [_value(e) for batch in self.published for e in batch.events]
+        self.published.clear()
         rows = output_rows(engine_outputs)
         finished = {row[0] for row in rows if row[2] is not None}
         summary["requests_updated"] = self._requests((row[0] for row in rows), finished)
@@ -222,6 +241,7 @@ class PluginFieldSide(VllmFieldSide):
         self.scheduler = self.ref.scheduler_from(
             self.scheduler, hash_block_size=config.block_size, include_finished_set=False
         )
+        self.scheduler.kv_event_publisher = _Recorder(self.published)
 
     def block_hashes(self, req_id: str) -> Any:
         """The hashes the plug-in's prefix cache uses: its core's (the vLLM ``Request`` keeps

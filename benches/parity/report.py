@@ -144,7 +144,7 @@ core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction,
   multimodal models, prompt embeddings, encoder-decoder models, diffusion
-  LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors, KV events,
+  LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors,
   KV cache residency and MFU metrics, pipeline, decode- and prefill-context parallelism,
   data parallelism of MoE models (a dense model's data-parallel ranks are independent
   engines with a scheduler each, served), more than one KV-cache group or a layout other
@@ -168,6 +168,18 @@ core, kept out the same way. Beyond them, the plug-in:
   difference remains, on a path vLLM logs as unexpected: a grammar that rejects the
   tokens of a request those same tokens stopped reports `FinishReason.ERROR` as vLLM does,
   but the `Request`'s final status stays the stop's (vLLM's becomes `FINISHED_ERROR`);
+- **publishes KV cache events** (`kv_events_config`) as vLLM does: the core records what
+  enters and leaves its prefix cache (blocks stored by an allocation or an output, evicted
+  for reuse, uncached by an undone step, all cleared by a reset, and prefix hits for
+  requests with `kv_cache_report_mode="full"`), by block id and request id, in the order it
+  happens; the plug-in turns them into vLLM's `BlockStored` / `BlockRemoved` /
+  `AllBlocksCleared` with the engine's block hashes, tokens, extra keys, LoRA adapter,
+  medium and group metadata, and publishes them through vLLM's own publisher once per
+  `update_from_output`. The `edge-events` cases compare every field of every event with
+  vLLM's; a real engine's events over ZMQ are compared with vLLM's in
+  `tests/vllm_engine/test_kv_events.py`. An undone step's `BlockRemoved` events come when
+  its blocks leave the cache (deviation 7; vLLM, which keeps them cached, reports them
+  when they are evicted);
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's
   engine sets its `skip_reading_prefix_cache`) is admitted without a prefix-cache lookup,
   and its blocks are cached for others;

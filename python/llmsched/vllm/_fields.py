@@ -55,6 +55,10 @@ _DATA_PARALLEL = (
 )
 _DCP = "only with decode context parallelism, refused (decode_context_parallel_size)"
 _MOE = "expert placement and communication of MoE layers, inside the model's forward pass"
+_PUBLISHER = (
+    "configures the KV event publisher, which vLLM's own factory builds from the whole "
+    "kv_events_config (read)"
+)
 _HASH_BLOCK = (
     "reaches the scheduler as its hash_block_size argument, checked (equal to the block size)"
 )
@@ -70,7 +74,7 @@ FIELDS: dict[str, dict[str, str]] = {
         "observability_config": READ,
         "lora_config": READ,
         "kv_transfer_config": CHECKED,
-        "kv_events_config": CHECKED,
+        "kv_events_config": READ,
         "ec_transfer_config": CHECKED,
         "diffusion_config": CHECKED,
         "aux_output_config": CHECKED,
@@ -266,10 +270,7 @@ FIELDS: dict[str, dict[str, str]] = {
         "data_parallel_backend": _DATA_PARALLEL,
         "data_parallel_external_lb": _DATA_PARALLEL,
         "data_parallel_hybrid_lb": _DATA_PARALLEL,
-        "data_parallel_index": (
-            "names the engine's KV event stream in vLLM's scheduler; KV events are refused "
-            "(kv_events_config)"
-        ),
+        "data_parallel_index": READ,
         "_data_parallel_master_port_list": _DATA_PARALLEL,
         "is_moe_model": _MOE,
         "enable_hc_sp": _RUNNER,
@@ -385,14 +386,14 @@ FIELDS: dict[str, dict[str, str]] = {
         "jit_monitor_verbose": _OBSERVED,
     },
     "KVEventsConfig": {
-        "enable_kv_cache_events": CHECKED,
-        "publisher": "the publisher of KV events, refused (enable_kv_cache_events)",
-        "endpoint": "the publisher of KV events, refused (enable_kv_cache_events)",
-        "replay_endpoint": "the publisher of KV events, refused (enable_kv_cache_events)",
-        "buffer_steps": "the publisher of KV events, refused (enable_kv_cache_events)",
-        "hwm": "the publisher of KV events, refused (enable_kv_cache_events)",
-        "max_queue_size": "the publisher of KV events, refused (enable_kv_cache_events)",
-        "topic": "the publisher of KV events, refused (enable_kv_cache_events)",
+        "enable_kv_cache_events": READ,
+        "publisher": _PUBLISHER,
+        "endpoint": _PUBLISHER,
+        "replay_endpoint": _PUBLISHER,
+        "buffer_steps": _PUBLISHER,
+        "hwm": _PUBLISHER,
+        "max_queue_size": _PUBLISHER,
+        "topic": _PUBLISHER,
     },
     "AuxOutputConfig": {
         "enable_return_routed_experts": CHECKED,

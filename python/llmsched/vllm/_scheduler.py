@@ -46,6 +46,7 @@ from llmsched.vllm._config import (
     llmsched_config,
     read,
 )
+from llmsched.vllm._kv_events import KvEvents, make_publisher
 from llmsched.vllm._kv_layout import KVCacheLayout
 from llmsched.vllm._requests import attach, freeze, new_request_data
 from llmsched.vllm._step_log import ENV as STEP_LOG_ENV
@@ -156,6 +157,16 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.ec_connector = None
         self.kv_cache_manager = KVCacheLayout(kv_cache_config)
         self.core = llmsched.Scheduler(llmsched_config(vllm_config, kv_cache_config, block_size))
+        # KV cache events (kv_events_config), published as vLLM's scheduler publishes them.
+        self.kv_event_publisher = make_publisher(
+            read(vllm_config, "kv_events_config"),
+            read(vllm_config, "parallel_config.data_parallel_index"),
+        )
+        self._kv_events = (
+            KvEvents(kv_cache_config, block_size)
+            if self.core.config.enable_kv_cache_events
+            else None
+        )
         # Opt-in (LLMSCHED_STEP_LOG): each step's shape and timing, for llmsched calibrate.
         log_path = os.environ.get(STEP_LOG_ENV)
         self._step_log = StepLog(log_path, self.core.config, vllm.__version__) if log_path else None
@@ -223,6 +234,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     # vLLM's engine sets it for prompt logprobs (every position computed).
                     skip_reading_prefix_cache=request.skip_reading_prefix_cache,
                     structured_output=request.use_structured_output,
+                    report_reused_blocks=getattr(request, "kv_cache_report_mode", None) == "full",
                 )
             except llmsched.InvalidRequestError as exc:
                 reason = str(exc)
@@ -346,6 +358,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if self._compiling:
             self._report_grammars()
         core_out = self.core.schedule(throttle_prefills=throttle_prefills)
+        if self._kv_events is not None:
+            self._kv_events.take(self.core.take_kv_events(), self.requests)
         req_ids: list[str] = core_out.req_ids
         new_ids: list[str] = core_out.new_req_ids
         resumed_ids: list[str] = core_out.resumed_req_ids
@@ -538,6 +552,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             core_outputs = self.core.update_from_output(core_step, _RunnerRows(runner_ids, sampled))
             del self._core_steps[id(scheduler_output)]
             self._freeze_finished()
+            if self._kv_events is not None:
+                # Before the requests the output finished are let go.
+                self._kv_events.take(self.core.take_kv_events(), self.requests)
             if scheduler_output.scheduled_spec_decode_tokens:
                 spec_stats = self._observe_drafts(scheduler_output, mro.req_id_to_index, sampled)
             self._emit(core_outputs, mro, outputs)
@@ -575,6 +592,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             if eco is None:
                 engine_core_outputs[0] = eco = EngineCoreOutputs()
             eco.scheduler_stats = stats
+        if self._kv_events is not None:
+            self._kv_events.publish(self.kv_event_publisher)
         if self._step_log is not None and scheduler_output.total_num_scheduled_tokens:
             self._step_log.applied(
                 id(scheduler_output),
@@ -886,6 +905,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 self._preempted_by_reset.add(req_id)
                 self._next_full.add(req_id)
         done = self.core.reset_prefix_cache(reset_running_requests)
+        if self._kv_events is not None:
+            self._kv_events.take(self.core.take_kv_events(), self.requests)
         if reset_running_requests and not done:
             raise RuntimeError("the prefix cache could not be reset after preempting every request")
         self._prefix_cache_reset |= done
@@ -895,7 +916,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         """No encoder cache: multimodal inputs are refused."""
 
     def shutdown(self) -> None:
-        """Closes the step log, if one is kept (the core frees its memory with the object)."""
+        """Closes the KV event publisher and the step log, if one is kept (the core frees
+        its memory with the object)."""
+        self.kv_event_publisher.shutdown()
         if self._step_log is not None:
             self._step_log.close()
 
@@ -905,8 +928,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     def get_ec_connector(self) -> None:
         return None
 
-    def get_kv_event_publisher_config(self) -> None:
-        return None
+    def get_kv_event_publisher_config(self) -> Any:
+        return self.kv_event_publisher.get_publisher_config()
 
 
 class AsyncScheduler(Scheduler):

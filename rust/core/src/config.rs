@@ -87,6 +87,9 @@ macro_rules! config_fields {
             scheduler_reserve_full_isl: Bool = true;
             /// Reuse the KV blocks of identical prompt prefixes.
             enable_prefix_caching: Bool = true;
+            /// Record the prefix cache's changes (blocks stored, reused, removed, all
+            /// cleared) for ``take_kv_events``: vLLM's KV cache events.
+            enable_kv_cache_events: Bool = false;
             /// ``"fcfs"``, or ``"priority"`` (lower value first, then arrival).
             policy: Policy = Policy::Fcfs;
             /// The most LoRA adapters the running requests may use together; a waiting

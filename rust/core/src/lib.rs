@@ -22,7 +22,7 @@ mod slab;
 
 pub use config::{ConfigParams, Policy, SchedulerConfig};
 pub use error::{CoreError, CoreResult};
-pub use kv::{BlockHash, PrefixCacheStats};
+pub use kv::{BlockHash, KvEvent, PrefixCacheStats};
 pub use limits::ListLimit;
 pub use request::{Grammar, Request, RequestStatus};
 pub use scheduler::step::Step;

@@ -95,6 +95,9 @@ pub struct NewRequest {
     /// (`Scheduler::resolve_grammar`), and the steps name it among the rows that need the
     /// grammar's bitmask.
     pub structured_output: bool,
+    /// Record a `KvEvent::Reused` at each of its prefix lookups with a hit (vLLM's
+    /// `kv_cache_report_mode="full"`); only with `enable_kv_cache_events`.
+    pub report_reused_blocks: bool,
 }
 
 impl NewRequest {
@@ -113,6 +116,7 @@ impl NewRequest {
             lora_id: None,
             skip_reading_prefix_cache: false,
             structured_output: false,
+            report_reused_blocks: false,
         }
     }
 }
@@ -252,6 +256,8 @@ pub struct Request {
     pub(crate) skip_reading_prefix_cache: bool,
     /// Its grammar, for a structured-output request (None: its output is unconstrained).
     pub(crate) grammar: Option<Grammar>,
+    /// Its prefix hits are recorded as events (`NewRequest::report_reused_blocks`).
+    pub(crate) report_reused_blocks: bool,
 }
 
 /// The slot lines the running loop reads: the counters and status, the block table and
@@ -421,6 +427,7 @@ impl Request {
             lora_id,
             skip_reading_prefix_cache: new.skip_reading_prefix_cache,
             grammar: new.structured_output.then_some(Grammar::Compiling),
+            report_reused_blocks: new.report_reused_blocks,
         })
     }
 

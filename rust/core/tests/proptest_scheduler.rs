@@ -73,8 +73,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use llmsched_core::{
-    ConfigParams, CoreError, Grammar, Handle, NewRequest, Policy, RequestEvent, RequestRef, RequestStatus,
-    RunnerOutput, Scheduler, SchedulerConfig, Step,
+    BlockHash, ConfigParams, CoreError, Grammar, Handle, KvEvent, NewRequest, Policy, Request, RequestEvent,
+    RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, Step,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError};
@@ -290,6 +290,7 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         watermark: [0.0, 0.0, 0.1, 0.3][r.watermark_sel as usize],
         scheduler_reserve_full_isl: r.reserve_full_isl,
         enable_prefix_caching: r.caching,
+        enable_kv_cache_events: r.caching,
         policy: if r.priority { Policy::Priority } else { Policy::Fcfs },
         max_loras: r.max_loras,
         prefill_schedule_interval: r.prefill_schedule_interval,
@@ -549,6 +550,11 @@ struct Coverage {
     grammar_set_aside: u64,
     /// Requests failed for a grammar that did not compile.
     grammar_failed: u64,
+    /// KV cache events: blocks stored, lookups reported, blocks removed, caches cleared.
+    blocks_stored: u64,
+    hits_reported: u64,
+    blocks_removed: u64,
+    caches_cleared: u64,
     max_drain_ratio: f64,
 }
 
@@ -572,6 +578,10 @@ struct Harness {
     kv_exact: bool,
     clock: f64,
     next_id: u64,
+    /// The prefix cache as the KV cache events tell it: block -> the hash it holds.
+    cached_by_events: HashMap<u32, BlockHash>,
+    /// The requests that asked for their prefix hits to be reported.
+    reporting_hits: HashSet<String>,
 }
 
 macro_rules! invariants {
@@ -608,6 +618,8 @@ impl Harness {
             kv_exact: config_kv.2,
             clock: 0.0,
             next_id: 0,
+            cached_by_events: HashMap::new(),
+            reporting_hits: HashSet::new(),
         }
     }
 
@@ -673,6 +685,8 @@ impl Harness {
             lora_id: op.lora.map(i64::from),
             skip_reading_prefix_cache: op.skip_prefix_cache,
             structured_output: op.grammar.is_some(),
+            // One bit of the token seed: about half the requests ask for their hits.
+            report_reused_blocks: op.token_seed & 1 == 1,
         }
     }
 
@@ -705,8 +719,12 @@ impl Harness {
         let lora = request.lora_id.map(|id| id as i32);
         let skip_prefix_cache = request.skip_reading_prefix_cache;
         let grammar = op.grammar.map(|compiles| (compiles, false));
+        let reports_hits = request.report_reused_blocks;
         match self.sched.add_request(request) {
             Ok(handle) => {
+                if reports_hits {
+                    self.reporting_hits.insert(id.clone());
+                }
                 self.cov.accepted += 1;
                 prop_assert!(acceptable, "add_request accepted {id}, which breaks a documented rule");
                 prop_assert!(!self.by_handle.contains_key(&handle), "handle {handle:?} given twice");
@@ -755,6 +773,8 @@ impl Harness {
         let waiting_before = self.sched.waiting_ids();
         // Now and then a step the engine throttles (data-parallel prefill balancing).
         let step = self.sched.schedule_throttled(rng.below(8) == 0);
+        // Before any request the step finishes leaves (a stored event names its request).
+        self.check_kv_events("schedule")?;
         self.check_admission_order(&waiting_before, &step)?;
         if tracing() {
             let names: Vec<String> = step
@@ -1108,6 +1128,107 @@ impl Harness {
         Ok(())
     }
 
+    /// The request `id`, live or finished by the latest update (a step's output may cache
+    /// a request's blocks and finish it).
+    fn live_or_just_finished(&self, id: &str, when: &impl std::fmt::Debug) -> Result<&Request, TestCaseError> {
+        match self.sched.get_request(id) {
+            Ok(req) => Ok(req),
+            Err(e) => self
+                .sched
+                .last_finished()
+                .iter()
+                .find(|r| &**r.id() == id)
+                .ok_or_else(|| TestCaseError::fail(format!("{when:?}: {e}"))),
+        }
+    }
+
+    /// Replays the KV cache events recorded since the last check on the test's own model
+    /// of the prefix cache, checking each against it, then compares the model with the
+    /// pool: the blocks the pool holds under a hash are exactly those the events stored
+    /// (under the hash of the request's block at that position) and did not remove since.
+    fn check_kv_events(&mut self, when: impl std::fmt::Debug) -> Result<(), TestCaseError> {
+        let events = self.sched.take_kv_events();
+        if !self.cfg.enable_kv_cache_events() {
+            prop_assert!(events.is_empty(), "{:?}: events recorded while off: {:?}", when, events);
+            return Ok(());
+        }
+        let bs = self.cfg.block_size();
+        for event in events {
+            match event {
+                KvEvent::Stored { request_id, first_block, blocks } => {
+                    let req = self.live_or_just_finished(&request_id, &when)?;
+                    let (hashes, table) = (req.block_hashes().to_vec(), req.block_ids().to_vec());
+                    for (i, &block) in blocks.iter().enumerate() {
+                        let index = first_block as usize + i;
+                        prop_assert!(block != 0, "{:?}: the null block stored", when);
+                        prop_assert!(
+                            index < hashes.len(),
+                            "{:?}: {} stored block {} past its full blocks",
+                            when,
+                            request_id,
+                            index
+                        );
+                        if let Some(&held) = table.get(index) {
+                            prop_assert_eq!(
+                                held,
+                                block,
+                                "{:?}: {} block {} stored as another block",
+                                when,
+                                &request_id,
+                                index
+                            );
+                        }
+                        let before = self.cached_by_events.insert(block, hashes[index]);
+                        prop_assert!(before.is_none(), "{:?}: block {} stored twice", when, block);
+                    }
+                    self.cov.blocks_stored += blocks.len() as u64;
+                }
+                KvEvent::Reused { request_id, num_blocks } => {
+                    prop_assert!(
+                        self.reporting_hits.contains(&*request_id),
+                        "{:?}: hits of {} reported unasked",
+                        when,
+                        request_id
+                    );
+                    let req = self.live_or_just_finished(&request_id, &when)?;
+                    prop_assert!(num_blocks > 0 && i64::from(num_blocks) * bs < req.num_tokens());
+                    for hash in &req.block_hashes()[..num_blocks as usize] {
+                        prop_assert!(
+                            self.cached_by_events.values().any(|h| h == hash),
+                            "{:?}: {} reported a hit on a block not cached",
+                            when,
+                            request_id
+                        );
+                    }
+                    self.cov.hits_reported += 1;
+                }
+                KvEvent::Removed { block } => {
+                    prop_assert!(
+                        self.cached_by_events.remove(&block).is_some(),
+                        "{:?}: block {} removed while not cached",
+                        when,
+                        block
+                    );
+                    self.cov.blocks_removed += 1;
+                }
+                KvEvent::Cleared => {
+                    self.cached_by_events.clear();
+                    self.cov.caches_cleared += 1;
+                }
+            }
+        }
+        for block in 1..self.cfg.num_gpu_blocks() as u32 {
+            prop_assert_eq!(
+                self.sched.cached_block_hash(block),
+                self.cached_by_events.get(&block).copied(),
+                "{:?}: block {}: the pool's hash against the events'",
+                when,
+                block
+            );
+        }
+        Ok(())
+    }
+
     /// Every block a running request holds under its own hash (a prefix-cache
     /// block: hit, or registered for others to hit) holds the KV of its tokens,
     /// or KV a step in flight computes.
@@ -1162,6 +1283,7 @@ impl Harness {
             row_offsets.push(offset);
             offset += c as usize;
         }
+        self.check_kv_events("update_from_output")?;
         let mut seen = HashSet::new();
         for e in &events {
             self.check_event(&p, e, &row_offsets, &mut seen)?;
@@ -1614,8 +1736,10 @@ fn run_case_with_coverage(case: &Case) -> Result<Coverage, TestCaseError> {
                 h.grammars(&mut Rng(*seed), 2)?;
             }
         }
+        h.check_kv_events(op)?;
     }
     h.drain(case.drain_seed)?;
+    h.check_kv_events("the drain")?;
     h.finish()?;
     Ok(h.cov)
 }
@@ -1680,7 +1804,11 @@ fn coverage() {
                 drain_iterations,
                 lora_set_aside,
                 grammar_set_aside,
-                grammar_failed
+                grammar_failed,
+                blocks_stored,
+                hits_reported,
+                blocks_removed,
+                caches_cleared
             );
             total.max_in_flight = total.max_in_flight.max(c.max_in_flight);
         }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llmsched_core::{
-    Handle, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, Step,
+    Handle, KvEvent, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, Step,
 };
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyMemoryError;
@@ -598,13 +598,15 @@ impl PyScheduler {
     /// computed); its blocks are still cached for other requests. ``structured_output``: its
     /// output follows a grammar the engine compiles; it waits
     /// (``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``), passed over without blocking others,
-    /// until ``resolve_grammar`` reports the grammar compiled.
+    /// until ``resolve_grammar`` reports the grammar compiled. ``report_reused_blocks``:
+    /// with ``enable_kv_cache_events``, each of its prefix lookups with a hit is recorded as
+    /// a ``"reused"`` event (vLLM's ``kv_cache_report_mode="full"``).
     #[pyo3(signature = (request_id, prompt_token_ids, *, max_tokens, min_tokens=None, eos_token_id=None,
         stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None, cache_salt=None,
-        lora_id=None, skip_reading_prefix_cache=None, structured_output=None),
+        lora_id=None, skip_reading_prefix_cache=None, structured_output=None, report_reused_blocks=None),
         text_signature = "(self, request_id, prompt_token_ids, *, max_tokens, min_tokens=0, eos_token_id=None, \
         stop_token_ids=(), arrival_time=None, num_computed_tokens=0, priority=0, cache_salt=None, \
-        lora_id=None, skip_reading_prefix_cache=False, structured_output=False)")]
+        lora_id=None, skip_reading_prefix_cache=False, structured_output=False, report_reused_blocks=False)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &self,
@@ -622,6 +624,7 @@ impl PyScheduler {
         lora_id: Option<&Bound<'_, PyAny>>,
         skip_reading_prefix_cache: Option<&Bound<'_, PyAny>>,
         structured_output: Option<&Bound<'_, PyAny>>,
+        report_reused_blocks: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = request_id.cast::<PyString>().map_err(|_| {
             request_error(
@@ -687,6 +690,10 @@ impl PyScheduler {
             },
             structured_output: match structured_output {
                 Some(v) => bool_value(py, v, &"structured_output", request_error)?,
+                None => false,
+            },
+            report_reused_blocks: match report_reused_blocks {
+                Some(v) => bool_value(py, v, &"report_reused_blocks", request_error)?,
                 None => false,
             },
         };
@@ -1149,6 +1156,37 @@ impl PyScheduler {
             None => false,
         };
         self.with_inner(py, |inner| Ok(inner.core.reset_prefix_cache(reset_running)))
+    }
+
+    /// The prefix cache's changes since the last call, oldest first, as tuples:
+    /// ``("stored", request_id, first_block, block_ids)`` (the blocks now cached hold the
+    /// request's full blocks ``first_block, first_block + 1, ...``: their content is the
+    /// request's tokens there), ``("reused", request_id, num_blocks)`` (a prefix lookup of
+    /// a request added with ``report_reused_blocks`` hit its first ``num_blocks`` blocks),
+    /// ``("removed", block_id)`` (evicted, or its KV will never be computed) and
+    /// ``("cleared",)`` (``reset_prefix_cache``). ``schedule``, ``update_from_output`` and
+    /// ``reset_prefix_cache`` make them; always empty unless the config's
+    /// ``enable_kv_cache_events``. Take them before the requests they name are let go: a
+    /// request finished by ``update_from_output`` is still reachable then through
+    /// ``take_finished_requests``.
+    fn take_kv_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.with_inner(py, |inner| Ok(inner.core.take_kv_events()))?;
+        let items = events
+            .into_iter()
+            .map(|event| -> PyResult<Bound<'py, PyAny>> {
+                Ok(match event {
+                    KvEvent::Stored { request_id, first_block, blocks } => {
+                        ("stored", &*request_id, first_block, blocks).into_pyobject(py)?.into_any()
+                    }
+                    KvEvent::Reused { request_id, num_blocks } => {
+                        ("reused", &*request_id, num_blocks).into_pyobject(py)?.into_any()
+                    }
+                    KvEvent::Removed { block } => ("removed", block).into_pyobject(py)?.into_any(),
+                    KvEvent::Cleared => ("cleared",).into_pyobject(py)?.into_any(),
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        new_list(py, items)
     }
 
     /// Running request ids, in running order.

@@ -8,6 +8,8 @@ use std::collections::TryReserveError;
 
 use rustc_hash::FxHashMap;
 
+use crate::kv::events::{EventLog, KvEvent};
+
 /// A full block's content hash, chained on its parent's (see `kv::prefix`).
 pub type BlockHash = u128;
 
@@ -55,6 +57,8 @@ pub struct BlockPool {
     next_duplicate: Vec<u32>,
     num_cached: usize,
     enable_caching: bool,
+    /// Blocks leaving the cache are recorded here (the manager records those entering).
+    pub(crate) events: EventLog,
 }
 
 fn filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>, TryReserveError> {
@@ -81,6 +85,7 @@ impl BlockPool {
             next_duplicate: filled(hashed_blocks, NIL)?,
             num_cached: 0,
             enable_caching,
+            events: EventLog::default(),
         };
         for id in 1..n as u32 {
             pool.push_back(id);
@@ -184,6 +189,7 @@ impl BlockPool {
         }
         let hash = self.hash[id as usize];
         self.num_cached -= 1;
+        self.events.record(|| KvEvent::Removed { block: id });
         let next = std::mem::replace(&mut self.next_duplicate[id as usize], NIL);
         let first = self.cached.get_mut(&hash).expect("a hashed block is cached");
         if *first == id {
@@ -246,6 +252,7 @@ impl BlockPool {
         self.nodes.iter_mut().for_each(|node| node.hashed = false);
         self.next_duplicate.iter_mut().for_each(|n| *n = NIL);
         self.num_cached = 0;
+        self.events.record(|| KvEvent::Cleared);
         true
     }
 

@@ -2,6 +2,7 @@
 //! full-attention KV group (spec §5.4 to §5.7).
 
 use crate::kv::block_pool::BlockPool;
+use crate::kv::events::{EventLog, KvEvent};
 use crate::request::{Request, RequestStatus};
 
 /// What a loop asks `allocate_slots` for.
@@ -57,9 +58,12 @@ impl KvManager {
         max_model_len: i64,
         watermark_blocks: usize,
         enable_caching: bool,
+        enable_kv_cache_events: bool,
     ) -> Result<Self, std::collections::TryReserveError> {
+        let mut pool = BlockPool::try_new(num_gpu_blocks, enable_caching)?;
+        pool.events = EventLog::new(enable_kv_cache_events);
         Ok(Self {
-            pool: BlockPool::try_new(num_gpu_blocks, enable_caching)?,
+            pool,
             block_size,
             max_model_len,
             watermark_blocks,
@@ -118,6 +122,22 @@ impl KvManager {
         }
         let hit_tokens = hits.len() as i64 * self.block_size;
         (hits, hit_tokens)
+    }
+
+    /// Records a lookup's hit for a request that asks to be told of them
+    /// (`KvEvent::Reused`).
+    pub fn report_reused_blocks(&mut self, request: &Request, hits: &[u32]) {
+        if request.report_reused_blocks && !hits.is_empty() {
+            self.pool
+                .events
+                .record(|| KvEvent::Reused { request_id: request.id().clone(), num_blocks: hits.len() as u32 });
+        }
+    }
+
+    /// The prefix cache's changes since the last call, oldest first (none unless
+    /// `enable_kv_cache_events`).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.pool.events.take()
     }
 
     /// Counts an admission's lookup (vLLM records it only when the request is admitted).
@@ -265,7 +285,13 @@ impl KvManager {
             / self.block_size as usize;
         let full = full.min(request.block_ids.len());
         if full > request.num_cached_blocks {
-            self.pool.cache_full_blocks(&request.block_ids, &request.block_hashes, request.num_cached_blocks, full);
+            let first = request.num_cached_blocks;
+            self.pool.cache_full_blocks(&request.block_ids, &request.block_hashes, first, full);
+            self.pool.events.record(|| KvEvent::Stored {
+                request_id: request.id().clone(),
+                first_block: first as u32,
+                blocks: request.block_ids[first..full].to_vec(),
+            });
             request.num_cached_blocks = full;
         }
     }

@@ -2,8 +2,10 @@
 //! the manager that hands blocks to requests.
 
 pub mod block_pool;
+pub mod events;
 pub mod manager;
 pub mod prefix;
 
 pub use block_pool::{BlockHash, BlockPool, NULL_BLOCK};
+pub use events::KvEvent;
 pub use manager::{KvManager, PrefixCacheStats, SlotRequest};

@@ -123,6 +123,7 @@ impl Scheduler {
             config.max_model_len(),
             config.watermark_blocks(),
             config.enable_prefix_caching(),
+            config.enable_kv_cache_events(),
         )
         .map_err(|e| {
             CoreError::config(
@@ -466,6 +467,11 @@ impl Scheduler {
         std::mem::take(&mut self.last_finished)
     }
 
+    /// Those records, left in place.
+    pub fn last_finished(&self) -> &[Request] {
+        &self.last_finished
+    }
+
     /// Finishes live requests from outside (aborts); ids not live are ignored,
     /// as in vLLM. `None` finishes every live request. Returns the ids finished.
     pub fn finish_requests(
@@ -631,6 +637,13 @@ impl Scheduler {
             }
         }
         self.kv.reset_prefix_cache()
+    }
+
+    /// The prefix cache's changes since the last call, oldest first: what `schedule` (its
+    /// allocations, evictions and lookups) and `reset_prefix_cache` did to it. Always empty
+    /// unless the config enables `enable_kv_cache_events`.
+    pub fn take_kv_events(&mut self) -> Vec<crate::kv::KvEvent> {
+        self.kv.take_events()
     }
 
     pub fn prefix_cache_stats(&self) -> &crate::kv::PrefixCacheStats {

@@ -132,6 +132,7 @@ impl Scheduler {
                 }
             }
             let hit = self.look_up_prefix(request);
+            self.kv.report_reused_blocks(request, &hit.blocks);
             let prompt_left = hit.num_computed < request.num_tokens() - 1;
             if b.defer_prefills && prompt_left {
                 break;

@@ -1,0 +1,142 @@
+"""vLLM's KV cache events, from the core's.
+
+The core records what happened to the prefix cache (``llmsched.Scheduler.take_kv_events``),
+naming blocks by id and requests by id; vLLM's events name blocks by the engine's block
+hashes (those of the engine's ``Request.block_hashes``, which the core does not compute)
+and carry the tokens and extra keys each hash covers. :class:`KvEvents` turns the one into
+the other, in the core's order, and publishes them through the publisher vLLM's scheduler
+would create, once per ``update_from_output`` as vLLM's scheduler does. Only with
+``kv_events_config.enable_kv_cache_events``: otherwise the plug-in makes none of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from vllm.distributed.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventPublisherFactory,
+    KVCacheEvent,
+    KVEventBatch,
+)
+from vllm.v1.core.kv_cache_utils import (
+    generate_block_hash_extra_keys,
+    maybe_convert_block_hash,
+    to_event_extra_keys,
+)
+from vllm.v1.kv_cache_interface import (
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
+from vllm.v1.request import Request
+
+__all__ = ["KvEvents", "make_publisher"]
+
+# The KV cache group the events name: the one group llmsched's pool serves.
+_GROUP = 0
+
+
+def make_publisher(kv_events_config: Any, data_parallel_index: int) -> Any:
+    """The publisher vLLM's scheduler creates for an engine (a no-op one when events are
+    off)."""
+    return EventPublisherFactory.create(kv_events_config, data_parallel_index)
+
+
+class KvEvents:
+    """The engine's KV cache events, built from the core's as they are taken."""
+
+    def __init__(self, kv_cache_config: Any, block_size: int) -> None:
+        (group,) = kv_cache_config.kv_cache_groups
+        # vLLM's KV cache manager annotates each stored event with its group's kind.
+        self._spec_kind: str = get_kv_cache_spec_kind(group.kv_cache_spec).value
+        self._sliding_window: int | None = get_kv_cache_spec_sliding_window(group.kv_cache_spec)
+        self._block_size = block_size
+        # The hash each cached block was stored under, to name it when it is removed.
+        self._stored_as: dict[int, Any] = {}
+        self._pending: list[KVCacheEvent] = []
+
+    def take(self, core_events: list[Any], requests: Mapping[str, Request]) -> None:
+        """Builds vLLM's events for ``core_events`` (``take_kv_events``), whose requests
+        ``requests`` holds (a request a step's output finished is still there, frozen)."""
+        for event in core_events:
+            kind = event[0]
+            if kind == "stored":
+                _, req_id, first_block, blocks = event
+                self._pending.append(self._stored(requests[req_id], first_block, blocks))
+            elif kind == "removed":
+                self._pending.append(
+                    BlockRemoved(
+                        block_hashes=[self._stored_as.pop(event[1])],
+                        medium=MEDIUM_GPU,
+                        group_idx=_GROUP,
+                    )
+                )
+            elif kind == "reused":
+                _, req_id, num_blocks = event
+                self._pending.append(self._reused(requests[req_id], num_blocks))
+            else:
+                self._stored_as.clear()
+                self._pending.append(AllBlocksCleared())
+
+    def publish(self, publisher: Any) -> None:
+        """Sends the events built since the last call as one batch (none: nothing)."""
+        if self._pending:
+            publisher.publish(KVEventBatch(ts=time.time(), events=self._pending))
+            self._pending = []
+
+    def _hashes(self, request: Request) -> list[Any]:
+        """The engine's hashes of the request's full blocks. The plug-in appends no tokens
+        to vLLM's ``Request`` (its token fields read the core), so its hashes are brought up
+        to its tokens here, by the engine's own hasher."""
+        request.update_block_hashes()
+        hashes: list[Any] = request.block_hashes
+        return hashes
+
+    def _stored(self, request: Request, first_block: int, blocks: list[int]) -> BlockStored:
+        hashes = self._hashes(request)
+        end_block = first_block + len(blocks)
+        external = [maybe_convert_block_hash(h) for h in hashes[first_block:end_block]]
+        self._stored_as.update(zip(blocks, external, strict=True))
+        parent = None if first_block == 0 else maybe_convert_block_hash(hashes[first_block - 1])
+        return self._event(request, external, parent, first_block, end_block)
+
+    def _reused(self, request: Request, num_blocks: int) -> BlockStored:
+        """vLLM's report of a prefix hit (``kv_cache_report_mode="full"``): the hit blocks,
+        as if stored again."""
+        hashes = self._hashes(request)
+        external = [maybe_convert_block_hash(h) for h in hashes[:num_blocks]]
+        return self._event(request, external, None, 0, num_blocks)
+
+    def _event(
+        self,
+        request: Request,
+        hashes: list[Any],
+        parent: Any,
+        first_block: int,
+        end_block: int,
+    ) -> BlockStored:
+        bs = self._block_size
+        lora = request.lora_request
+        event = BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=parent,
+            token_ids=request.all_token_ids[first_block * bs : end_block * bs],
+            block_size=bs,
+            lora_id=None if lora is None else lora.adapter_id,
+            medium=MEDIUM_GPU,
+            lora_name=None if lora is None else lora.name,
+            extra_keys=to_event_extra_keys(
+                generate_block_hash_extra_keys(request, i * bs, (i + 1) * bs, 0)[0]
+                for i in range(first_block, end_block)
+            ),
+            group_idx=_GROUP,
+            session_id=request.session_id,
+        )
+        event.kv_cache_spec_kind = self._spec_kind
+        event.kv_cache_spec_sliding_window = self._sliding_window
+        return event
