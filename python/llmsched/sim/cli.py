@@ -52,8 +52,9 @@ SIMULATE_DEFAULTS: dict[str, Any] = {
 }
 
 #: ``SchedulerConfig`` fields ``simulate`` has no flag for: its workloads cannot exercise
-#: them (no request names a LoRA adapter).
-WITHOUT_FLAGS = ("max_loras",)
+#: them (no request names a LoRA adapter) or its engine has no use for them (no one takes
+#: KV cache events in a simulation).
+WITHOUT_FLAGS = ("max_loras", "enable_kv_cache_events")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -207,7 +208,9 @@ def main(argv: list[str]) -> int:
         # The file's values become the defaults: the flags given still win.
         model = load_cost_model(args.cost_model)
         terms = {f.name: getattr(model.cost, f.name) for f in fields(CostModel)}
-        sim.set_defaults(**terms, **model.engine)
+        # An engine that published KV events: nothing takes them in a simulation.
+        engine = {k: v for k, v in model.engine.items() if k != "enable_kv_cache_events"}
+        sim.set_defaults(**terms, **engine)
         args = sim.parse_args(argv)
     config = config_from_flags(args)
     json_path = json_destination(args.json)
