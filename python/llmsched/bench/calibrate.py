@@ -20,8 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -120,7 +123,7 @@ def run_sweep(engine: Any, phases: list[Phase], time_limit: float, *, progress: 
     done = 0
     with bar:
         task = bar.add_task("", total=len(phases))
-        for number, phase in enumerate(phases):
+        for index, phase in enumerate(phases):
             if time.monotonic() - started > time_limit:
                 break
             bar.update(task, description=phase.name)
@@ -129,14 +132,11 @@ def run_sweep(engine: Any, phases: list[Phase], time_limit: float, *, progress: 
             while pending or llm.has_unfinished_requests():
                 while pending and pending[0][1][2] <= steps:
                     i, (prompt_len, output_len, _) = pending.pop(0)
-                    # Distinct prompts: no prefix hit shortens a prefill the phase asks for.
-                    first = FIRST_PROMPT_TOKEN + (number * 131 + i) % (vocab - FIRST_PROMPT_TOKEN)
-                    prompt = [first] + [
-                        FIRST_PROMPT_TOKEN + (first * 7 + j * 13) % (vocab - FIRST_PROMPT_TOKEN)
-                        for j in range(1, prompt_len)
-                    ]
+                    # Random prompts: no prefix hit shortens a prefill the phase asks for.
+                    rng = random.Random(f"{index}-{i}")
+                    prompt = [rng.randrange(FIRST_PROMPT_TOKEN, vocab) for _ in range(prompt_len)]
                     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-                    llm.add_request(f"{number}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
+                    llm.add_request(f"{index}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
                 llm.step()
                 steps += 1
             done += 1
@@ -176,6 +176,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@contextmanager
+def _step_log(path: Path | None) -> Iterator[None]:
+    """While a scheduler is built: the plug-in's step log at ``path`` (None: no log)."""
+    from llmsched.vllm._step_log import ENV
+
+    previous = os.environ.pop(ENV, None)
+    if path is not None:
+        os.environ[ENV] = str(path)
+    try:
+        yield
+    finally:
+        os.environ.pop(ENV, None)
+        if previous is not None:
+            os.environ[ENV] = previous
+
+
 def _sweep(args: argparse.Namespace, log: Path) -> int:
     """The sweep of the engine the flags name, logged to ``log``; how many phases ran (-1:
     the engine cannot run here)."""
@@ -190,21 +206,19 @@ def _sweep(args: argparse.Namespace, log: Path) -> int:
         return -1
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from llmsched.bench import vllm_engine as ve
-    from llmsched.vllm._step_log import ENV as STEP_LOG_ENV
 
     ve.configure_cpu_env(1)
     phases = sweep_phases(scheduler_config(args))
     with model_folder(args.model, "llmsched-calibrate-") as model:
-        previous = os.environ.get(STEP_LOG_ENV)
-        os.environ[STEP_LOG_ENV] = str(log)
+        spec = engine_spec(args, model, "llmsched")
+        with _step_log(None):
+            engine = ve.open_engine(spec)
         try:
-            engine = ve.open_engine(engine_spec(args, model, "llmsched"))
-        finally:
-            if previous is None:
-                del os.environ[STEP_LOG_ENV]
-            else:
-                os.environ[STEP_LOG_ENV] = previous
-        try:
+            # The engine's first steps are slow (allocations, first kernels): a warm-up
+            # phase runs before the scheduler that logs the sweep replaces the first one.
+            run_sweep(engine, phases[-1:], args.time_limit, progress=False)
+            with _step_log(log):
+                ve.swap_scheduler(engine, spec.scheduler_cls)
             ran = run_sweep(engine, phases, args.time_limit, progress=args.progress)
         finally:
             engine.shutdown()

