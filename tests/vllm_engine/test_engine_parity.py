@@ -25,7 +25,6 @@ and ``LLMSCHED_ENGINE_CANDIDATE_SYNC`` / ``..._ASYNC`` name any other class.
 from __future__ import annotations
 
 import importlib.metadata
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -42,21 +41,6 @@ except importlib.metadata.PackageNotFoundError:
     )
 
 from llmsched.bench import vllm_engine as ve
-
-# The plug-in under test (the harness itself was proven with LLMSCHED_ENGINE_CANDIDATE=vllm,
-# vLLM's own classes in the candidate's place).
-CANDIDATE_SYNC = "llmsched.vllm.Scheduler"
-CANDIDATE_ASYNC = "llmsched.vllm.AsyncScheduler"
-
-
-def candidate(async_scheduling: bool) -> str:
-    """The candidate class path for a mode (environment overrides, see the module doc)."""
-    if os.environ.get("LLMSCHED_ENGINE_CANDIDATE") == "vllm":
-        return ve.vllm_scheduler_name(async_scheduling)
-    if async_scheduling:
-        return os.environ.get("LLMSCHED_ENGINE_CANDIDATE_ASYNC", CANDIDATE_ASYNC)
-    return os.environ.get("LLMSCHED_ENGINE_CANDIDATE_SYNC", CANDIDATE_SYNC)
-
 
 MAX_MODEL_LEN = 256
 NUM_REQUESTS = 1024
@@ -320,7 +304,9 @@ def outcome(
     if name not in _OUTCOMES:
         case = _cases(model_dir, lora_dirs, tokenized_model_dir)[name]
         spec = case.engine
-        spec = ve.EngineSpec(**{**spec.__dict__, "scheduler_cls": candidate(spec.async_scheduling)})
+        spec = ve.EngineSpec(
+            **{**spec.__dict__, "scheduler_cls": ve.candidate_scheduler_name(spec.async_scheduling)}
+        )
         requests = ve.make_workload(case.workload)
         engine = ve.open_engine(spec)
         probes: dict[str, ve.RunResult] = {}
@@ -543,7 +529,7 @@ def test_candidate_resolves_as_scheduler_cls() -> None:
         config = SchedulerConfig(
             max_model_len=MAX_MODEL_LEN,
             is_encoder_decoder=False,
-            scheduler_cls=candidate(mode),
+            scheduler_cls=ve.candidate_scheduler_name(mode),
             async_scheduling=mode,
         )
         cls = config.get_scheduler_cls()

@@ -38,7 +38,6 @@ and ``LLMSCHED_ENGINE_CANDIDATE_SYNC`` / ``..._ASYNC`` name any other class, as 
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -89,16 +88,6 @@ WORKLOAD = ve.WorkloadSpec(
     abort_every=16,
     abort_after=(1, 12),
 )
-
-
-def candidate(async_scheduling: bool) -> str:
-    """The candidate class path for a mode, chosen by the environment as in
-    ``test_engine_parity`` (see the module doc)."""
-    if os.environ.get("LLMSCHED_ENGINE_CANDIDATE") == "vllm":
-        return ve.vllm_scheduler_name(async_scheduling)
-    if async_scheduling:
-        return os.environ.get("LLMSCHED_ENGINE_CANDIDATE_ASYNC", ve.LLMSCHED_ASYNC_SCHEDULER)
-    return os.environ.get("LLMSCHED_ENGINE_CANDIDATE_SYNC", ve.LLMSCHED_SCHEDULER)
 
 
 def engine_spec(
@@ -366,7 +355,8 @@ def outcome(
         requests = ve.make_workload(WORKLOAD)
         folder = Path(tmp_path_factory.mktemp(f"kv-events-{name}"))
         got = run_side(
-            engine_spec(model_dir, mode, candidate(mode), f"ipc://{folder}/cand"), requests
+            engine_spec(model_dir, mode, ve.candidate_scheduler_name(mode), f"ipc://{folder}/cand"),
+            requests,
         )
         want = run_side(
             engine_spec(model_dir, mode, ve.vllm_scheduler_name(mode), f"ipc://{folder}/ref"),

@@ -69,6 +69,18 @@ def vllm_scheduler_name(async_scheduling: bool) -> str:
     return VLLM_ASYNC_SCHEDULER if async_scheduling else VLLM_SCHEDULER
 
 
+def candidate_scheduler_name(async_scheduling: bool) -> str:
+    """The scheduler the engine tests put against vLLM's own: llmsched's plug-in, unless
+    the environment names another: ``LLMSCHED_ENGINE_CANDIDATE=vllm`` puts vLLM's own
+    classes in its place (to prove a harness), ``LLMSCHED_ENGINE_CANDIDATE_SYNC`` /
+    ``LLMSCHED_ENGINE_CANDIDATE_ASYNC`` name any class, by its path."""
+    if os.environ.get("LLMSCHED_ENGINE_CANDIDATE") == "vllm":
+        return vllm_scheduler_name(async_scheduling)
+    if async_scheduling:
+        return os.environ.get("LLMSCHED_ENGINE_CANDIDATE_ASYNC", LLMSCHED_ASYNC_SCHEDULER)
+    return os.environ.get("LLMSCHED_ENGINE_CANDIDATE_SYNC", LLMSCHED_SCHEDULER)
+
+
 def llmsched_scheduler_name(async_scheduling: bool) -> str:
     """llmsched's plug-in scheduler class path for the given mode."""
     return LLMSCHED_ASYNC_SCHEDULER if async_scheduling else LLMSCHED_SCHEDULER

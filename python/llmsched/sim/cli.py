@@ -11,6 +11,7 @@ report of what was replayed so far marked partial, and exits with status 130.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from dataclasses import fields
@@ -31,6 +32,7 @@ from llmsched._cli import (
     write_markdown_section,
 )
 from llmsched._core import SchedulerConfig
+from llmsched.sim.compare import comparison, load_measured
 from llmsched.sim.cost import COST_TERM, CostModel, load_cost_model
 from llmsched.sim.plots import PLOT_HINT, write_plots
 from llmsched.sim.report import SimulationReport
@@ -91,6 +93,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="a cost model for an engine (JSON: its terms, and the scheduler settings it was "
         "measured under); the flags below still override it",
+    )
+    sim.add_argument(
+        "--measured",
+        metavar="REPORT",
+        help="a real engine's report of the same replay (llmsched replay-engine --json): its "
+        "figures beside the prediction's, with the errors, in the report and the charts",
     )
     sim.add_argument("--json", metavar="PATH", help="write the full report as JSON to PATH")
     sim.add_argument(
@@ -219,6 +227,13 @@ def main(argv: list[str]) -> int:
     workload = load_workload(
         args.workload, limit=args.limit, num_requests=args.num_requests, seed=args.seed
     )
+    measured = (
+        None
+        if args.measured is None
+        else load_measured(
+            args.measured, workload=workload.name, num_requests=len(workload.requests)
+        )
+    )
     cost = CostModel(**{f.name: getattr(args, f.name) for f in fields(CostModel)})
     out = _Output()
     report = simulate(
@@ -232,6 +247,8 @@ def main(argv: list[str]) -> int:
         interruptible=True,
         on_start=lambda replayed: out.header(config, replayed),
     )
+    if measured is not None:
+        report.measured = comparison(json.loads(report.to_json()), measured)
     out.report(report)
     if report.truncated_requests:
         out.line(f"  ({report.truncated_requests:,} requests truncated to max_model_len)")
@@ -240,7 +257,7 @@ def main(argv: list[str]) -> int:
     if json_path is not None:
         json_path.write_text(report.to_json())
         out.line(f"  report written to {json_path}")
-    charts = write_plots(report, plot_dir) if plot_dir is not None else []
+    charts = write_plots(report, plot_dir, measured) if plot_dir is not None else []
     for path in charts:
         out.line(f"  chart written to {path}")
     if page is not None:

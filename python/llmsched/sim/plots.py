@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,9 +26,12 @@ def chart_paths(directory: str | Path, workload: str) -> tuple[Path, Path]:
     return out / f"{stem}_kv_and_queues.png", out / f"{stem}_latency_cdfs.png"
 
 
-def write_plots(report: SimulationReport, directory: str | Path) -> list[Path]:
-    """PNG charts: KV usage and queue length over time, latency CDFs (``chart_paths``).
-    Needs matplotlib (``ImportError`` saying how to install it otherwise)."""
+def write_plots(
+    report: SimulationReport, directory: str | Path, measured: dict[str, Any] | None = None
+) -> list[Path]:
+    """PNG charts: KV usage and queue length over time, latency CDFs (``chart_paths``), with
+    a ``measured`` report's CDFs beside them when given (``simulate --measured``). Needs
+    matplotlib (``ImportError`` saying how to install it otherwise)."""
     try:
         import matplotlib
 
@@ -61,9 +65,15 @@ def write_plots(report: SimulationReport, directory: str | Path) -> list[Path]:
         (("ttft", "TTFT (s)", 1.0), ("tpot", "TPOT (ms)", 1000.0), ("e2e", "end-to-end (s)", 1.0)),
         strict=True,
     ):
-        values = np.sort([scale * v for v in report.latencies[name] if math.isfinite(v)])
-        if values.size:
-            ax.plot(values, np.arange(1, values.size + 1) / values.size)
+        sources = [("predicted" if measured else None, report.latencies[name], "-")]
+        if measured:
+            sources.append(("measured", measured.get("latencies", {}).get(name) or [], "--"))
+        for source, latencies, style in sources:
+            values = np.sort([scale * v for v in latencies if v is not None and math.isfinite(v)])
+            if values.size:
+                ax.plot(values, np.arange(1, values.size + 1) / values.size, style, label=source)
+        if measured:
+            ax.legend(loc="lower right")
         ax.set_xlabel(label)
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)

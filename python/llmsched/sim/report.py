@@ -72,6 +72,9 @@ class SimulationReport:
     clock: str = "virtual"
     """Whose clock the times are on: ``"virtual"`` (a simulation's) or ``"engine"`` (a real
     engine's, ``llmsched replay-engine``)."""
+    measured: list[dict[str, Any]] | None = None
+    """With ``simulate --measured``: the engine's figures beside these, with the error of
+    each (``llmsched.sim.compare.comparison``)."""
 
     def to_json(self) -> str:
         def clean(value: Any) -> Any:
@@ -119,6 +122,14 @@ class SimulationReport:
                     "p50 {:.2f}  p90 {:.2f}  p99 {:.2f}  mean {:.2f}".format(
                         *(scale * stats[k] for k in ("p50", "p90", "p99", "mean"))
                     ),
+                )
+            )
+        for row in self.measured or ():
+            error = "-" if row["error"] is None else f"{row['error']:+.1%}"
+            rows.append(
+                (
+                    f"measured {row['metric']}",
+                    f"{row['measured']:.4g} (predicted {row['predicted']:.4g}, error {error})",
                 )
             )
         rows += [
