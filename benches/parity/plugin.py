@@ -62,8 +62,9 @@ it constrains), asked for when vLLM's engine asks: right after the step, or, whe
 awaits an earlier step's tokens, right after that step's output; and the KV cache events
 ``update_from_output`` published (every field of each, the batch's timestamp left out)."""
 
-TOKEN_FIELDS = ("output_token_ids", "all_token_ids")
-"""The ``Request`` fields that hold every token so far."""
+TOKEN_FIELDS = ("output_token_ids", "all_token_ids", "block_hashes")
+"""The ``Request`` fields that hold every token so far, and the engine's hashes of the full
+blocks of those tokens."""
 
 REQUEST_FIELDS = (
     *TOKEN_FIELDS,
@@ -244,7 +245,6 @@ class PluginFieldSide(VllmFieldSide):
         self.scheduler.kv_event_publisher = _Recorder(self.published)
 
     def block_hashes(self, req_id: str) -> Any:
-        """The hashes the plug-in's prefix cache uses: its core's (the vLLM ``Request`` keeps
-        those of its prompt, as the engine made them, and nothing reads them)."""
+        """The hashes the plug-in's prefix cache uses: its core's (the vLLM ``Request``'s,
+        the engine's hashes, are compared with the token fields)."""
         return self.scheduler.core.get_request(req_id).block_hashes
-        self.uncache = None

@@ -2,7 +2,8 @@
 
 The core records what happened to the prefix cache (``llmsched.Scheduler.take_kv_events``),
 naming blocks by id and requests by id; vLLM's events name blocks by the engine's block
-hashes (those of the engine's ``Request.block_hashes``, which the core does not compute)
+hashes (those of the engine's ``Request.block_hashes``, which the core does not compute;
+the plug-in's requests bring them up to their tokens when read)
 and carry the tokens and extra keys each hash covers. :class:`KvEvents` turns the one into
 the other, in the core's order, and publishes them through the publisher vLLM's scheduler
 would create, once per ``update_from_output`` as vLLM's scheduler does. Only with
@@ -89,16 +90,8 @@ class KvEvents:
             publisher.publish(KVEventBatch(ts=time.time(), events=self._pending))
             self._pending = []
 
-    def _hashes(self, request: Request) -> list[Any]:
-        """The engine's hashes of the request's full blocks. The plug-in appends no tokens
-        to vLLM's ``Request`` (its token fields read the core), so its hashes are brought up
-        to its tokens here, by the engine's own hasher."""
-        request.update_block_hashes()
-        hashes: list[Any] = request.block_hashes
-        return hashes
-
     def _stored(self, request: Request, first_block: int, blocks: list[int]) -> BlockStored:
-        hashes = self._hashes(request)
+        hashes = request.block_hashes
         end_block = first_block + len(blocks)
         external = [maybe_convert_block_hash(h) for h in hashes[first_block:end_block]]
         self._stored_as.update(zip(blocks, external, strict=True))
@@ -108,7 +101,7 @@ class KvEvents:
     def _reused(self, request: Request, num_blocks: int) -> BlockStored:
         """vLLM's report of a prefix hit (``kv_cache_report_mode="full"``): the hit blocks,
         as if stored again."""
-        hashes = self._hashes(request)
+        hashes = request.block_hashes
         external = [maybe_convert_block_hash(h) for h in hashes[:num_blocks]]
         return self._event(request, external, None, 0, num_blocks)
 

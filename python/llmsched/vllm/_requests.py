@@ -28,6 +28,8 @@ __all__ = ["LiveRequest", "attach", "freeze", "new_request_data"]
 _CORE = "_llmsched_core"
 _FINAL = "_llmsched_final"
 _BEFORE_STEP = "_llmsched_computed_before_step"
+# Set while the engine's block hasher extends a request's hashes (it reads them itself).
+_HASHING = "_llmsched_hashing"
 
 
 def _state(request: Request) -> llmsched.Request:
@@ -75,6 +77,28 @@ class _ComputedTokens(_CoreField):
         return super().__get__(request, owner)
 
 
+class _BlockHashes:
+    """``block_hashes``: the engine's hashes of the request's full blocks, brought up to its
+    tokens when read. vLLM's scheduler extends them as it appends each output token; the
+    plug-in appends none to vLLM's object (its tokens read the core), so the engine's own
+    hasher extends them here, only for whoever reads them (KV events, connectors)."""
+
+    def __get__(self, request: Request | None, owner: type | None = None) -> Any:
+        if request is None:
+            return self
+        fields = request.__dict__
+        if not fields.get(_HASHING):
+            fields[_HASHING] = True
+            try:
+                request.update_block_hashes()
+            finally:
+                del fields[_HASHING]
+        return fields["block_hashes"]
+
+    def __set__(self, request: Request, value: Any) -> None:
+        request.__dict__["block_hashes"] = value
+
+
 class LiveRequest(Request):  # type: ignore[misc]  # vLLM ships no stubs
     """A vLLM ``Request`` whose scheduling state is the core's (see the module's doc).
     Made by :func:`attach` from the engine's own object, so every other field (sampling
@@ -94,6 +118,7 @@ class LiveRequest(Request):  # type: ignore[misc]  # vLLM ships no stubs
     drop_stale_output = _CoreField(lambda s: s.drop_stale_output)
     num_preemptions = _CoreField(lambda s: s.num_preemptions)
     is_prefill_chunk = _CoreField(lambda s: s.is_prefill_chunk)
+    block_hashes = _BlockHashes()
 
 
 def attach(request: Request, core: llmsched.Scheduler) -> None:
