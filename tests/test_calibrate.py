@@ -203,14 +203,13 @@ def test_the_sweep_spans_the_engines_step_shapes_within_its_limits(
     )
 
 
-def test_a_sweep_flag_with_from_log_is_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "flag", [("--max-num-seqs", "8"), ("--no-enable-prefix-caching",), ("--time-limit", "5")]
+)
+def test_a_sweep_flag_with_from_log_is_one_line(tmp_path: Path, flag: tuple[str, ...]) -> None:
     log = _write(tmp_path / "a.jsonl", [_header(), *_steps(20, 1, 0.0)])
     out = tmp_path / "m.json"
-    _one_line(
-        _calibrate("--from-log", str(log), "--out", str(out), "--max-num-seqs", "8"),
-        "--max-num-seqs",
-        "--from-log",
-    )
+    _one_line(_calibrate("--from-log", str(log), "--out", str(out), *flag), flag[0], "--from-log")
     assert not out.exists()
 
 

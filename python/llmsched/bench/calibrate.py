@@ -146,6 +146,11 @@ def run_sweep(engine: Any, phases: list[Phase], time_limit: float, *, progress: 
 
 def parser() -> argparse.ArgumentParser:
     """The command's argument parser."""
+    return _parser()[0]
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
+    """The parser, and the option string of each flag only a sweep takes, by destination."""
     p = Parser(
         prog=PROG,
         description=(
@@ -165,15 +170,15 @@ def parser() -> argparse.ArgumentParser:
         help="step logs of one engine configuration (no sweep)",
     )
     p.add_argument("--out", metavar="FILE", required=True, help="the cost-model file to write")
-    p.add_argument(
+    time_limit = p.add_argument(
         "--time-limit",
         type=number(TIME_LIMIT),
         default=600.0,
         help="seconds the sweep may take (it stops between two phases)",
     )
     p.add_argument("--no-progress", dest="progress", action="store_false")
-    add_engine_flags(p)
-    return p
+    sweep_flags = {time_limit.dest: time_limit.option_strings[0], **add_engine_flags(p)}
+    return p, sweep_flags
 
 
 @contextmanager
@@ -241,32 +246,25 @@ def _write(out: Path, fit: FitResult, engine: dict[str, Any], source: dict[str, 
     print(f"cost model written to {out}")
 
 
-_ENGINE_FLAGS = (
-    "model",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "num_gpu_blocks",
-    "async_scheduling",
-    "enable_prefix_caching",
-    "time_limit",
-)
-
-
 def main(argv: list[str]) -> int:
     """Runs ``llmsched calibrate ARGV``: 0 when a cost model was written, 1 when a sweep
     cannot run here. Bad input (a flag, a log line, an output path) raises ``ValueError``
     naming it, for the caller to report in one line."""
-    p = parser()
+    p, sweep_flags = _parser()
     args = p.parse_args(argv)
     out = json_destination(args.out, "--out")
     assert out is not None  # --out is required
     if args.from_log is not None:
         defaults = p.parse_args(["--out", args.out])
-        given = [f for f in _ENGINE_FLAGS if getattr(args, f) != getattr(defaults, f)]
+        given = [
+            flag
+            for dest, flag in sweep_flags.items()
+            if getattr(args, dest) != getattr(defaults, dest)
+        ]
         if given:
-            flag = "--" + given[0].replace("_", "-")
-            raise ValueError(f"{flag}: a sweep's flag; --from-log fits the logs' engine as it ran")
+            raise ValueError(
+                f"{given[0]}: a sweep's flag; --from-log fits the logs' engine as it ran"
+            )
         times = read_step_log(args.from_log)
         _write(out, fit_cost_model(times), times.engine, {"source": "step logs"})
         return 0

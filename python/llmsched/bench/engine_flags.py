@@ -18,16 +18,22 @@ from llmsched._core import SchedulerConfig
 __all__ = ["add_engine_flags", "engine_spec", "model_folder", "scheduler_config"]
 
 
-def add_engine_flags(p: argparse.ArgumentParser) -> None:
-    """``--model`` and vLLM's engine flags for what the scheduler runs under."""
+def add_engine_flags(p: argparse.ArgumentParser) -> dict[str, str]:
+    """``--model`` and vLLM's engine flags for what the scheduler runs under; returns each
+    one's option string by its destination (``{"max_num_seqs": "--max-num-seqs", ...}``)."""
     count = number(COUNT)
-    p.add_argument("--model", default=None, help="the model folder (default: a random Llama)")
-    p.add_argument("--max-model-len", type=count, default=512)
-    p.add_argument("--max-num-seqs", type=count, default=64)
-    p.add_argument("--max-num-batched-tokens", type=count, default=1024)
-    p.add_argument("--num-gpu-blocks", type=count, default=256, help="KV blocks of 32 tokens")
-    p.add_argument("--async-scheduling", action="store_true")
-    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    actions = [
+        p.add_argument("--model", default=None, help="the model folder (default: a random Llama)"),
+        p.add_argument("--max-model-len", type=count, default=512),
+        p.add_argument("--max-num-seqs", type=count, default=64),
+        p.add_argument("--max-num-batched-tokens", type=count, default=1024),
+        p.add_argument("--num-gpu-blocks", type=count, default=256, help="KV blocks of 32 tokens"),
+        p.add_argument("--async-scheduling", action="store_true"),
+        p.add_argument(
+            "--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false"
+        ),
+    ]
+    return {action.dest: action.option_strings[0] for action in actions}
 
 
 def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
