@@ -196,8 +196,8 @@ core, kept out the same way. Beyond them, the plug-in:
   when accessed (nothing is written per step), and a finished request keeps its final
   state; setting one of them is an `AttributeError` (the core owns it). `block_hashes`
   (the engine's hashes) are brought up to the request's tokens by the engine's hasher when
-  read. The `running` and `waiting` queues are views of the core's. Events, prefill stats and per-request
-  speculative-decoding metrics are filled as vLLM fills them;
+  read. The `running` and `waiting` queues are views of the core's. Events, prefill stats
+  and per-request speculative-decoding metrics are filled as vLLM fills them;
 - **serves the prefill cadence** (`prefill_schedule_interval`) and throttled steps
   (`schedule(throttle_prefills=True)`) with vLLM's rule, in the core's loops;
 - **follows the engine's `async_scheduling`** whichever of its two classes is named.
