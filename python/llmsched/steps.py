@@ -1,8 +1,9 @@
 """What a step asks of the model, in the terms a step-cost model charges for.
 
 One home for the step's shape: ``llmsched simulate``'s cost model charges it, and the vLLM
-plug-in's step log (``LLMSCHED_STEP_LOG``) records it beside the time the engine took, for
-``llmsched calibrate --from-log`` to fit the cost model to.
+plug-in's step log (:data:`STEP_LOG_ENV`) records it beside the time the engine took, for
+``llmsched calibrate`` to fit the cost model to; and for the log's name and format, which the
+plug-in writes and ``calibrate`` reads.
 
 A scheduled request counts as a decode request when its step is one sampled position plus
 its draft slots; every other scheduled token counts as a prefill token; the context tokens
@@ -17,7 +18,12 @@ import numpy as np
 
 from llmsched._core import SchedulerOutput
 
-__all__ = ["StepShape", "step_shape"]
+__all__ = ["STEP_LOG_ENV", "STEP_LOG_FORMAT", "StepShape", "step_shape"]
+
+STEP_LOG_ENV = "LLMSCHED_STEP_LOG"
+"""The environment variable that turns the plug-in's step log on: the file it appends to."""
+STEP_LOG_FORMAT = "llmsched-step-log/1"
+"""The step log header's format marker."""
 
 
 class StepShape(NamedTuple):

@@ -815,7 +815,7 @@ def test_the_step_log_records_each_steps_shape_and_timing(
     """With LLMSCHED_STEP_LOG set, a header (the format llmsched calibrate reads, the
     engine's configuration) and a line per step that ran, whose shape is the step's as
     read from vLLM's own SchedulerOutput; unset, no file."""
-    from llmsched.sim.calibrate import LOG_FORMAT
+    from llmsched.steps import STEP_LOG_FORMAT
 
     log = tmp_path / "steps.jsonl"
     monkeypatch.setenv("LLMSCHED_STEP_LOG", str(log))
@@ -852,7 +852,7 @@ def test_the_step_log_records_each_steps_shape_and_timing(
     run_to_end(sched)
     sched.shutdown()
     header, *steps = (json.loads(line) for line in log.read_text().splitlines())
-    assert header["format"] == LOG_FORMAT
+    assert header["format"] == STEP_LOG_FORMAT
     assert header["engine"] == sched.core.config.to_dict()
     assert [{k: s[k] for k in shapes[0]} for s in steps] == shapes
     times = [s["t"] for s in steps]

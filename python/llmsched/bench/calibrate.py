@@ -41,6 +41,7 @@ from llmsched.bench.engine_flags import (
 )
 from llmsched.sim.calibrate import FitResult, fit_cost_model, read_step_log
 from llmsched.sim.cost import CostModel
+from llmsched.steps import STEP_LOG_ENV
 
 __all__ = ["Phase", "main", "parser", "run_sweep", "sweep_phases"]
 
@@ -184,17 +185,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
 @contextmanager
 def _step_log(path: Path | None) -> Iterator[None]:
     """While a scheduler is built: the plug-in's step log at ``path`` (None: no log)."""
-    from llmsched.vllm._step_log import ENV
-
-    previous = os.environ.pop(ENV, None)
+    previous = os.environ.pop(STEP_LOG_ENV, None)
     if path is not None:
-        os.environ[ENV] = str(path)
+        os.environ[STEP_LOG_ENV] = str(path)
     try:
         yield
     finally:
-        os.environ.pop(ENV, None)
+        os.environ.pop(STEP_LOG_ENV, None)
         if previous is not None:
-            os.environ[ENV] = previous
+            os.environ[STEP_LOG_ENV] = previous
 
 
 def _sweep(args: argparse.Namespace, log: Path) -> int:

@@ -22,13 +22,10 @@ from typing import Any
 import numpy as np
 
 from llmsched.sim.cost import CostModel
-from llmsched.steps import StepShape
+from llmsched.steps import STEP_LOG_FORMAT, StepShape
 
 __all__ = ["FitResult", "StepTimes", "fit_cost_model", "read_step_log"]
 
-#: The step log's header marker (the plug-in's ``llmsched.vllm._step_log.FORMAT``; the two
-#: rooms share no import).
-LOG_FORMAT = "llmsched-step-log/1"
 _STEP_KEYS = ("t", "schedule_s", "update_s", "num_requests", *StepShape._fields)
 
 
@@ -67,8 +64,10 @@ def read_step_log(paths: list[str]) -> StepTimes:
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: not a JSON object")
             if "format" in record:
-                if record["format"] != LOG_FORMAT or not isinstance(record.get("engine"), dict):
-                    raise ValueError(f"{where}: not a {LOG_FORMAT} header")
+                if record["format"] != STEP_LOG_FORMAT or not isinstance(
+                    record.get("engine"), dict
+                ):
+                    raise ValueError(f"{where}: not a {STEP_LOG_FORMAT} header")
                 if engine is None:
                     engine = record["engine"]
                 elif record["engine"] != engine:
@@ -96,7 +95,7 @@ def read_step_log(paths: list[str]) -> StepTimes:
                 shapes.append(StepShape(*(int(previous[k]) for k in StepShape._fields)))
             previous = record
     if engine is None:
-        raise ValueError(f"--from-log {' '.join(paths)}: no {LOG_FORMAT} header")
+        raise ValueError(f"--from-log {' '.join(paths)}: no {STEP_LOG_FORMAT} header")
     return StepTimes(engine, seconds, shapes)
 
 

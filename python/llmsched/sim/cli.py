@@ -11,10 +11,9 @@ report of what was replayed so far marked partial, and exits with status 130.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -248,7 +247,7 @@ def main(argv: list[str]) -> int:
         on_start=lambda replayed: out.header(config, replayed),
     )
     if measured is not None:
-        report.measured = comparison(json.loads(report.to_json()), measured)
+        report.measured = comparison(asdict(report), measured)
     out.report(report)
     if report.truncated_requests:
         out.line(f"  ({report.truncated_requests:,} requests truncated to max_model_len)")

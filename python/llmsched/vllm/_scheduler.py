@@ -39,6 +39,7 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 from vllm.v1.structured_output.utils import strip_speculative_padding
 
 import llmsched
+from llmsched.steps import STEP_LOG_ENV
 from llmsched.vllm._config import (
     UnsupportedVersionError,
     check_engine_config,
@@ -49,7 +50,6 @@ from llmsched.vllm._config import (
 from llmsched.vllm._kv_events import KvEvents, make_publisher
 from llmsched.vllm._kv_layout import KVCacheLayout
 from llmsched.vllm._requests import attach, freeze, new_request_data
-from llmsched.vllm._step_log import ENV as STEP_LOG_ENV
 from llmsched.vllm._step_log import StepLog
 
 __all__ = ["TESTED_VLLM_VERSIONS", "AsyncScheduler", "Scheduler"]

@@ -16,14 +16,9 @@ import weakref
 from typing import IO, Any
 
 import llmsched
-from llmsched.steps import step_shape
+from llmsched.steps import STEP_LOG_FORMAT, step_shape
 
-__all__ = ["ENV", "FORMAT", "StepLog"]
-
-#: The environment variable that turns the log on.
-ENV = "LLMSCHED_STEP_LOG"
-#: The header's format marker (``llmsched calibrate`` checks it).
-FORMAT = "llmsched-step-log/1"
+__all__ = ["StepLog"]
 
 
 class StepLog:
@@ -34,7 +29,7 @@ class StepLog:
         # dies keeps its log); closed by close(), or when the scheduler is dropped.
         self._file: IO[str] = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
         self._closer = weakref.finalize(self, self._file.close)
-        header = {"format": FORMAT, "vllm": vllm_version, "engine": config.to_dict()}
+        header = {"format": STEP_LOG_FORMAT, "vllm": vllm_version, "engine": config.to_dict()}
         self._write(header)
         # Steps decided and not yet applied: when schedule() was called and how long it took.
         self._pending: dict[int, tuple[float, float, Any]] = {}
