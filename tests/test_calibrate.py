@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.refusals import one_line
 
 from llmsched import SchedulerConfig
-from llmsched.sim.calibrate import LOG_FORMAT
+from llmsched.steps import STEP_LOG_FORMAT
 
 SCRIPT = Path(sys.executable).with_name("llmsched")
 TRUE_TERMS = {
@@ -27,7 +28,7 @@ TRUE_TERMS = {
 
 def _header(**engine: Any) -> dict[str, Any]:
     config = SchedulerConfig(**engine).to_dict()
-    return {"format": LOG_FORMAT, "vllm": "0.32.0", "engine": config}
+    return {"format": STEP_LOG_FORMAT, "vllm": "0.32.0", "engine": config}
 
 
 def _steps(num: int, seed: int, noise: float, start: float = 100.0) -> list[dict[str, Any]]:
@@ -114,19 +115,11 @@ def test_simulate_takes_the_fitted_model(tmp_path: Path) -> None:
         assert simulated["cost_model"][name] == pytest.approx(value, rel=1e-6)
 
 
-def _one_line(run: subprocess.CompletedProcess[str], *names: str) -> None:
-    assert run.returncode == 2, (run.returncode, run.stderr)
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
-    for name in names:
-        assert name in lines[0], (name, lines[0])
-
-
 def test_a_log_of_another_engine_configuration_is_refused(tmp_path: Path) -> None:
     first = _write(tmp_path / "a.jsonl", [_header(max_num_seqs=64), *_steps(20, 1, 0.0)])
     second = _write(tmp_path / "b.jsonl", [_header(max_num_seqs=32), *_steps(20, 2, 0.0)])
     out = tmp_path / "model.json"
-    _one_line(
+    one_line(
         _calibrate("--from-log", str(first), str(second), "--out", str(out)),
         "b.jsonl, line 1",
         "max_num_seqs=32",
@@ -151,7 +144,7 @@ def test_a_bad_log_is_one_line_naming_the_file_and_line(
     records = lines(_header(), _steps(20, 4, 0.0))
     log = tmp_path / "a.jsonl"
     log.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
-    _one_line(_calibrate("--from-log", str(log), "--out", str(tmp_path / "m.json")), *names)
+    one_line(_calibrate("--from-log", str(log), "--out", str(tmp_path / "m.json")), *names)
 
 
 # ---------------------------------------------------------------------------- the sweep
@@ -206,10 +199,10 @@ def test_the_sweep_spans_the_engines_step_shapes_within_its_limits(
 @pytest.mark.parametrize(
     "flag", [("--max-num-seqs", "8"), ("--no-enable-prefix-caching",), ("--time-limit", "5")]
 )
-def test_a_sweep_flag_with_from_log_is_one_line(tmp_path: Path, flag: tuple[str, ...]) -> None:
+def test_a_sweep_flag_with_from_log_isone_line(tmp_path: Path, flag: tuple[str, ...]) -> None:
     log = _write(tmp_path / "a.jsonl", [_header(), *_steps(20, 1, 0.0)])
     out = tmp_path / "m.json"
-    _one_line(_calibrate("--from-log", str(log), "--out", str(out), *flag), flag[0], "--from-log")
+    one_line(_calibrate("--from-log", str(log), "--out", str(out), *flag), flag[0], "--from-log")
     assert not out.exists()
 
 

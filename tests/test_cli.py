@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.refusals import one_line
 
 from llmsched import SchedulerConfig
 from llmsched.sim.cli import SIMULATE_DEFAULTS, WITHOUT_FLAGS
@@ -45,14 +46,9 @@ def run(
 
 def refused(result: subprocess.CompletedProcess[str], *names: str) -> str:
     """Asserts a refusal: exit 2, one line on stderr naming every ``names``, no report."""
-    assert result.returncode == 2, (result.returncode, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    for name in names:
-        assert name in lines[0], (name, lines[0])
+    line = one_line(result, *names)
     assert "TTFT" not in result.stdout  # no report, not even a partial one
-    return lines[0]
+    return line
 
 
 def trace(tmp_path: Path, name: str, text: str) -> str:

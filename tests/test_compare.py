@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.refusals import one_line
 
 SCRIPT = Path(sys.executable).with_name("llmsched")
 REPLAY = ("azure-conv", "--num-requests", "24", "--no-progress")
@@ -70,18 +71,10 @@ def test_the_report_carries_both_figures_and_the_error(measured: Path, tmp_path:
     assert all(rows[label]["error"] < 0 for label in FIGURES if label.startswith("E2E"))
 
 
-def _one_line(run: subprocess.CompletedProcess[str], *names: str) -> None:
-    assert run.returncode == 2, (run.returncode, run.stderr)
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
-    for name in names:
-        assert name in lines[0], (name, lines[0])
-
-
-def test_a_report_of_another_replay_is_one_line(measured: Path) -> None:
+def test_a_report_of_another_replay_isone_line(measured: Path) -> None:
     other = [*REPLAY]
     other[2] = "12"
-    _one_line(_simulate(*other, "--measured", str(measured)), "--measured", "24", "12")
+    one_line(_simulate(*other, "--measured", str(measured)), "--measured", "24", "12")
 
 
 @pytest.mark.parametrize(
@@ -94,14 +87,14 @@ def test_a_report_of_another_replay_is_one_line(measured: Path) -> None:
         (lambda r: r["throughput"].update(output_tokens_per_s="fast"), ["output_tokens_per_s"]),
     ],
 )
-def test_a_report_missing_a_figure_is_one_line(
+def test_a_report_missing_a_figure_isone_line(
     measured: Path, tmp_path: Path, edit: Any, names: list[str]
 ) -> None:
     report = json.loads(measured.read_text())
     edit(report)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(report))
-    _one_line(_simulate(*REPLAY, "--measured", str(bad)), str(bad), *names)
+    one_line(_simulate(*REPLAY, "--measured", str(bad)), str(bad), *names)
 
 
 def test_the_plots_draw_the_measured_cdfs_too(measured: Path, tmp_path: Path) -> None:

