@@ -156,8 +156,9 @@ STEP_KEYS = (
 ``scheduled`` is the ordered ``[(req_id, n)]`` list; ``num_computed_tokens`` is ``C``
 before the step; ``spec_tokens`` the scheduled drafts (``-1``: placeholder or padding);
 ``new``, ``resumed`` are ordered, ``preempted`` and ``finished`` sorted; ``block_ids`` the
-KV blocks sent to the runner per request (the whole table for new and resumed requests,
-the newly allocated ones otherwise); ``block_hashes`` the prefix-cache hashes of each
+KV blocks sent to the runner per request, one list per KV-cache group (the whole table for
+new and resumed requests, the null block where a sliding window skipped blocks; the newly
+allocated ones otherwise); ``block_hashes`` the prefix-cache hashes of each
 request admitted in this step (new or resumed: the hashes its prefix lookup used), one per
 full block of its tokens, as :class:`HashLabels` (equal where the hashes are equal, so the
 parent chain is compared whatever hash function each side uses); ``request_counts`` is
@@ -350,6 +351,11 @@ class ParityConfig:
     kv_events: bool = False
     """vLLM's KV cache events on (``kv_events_config``): compared where both sides are vLLM
     schedulers (``plugin``), the events each ``update_from_output`` publishes."""
+    kv_cache_groups: str = "full"
+    """llmsched's ``kv_cache_groups``: vLLM's side gets one KV-cache group per entry
+    (``FullAttentionSpec`` or ``SlidingWindowSpec``), in that order."""
+    prefix_cache_retention_interval: int = 0
+    """Both sides' (vLLM's engine default, 0; a block size: every sliding-window block)."""
 
     def llmsched_kwargs(self) -> dict[str, Any]:
         """llmsched's ``SchedulerConfig`` fields."""
@@ -372,6 +378,8 @@ class ParityConfig:
             "max_loras": self.max_loras,
             "prefill_schedule_interval": self.prefill_schedule_interval,
             "num_sampled_tokens_per_step": 0 if self.pooling else 1,
+            "kv_cache_groups": self.kv_cache_groups,
+            "prefix_cache_retention_interval": self.prefix_cache_retention_interval,
         }
 
     def scheduler_kwargs(self) -> dict[str, Any]:
@@ -389,12 +397,27 @@ class ParityConfig:
 
 
 def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
-    """The most KV blocks ``req`` can ever hold under ``config`` (llmsched refuses a request
-    for which this exceeds the usable pool, ``num_gpu_blocks - 1``)."""
+    """The most KV blocks ``req`` can ever hold under ``config``, every KV-cache group
+    counted (llmsched refuses a request for which this exceeds the usable pool,
+    ``num_gpu_blocks - 1``): a sliding-window group holds at most its window before the
+    next token and a step's budget per step in flight, plus a block for a window starting
+    mid-block."""
     longest = min(
         req.prompt_len + req.max_tokens + config.num_speculative_tokens, config.max_model_len
     )
-    return -(-longest // config.block_size)
+    whole = -(-longest // config.block_size)
+    steps_in_flight = 2 if config.async_scheduling else 1
+    total = 0
+    for kind in config.kv_cache_groups.split(","):
+        if kind == "full":
+            total += whole
+            continue
+        window = int(kind.removeprefix("sliding_window:"))
+        held = min(
+            window - 1 + steps_in_flight * config.max_num_batched_tokens, config.max_model_len
+        )
+        total += min(whole, -(-held // config.block_size) + 1)
+    return total
 
 
 def llmsched_refuses(config: ParityConfig) -> str | None:
@@ -610,13 +633,16 @@ class LlmschedSide:
         flat_spec = [int(t) for t in out.spec_token_ids]
         flat_blocks = [int(b) for b in out.block_ids]
         spec: dict[str, list[int]] = {}
-        blocks: dict[str, list[int]] = {}
-        s_off = b_off = 0
-        for rid, k, nb in zip(ids, num_spec, num_blocks, strict=True):
+        s_off = 0
+        for rid, k in zip(ids, num_spec, strict=True):
             if k:
                 spec[rid] = flat_spec[s_off : s_off + k]
             s_off += k
-            blocks[rid] = flat_blocks[b_off : b_off + nb]
+        # One run of per-row counts per KV-cache group, group after group.
+        blocks: dict[str, list[list[int]]] = {rid: [] for rid in ids}
+        b_off = 0
+        for at, nb in enumerate(num_blocks):
+            blocks[ids[at % len(ids)]].append(flat_blocks[b_off : b_off + nb])
             b_off += nb
         summary = {
             "scheduled": list(zip(ids, counts, strict=True)),
@@ -709,16 +735,17 @@ class UncacheUndoneSteps:
 
     A request that preempts itself did not get its slots in the step: nothing to uncache,
     as in llmsched. ``take_count`` returns the blocks uncached since it was last called.
-    Needs one KV cache group (the harness's) and prefix caching on.
+    Every KV-cache group alike (a sliding window's blocks it never cached stay uncached);
+    needs prefix caching on.
     """
 
     def __init__(self, scheduler: Any) -> None:
         from vllm.v1.request import RequestStatus
 
         manager = scheduler.kv_cache_manager
-        (group,) = manager.coordinator.single_type_managers
+        groups = manager.coordinator.single_type_managers
         pool = manager.block_pool
-        cached_before: dict[str, int] = {}
+        cached_before: dict[str, list[int]] = {}
         self._count = 0
         original_schedule = scheduler.schedule
         original_allocate = manager.allocate_slots
@@ -730,15 +757,15 @@ class UncacheUndoneSteps:
 
         def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
             running = request.status == RequestStatus.RUNNING
-            before = group.num_cached_block.get(request.request_id, 0)
+            before = [group.num_cached_block.get(request.request_id, 0) for group in groups]
             new_blocks = original_allocate(request, *args, **kwargs)
             if running and new_blocks is not None:
                 cached_before[request.request_id] = before
             return new_blocks
 
         def preempt_request(request: Any, *args: Any, **kwargs: Any) -> Any:
-            before = cached_before.pop(request.request_id, None)
-            if before is not None:
+            befores = cached_before.pop(request.request_id, None)
+            for group, before in zip(groups, befores or (), strict=False):
                 after = group.num_cached_block.get(request.request_id, 0)
                 for block in group.req_to_blocks[request.request_id][before:after]:
                     if not block.is_null and pool._maybe_evict_cached_block(block):
@@ -851,12 +878,17 @@ class VllmSide:
     def schedule(self) -> tuple[Any, dict[str, Any]]:
         out = self.scheduler.schedule()
         summary = self.ref.step_summary(out)
-        blocks: dict[str, list[int]] = {}
+        num_groups = len(self.scheduler.kv_cache_config.kv_cache_groups)
+        blocks: dict[str, list[list[int]]] = {}
         for new_req in out.scheduled_new_reqs:
-            blocks[new_req.req_id] = [int(b) for b in new_req.block_ids[0]]
+            blocks[new_req.req_id] = [[int(b) for b in group] for group in new_req.block_ids]
         cached = out.scheduled_cached_reqs
         for rid, new_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
-            blocks[rid] = [] if new_ids is None else [int(b) for b in new_ids[0]]
+            blocks[rid] = (
+                [[] for _ in range(num_groups)]
+                if new_ids is None
+                else [[int(b) for b in group] for group in new_ids]
+            )
         summary["block_ids"] = {rid: blocks[rid] for rid, _ in summary["scheduled"]}
         summary["request_counts"] = tuple(self.scheduler.get_request_counts())
         requests = self.scheduler.requests

@@ -453,6 +453,21 @@ def base_cases(name: str) -> Iterator[Case]:
                         yield Case(name, config, output_factor=factor)
 
 
+def _hybrid_case(workload: str, config: ParityConfig) -> Case:
+    """A case of ``config`` (its pool left 0) on ``workload`` under KV pressure: the pool
+    is the single-group tight pool per group, and at least the largest request's blocks
+    over every group (so llmsched refuses none)."""
+    factor = WORKLOADS[workload].pressure_output_factor
+    num_groups = len(config.kv_cache_groups.split(","))
+    roomy = replace(config, num_gpu_blocks=1 << 30)
+    largest = max(
+        (blocks_needed(r, roomy) for r in Case(workload, roomy, output_factor=factor).requests()),
+        default=0,
+    )
+    pool = max(num_groups * _pool_sizes(workload)[1], largest + 1)
+    return Case(workload, replace(config, num_gpu_blocks=pool), output_factor=factor)
+
+
 def edge_cases() -> list[Case]:
     """Cases beyond the cross product. Long-prefill thresholds stay >= 1 + K (see the
     harness docstring: llmsched deliberately does not pad below that), and every budget
@@ -781,6 +796,31 @@ def edge_cases() -> list[Case]:
                 output_factor=4,
             )
         )
+        # Hybrid models: sliding-window KV-cache groups beside a full-attention one, in
+        # Gemma 3's order (three sliding groups, then the full one) and full first; vLLM's
+        # hybrid prefix hit (null blocks before a window's run), blocks leaving the window,
+        # KV pressure; vLLM's engine retention (0: only the blocks a resend can hit) and
+        # every block (an interval of one block).
+        for workload, groups, k, policy, retention in (
+            ("synthetic-conv", ",".join(["sliding_window:64"] * 3 + ["full"]), 0, "fcfs", 0),
+            ("mooncake-turns", "full,sliding_window:100", 1, "priority", 0),
+            ("azure-code", "sliding_window:40,full", 3, "fcfs", 16),
+        ):
+            out.append(
+                _hybrid_case(
+                    workload,
+                    ParityConfig(
+                        f"edge-hybrid-r{retention}-{mode}-K{k}-apc-{policy[:4]}-kv",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=0,
+                        kv_cache_groups=groups,
+                        prefix_cache_retention_interval=retention,
+                    ),
+                )
+            )
         # Few sequences under KV pressure, bigger blocks.
         for policy in ("fcfs", "priority"):
             out.append(

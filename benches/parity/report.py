@@ -147,8 +147,9 @@ core, kept out the same way. Beyond them, the plug-in:
   LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors,
   KV cache residency and MFU metrics, pipeline, decode- and prefill-context parallelism,
   data parallelism of MoE models (a dense model's data-parallel ranks are independent
-  engines with a scheduler each, served), more than one KV-cache group or a layout other
-  than full attention, a hash block size other than the block size, speculative
+  engines with a scheduler each, served), KV-cache groups other than full attention and
+  sliding window (or of another block size, or a window retaining extra tokens), KV cache
+  events of several groups, a hash block size other than the block size, speculative
   methods other than `ngram`, dynamic speculative decoding (every field of the vLLM
   config classes it reads is classified in `llmsched/vllm/_fields.py`: read, refused, or
   why it need not be); per request (the request finishes with `FinishReason.ERROR` and
@@ -180,6 +181,18 @@ core, kept out the same way. Beyond them, the plug-in:
   `tests/vllm_engine/test_kv_events.py`. An undone step's `BlockRemoved` events come when
   its blocks leave the cache (deviation 7; vLLM, which keeps them cached, reports them
   when they are evicted);
+- **serves hybrid models** (sliding-window KV-cache groups beside full-attention ones, of
+  one block size) with vLLM's hybrid KV-cache coordinator rules, in the core: a block table
+  per group over one pool, an allocation counted over every group, blocks wholly behind the
+  window given back before each allocation (on the processed tokens) with the null block in
+  their place, vLLM's hybrid prefix hit (full attention's run, then the sliding window's
+  right-to-left search for `cdiv(W - 1, B)` contiguous cached blocks, null blocks before
+  them), only the sliding-window blocks a later hit can reach entering the cache (vLLM's
+  `prefix_cache_retention_interval`), the admission cap on a window's blocks, and
+  `NewRequestData` / `CachedRequestData` block ids per group. The `edge-hybrid` cases
+  (Gemma 3's three sliding groups and a full one, full first, retention 0 and every block,
+  KV pressure) compare them with vLLM's; `tests/vllm_engine/test_hybrid.py` serves a
+  random-weight Gemma 3 token-identically;
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's
   engine sets its `skip_reading_prefix_cache`) is admitted without a prefix-cache lookup,
   and its blocks are cached for others;

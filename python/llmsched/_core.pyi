@@ -106,12 +106,15 @@ class SchedulerConfig:
         max_num_new_slots_for_drafting: int = 0,
         num_sampled_tokens_per_step: int = 1,
         async_scheduling: bool = True,
+        pipeline_parallel_size: int = 1,
         watermark: float = 0.0,
         scheduler_reserve_full_isl: bool = True,
         enable_prefix_caching: bool = True,
         enable_kv_cache_events: bool = False,
         policy: str = "fcfs",
         max_loras: int = 0,
+        kv_cache_groups: str = "full",
+        prefix_cache_retention_interval: int = 0,
         prefill_schedule_interval: int = 1,
     ) -> SchedulerConfig: ...
     @property
@@ -161,6 +164,10 @@ class SchedulerConfig:
     def async_scheduling(self) -> bool:
         """Schedule a step before the previous one's output returns (placeholders)."""
     @property
+    def pipeline_parallel_size(self) -> int:
+        """Pipeline stages: steps in flight at once in a synchronous engine (vLLM's
+        batch queue); with async scheduling, one more than one stage needs."""
+    @property
     def watermark(self) -> float:
         """Fraction of the KV pool, in [0, 1), kept free when admitting a request
         while others run."""
@@ -181,6 +188,17 @@ class SchedulerConfig:
     def max_loras(self) -> int:
         """The most LoRA adapters the running requests may use together; a waiting
         request under another adapter waits (0: LoRA off, requests name none)."""
+    @property
+    def kv_cache_groups(self) -> str:
+        """The KV-cache groups the pool serves, in vLLM's order, comma-separated:
+        ``full`` or ``sliding_window:W`` (a window of W tokens) each. A hybrid model
+        (sliding-window layers beside full ones) has several."""
+    @property
+    def prefix_cache_retention_interval(self) -> int:
+        """Which blocks of a sliding-window group enter the prefix cache (vLLM's
+        ``prefix_cache_retention_interval``): 0 keeps only those a resend of the
+        prompt can hit; a multiple of ``block_size`` also keeps the window's
+        blocks at every such interval (``block_size``: every block)."""
     @property
     def prefill_schedule_interval(self) -> int:
         """Prefill cadence: while a request decodes, prefill (admissions and running
@@ -228,10 +246,13 @@ class SchedulerOutput:
     @property
     def num_block_ids(self) -> _Int32Array:
         """Block ids per request in ``block_ids``: the whole table for new and
-        resumed requests (replace), the newly allocated blocks otherwise (append)."""
+        resumed requests (replace), the newly allocated blocks otherwise (append).
+        With several KV-cache groups, one run of counts per group, group after
+        group (``len(req_ids)`` each)."""
     @property
     def block_ids(self) -> _Int32Array:
-        """The block ids counted by ``num_block_ids``, flat."""
+        """The block ids counted by ``num_block_ids``, flat; a sliding-window
+        group's table holds the null block (0) where blocks left the window."""
     @property
     def num_all_token_ids(self) -> _Int32Array:
         """For new and resumed requests, how many tokens they hold (prompt and
@@ -398,7 +419,7 @@ class Request:
         """Whether the last scheduled chunk ended before the request's known tokens."""
     @property
     def block_ids(self) -> list[int]:
-        """The request's KV block table."""
+        """The request's KV block table (group 0's, with several KV-cache groups)."""
     @property
     def block_hashes(self) -> list[int]:
         """One 128-bit hash per full block of the request's tokens (empty without

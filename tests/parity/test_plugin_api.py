@@ -69,6 +69,28 @@ def _set(obj: Any, name: str, value: Any) -> None:
     object.__setattr__(obj, name, value)
 
 
+def _group(spec: Any) -> Any:
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
+
+    return KVCacheGroupSpec(["extra"], spec)
+
+
+def _sliding_spec(block_size: int = BLOCK, **fields: Any) -> Any:
+    import torch
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    shape = {"num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+    return SlidingWindowSpec(block_size=block_size, sliding_window=64, **shape, **fields)
+
+
+def _chunked_local_spec() -> Any:
+    import torch
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
+
+    shape = {"num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+    return ChunkedLocalAttentionSpec(block_size=BLOCK, attention_chunk_size=64, **shape)
+
+
 ENGINE_REFUSALS = {
     "KV connectors": lambda s: _set(s.vllm_config, "kv_transfer_config", object()),
     "pipeline parallelism": lambda s: _set(
@@ -77,8 +99,14 @@ ENGINE_REFUSALS = {
     "data parallelism of MoE models": lambda s: _set(
         s.vllm_config.parallel_config, "data_parallel_size", 2
     ),
-    "more than one KV-cache group": lambda s: s.kv_cache_config.kv_cache_groups.append(
-        s.kv_cache_config.kv_cache_groups[0]
+    "KV-cache groups other than full attention and sliding window": lambda s: (
+        s.kv_cache_config.kv_cache_groups.append(_group(_chunked_local_spec()))
+    ),
+    "a scheduler block size other than a KV-cache group's": lambda s: (
+        s.kv_cache_config.kv_cache_groups.append(_group(_sliding_spec(block_size=2 * BLOCK)))
+    ),
+    "sliding windows retaining extra tokens": lambda s: s.kv_cache_config.kv_cache_groups.append(
+        _group(_sliding_spec(extra_retained_tokens=2))
     ),
     "prefill context parallelism": lambda s: _set(
         s.vllm_config.parallel_config, "prefill_context_parallel_size", 2

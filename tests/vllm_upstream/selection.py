@@ -10,7 +10,8 @@ other test to the reason: the vLLM scheduler internal it reads or patches
 (``scheduler.kv_cache_manager``, ``scheduler.finished_req_ids``, ...), a ``Request`` field
 it writes to build a state by hand, the feature llmsched.vllm refuses by design (KV and
 encoder-cache connectors, multimodal inputs, pipeline / data
-parallelism, hybrid KV-cache groups, speculative methods other than ``ngram``), the
+parallelism, KV-cache groups other than full attention and sliding window, speculative methods
+other than ``ngram``), the
 deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the plug-in.
 A key is a test function name (every parametrization) or ``name[params]`` (one
 parametrization; it wins over the name). A test of these files that is in neither list
@@ -118,8 +119,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "Request fields: is_finished, num_computed_tokens, num_tokens"
         ),
         "test_prefix_hit_is_capped_at_retained_auxiliary_outputs": (
-            "scheduler internal: scheduler.kv_cache_manager / refused feature: KV-cache layouts "
-            "other than full attention (SlidingWindowSpec) / refused feature: KV connectors "
+            "scheduler internal: scheduler.kv_cache_manager / refused feature: KV connectors "
             "(kv_transfer_config is set); also scheduler.aux_output_connector"
         ),
         "test_evicted_blocks_release_their_auxiliary_outputs_past_capacity": (
@@ -449,22 +449,26 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "design)"
         ),
         "test_variable_length_cross_attn_block_allocation": (
-            "refused feature: more than one KV-cache group (hybrid models) (2 groups); also "
+            "refused feature: KV-cache groups other than full attention and sliding window "
+            "(CrossAttentionSpec); also "
             "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
             "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
         ),
         "test_cross_attn_blocks_not_over_allocated": (
-            "refused feature: more than one KV-cache group (hybrid models) (2 groups); also "
+            "refused feature: KV-cache groups other than full attention and sliding window "
+            "(CrossAttentionSpec); also "
             "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
             "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
         ),
         "test_cross_attn_blocks_not_under_allocated": (
-            "refused feature: more than one KV-cache group (hybrid models) (2 groups); also "
+            "refused feature: KV-cache groups other than full attention and sliding window "
+            "(CrossAttentionSpec); also "
             "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
             "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
         ),
         "test_cross_attn_zero_blocks_without_encoder_inputs": (
-            "refused feature: more than one KV-cache group (hybrid models) (2 groups); also "
+            "refused feature: KV-cache groups other than full attention and sliding window "
+            "(CrossAttentionSpec); also "
             "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
             "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
         ),

@@ -85,6 +85,9 @@ class Case:
     """> 0: every n-th request uses structured output (a grammar that accepts every token,
     compiled when the request arrives): vLLM's schedulers then build the step's grammar
     bitmask (timed with ``schedule()``) and advance each grammar with its tokens."""
+    kv_cache_groups: str = "full"
+    """The KV-cache groups (llmsched's field): a hybrid model's sliding-window groups
+    beside a full-attention one."""
 
     def is_structured(self, i: int) -> bool:
         """Whether the case's ``i``-th request uses structured output."""
@@ -101,7 +104,10 @@ class Case:
         return self.churn_max_tokens + (i % self.churn_spread if self.churn_spread else 0)
 
     def config_kwargs(self) -> dict[str, Any]:
-        blocks_per_request = -(-(self.prompt_len + self.max_tokens + 4) // self.block_size)
+        num_groups = len(self.kv_cache_groups.split(","))
+        blocks_per_request = num_groups * -(
+            -(self.prompt_len + self.max_tokens + 4) // self.block_size
+        )
         return {
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs or self.running,
@@ -112,6 +118,7 @@ class Case:
             "enable_prefix_caching": self.prefix_caching,
             "async_scheduling": False,
             "max_loras": self.max_loras,
+            "kv_cache_groups": self.kv_cache_groups,
         }
 
 
@@ -123,6 +130,9 @@ CASES: dict[str, Case] = {
         Case("decode-1024", running=1024),
         Case("decode-4096", running=4096, max_tokens=3000, max_num_batched_tokens=8192),
         Case("decode-churn", running=1024, churn_max_tokens=64, churn_spread=128),
+        # A hybrid model (a sliding-window group beside the full-attention one): every
+        # step gives back the blocks that left the 512-token window.
+        Case("hybrid-1024", running=1024, kv_cache_groups="sliding_window:512,full"),
         Case(
             "prefill-heavy",
             running=64,

@@ -160,6 +160,8 @@ def make_vllm_scheduler(
     use_v2_model_runner: bool = False,
     pooling: bool = False,
     kv_events: bool = False,
+    kv_cache_groups: str = "full",
+    prefix_cache_retention_interval: int | None = 0,
     **shared_fields: Any,
 ) -> Any:
     """Build vLLM 0.33.0's ``Scheduler`` (or ``AsyncScheduler`` if ``async_scheduling``)
@@ -175,7 +177,11 @@ def make_vllm_scheduler(
     of ngram speculative decoding (0 for none), ``max_loras`` the LoRA config's (0: LoRA
     off), ``pooling`` a pooling (embedding) model's runner (it samples no token),
     ``kv_events`` KV cache events on (vLLM's ``null`` publisher: a caller that wants them
-    replaces ``kv_event_publisher``). See the module docstring for the rest.
+    replaces ``kv_event_publisher``), ``kv_cache_groups`` llmsched's field of that name (one
+    KV-cache group per entry, ``FullAttentionSpec`` or ``SlidingWindowSpec``) and
+    ``prefix_cache_retention_interval`` the KV-cache config's (vLLM's engines take the cache
+    config's, 0; None keeps every sliding-window block). See the module docstring for the
+    rest.
     """
     import torch
     from vllm.config import (
@@ -192,7 +198,12 @@ def make_vllm_scheduler(
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
     from vllm.v1.structured_output import StructuredOutputManager
 
     from llmsched.vllm._config import vllm_fields
@@ -244,17 +255,22 @@ def make_vllm_scheduler(
         if kv_events
         else None,
     )
+
+    def spec(kind: str) -> Any:
+        shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1}
+        if kind == "full":
+            return FullAttentionSpec(**shape, dtype=torch.float32)
+        window = int(kind.removeprefix("sliding_window:"))
+        return SlidingWindowSpec(**shape, dtype=torch.float32, sliding_window=window)
+
     kv_cache_config = KVCacheConfig(
         num_blocks=num_gpu_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"],
-                FullAttentionSpec(
-                    block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
-                ),
-            )
+            KVCacheGroupSpec([f"layer.{g}"], spec(kind))
+            for g, kind in enumerate(kv_cache_groups.split(","))
         ],
+        prefix_cache_retention_interval=prefix_cache_retention_interval,
     )
     cache_config.num_gpu_blocks = num_gpu_blocks
     register_all_kvcache_specs(vllm_config)

@@ -53,9 +53,16 @@ SIMULATE_DEFAULTS: dict[str, Any] = {
 }
 
 #: ``SchedulerConfig`` fields ``simulate`` has no flag for: its workloads cannot exercise
-#: them (no request names a LoRA adapter) or its engine has no use for them (no one takes
-#: KV cache events in a simulation).
-WITHOUT_FLAGS = ("max_loras", "enable_kv_cache_events")
+#: them (no request names a LoRA adapter), its engine has no use for them (no one takes
+#: KV cache events in a simulation) or does not model them yet (one pipeline stage, one
+#: full-attention KV-cache group).
+WITHOUT_FLAGS = (
+    "max_loras",
+    "enable_kv_cache_events",
+    "pipeline_parallel_size",
+    "kv_cache_groups",
+    "prefix_cache_retention_interval",
+)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -26,6 +26,7 @@ __all__ = [
     "UnsupportedVersionError",
     "check_engine_config",
     "check_request",
+    "kv_cache_groups",
     "llmsched_config",
     "read",
     "vllm_fields",
@@ -193,13 +194,6 @@ def check_engine_config(
             lambda: larger_than_one("parallel_config.prefill_context_parallel_size"),
         ),
         (
-            "more than one KV-cache group (hybrid models)",
-            lambda: (
-                len(kv_cache_config.kv_cache_groups) != 1,
-                f"{len(kv_cache_config.kv_cache_groups)} groups",
-            ),
-        ),
-        (
             "a hash block size other than the block size",
             lambda: (
                 hash_block_size is not None and hash_block_size != block_size,
@@ -211,15 +205,7 @@ def check_engine_config(
         refused, detail = check()
         if refused:
             raise _unsupported(feature, detail)
-    spec_name = type(kv_cache_config.kv_cache_groups[0].kv_cache_spec).__name__
-    if spec_name != "FullAttentionSpec":
-        raise _unsupported("KV-cache layouts other than full attention", spec_name)
-    group_block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
-    if group_block_size != block_size:
-        raise _unsupported(
-            "a scheduler block size other than the KV group's",
-            f"block_size={block_size}, group block_size={group_block_size}",
-        )
+    kv_cache_groups(kv_cache_config, block_size)
     if get("speculative_config") is not None:
         method = get("speculative_config.method")
         if method not in _SPEC_METHODS:
@@ -233,6 +219,36 @@ def check_engine_config(
             )
 
 
+def kv_cache_groups(kv_cache_config: Any, block_size: int) -> str:
+    """The engine's KV-cache groups as llmsched's ``kv_cache_groups`` field: full-attention
+    and sliding-window groups of the scheduler's block size; ``UnsupportedFeatureError``
+    naming any other (chunked local attention, Mamba, cross attention, ...)."""
+    kinds = []
+    for g, group in enumerate(read(kv_cache_config, "kv_cache_groups")):
+        spec = group.kv_cache_spec
+        spec_name = type(spec).__name__
+        if spec_name not in ("FullAttentionSpec", "SlidingWindowSpec"):
+            raise _unsupported(
+                "KV-cache groups other than full attention and sliding window",
+                f"group {g}: {spec_name}",
+            )
+        if spec.block_size != block_size:
+            raise _unsupported(
+                "a scheduler block size other than a KV-cache group's",
+                f"block_size={block_size}, group {g} block_size={spec.block_size}",
+            )
+        if spec_name == "FullAttentionSpec":
+            kinds.append("full")
+            continue
+        if read(spec, "extra_retained_tokens"):
+            raise _unsupported(
+                "sliding windows retaining extra tokens (multi-module MTP)",
+                f"group {g}: extra_retained_tokens={spec.extra_retained_tokens}",
+            )
+        kinds.append(f"sliding_window:{read(spec, 'sliding_window')}")
+    return ",".join(kinds)
+
+
 def llmsched_config(
     vllm_config: Any, kv_cache_config: Any, block_size: int
 ) -> llmsched.SchedulerConfig:
@@ -243,6 +259,7 @@ def llmsched_config(
     spec = read(vllm_config, "speculative_config")
     lora = read(vllm_config, "lora_config")
     events = read(vllm_config, "kv_events_config")
+    retention = read(kv_cache_config, "prefix_cache_retention_interval")
     try:
         return llmsched.SchedulerConfig(
             **shared,
@@ -259,6 +276,10 @@ def llmsched_config(
             max_loras=0 if lora is None else read(lora, "max_loras"),
             enable_kv_cache_events=events is not None
             and bool(read(events, "enable_kv_cache_events")),
+            kv_cache_groups=kv_cache_groups(kv_cache_config, block_size),
+            # vLLM's None (a KV-cache config built without the cache config's value)
+            # keeps every window block: an interval of one block.
+            prefix_cache_retention_interval=block_size if retention is None else retention,
         )
     except llmsched.ConfigError as exc:
         raise llmsched.ConfigError(f"llmsched.vllm cannot schedule this engine: {exc}") from None

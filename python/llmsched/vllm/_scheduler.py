@@ -95,16 +95,26 @@ def _spec_decoding_stats(k: int, num_drafts: list[int], num_accepted: list[int])
     return stats
 
 
-def _block_rows(core_out: llmsched.SchedulerOutput) -> dict[int, list[int]]:
-    """The block ids the step sends per row that has any: whole tables for admissions, the
-    new blocks of running requests."""
+#: The block ids a step sends one row: one list per KV-cache group.
+BlockRow = tuple[list[int], ...]
+
+
+def _block_rows(core_out: llmsched.SchedulerOutput, num_groups: int) -> dict[int, BlockRow]:
+    """The block ids the step sends per row that has any, one list per KV-cache group:
+    whole tables for admissions, the new blocks of running requests (the core writes one
+    run of per-row counts per group, group after group)."""
     num_blocks = core_out.num_block_ids
-    block_rows: dict[int, list[int]] = {}
+    block_rows: dict[int, BlockRow] = {}
     if num_blocks.any():
         flat_blocks = core_out.block_ids.tolist()
         ends = np.cumsum(num_blocks).tolist()
-        for i in np.flatnonzero(num_blocks).tolist():
-            block_rows[i] = flat_blocks[ends[i] - int(num_blocks[i]) : ends[i]]
+        counts = num_blocks.reshape(num_groups, -1)
+        num_rows = counts.shape[1]
+        for i in np.flatnonzero(counts.any(axis=0)).tolist():
+            block_rows[i] = tuple(
+                flat_blocks[ends[at] - int(num_blocks[at]) : ends[at]]
+                for at in range(i, num_groups * num_rows, num_rows)
+            )
     return block_rows
 
 
@@ -156,6 +166,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.connector = None
         self.ec_connector = None
         self.kv_cache_manager = KVCacheLayout(kv_cache_config)
+        self._num_kv_groups = len(kv_cache_config.kv_cache_groups)
         self.core = llmsched.Scheduler(llmsched_config(vllm_config, kv_cache_config, block_size))
         # KV cache events (kv_events_config), published as vLLM's scheduler publishes them.
         self.kv_event_publisher = make_publisher(
@@ -367,7 +378,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         num_running = len(req_ids) - len(new_ids) - len(resumed_ids)
         admitted_at = {req_id: i for i, req_id in enumerate(req_ids[num_running:], num_running)}
         computed: list[int] = core_out.num_computed_tokens.tolist()
-        block_rows = _block_rows(core_out)
+        block_rows = _block_rows(core_out, self._num_kv_groups)
         output = SchedulerOutput(
             scheduled_new_reqs=self._new_requests(
                 core_out, new_ids, resumed_ids, admitted_at, computed, block_rows
@@ -412,7 +423,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         resumed_ids: list[str],
         admitted_at: dict[str, int],
         computed: list[int],
-        block_rows: dict[int, list[int]],
+        block_rows: dict[int, BlockRow],
     ) -> list[NewRequestData]:
         """The step's first admissions as vLLM's ``NewRequestData``, whole block tables
         (and, for the V2 model runner, every token and the resumed requests too: that
@@ -433,7 +444,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 )
             new_requests.append(
                 new_request_data(
-                    request, (block_rows.get(i, []),), all_tokens.get(req_id, None), computed[i]
+                    request,
+                    block_rows.get(i) or self._no_blocks(),
+                    all_tokens.get(req_id),
+                    computed[i],
                 )
             )
         return new_requests
@@ -445,7 +459,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         resumed_ids: list[str],
         admitted_at: dict[str, int],
         computed: list[int],
-        block_rows: dict[int, list[int]],
+        block_rows: dict[int, BlockRow],
     ) -> CachedRequestData:
         """The step's running requests (``cached_ids``, the step's first rows) as vLLM's
         ``CachedRequestData``: their new blocks, and every token of those the previous step
@@ -458,7 +472,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         new_block_ids: list[tuple[list[int], ...] | None] = [None] * num_running
         for i, row in block_rows.items():
             if i < num_running:
-                new_block_ids[i] = (row,)
+                new_block_ids[i] = row
         all_token_ids: dict[str, list[int]] = {}
         if not self.use_v2_model_runner:
             for req_id in core_out.rescheduled_req_ids:
@@ -471,7 +485,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     cached_ids.append(req_id)
                     cached_computed.append(computed[i])
                     cached_output_tokens.append(num_output_tokens[i])
-                    new_block_ids.append((block_rows.get(i, []),))
+                    new_block_ids.append(block_rows.get(i) or self._no_blocks())
         return CachedRequestData(
             req_ids=cached_ids,
             resumed_req_ids=set() if self.use_v2_model_runner else set(resumed_ids),
@@ -481,6 +495,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             num_computed_tokens=cached_computed,
             num_output_tokens=cached_output_tokens,
         )
+
+    def _no_blocks(self) -> BlockRow:
+        """An empty block list per KV-cache group (fresh: the runner may extend them)."""
+        return tuple([] for _ in range(self._num_kv_groups))
 
     def _spec_tokens(
         self, core_out: llmsched.SchedulerOutput, req_ids: list[str]

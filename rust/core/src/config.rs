@@ -35,6 +35,121 @@ impl Policy {
     }
 }
 
+/// A KV-cache group's attention type (vLLM's KV-cache spec kinds the core manages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionKind {
+    /// Every token's KV is kept while the request runs.
+    Full,
+    /// Only the last `window` tokens are attended: blocks wholly before them go back to
+    /// the pool (vLLM's `SlidingWindowSpec.sliding_window`).
+    SlidingWindow { window: u32 },
+}
+
+/// The most KV-cache groups a layout holds (one bit each in `KvCacheGroups`).
+pub const MAX_KV_CACHE_GROUPS: usize = 64;
+
+/// The KV-cache groups one block pool serves, in vLLM's `kv_cache_groups` order: a
+/// full-attention model has one; a hybrid model (sliding-window layers beside full ones)
+/// several. Every sliding-window group shares one window. Written and parsed as
+/// comma-separated kinds: `full`, `sliding_window:W`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvCacheGroups {
+    /// Bit `g` set: group `g` is a sliding-window group.
+    sliding: u64,
+    len: u8,
+    window: u32,
+}
+
+impl KvCacheGroups {
+    /// One full-attention group.
+    pub const FULL: Self = Self { sliding: 0, len: 1, window: 0 };
+
+    pub fn new(kinds: &[AttentionKind]) -> CoreResult<Self> {
+        let text = || kinds.iter().map(|k| Self::kind_name(*k)).collect::<Vec<_>>().join(",");
+        if kinds.is_empty() || kinds.len() > MAX_KV_CACHE_GROUPS {
+            return Err(CoreError::config(
+                "kv_cache_groups",
+                format!("{:?}", text()),
+                format!("must name 1 to {MAX_KV_CACHE_GROUPS} groups"),
+            ));
+        }
+        let mut groups = Self { sliding: 0, len: kinds.len() as u8, window: 0 };
+        for (g, kind) in kinds.iter().enumerate() {
+            if let AttentionKind::SlidingWindow { window } = *kind {
+                if window < 1 || (groups.window != 0 && groups.window != window) {
+                    return Err(CoreError::config(
+                        "kv_cache_groups",
+                        format!("{:?}", text()),
+                        "sliding windows must be at least 1 token and the same in every group",
+                    ));
+                }
+                groups.window = window;
+                groups.sliding |= 1 << g;
+            }
+        }
+        Ok(groups)
+    }
+
+    pub fn parse(value: &str) -> CoreResult<Self> {
+        let refuse = || {
+            CoreError::config(
+                "kv_cache_groups",
+                format!("{value:?}"),
+                "must be comma-separated group kinds: \"full\" or \"sliding_window:W\" (W tokens)",
+            )
+        };
+        let kinds = value
+            .split(',')
+            .map(|kind| match kind.trim().split_once(':') {
+                None if kind.trim() == "full" => Ok(AttentionKind::Full),
+                Some(("sliding_window", w)) => {
+                    w.trim().parse::<u32>().map(|window| AttentionKind::SlidingWindow { window }).map_err(|_| refuse())
+                }
+                _ => Err(refuse()),
+            })
+            .collect::<CoreResult<Vec<_>>>()?;
+        Self::new(&kinds)
+    }
+
+    fn kind_name(kind: AttentionKind) -> String {
+        match kind {
+            AttentionKind::Full => "full".into(),
+            AttentionKind::SlidingWindow { window } => format!("sliding_window:{window}"),
+        }
+    }
+
+    /// The form `parse` reads.
+    pub fn to_text(self) -> String {
+        self.iter().map(Self::kind_name).collect::<Vec<_>>().join(",")
+    }
+
+    pub fn len(self) -> usize {
+        self.len as usize
+    }
+
+    /// Always false: a layout has at least one group.
+    pub fn is_empty(self) -> bool {
+        self.len == 0
+    }
+
+    pub fn kind(self, group: usize) -> AttentionKind {
+        if self.sliding >> group & 1 == 1 {
+            AttentionKind::SlidingWindow { window: self.window }
+        } else {
+            AttentionKind::Full
+        }
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = AttentionKind> {
+        (0..self.len()).map(move |g| self.kind(g))
+    }
+
+    /// Anything but one full-attention group: the KV manager's per-group path.
+    pub fn is_hybrid(self) -> bool {
+        self != Self::FULL
+    }
+}
+
 /// The one declaration of the configuration's fields: name, kind, default and doc.
 ///
 /// `config_fields!(callback)` hands the table to the macro `callback`. The core builds
@@ -43,7 +158,7 @@ impl Policy {
 /// a field is one entry here, its validation in `SchedulerConfig::new` (the `check_*`
 /// functions it calls), and its tests.
 ///
-/// Kinds: `Int` (i64), `Bool`, `Float` (f64), `Policy`, and `Derived(from)`: an optional
+/// Kinds: `Int` (i64), `Bool`, `Float` (f64), `Policy`, `Groups` (`KvCacheGroups`), and `Derived(from)`: an optional
 /// i64 that, left `None`, takes the value of the field `from`.
 #[macro_export]
 macro_rules! config_fields {
@@ -80,6 +195,9 @@ macro_rules! config_fields {
             num_sampled_tokens_per_step: Int = 1;
             /// Schedule a step before the previous one's output returns (placeholders).
             async_scheduling: Bool = true;
+            /// Pipeline stages: steps in flight at once in a synchronous engine (vLLM's
+            /// batch queue); with async scheduling, one more than one stage needs.
+            pipeline_parallel_size: Int = 1;
             /// Fraction of the KV pool, in [0, 1), kept free when admitting a request
             /// while others run.
             watermark: Float = 0.0;
@@ -95,6 +213,15 @@ macro_rules! config_fields {
             /// The most LoRA adapters the running requests may use together; a waiting
             /// request under another adapter waits (0: LoRA off, requests name none).
             max_loras: Int = 0;
+            /// The KV-cache groups the pool serves, in vLLM's order, comma-separated:
+            /// ``full`` or ``sliding_window:W`` (a window of W tokens) each. A hybrid model
+            /// (sliding-window layers beside full ones) has several.
+            kv_cache_groups: Groups = KvCacheGroups::FULL;
+            /// Which blocks of a sliding-window group enter the prefix cache (vLLM's
+            /// ``prefix_cache_retention_interval``): 0 keeps only those a resend of the
+            /// prompt can hit; a multiple of ``block_size`` also keeps the window's
+            /// blocks at every such interval (``block_size``: every block).
+            prefix_cache_retention_interval: Int = 0;
             /// Prefill cadence: while a request decodes, prefill (admissions and running
             /// prompt chunks) runs only once this many executed steps have passed since
             /// the last step that carried prefill, unless the waiting requests outgrew
@@ -111,6 +238,7 @@ pub enum FieldKind {
     Bool,
     Float,
     Policy,
+    Groups,
     /// An optional integer derived from another field when `None`.
     Derived,
 }
@@ -122,6 +250,7 @@ pub enum FieldValue {
     Bool(bool),
     Float(f64),
     Policy(Policy),
+    Groups(KvCacheGroups),
     Derived(Option<i64>),
 }
 
@@ -134,6 +263,7 @@ impl std::hash::Hash for FieldValue {
             // -0.0 + 0.0 is 0.0: the two zeros, equal, hash alike.
             Self::Float(v) => (v + 0.0).to_bits().hash(state),
             Self::Policy(v) => v.hash(state),
+            Self::Groups(v) => v.hash(state),
             Self::Derived(v) => v.hash(state),
         }
     }
@@ -152,6 +282,7 @@ macro_rules! config_field_type {
     (Bool) => { bool };
     (Float) => { f64 };
     (Policy) => { Policy };
+    (Groups) => { KvCacheGroups };
     (Derived) => { Option<i64> };
 }
 
@@ -268,6 +399,7 @@ fn check_field_ranges(p: &ConfigParams) -> CoreResult<()> {
     }
     positive("num_gpu_blocks", p.num_gpu_blocks, I32_MAX)?;
     positive("prefill_schedule_interval", p.prefill_schedule_interval, I32_MAX)?;
+    positive("pipeline_parallel_size", p.pipeline_parallel_size, 1 << 10)?;
     for (field, value) in [
         ("long_prefill_token_threshold", p.long_prefill_token_threshold),
         ("num_speculative_tokens", p.num_speculative_tokens),
@@ -403,15 +535,49 @@ fn check_speculative_decoding(p: &ConfigParams) -> CoreResult<()> {
     Ok(())
 }
 
+/// The retention interval on the block grid, and what the per-group path does not do yet:
+/// KV events and EAGLE's prefix-cache rule (lookahead slots) over several groups.
+fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
+    let interval = p.prefix_cache_retention_interval;
+    if interval < 0 || interval % p.block_size != 0 {
+        return Err(CoreError::config(
+            "prefix_cache_retention_interval",
+            interval,
+            format!("must be 0 or a positive multiple of block_size={}", p.block_size),
+        ));
+    }
+    if p.kv_cache_groups.is_hybrid() {
+        let groups = p.kv_cache_groups.to_text();
+        if p.enable_kv_cache_events {
+            return Err(CoreError::config(
+                "enable_kv_cache_events",
+                true,
+                format!("KV cache events are not recorded for the KV-cache groups {groups:?} yet"),
+            ));
+        }
+        if p.num_lookahead_tokens > 0 {
+            return Err(CoreError::config(
+                "num_lookahead_tokens",
+                p.num_lookahead_tokens,
+                format!(
+                    "must be 0 with the KV-cache groups {groups:?} (EAGLE's hybrid prefix-cache rule is not built)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl SchedulerConfig {
     /// `params` validated: each field in its range, then the combinations a scheduler needs
-    /// to make progress (budgets, speculative decoding); the error names the first field
-    /// that breaks a rule.
+    /// to make progress (budgets, speculative decoding, KV-cache groups); the error names the
+    /// first field that breaks a rule.
     pub fn new(params: ConfigParams) -> CoreResult<Self> {
         let p = &params;
         check_field_ranges(p)?;
         check_budgets(p)?;
         check_speculative_decoding(p)?;
+        check_kv_cache_groups(p)?;
         if !(p.watermark.is_finite() && (0.0..1.0).contains(&p.watermark)) {
             return Err(CoreError::config("watermark", p.watermark, "must be in [0, 1)"));
         }
@@ -437,6 +603,43 @@ impl SchedulerConfig {
     }
     pub fn watermark_blocks(&self) -> usize {
         self.watermark_blocks as usize
+    }
+    /// The most blocks a sliding-window group of `window` tokens holds for one request:
+    /// the window's tokens before the next one and the tokens in flight, plus one for a
+    /// window that starts mid-block (vLLM's `max_admission_blocks_per_request`).
+    pub fn sliding_window_block_cap(&self, window: u32) -> i64 {
+        let tokens = (i64::from(window) - 1 + self.max_in_flight_tokens()).min(self.max_model_len());
+        (tokens + self.block_size() - 1) / self.block_size() + 1
+    }
+
+    /// The most KV blocks a request of up to `tokens` tokens holds at once, every group
+    /// counted.
+    pub fn max_blocks_per_request(&self, tokens: i64) -> i64 {
+        let blocks = (tokens + self.block_size() - 1) / self.block_size();
+        self.kv_cache_groups()
+            .iter()
+            .map(|kind| match kind {
+                AttentionKind::Full => blocks,
+                AttentionKind::SlidingWindow { window } => blocks.min(self.sliding_window_block_cap(window)),
+            })
+            .sum()
+    }
+
+    /// The most steps an engine keeps in flight (vLLM's `max_concurrent_batches`): one per
+    /// pipeline stage, and two for async scheduling without pipeline parallelism.
+    pub fn max_concurrent_batches(&self) -> i64 {
+        let stages = self.pipeline_parallel_size();
+        if self.async_scheduling() && stages == 1 {
+            2
+        } else {
+            stages
+        }
+    }
+
+    /// The most tokens scheduled but not yet processed: a step's budget per step in flight
+    /// (vLLM's `max_in_flight_tokens`).
+    pub fn max_in_flight_tokens(&self) -> i64 {
+        self.max_concurrent_batches() * self.max_num_batched_tokens()
     }
 }
 

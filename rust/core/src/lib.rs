@@ -20,7 +20,7 @@ pub mod request;
 pub mod scheduler;
 mod slab;
 
-pub use config::{ConfigParams, Policy, SchedulerConfig};
+pub use config::{AttentionKind, ConfigParams, KvCacheGroups, Policy, SchedulerConfig};
 pub use error::{CoreError, CoreResult};
 pub use kv::{BlockHash, KvEvent, PrefixCacheStats};
 pub use limits::ListLimit;

@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::SchedulerConfig;
 use crate::error::{CoreError, CoreResult};
+use crate::kv::BlockTable;
 use crate::kv::{prefix, BlockHash};
 use crate::limits::ListLimit;
 use crate::output_tokens::OutputTokens;
@@ -258,6 +259,13 @@ pub struct Request {
     pub(crate) grammar: Option<Grammar>,
     /// Its prefix hits are recorded as events (`NewRequest::report_reused_blocks`).
     pub(crate) report_reused_blocks: bool,
+    /// The block tables of KV-cache groups 1 and up (group 0's is `block_ids`); empty
+    /// with one group.
+    pub(crate) extra_tables: Vec<BlockTable>,
+    /// Where a prefix only some groups had cached ends (vLLM's `shared_prefix_boundary`,
+    /// set at admission, 0 if none): a sliding-window group keeps the blocks a hit there
+    /// needs.
+    pub(crate) shared_prefix_boundary: i64,
 }
 
 /// The slot lines the running loop reads: the counters and status, the block table and
@@ -368,15 +376,16 @@ impl Request {
         // itself, and recompute forever: refuse it now (vLLM refuses a pool smaller than
         // max_model_len at startup instead).
         let longest = (prompt_len + new.max_tokens + cfg.num_speculative_tokens() + cfg.num_lookahead_tokens()).min(m);
-        let blocks_needed = (longest + cfg.block_size() - 1) / cfg.block_size();
+        let blocks_needed = cfg.max_blocks_per_request(longest);
         let usable_blocks = cfg.num_gpu_blocks() - 1;
         if blocks_needed > usable_blocks {
             return Err(CoreError::request(
                 "max_tokens",
                 new.max_tokens,
                 format!(
-                    "the request could grow to {longest} tokens ({blocks_needed} KV blocks of {}), \
-                     but the pool has {usable_blocks} usable blocks: it could never finish",
+                    "the request could grow to {longest} tokens ({blocks_needed} KV blocks of {} tokens, \
+                     every KV-cache group counted), but the pool has {usable_blocks} usable blocks: it could \
+                     never finish",
                     cfg.block_size()
                 ),
             ));
@@ -412,6 +421,8 @@ impl Request {
             skipped_waiting: false,
             has_stop_token_ids: !stop_token_ids.is_empty(),
             block_ids: Vec::new(),
+            extra_tables: Vec::new(),
+            shared_prefix_boundary: 0,
             spec_token_ids: Vec::new(),
             last_scheduled_step: 0,
             num_cached_blocks: 0,
@@ -578,6 +589,14 @@ impl Request {
     }
     pub fn block_ids(&self) -> &[u32] {
         &self.block_ids
+    }
+    /// KV-cache group `group`'s block table (group 0's is `block_ids`); the null block (0)
+    /// where a sliding window let blocks go. Empty for a group the config does not have.
+    pub fn group_block_ids(&self, group: usize) -> &[u32] {
+        match group {
+            0 => &self.block_ids,
+            g => self.extra_tables.get(g - 1).map_or(&[], |t| &t.ids),
+        }
     }
     /// Leading blocks of `block_ids` registered in the prefix cache.
     pub fn num_cached_blocks(&self) -> usize {

@@ -73,8 +73,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use llmsched_core::{
-    BlockHash, ConfigParams, CoreError, Grammar, Handle, KvEvent, NewRequest, Policy, Request, RequestEvent,
-    RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, Step,
+    AttentionKind, BlockHash, ConfigParams, CoreError, Grammar, Handle, KvCacheGroups, KvEvent, NewRequest, Policy,
+    Request, RequestEvent, RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, Step,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError};
@@ -157,6 +157,23 @@ struct RawConfig {
     depth: usize,
     max_loras: i64,
     prefill_schedule_interval: i64,
+    /// 0: one full-attention group; else a hybrid layout (`hybrid_groups`).
+    groups_sel: u8,
+    window: u32,
+    retention_sel: u8,
+}
+
+/// The KV-cache groups of `groups_sel`: sliding-window groups beside full ones, in the
+/// orders vLLM produces (full first, or last) and with several sliding groups.
+fn hybrid_groups(sel: u8, window: u32) -> KvCacheGroups {
+    let (full, sliding) = (AttentionKind::Full, AttentionKind::SlidingWindow { window });
+    let kinds: &[AttentionKind] = match sel {
+        0 => &[full],
+        1 => &[full, sliding],
+        2 => &[sliding, sliding, full],
+        _ => &[sliding, full, sliding],
+    };
+    KvCacheGroups::new(kinds).expect("a valid layout")
 }
 
 fn raw_config() -> impl Strategy<Value = RawConfig> {
@@ -192,7 +209,9 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
     let c = prop_oneof![3 => Just(0i64), 1 => 1i64..=2];
     // Mostly every step may prefill; else a cadence of 2 to 4 executed steps.
     let d = prop_oneof![3 => Just(1i64), 1 => 2i64..=4];
-    (a, b, c, d).prop_map(|(a, b, max_loras, prefill_schedule_interval)| RawConfig {
+    // Mostly one group; else a hybrid layout with a window of a few blocks.
+    let e = (prop_oneof![2 => Just(0u8), 1 => 1u8..=3], prop_oneof![1u32..=8, 1u32..=64], 0u8..3);
+    (a, b, c, d, e).prop_map(|(a, b, max_loras, prefill_schedule_interval, e)| RawConfig {
         block_size_log2: a.0,
         model_blocks: a.1,
         model_extra: a.2,
@@ -219,6 +238,9 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
         depth: b.11,
         max_loras,
         prefill_schedule_interval,
+        groups_sel: e.0,
+        window: e.1,
+        retention_sel: e.2,
     })
 }
 
@@ -290,11 +312,19 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         watermark: [0.0, 0.0, 0.1, 0.3][r.watermark_sel as usize],
         scheduler_reserve_full_isl: r.reserve_full_isl,
         enable_prefix_caching: r.caching,
-        enable_kv_cache_events: r.caching,
+        enable_kv_cache_events: r.caching && r.groups_sel == 0,
         policy: if r.priority { Policy::Priority } else { Policy::Fcfs },
         max_loras: r.max_loras,
         prefill_schedule_interval: r.prefill_schedule_interval,
+        kv_cache_groups: hybrid_groups(r.groups_sel, r.window),
+        // The steps the test keeps in flight: as many pipeline stages (async: beyond two).
+        pipeline_parallel_size: if r.async_scheduling && r.depth <= 2 { 1 } else { r.depth as i64 },
+        prefix_cache_retention_interval: [0, bs, 4 * bs][r.retention_sel as usize],
     };
+    if r.groups_sel > 0 {
+        // EAGLE's hybrid prefix-cache rule is not built: no lookahead slots.
+        p.num_lookahead_tokens = 0;
+    }
     fit_budget_rules(&mut p);
     p
 }
@@ -555,6 +585,9 @@ struct Coverage {
     hits_reported: u64,
     blocks_removed: u64,
     caches_cleared: u64,
+    /// Hybrid layouts: prefix-hit tokens, and table entries a sliding window nulled.
+    hybrid_hit_tokens: u64,
+    window_nulls: u64,
     max_drain_ratio: f64,
 }
 
@@ -567,7 +600,8 @@ struct Harness {
     by_handle: HashMap<Handle, usize>,
     queue: VecDeque<Pending>,
     /// The runner's copy of each request's block table.
-    tables: HashMap<Handle, Vec<i32>>,
+    /// The runner's block tables, one per KV-cache group.
+    tables: HashMap<Handle, Vec<Vec<i32>>>,
     /// Sync drafts given and not scheduled yet.
     drafts_given: HashMap<Handle, Vec<i32>>,
     /// What each KV slot holds, `[block][slot]`, when `kv_exact`.
@@ -695,7 +729,24 @@ impl Harness {
         let (m, s, bs) = (self.m(), self.s(), self.cfg.block_size());
         let len = r.prompt_token_ids.len() as i64;
         let longest = (len + r.max_tokens + self.k() + self.cfg.num_lookahead_tokens()).min(m);
-        let blocks = (longest + bs - 1) / bs;
+        let whole = (longest + bs - 1) / bs;
+        // A sliding-window group holds at most the window before the next token and the
+        // tokens in flight (one step's budget per step in flight), plus a block for a
+        // window starting mid-block.
+        let stages = self.cfg.pipeline_parallel_size();
+        let steps_in_flight = if self.cfg.async_scheduling() && stages == 1 { 2 } else { stages };
+        let blocks: i64 = self
+            .cfg
+            .kv_cache_groups()
+            .iter()
+            .map(|kind| match kind {
+                AttentionKind::Full => whole,
+                AttentionKind::SlidingWindow { window } => {
+                    let held = (i64::from(window) - 1 + steps_in_flight * self.cfg.max_num_batched_tokens()).min(m);
+                    whole.min((held + bs - 1) / bs + 1)
+                }
+            })
+            .sum();
         let usable_blocks = self.cfg.num_gpu_blocks() - 1;
         len >= 1
             && len <= m - s
@@ -930,10 +981,20 @@ impl Harness {
         let mut block_offset = 0usize;
         let mut pending_kv = Vec::new();
         let mut spec_offset = 0usize;
+        // One run of per-row block counts per KV-cache group, and the groups' blocks likewise.
+        let (num_groups, rows) = (self.cfg.kv_cache_groups().len(), step.len());
+        prop_assert_eq!(step.num_block_ids.len(), num_groups * rows);
+        let mut group_offsets: Vec<usize> =
+            (0..num_groups).map(|g| step.num_block_ids[..g * rows].iter().map(|&n| n as usize).sum()).collect();
         for i in 0..step.len() {
             prop_assert!(seen.insert(step.req_handles[i]), "a request is scheduled twice in one step");
-            let blocks = &step.block_ids[block_offset..block_offset + step.num_block_ids[i] as usize];
-            block_offset += blocks.len();
+            let mut blocks = Vec::with_capacity(num_groups);
+            for (g, offset) in group_offsets.iter_mut().enumerate() {
+                let count = step.num_block_ids[g * rows + i] as usize;
+                blocks.push(step.block_ids[*offset..*offset + count].to_vec());
+                *offset += count;
+                block_offset += count;
+            }
             let drafts = &step.spec_token_ids[spec_offset..spec_offset + step.num_spec_tokens[i] as usize];
             spec_offset += drafts.len();
             self.check_entry(step, i, drafts)?;
@@ -1090,7 +1151,7 @@ impl Harness {
         &mut self,
         step: &Step,
         i: usize,
-        blocks: &[i32],
+        blocks: Vec<Vec<i32>>,
         pending_kv: &mut Vec<(usize, u32, i64)>,
     ) -> Result<(), TestCaseError> {
         let h = step.req_handles[i];
@@ -1098,32 +1159,71 @@ impl Harness {
         let req = self.sched.request(h).ok_or_else(|| TestCaseError::fail("scheduled request has no slot"))?;
         let id = req.id().clone();
         if step.new_reqs.contains(&h) || step.resumed_reqs.contains(&h) {
-            self.tables.insert(h, blocks.to_vec());
+            self.tables.insert(h, blocks);
         } else {
-            let table = self
+            let tables = self
                 .tables
                 .get_mut(&h)
                 .ok_or_else(|| TestCaseError::fail(format!("{id} scheduled as running, unknown to the runner")))?;
-            table.extend_from_slice(blocks);
+            for (table, new) in tables.iter_mut().zip(blocks) {
+                table.extend_from_slice(&new);
+            }
         }
-        let expected: Vec<i32> = req.block_ids().iter().map(|&b| b as i32).collect();
-        prop_assert_eq!(&self.tables[&h], &expected, "{}: the runner's block table", id);
+        let groups = self.cfg.kv_cache_groups();
+        let bs = self.cfg.block_size();
+        for (g, table) in self.tables[&h].iter().enumerate() {
+            let expected = req.group_block_ids(g);
+            prop_assert_eq!(table.len(), expected.len(), "{}: the runner's block table of group {}", id, g);
+            self.cov.window_nulls += expected.iter().filter(|&&b| b == 0).count() as u64;
+            for (j, (&runner, &held)) in table.iter().zip(expected).enumerate() {
+                // The scheduler's table says null where a sliding window let the block go
+                // (the runner is not told: it skips blocks behind the window itself), or
+                // where an admission's hit began after the window's start.
+                let behind_window = match groups.kind(g) {
+                    AttentionKind::SlidingWindow { window } => (j as i64 + 1) * bs <= c - i64::from(window) + 1,
+                    AttentionKind::Full => false,
+                };
+                prop_assert!(
+                    runner == held as i32 || (held == 0 && behind_window),
+                    "{}: group {}'s table index {} is {} in the runner, {} in the scheduler (C = {})",
+                    id,
+                    g,
+                    j,
+                    runner,
+                    held,
+                    c
+                );
+            }
+        }
         if !self.kv_exact {
             return Ok(());
         }
         let arrived = self.by_handle.get(&h).map_or(0, |&t| self.tracked[t].arrived_computed);
         let from = if step.new_reqs.contains(&h) && arrived > 0 && req.num_preemptions() == 0 { 0 } else { c };
-        let bs = self.cfg.block_size();
-        let table = &self.tables[&h];
-        prop_assert!((table.len() as i64) * bs >= c + n, "{id}: the table does not cover C + n");
-        for pos in from..c + n {
-            let (block, slot) = (table[(pos / bs) as usize] as u32, (pos % bs) as usize);
-            self.kv[block as usize][slot] = if pos < req.num_tokens() {
-                Kv::Token(req.all_token_ids().nth(pos as usize).expect("pos < N"))
-            } else {
-                pending_kv.push((i, block, pos));
-                Kv::Pending { step_id: step.step_id, pos }
+        for (g, table) in self.tables[&h].iter().enumerate() {
+            prop_assert!((table.len() as i64) * bs >= c + n, "{id}: group {g}'s table does not cover C + n");
+            let window_start = match groups.kind(g) {
+                AttentionKind::SlidingWindow { window } => c - i64::from(window) + 1,
+                AttentionKind::Full => 0,
             };
+            for pos in from..c + n {
+                let (block, slot) = (table[(pos / bs) as usize] as u32, (pos % bs) as usize);
+                if block == 0 {
+                    // An arrival's computed tokens behind the window are never loaded.
+                    let block_end = (pos / bs + 1) * bs;
+                    prop_assert!(
+                        block_end <= window_start && pos < c,
+                        "{id}: group {g} writes position {pos} into the null block"
+                    );
+                    continue;
+                }
+                self.kv[block as usize][slot] = if pos < req.num_tokens() {
+                    Kv::Token(req.all_token_ids().nth(pos as usize).expect("pos < N"))
+                } else {
+                    pending_kv.push((i, block, pos));
+                    Kv::Pending { step_id: step.step_id, pos }
+                };
+            }
         }
         Ok(())
     }
@@ -1243,8 +1343,9 @@ impl Harness {
                 continue;
             }
             let (hashes, tokens) = (req.block_hashes(), req.all_token_ids().collect::<Vec<_>>());
-            for (i, &block) in req.block_ids().iter().enumerate() {
-                if i >= hashes.len() || self.sched.cached_block_hash(block) != Some(hashes[i]) {
+            let tables = (0..self.cfg.kv_cache_groups().len()).flat_map(|g| req.group_block_ids(g).iter().enumerate());
+            for (i, &block) in tables {
+                if i >= hashes.len() || block == 0 || self.sched.cached_block_hash(block) != Some(hashes[i]) {
                     continue;
                 }
                 for j in 0..bs {
@@ -1695,6 +1796,9 @@ impl Harness {
         self.cov.preemptions = self.sched.stats().num_preemptions;
         let stats = self.sched.prefix_cache_stats();
         self.cov.prefix_hit_tokens = stats.hits + stats.preempted_hits;
+        if self.cfg.kv_cache_groups().is_hybrid() {
+            self.cov.hybrid_hit_tokens = self.cov.prefix_hit_tokens;
+        }
         Ok(())
     }
 }
@@ -1808,6 +1912,8 @@ fn coverage() {
                 blocks_stored,
                 hits_reported,
                 blocks_removed,
+                hybrid_hit_tokens,
+                window_nulls,
                 caches_cleared
             );
             total.max_in_flight = total.max_in_flight.max(c.max_in_flight);

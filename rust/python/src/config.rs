@@ -8,7 +8,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use llmsched_core::config::{FieldInfo, FieldKind, FieldValue};
-use llmsched_core::{ConfigParams, Policy, SchedulerConfig};
+use llmsched_core::{ConfigParams, KvCacheGroups, Policy, SchedulerConfig};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyString};
 
@@ -35,11 +35,15 @@ fn field_from_python(py: Python<'_>, field: &FieldInfo, value: &Bound<'_, PyAny>
         FieldKind::Derived => FieldValue::Derived(Some(int_value(py, value, name, config_error)?)),
         FieldKind::Bool => FieldValue::Bool(bool_value(py, value, name, config_error)?),
         FieldKind::Float => FieldValue::Float(float_value(py, value, name, config_error)?),
-        FieldKind::Policy => {
+        FieldKind::Policy | FieldKind::Groups => {
             let text = value.cast::<PyString>().map_err(|_| {
                 config_error(py, format!("{name}={}: must be a str, got {}", describe(value), type_name(value)))
             })?;
-            FieldValue::Policy(Policy::parse(&text.to_cow()?).map_err(core_err)?)
+            let text = text.to_cow()?;
+            match field.kind {
+                FieldKind::Policy => FieldValue::Policy(Policy::parse(&text).map_err(core_err)?),
+                _ => FieldValue::Groups(KvCacheGroups::parse(&text).map_err(core_err)?),
+            }
         }
     })
 }
@@ -51,6 +55,7 @@ fn field_to_python(py: Python<'_>, value: FieldValue) -> PyResult<Bound<'_, PyAn
         FieldValue::Bool(v) => PyBool::new(py, v).to_owned().into_any(),
         FieldValue::Float(v) => v.into_pyobject(py)?.into_any(),
         FieldValue::Policy(v) => PyString::new(py, v.as_str()).into_any(),
+        FieldValue::Groups(v) => PyString::new(py, &v.to_text()).into_any(),
     })
 }
 
@@ -72,7 +77,7 @@ pub fn install_signature(py: Python<'_>, class: &Bound<'_, PyAny>) -> PyResult<(
             FieldKind::Derived => "int | None",
             FieldKind::Bool => "bool",
             FieldKind::Float => "float",
-            FieldKind::Policy => "str",
+            FieldKind::Policy | FieldKind::Groups => "str",
         };
         kwargs.set_item("annotation", annotation)?;
         parameters.push(parameter.call((field.name, &keyword_only), Some(&kwargs))?);

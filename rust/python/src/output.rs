@@ -152,9 +152,12 @@ pub struct PySchedulerOutput {
     pub num_output_tokens: Py<PyArray1<i32>>,
     /// Block ids per request in ``block_ids``: the whole table for new and
     /// resumed requests (replace), the newly allocated blocks otherwise (append).
+    /// With several KV-cache groups, one run of counts per group, group after
+    /// group (``len(req_ids)`` each).
     #[pyo3(get)]
     pub num_block_ids: Py<PyArray1<i32>>,
-    /// The block ids counted by ``num_block_ids``, flat.
+    /// The block ids counted by ``num_block_ids``, flat; a sliding-window
+    /// group's table holds the null block (0) where blocks left the window.
     #[pyo3(get)]
     pub block_ids: Py<PyArray1<i32>>,
     /// For new and resumed requests, how many tokens they hold (prompt and
@@ -533,7 +536,7 @@ pub struct PyRequest {
     /// Whether the last scheduled chunk ended before the request's known tokens.
     #[pyo3(get)]
     is_prefill_chunk: bool,
-    /// The request's KV block table.
+    /// The request's KV block table (group 0's, with several KV-cache groups).
     #[pyo3(get)]
     block_ids: Vec<u32>,
     /// One 128-bit hash per full block of the request's tokens (empty without

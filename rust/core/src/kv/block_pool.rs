@@ -26,6 +26,8 @@ struct Node {
     in_free_queue: bool,
     /// `hash[id]` holds the block's hash and the block is in the prefix cache.
     hashed: bool,
+    /// The KV-cache group whose prefix cache holds the block (when `hashed`).
+    group: u8,
 }
 
 /// A chain of blocks linked among themselves: freed ones not yet in the free queue, or
@@ -40,7 +42,7 @@ impl Run {
     const EMPTY: Run = Run { first: NIL, last: NIL };
 }
 
-const FREE_NODE: Node = Node { prev: NIL, next: NIL, ref_cnt: 0, in_free_queue: false, hashed: false };
+const FREE_NODE: Node = Node { prev: NIL, next: NIL, ref_cnt: 0, in_free_queue: false, hashed: false, group: 0 };
 
 #[derive(Clone, Debug)]
 pub struct BlockPool {
@@ -50,8 +52,9 @@ pub struct BlockPool {
     head: u32,
     tail: u32,
     num_free: usize,
-    /// hash -> the first block cached with that content (the one a lookup returns).
-    cached: FxHashMap<BlockHash, u32>,
+    /// Per KV-cache group, hash -> the first block cached with that content (the one a
+    /// lookup returns): groups share the pool, never a cached block.
+    cached: Vec<FxHashMap<BlockHash, u32>>,
     /// Later blocks with the same content as a block, in caching order (rare): an
     /// intrusive list, so caching a block allocates nothing.
     next_duplicate: Vec<u32>,
@@ -81,7 +84,7 @@ impl BlockPool {
             head: NIL,
             tail: NIL,
             num_free: 0,
-            cached: FxHashMap::default(),
+            cached: vec![FxHashMap::default()],
             next_duplicate: filled(hashed_blocks, NIL)?,
             num_cached: 0,
             enable_caching,
@@ -91,6 +94,12 @@ impl BlockPool {
             pool.push_back(id);
         }
         Ok(pool)
+    }
+
+    /// Gives each of `num_groups` KV-cache groups its own prefix cache (one by default).
+    pub fn set_num_groups(&mut self, num_groups: usize) {
+        debug_assert!(self.num_cached == 0 && (1..=256).contains(&num_groups));
+        self.cached.resize_with(num_groups, FxHashMap::default);
     }
 
     /// Bytes of per-block state a pool of `num_blocks` allocates up front.
@@ -115,6 +124,11 @@ impl BlockPool {
 
     pub fn block_hash(&self, block: u32) -> Option<BlockHash> {
         self.nodes[block as usize].hashed.then(|| self.hash[block as usize])
+    }
+
+    /// The group whose prefix cache holds the block (meaningful while it is cached).
+    pub fn block_group(&self, block: u32) -> usize {
+        self.nodes[block as usize].group as usize
     }
 
     fn unlink(&mut self, id: u32) {
@@ -165,7 +179,7 @@ impl BlockPool {
             let node = &mut self.nodes[id as usize];
             let next = node.next;
             let hashed = node.hashed;
-            *node = Node { prev: NIL, next: NIL, ref_cnt: 1, in_free_queue: false, hashed };
+            *node = Node { prev: NIL, next: NIL, ref_cnt: 1, in_free_queue: false, hashed, group: node.group };
             if hashed {
                 self.uncache(id);
             }
@@ -191,10 +205,11 @@ impl BlockPool {
         self.num_cached -= 1;
         self.events.record(|| KvEvent::Removed { block: id });
         let next = std::mem::replace(&mut self.next_duplicate[id as usize], NIL);
-        let first = self.cached.get_mut(&hash).expect("a hashed block is cached");
+        let cached = &mut self.cached[self.nodes[id as usize].group as usize];
+        let first = cached.get_mut(&hash).expect("a hashed block is cached");
         if *first == id {
             if next == NIL {
-                self.cached.remove(&hash);
+                cached.remove(&hash);
             } else {
                 *first = next;
             }
@@ -207,28 +222,37 @@ impl BlockPool {
         self.next_duplicate[prev as usize] = next;
     }
 
-    /// The block a lookup of `hash` finds: the first cached with it.
+    /// The block a lookup of `hash` in `group`'s prefix cache finds: the first cached with it.
     #[inline]
-    pub fn get_cached_block(&self, hash: BlockHash) -> Option<u32> {
-        self.cached.get(&hash).copied()
+    pub fn get_cached_block(&self, hash: BlockHash, group: usize) -> Option<u32> {
+        self.cached[group].get(&hash).copied()
     }
 
-    /// Registers `blocks[i]` under `hashes[i]` for `i` in `from..to`. A block with
-    /// the same content as one already cached is registered too (duplicates are
-    /// kept, never merged, so block tables stay append-only).
-    pub fn cache_full_blocks(&mut self, blocks: &[u32], hashes: &[BlockHash], from: usize, to: usize) {
+    /// Registers `blocks[i]` under `hashes[i]` in `group`'s prefix cache for `i` in
+    /// `from..to` where `keep(i)`. A block with the same content as one already cached is
+    /// registered too (duplicates are kept, never merged, so block tables stay append-only).
+    #[inline(always)]
+    pub fn cache_full_blocks(
+        &mut self,
+        blocks: &[u32],
+        hashes: &[BlockHash],
+        (from, to): (usize, usize),
+        group: usize,
+        keep: impl Fn(usize) -> bool,
+    ) {
         debug_assert!(self.enable_caching, "cache_full_blocks without prefix caching");
         for i in from..to {
             let id = blocks[i];
-            if id == NULL_BLOCK {
+            if id == NULL_BLOCK || !keep(i) {
                 continue;
             }
             let hash = hashes[i];
             debug_assert!(!self.nodes[id as usize].hashed, "block {id} cached twice");
             self.nodes[id as usize].hashed = true;
+            self.nodes[id as usize].group = group as u8;
             self.hash[id as usize] = hash;
             self.num_cached += 1;
-            match self.cached.entry(hash) {
+            match self.cached[group].entry(hash) {
                 std::collections::hash_map::Entry::Vacant(slot) => {
                     slot.insert(id);
                 }
@@ -248,7 +272,7 @@ impl BlockPool {
         if self.num_free + 1 != self.num_blocks() {
             return false;
         }
-        self.cached.clear();
+        self.cached.iter_mut().for_each(FxHashMap::clear);
         self.nodes.iter_mut().for_each(|node| node.hashed = false);
         self.next_duplicate.iter_mut().for_each(|n| *n = NIL);
         self.num_cached = 0;
@@ -369,11 +393,19 @@ impl BlockPool {
             }
         }
         let mut chained = 0;
-        for (hash, &first) in &self.cached {
+        for (group, (hash, &first)) in
+            self.cached.iter().enumerate().flat_map(|(g, map)| map.iter().map(move |e| (g, e)))
+        {
             let mut id = first;
             while id != NIL {
                 if self.block_hash(id) != Some(*hash) {
                     return Err(format!("block {id} is cached under {hash:032x} but holds {:?}", self.block_hash(id)));
+                }
+                if self.nodes[id as usize].group as usize != group {
+                    return Err(format!(
+                        "block {id} is cached in group {group} but says {}",
+                        self.nodes[id as usize].group
+                    ));
                 }
                 chained += 1;
                 id = self.next_duplicate[id as usize];
@@ -435,7 +467,7 @@ mod tests {
         let mut pool = BlockPool::try_new(11, true).unwrap();
         let mut req0 = Vec::new();
         pool.get_new_blocks(4, &mut req0);
-        pool.cache_full_blocks(&req0, &[10, 20, 30], 0, 3);
+        pool.cache_full_blocks(&req0, &[10, 20, 30], (0, 3), 0, |_| true);
         let mut req1 = vec![1, 2, 3];
         pool.touch(&req1);
         pool.get_new_blocks(1, &mut req1);
@@ -447,7 +479,7 @@ mod tests {
         let mut miss = Vec::new();
         pool.get_new_blocks(10, &mut miss);
         assert_eq!(miss, vec![5, 4, 6, 7, 8, 9, 10, 3, 2, 1]);
-        assert_eq!(pool.get_cached_block(10), None);
+        assert_eq!(pool.get_cached_block(10, 0), None);
         pool.check().unwrap();
     }
 
@@ -457,10 +489,10 @@ mod tests {
         let mut pool = BlockPool::try_new(11, true).unwrap();
         let mut req0 = Vec::new();
         pool.get_new_blocks(6, &mut req0);
-        pool.cache_full_blocks(&req0, &[1, 2, 3, 4, 5], 0, 5);
+        pool.cache_full_blocks(&req0, &[1, 2, 3, 4, 5], (0, 5), 0, |_| true);
         let mut req1 = Vec::new();
         pool.get_new_blocks(3, &mut req1);
-        pool.cache_full_blocks(&req1, &[6, 7, 8], 0, 3);
+        pool.cache_full_blocks(&req1, &[6, 7, 8], (0, 3), 0, |_| true);
         pool.free_blocks(req0.iter().rev().copied());
         assert_eq!(pool.free_queue(), vec![6, 10, 5, 4, 3, 2, 1]);
         pool.free_blocks(req1.iter().rev().copied());
@@ -473,8 +505,8 @@ mod tests {
         let mut pool = BlockPool::try_new(5, true).unwrap();
         let mut blocks = Vec::new();
         pool.get_new_blocks(2, &mut blocks);
-        pool.cache_full_blocks(&blocks, &[7, 7], 0, 2);
-        assert_eq!(pool.get_cached_block(7), Some(blocks[0]));
+        pool.cache_full_blocks(&blocks, &[7, 7], (0, 2), 0, |_| true);
+        assert_eq!(pool.get_cached_block(7, 0), Some(blocks[0]));
         pool.free_blocks(blocks.iter().rev().copied());
         // Block 2 (freed first, at the tail's front) ... the head is block 3, uncached.
         let mut out = Vec::new();
@@ -482,7 +514,7 @@ mod tests {
         assert_eq!(out, vec![3, 4]);
         pool.get_new_blocks(1, &mut out);
         assert_eq!(out[2], 2, "cached blocks are evicted last, tail of the request first");
-        assert_eq!(pool.get_cached_block(7), Some(1), "evicting one duplicate keeps the other");
+        assert_eq!(pool.get_cached_block(7, 0), Some(1), "evicting one duplicate keeps the other");
         pool.check().unwrap();
     }
 
@@ -491,11 +523,11 @@ mod tests {
         let mut pool = BlockPool::try_new(4, true).unwrap();
         let mut blocks = Vec::new();
         pool.get_new_blocks(1, &mut blocks);
-        pool.cache_full_blocks(&blocks, &[9], 0, 1);
+        pool.cache_full_blocks(&blocks, &[9], (0, 1), 0, |_| true);
         assert!(!pool.reset_prefix_cache());
         pool.free_blocks(blocks.iter().copied());
         assert!(pool.reset_prefix_cache());
-        assert_eq!(pool.get_cached_block(9), None);
+        assert_eq!(pool.get_cached_block(9, 0), None);
         pool.check().unwrap();
     }
 
@@ -576,7 +608,7 @@ mod tests {
                     }
                     1 => {
                         let hashes: Vec<BlockHash> = tables[t].iter().map(|&b| u128::from(b % 5 + 10 * u32::from(salt))).collect();
-                        pool.cache_full_blocks(&tables[t], &hashes, cached_upto[t], tables[t].len());
+                        pool.cache_full_blocks(&tables[t], &hashes, (cached_upto[t], tables[t].len()), 0, |_| true);
                         for &b in &tables[t][cached_upto[t]..] {
                             model.hashed[b as usize] = true;
                         }

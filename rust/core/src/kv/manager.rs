@@ -1,8 +1,11 @@
-//! `allocate_slots`, the prefix lookup, `cache_blocks` and `free` for one
-//! full-attention KV group (spec §5.4 to §5.7).
+//! `allocate_slots`, the prefix lookup, `cache_blocks` and `free` (spec §5.4 to §5.7):
+//! here for one full-attention KV group, the common case and the fast one; several groups
+//! (a hybrid model) take `kv::groups`.
 
+use crate::config::SchedulerConfig;
 use crate::kv::block_pool::BlockPool;
 use crate::kv::events::{EventLog, KvEvent};
+use crate::kv::groups::{CacheHit, Groups};
 use crate::request::{Request, RequestStatus};
 
 /// What a loop asks `allocate_slots` for.
@@ -36,9 +39,11 @@ pub struct PrefixCacheStats {
 
 #[derive(Clone, Debug)]
 pub struct KvManager {
-    pool: BlockPool,
-    block_size: i64,
-    max_model_len: i64,
+    pub(crate) pool: BlockPool,
+    /// Several KV-cache groups (None: one full-attention group).
+    pub(crate) groups: Option<Box<Groups>>,
+    pub(crate) block_size: i64,
+    pub(crate) max_model_len: i64,
     watermark_blocks: usize,
     enable_caching: bool,
     stats: PrefixCacheStats,
@@ -47,26 +52,23 @@ pub struct KvManager {
 }
 
 #[inline]
-fn cdiv(a: i64, b: i64) -> i64 {
+pub(crate) fn cdiv(a: i64, b: i64) -> i64 {
     (a + b - 1) / b
 }
 
 impl KvManager {
-    pub fn new(
-        num_gpu_blocks: usize,
-        block_size: i64,
-        max_model_len: i64,
-        watermark_blocks: usize,
-        enable_caching: bool,
-        enable_kv_cache_events: bool,
-    ) -> Result<Self, std::collections::TryReserveError> {
-        let mut pool = BlockPool::try_new(num_gpu_blocks, enable_caching)?;
-        pool.events = EventLog::new(enable_kv_cache_events);
+    pub fn new(config: &SchedulerConfig) -> Result<Self, std::collections::TryReserveError> {
+        let enable_caching = config.enable_prefix_caching();
+        let mut pool = BlockPool::try_new(config.num_gpu_blocks() as usize, enable_caching)?;
+        pool.events = EventLog::new(config.enable_kv_cache_events());
+        let layout = config.kv_cache_groups();
+        pool.set_num_groups(layout.len());
         Ok(Self {
             pool,
-            block_size,
-            max_model_len,
-            watermark_blocks,
+            groups: layout.is_hybrid().then(|| Box::new(Groups::new(config))),
+            block_size: config.block_size(),
+            max_model_len: config.max_model_len(),
+            watermark_blocks: config.watermark_blocks(),
             enable_caching,
             stats: PrefixCacheStats::default(),
             scratch: Vec::new(),
@@ -107,21 +109,35 @@ impl KvManager {
     /// The longest run of cached full blocks that prefixes the request, capped
     /// at `N - 1` tokens (the last token is recomputed to get its logits).
     /// Returns the blocks and the tokens they hold.
-    pub fn get_computed_blocks(&self, request: &Request) -> (Vec<u32>, i64) {
+    pub fn get_computed_blocks(&self, request: &Request) -> CacheHit {
         if !self.enable_caching {
-            return (Vec::new(), 0);
+            return CacheHit::default();
+        }
+        if let Some(groups) = &self.groups {
+            return self.find_hybrid_hit(groups, request);
         }
         let max_blocks = ((request.num_tokens() - 1) / self.block_size) as usize;
         let mut hits = Vec::new();
         for &hash in request.block_hashes.iter().take(max_blocks) {
-            match self.pool.get_cached_block(hash) {
+            match self.pool.get_cached_block(hash, 0) {
                 Some(block) => hits.push(block),
                 // Hashes chain: after the first miss nothing further can hit.
                 None => break,
             }
         }
         let hit_tokens = hits.len() as i64 * self.block_size;
-        (hits, hit_tokens)
+        CacheHit { blocks: hits, tokens: hit_tokens, shared_prefix_boundary: 0 }
+    }
+
+    /// The request's blocks the prefix cache holds, as a count of leading blocks: with
+    /// several groups, the least over groups of the position after its last cached block
+    /// (vLLM's `estimate_cached_tokens`, in blocks).
+    #[inline]
+    pub fn num_cached_blocks(&self, request: &Request) -> usize {
+        match &self.groups {
+            None => request.num_cached_blocks,
+            Some(groups) => self.num_cached_blocks_in_groups(groups, request),
+        }
     }
 
     /// Records a lookup's hit for a request that asks to be told of them
@@ -183,7 +199,9 @@ impl KvManager {
             && !ask.full_sequence_must_fit
             && watermark == 0
         {
-            if let Some(held) = self.allocate_in_held_blocks(request, ask.num_new_tokens, ask.num_lookahead_tokens) {
+            if let Some(held) =
+                self.allocate_in_held_blocks::<false>(request, ask.num_new_tokens, ask.num_lookahead_tokens)
+            {
                 return Some(held);
             }
         }
@@ -218,19 +236,24 @@ impl KvManager {
     /// already covers the step, the common decode step: caches its newly full blocks and
     /// returns the table's length. None, changing nothing, when the table must grow.
     /// Inlined into the running loop with no call on its way (no division either).
+    /// `ONE_GROUP`: the caller knows the pool serves one group, so that check folds away.
     #[inline(always)]
-    pub fn allocate_in_held_blocks(
+    pub fn allocate_in_held_blocks<const ONE_GROUP: bool>(
         &mut self,
         request: &mut Request,
         num_new_tokens: i64,
         num_lookahead_tokens: i64,
     ) -> Option<usize> {
+        debug_assert!(!ONE_GROUP || self.groups.is_none());
+        if let (false, Some(groups)) = (ONE_GROUP, &self.groups) {
+            return self.allocate_in_held_group_blocks(groups, request, num_new_tokens, num_lookahead_tokens);
+        }
         let c = request.num_computed_tokens();
         let held = request.block_ids.len();
         if self.tokens_needing_slots(c, num_new_tokens, num_lookahead_tokens) > held as i64 * self.block_size {
             return None;
         }
-        self.cache_blocks(request, (c + num_new_tokens).min(request.num_tokens()));
+        self.cache_group_0_blocks(request, (c + num_new_tokens).min(request.num_tokens()));
         Some(held)
     }
 
@@ -238,6 +261,9 @@ impl KvManager {
     /// watermark is involved.
     #[inline(never)]
     fn allocate_new_slots(&mut self, request: &mut Request, ask: &SlotRequest<'_>, watermark: usize) -> Option<usize> {
+        if self.groups.is_some() {
+            return self.allocate_group_slots(request, ask, watermark);
+        }
         let m = self.max_model_len;
         let total_computed = (request.num_computed_tokens() + ask.num_new_computed_tokens).min(m);
         let tokens_needing_slots =
@@ -270,7 +296,7 @@ impl KvManager {
             self.pool.get_new_blocks(missing as usize, &mut request.block_ids);
         }
         // Cache what will be computed by this step's end, drafts excluded (capped at N).
-        self.cache_blocks(request, (total_computed + ask.num_new_tokens).min(request.num_tokens()));
+        self.cache_group_0_blocks(request, (total_computed + ask.num_new_tokens).min(request.num_tokens()));
         Some(first_new)
     }
 
@@ -278,6 +304,15 @@ impl KvManager {
     // Always inlined: every allocation calls it, and the early return is the common case.
     #[inline(always)]
     pub fn cache_blocks(&mut self, request: &mut Request, upto: i64) {
+        if self.groups.is_some() {
+            return self.cache_blocks_in_groups(request, upto);
+        }
+        self.cache_group_0_blocks(request, upto);
+    }
+
+    /// `cache_blocks` of the one full-attention group.
+    #[inline(always)]
+    fn cache_group_0_blocks(&mut self, request: &mut Request, upto: i64) {
         if !self.enable_caching {
             return;
         }
@@ -286,7 +321,7 @@ impl KvManager {
         let full = full.min(request.block_ids.len());
         if full > request.num_cached_blocks {
             let first = request.num_cached_blocks;
-            self.pool.cache_full_blocks(&request.block_ids, &request.block_hashes, first, full);
+            self.pool.cache_full_blocks(&request.block_ids, &request.block_hashes, (first, full), 0, |_| true);
             self.pool.events.record(|| KvEvent::Stored {
                 request_id: request.id().clone(),
                 first_block: first as u32,
@@ -298,18 +333,33 @@ impl KvManager {
 
     /// Takes the request's blocks from index `from` on out of the prefix cache (their
     /// KV will not be computed after all).
+    /// Takes the request's blocks from index `from` on out of the prefix cache (their
+    /// KV will not be computed after all); other groups' tables from where this step's
+    /// allocation found them.
     pub fn uncache_from(&mut self, request: &mut Request, from: usize) {
         for &block in &request.block_ids[from.min(request.num_cached_blocks)..request.num_cached_blocks] {
             self.pool.uncache(block);
         }
         request.num_cached_blocks = request.num_cached_blocks.min(from);
+        for table in &mut request.extra_tables {
+            for &block in &table.ids[table.cached_before.min(table.num_cached)..table.num_cached] {
+                self.pool.uncache(block);
+            }
+            table.num_cached = table.num_cached.min(table.cached_before);
+        }
     }
 
-    /// Releases a request's blocks, tail first, and empties its table.
+    /// Releases a request's blocks, group by group, each table tail first, and empties
+    /// its tables.
     pub fn free(&mut self, request: &mut Request) {
         self.pool.free_blocks(request.block_ids.iter().rev().copied());
         request.block_ids.clear();
         request.num_cached_blocks = 0;
+        for table in &mut request.extra_tables {
+            self.pool.free_blocks(table.ids.iter().rev().copied());
+            table.ids.clear();
+            table.num_cached = 0;
+        }
     }
 
     /// Forgets every cached block; fails (false) while any block is in use.

@@ -265,14 +265,16 @@ impl Scheduler {
         let (c, n, p) = (r.num_computed_tokens(), r.num_tokens(), r.num_output_placeholders());
         match r.status {
             RequestStatus::Running => {
-                // Appendix A.7: the table covers C plus lookahead, capped at M.
-                let covered = r.block_ids.len() as i64 * b;
+                // Appendix A.7: every group's table covers C plus lookahead, capped at M.
                 let needed = (c + cfg.num_lookahead_tokens()).min(m);
-                if covered < needed {
-                    return Err(broken(format!(
-                        "request {id:?}: {} blocks cover {covered} tokens < min(C + L, M) = {needed}",
-                        r.block_ids.len(),
-                    )));
+                for (g, table) in Self::tables(r).enumerate() {
+                    let covered = table.len() as i64 * b;
+                    if covered < needed {
+                        return Err(broken(format!(
+                            "request {id:?}: group {g}'s {} blocks cover {covered} tokens < min(C + L, M) = {needed}",
+                            table.len(),
+                        )));
+                    }
                 }
                 if self.in_flight.is_empty() && s == 1 && !r.is_prefill_chunk && c != n - 1 {
                     return Err(broken(format!(
@@ -282,8 +284,8 @@ impl Scheduler {
                 }
             }
             _ => {
-                if !r.block_ids.is_empty() {
-                    return Err(broken(format!("waiting request {id:?} holds {} blocks", r.block_ids.len())));
+                if let Some((g, table)) = Self::tables(r).enumerate().find(|(_, t)| !t.is_empty()) {
+                    return Err(broken(format!("waiting request {id:?} holds {} blocks in group {g}", table.len())));
                 }
                 if r.status == RequestStatus::Preempted && (c != 0 || p != 0) {
                     return Err(broken(format!("preempted request {id:?} has C={c}, P={p}")));
@@ -322,32 +324,53 @@ impl Scheduler {
         Ok(())
     }
 
-    /// A table's leading `num_cached_blocks` blocks are cached under the request's hashes
-    /// (the others under none), and no table holds the null block; counts each block's
-    /// holders into `block_refs`.
+    /// Every group's table of a request, group 0's first.
+    fn tables(r: &Request) -> impl Iterator<Item = &[u32]> {
+        std::iter::once(&r.block_ids[..]).chain(r.extra_tables.iter().map(|t| &t.ids[..]))
+    }
+
+    /// A table's settled leading entries (`num_cached_blocks`) are cached under the
+    /// request's hashes in the table's group, the others under none; a full-attention
+    /// table never holds the null block, a sliding-window table only before its other
+    /// blocks, and only where a settled entry may skip caching (the blocks no hit can
+    /// reach); counts each block's holders into `block_refs`.
     fn check_block_table(&self, r: &Request, block_refs: &mut [u32]) -> CoreResult<()> {
         let id = &r.id;
-        if r.num_cached_blocks > r.block_ids.len() {
-            return Err(broken(format!(
-                "request {id:?}: {} cached blocks of {}",
-                r.num_cached_blocks,
-                r.block_ids.len()
-            )));
-        }
-        for (i, &block) in r.block_ids.iter().enumerate() {
-            let held = self.kv.pool().block_hash(block);
-            let want = if i < r.num_cached_blocks { r.block_hashes.get(i).copied() } else { None };
-            if held != want {
+        let groups = self.config.kv_cache_groups();
+        let settled = std::iter::once(r.num_cached_blocks).chain(r.extra_tables.iter().map(|t| t.num_cached));
+        for (g, (table, num_cached)) in Self::tables(r).zip(settled).enumerate() {
+            if g >= groups.len() && !table.is_empty() {
+                return Err(broken(format!("request {id:?} holds blocks in group {g} of {}", groups.len())));
+            }
+            let sliding = g < groups.len() && groups.kind(g) != crate::config::AttentionKind::Full;
+            if num_cached > table.len() {
                 return Err(broken(format!(
-                    "request {id:?}: block {block} (table index {i}) holds hash {held:?}, expected {want:?}"
+                    "request {id:?}: group {g}: {num_cached} cached blocks of {}",
+                    table.len()
                 )));
             }
-        }
-        for &block in &r.block_ids {
-            if block == crate::kv::NULL_BLOCK {
-                return Err(broken(format!("request {id:?} holds the null block")));
+            let nulls = table.iter().take_while(|&&block| block == crate::kv::NULL_BLOCK).count();
+            if (nulls > 0 && !sliding) || table[nulls..].contains(&crate::kv::NULL_BLOCK) {
+                return Err(broken(format!("request {id:?}: group {g}'s table {table:?} holds the null block")));
             }
-            block_refs[block as usize] += 1;
+            for (i, &block) in table.iter().enumerate().skip(nulls) {
+                let held = self.kv.pool().block_hash(block);
+                let want = if i < num_cached { r.block_hashes.get(i).copied() } else { None };
+                // A sliding window leaves the blocks no hit can reach out of the cache.
+                let masked = sliding && i < num_cached && held.is_none();
+                if held != want && !masked {
+                    return Err(broken(format!(
+                        "request {id:?}: group {g}: block {block} (table index {i}) holds hash {held:?}, expected {want:?}"
+                    )));
+                }
+                if held.is_some() && self.kv.pool().block_group(block) != g {
+                    return Err(broken(format!(
+                        "request {id:?}: group {g}: block {block} is cached in group {}",
+                        self.kv.pool().block_group(block)
+                    )));
+                }
+                block_refs[block as usize] += 1;
+            }
         }
         Ok(())
     }

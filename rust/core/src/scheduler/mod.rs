@@ -117,15 +117,7 @@ impl Scheduler {
     pub fn new(config: Arc<SchedulerConfig>) -> CoreResult<Self> {
         let policy = config.policy();
         let num_blocks = config.num_gpu_blocks() as usize;
-        let kv = KvManager::new(
-            num_blocks,
-            config.block_size(),
-            config.max_model_len(),
-            config.watermark_blocks(),
-            config.enable_prefix_caching(),
-            config.enable_kv_cache_events(),
-        )
-        .map_err(|e| {
+        let kv = KvManager::new(&config).map_err(|e| {
             CoreError::config(
                 "num_gpu_blocks",
                 num_blocks,
@@ -345,6 +337,23 @@ impl Scheduler {
         });
     }
 
+    /// Appends the step's blocks of the KV-cache groups after the first, group after
+    /// group: a running request's new blocks, an admitted one's (its row carries its
+    /// tokens) whole tables. Written once the step is built: a row's tables do not change
+    /// after its allocation.
+    #[cold]
+    fn write_group_blocks(&self, step: &mut Step, rows: &[Row]) {
+        for g in 1..self.config.kv_cache_groups().len() {
+            for row in rows {
+                let table = &self.requests[row.handle].extra_tables[g - 1];
+                let admitted = row.num_all_token_ids > 0;
+                let blocks = if admitted { &table.ids[..] } else { &table.ids[table.first_new..] };
+                step.num_block_ids.push(stored(blocks.len() as i64));
+                step.block_ids.extend(blocks.iter().map(|&id| id as i32));
+            }
+        }
+    }
+
     /// Undoes the committed running entry at `position` (a priority preemption took its
     /// request): its budget, its columns, its drafts and its advance. The caller preempts it.
     fn uncommit(&mut self, b: &mut StepBuilder, budgets: &mut Budgets, position: usize) {
@@ -358,6 +367,7 @@ impl Scheduler {
         step.spec_token_ids.drain(drafts_before..drafts_before + row.num_spec_tokens as usize);
         let blocks_before: usize = before.iter().map(|r| r.num_block_ids as usize).sum();
         step.block_ids.drain(blocks_before..blocks_before + row.num_block_ids as usize);
+
         step.rescheduled_reqs.retain(|&h| h != handle);
         let undo = b.undo.remove(position);
         budgets.give_back(n);
@@ -387,6 +397,9 @@ impl Scheduler {
         step.num_spec_tokens = rows.iter().map(|r| r.num_spec_tokens).collect();
         step.num_output_tokens = rows.iter().map(|r| r.num_output_tokens).collect();
         step.num_block_ids = rows.iter().map(|r| r.num_block_ids).collect();
+        if self.config.kv_cache_groups().len() > 1 {
+            self.write_group_blocks(&mut step, &rows);
+        }
         step.num_all_token_ids = rows.iter().map(|r| r.num_all_token_ids).collect();
         let num_tokens: usize = rows.iter().map(|r| r.num_all_token_ids as usize).sum();
         if num_tokens > 0 {
@@ -687,7 +700,7 @@ impl Scheduler {
 
     /// The tokens of `request` a prefix-cache lookup would find computed now.
     pub fn prefix_cache_hit_tokens(&self, request: &Request) -> i64 {
-        self.kv.get_computed_blocks(request).1
+        self.kv.get_computed_blocks(request).tokens
     }
 
     /// Running requests in running order.

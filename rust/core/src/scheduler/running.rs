@@ -17,7 +17,8 @@ impl Scheduler {
             && !b.undoable
             && !b.defer_prefills
             && budgets.long_prefill_threshold == 0
-            && self.config.num_lookahead_tokens() == 0;
+            && self.config.num_lookahead_tokens() == 0
+            && !self.config.kv_cache_groups().is_hybrid();
         if simple {
             self.schedule_running_with::<true>(b, budgets);
         } else {
@@ -26,8 +27,8 @@ impl Scheduler {
     }
 
     /// The running loop. `SIMPLE`: synchronous, FCFS (no entry can be undone), no
-    /// long-prefill threshold, no lookahead and no prefill held back, so that code folds
-    /// away.
+    /// long-prefill threshold, no lookahead, no prefill held back and one KV-cache group,
+    /// so that code folds away.
     // Out of line: its state stays in registers.
     #[inline(never)]
     fn schedule_running_with<const SIMPLE: bool>(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
@@ -70,7 +71,7 @@ impl Scheduler {
             let cached_blocks_before = request.num_cached_blocks;
             // The common decode step needs no new block; any other allocation is made, with
             // preemptions if it takes them, out of line.
-            let (request, first_new_block) = match self.kv.allocate_in_held_blocks(request, n, lookahead) {
+            let (request, first_new_block) = match self.kv.allocate_in_held_blocks::<SIMPLE>(request, n, lookahead) {
                 Some(first) => (request, first),
                 None => {
                     *budgets = local;

@@ -179,7 +179,12 @@ pub struct Step {
     pub spec_token_ids: Vec<i32>,
     /// Output tokens per request before this step, placeholders included (`N - Np + P`).
     pub num_output_tokens: Vec<i32>,
+    /// Each row's count of blocks in `block_ids`: a running request's new blocks, an
+    /// admitted one's whole table. With several KV-cache groups, one run of counts per
+    /// group, group after group (`num_groups * len()` counts).
     pub num_block_ids: Vec<i32>,
+    /// The rows' blocks, row after row (with several groups: group after group, then row
+    /// after row); a sliding-window table holds the null block (0) where blocks left the window.
     pub block_ids: Vec<i32>,
     pub num_all_token_ids: Vec<i32>,
     pub all_token_ids: Vec<i32>,

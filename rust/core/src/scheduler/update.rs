@@ -386,7 +386,7 @@ impl Scheduler {
             stopped_running: stopped && status_before == RequestStatus::Running,
             status: request.status,
             stop_reason: if stopped { stop_reason_of(request) } else { None },
-            num_cached_blocks: if kv.enable_caching() { request.num_cached_blocks } else { 0 },
+            num_cached_blocks: if kv.enable_caching() { kv.num_cached_blocks(request) } else { 0 },
         })
     }
 

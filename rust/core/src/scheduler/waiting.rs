@@ -4,7 +4,7 @@
 
 use crate::capacity;
 use crate::config::SchedulerConfig;
-use crate::kv::SlotRequest;
+use crate::kv::{CacheHit, SlotRequest};
 use crate::request::{QueueKind, Request, RequestStatus};
 use crate::scheduler::step::{Budgets, Entry, EntryKind, StepBuilder};
 use crate::scheduler::{PauseState, Scheduler};
@@ -54,9 +54,11 @@ enum Admission {
 /// them and does not look up.
 struct PrefixHit {
     looked_up: bool,
+    /// Every group's hit blocks, group after group.
     blocks: Vec<u32>,
     tokens: i64,
     num_computed: i64,
+    shared_prefix_boundary: i64,
 }
 
 /// The request at the front of a waiting queue, and what the prefix cache holds of it.
@@ -177,9 +179,15 @@ impl Scheduler {
     /// computed tokens keeps them.
     fn look_up_prefix(&self, request: &Request) -> PrefixHit {
         let looked_up = request.num_computed_tokens() == 0 && !request.skip_reading_prefix_cache;
-        let (blocks, tokens) = if looked_up { self.kv.get_computed_blocks(request) } else { (Vec::new(), 0) };
-        let num_computed = if looked_up { tokens } else { request.num_computed_tokens() };
-        PrefixHit { looked_up, blocks, tokens, num_computed }
+        let hit = if looked_up { self.kv.get_computed_blocks(request) } else { CacheHit::default() };
+        let num_computed = if looked_up { hit.tokens } else { request.num_computed_tokens() };
+        PrefixHit {
+            looked_up,
+            blocks: hit.blocks,
+            tokens: hit.tokens,
+            num_computed,
+            shared_prefix_boundary: hit.shared_prefix_boundary,
+        }
     }
 
     /// How many tokens a request with `num_computed` tokens computed is admitted with:
@@ -239,6 +247,11 @@ impl Scheduler {
         pad: bool,
     ) -> bool {
         let Candidate { kind, handle, hit } = candidate;
+        if self.requests[handle].num_computed_tokens() == 0 {
+            // Where a sliding-window group keeps blocks for hits (vLLM sets it at each lookup;
+            // read only once admitted).
+            self.requests[handle].shared_prefix_boundary = hit.shared_prefix_boundary;
+        }
         let ask = SlotRequest {
             num_new_tokens: n,
             num_new_computed_tokens: hit.tokens,

@@ -1,0 +1,471 @@
+//! Several KV-cache groups over one block pool: vLLM's hybrid KV-cache coordinator for
+//! full-attention and sliding-window groups (a hybrid model such as Gemma 3).
+//!
+//! Every group has its own block table per request (group 0's is `Request::block_ids`,
+//! the others `Request::extra_tables`) and its own prefix cache in the pool; one pool
+//! serves them all, so an allocation succeeds only if every group's blocks fit. A
+//! sliding-window group needs only the last `W` tokens: blocks wholly before them return
+//! to the pool and the null block takes their place in the table (so positions stay put),
+//! and a prefix hit there needs only the blocks of the last window before the hit's end.
+//! All groups share one block size (the scheduler's block size).
+
+use crate::config::{AttentionKind, SchedulerConfig};
+use crate::kv::block_pool::{BlockHash, NULL_BLOCK};
+use crate::kv::manager::{cdiv, KvManager, SlotRequest};
+use crate::request::Request;
+
+/// A request's block table in one KV-cache group after the first.
+#[derive(Clone, Debug, Default)]
+pub struct BlockTable {
+    pub(crate) ids: Vec<u32>,
+    /// Leading entries whose caching is settled (registered, masked out, or null).
+    pub(crate) num_cached: usize,
+    /// Where the latest allocation began appending: the step's new blocks start here.
+    pub(crate) first_new: usize,
+    /// `num_cached` before the latest allocation (restored if its step is undone).
+    pub(crate) cached_before: usize,
+}
+
+/// A prefix-cache lookup: the hit's blocks, one run of `tokens / B` per group, group
+/// after group (one group: its run), and where a prefix only some groups cached ends.
+#[derive(Clone, Debug, Default)]
+pub struct CacheHit {
+    pub blocks: Vec<u32>,
+    pub tokens: i64,
+    /// vLLM's `shared_prefix_boundary`: the hit plus the prefix that a full-attention
+    /// group cached beyond it (0 if none).
+    pub shared_prefix_boundary: i64,
+}
+
+/// The per-group rules' constants.
+#[derive(Clone, Debug)]
+pub struct Groups {
+    kinds: Vec<AttentionKind>,
+    /// Groups of one kind, looked up together (a hit needs every member), full attention
+    /// first (vLLM's `attention_groups`).
+    lookups: Vec<(AttentionKind, Vec<usize>)>,
+    /// 0: a sliding-window group caches only the blocks a resend of the prompt can hit;
+    /// else also the window before every multiple of this many tokens.
+    retention_interval: i64,
+    /// The most blocks a sliding-window group holds for one request (vLLM's admission cap).
+    sliding_window_block_cap: i64,
+}
+
+impl Groups {
+    pub fn new(config: &SchedulerConfig) -> Self {
+        let kinds: Vec<AttentionKind> = config.kv_cache_groups().iter().collect();
+        let mut lookups: Vec<(AttentionKind, Vec<usize>)> = Vec::new();
+        for (g, &kind) in kinds.iter().enumerate() {
+            match lookups.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, members)) => members.push(g),
+                None => lookups.push((kind, vec![g])),
+            }
+        }
+        lookups.sort_by_key(|(kind, _)| *kind != AttentionKind::Full);
+        Self {
+            kinds,
+            lookups,
+            retention_interval: config.prefix_cache_retention_interval(),
+            sliding_window_block_cap: config
+                .kv_cache_groups()
+                .iter()
+                .find_map(|kind| match kind {
+                    AttentionKind::SlidingWindow { window } => Some(config.sliding_window_block_cap(window)),
+                    AttentionKind::Full => None,
+                })
+                .unwrap_or(0),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.kinds.len()
+    }
+}
+
+/// Tokens before the window of the next token once `c` are computed: their KV is never
+/// read again (vLLM's `get_num_skipped_tokens`).
+#[inline]
+fn num_skipped_tokens(kind: AttentionKind, c: i64) -> i64 {
+    match kind {
+        AttentionKind::Full => 0,
+        AttentionKind::SlidingWindow { window } => (c - i64::from(window) + 1).max(0),
+    }
+}
+
+/// Group `g`'s table of `request`, its settled-entry count, and the request's hashes.
+fn table(request: &mut Request, g: usize) -> (&mut Vec<u32>, &mut usize, &[BlockHash]) {
+    if g == 0 {
+        (&mut request.block_ids, &mut request.num_cached_blocks, &request.block_hashes)
+    } else {
+        let t = &mut request.extra_tables[g - 1];
+        (&mut t.ids, &mut t.num_cached, &request.block_hashes)
+    }
+}
+
+fn table_len(request: &Request, g: usize) -> usize {
+    if g == 0 {
+        request.block_ids.len()
+    } else {
+        request.extra_tables[g - 1].ids.len()
+    }
+}
+
+impl KvManager {
+    /// vLLM's hybrid hit, capped at `N - 1` tokens: each kind of group in turn (full
+    /// attention first) finds its longest hit within the current candidate, which shrinks
+    /// to it, until every kind accepts the candidate.
+    pub(crate) fn find_hybrid_hit(&self, groups: &Groups, request: &Request) -> CacheHit {
+        let hashes = &request.block_hashes;
+        let simple = groups.lookups.len() == 2 && groups.lookups[0].0 == AttentionKind::Full;
+        let mut hit_length = request.num_tokens() - 1;
+        let mut longest_hit_length = 0;
+        // Per kind of group, the cached blocks its last lookup found: `start..end`, null
+        // blocks before them.
+        let mut found: Vec<Option<(usize, usize)>> = vec![None; groups.lookups.len()];
+        loop {
+            let mut curr = hit_length;
+            for (lookup, (kind, members)) in groups.lookups.iter().enumerate() {
+                if let (AttentionKind::Full, Some((_, end))) = (kind, found[lookup]) {
+                    // Full attention's hit is downward-closed: the first lookup serves.
+                    curr = curr.min(end as i64 * self.block_size);
+                    continue;
+                }
+                let (start, end) = match *kind {
+                    AttentionKind::Full => (0, self.full_attention_hit(hashes, curr, members)),
+                    AttentionKind::SlidingWindow { window } => {
+                        self.sliding_window_hit(hashes, curr, members, i64::from(window))
+                    }
+                };
+                found[lookup] = Some((start, end));
+                curr = end as i64 * self.block_size;
+                longest_hit_length = longest_hit_length.max(curr);
+            }
+            if curr >= hit_length {
+                break;
+            }
+            hit_length = curr;
+            if simple {
+                break;
+            }
+        }
+        let num_hit_blocks = (hit_length / self.block_size) as usize;
+        let mut blocks = vec![NULL_BLOCK; groups.len() * num_hit_blocks];
+        for ((_, members), found) in groups.lookups.iter().zip(found) {
+            let (start, end) = found.unwrap_or_default();
+            for &g in members {
+                let run = &mut blocks[g * num_hit_blocks..(g + 1) * num_hit_blocks];
+                // Full attention's run is trimmed to the hit; a sliding window's ends there.
+                for i in start..end.min(num_hit_blocks) {
+                    run[i] = self.pool.get_cached_block(hashes[i], g).expect("a hit block is cached");
+                }
+            }
+        }
+        let uncached = longest_hit_length - hit_length;
+        CacheHit {
+            blocks,
+            tokens: hit_length,
+            shared_prefix_boundary: if uncached > 0 { hit_length + uncached } else { 0 },
+        }
+    }
+
+    /// Whether every group of `members` has the block `hash` names cached.
+    fn cached_in_all(&self, hash: BlockHash, members: &[usize]) -> bool {
+        members.iter().all(|&g| self.pool.get_cached_block(hash, g).is_some())
+    }
+
+    /// How many leading blocks within `max_length` tokens are cached.
+    fn full_attention_hit(&self, hashes: &[BlockHash], max_length: i64, members: &[usize]) -> usize {
+        let max_blocks = (max_length / self.block_size) as usize;
+        hashes.iter().take(max_blocks).take_while(|&&hash| self.cached_in_all(hash, members)).count()
+    }
+
+    /// vLLM's sliding-window hit, as the cached blocks `start..end`: scanning right to left
+    /// from `max_length`, the first run of `cdiv(W - 1, B)` contiguous cached blocks ends
+    /// the hit (null blocks before it); with none, the run of cached blocks from block 0.
+    fn sliding_window_hit(
+        &self,
+        hashes: &[BlockHash],
+        max_length: i64,
+        members: &[usize],
+        window: i64,
+    ) -> (usize, usize) {
+        let need = cdiv(window - 1, self.block_size) as usize;
+        let max_blocks = (max_length / self.block_size) as usize;
+        let mut run = 0;
+        for i in (0..max_blocks).rev() {
+            if self.cached_in_all(hashes[i], members) {
+                run += 1;
+                if run >= need {
+                    return (i, i + run);
+                }
+            } else {
+                run = 0;
+            }
+        }
+        (0, run)
+    }
+
+    /// The hit blocks of group `g` in a lookup of `num_groups` groups (none if no hit).
+    fn hits_of(hits: &[u32], g: usize, num_groups: usize) -> &[u32] {
+        let per_group = hits.len() / num_groups;
+        &hits[g * per_group..(g + 1) * per_group]
+    }
+
+    /// `allocate_in_held_blocks` over several groups: the common decode step, where every
+    /// table already covers the step (they all have one length), no block left a window
+    /// and no block filled. Returns the tables' length, or None, changing nothing, when
+    /// the step needs `allocate_group_slots`. Out of line: the one-group running loop
+    /// stays as tight as without groups.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn allocate_in_held_group_blocks(
+        &self,
+        groups: &Groups,
+        request: &mut Request,
+        num_new_tokens: i64,
+        num_lookahead_tokens: i64,
+    ) -> Option<usize> {
+        let b = self.block_size;
+        let c = request.num_computed_tokens();
+        let held = request.block_ids.len();
+        if (c + num_new_tokens + num_lookahead_tokens).min(self.max_model_len) > held as i64 * b {
+            return None;
+        }
+        let processed = (c - request.num_in_flight_tokens()).max(0);
+        let upto = (c + num_new_tokens).min(request.num_tokens());
+        let full =
+            if self.enable_caching() { ((upto / b) as usize).min(request.block_hashes.len()).min(held) } else { 0 };
+        for (g, &kind) in groups.kinds.iter().enumerate() {
+            let ids = request.group_block_ids(g);
+            // Nulls form a prefix: the last block behind the window is null or none is.
+            let behind = ((num_skipped_tokens(kind, processed) / b) as usize).min(ids.len());
+            let settled = if g == 0 { request.num_cached_blocks } else { request.extra_tables[g - 1].num_cached };
+            if (behind > 0 && ids[behind - 1] != NULL_BLOCK) || full > settled {
+                return None;
+            }
+        }
+        for table in &mut request.extra_tables {
+            (table.first_new, table.cached_before) = (held, table.num_cached);
+        }
+        Some(held)
+    }
+
+    /// Blocks group `g` must take from the free queue to hold `num_tokens` tokens with
+    /// `total_computed` computed (vLLM's `get_num_blocks_to_allocate`): those beyond its
+    /// table, its hits and its skipped blocks, plus the hits a touch would pull out of
+    /// the free queue. `admission_cap`: the whole-sequence gate, where a sliding window
+    /// never needs more than its window and the tokens in flight.
+    fn group_blocks_needed(
+        &self,
+        groups: &Groups,
+        g: usize,
+        held: usize,
+        hits: &[u32],
+        (num_tokens, total_computed): (i64, i64),
+        admission_cap: bool,
+    ) -> usize {
+        let kind = groups.kinds[g];
+        let mut required = cdiv(num_tokens, self.block_size);
+        if let (true, AttentionKind::SlidingWindow { .. }) = (admission_cap, kind) {
+            required = required.min(groups.sliding_window_block_cap);
+        }
+        let skipped = num_skipped_tokens(kind, total_computed) / self.block_size;
+        let local = (hits.len() + held) as i64;
+        let new = (required - skipped.max(local)).max(0) as usize;
+        let skipped_hits = ((skipped - held as i64).max(0) as usize).min(hits.len());
+        let evictable = hits[skipped_hits..].iter().filter(|&&b| b != NULL_BLOCK && self.pool.ref_cnt(b) == 0).count();
+        new + evictable
+    }
+
+    fn blocks_needed_in_all(
+        &self,
+        groups: &Groups,
+        request: &Request,
+        hits: &[u32],
+        tokens: (i64, i64),
+        admission_cap: bool,
+    ) -> usize {
+        (0..groups.len())
+            .map(|g| {
+                let hits = Self::hits_of(hits, g, groups.len());
+                self.group_blocks_needed(groups, g, table_len(request, g), hits, tokens, admission_cap)
+            })
+            .sum()
+    }
+
+    /// `allocate_slots` over several groups (vLLM's `KVCacheManager.allocate_slots` with
+    /// the hybrid coordinator); returns group 0's first new block, the others' in their
+    /// tables' `first_new`. None changes nothing but the blocks left behind the window.
+    pub(crate) fn allocate_group_slots(
+        &mut self,
+        request: &mut Request,
+        ask: &SlotRequest<'_>,
+        watermark: usize,
+    ) -> Option<usize> {
+        let groups = self.groups.take().expect("several groups");
+        let first_new = self.allocate_in_groups(&groups, request, ask, watermark);
+        self.groups = Some(groups);
+        first_new
+    }
+
+    fn allocate_in_groups(
+        &mut self,
+        groups: &Groups,
+        request: &mut Request,
+        ask: &SlotRequest<'_>,
+        watermark: usize,
+    ) -> Option<usize> {
+        let (b, m) = (self.block_size, self.max_model_len);
+        let hits = ask.new_computed_blocks;
+        let local_computed = request.num_computed_tokens() + ask.num_new_computed_tokens;
+        let total_computed = local_computed.min(m);
+        if request.extra_tables.len() + 1 < groups.len() {
+            request.extra_tables.resize_with(groups.len() - 1, Default::default);
+        }
+        if ask.full_sequence_must_fit {
+            let full = request.num_tokens().min(m);
+            let needed = self.blocks_needed_in_all(groups, request, hits, (full, total_computed), true);
+            if needed + watermark > self.pool.num_free_blocks() {
+                return None;
+            }
+        }
+        let tokens_needing_slots = (total_computed + ask.num_new_tokens + ask.num_lookahead_tokens).min(m);
+        // Blocks behind the window go back first, even if this allocation fails (fewer
+        // evictions), counted on the processed tokens: a step in flight still reads them.
+        let processed = (total_computed - request.num_in_flight_tokens()).max(0);
+        for g in 0..groups.len() {
+            self.remove_skipped_blocks(groups.kinds[g], request, g, processed);
+        }
+        let needed = self.blocks_needed_in_all(groups, request, hits, (tokens_needing_slots, local_computed), false);
+        if needed + watermark > self.pool.num_free_blocks() {
+            return None;
+        }
+        // A request without blocks takes its hits, and null blocks for what its computed
+        // tokens left behind the window (vLLM's `add_local_computed_blocks`): every group's
+        // hits are touched before any group pops a new block.
+        for g in 0..groups.len() {
+            let (ids, num_cached, _) = table(request, g);
+            if !ids.is_empty() {
+                debug_assert!(hits.is_empty(), "a hit for a request that holds blocks");
+                continue;
+            }
+            let skipped = (num_skipped_tokens(groups.kinds[g], local_computed) / b) as usize;
+            let group_hits = Self::hits_of(hits, g, groups.len());
+            let kept = &group_hits[skipped.min(group_hits.len())..];
+            ids.resize(skipped, NULL_BLOCK);
+            ids.extend_from_slice(kept);
+            *num_cached = ids.len();
+            self.pool.touch(kept);
+        }
+        let required = cdiv(tokens_needing_slots, b) as usize;
+        let mut first_new_in_group_0 = 0;
+        for g in 0..groups.len() {
+            let (ids, num_cached, _) = table(request, g);
+            let first_new = ids.len();
+            let cached_before = *num_cached;
+            if required > first_new {
+                self.pool.get_new_blocks(required - first_new, ids);
+            }
+            match g {
+                0 => first_new_in_group_0 = first_new,
+                _ => {
+                    let t = &mut request.extra_tables[g - 1];
+                    (t.first_new, t.cached_before) = (first_new, cached_before);
+                }
+            }
+        }
+        if self.enable_caching() {
+            for g in 0..groups.len() {
+                self.cache_group_blocks(
+                    groups,
+                    request,
+                    g,
+                    (total_computed + ask.num_new_tokens).min(request.num_tokens()),
+                );
+            }
+        }
+        Some(first_new_in_group_0)
+    }
+
+    /// `cache_blocks` over several groups: each group's newly full blocks within `upto`.
+    #[cold]
+    pub(crate) fn cache_blocks_in_groups(&mut self, request: &mut Request, upto: i64) {
+        if !self.enable_caching() {
+            return;
+        }
+        let groups = self.groups.take().expect("several groups");
+        for g in 0..groups.len() {
+            self.cache_group_blocks(&groups, request, g, upto);
+        }
+        self.groups = Some(groups);
+    }
+
+    #[cold]
+    pub(crate) fn num_cached_blocks_in_groups(&self, groups: &Groups, request: &Request) -> usize {
+        (0..groups.len())
+            .map(|g| {
+                let ids = request.group_block_ids(g);
+                ids.iter().rposition(|&b| b != NULL_BLOCK && self.pool.block_hash(b).is_some()).map_or(0, |i| i + 1)
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Frees group `g`'s blocks wholly behind the window of the next token after
+    /// `processed` tokens, the null block in their place (vLLM's `remove_skipped_blocks`).
+    fn remove_skipped_blocks(&mut self, kind: AttentionKind, request: &mut Request, g: usize, processed: i64) {
+        let skipped = num_skipped_tokens(kind, processed);
+        if skipped <= 0 {
+            return;
+        }
+        let (ids, _, _) = table(request, g);
+        let end = ((skipped / self.block_size) as usize).min(ids.len());
+        // Earlier calls nulled a prefix: free back to it, last block first.
+        let start = ids[..end].iter().rposition(|&id| id == NULL_BLOCK).map_or(0, |i| i + 1);
+        if start < end {
+            self.pool.free_blocks(ids[start..end].iter().rev().copied());
+            ids[start..end].fill(NULL_BLOCK);
+        }
+    }
+
+    /// Registers group `g`'s newly full blocks within the first `upto` tokens; a sliding
+    /// window's only where a later hit can use them (vLLM's `reachable_block_mask`).
+    fn cache_group_blocks(&mut self, groups: &Groups, request: &mut Request, g: usize, upto: i64) {
+        let b = self.block_size;
+        let num_prompt_tokens = request.num_prompt_tokens();
+        let shared_prefix_boundary = request.shared_prefix_boundary;
+        let (ids, num_cached, hashes) = table(request, g);
+        let full = ((upto.max(0) / b) as usize).min(hashes.len()).min(ids.len());
+        let from = *num_cached;
+        if full <= from {
+            return;
+        }
+        match groups.kinds[g] {
+            AttentionKind::Full => self.pool.cache_full_blocks(ids, hashes, (from, full), g, |_| true),
+            AttentionKind::SlidingWindow { window } => {
+                let need = cdiv(i64::from(window) - 1, b) as usize;
+                let per_segment = (groups.retention_interval / b) as usize;
+                if per_segment > 0 && need >= per_segment {
+                    self.pool.cache_full_blocks(ids, hashes, (from, full), g, |_| true);
+                } else {
+                    // The `need` blocks before each boundary a hit can stop at: the last
+                    // block before the prompt's final token (a resend's hit), a shared
+                    // prefix's end, and every `per_segment` blocks.
+                    let boundary_ends = [num_prompt_tokens - 1, shared_prefix_boundary].map(|tokens| {
+                        if tokens > 0 {
+                            (tokens / b) as usize
+                        } else {
+                            0
+                        }
+                    });
+                    let keep = |i: usize| {
+                        (per_segment > 0 && i % per_segment >= per_segment - need)
+                            || boundary_ends.iter().any(|&end| end > 0 && i < end && i + need >= end)
+                    };
+                    self.pool.cache_full_blocks(ids, hashes, (from, full), g, keep);
+                }
+            }
+        }
+        *num_cached = full;
+    }
+}
