@@ -887,9 +887,13 @@ CONFIG_CASES += [
     ),
     ("groups-list", {"kv_cache_groups": ["full"]}, "kv_cache_groups"),
     (
-        "groups-with-kv-events",
-        {"kv_cache_groups": "sliding_window:64,full", "enable_kv_cache_events": True},
-        "enable_kv_cache_events",
+        "groups-with-lookahead",
+        {
+            "kv_cache_groups": "sliding_window:64,full",
+            "num_speculative_tokens": 2,
+            "num_lookahead_tokens": 2,
+        },
+        "num_lookahead_tokens",
     ),
     ("retention-negative", {"prefix_cache_retention_interval": -16}, "retention_interval"),
     ("retention-off-grid", {"prefix_cache_retention_interval": 24}, "retention_interval.*24"),

@@ -1016,7 +1016,7 @@ def test_kv_events_tell_what_entered_and_left_the_prefix_cache() -> None:
     sched.add_request("a", [*COMMON, 7], max_tokens=1)
     so = sched.schedule()
     a_blocks = blocks(so, "a")
-    assert sched.take_kv_events() == [("stored", "a", 0, a_blocks[:3])]
+    assert sched.take_kv_events() == [("stored", "a", 0, a_blocks[:3], 0)]
     sched.update_from_output(so, one_token_each(so, EOS_TOKEN_ID))
     assert sched.take_kv_events() == []
 
@@ -1028,11 +1028,11 @@ def test_kv_events_tell_what_entered_and_left_the_prefix_cache() -> None:
     so = sched.schedule()
     assert blocks(so, "b")[0] == a_blocks[0]
     assert sched.take_kv_events() == [
-        ("reused", "b", 1),
-        ("stored", "b", 1, blocks(so, "b")[1:2]),
-        ("removed", a_blocks[2]),
-        ("removed", a_blocks[1]),
-        ("stored", "c", 0, blocks(so, "c")[:3]),
+        ("reused", "b", 1, 0),
+        ("stored", "b", 1, blocks(so, "b")[1:2], 0),
+        ("removed", a_blocks[2], 0),
+        ("removed", a_blocks[1], 0),
+        ("stored", "c", 0, blocks(so, "c")[:3], 0),
     ]
     sched.update_from_output(so, one_token_each(so, EOS_TOKEN_ID))
     assert sched.reset_prefix_cache()

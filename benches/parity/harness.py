@@ -353,7 +353,8 @@ class ParityConfig:
     schedulers (``plugin``), the events each ``update_from_output`` publishes."""
     kv_cache_groups: str = "full"
     """llmsched's ``kv_cache_groups``: vLLM's side gets one KV-cache group per entry
-    (``FullAttentionSpec`` or ``SlidingWindowSpec``), in that order."""
+    (``FullAttentionSpec``, ``SlidingWindowSpec`` or ``ChunkedLocalAttentionSpec``), in
+    that order."""
     prefix_cache_retention_interval: int = 0
     """Both sides' (vLLM's engine default, 0; a block size: every sliding-window block)."""
 
@@ -401,7 +402,7 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
     counted (llmsched refuses a request for which this exceeds the usable pool,
     ``num_gpu_blocks - 1``): a sliding-window group holds at most its window before the
     next token and a step's budget per step in flight, plus a block for a window starting
-    mid-block."""
+    mid-block; a chunked local group a chunk and the tokens in flight."""
     longest = min(
         req.prompt_len + req.max_tokens + config.num_speculative_tokens, config.max_model_len
     )
@@ -412,11 +413,10 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
         if kind == "full":
             total += whole
             continue
-        window = int(kind.removeprefix("sliding_window:"))
-        held = min(
-            window - 1 + steps_in_flight * config.max_num_batched_tokens, config.max_model_len
-        )
-        total += min(whole, -(-held // config.block_size) + 1)
+        name, size = kind.split(":")
+        before, extra = (int(size) - 1, 1) if name == "sliding_window" else (int(size), 0)
+        held = min(before + steps_in_flight * config.max_num_batched_tokens, config.max_model_len)
+        total += min(whole, -(-held // config.block_size) + extra)
     return total
 
 

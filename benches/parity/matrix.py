@@ -465,7 +465,9 @@ def _hybrid_case(workload: str, config: ParityConfig) -> Case:
         default=0,
     )
     pool = max(num_groups * _pool_sizes(workload)[1], largest + 1)
-    return Case(workload, replace(config, num_gpu_blocks=pool), output_factor=factor)
+    return Case(
+        workload, replace(config, num_gpu_blocks=pool), output_factor=factor, hit_reporters=True
+    )
 
 
 def edge_cases() -> list[Case]:
@@ -800,17 +802,27 @@ def edge_cases() -> list[Case]:
         # Gemma 3's order (three sliding groups, then the full one) and full first; vLLM's
         # hybrid prefix hit (null blocks before a window's run), blocks leaving the window,
         # KV pressure; vLLM's engine retention (0: only the blocks a resend can hit) and
-        # every block (an interval of one block).
-        for workload, groups, k, policy, retention in (
-            ("synthetic-conv", ",".join(["sliding_window:64"] * 3 + ["full"]), 0, "fcfs", 0),
-            ("mooncake-turns", "full,sliding_window:100", 1, "priority", 0),
-            ("azure-code", "sliding_window:40,full", 3, "fcfs", 16),
+        # every block (an interval of one block); KV cache events per group, hits reported.
+        for tag, workload, groups, k, policy, retention in (
+            ("swa", "synthetic-conv", ",".join(["sliding_window:64"] * 3 + ["full"]), 0, "fcfs", 0),
+            ("swa", "mooncake-turns", "full,sliding_window:100", 1, "priority", 0),
+            ("swa", "azure-code", "sliding_window:40,full", 3, "fcfs", 16),
+            # Llama 4's chunked local attention beside full attention, and all three kinds.
+            (
+                "chunked",
+                "synthetic-code",
+                "chunked_local:64,chunked_local:64,full",
+                1,
+                "priority",
+                0,
+            ),
+            ("mixed", "mooncake-turns", "full,chunked_local:128,sliding_window:96", 0, "fcfs", 0),
         ):
             out.append(
                 _hybrid_case(
                     workload,
                     ParityConfig(
-                        f"edge-hybrid-r{retention}-{mode}-K{k}-apc-{policy[:4]}-kv",
+                        f"edge-hybrid-{tag}-r{retention}-{mode}-K{k}-apc-{policy[:4]}-kv",
                         async_scheduling=a,
                         num_speculative_tokens=k,
                         enable_prefix_caching=True,
@@ -818,6 +830,7 @@ def edge_cases() -> list[Case]:
                         num_gpu_blocks=0,
                         kv_cache_groups=groups,
                         prefix_cache_retention_interval=retention,
+                        kv_events=True,
                     ),
                 )
             )

@@ -147,9 +147,10 @@ core, kept out the same way. Beyond them, the plug-in:
   LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors,
   KV cache residency and MFU metrics, pipeline, decode- and prefill-context parallelism,
   data parallelism of MoE models (a dense model's data-parallel ranks are independent
-  engines with a scheduler each, served), KV-cache groups other than full attention and
-  sliding window (or of another block size, or a window retaining extra tokens), KV cache
-  events of several groups, a hash block size other than the block size, speculative
+  engines with a scheduler each, served), KV-cache groups other than full, sliding-window
+  and chunked local attention (or of another block size, or a window retaining extra
+  tokens), a hash
+  block size other than the block size, speculative
   methods other than `ngram`, dynamic speculative decoding (every field of the vLLM
   config classes it reads is classified in `llmsched/vllm/_fields.py`: read, refused, or
   why it need not be); per request (the request finishes with `FinishReason.ERROR` and
@@ -181,18 +182,23 @@ core, kept out the same way. Beyond them, the plug-in:
   `tests/vllm_engine/test_kv_events.py`. An undone step's `BlockRemoved` events come when
   its blocks leave the cache (deviation 7; vLLM, which keeps them cached, reports them
   when they are evicted);
-- **serves hybrid models** (sliding-window KV-cache groups beside full-attention ones, of
-  one block size) with vLLM's hybrid KV-cache coordinator rules, in the core: a block table
+- **serves hybrid models** (sliding-window and chunked local attention KV-cache groups
+  beside full-attention ones, of one block size) with vLLM's hybrid KV-cache coordinator
+  rules, in the core: a block table
   per group over one pool, an allocation counted over every group, blocks wholly behind the
   window given back before each allocation (on the processed tokens) with the null block in
   their place, vLLM's hybrid prefix hit (full attention's run, then the sliding window's
   right-to-left search for `cdiv(W - 1, B)` contiguous cached blocks, null blocks before
-  them), only the sliding-window blocks a later hit can reach entering the cache (vLLM's
+  them; a chunked local group's run from the start of the hit's chunk), only the
+  sliding-window blocks a later hit can reach entering the cache (vLLM's
   `prefix_cache_retention_interval`), the admission cap on a window's blocks, and
   `NewRequestData` / `CachedRequestData` block ids per group. The `edge-hybrid` cases
-  (Gemma 3's three sliding groups and a full one, full first, retention 0 and every block,
-  KV pressure) compare them with vLLM's; `tests/vllm_engine/test_hybrid.py` serves a
-  random-weight Gemma 3 token-identically;
+  (Gemma 3's three sliding groups and a full one, full first, chunked local groups, all
+  three kinds, retention 0 and every block, KV pressure) compare them with vLLM's, KV cache
+  events included (one per group, a sliding window's stored event naming only the blocks
+  that entered its cache); `tests/vllm_engine/test_hybrid.py` serves a random-weight Gemma
+  3 token-identically, and `tests/vllm_engine/test_kv_events.py` compares its KV events
+  over ZMQ with vLLM's;
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's
   engine sets its `skip_reading_prefix_cache`) is admitted without a prefix-cache lookup,
   and its blocks are cached for others;

@@ -16,9 +16,9 @@ from llmsched.status import RequestStatus
 
 _Int32Array = npt.NDArray[np.int32]
 _KvEvent: TypeAlias = (
-    tuple[Literal["stored"], str, int, list[int]]
-    | tuple[Literal["reused"], str, int]
-    | tuple[Literal["removed"], int]
+    tuple[Literal["stored"], str, int, list[int], int]
+    | tuple[Literal["reused"], str, int, int]
+    | tuple[Literal["removed"], int, int]
     | tuple[Literal["cleared"]]
 )
 
@@ -191,8 +191,9 @@ class SchedulerConfig:
     @property
     def kv_cache_groups(self) -> str:
         """The KV-cache groups the pool serves, in vLLM's order, comma-separated:
-        ``full`` or ``sliding_window:W`` (a window of W tokens) each. A hybrid model
-        (sliding-window layers beside full ones) has several."""
+        ``full``, ``sliding_window:W`` (a window of W tokens) or ``chunked_local:C``
+        (attention within chunks of C tokens) each. A hybrid model (sliding-window
+        or chunked local layers beside full ones) has several."""
     @property
     def prefix_cache_retention_interval(self) -> int:
         """Which blocks of a sliding-window group enter the prefix cache (vLLM's
@@ -604,15 +605,16 @@ class Scheduler:
         False, changing nothing, while any block is in use."""
     def take_kv_events(self) -> list[_KvEvent]:
         """The prefix cache's changes since the last call, oldest first, as tuples:
-        ``("stored", request_id, first_block, block_ids)`` (the blocks now cached hold the
-        request's full blocks ``first_block, first_block + 1, ...``: their content is the
-        request's tokens there), ``("reused", request_id, num_blocks)`` (a prefix lookup of
-        a request added with ``report_reused_blocks`` hit its first ``num_blocks`` blocks),
-        ``("removed", block_id)`` (evicted, or its KV will never be computed) and
-        ``("cleared",)`` (``reset_prefix_cache``). ``schedule``, ``update_from_output`` and
-        ``reset_prefix_cache`` make them; always empty unless the config's
-        ``enable_kv_cache_events``. Take them before the requests they name are let go: a
-        request finished by ``update_from_output`` is still reachable then through
+        ``("stored", request_id, first_block, block_ids, group)`` (the blocks now cached in
+        KV-cache group ``group`` hold the request's full blocks ``first_block, first_block +
+        1, ...``: their content is the request's tokens there; 0 for a sliding-window block
+        that did not enter the cache), ``("reused", request_id, num_blocks, group)`` (a prefix
+        lookup of a request added with ``report_reused_blocks`` hit its first ``num_blocks``
+        blocks, one tuple per group), ``("removed", block_id, group)`` (evicted, or its KV
+        will never be computed) and ``("cleared",)`` (``reset_prefix_cache``). ``schedule``,
+        ``update_from_output`` and ``reset_prefix_cache`` make them; always empty unless the
+        config's ``enable_kv_cache_events``. Take them before the requests they name are let
+        go: a request finished by ``update_from_output`` is still reachable then through
         ``take_finished_requests``."""
     def running_request_ids(self) -> list[str]:
         """Running request ids, in running order."""

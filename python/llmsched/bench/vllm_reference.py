@@ -178,7 +178,8 @@ def make_vllm_scheduler(
     off), ``pooling`` a pooling (embedding) model's runner (it samples no token),
     ``kv_events`` KV cache events on (vLLM's ``null`` publisher: a caller that wants them
     replaces ``kv_event_publisher``), ``kv_cache_groups`` llmsched's field of that name (one
-    KV-cache group per entry, ``FullAttentionSpec`` or ``SlidingWindowSpec``) and
+    KV-cache group per entry: ``FullAttentionSpec``, ``SlidingWindowSpec`` or
+    ``ChunkedLocalAttentionSpec``) and
     ``prefix_cache_retention_interval`` the KV-cache config's (vLLM's engines take the cache
     config's, 0; None keeps every sliding-window block). See the module docstring for the
     rest.
@@ -199,6 +200,7 @@ def make_vllm_scheduler(
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
     from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
@@ -260,6 +262,11 @@ def make_vllm_scheduler(
         shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1}
         if kind == "full":
             return FullAttentionSpec(**shape, dtype=torch.float32)
+        if kind.startswith("chunked_local:"):
+            chunk = int(kind.removeprefix("chunked_local:"))
+            return ChunkedLocalAttentionSpec(
+                **shape, dtype=torch.float32, attention_chunk_size=chunk
+            )
         window = int(kind.removeprefix("sliding_window:"))
         return SlidingWindowSpec(**shape, dtype=torch.float32, sliding_window=window)
 

@@ -220,16 +220,16 @@ def check_engine_config(
 
 
 def kv_cache_groups(kv_cache_config: Any, block_size: int) -> str:
-    """The engine's KV-cache groups as llmsched's ``kv_cache_groups`` field: full-attention
-    and sliding-window groups of the scheduler's block size; ``UnsupportedFeatureError``
-    naming any other (chunked local attention, Mamba, cross attention, ...)."""
+    """The engine's KV-cache groups as llmsched's ``kv_cache_groups`` field: full-attention,
+    sliding-window and chunked local attention groups of the scheduler's block size;
+    ``UnsupportedFeatureError`` naming any other (Mamba, cross attention, ...)."""
     kinds = []
     for g, group in enumerate(read(kv_cache_config, "kv_cache_groups")):
         spec = group.kv_cache_spec
         spec_name = type(spec).__name__
-        if spec_name not in ("FullAttentionSpec", "SlidingWindowSpec"):
+        if spec_name not in ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec"):
             raise _unsupported(
-                "KV-cache groups other than full attention and sliding window",
+                "KV-cache groups other than full, sliding-window and chunked local attention",
                 f"group {g}: {spec_name}",
             )
         if spec.block_size != block_size:
@@ -239,6 +239,9 @@ def kv_cache_groups(kv_cache_config: Any, block_size: int) -> str:
             )
         if spec_name == "FullAttentionSpec":
             kinds.append("full")
+            continue
+        if spec_name == "ChunkedLocalAttentionSpec":
+            kinds.append(f"chunked_local:{read(spec, 'attention_chunk_size')}")
             continue
         if read(spec, "extra_retained_tokens"):
             raise _unsupported(

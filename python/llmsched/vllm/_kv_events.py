@@ -13,7 +13,7 @@ would create, once per ``update_from_output`` as vLLM's scheduler does. Only wit
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vllm.distributed.kv_events import (
@@ -38,9 +38,6 @@ from vllm.v1.request import Request
 
 __all__ = ["KvEvents", "make_publisher"]
 
-# The KV cache group the events name: the one group llmsched's pool serves.
-_GROUP = 0
-
 
 def make_publisher(kv_events_config: Any, data_parallel_index: int) -> Any:
     """The publisher vLLM's scheduler creates for an engine (a no-op one when events are
@@ -52,10 +49,10 @@ class KvEvents:
     """The engine's KV cache events, built from the core's as they are taken."""
 
     def __init__(self, kv_cache_config: Any, block_size: int) -> None:
-        (group,) = kv_cache_config.kv_cache_groups
         # vLLM's KV cache manager annotates each stored event with its group's kind.
-        self._spec_kind: str = get_kv_cache_spec_kind(group.kv_cache_spec).value
-        self._sliding_window: int | None = get_kv_cache_spec_sliding_window(group.kv_cache_spec)
+        specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
+        self._spec_kinds: list[str] = [get_kv_cache_spec_kind(spec).value for spec in specs]
+        self._sliding_windows = [get_kv_cache_spec_sliding_window(spec) for spec in specs]
         self._block_size = block_size
         # The hash each cached block was stored under, to name it when it is removed.
         self._stored_as: dict[int, Any] = {}
@@ -67,19 +64,20 @@ class KvEvents:
         for event in core_events:
             kind = event[0]
             if kind == "stored":
-                _, req_id, first_block, blocks = event
-                self._pending.append(self._stored(requests[req_id], first_block, blocks))
+                _, req_id, first_block, blocks, group = event
+                self._pending.append(self._stored(requests[req_id], first_block, blocks, group))
             elif kind == "removed":
+                _, block, group = event
                 self._pending.append(
                     BlockRemoved(
-                        block_hashes=[self._stored_as.pop(event[1])],
+                        block_hashes=[self._stored_as.pop(block)],
                         medium=MEDIUM_GPU,
-                        group_idx=_GROUP,
+                        group_idx=group,
                     )
                 )
             elif kind == "reused":
-                _, req_id, num_blocks = event
-                self._pending.append(self._reused(requests[req_id], num_blocks))
+                _, req_id, num_blocks, group = event
+                self._pending.append(self._reused(requests[req_id], num_blocks, group))
             else:
                 self._stored_as.clear()
                 self._pending.append(AllBlocksCleared())
@@ -90,30 +88,38 @@ class KvEvents:
             publisher.publish(KVEventBatch(ts=time.time(), events=self._pending))
             self._pending = []
 
-    def _stored(self, request: Request, first_block: int, blocks: list[int]) -> BlockStored:
+    def _stored(
+        self, request: Request, first_block: int, blocks: list[int], group: int
+    ) -> BlockStored:
+        """vLLM's event of blocks entering the cache: the tokens of the whole range, the
+        hashes and extra keys of the blocks that entered (a sliding window's others, 0 in
+        ``blocks``, did not), the parent the range's previous block, cached or not."""
         hashes = request.block_hashes
         end_block = first_block + len(blocks)
-        external = [maybe_convert_block_hash(h) for h in hashes[first_block:end_block]]
-        self._stored_as.update(zip(blocks, external, strict=True))
+        entered = [i for i, block in enumerate(blocks, first_block) if block]
+        external = [maybe_convert_block_hash(hashes[i]) for i in entered]
+        self._stored_as.update(zip([block for block in blocks if block], external, strict=True))
         parent = None if first_block == 0 else maybe_convert_block_hash(hashes[first_block - 1])
-        return self._event(request, external, parent, first_block, end_block)
+        return self._event(request, external, parent, (first_block, end_block), entered, group)
 
-    def _reused(self, request: Request, num_blocks: int) -> BlockStored:
+    def _reused(self, request: Request, num_blocks: int, group: int) -> BlockStored:
         """vLLM's report of a prefix hit (``kv_cache_report_mode="full"``): the hit blocks,
-        as if stored again."""
+        as if stored again (a sliding window's skipped blocks too)."""
         hashes = request.block_hashes
         external = [maybe_convert_block_hash(h) for h in hashes[:num_blocks]]
-        return self._event(request, external, None, 0, num_blocks)
+        return self._event(request, external, None, (0, num_blocks), range(num_blocks), group)
 
     def _event(
         self,
         request: Request,
         hashes: list[Any],
         parent: Any,
-        first_block: int,
-        end_block: int,
+        token_blocks: tuple[int, int],
+        keyed_blocks: Iterable[int],
+        group: int,
     ) -> BlockStored:
         bs = self._block_size
+        first_block, end_block = token_blocks
         lora = request.lora_request
         event = BlockStored(
             block_hashes=hashes,
@@ -125,11 +131,11 @@ class KvEvents:
             lora_name=None if lora is None else lora.name,
             extra_keys=to_event_extra_keys(
                 generate_block_hash_extra_keys(request, i * bs, (i + 1) * bs, 0)[0]
-                for i in range(first_block, end_block)
+                for i in keyed_blocks
             ),
-            group_idx=_GROUP,
+            group_idx=group,
             session_id=request.session_id,
         )
-        event.kv_cache_spec_kind = self._spec_kind
-        event.kv_cache_spec_sliding_window = self._sliding_window
+        event.kv_cache_spec_kind = self._spec_kinds[group]
+        event.kv_cache_spec_sliding_window = self._sliding_windows[group]
         return event

@@ -43,26 +43,33 @@ pub enum AttentionKind {
     /// Only the last `window` tokens are attended: blocks wholly before them go back to
     /// the pool (vLLM's `SlidingWindowSpec.sliding_window`).
     SlidingWindow { window: u32 },
+    /// Tokens attend within their own chunk of `chunk` tokens: blocks of earlier chunks go
+    /// back to the pool (vLLM's `ChunkedLocalAttentionSpec.attention_chunk_size`).
+    ChunkedLocal { chunk: u32 },
 }
 
 /// The most KV-cache groups a layout holds (one bit each in `KvCacheGroups`).
 pub const MAX_KV_CACHE_GROUPS: usize = 64;
 
 /// The KV-cache groups one block pool serves, in vLLM's `kv_cache_groups` order: a
-/// full-attention model has one; a hybrid model (sliding-window layers beside full ones)
-/// several. Every sliding-window group shares one window. Written and parsed as
-/// comma-separated kinds: `full`, `sliding_window:W`.
+/// full-attention model has one; a hybrid model (sliding-window or chunked local layers
+/// beside full ones) several. Every sliding-window group shares one window, every chunked
+/// local group one chunk size. Written and parsed as comma-separated kinds: `full`,
+/// `sliding_window:W`, `chunked_local:C`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KvCacheGroups {
     /// Bit `g` set: group `g` is a sliding-window group.
     sliding: u64,
+    /// Bit `g` set: group `g` is a chunked local attention group.
+    chunked: u64,
     len: u8,
     window: u32,
+    chunk: u32,
 }
 
 impl KvCacheGroups {
     /// One full-attention group.
-    pub const FULL: Self = Self { sliding: 0, len: 1, window: 0 };
+    pub const FULL: Self = Self { sliding: 0, chunked: 0, len: 1, window: 0, chunk: 0 };
 
     pub fn new(kinds: &[AttentionKind]) -> CoreResult<Self> {
         let text = || kinds.iter().map(|k| Self::kind_name(*k)).collect::<Vec<_>>().join(",");
@@ -73,19 +80,23 @@ impl KvCacheGroups {
                 format!("must name 1 to {MAX_KV_CACHE_GROUPS} groups"),
             ));
         }
-        let mut groups = Self { sliding: 0, len: kinds.len() as u8, window: 0 };
+        let mut groups = Self { len: kinds.len() as u8, ..Self::FULL };
         for (g, kind) in kinds.iter().enumerate() {
-            if let AttentionKind::SlidingWindow { window } = *kind {
-                if window < 1 || (groups.window != 0 && groups.window != window) {
-                    return Err(CoreError::config(
-                        "kv_cache_groups",
-                        format!("{:?}", text()),
-                        "sliding windows must be at least 1 token and the same in every group",
-                    ));
-                }
-                groups.window = window;
-                groups.sliding |= 1 << g;
+            let (size, bits, seen) = match *kind {
+                AttentionKind::Full => continue,
+                AttentionKind::SlidingWindow { window } => (window, &mut groups.sliding, &mut groups.window),
+                AttentionKind::ChunkedLocal { chunk } => (chunk, &mut groups.chunked, &mut groups.chunk),
+            };
+            if size < 1 || (*seen != 0 && *seen != size) {
+                return Err(CoreError::config(
+                    "kv_cache_groups",
+                    format!("{:?}", text()),
+                    "sliding windows and attention chunks must be at least 1 token, and the same \
+                     in every group of their kind",
+                ));
             }
+            *seen = size;
+            *bits |= 1 << g;
         }
         Ok(groups)
     }
@@ -95,16 +106,17 @@ impl KvCacheGroups {
             CoreError::config(
                 "kv_cache_groups",
                 format!("{value:?}"),
-                "must be comma-separated group kinds: \"full\" or \"sliding_window:W\" (W tokens)",
+                "must be comma-separated group kinds: \"full\", \"sliding_window:W\" (a window of W \
+                 tokens) or \"chunked_local:C\" (chunks of C tokens)",
             )
         };
+        let size = |text: &str| text.trim().parse::<u32>().map_err(|_| refuse());
         let kinds = value
             .split(',')
             .map(|kind| match kind.trim().split_once(':') {
                 None if kind.trim() == "full" => Ok(AttentionKind::Full),
-                Some(("sliding_window", w)) => {
-                    w.trim().parse::<u32>().map(|window| AttentionKind::SlidingWindow { window }).map_err(|_| refuse())
-                }
+                Some(("sliding_window", w)) => size(w).map(|window| AttentionKind::SlidingWindow { window }),
+                Some(("chunked_local", c)) => size(c).map(|chunk| AttentionKind::ChunkedLocal { chunk }),
                 _ => Err(refuse()),
             })
             .collect::<CoreResult<Vec<_>>>()?;
@@ -115,6 +127,7 @@ impl KvCacheGroups {
         match kind {
             AttentionKind::Full => "full".into(),
             AttentionKind::SlidingWindow { window } => format!("sliding_window:{window}"),
+            AttentionKind::ChunkedLocal { chunk } => format!("chunked_local:{chunk}"),
         }
     }
 
@@ -135,6 +148,8 @@ impl KvCacheGroups {
     pub fn kind(self, group: usize) -> AttentionKind {
         if self.sliding >> group & 1 == 1 {
             AttentionKind::SlidingWindow { window: self.window }
+        } else if self.chunked >> group & 1 == 1 {
+            AttentionKind::ChunkedLocal { chunk: self.chunk }
         } else {
             AttentionKind::Full
         }
@@ -214,8 +229,9 @@ macro_rules! config_fields {
             /// request under another adapter waits (0: LoRA off, requests name none).
             max_loras: Int = 0;
             /// The KV-cache groups the pool serves, in vLLM's order, comma-separated:
-            /// ``full`` or ``sliding_window:W`` (a window of W tokens) each. A hybrid model
-            /// (sliding-window layers beside full ones) has several.
+            /// ``full``, ``sliding_window:W`` (a window of W tokens) or ``chunked_local:C``
+            /// (attention within chunks of C tokens) each. A hybrid model (sliding-window
+            /// or chunked local layers beside full ones) has several.
             kv_cache_groups: Groups = KvCacheGroups::FULL;
             /// Which blocks of a sliding-window group enter the prefix cache (vLLM's
             /// ``prefix_cache_retention_interval``): 0 keeps only those a resend of the
@@ -536,7 +552,7 @@ fn check_speculative_decoding(p: &ConfigParams) -> CoreResult<()> {
 }
 
 /// The retention interval on the block grid, and what the per-group path does not do yet:
-/// KV events and EAGLE's prefix-cache rule (lookahead slots) over several groups.
+/// EAGLE's prefix-cache rule (lookahead slots) over several groups.
 fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
     let interval = p.prefix_cache_retention_interval;
     if interval < 0 || interval % p.block_size != 0 {
@@ -548,13 +564,6 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
     }
     if p.kv_cache_groups.is_hybrid() {
         let groups = p.kv_cache_groups.to_text();
-        if p.enable_kv_cache_events {
-            return Err(CoreError::config(
-                "enable_kv_cache_events",
-                true,
-                format!("KV cache events are not recorded for the KV-cache groups {groups:?} yet"),
-            ));
-        }
         if p.num_lookahead_tokens > 0 {
             return Err(CoreError::config(
                 "num_lookahead_tokens",
@@ -604,25 +613,25 @@ impl SchedulerConfig {
     pub fn watermark_blocks(&self) -> usize {
         self.watermark_blocks as usize
     }
-    /// The most blocks a sliding-window group of `window` tokens holds for one request:
-    /// the window's tokens before the next one and the tokens in flight, plus one for a
-    /// window that starts mid-block (vLLM's `max_admission_blocks_per_request`).
-    pub fn sliding_window_block_cap(&self, window: u32) -> i64 {
-        let tokens = (i64::from(window) - 1 + self.max_in_flight_tokens()).min(self.max_model_len());
-        (tokens + self.block_size() - 1) / self.block_size() + 1
+    /// The most blocks a group of `kind` holds for one request (vLLM's
+    /// `max_admission_blocks_per_request`), None for full attention: a sliding window's
+    /// tokens before the next one and the tokens in flight, plus one for a window that
+    /// starts mid-block; a chunk and the tokens in flight.
+    pub fn group_block_cap(&self, kind: AttentionKind) -> Option<i64> {
+        let (tokens, extra) = match kind {
+            AttentionKind::Full => return None,
+            AttentionKind::SlidingWindow { window } => (i64::from(window) - 1, 1),
+            AttentionKind::ChunkedLocal { chunk } => (i64::from(chunk), 0),
+        };
+        let tokens = (tokens + self.max_in_flight_tokens()).min(self.max_model_len());
+        Some((tokens + self.block_size() - 1) / self.block_size() + extra)
     }
 
     /// The most KV blocks a request of up to `tokens` tokens holds at once, every group
     /// counted.
     pub fn max_blocks_per_request(&self, tokens: i64) -> i64 {
         let blocks = (tokens + self.block_size() - 1) / self.block_size();
-        self.kv_cache_groups()
-            .iter()
-            .map(|kind| match kind {
-                AttentionKind::Full => blocks,
-                AttentionKind::SlidingWindow { window } => blocks.min(self.sliding_window_block_cap(window)),
-            })
-            .sum()
+        self.kv_cache_groups().iter().map(|kind| self.group_block_cap(kind).map_or(blocks, |cap| blocks.min(cap))).sum()
     }
 
     /// The most steps an engine keeps in flight (vLLM's `max_concurrent_batches`): one per

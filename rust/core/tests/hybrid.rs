@@ -176,11 +176,60 @@ fn the_groups_field_names_its_value_when_refused() {
     }
     let groups = KvCacheGroups::parse("sliding_window:8, full").unwrap();
     assert_eq!(groups.to_text(), "sliding_window:8,full");
-    // KV events over several groups are not recorded yet: refused, not silently wrong.
-    let p = ConfigParams { kv_cache_groups: groups, enable_kv_cache_events: true, ..ConfigParams::default() };
+    // EAGLE's hybrid prefix-cache rule is not built: refused, not silently wrong.
+    let p = ConfigParams {
+        kv_cache_groups: groups,
+        num_speculative_tokens: 2,
+        num_lookahead_tokens: 2,
+        ..ConfigParams::default()
+    };
     let err = SchedulerConfig::new(p).unwrap_err().to_string();
-    assert!(err.starts_with("enable_kv_cache_events"), "{err}");
+    assert!(err.starts_with("num_lookahead_tokens"), "{err}");
     let p = ConfigParams { prefix_cache_retention_interval: 6, block_size: 4, ..ConfigParams::default() };
     let err = SchedulerConfig::new(p).unwrap_err().to_string();
     assert!(err.contains("prefix_cache_retention_interval") && err.contains('6'), "{err}");
+}
+
+#[test]
+fn a_chunked_local_group_frees_earlier_chunks_and_hits_from_the_current_chunk() {
+    // Chunks of 8 tokens (2 blocks): a token attends only within its own chunk.
+    let mut sched = Scheduler::new(config(|p| {
+        p.block_size = 4;
+        p.kv_cache_groups = KvCacheGroups::parse("chunked_local:8,full").unwrap();
+        p.enable_prefix_caching = true;
+        p.max_num_batched_tokens = 4;
+        p.max_num_seqs = 1;
+        p.num_gpu_blocks = 64;
+    }))
+    .unwrap();
+    sched.add_request(request("a", 20, 1)).unwrap();
+    let mut a_tables = Vec::new();
+    while sched.get_request_counts() != (0, 0) {
+        let step = step_and_apply(&mut sched);
+        if let Some(row) = step.req_handles.iter().position(|&h| sched.request(h).is_some()) {
+            let r = sched.request(step.req_handles[row]).unwrap();
+            a_tables.push((r.num_computed_tokens(), r.group_block_ids(0).to_vec(), r.group_block_ids(1).to_vec()));
+        }
+    }
+    // The step from 12 processed tokens (its last while running) gave back chunk 0's two
+    // blocks: token 12 attends within chunk 1 only. The full group keeps every block.
+    let (c, chunked, full) = a_tables.last().unwrap();
+    assert_eq!(*c, 16);
+    assert_eq!(chunked[..2], [0, 0]);
+    assert!(!chunked[2..].contains(&0) && !full.contains(&0));
+
+    // b: a's prompt and 8 more tokens. The full group hits a's 5 blocks (20 tokens); within
+    // them the chunked group needs only the blocks of the chunk holding token 20 that come
+    // before it: block 4, cached when a computed it. A 20-token hit, 4 nulls before.
+    let mut b = request("b", 28, 1);
+    b.prompt_token_ids[20..].iter_mut().for_each(|t| *t = 9);
+    sched.add_request(b).unwrap();
+    let step = sched.schedule();
+    check_step(&sched, &step);
+    assert_eq!(step.num_computed_tokens[0], 20);
+    let b_blocks = row_blocks(&step, 0, 2);
+    assert_eq!(b_blocks[0][..4], [0, 0, 0, 0]);
+    assert_ne!(b_blocks[0][4], 0);
+    assert_eq!(b_blocks[1].len(), 6, "5 hit blocks and one for the step's 4 tokens");
+    assert!(!b_blocks[1].contains(&0));
 }

@@ -16,7 +16,7 @@ fn cached(f: impl FnOnce(&mut llmsched_core::ConfigParams)) -> Scheduler {
 }
 
 fn stored(id: &str, first_block: u32, blocks: &[u32]) -> KvEvent {
-    KvEvent::Stored { request_id: id.into(), first_block, blocks: blocks.to_vec() }
+    KvEvent::Stored { request_id: id.into(), group: 0, first_block, blocks: blocks.to_vec() }
 }
 
 fn step_and_apply(sched: &mut Scheduler) {
@@ -68,9 +68,9 @@ fn a_hit_is_reported_only_to_a_request_that_asks_and_eviction_removes_blocks() {
     assert_eq!(
         sched.take_kv_events(),
         [
-            KvEvent::Reused { request_id: "b".into(), num_blocks: 3 },
+            KvEvent::Reused { request_id: "b".into(), group: 0, num_blocks: 3 },
             stored("b", 3, &[b_fourth]),
-            KvEvent::Removed { block: a_blocks[3] },
+            KvEvent::Removed { block: a_blocks[3], group: 0 },
             stored("c", 3, &[a_blocks[3]]),
         ]
     );

@@ -167,11 +167,14 @@ struct RawConfig {
 /// orders vLLM produces (full first, or last) and with several sliding groups.
 fn hybrid_groups(sel: u8, window: u32) -> KvCacheGroups {
     let (full, sliding) = (AttentionKind::Full, AttentionKind::SlidingWindow { window });
+    let chunked = AttentionKind::ChunkedLocal { chunk: window };
     let kinds: &[AttentionKind] = match sel {
         0 => &[full],
         1 => &[full, sliding],
         2 => &[sliding, sliding, full],
-        _ => &[sliding, full, sliding],
+        3 => &[sliding, full, sliding],
+        4 => &[chunked, chunked, full],
+        _ => &[full, chunked, sliding],
     };
     KvCacheGroups::new(kinds).expect("a valid layout")
 }
@@ -210,7 +213,7 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
     // Mostly every step may prefill; else a cadence of 2 to 4 executed steps.
     let d = prop_oneof![3 => Just(1i64), 1 => 2i64..=4];
     // Mostly one group; else a hybrid layout with a window of a few blocks.
-    let e = (prop_oneof![2 => Just(0u8), 1 => 1u8..=3], prop_oneof![1u32..=8, 1u32..=64], 0u8..3);
+    let e = (prop_oneof![2 => Just(0u8), 1 => 1u8..=5], prop_oneof![1u32..=8, 1u32..=64], 0u8..3);
     (a, b, c, d, e).prop_map(|(a, b, max_loras, prefill_schedule_interval, e)| RawConfig {
         block_size_log2: a.0,
         model_blocks: a.1,
@@ -312,7 +315,7 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         watermark: [0.0, 0.0, 0.1, 0.3][r.watermark_sel as usize],
         scheduler_reserve_full_isl: r.reserve_full_isl,
         enable_prefix_caching: r.caching,
-        enable_kv_cache_events: r.caching && r.groups_sel == 0,
+        enable_kv_cache_events: r.caching,
         policy: if r.priority { Policy::Priority } else { Policy::Fcfs },
         max_loras: r.max_loras,
         prefill_schedule_interval: r.prefill_schedule_interval,
@@ -613,7 +616,7 @@ struct Harness {
     clock: f64,
     next_id: u64,
     /// The prefix cache as the KV cache events tell it: block -> the hash it holds.
-    cached_by_events: HashMap<u32, BlockHash>,
+    cached_by_events: HashMap<u32, (BlockHash, u32)>,
     /// The requests that asked for their prefix hits to be reported.
     reporting_hits: HashSet<String>,
 }
@@ -744,6 +747,11 @@ impl Harness {
                 AttentionKind::SlidingWindow { window } => {
                     let held = (i64::from(window) - 1 + steps_in_flight * self.cfg.max_num_batched_tokens()).min(m);
                     whole.min((held + bs - 1) / bs + 1)
+                }
+                // A chunked local group holds at most a chunk and the tokens in flight.
+                AttentionKind::ChunkedLocal { chunk } => {
+                    let held = (i64::from(chunk) + steps_in_flight * self.cfg.max_num_batched_tokens()).min(m);
+                    whole.min((held + bs - 1) / bs)
                 }
             })
             .sum();
@@ -1181,6 +1189,9 @@ impl Harness {
                 // where an admission's hit began after the window's start.
                 let behind_window = match groups.kind(g) {
                     AttentionKind::SlidingWindow { window } => (j as i64 + 1) * bs <= c - i64::from(window) + 1,
+                    AttentionKind::ChunkedLocal { chunk } => {
+                        (j as i64 + 1) * bs <= c / i64::from(chunk) * i64::from(chunk)
+                    }
                     AttentionKind::Full => false,
                 };
                 prop_assert!(
@@ -1204,6 +1215,7 @@ impl Harness {
             prop_assert!((table.len() as i64) * bs >= c + n, "{id}: group {g}'s table does not cover C + n");
             let window_start = match groups.kind(g) {
                 AttentionKind::SlidingWindow { window } => c - i64::from(window) + 1,
+                AttentionKind::ChunkedLocal { chunk } => c / i64::from(chunk) * i64::from(chunk),
                 AttentionKind::Full => 0,
             };
             for pos in from..c + n {
@@ -1255,12 +1267,18 @@ impl Harness {
         let bs = self.cfg.block_size();
         for event in events {
             match event {
-                KvEvent::Stored { request_id, first_block, blocks } => {
+                KvEvent::Stored { request_id, group, first_block, blocks } => {
                     let req = self.live_or_just_finished(&request_id, &when)?;
-                    let (hashes, table) = (req.block_hashes().to_vec(), req.block_ids().to_vec());
+                    let hashes = req.block_hashes().to_vec();
+                    let table = req.group_block_ids(group as usize).to_vec();
+                    let sliding = self.cfg.kv_cache_groups().kind(group as usize) != AttentionKind::Full;
                     for (i, &block) in blocks.iter().enumerate() {
                         let index = first_block as usize + i;
-                        prop_assert!(block != 0, "{:?}: the null block stored", when);
+                        // Only a sliding window's blocks may stay out of the cache.
+                        prop_assert!(block != 0 || sliding, "{:?}: the null block stored", when);
+                        if block == 0 {
+                            continue;
+                        }
                         prop_assert!(
                             index < hashes.len(),
                             "{:?}: {} stored block {} past its full blocks",
@@ -1278,12 +1296,12 @@ impl Harness {
                                 index
                             );
                         }
-                        let before = self.cached_by_events.insert(block, hashes[index]);
+                        let before = self.cached_by_events.insert(block, (hashes[index], group));
                         prop_assert!(before.is_none(), "{:?}: block {} stored twice", when, block);
+                        self.cov.blocks_stored += 1;
                     }
-                    self.cov.blocks_stored += blocks.len() as u64;
                 }
-                KvEvent::Reused { request_id, num_blocks } => {
+                KvEvent::Reused { request_id, group, num_blocks } => {
                     prop_assert!(
                         self.reporting_hits.contains(&*request_id),
                         "{:?}: hits of {} reported unasked",
@@ -1292,22 +1310,35 @@ impl Harness {
                     );
                     let req = self.live_or_just_finished(&request_id, &when)?;
                     prop_assert!(num_blocks > 0 && i64::from(num_blocks) * bs < req.num_tokens());
-                    for hash in &req.block_hashes()[..num_blocks as usize] {
+                    // Every hit block of a full-attention group is cached there; a sliding
+                    // window's hit ends with a cached block (nulls may come before it); a
+                    // chunked local group's may be nulls alone (earlier chunks).
+                    let hit = &req.block_hashes()[..num_blocks as usize];
+                    let checked = match self.cfg.kv_cache_groups().kind(group as usize) {
+                        AttentionKind::Full => hit,
+                        AttentionKind::SlidingWindow { .. } => &hit[hit.len() - 1..],
+                        AttentionKind::ChunkedLocal { .. } => &[],
+                    };
+                    for hash in checked {
                         prop_assert!(
-                            self.cached_by_events.values().any(|h| h == hash),
-                            "{:?}: {} reported a hit on a block not cached",
+                            self.cached_by_events.values().any(|&(h, g)| h == *hash && g == group),
+                            "{:?}: {} reported a hit on a block not cached in group {}",
                             when,
-                            request_id
+                            request_id,
+                            group
                         );
                     }
                     self.cov.hits_reported += 1;
                 }
-                KvEvent::Removed { block } => {
+                KvEvent::Removed { block, group } => {
+                    let stored = self.cached_by_events.remove(&block);
                     prop_assert!(
-                        self.cached_by_events.remove(&block).is_some(),
-                        "{:?}: block {} removed while not cached",
+                        stored.is_some_and(|(_, g)| g == group),
+                        "{:?}: block {} removed from group {} while not cached there ({:?})",
                         when,
-                        block
+                        block,
+                        group,
+                        stored
                     );
                     self.cov.blocks_removed += 1;
                 }
@@ -1320,7 +1351,7 @@ impl Harness {
         for block in 1..self.cfg.num_gpu_blocks() as u32 {
             prop_assert_eq!(
                 self.sched.cached_block_hash(block),
-                self.cached_by_events.get(&block).copied(),
+                self.cached_by_events.get(&block).map(|&(hash, _)| hash),
                 "{:?}: block {}: the pool's hash against the events'",
                 when,
                 block

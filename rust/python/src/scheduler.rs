@@ -1159,12 +1159,13 @@ impl PyScheduler {
     }
 
     /// The prefix cache's changes since the last call, oldest first, as tuples:
-    /// ``("stored", request_id, first_block, block_ids)`` (the blocks now cached hold the
-    /// request's full blocks ``first_block, first_block + 1, ...``: their content is the
-    /// request's tokens there), ``("reused", request_id, num_blocks)`` (a prefix lookup of
-    /// a request added with ``report_reused_blocks`` hit its first ``num_blocks`` blocks),
-    /// ``("removed", block_id)`` (evicted, or its KV will never be computed) and
-    /// ``("cleared",)`` (``reset_prefix_cache``). ``schedule``, ``update_from_output`` and
+    /// ``("stored", request_id, first_block, block_ids, group)`` (the blocks now cached in
+    /// KV-cache group ``group`` hold the request's full blocks ``first_block, first_block +
+    /// 1, ...``: their content is the request's tokens there; 0 for a sliding-window block
+    /// that did not enter the cache), ``("reused", request_id, num_blocks, group)`` (a prefix
+    /// lookup of a request added with ``report_reused_blocks`` hit its first ``num_blocks``
+    /// blocks, one tuple per group), ``("removed", block_id, group)`` (evicted, or its KV
+    /// will never be computed) and ``("cleared",)`` (``reset_prefix_cache``). ``schedule``, ``update_from_output`` and
     /// ``reset_prefix_cache`` make them; always empty unless the config's
     /// ``enable_kv_cache_events``. Take them before the requests they name are let go: a
     /// request finished by ``update_from_output`` is still reachable then through
@@ -1175,13 +1176,13 @@ impl PyScheduler {
             .into_iter()
             .map(|event| -> PyResult<Bound<'py, PyAny>> {
                 Ok(match event {
-                    KvEvent::Stored { request_id, first_block, blocks } => {
-                        ("stored", &*request_id, first_block, blocks).into_pyobject(py)?.into_any()
+                    KvEvent::Stored { request_id, group, first_block, blocks } => {
+                        ("stored", &*request_id, first_block, blocks, group).into_pyobject(py)?.into_any()
                     }
-                    KvEvent::Reused { request_id, num_blocks } => {
-                        ("reused", &*request_id, num_blocks).into_pyobject(py)?.into_any()
+                    KvEvent::Reused { request_id, group, num_blocks } => {
+                        ("reused", &*request_id, num_blocks, group).into_pyobject(py)?.into_any()
                     }
-                    KvEvent::Removed { block } => ("removed", block).into_pyobject(py)?.into_any(),
+                    KvEvent::Removed { block, group } => ("removed", block, group).into_pyobject(py)?.into_any(),
                     KvEvent::Cleared => ("cleared",).into_pyobject(py)?.into_any(),
                 })
             })

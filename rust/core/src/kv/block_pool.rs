@@ -203,7 +203,8 @@ impl BlockPool {
         }
         let hash = self.hash[id as usize];
         self.num_cached -= 1;
-        self.events.record(|| KvEvent::Removed { block: id });
+        let group = self.nodes[id as usize].group;
+        self.events.record(|| KvEvent::Removed { block: id, group: u32::from(group) });
         let next = std::mem::replace(&mut self.next_duplicate[id as usize], NIL);
         let cached = &mut self.cached[self.nodes[id as usize].group as usize];
         let first = cached.get_mut(&hash).expect("a hashed block is cached");

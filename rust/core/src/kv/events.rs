@@ -11,16 +11,20 @@ use std::sync::Arc;
 /// block at that position; a removed block's is the one it was stored under).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KvEvent {
-    /// `blocks` entered the cache holding the request's full blocks `first_block..` (block
-    /// `first_block + i` of its table is `blocks[i]`).
-    Stored { request_id: Arc<str>, first_block: u32, blocks: Vec<u32> },
-    /// An admission lookup found the request's first `num_blocks` blocks cached. Recorded
-    /// only for requests that ask to be told (vLLM's `kv_cache_report_mode="full"`), at
-    /// every lookup with a hit, whether the request is then admitted or not.
-    Reused { request_id: Arc<str>, num_blocks: u32 },
-    /// The block's content left the cache: evicted for reuse, or its KV will never be
-    /// computed (an undone step).
-    Removed { block: u32 },
+    /// `blocks` entered KV-cache group `group`'s cache holding the request's full blocks
+    /// `first_block..` (block `first_block + i` of the group's table is `blocks[i]`); the
+    /// null block (0) where a sliding-window group's block did not enter it (behind the
+    /// window, or out of any later hit's reach).
+    Stored { request_id: Arc<str>, group: u32, first_block: u32, blocks: Vec<u32> },
+    /// An admission lookup found the request's first `num_blocks` blocks cached in `group`
+    /// (a sliding-window group: the blocks of the window before the hit's end, nulls
+    /// before them), one event per group. Recorded only for requests that ask to be told
+    /// (vLLM's `kv_cache_report_mode="full"`), at every lookup with a hit, whether the
+    /// request is then admitted or not.
+    Reused { request_id: Arc<str>, group: u32, num_blocks: u32 },
+    /// The block's content left group `group`'s cache: evicted for reuse, or its KV will
+    /// never be computed (an undone step).
+    Removed { block: u32, group: u32 },
     /// Every block's content left the cache (`reset_prefix_cache`).
     Cleared,
 }

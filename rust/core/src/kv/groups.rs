@@ -11,6 +11,7 @@
 
 use crate::config::{AttentionKind, SchedulerConfig};
 use crate::kv::block_pool::{BlockHash, NULL_BLOCK};
+use crate::kv::events::KvEvent;
 use crate::kv::manager::{cdiv, KvManager, SlotRequest};
 use crate::request::Request;
 
@@ -47,8 +48,9 @@ pub struct Groups {
     /// 0: a sliding-window group caches only the blocks a resend of the prompt can hit;
     /// else also the window before every multiple of this many tokens.
     retention_interval: i64,
-    /// The most blocks a sliding-window group holds for one request (vLLM's admission cap).
-    sliding_window_block_cap: i64,
+    /// The most blocks each group holds for one request (vLLM's admission cap; None: no
+    /// cap, full attention).
+    block_caps: Vec<Option<i64>>,
 }
 
 impl Groups {
@@ -63,17 +65,10 @@ impl Groups {
         }
         lookups.sort_by_key(|(kind, _)| *kind != AttentionKind::Full);
         Self {
+            retention_interval: config.prefix_cache_retention_interval(),
+            block_caps: kinds.iter().map(|&kind| config.group_block_cap(kind)).collect(),
             kinds,
             lookups,
-            retention_interval: config.prefix_cache_retention_interval(),
-            sliding_window_block_cap: config
-                .kv_cache_groups()
-                .iter()
-                .find_map(|kind| match kind {
-                    AttentionKind::SlidingWindow { window } => Some(config.sliding_window_block_cap(window)),
-                    AttentionKind::Full => None,
-                })
-                .unwrap_or(0),
         }
     }
 
@@ -89,6 +84,7 @@ fn num_skipped_tokens(kind: AttentionKind, c: i64) -> i64 {
     match kind {
         AttentionKind::Full => 0,
         AttentionKind::SlidingWindow { window } => (c - i64::from(window) + 1).max(0),
+        AttentionKind::ChunkedLocal { chunk } => c / i64::from(chunk) * i64::from(chunk),
     }
 }
 
@@ -134,6 +130,9 @@ impl KvManager {
                     AttentionKind::Full => (0, self.full_attention_hit(hashes, curr, members)),
                     AttentionKind::SlidingWindow { window } => {
                         self.sliding_window_hit(hashes, curr, members, i64::from(window))
+                    }
+                    AttentionKind::ChunkedLocal { chunk } => {
+                        self.chunked_local_hit(hashes, curr, members, i64::from(chunk))
                     }
                 };
                 found[lookup] = Some((start, end));
@@ -205,6 +204,22 @@ impl KvManager {
         (0, run)
     }
 
+    /// vLLM's chunked local attention hit, as the cached blocks `start..end`: the blocks of
+    /// the chunks before the one `max_length` falls in are never read again (null blocks,
+    /// counted as hit); from that chunk's start, the run of cached blocks.
+    fn chunked_local_hit(
+        &self,
+        hashes: &[BlockHash],
+        max_length: i64,
+        members: &[usize],
+        chunk: i64,
+    ) -> (usize, usize) {
+        let max_blocks = (max_length / self.block_size) as usize;
+        let start = (max_length / chunk * chunk / self.block_size) as usize;
+        let run = hashes[start..max_blocks].iter().take_while(|&&hash| self.cached_in_all(hash, members)).count();
+        (start, start + run)
+    }
+
     /// The hit blocks of group `g` in a lookup of `num_groups` groups (none if no hit).
     fn hits_of(hits: &[u32], g: usize, num_groups: usize) -> &[u32] {
         let per_group = hits.len() / num_groups;
@@ -266,8 +281,8 @@ impl KvManager {
     ) -> usize {
         let kind = groups.kinds[g];
         let mut required = cdiv(num_tokens, self.block_size);
-        if let (true, AttentionKind::SlidingWindow { .. }) = (admission_cap, kind) {
-            required = required.min(groups.sliding_window_block_cap);
+        if let (true, Some(cap)) = (admission_cap, groups.block_caps[g]) {
+            required = required.min(cap);
         }
         let skipped = num_skipped_tokens(kind, total_computed) / self.block_size;
         let local = (hits.len() + held) as i64;
@@ -434,38 +449,39 @@ impl KvManager {
         let b = self.block_size;
         let num_prompt_tokens = request.num_prompt_tokens();
         let shared_prefix_boundary = request.shared_prefix_boundary;
+        let request_id = request.id().clone();
         let (ids, num_cached, hashes) = table(request, g);
         let full = ((upto.max(0) / b) as usize).min(hashes.len()).min(ids.len());
         let from = *num_cached;
         if full <= from {
             return;
         }
-        match groups.kinds[g] {
-            AttentionKind::Full => self.pool.cache_full_blocks(ids, hashes, (from, full), g, |_| true),
+        // Every block of a full-attention group; of a sliding window, the `need` blocks
+        // before each boundary a hit can stop at: the last block before the prompt's final
+        // token (a resend's hit), a shared prefix's end, and every `per_segment` blocks.
+        let (every_block, need, per_segment) = match groups.kinds[g] {
+            AttentionKind::Full | AttentionKind::ChunkedLocal { .. } => (true, 0, 0),
             AttentionKind::SlidingWindow { window } => {
                 let need = cdiv(i64::from(window) - 1, b) as usize;
                 let per_segment = (groups.retention_interval / b) as usize;
-                if per_segment > 0 && need >= per_segment {
-                    self.pool.cache_full_blocks(ids, hashes, (from, full), g, |_| true);
-                } else {
-                    // The `need` blocks before each boundary a hit can stop at: the last
-                    // block before the prompt's final token (a resend's hit), a shared
-                    // prefix's end, and every `per_segment` blocks.
-                    let boundary_ends = [num_prompt_tokens - 1, shared_prefix_boundary].map(|tokens| {
-                        if tokens > 0 {
-                            (tokens / b) as usize
-                        } else {
-                            0
-                        }
-                    });
-                    let keep = |i: usize| {
-                        (per_segment > 0 && i % per_segment >= per_segment - need)
-                            || boundary_ends.iter().any(|&end| end > 0 && i < end && i + need >= end)
-                    };
-                    self.pool.cache_full_blocks(ids, hashes, (from, full), g, keep);
-                }
+                (per_segment > 0 && need >= per_segment, need, per_segment)
             }
-        }
+        };
+        let boundary_ends =
+            [num_prompt_tokens - 1, shared_prefix_boundary]
+                .map(|tokens| if tokens > 0 { (tokens / b) as usize } else { 0 });
+        let keep = |i: usize| {
+            every_block
+                || (per_segment > 0 && i % per_segment >= per_segment - need)
+                || boundary_ends.iter().any(|&end| end > 0 && i < end && i + need >= end)
+        };
+        self.pool.cache_full_blocks(ids, hashes, (from, full), g, keep);
+        self.pool.events.record(|| KvEvent::Stored {
+            request_id: request_id.clone(),
+            group: g as u32,
+            first_block: from as u32,
+            blocks: (from..full).map(|i| if ids[i] != NULL_BLOCK && keep(i) { ids[i] } else { NULL_BLOCK }).collect(),
+        });
         *num_cached = full;
     }
 }

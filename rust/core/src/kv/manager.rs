@@ -141,12 +141,17 @@ impl KvManager {
     }
 
     /// Records a lookup's hit for a request that asks to be told of them
-    /// (`KvEvent::Reused`).
+    /// (`KvEvent::Reused`), one event per group (`hits` holds one run per group).
     pub fn report_reused_blocks(&mut self, request: &Request, hits: &[u32]) {
         if request.report_reused_blocks && !hits.is_empty() {
-            self.pool
-                .events
-                .record(|| KvEvent::Reused { request_id: request.id().clone(), num_blocks: hits.len() as u32 });
+            let num_groups = self.groups.as_ref().map_or(1, |groups| groups.len());
+            for group in 0..num_groups as u32 {
+                self.pool.events.record(|| KvEvent::Reused {
+                    request_id: request.id().clone(),
+                    group,
+                    num_blocks: (hits.len() / num_groups) as u32,
+                });
+            }
         }
     }
 
@@ -324,6 +329,7 @@ impl KvManager {
             self.pool.cache_full_blocks(&request.block_ids, &request.block_hashes, (first, full), 0, |_| true);
             self.pool.events.record(|| KvEvent::Stored {
                 request_id: request.id().clone(),
+                group: 0,
                 first_block: first as u32,
                 blocks: request.block_ids[first..full].to_vec(),
             });
