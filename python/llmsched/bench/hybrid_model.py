@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmsched.bench.vllm_engine import EOS_TOKEN_ID, configure_cpu_env
+from llmsched.bench.vllm_engine import EOS_TOKEN_ID, configure_cpu_env, save_random_model
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -80,8 +80,6 @@ def write_gemma3_model(
     if sliding_window < 1:
         raise ValueError(f"sliding_window must be positive, got {sliding_window}")
     configure_cpu_env()
-    import torch
-
     transformers = importlib.import_module("transformers")
     out = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="llmsched-gemma3-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -103,8 +101,4 @@ def write_gemma3_model(
         tie_word_embeddings=tie_word_embeddings,
         torch_dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = transformers.Gemma3ForCausalLM(config)
-    model.save_pretrained(str(out))
-    return out
+    return save_random_model(transformers.Gemma3ForCausalLM, config, seed, out)

@@ -136,8 +136,6 @@ def write_model(path: str | Path | None = None, spec: ModelSpec | None = None) -
     configure_cpu_env()
     import importlib
 
-    import torch
-
     transformers = importlib.import_module("transformers")
     out = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="llmsched-llama-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -150,9 +148,17 @@ def write_model(path: str | Path | None = None, spec: ModelSpec | None = None) -
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
+    return save_random_model(transformers.LlamaForCausalLM, config, spec.seed, out)
+
+
+def save_random_model(model_class: Any, config: Any, seed: int, out: Path) -> Path:
+    """Write ``model_class(config)``'s weights, drawn from ``seed`` (the global generator
+    left as it was), and its config to ``out``; return ``out``."""
+    import torch
+
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
-        model = transformers.LlamaForCausalLM(config)
+        torch.manual_seed(seed)
+        model = model_class(config)
     model.save_pretrained(str(out))
     return out
 
