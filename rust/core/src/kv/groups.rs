@@ -1,81 +1,22 @@
 //! Several KV-cache groups over one block pool: vLLM's hybrid KV-cache coordinator for
-//! full-attention and sliding-window groups (a hybrid model such as Gemma 3).
+//! full-attention, sliding-window and chunked local attention groups (hybrid models such
+//! as Gemma 3 and Llama 4).
 //!
 //! Every group has its own block table per request (group 0's is `Request::block_ids`,
 //! the others `Request::extra_tables`) and its own prefix cache in the pool; one pool
 //! serves them all, so an allocation succeeds only if every group's blocks fit. A
-//! sliding-window group needs only the last `W` tokens: blocks wholly before them return
-//! to the pool and the null block takes their place in the table (so positions stay put),
-//! and a prefix hit there needs only the blocks of the last window before the hit's end.
-//! All groups share one block size (the scheduler's block size).
+//! sliding-window group needs only the last `W` tokens, a chunked local group only the
+//! current chunk: blocks wholly before them return to the pool and the null block takes
+//! their place in the table (so positions stay put), and a prefix hit there needs only
+//! the blocks before the hit's end that the next token attends to. All groups share one
+//! block size (the scheduler's block size).
 
-use crate::config::{AttentionKind, SchedulerConfig};
+use crate::config::AttentionKind;
 use crate::kv::block_pool::{BlockHash, NULL_BLOCK};
 use crate::kv::events::KvEvent;
+use crate::kv::layout::{CacheHit, Groups};
 use crate::kv::manager::{cdiv, KvManager, SlotRequest};
 use crate::request::Request;
-
-/// A request's block table in one KV-cache group after the first.
-#[derive(Clone, Debug, Default)]
-pub struct BlockTable {
-    pub(crate) ids: Vec<u32>,
-    /// Leading entries whose caching is settled (registered, masked out, or null).
-    pub(crate) num_cached: usize,
-    /// Where the latest allocation began appending: the step's new blocks start here.
-    pub(crate) first_new: usize,
-    /// `num_cached` before the latest allocation (restored if its step is undone).
-    pub(crate) cached_before: usize,
-}
-
-/// A prefix-cache lookup: the hit's blocks, one run of `tokens / B` per group, group
-/// after group (one group: its run), and where a prefix only some groups cached ends.
-#[derive(Clone, Debug, Default)]
-pub struct CacheHit {
-    pub blocks: Vec<u32>,
-    pub tokens: i64,
-    /// vLLM's `shared_prefix_boundary`: the hit plus the prefix that a full-attention
-    /// group cached beyond it (0 if none).
-    pub shared_prefix_boundary: i64,
-}
-
-/// The per-group rules' constants.
-#[derive(Clone, Debug)]
-pub struct Groups {
-    kinds: Vec<AttentionKind>,
-    /// Groups of one kind, looked up together (a hit needs every member), full attention
-    /// first (vLLM's `attention_groups`).
-    lookups: Vec<(AttentionKind, Vec<usize>)>,
-    /// 0: a sliding-window group caches only the blocks a resend of the prompt can hit;
-    /// else also the window before every multiple of this many tokens.
-    retention_interval: i64,
-    /// The most blocks each group holds for one request (vLLM's admission cap; None: no
-    /// cap, full attention).
-    block_caps: Vec<Option<i64>>,
-}
-
-impl Groups {
-    pub fn new(config: &SchedulerConfig) -> Self {
-        let kinds: Vec<AttentionKind> = config.kv_cache_groups().iter().collect();
-        let mut lookups: Vec<(AttentionKind, Vec<usize>)> = Vec::new();
-        for (g, &kind) in kinds.iter().enumerate() {
-            match lookups.iter_mut().find(|(k, _)| *k == kind) {
-                Some((_, members)) => members.push(g),
-                None => lookups.push((kind, vec![g])),
-            }
-        }
-        lookups.sort_by_key(|(kind, _)| *kind != AttentionKind::Full);
-        Self {
-            retention_interval: config.prefix_cache_retention_interval(),
-            block_caps: kinds.iter().map(|&kind| config.group_block_cap(kind)).collect(),
-            kinds,
-            lookups,
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.kinds.len()
-    }
-}
 
 /// Tokens before the window of the next token once `c` are computed: their KV is never
 /// read again (vLLM's `get_num_skipped_tokens`).

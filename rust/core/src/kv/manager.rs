@@ -5,7 +5,7 @@
 use crate::config::SchedulerConfig;
 use crate::kv::block_pool::BlockPool;
 use crate::kv::events::{EventLog, KvEvent};
-use crate::kv::groups::{CacheHit, Groups};
+use crate::kv::layout::{CacheHit, Groups};
 use crate::request::{Request, RequestStatus};
 
 /// What a loop asks `allocate_slots` for.

@@ -4,10 +4,11 @@
 pub mod block_pool;
 pub mod events;
 pub mod groups;
+pub mod layout;
 pub mod manager;
 pub mod prefix;
 
 pub use block_pool::{BlockHash, BlockPool, NULL_BLOCK};
 pub use events::KvEvent;
-pub use groups::{BlockTable, CacheHit};
+pub use layout::{BlockTable, CacheHit};
 pub use manager::{KvManager, PrefixCacheStats, SlotRequest};

@@ -1,0 +1,67 @@
+//! What the KV manager keeps of several KV-cache groups: a request's table in a group after
+//! the first, a prefix lookup's result, and the groups' constants. The rules over them are
+//! `kv::groups`.
+
+use crate::config::{AttentionKind, SchedulerConfig};
+
+/// A request's block table in one KV-cache group after the first.
+#[derive(Clone, Debug, Default)]
+pub struct BlockTable {
+    pub(crate) ids: Vec<u32>,
+    /// Leading entries whose caching is settled (registered, masked out, or null).
+    pub(crate) num_cached: usize,
+    /// Where the latest allocation began appending: the step's new blocks start here.
+    pub(crate) first_new: usize,
+    /// `num_cached` before the latest allocation (restored if its step is undone).
+    pub(crate) cached_before: usize,
+}
+
+/// A prefix-cache lookup: the hit's blocks, one run of `tokens / B` per group, group
+/// after group (one group: its run), and where a prefix only some groups cached ends.
+#[derive(Clone, Debug, Default)]
+pub struct CacheHit {
+    pub blocks: Vec<u32>,
+    pub tokens: i64,
+    /// vLLM's `shared_prefix_boundary`: the hit plus the prefix that a full-attention
+    /// group cached beyond it (0 if none).
+    pub shared_prefix_boundary: i64,
+}
+
+/// The per-group rules' constants.
+#[derive(Clone, Debug)]
+pub struct Groups {
+    pub(crate) kinds: Vec<AttentionKind>,
+    /// Groups of one kind, looked up together (a hit needs every member), full attention
+    /// first (vLLM's `attention_groups`).
+    pub(crate) lookups: Vec<(AttentionKind, Vec<usize>)>,
+    /// 0: a sliding-window group caches only the blocks a resend of the prompt can hit;
+    /// else also the window before every multiple of this many tokens.
+    pub(crate) retention_interval: i64,
+    /// The most blocks each group holds for one request (vLLM's admission cap; None: no
+    /// cap, full attention).
+    pub(crate) block_caps: Vec<Option<i64>>,
+}
+
+impl Groups {
+    pub fn new(config: &SchedulerConfig) -> Self {
+        let kinds: Vec<AttentionKind> = config.kv_cache_groups().iter().collect();
+        let mut lookups: Vec<(AttentionKind, Vec<usize>)> = Vec::new();
+        for (g, &kind) in kinds.iter().enumerate() {
+            match lookups.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, members)) => members.push(g),
+                None => lookups.push((kind, vec![g])),
+            }
+        }
+        lookups.sort_by_key(|(kind, _)| *kind != AttentionKind::Full);
+        Self {
+            retention_interval: config.prefix_cache_retention_interval(),
+            block_caps: kinds.iter().map(|&kind| config.group_block_cap(kind)).collect(),
+            kinds,
+            lookups,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.kinds.len()
+    }
+}
