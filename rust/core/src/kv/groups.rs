@@ -39,14 +39,6 @@ fn table(request: &mut Request, g: usize) -> (&mut Vec<u32>, &mut usize, &[Block
     }
 }
 
-fn table_len(request: &Request, g: usize) -> usize {
-    if g == 0 {
-        request.block_ids.len()
-    } else {
-        request.extra_tables[g - 1].ids.len()
-    }
-}
-
 impl KvManager {
     /// vLLM's hybrid hit, capped at `N - 1` tokens: each kind of group in turn (full
     /// attention first) finds its longest hit within the current candidate, which shrinks
@@ -244,7 +236,7 @@ impl KvManager {
         (0..groups.len())
             .map(|g| {
                 let hits = Self::hits_of(hits, g, groups.len());
-                self.group_blocks_needed(groups, g, table_len(request, g), hits, tokens, admission_cap)
+                self.group_blocks_needed(groups, g, request.group_block_ids(g).len(), hits, tokens, admission_cap)
             })
             .sum()
     }

@@ -367,7 +367,6 @@ impl Scheduler {
         step.spec_token_ids.drain(drafts_before..drafts_before + row.num_spec_tokens as usize);
         let blocks_before: usize = before.iter().map(|r| r.num_block_ids as usize).sum();
         step.block_ids.drain(blocks_before..blocks_before + row.num_block_ids as usize);
-
         step.rescheduled_reqs.retain(|&h| h != handle);
         let undo = b.undo.remove(position);
         budgets.give_back(n);
