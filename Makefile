@@ -11,9 +11,9 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 dev: $(BIN)/python  ## editable install (debug build) with the test extras
-	$(BIN)/pip install -q maturin numpy rich pytest hypothesis pytest-benchmark mypy ruff
+	$(BIN)/pip install -q maturin
 	rm -f python/llmsched/_core.cpython-*.so  # a per-version build would shadow the abi3 one
-	$(BIN)/maturin develop --profile dev
+	$(BIN)/maturin develop --profile dev --extras test
 
 # One abi3 wheel for every CPython >= 3.10, manylinux-tagged by maturin's audit of the
 # glibc symbols it links (the oldest policy the build machine's glibc allows).

@@ -11,7 +11,9 @@ One command, every number from this run:
    requests come at :data:`LOADS` times the rate the calibrated simulation says the engine
    sustains: light, busy, past saturation), ``llmsched replay-engine`` replays the trace
    through the engine :data:`RUNS` times and ``llmsched simulate --cost-model`` predicts it;
-3. the table: per figure ``simulate --measured`` compares (``llmsched.sim.compare``: TTFT,
+3. a reference replay (:data:`REFERENCE_REQUESTS` requests decoding together) before the
+   sweep and after each trace: the machine's speed over the run, beside the table;
+4. the table: per figure ``simulate --measured`` compares (``llmsched.sim.compare``: TTFT,
    TPOT and end-to-end latency at p50 and p90, output throughput), the prediction's error
    against the mean of the engine's runs, beside the engine's own run-to-run spread (the
    largest run's distance from the mean).
@@ -37,6 +39,8 @@ from typing import Any
 
 from llmsched.sim.compare import COMPARED, figure
 
+COMPARED_TPOT_P50 = dict(COMPARED)["TPOT p50"]
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = Path(os.environ.get("LLMSCHED_TRACES", ROOT.parent / "shared" / "traces"))
 NUM_REQUESTS = 64
@@ -49,9 +53,21 @@ ENGINE_FLAGS = (
     "--max-num-batched-tokens", "1024",
     "--num-gpu-blocks", "512",
 )  # fmt: skip
+#: The machine-speed reference replayed before the sweep, between traces and at the end:
+#: this many requests (a prompt of REFERENCE_PROMPT tokens, REFERENCE_OUTPUT tokens each)
+#: at once; its TPOT p50 is the engine's decode step at that batch. A shared machine's speed
+#: wanders over minutes: the sweep and the replays are only comparable while it holds.
+REFERENCE_REQUESTS, REFERENCE_PROMPT, REFERENCE_OUTPUT = 16, 256, 64
 #: Azure's lengths divided by this (the model's context is 1,024 tokens; Azure conv prompts
 #: average 1,155); Mooncake's prompts (tens of thousands of tokens) are cut to fit instead.
 AZURE_SCALE = 4
+
+
+def _one_cpu() -> None:
+    """Keeps the process on one CPU: a one-thread CPU engine that moves between CPUs takes
+    up to twice as long for the same step (measured on the 2-core machine), and the sweep
+    and the replays must see the same engine."""
+    os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
 
 
 def _llmsched(*args: str, timeout: float = 3600) -> None:
@@ -62,6 +78,7 @@ def _llmsched(*args: str, timeout: float = 3600) -> None:
         timeout=timeout,
         check=False,
         env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+        preexec_fn=_one_cpu,
     )
     if run.returncode != 0:
         raise SystemExit(f"llmsched {' '.join(args)} failed:\n{run.stderr[-3000:]}")
@@ -90,6 +107,19 @@ def _scaled_azure(source: Path, out: Path) -> Path:
     return out
 
 
+def _reference_step(folder: Path) -> float:
+    """The reference replay's TPOT p50, in seconds."""
+    trace = folder / "reference.csv"
+    if not trace.exists():
+        with trace.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
+            for _ in range(REFERENCE_REQUESTS):
+                writer.writerow(["2023-11-16 18:00:00.0", REFERENCE_PROMPT, REFERENCE_OUTPUT])
+    report = _report("replay-engine", str(trace), *ENGINE_FLAGS)
+    return float(figure(report, COMPARED_TPOT_P50))
+
+
 def _arrival_span(trace: str) -> float:
     """Seconds from the first to the last arrival of the requests replayed (time scale 1)."""
     from llmsched.sim.workload import load_workload
@@ -107,6 +137,7 @@ def main(argv: list[str]) -> int:
     with TemporaryDirectory(prefix="llmsched-fidelity-") as folder:
         tmp = Path(folder)
         cost_model = Path(args.out).with_name("fidelity-cost-model.json")
+        reference = [_reference_step(tmp)]
         print("calibrating (the sweep) ...", flush=True)
         _llmsched("calibrate", "--out", str(cost_model), "--no-progress", *ENGINE_FLAGS)
         fit = json.loads(cost_model.read_text())
@@ -153,11 +184,13 @@ def main(argv: list[str]) -> int:
                             "spread": max(abs(r - mean) for r in runs) / mean if mean else math.nan,
                         }
                     )
+            reference.append(_reference_step(tmp))
     errors = [abs(r["error"]) for r in rows if math.isfinite(r["error"])]
     summary = {
         "median_abs_error": statistics.median(errors),
         "max_abs_error": max(errors),
         "median_spread": statistics.median(r["spread"] for r in rows),
+        "reference_step_ms": [1000 * r for r in reference],
         "minutes": (time.monotonic() - started) / 60,
     }
     out = Path(args.out)
@@ -192,6 +225,12 @@ def _markdown(fit: dict[str, Any], summary: dict[str, Any], rows: list[dict[str,
         f"**Median |error| {summary['median_abs_error']:.1%}, largest "
         f"{summary['max_abs_error']:.1%}; the engine's median run-to-run spread "
         f"{summary['median_spread']:.1%}.** ({summary['minutes']:.0f} minutes.)",
+        "",
+        f"The machine's speed meanwhile: a reference decode step ({REFERENCE_REQUESTS} "
+        f"requests, {REFERENCE_PROMPT}-token prompts; its TPOT p50) took "
+        + ", ".join(f"{ms:.2f}" for ms in summary["reference_step_ms"])
+        + " ms before the sweep, after each trace's replays in turn. Where it moved, the "
+        "engine moved under the calibrated model: that part of the error is the machine's.",
         "",
         "| trace | load | metric | measured | predicted | error | engine spread |",
         "|---|---|---|---:|---:|---:|---:|",

@@ -157,7 +157,7 @@ def test_a_request_whose_kv_could_outgrow_the_pool_is_named_by_its_row(tmp_path:
         (["--limit", "-3"], ["--limit", "'-3'"]),
         (["--seed", "-1"], ["--seed"]),
         (["--fixed-ms", "-6"], ["--fixed-ms", "'-6'"]),
-        (["--kv-token-ms", "nan"], ["--kv-token-ms", "'nan'"]),
+        (["--decode-context-ms", "nan"], ["--decode-context-ms", "'nan'"]),
         (["--time-scale", "-1"], ["--time-scale", "'-1'"]),
         (["--time-scale", "0"], ["--time-scale"]),
         (["--acceptance-rate", "1.5"], ["--acceptance-rate"]),
@@ -432,9 +432,15 @@ def test_bench_writes_its_table_as_a_section(tmp_path: Path) -> None:
 COST_FILE = {
     "cost_model": {
         "fixed_ms": 1.5,
+        "prefill_request_ms": 0.2,
+        "new_request_ms": 0.1,
+        "finished_request_ms": 0.05,
         "prefill_token_ms": 0.02,
+        "prefill_attention_ms": 1e-6,
         "decode_request_ms": 0.3,
-        "kv_token_ms": 0.0001,
+        "first_decode_ms": 0.04,
+        "decode_context_ms": 0.0001,
+        "add_request_ms": 0.5,
     },
     "engine": {"max_model_len": 4096, "max_num_seqs": 4, "num_gpu_blocks": 1024},
 }
@@ -474,7 +480,10 @@ def test_a_cost_model_file_sets_the_terms_and_the_engine_and_flags_override_it(
 @pytest.mark.parametrize(
     ("change", "names"),
     [
-        (lambda d: d["cost_model"].pop("kv_token_ms"), ["cost_model.kv_token_ms", "missing"]),
+        (
+            lambda d: d["cost_model"].pop("decode_context_ms"),
+            ["cost_model.decode_context_ms", "missing"],
+        ),
         (lambda d: d["cost_model"].update(fixed_ms=-2), ["cost_model.fixed_ms=-2"]),
         (lambda d: d["cost_model"].update(fixed_ms="fast"), ["cost_model.fixed_ms='fast'"]),
         (lambda d: d["cost_model"].update(warp_ms=1), ["cost_model.warp_ms", "not a term"]),

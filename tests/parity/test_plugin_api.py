@@ -841,7 +841,8 @@ def test_the_step_log_records_each_steps_shape_and_timing(
 ) -> None:
     """With LLMSCHED_STEP_LOG set, a header (the format llmsched calibrate reads, the
     engine's configuration) and a line per step that ran, whose shape is the step's as
-    read from vLLM's own SchedulerOutput; unset, no file."""
+    read from vLLM's own SchedulerOutput, with the requests added before it and whether
+    the engine is idle after it; unset, no file."""
     from llmsched.steps import STEP_LOG_FORMAT
 
     log = tmp_path / "steps.jsonl"
@@ -855,19 +856,25 @@ def test_the_step_log_records_each_steps_shape_and_timing(
         cached = so.scheduled_cached_reqs
         computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
         computed.update({r.req_id: r.num_computed_tokens for r in so.scheduled_new_reqs})
+        outputs = dict(zip(cached.req_ids, cached.num_output_tokens, strict=True))
         spec = so.scheduled_spec_decode_tokens
-        decode = [
-            rid for rid, n in so.num_scheduled_tokens.items() if n - len(spec.get(rid, ())) == 1
-        ]
+        n_of = so.num_scheduled_tokens
+        decode = [rid for rid, n in n_of.items() if n - len(spec.get(rid, ())) == 1]
+        prefill = [rid for rid in n_of if rid not in decode]
         if so.total_num_scheduled_tokens:
             shapes.append(
                 {
-                    "prefill_tokens": so.total_num_scheduled_tokens - len(decode),
-                    "decode_requests": len(decode),
-                    "context_tokens": sum(
-                        computed[rid] + n for rid, n in so.num_scheduled_tokens.items()
+                    "prefill_requests": len(prefill),
+                    "new_requests": len(so.scheduled_new_reqs) + len(cached.resumed_req_ids),
+                    "finished_requests": len(so.finished_req_ids),
+                    "prefill_tokens": sum(n_of[rid] for rid in prefill),
+                    "prefill_attention": sum(
+                        n_of[rid] * computed[rid] + n_of[rid] * (n_of[rid] + 1) // 2
+                        for rid in prefill
                     ),
-                    "num_requests": len(so.num_scheduled_tokens),
+                    "decode_requests": len(decode),
+                    "first_decodes": sum(outputs.get(rid) == 1 for rid in decode),
+                    "decode_context": sum(computed[rid] + n_of[rid] for rid in decode),
                 }
             )
         return so
@@ -882,6 +889,9 @@ def test_the_step_log_records_each_steps_shape_and_timing(
     assert header["format"] == STEP_LOG_FORMAT
     assert header["engine"] == sched.core.config.to_dict()
     assert [{k: s[k] for k in shapes[0]} for s in steps] == shapes
+    # The three requests came before the first step; the engine is idle after the last.
+    assert [s["added"] for s in steps] == [3] + [0] * (len(steps) - 1)
+    assert [s["idle"] for s in steps] == [False] * (len(steps) - 1) + [True]
     times = [s["t"] for s in steps]
     assert times == sorted(times) and all(s["schedule_s"] > 0 and s["update_s"] > 0 for s in steps)
 

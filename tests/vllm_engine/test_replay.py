@@ -28,6 +28,7 @@ from tests.vllm_engine import requires
 from llmsched import SchedulerConfig
 from llmsched.bench.calibrate import sweep_phases
 from llmsched.sim.cost import load_cost_model
+from llmsched.steps import StepShape
 
 requires.vllm_cpu()
 
@@ -201,11 +202,11 @@ def test_a_sweep_calibrates_simulate(tmp_path: Path) -> None:
     """``llmsched calibrate`` (no log: the sweep) drives the random-weight Llama through
     every phase of its sweep with the plug-in, and writes a cost model with the engine's
     settings that ``simulate --cost-model`` takes; the fit is within the engine's noise."""
-    model = tmp_path / "model.json"
+    model, log = tmp_path / "model.json", tmp_path / "sweep.jsonl"
     swept = subprocess.run(
         [sys.executable, "-m", "llmsched", "calibrate", "--out", str(model), "--no-progress",
          "--max-model-len", "256", "--max-num-seqs", "8", "--max-num-batched-tokens", "256",
-         "--num-gpu-blocks", "64", "--time-limit", "600"],
+         "--num-gpu-blocks", "64", "--time-limit", "600", "--keep-log", str(log)],
         capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
     )  # fmt: skip
@@ -220,9 +221,22 @@ def test_a_sweep_calibrates_simulate(tmp_path: Path) -> None:
     )
     assert cost["fit"]["source"] == "sweep"
     assert cost["fit"]["phases"] == len(sweep_phases(SchedulerConfig(**engine)))
-    # A CPU step costs milliseconds, and more with more prompt tokens.
-    assert loaded.cost.fixed_ms > 0 and loaded.cost.prefill_token_ms > 0
+    # A CPU step costs milliseconds, and more with a longer prompt.
+    assert loaded.cost.fixed_ms > 0
+    short, long = (
+        loaded.cost.shape_ms(StepShape(1, 1, 0, n, n * (n + 1) // 2, 0, 0, 0)) for n in (16, 256)
+    )
+    assert long > short
     assert cost["fit"]["median_abs_error"] < 0.5
+    # The sweep's step log, kept: the same fit from it.
+    refit = tmp_path / "refit.json"
+    again = subprocess.run(
+        [sys.executable, "-m", "llmsched", "calibrate", "--from-log", str(log), "--out",
+         str(refit)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads(refit.read_text())["cost_model"] == cost["cost_model"]
     report = tmp_path / "simulated.json"
     simulated = subprocess.run(
         [sys.executable, "-m", "llmsched", "simulate", "--num-requests", "16", "--no-progress",

@@ -11,8 +11,9 @@ Two sources of steps, one fit (:func:`llmsched.sim.calibrate.fit_cost_model`) an
   is driven through a bounded series of phases (:func:`sweep_phases`) that give it steps of
   many shapes: prefills of one prompt from a block to the step budget, decode batches from
   one request to ``max_num_seqs`` at short, middle and long contexts, and decode batches
-  joined by a prompt (mixed steps). A progress bar counts the phases; ``--time-limit``
-  stops the sweep between two phases (what was measured is fitted).
+  joined by a prompt (mixed steps), and requests that arrive one a step while the others
+  run; the whole series :data:`ROUNDS` times. A progress bar counts the phases;
+  ``--time-limit`` stops the sweep between two phases (what was measured is fitted).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -49,6 +51,9 @@ PROG = "llmsched calibrate"
 TIME_LIMIT = Range(1, 86_400)
 #: Tokens each decode request of a decode phase generates: that many steps of the shape.
 DECODE_STEPS = 16
+#: Times the sweep runs its phases: a machine's speed wanders by tens of percent over
+#: seconds, and the fit takes the mean of what it sees.
+ROUNDS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +83,7 @@ def sweep_phases(config: SchedulerConfig) -> list[Phase]:
     budget = min(config.max_num_batched_tokens, m - 1)
     pool_tokens = (config.num_gpu_blocks - 1) * bs
     phases = [Phase(f"prefill {n}", ((n, 1, 0),)) for n in _grid(bs, budget)]
-    for context in sorted({bs, max(bs, m // 4), max(bs, m // 2)}):
+    for context in sorted({bs, max(bs, m // 4), max(bs, m // 2), max(bs, 3 * m // 4)}):
         prompt = min(context, m - 1 - DECODE_STEPS)
         if prompt < 1:
             continue
@@ -96,7 +101,22 @@ def sweep_phases(config: SchedulerConfig) -> list[Phase]:
             decode = tuple((bs, DECODE_STEPS, 0) for _ in range(batch))
             # Joins once the decoders' prompts are done: a step of decodes and a prefill.
             phases.append(Phase(f"mixed {batch}+{prompt}", (*decode, (prompt, 1, 2))))
-    return phases
+    # Arrivals while the engine works: a request joins at every step, each prefilled
+    # beside the others' decodes, which end one step apart.
+    prompt = max(bs, budget // 8)
+    arrivals = min(config.max_num_seqs, pool_tokens // (prompt + DECODE_STEPS + bs))
+    if arrivals > 1:
+        phases.append(
+            Phase(
+                f"arrivals {arrivals}x{prompt}",
+                tuple((prompt, DECODE_STEPS, step) for step in range(arrivals)),
+            )
+        )
+    return [
+        Phase(f"{phase.name} (round {r + 1})", phase.requests)
+        for r in range(ROUNDS)
+        for phase in phases
+    ]
 
 
 def run_sweep(engine: Any, phases: list[Phase], time_limit: float, *, progress: bool) -> int:
@@ -128,16 +148,22 @@ def run_sweep(engine: Any, phases: list[Phase], time_limit: float, *, progress: 
             if time.monotonic() - started > time_limit:
                 break
             bar.update(task, description=phase.name)
-            pending = sorted(enumerate(phase.requests), key=lambda item: item[1][2])
+            # Random prompts: no prefix hit shortens a prefill the phase asks for. Drawn
+            # before the phase, so that the steps' times hold the engine's work only.
+            pending = []
+            for i, (prompt_len, output_len, at_step) in enumerate(phase.requests):
+                rng = random.Random(f"{index}-{i}")
+                prompt = [rng.randrange(FIRST_PROMPT_TOKEN, vocab) for _ in range(prompt_len)]
+                params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+                pending.append(
+                    (at_step, f"{index}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
+                )
+            pending.sort(key=lambda item: item[0])
             steps = 0
             while pending or llm.has_unfinished_requests():
-                while pending and pending[0][1][2] <= steps:
-                    i, (prompt_len, output_len, _) = pending.pop(0)
-                    # Random prompts: no prefix hit shortens a prefill the phase asks for.
-                    rng = random.Random(f"{index}-{i}")
-                    prompt = [rng.randrange(FIRST_PROMPT_TOKEN, vocab) for _ in range(prompt_len)]
-                    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-                    llm.add_request(f"{index}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
+                while pending and pending[0][0] <= steps:
+                    _, request_id, prompt, params = pending.pop(0)
+                    llm.add_request(request_id, prompt, params)
                 llm.step()
                 steps += 1
             done += 1
@@ -177,8 +203,18 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
         default=600.0,
         help="seconds the sweep may take (it stops between two phases)",
     )
+    keep_log = p.add_argument(
+        "--keep-log",
+        metavar="LOG",
+        default=None,
+        help="also write the sweep's step log to LOG (for calibrate --from-log)",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false")
-    sweep_flags = {time_limit.dest: time_limit.option_strings[0], **add_engine_flags(p)}
+    sweep_flags = {
+        time_limit.dest: time_limit.option_strings[0],
+        keep_log.dest: keep_log.option_strings[0],
+        **add_engine_flags(p),
+    }
     return p, sweep_flags
 
 
@@ -268,9 +304,12 @@ def main(argv: list[str]) -> int:
         _write(out, fit_cost_model(times), times.engine, {"source": "step logs"})
         return 0
     scheduler_config(args)  # bad engine flags: one line before the engine starts
+    kept = json_destination(args.keep_log, "--keep-log")
     with TemporaryDirectory(prefix="llmsched-calibrate-log-") as folder:
         log = Path(folder) / "steps.jsonl"
         ran = _sweep(args, log)
+        if ran >= 0 and kept is not None:
+            shutil.copyfile(log, kept)
         if ran < 0:
             return 1
         times = read_step_log([str(log)])

@@ -26,7 +26,7 @@ from llmsched.steps import STEP_LOG_FORMAT, StepShape
 
 __all__ = ["FitResult", "StepTimes", "fit_cost_model", "read_step_log"]
 
-_STEP_KEYS = ("t", "schedule_s", "update_s", "num_requests", *StepShape._fields)
+_STEP_KEYS = ("t", "schedule_s", "update_s", "added", *StepShape._fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +36,8 @@ class StepTimes:
     engine: dict[str, Any]
     seconds: list[float]
     shapes: list[StepShape]
+    added: list[int]
+    """Requests the engine took in after the step began and before the next one."""
 
 
 def _number(value: Any) -> bool:
@@ -49,6 +51,7 @@ def read_step_log(paths: list[str]) -> StepTimes:
     engine: dict[str, Any] | None = None
     seconds: list[float] = []
     shapes: list[StepShape] = []
+    added: list[int] = []
     for path in paths:
         try:
             lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -84,7 +87,10 @@ def read_step_log(paths: list[str]) -> StepTimes:
             bad = [k for k in _STEP_KEYS if not _number(record.get(k))]
             if bad:
                 raise ValueError(f"{where}: {bad[0]}={record.get(bad[0])!r} is not a number")
-            if previous is not None:
+            if not isinstance(record.get("idle"), bool):
+                raise ValueError(f"{where}: idle={record.get('idle')!r} is not true or false")
+            # After an idle step the engine waited for requests: no step time to read.
+            if previous is not None and not previous["idle"]:
                 interval = record["t"] - previous["t"]
                 if interval < 0:
                     raise ValueError(
@@ -93,10 +99,11 @@ def read_step_log(paths: list[str]) -> StepTimes:
                 own = previous["schedule_s"] + previous["update_s"]
                 seconds.append(max(interval - own, 0.0))
                 shapes.append(StepShape(*(int(previous[k]) for k in StepShape._fields)))
+                added.append(int(record["added"]))
             previous = record
     if engine is None:
         raise ValueError(f"--from-log {' '.join(paths)}: no {STEP_LOG_FORMAT} header")
-    return StepTimes(engine, seconds, shapes)
+    return StepTimes(engine, seconds, shapes, added)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +127,7 @@ def fit_cost_model(times: StepTimes, *, min_steps: int = 8) -> FitResult:
             f"--from-log: {len(times.seconds)} timed steps, fewer than the {min_steps} a fit needs"
         )
     shapes = np.asarray(times.shapes, dtype=np.float64)
-    design = np.column_stack([np.ones(len(shapes)), shapes])
+    design = np.column_stack([np.ones(len(shapes)), shapes, times.added])
     measured_ms = 1000.0 * np.asarray(times.seconds)
     terms, _ = nnls(design, measured_ms)
     names = [f.name for f in fields(CostModel)]

@@ -123,8 +123,8 @@ def parser() -> argparse.ArgumentParser:
     )
     cost = sim.add_argument_group(
         "cost model (milliseconds)",
-        "step = fixed + prefill_token x prefill tokens + decode_request x decode requests"
-        " + kv_token x context tokens read by attention",
+        "step = fixed + each term below x its count in the step; add_request is charged"
+        " once per request when it arrives",
     )
     for f in fields(CostModel):
         cost.add_argument(

@@ -1,24 +1,26 @@
 """The virtual duration of a model step: what ``llmsched simulate`` charges for each step.
 
-    step = fixed + prefill_token * prefill tokens + decode_request * decode requests
-                 + kv_token * context tokens read by attention
+    step = fixed + sum over the step's shape of term * count
 
-The step's shape (prefill tokens, decode requests, context tokens) is
-:func:`llmsched.steps.step_shape`'s. The defaults are sized for an 8B-parameter model on one
-datacenter GPU; every term can be overridden, or taken from a cost-model file
+with a term per count of :class:`llmsched.steps.StepShape` (prefilling requests, requests
+the runner sets up and lets go, prefill tokens and attention, decode requests, first decodes
+and decode context), and a term per request the engine takes in, charged when it arrives
+(an engine's own work between two steps). Why these counts: ``docs/fidelity.md`` measures
+them against the earlier linear form. The defaults are sized for an 8B-parameter model on
+one datacenter GPU; every term can be overridden, or taken from a cost-model file
 (:func:`load_cost_model`, which ``llmsched calibrate`` writes).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from llmsched._checks import Range
 from llmsched._core import SchedulerConfig, SchedulerOutput
-from llmsched.steps import step_shape
+from llmsched.steps import StepShape, step_shape
 
 __all__ = ["COST_TERM", "CostModel", "CostModelFile", "load_cost_model"]
 
@@ -29,13 +31,30 @@ COST_TERM = Range(0)
 @dataclass(frozen=True, slots=True)
 class CostModel:
     """Virtual duration of one model step, in milliseconds per unit (each field's
-    ``metadata["help"]`` says what it charges for)."""
+    ``metadata["help"]`` says what it charges for): ``fixed_ms``, then a term per count of
+    :class:`~llmsched.steps.StepShape`, in its order."""
 
     fixed_ms: float = field(default=6.0, metadata={"help": "cost of every step"})
+    prefill_request_ms: float = field(default=0.1, metadata={"help": "per request prefilling"})
+    new_request_ms: float = field(
+        default=0.1, metadata={"help": "per request the runner sets up (new or resumed)"}
+    )
+    finished_request_ms: float = field(
+        default=0.02, metadata={"help": "per request the runner lets go (finished)"}
+    )
     prefill_token_ms: float = field(default=0.06, metadata={"help": "per prompt token computed"})
+    prefill_attention_ms: float = field(
+        default=1e-7, metadata={"help": "per position a computed prompt token attends to"}
+    )
     decode_request_ms: float = field(default=0.08, metadata={"help": "per request decoding"})
-    kv_token_ms: float = field(
-        default=0.00002, metadata={"help": "per context token read by attention"}
+    first_decode_ms: float = field(
+        default=0.0, metadata={"help": "per request decoding for the first time"}
+    )
+    decode_context_ms: float = field(
+        default=0.00002, metadata={"help": "per context token a decode request reads"}
+    )
+    add_request_ms: float = field(
+        default=0.0, metadata={"help": "per request the engine takes in, when it arrives"}
     )
 
     def __post_init__(self) -> None:
@@ -45,14 +64,12 @@ class CostModel:
     def step_seconds(self, so: SchedulerOutput) -> float:
         if len(so.num_scheduled_tokens) == 0:
             return 0.0
-        shape = step_shape(so)
-        ms = (
-            self.fixed_ms
-            + self.prefill_token_ms * shape.prefill_tokens
-            + self.decode_request_ms * shape.decode_requests
-            + self.kv_token_ms * shape.context_tokens
-        )
-        return ms / 1000.0
+        return self.shape_ms(step_shape(so)) / 1000.0
+
+    def shape_ms(self, shape: StepShape) -> float:
+        """The cost of a step of ``shape``, in milliseconds."""
+        terms: tuple[float, ...] = astuple(self)[1 : 1 + len(shape)]
+        return self.fixed_ms + sum(t * count for t, count in zip(terms, shape, strict=True))
 
 
 @dataclass(frozen=True, slots=True)

@@ -242,6 +242,8 @@ def _replay(
                 max_tokens=spec.output_len,
                 arrival_time=arrival,
             )
+            # The engine's own work to take the request in delays the next step.
+            runner.clock += runner.cost.add_request_ms / 1000.0
             next_arrival += 1
         if not scheduler.has_requests() and not engine.num_steps_in_flight:
             runner.clock = max(runner.clock, specs[next_arrival].arrival_time * time_scale)

@@ -254,6 +254,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             return
         self.requests[req_id] = request
         attach(request, self.core)
+        if self._step_log is not None:
+            self._step_log.added += 1
         if request.use_structured_output:
             self._structured.add(req_id)
             self._compiling[req_id] = request
@@ -614,9 +616,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._kv_events.publish(self.kv_event_publisher)
         if self._step_log is not None and scheduler_output.total_num_scheduled_tokens:
             self._step_log.applied(
-                id(scheduler_output),
-                time.monotonic() - started,
-                len(scheduler_output.num_scheduled_tokens),
+                id(scheduler_output), time.monotonic() - started, not self.has_unfinished_requests()
             )
         return engine_core_outputs
 

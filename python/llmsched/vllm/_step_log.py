@@ -31,25 +31,31 @@ class StepLog:
         self._closer = weakref.finalize(self, self._file.close)
         header = {"format": STEP_LOG_FORMAT, "vllm": vllm_version, "engine": config.to_dict()}
         self._write(header)
-        # Steps decided and not yet applied: when schedule() was called and how long it took.
-        self._pending: dict[int, tuple[float, float, Any]] = {}
+        # Steps decided and not yet applied: when schedule() was called, how long it took,
+        # the shape, and how many requests the engine added since the step before.
+        self._pending: dict[int, tuple[float, float, Any, int]] = {}
+        self.added = 0
+        """Requests added to the scheduler since the last step logged."""
 
     def _write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
 
     def scheduled(self, key: int, started: float, seconds: float, step: Any) -> None:
         """A step the core decided (``step``, its ``SchedulerOutput``) under ``key``."""
-        self._pending[key] = (started, seconds, step_shape(step))
+        self._pending[key] = (started, seconds, step_shape(step), self.added)
+        self.added = 0
 
-    def applied(self, key: int, seconds: float, num_requests: int) -> None:
-        """The output of the step under ``key`` was applied in ``seconds``: its line."""
-        started, schedule_s, shape = self._pending.pop(key)
+    def applied(self, key: int, seconds: float, idle: bool) -> None:
+        """The output of the step under ``key`` was applied in ``seconds``, after which the
+        scheduler holds no request (``idle``: the engine may wait for the next): its line."""
+        started, schedule_s, shape, added = self._pending.pop(key)
         self._write(
             {
                 "t": started,
                 "schedule_s": schedule_s,
                 "update_s": seconds,
-                "num_requests": num_requests,
+                "added": added,
+                "idle": idle,
                 **shape._asdict(),
             }
         )
