@@ -3,12 +3,15 @@ whose command lives with the engine it sweeps, in ``llmsched.bench.calibrate``).
 
 The steps come from the step log the vLLM plug-in writes (``LLMSCHED_STEP_LOG=PATH`` in the
 engine's environment, while it serves or while ``calibrate`` sweeps it): a header naming the
-scheduler configuration, then a line per step with
-when ``schedule()`` was called, the time spent in the scheduler's two calls, and the step's
-shape. A step's engine time is the interval to the next ``schedule()`` call less the
-scheduler's own time (the model step and the engine's other work between the two calls);
-the terms of :class:`~llmsched.sim.cost.CostModel` are the non-negative least-squares fit
-(``scipy.optimize.nnls``) of those times to the shapes.
+scheduler configuration, then a line per step with when ``schedule()`` was called, the time
+spent in the scheduler's two calls, the requests the engine took in since the step before,
+whether the engine was left idle, and the step's shape. A step's engine time is the interval
+to the next ``schedule()`` call less the scheduler's own time (the model step and the
+engine's other work between the two calls, the requests it took in among it); an interval
+after which the engine was idle holds a wait for work, and is left out. The terms of
+:class:`~llmsched.sim.cost.CostModel` (``fixed_ms``, one per count of the shape, then
+``add_request_ms``, in that order) are the non-negative least-squares fit
+(``scipy.optimize.nnls``) of those times to the shapes and the requests taken in.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ COST_TERM = Range(0)
 class CostModel:
     """Virtual duration of one model step, in milliseconds per unit (each field's
     ``metadata["help"]`` says what it charges for): ``fixed_ms``, then a term per count of
-    :class:`~llmsched.steps.StepShape`, in its order."""
+    :class:`~llmsched.steps.StepShape`, in its order, then ``add_request_ms`` (charged per
+    arriving request, not per step)."""
 
     fixed_ms: float = field(default=6.0, metadata={"help": "cost of every step"})
     prefill_request_ms: float = field(default=0.1, metadata={"help": "per request prefilling"})

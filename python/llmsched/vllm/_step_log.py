@@ -5,8 +5,10 @@ user runs.
 Set ``LLMSCHED_STEP_LOG=PATH`` in the engine's environment: each scheduler the engine builds
 appends to ``PATH`` (JSON lines) a header naming its configuration, then one line per step
 that ran: when ``schedule()`` was called (``t``, seconds on the process's monotonic clock),
-the time spent in ``schedule()`` and ``update_from_output()``, and the step's shape
-(:func:`llmsched.steps.step_shape`). Unset, the plug-in pays one attribute test per step.
+the time spent in ``schedule()`` and ``update_from_output()``, the requests added since the
+step before (``added``), whether no request was left afterwards (``idle``: the engine then
+waits for work), and the step's shape (:func:`llmsched.steps.step_shape`). Unset, the
+plug-in pays one attribute test per step.
 """
 
 from __future__ import annotations
