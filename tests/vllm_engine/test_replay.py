@@ -160,6 +160,18 @@ def test_a_model_folder_without_a_config_is_one_line_and_status_2(tmp_path: Path
     ]
 
 
+def _fit_log(log: Path, model: Path) -> dict[str, Any]:
+    """``llmsched calibrate --from-log LOG --out MODEL``, which must succeed; the model."""
+    fitted = subprocess.run(
+        [sys.executable, "-m", "llmsched", "calibrate", "--from-log", str(log), "--out",
+         str(model)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert fitted.returncode == 0, fitted.stderr
+    result: dict[str, Any] = json.loads(model.read_text())
+    return result
+
+
 def test_a_served_engines_step_log_calibrates_simulate(tmp_path: Path) -> None:
     """The plug-in's step log (LLMSCHED_STEP_LOG) of a replay fits a cost model
     (``calibrate --from-log``) that ``simulate --cost-model`` takes, with the engine's
@@ -179,13 +191,7 @@ def test_a_served_engines_step_log_calibrates_simulate(tmp_path: Path) -> None:
     assert header["engine"]["max_num_seqs"] == 16
     assert len(steps) >= 20
     model = tmp_path / "model.json"
-    fitted = subprocess.run(
-        [sys.executable, "-m", "llmsched", "calibrate", "--from-log", str(log), "--out",
-         str(model)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert fitted.returncode == 0, fitted.stderr
-    cost = json.loads(model.read_text())
+    cost = _fit_log(log, model)
     assert cost["engine"] == header["engine"]
     assert cost["cost_model"]["fixed_ms"] > 0  # a CPU step costs milliseconds
     report = tmp_path / "simulated.json"
@@ -229,14 +235,7 @@ def test_a_sweep_calibrates_simulate(tmp_path: Path) -> None:
     assert long > short
     assert cost["fit"]["median_abs_error"] < 0.5
     # The sweep's step log, kept: the same fit from it.
-    refit = tmp_path / "refit.json"
-    again = subprocess.run(
-        [sys.executable, "-m", "llmsched", "calibrate", "--from-log", str(log), "--out",
-         str(refit)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert again.returncode == 0, again.stderr
-    assert json.loads(refit.read_text())["cost_model"] == cost["cost_model"]
+    assert _fit_log(log, tmp_path / "refit.json")["cost_model"] == cost["cost_model"]
     report = tmp_path / "simulated.json"
     simulated = subprocess.run(
         [sys.executable, "-m", "llmsched", "simulate", "--num-requests", "16", "--no-progress",

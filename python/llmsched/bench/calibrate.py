@@ -308,10 +308,10 @@ def main(argv: list[str]) -> int:
     with TemporaryDirectory(prefix="llmsched-calibrate-log-") as folder:
         log = Path(folder) / "steps.jsonl"
         ran = _sweep(args, log)
-        if ran >= 0 and kept is not None:
-            shutil.copyfile(log, kept)
         if ran < 0:
             return 1
+        if kept is not None:
+            shutil.copyfile(log, kept)
         times = read_step_log([str(log)])
         _write(out, fit_cost_model(times), times.engine, {"source": "sweep", "phases": ran})
     return 0

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from llmsched.sim.cost import CostModel
+from llmsched.sim.cost import TERMS, CostModel
 from llmsched.steps import STEP_LOG_FORMAT, StepShape
 
 __all__ = ["FitResult", "StepTimes", "fit_cost_model", "read_step_log"]
@@ -133,8 +133,8 @@ def fit_cost_model(times: StepTimes, *, min_steps: int = 8) -> FitResult:
     design = np.column_stack([np.ones(len(shapes)), shapes, times.added])
     measured_ms = 1000.0 * np.asarray(times.seconds)
     terms, _ = nnls(design, measured_ms)
-    names = [f.name for f in fields(CostModel)]
-    cost = CostModel(**dict(zip(names, (float(t) for t in terms), strict=True)))
+    # The design's columns are TERMS' order: the constant, the shape's counts, the arrivals.
+    cost = CostModel(**dict(zip(TERMS, (float(t) for t in terms), strict=True)))
     predicted = design @ terms
     positive = measured_ms > 0
     errors = np.abs(predicted[positive] - measured_ms[positive]) / measured_ms[positive]

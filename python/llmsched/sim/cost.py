@@ -14,7 +14,7 @@ one datacenter GPU; every term can be overridden, or taken from a cost-model fil
 from __future__ import annotations
 
 import json
-from dataclasses import astuple, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from llmsched._checks import Range
 from llmsched._core import SchedulerConfig, SchedulerOutput
 from llmsched.steps import StepShape, step_shape
 
-__all__ = ["COST_TERM", "CostModel", "CostModelFile", "load_cost_model"]
+__all__ = ["COST_TERM", "SHAPE_TERMS", "TERMS", "CostModel", "CostModelFile", "load_cost_model"]
 
 COST_TERM = Range(0)
 """Every cost-model term, in milliseconds."""
@@ -69,8 +69,18 @@ class CostModel:
 
     def shape_ms(self, shape: StepShape) -> float:
         """The cost of a step of ``shape``, in milliseconds."""
-        terms: tuple[float, ...] = astuple(self)[1 : 1 + len(shape)]
-        return self.fixed_ms + sum(t * count for t, count in zip(terms, shape, strict=True))
+        charged: float = sum(
+            getattr(self, term) * count for term, count in zip(SHAPE_TERMS, shape, strict=True)
+        )
+        return self.fixed_ms + charged
+
+
+TERMS: tuple[str, ...] = tuple(f.name for f in fields(CostModel))
+"""Every term, in order: ``fixed_ms``, :data:`SHAPE_TERMS`, ``add_request_ms``."""
+SHAPE_TERMS: tuple[str, ...] = TERMS[1:-1]
+"""The term charging each count of :class:`~llmsched.steps.StepShape`, in its order."""
+if len(SHAPE_TERMS) != len(StepShape._fields) or TERMS[-1] != "add_request_ms":
+    raise ImportError("CostModel's terms must be fixed_ms, one per StepShape count, add_request_ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +110,7 @@ def load_cost_model(path: str | Path) -> CostModelFile:
     if unknown:
         raise ValueError(f"--cost-model {path}: unknown key {unknown[0]!r}")
     terms: dict[str, Any] = data["cost_model"]
-    names = [f.name for f in fields(CostModel)]
+    names = TERMS
     missing = [name for name in names if name not in terms]
     if missing:
         raise ValueError(f"--cost-model {path}: cost_model.{missing[0]} is missing")
