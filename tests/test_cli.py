@@ -441,6 +441,9 @@ COST_FILE = {
         "first_decode_ms": 0.04,
         "decode_context_ms": 0.0001,
         "add_request_ms": 0.5,
+        "scheduler_step_ms": 0.03,
+        "scheduler_request_ms": 0.001,
+        "scheduler_token_ms": 0.0,
     },
     "engine": {"max_model_len": 4096, "max_num_seqs": 4, "num_gpu_blocks": 1024},
 }
@@ -475,6 +478,43 @@ def test_a_cost_model_file_sets_the_terms_and_the_engine_and_flags_override_it(
     assert isinstance(config, dict) and isinstance(cost, dict)
     assert config["max_num_seqs"] == 2 and config["num_gpu_blocks"] == 1024
     assert cost["fixed_ms"] == 9 and cost["decode_request_ms"] == 0.3
+
+
+def test_scheduler_cost_takes_the_schedulers_terms_from_another_file(tmp_path: Path) -> None:
+    """--scheduler-cost FILE: the scheduler's terms from FILE, every other term (and the
+    engine) from --cost-model; a slower scheduler makes every latency longer."""
+    engine = tmp_path / "engine.json"
+    engine.write_text(json.dumps(COST_FILE))
+    slow = json.loads(json.dumps(COST_FILE))
+    slow["cost_model"] = {name: 0.0 for name in slow["cost_model"]}
+    slow["cost_model"].update(scheduler_step_ms=2.0, scheduler_request_ms=0.5)
+    del slow["engine"]
+    scheduler = tmp_path / "vllm.json"
+    scheduler.write_text(json.dumps(slow))
+    fast = _simulated(tmp_path, "--cost-model", str(engine))
+    swapped = _simulated(tmp_path, "--cost-model", str(engine), "--scheduler-cost", str(scheduler))
+    cost = swapped["cost_model"]
+    assert isinstance(cost, dict)
+    for name, value in COST_FILE["cost_model"].items():
+        expected = slow["cost_model"][name] if name.startswith("scheduler_") else value
+        assert cost[name] == expected, name
+    assert swapped["config"] == fast["config"]
+    for metric in ("ttft", "tpot", "e2e"):
+        for stat in ("p50", "p90"):
+            assert swapped["latency_seconds"][metric][stat] > fast["latency_seconds"][metric][stat]
+    flagged = _simulated(
+        tmp_path, "--scheduler-cost", str(scheduler), "--scheduler-request-ms", "0.25"
+    )["cost_model"]
+    assert isinstance(flagged, dict)
+    assert flagged["scheduler_request_ms"] == 0.25 and flagged["scheduler_step_ms"] == 2.0
+    del slow["cost_model"]["scheduler_token_ms"]
+    scheduler.write_text(json.dumps(slow))
+    refused(
+        run(*SMALL, "--cost-model", str(engine), "--scheduler-cost", str(scheduler)),
+        "--scheduler-cost",
+        str(scheduler),
+        "cost_model.scheduler_token_ms",
+    )
 
 
 @pytest.mark.parametrize(

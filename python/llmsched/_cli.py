@@ -8,9 +8,13 @@ import argparse
 import inspect
 import os
 import platform
-from collections.abc import Callable, Collection, Mapping, Sequence
+import signal
+import threading
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 from llmsched._checks import Range
@@ -19,6 +23,7 @@ from llmsched._core import SchedulerConfig
 __all__ = [
     "Formatter",
     "Parser",
+    "StopOnInterrupt",
     "add_config_flags",
     "command_line",
     "config_from_flags",
@@ -200,3 +205,35 @@ def write_markdown_section(
     else:
         page = (page.rstrip("\n") + "\n\n" if page else "") + section + "\n"
     path.write_text(page, encoding="utf-8")
+
+
+class StopOnInterrupt:
+    """While active, a first SIGINT (Ctrl-C) sets ``requested`` instead of raising, so a
+    replay can stop between two steps and report what it has; a second one raises
+    ``KeyboardInterrupt``."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    @contextmanager
+    def active(self, enabled: bool = True) -> Iterator[StopOnInterrupt]:
+        """Catches the first SIGINT while the block runs (when ``enabled``, in the main
+        thread, and SIGINT is not ignored); the previous handler is restored after."""
+        if (
+            not enabled
+            or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # e.g. started with `&`
+        ):
+            yield self
+            return
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if self.requested:
+                raise KeyboardInterrupt
+            self.requested = True
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)

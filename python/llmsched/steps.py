@@ -1,9 +1,11 @@
-"""What a step asks of the model, in the terms a step-cost model charges for.
+"""What a step asks of the model, in the terms a step-cost model charges for, and the step
+log that records it.
 
-One home for the step's shape: ``llmsched simulate``'s cost model charges it, and the vLLM
-plug-in's step log (:data:`STEP_LOG_ENV`) records it beside the time the engine took, for
-``llmsched calibrate`` to fit the cost model to; and for the log's name and format, which the
-plug-in writes and ``calibrate`` reads.
+One home for the step's shape: ``llmsched simulate``'s cost model charges it, and the step
+log (:class:`StepLog`, turned on by :data:`STEP_LOG_ENV`) records it beside the time the
+engine took, for ``llmsched calibrate`` to fit the cost model to; and for the log's name and
+format, which the vLLM plug-in (and calibrate's logging wrapper of vLLM's own scheduler)
+writes and ``calibrate`` reads.
 
 A scheduled request decodes when its step is one sampled position plus its draft slots, and
 prefills otherwise (a prompt chunk, or the tokens a resumed request recomputes). The shape
@@ -16,18 +18,22 @@ the context the decode requests read (``C + n`` each).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import json
+import weakref
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 
 from llmsched._core import SchedulerOutput
 
-__all__ = ["STEP_LOG_ENV", "STEP_LOG_FORMAT", "StepShape", "step_shape"]
+__all__ = ["SCHEDULERS", "STEP_LOG_ENV", "STEP_LOG_FORMAT", "StepLog", "StepShape", "step_shape"]
 
 STEP_LOG_ENV = "LLMSCHED_STEP_LOG"
 """The environment variable that turns the plug-in's step log on: the file it appends to."""
 STEP_LOG_FORMAT = "llmsched-step-log/2"
 """The step log header's format marker."""
+SCHEDULERS = ("llmsched", "vllm")
+"""The schedulers a step log can be written under: llmsched's plug-in, vLLM's own."""
 
 
 class StepShape(NamedTuple):
@@ -62,3 +68,59 @@ def step_shape(so: SchedulerOutput) -> StepShape:
         first_decodes=int((so.num_output_tokens[decode] == 1).sum()),
         decode_context=int((c[decode] + n[decode]).sum()),
     )
+
+
+class StepLog:
+    """Appends one engine's steps to a step log (JSON lines): a header naming the format,
+    the scheduler (``llmsched``, or ``vllm`` for vLLM's own) and its configuration, then one
+    line per step that ran: when ``schedule()`` was called (``t``, seconds on the process's
+    monotonic clock), the time spent in ``schedule()`` and ``update_from_output()``, the
+    requests added since the step before (``added``), whether no request was left
+    afterwards (``idle``: the engine then waits for work), and the step's shape."""
+
+    def __init__(
+        self, path: str, engine: dict[str, Any], vllm_version: str, scheduler: str = "llmsched"
+    ) -> None:
+        # Line-buffered: a line per step reaches the file as it is written (an engine that
+        # dies keeps its log); closed by close(), or when the log is dropped.
+        self._file: IO[str] = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        self._closer = weakref.finalize(self, self._file.close)
+        self._write(
+            {
+                "format": STEP_LOG_FORMAT,
+                "vllm": vllm_version,
+                "scheduler": scheduler,
+                "engine": engine,
+            }
+        )
+        # Steps decided and not yet applied: when schedule() was called, how long it took,
+        # the shape, and how many requests the engine added since the step before.
+        self._pending: dict[int, tuple[float, float, StepShape, int]] = {}
+        self.added = 0
+        """Requests added to the scheduler since the last step logged."""
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def scheduled(self, key: int, started: float, seconds: float, shape: StepShape) -> None:
+        """A step of ``shape`` was decided under ``key``, in ``seconds`` from ``started``."""
+        self._pending[key] = (started, seconds, shape, self.added)
+        self.added = 0
+
+    def applied(self, key: int, seconds: float, idle: bool) -> None:
+        """The output of the step under ``key`` was applied in ``seconds``, after which the
+        scheduler holds no request (``idle``: the engine may wait for the next): its line."""
+        started, schedule_s, shape, added = self._pending.pop(key)
+        self._write(
+            {
+                "t": started,
+                "schedule_s": schedule_s,
+                "update_s": seconds,
+                "added": added,
+                "idle": idle,
+                **shape._asdict(),
+            }
+        )
+
+    def close(self) -> None:
+        self._closer()

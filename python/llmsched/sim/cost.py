@@ -1,20 +1,24 @@
 """The virtual duration of a model step: what ``llmsched simulate`` charges for each step.
 
-    step = fixed + sum over the step's shape of term * count
+    step = fixed + sum over the step's shape of term * count + scheduler
 
 with a term per count of :class:`llmsched.steps.StepShape` (prefilling requests, requests
 the runner sets up and lets go, prefill tokens and attention, decode requests, first decodes
 and decode context), and a term per request the engine takes in, charged when it arrives
-(an engine's own work between two steps). Why these counts: ``docs/fidelity.md`` measures
-them against the earlier linear form. The defaults are sized for an 8B-parameter model on
-one datacenter GPU; every term can be overridden, or taken from a cost-model file
-(:func:`load_cost_model`, which ``llmsched calibrate`` writes).
+(an engine's own work between two steps). ``scheduler`` is the scheduler's own time in the
+step (``schedule()`` and ``update_from_output()``): a term per step, per request scheduled
+and per token scheduled, small for llmsched's and not for vLLM's, whose terms ``llmsched
+calibrate --scheduler vllm`` measures (``simulate --scheduler-cost`` swaps them in). Why
+these counts: ``docs/fidelity.md`` measures them against the earlier linear form. The
+defaults are sized for an 8B-parameter model on one datacenter GPU; every term can be
+overridden, or taken from a cost-model file (:func:`load_cost_model`, which ``llmsched
+calibrate`` writes).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +26,16 @@ from llmsched._checks import Range
 from llmsched._core import SchedulerConfig, SchedulerOutput
 from llmsched.steps import StepShape, step_shape
 
-__all__ = ["COST_TERM", "SHAPE_TERMS", "TERMS", "CostModel", "CostModelFile", "load_cost_model"]
+__all__ = [
+    "COST_TERM",
+    "ENGINE_TERMS",
+    "SCHEDULER_TERMS",
+    "SHAPE_TERMS",
+    "TERMS",
+    "CostModel",
+    "CostModelFile",
+    "load_cost_model",
+]
 
 COST_TERM = Range(0)
 """Every cost-model term, in milliseconds."""
@@ -33,7 +46,8 @@ class CostModel:
     """Virtual duration of one model step, in milliseconds per unit (each field's
     ``metadata["help"]`` says what it charges for): ``fixed_ms``, then a term per count of
     :class:`~llmsched.steps.StepShape`, in its order, then ``add_request_ms`` (charged per
-    arriving request, not per step)."""
+    arriving request, not per step), then the scheduler's own time per step, per request
+    and per token it schedules (llmsched's plug-in by default)."""
 
     fixed_ms: float = field(default=6.0, metadata={"help": "cost of every step"})
     prefill_request_ms: float = field(default=0.1, metadata={"help": "per request prefilling"})
@@ -57,30 +71,71 @@ class CostModel:
     add_request_ms: float = field(
         default=0.0, metadata={"help": "per request the engine takes in, when it arrives"}
     )
+    scheduler_step_ms: float = field(
+        default=0.02, metadata={"help": "the scheduler's own time per step"}
+    )
+    scheduler_request_ms: float = field(
+        default=0.0003, metadata={"help": "the scheduler's own time per request scheduled"}
+    )
+    scheduler_token_ms: float = field(
+        default=0.0, metadata={"help": "the scheduler's own time per token scheduled"}
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
             COST_TERM.check(f.name, getattr(self, f.name))
 
     def step_seconds(self, so: SchedulerOutput) -> float:
+        """The duration of the step ``so``: the model's step and the scheduler's time."""
         if len(so.num_scheduled_tokens) == 0:
             return 0.0
-        return self.shape_ms(step_shape(so)) / 1000.0
+        shape = step_shape(so)
+        return (self.shape_ms(shape) + self.scheduler_ms(shape)) / 1000.0
 
     def shape_ms(self, shape: StepShape) -> float:
-        """The cost of a step of ``shape``, in milliseconds."""
+        """The engine's cost of a step of ``shape`` (the scheduler's left out), in ms."""
         charged: float = sum(
             getattr(self, term) * count for term, count in zip(SHAPE_TERMS, shape, strict=True)
         )
         return self.fixed_ms + charged
 
+    def scheduler_ms(self, shape: StepShape) -> float:
+        """The scheduler's own time in a step of ``shape``, in milliseconds."""
+        requests, tokens = scheduled_counts(shape)
+        return (
+            self.scheduler_step_ms
+            + self.scheduler_request_ms * requests
+            + self.scheduler_token_ms * tokens
+        )
+
+    def with_scheduler_of(self, other: CostModel) -> CostModel:
+        """This engine's model under the scheduler ``other`` was measured with."""
+        return replace(self, **{term: getattr(other, term) for term in SCHEDULER_TERMS})
+
+
+def scheduled_counts(shape: StepShape) -> tuple[int, int]:
+    """The requests and tokens a step of ``shape`` schedules (a decode: one token)."""
+    requests = shape.prefill_requests + shape.decode_requests
+    return requests, shape.prefill_tokens + shape.decode_requests
+
 
 TERMS: tuple[str, ...] = tuple(f.name for f in fields(CostModel))
-"""Every term, in order: ``fixed_ms``, :data:`SHAPE_TERMS`, ``add_request_ms``."""
-SHAPE_TERMS: tuple[str, ...] = TERMS[1:-1]
+"""Every term, in order: :data:`ENGINE_TERMS`, then :data:`SCHEDULER_TERMS`."""
+SHAPE_TERMS: tuple[str, ...] = TERMS[1 : 1 + len(StepShape._fields)]
 """The term charging each count of :class:`~llmsched.steps.StepShape`, in its order."""
-if len(SHAPE_TERMS) != len(StepShape._fields) or TERMS[-1] != "add_request_ms":
-    raise ImportError("CostModel's terms must be fixed_ms, one per StepShape count, add_request_ms")
+ENGINE_TERMS: tuple[str, ...] = ("fixed_ms", *SHAPE_TERMS, "add_request_ms")
+"""The engine's terms (its time between two scheduler calls), in the fit's order."""
+SCHEDULER_TERMS: tuple[str, ...] = TERMS[len(ENGINE_TERMS) :]
+"""The scheduler's own time: per step, per request and per token scheduled."""
+if TERMS[: len(ENGINE_TERMS)] != ENGINE_TERMS or SCHEDULER_TERMS != (
+    "scheduler_step_ms",
+    "scheduler_request_ms",
+    "scheduler_token_ms",
+):
+    raise ImportError(
+        "CostModel's terms must be fixed_ms, one per StepShape count, add_request_ms, "
+        "then the scheduler's per step, request and token"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,44 +147,45 @@ class CostModelFile:
     engine: dict[str, Any]
 
 
-def load_cost_model(path: str | Path) -> CostModelFile:
+def load_cost_model(path: str | Path, flag: str = "--cost-model") -> CostModelFile:
     """Reads a cost-model file: a JSON object ``{"cost_model": {TERM: ms, ...}, "engine":
     {SchedulerConfig field: value, ...}, "fit": {...}}``, every term of :class:`CostModel`
     present and in range, ``engine`` optional, ``fit`` (how well the terms fit the steps
-    they were fitted to) informative. ``ValueError`` naming the file and what is wrong."""
+    they were fitted to) informative. ``ValueError`` naming ``flag``, the file and what is
+    wrong."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
-        raise ValueError(f"--cost-model {path}: cannot read it ({e.strerror})") from None
+        raise ValueError(f"{flag} {path}: cannot read it ({e.strerror})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"--cost-model {path}: not JSON ({e})") from None
+        raise ValueError(f"{flag} {path}: not JSON ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("cost_model"), dict):
         raise ValueError(f'--cost-model {path}: expected an object with a "cost_model" object')
     unknown = sorted(set(data) - {"cost_model", "engine", "fit"})
     if unknown:
-        raise ValueError(f"--cost-model {path}: unknown key {unknown[0]!r}")
+        raise ValueError(f"{flag} {path}: unknown key {unknown[0]!r}")
     terms: dict[str, Any] = data["cost_model"]
     names = TERMS
     missing = [name for name in names if name not in terms]
     if missing:
-        raise ValueError(f"--cost-model {path}: cost_model.{missing[0]} is missing")
+        raise ValueError(f"{flag} {path}: cost_model.{missing[0]} is missing")
     extra = sorted(set(terms) - set(names))
     if extra:
-        raise ValueError(f"--cost-model {path}: cost_model.{extra[0]} is not a term")
+        raise ValueError(f"{flag} {path}: cost_model.{extra[0]} is not a term")
     for name in names:
         value = terms[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"--cost-model {path}: cost_model.{name}={value!r}: not a number")
+            raise ValueError(f"{flag} {path}: cost_model.{name}={value!r}: not a number")
         try:
             COST_TERM.check(name, value)
         except ValueError as e:
-            raise ValueError(f"--cost-model {path}: cost_model.{e}") from None
+            raise ValueError(f"{flag} {path}: cost_model.{e}") from None
     engine = data.get("engine", {})
     if not isinstance(engine, dict):
         raise ValueError(f'--cost-model {path}: "engine" must be an object')
     known = SchedulerConfig().to_dict()
     strange = sorted(set(engine) - set(known))
     if strange:
-        raise ValueError(f"--cost-model {path}: engine.{strange[0]} is not a SchedulerConfig field")
+        raise ValueError(f"{flag} {path}: engine.{strange[0]} is not a SchedulerConfig field")
     return CostModelFile(CostModel(**{name: float(terms[name]) for name in names}), engine)

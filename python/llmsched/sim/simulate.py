@@ -8,17 +8,14 @@ are real: only the model's tokens and the step durations are simulated.
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from types import FrameType
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from llmsched._checks import Range
+from llmsched._cli import StopOnInterrupt
 from llmsched._core import InvalidRequestError, Scheduler, SchedulerConfig, SchedulerOutput
 from llmsched.outputs import ModelRunnerOutput
 from llmsched.sim.cost import CostModel
@@ -102,35 +99,6 @@ class _Progress:
             self.bar.stop()
 
 
-class _Interrupt:
-    """While active, a first SIGINT (Ctrl-C) sets ``requested`` instead of raising, so the
-    replay can stop between two steps; a second one raises ``KeyboardInterrupt``."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    @contextmanager
-    def active(self, enabled: bool) -> Iterator[_Interrupt]:
-        if (
-            not enabled
-            or threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # e.g. started with `&`
-        ):
-            yield self
-            return
-
-        def handler(signum: int, frame: FrameType | None) -> None:
-            if self.requested:
-                raise KeyboardInterrupt
-            self.requested = True
-
-        previous = signal.signal(signal.SIGINT, handler)
-        try:
-            yield self
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-
 def check_workload(config: SchedulerConfig, workload: Workload) -> Workload:
     """``workload`` fitted to ``config.max_model_len``, every request checked against the
     scheduler's own rules before a replay: ``WorkloadError`` names the first request (by
@@ -197,7 +165,7 @@ def simulate(
         timeline["waiting"].append(waiting)
 
     runner.on_execute = on_execute
-    interrupt = _Interrupt()
+    interrupt = StopOnInterrupt()
     with interrupt.active(interruptible):
         bar = _Progress(len(specs), progress)
         try:
@@ -221,7 +189,7 @@ def _replay(
     engine: Engine,
     times: dict[str, RequestTimes],
     bar: _Progress,
-    interrupt: _Interrupt,
+    interrupt: StopOnInterrupt,
 ) -> None:
     scheduler = engine.scheduler
     next_arrival = 0

@@ -39,7 +39,7 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 from vllm.v1.structured_output.utils import strip_speculative_padding
 
 import llmsched
-from llmsched.steps import STEP_LOG_ENV
+from llmsched.steps import STEP_LOG_ENV, StepLog, step_shape
 from llmsched.vllm._config import (
     UnsupportedVersionError,
     check_engine_config,
@@ -50,7 +50,6 @@ from llmsched.vllm._config import (
 from llmsched.vllm._kv_events import KvEvents, make_publisher
 from llmsched.vllm._kv_layout import KVCacheLayout
 from llmsched.vllm._requests import attach, freeze, new_request_data
-from llmsched.vllm._step_log import StepLog
 
 __all__ = ["TESTED_VLLM_VERSIONS", "AsyncScheduler", "Scheduler"]
 
@@ -180,7 +179,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         )
         # Opt-in (LLMSCHED_STEP_LOG): each step's shape and timing, for llmsched calibrate.
         log_path = os.environ.get(STEP_LOG_ENV)
-        self._step_log = StepLog(log_path, self.core.config, vllm.__version__) if log_path else None
+        self._step_log = (
+            StepLog(log_path, self.core.config.to_dict(), vllm.__version__) if log_path else None
+        )
         self.max_model_len = self.core.config.max_model_len
         self.num_spec_tokens = self.core.config.num_speculative_tokens
         self.use_v2_model_runner = bool(read(vllm_config, "use_v2_model_runner"))
@@ -406,7 +407,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if req_ids:
             self._core_steps[id(output)] = (output, core_out)
             if self._step_log is not None:
-                self._step_log.scheduled(id(output), started, time.monotonic() - started, core_out)
+                self._step_log.scheduled(
+                    id(output), started, time.monotonic() - started, step_shape(core_out)
+                )
         return output
 
     def _report_grammars(self) -> None:

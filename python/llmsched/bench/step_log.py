@@ -1,0 +1,87 @@
+"""The step log of vLLM's own scheduler: what ``llmsched calibrate --scheduler vllm`` fits.
+
+The plug-in writes its step log itself (:class:`llmsched.steps.StepLog`); vLLM's scheduler
+does not, so :class:`LoggedScheduler` wraps it in the engine and writes the same lines, the
+step's shape read from vLLM's own ``SchedulerOutput`` (:func:`vllm_step_shape`). The fit
+then has the engine under vLLM's scheduler, and the time that scheduler takes per step,
+which ``simulate --scheduler-cost`` charges to predict what switching schedulers does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from llmsched.steps import StepLog, StepShape
+
+__all__ = ["LoggedScheduler", "vllm_step_shape"]
+
+
+def vllm_step_shape(so: Any) -> StepShape:
+    """The shape of a step (:class:`~llmsched.steps.StepShape`) read from vLLM's
+    ``SchedulerOutput``: a request decodes when it is scheduled one token beyond its drafts."""
+    cached = so.scheduled_cached_reqs
+    computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+    computed.update({new.req_id: new.num_computed_tokens for new in so.scheduled_new_reqs})
+    outputs = dict(zip(cached.req_ids, cached.num_output_tokens, strict=True))
+    drafts = so.scheduled_spec_decode_tokens
+    prefill = decode = first = prefill_tokens = attention = context = 0
+    for req_id, n in so.num_scheduled_tokens.items():
+        c = computed[req_id]
+        if n - len(drafts.get(req_id, ())) == 1:
+            decode += 1
+            first += outputs.get(req_id) == 1
+            context += c + n
+        else:
+            prefill += 1
+            prefill_tokens += n
+            attention += n * c + n * (n + 1) // 2
+    return StepShape(
+        prefill_requests=prefill,
+        new_requests=len(so.scheduled_new_reqs) + len(cached.resumed_req_ids),
+        finished_requests=len(so.finished_req_ids),
+        prefill_tokens=prefill_tokens,
+        prefill_attention=attention,
+        decode_requests=decode,
+        first_decodes=first,
+        decode_context=context,
+    )
+
+
+class LoggedScheduler:
+    """Forwards everything to a vLLM scheduler and writes its steps to ``log`` as the
+    plug-in writes its own: the time of ``schedule()`` and ``update_from_output()``, the
+    requests added between two steps, the step's shape, whether the engine is left idle.
+    A proxy installed as the engine core's ``scheduler``, so vLLM's class is unchanged."""
+
+    def __init__(self, inner: Any, log: StepLog) -> None:
+        self.inner = inner
+        self.log = log
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def add_request(self, request: Any) -> None:
+        """The inner ``add_request``, counted for the next step's line."""
+        self.inner.add_request(request)
+        self.log.added += 1
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        """The inner ``schedule``, timed; a step that schedules tokens is logged."""
+        started = time.monotonic()
+        so = self.inner.schedule(*args, **kwargs)
+        if so.total_num_scheduled_tokens:
+            self.log.scheduled(id(so), started, time.monotonic() - started, vllm_step_shape(so))
+        return so
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        """The inner ``update_from_output``, timed; writes the step's line."""
+        started = time.monotonic()
+        out = self.inner.update_from_output(scheduler_output, model_runner_output)
+        if scheduler_output.total_num_scheduled_tokens:
+            self.log.applied(
+                id(scheduler_output),
+                time.monotonic() - started,
+                not self.inner.has_unfinished_requests(),
+            )
+        return out
