@@ -299,6 +299,23 @@ def test_ctrl_c_prints_a_partial_report_and_exits_130(tmp_path: Path) -> None:
     assert report["num_finished"] < 5000
 
 
+def test_ctrl_c_in_a_terminal_stops_bench_with_one_line() -> None:
+    """A terminal's Ctrl-C signals the whole process group: bench and the single-threaded
+    interpreter it reruns itself in. One "interrupted" line, status 130, no traceback."""
+    process = subprocess.Popen(
+        [str(SCRIPT), "bench", "decode-64", "--steps", "100000000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(3.0)
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert stderr.splitlines() == ["llmsched: interrupted"]
+
+
 def test_a_closed_pipe_ends_the_command_quietly() -> None:
     process = subprocess.Popen(
         [str(SCRIPT), "simulate", "--num-requests", "30"],

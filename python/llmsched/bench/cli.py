@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -75,7 +76,13 @@ def _in_single_threaded_interpreter(argv: list[str]) -> int | None:
     env = dict(os.environ)
     for var in _THREAD_VARS:
         env.setdefault(var, "1")
-    return subprocess.call([sys.executable, "-m", "llmsched", "bench", *argv], env=env)
+    # A Ctrl-C reaches the child too (one process group): it reports the interruption, once;
+    # a Python handler (not SIG_IGN, which the child would inherit) keeps this one quiet.
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    try:
+        return subprocess.call([sys.executable, "-m", "llmsched", "bench", *argv], env=env)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def main(argv: list[str]) -> int:

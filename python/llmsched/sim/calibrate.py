@@ -10,11 +10,12 @@ before, whether the engine was left idle, and the step's shape. A step's engine 
 interval to the next ``schedule()`` call less the scheduler's own time (the model step and
 the engine's other work between the two calls, the requests it took in among it); an
 interval after which the engine was idle holds a wait for work, and is left out. The
-engine's terms of :class:`~llmsched.sim.cost.CostModel` (:data:`~llmsched.sim.cost.
-ENGINE_TERMS`: ``fixed_ms``, one per count of the shape, ``add_request_ms``) are the
-non-negative least-squares fit (``scipy.optimize.nnls``) of those times to the shapes and the
-requests taken in; the scheduler's terms (:data:`~llmsched.sim.cost.SCHEDULER_TERMS`), the
-same fit of every step's scheduler time to the requests and tokens it scheduled.
+engine's terms of :class:`~llmsched.sim.cost.CostModel`
+(:data:`~llmsched.sim.cost.ENGINE_TERMS`: ``fixed_ms``, one per count of the shape,
+``add_request_ms``) are the non-negative least-squares fit (``scipy.optimize.nnls``) of those
+times to the shapes and the requests taken in; the scheduler's terms
+(:data:`~llmsched.sim.cost.SCHEDULER_TERMS`), the same fit of every step's scheduler time to
+the requests and tokens it scheduled.
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@ and decode context), and a term per request the engine takes in, charged when it
 (an engine's own work between two steps). ``scheduler`` is the scheduler's own time in the
 step (``schedule()`` and ``update_from_output()``): a term per step, per request scheduled
 and per token scheduled, small for llmsched's and not for vLLM's, whose terms ``llmsched
-calibrate --scheduler vllm`` measures (``simulate --scheduler-cost`` swaps them in). Why
+calibrate --scheduler vllm`` measures (``simulate --scheduler-cost`` swaps them in). It is
+charged in sequence with the model's step, as a synchronous engine runs them (and a CPU
+engine, whose model runs on the scheduler's CPU); an asynchronous GPU engine overlaps the
+two, which this model does not (there it charges the scheduler's time once too often). Why
 these counts: ``docs/fidelity.md`` measures them against the earlier linear form. The
 defaults are sized for an 8B-parameter model on one datacenter GPU; every term can be
 overridden, or taken from a cost-model file (:func:`load_cost_model`, which ``llmsched
@@ -35,6 +38,7 @@ __all__ = [
     "CostModel",
     "CostModelFile",
     "load_cost_model",
+    "scheduled_counts",
 ]
 
 COST_TERM = Range(0)
