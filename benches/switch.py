@@ -58,9 +58,11 @@ SCHEDULERS = ("llmsched", "vllm")
 def side_by_side(folder: Path, commands: dict[str, tuple[str, ...]]) -> dict[str, Any]:
     """``llmsched COMMAND --json`` of each entry at once, the i-th pinned to the i-th CPU;
     their reports by key."""
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = sorted(os.sched_getaffinity(0))[: len(commands)]
+    if len(cpus) < len(commands):
+        raise SystemExit(f"side by side needs {len(commands)} CPUs; this process may use {cpus}")
     runs = {}
-    for (key, command), cpu in zip(commands.items(), cpus, strict=False):
+    for (key, command), cpu in zip(commands.items(), cpus, strict=True):
         out = folder / f"{key}.json"
         runs[key] = (
             out,
