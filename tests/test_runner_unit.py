@@ -49,6 +49,7 @@ class StepOutput:
     lora_ids: np.ndarray
     structured_output_rows: np.ndarray
     pending_structured_output_tokens: bool
+    drafts_unused: bool
     total_num_scheduled_tokens: int
     new_req_ids: list[str]
     resumed_req_ids: list[str]
@@ -89,6 +90,7 @@ def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> StepOutput
         lora_ids=i32([]),
         structured_output_rows=i32([]),
         pending_structured_output_tokens=False,
+        drafts_unused=True,
         total_num_scheduled_tokens=sum(r["n"] for r in reqs),
         new_req_ids=[r["id"] for r in admitted if not r.get("resumed")],
         resumed_req_ids=[r["id"] for r in admitted if r.get("resumed")],

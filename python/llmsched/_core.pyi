@@ -104,6 +104,8 @@ class SchedulerConfig:
         num_speculative_tokens: int = 0,
         num_lookahead_tokens: int = 0,
         max_num_new_slots_for_drafting: int = 0,
+        num_hash_lookahead_tokens: int = 0,
+        eagle_block_drop: bool = False,
         num_sampled_tokens_per_step: int = 1,
         async_scheduling: bool = True,
         pipeline_parallel_size: int = 1,
@@ -158,6 +160,16 @@ class SchedulerConfig:
     def max_num_new_slots_for_drafting(self) -> int:
         """Input-budget slots charged per scheduled request for the drafter's tokens."""
     @property
+    def num_hash_lookahead_tokens(self) -> int:
+        """Tokens after each block that the block's prefix-cache hash also covers
+        (vLLM's lookahead block hashes: 1 for an EAGLE drafter, whose KV at a
+        block's last position depends on the next token). A block enters the
+        cache, and can be hit, only once those tokens exist and match."""
+    @property
+    def eagle_block_drop(self) -> bool:
+        """A prefix hit gives back its last block, to be recomputed for the drafter
+        (vLLM's EAGLE block drop, used where lookahead hashes are off)."""
+    @property
     def num_sampled_tokens_per_step(self) -> int:
         """``s``: tokens sampled per step: 1 for generation, 0 for pooling."""
     @property
@@ -191,9 +203,10 @@ class SchedulerConfig:
     @property
     def kv_cache_groups(self) -> str:
         """The KV-cache groups the pool serves, in vLLM's order, comma-separated:
-        ``full``, ``sliding_window:W`` (a window of W tokens) or ``chunked_local:C``
-        (attention within chunks of C tokens) each. A hybrid model (sliding-window
-        or chunked local layers beside full ones) has several."""
+        ``full``, ``sliding_window:W`` (a window of W tokens), ``chunked_local:C``
+        (attention within chunks of C tokens) or ``mamba`` (a recurrent state of
+        ``1 + K`` blocks per request; prefix caching off) each. A hybrid model
+        (sliding-window, chunked local or Mamba layers beside full ones) has several."""
     @property
     def prefix_cache_retention_interval(self) -> int:
         """Which blocks of a sliding-window group enter the prefix cache (vLLM's
@@ -276,6 +289,12 @@ class SchedulerOutput:
         """Async scheduling: one of those rows awaits an earlier step's output, so the step's
         bitmask can be built only once that output is applied (vLLM's
         ``pending_structured_output_tokens``)."""
+    @property
+    def drafts_unused(self) -> bool:
+        """No request of the step can use drafts proposed after it (each is a non-final
+        prefill chunk or samples its last output token even if every draft is rejected):
+        a drafter may skip proposing (vLLM's ``skip_drafts``). True for an empty step and
+        without speculative decoding."""
     @property
     def total_num_scheduled_tokens(self) -> int:
         """The sum of ``num_scheduled_tokens``."""

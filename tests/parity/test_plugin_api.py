@@ -131,10 +131,55 @@ def test_an_engine_asking_for_an_unsupported_feature_fails_at_start(feature: str
         build(sched)
 
 
-def test_a_speculative_method_other_than_ngram_is_refused() -> None:
-    sched = reference(num_speculative_tokens=2)
-    _set(sched.vllm_config.speculative_config, "method", "eagle")
-    with pytest.raises(plugin.UnsupportedFeatureError, match="method='eagle'"):
+def test_a_multi_module_mtp_drafter_is_refused() -> None:
+    """Its prefill chunks stop short of the prompt's end (vLLM's num_prefill_lookahead),
+    which the core does not do."""
+    sched = reference(num_speculative_tokens=3, speculative_method="mtp")
+    hf_config = sched.vllm_config.speculative_config.draft_model_config.hf_config
+    hf_config.num_nextn_predict_layers = 3
+    with pytest.raises(plugin.UnsupportedFeatureError, match="num_prefill_lookahead_tokens=3"):
+        build(sched)
+
+
+@pytest.mark.parametrize(
+    ("method", "lookahead_block_hashes"),
+    [
+        ("eagle", True),
+        ("eagle", False),
+        ("eagle3", True),
+        ("mtp", True),
+        ("draft_model", True),
+        ("ngram_gpu", True),
+        ("dflash", True),
+    ],
+)
+def test_a_drafter_is_served_with_what_vllm_derives_from_its_method(
+    method: str, lookahead_block_hashes: bool
+) -> None:
+    """The plug-in's core takes vLLM's lookahead slots, draft slots and prefix-cache rule for
+    the method, read from vLLM's config, not from a table of its own."""
+    sched = reference(
+        num_speculative_tokens=3,
+        speculative_method=method,
+        lookahead_block_hashes=lookahead_block_hashes,
+    )
+    config = build(sched).core.config
+    vllm_config = sched.vllm_config
+    assert config.num_lookahead_tokens == vllm_config.num_lookahead_tokens
+    assert config.max_num_new_slots_for_drafting == (
+        vllm_config.speculative_config.max_num_new_slots_for_drafting
+    )
+    assert config.num_hash_lookahead_tokens == vllm_config.num_hash_lookahead_tokens
+    assert config.eagle_block_drop == sched.kv_cache_manager.use_eagle
+
+
+def test_eagle_with_a_hybrid_model_is_refused_at_start() -> None:
+    sched = reference(
+        num_speculative_tokens=3,
+        speculative_method="eagle",
+        kv_cache_groups="full,sliding_window:8",
+    )
+    with pytest.raises(llmsched.ConfigError, match="EAGLE's hybrid prefix-cache rule"):
         build(sched)
 
 

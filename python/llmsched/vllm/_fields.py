@@ -44,11 +44,15 @@ _MULTIMODAL = "only for multimodal inputs, refused (model_config.is_multimodal_m
 _CONNECTORS = "only with a KV connector, refused (kv_transfer_config)"
 _DRAFTER = (
     "configures the drafter or the runner's draft verification; the drafts reach the "
-    "scheduler through update_draft_token_ids, and the methods llmsched takes "
-    "(speculative_config.method, checked) reserve no slots beyond "
-    "speculative_config.max_num_new_slots_for_drafting, which is read"
+    "scheduler through update_draft_token_ids, and what the scheduler sees of the drafter "
+    "vLLM derives into num_lookahead_tokens, num_prefill_lookahead_tokens (checked), "
+    "num_hash_lookahead_tokens, speculative_config.max_num_new_slots_for_drafting and "
+    "speculative_config.use_eagle_block_drop(), which are read"
 )
-_OTHER_METHODS = "only for speculative methods other than ngram, refused (method)"
+_LOOKAHEAD = (
+    "enters vllm_config.num_hash_lookahead_tokens and speculative_config."
+    "use_eagle_block_drop(), which are read"
+)
 _DATA_PARALLEL = (
     "the rank's place in data parallelism: a scheduler serves one rank (an MoE model's "
     "lockstep ranks are refused, data_parallel_size)"
@@ -322,7 +326,7 @@ FIELDS: dict[str, dict[str, str]] = {
     },
     "SpeculativeConfig": {
         "num_speculative_tokens": "enters vllm_config.num_speculative_tokens, which is read",
-        "method": CHECKED,
+        "method": _DRAFTER,
         "num_speculative_tokens_per_batch_size": CHECKED,
         "parallel_drafting": (
             "enters speculative_config.max_num_new_slots_for_drafting, which is read"
@@ -338,11 +342,11 @@ FIELDS: dict[str, dict[str, str]] = {
         "max_model_len": _DRAFTER,
         "revision": _DRAFTER,
         "code_revision": _DRAFTER,
-        "index_share_for_mtp_iteration": _OTHER_METHODS,
+        "index_share_for_mtp_iteration": _DRAFTER,
         "disable_padded_drafter_batch": _DRAFTER,
-        "disable_eagle_block_drop": _OTHER_METHODS,
-        "disable_lookahead_block_hashes": _OTHER_METHODS,
-        "draft_lm_head_quantization": _OTHER_METHODS,
+        "disable_eagle_block_drop": _LOOKAHEAD,
+        "disable_lookahead_block_hashes": _LOOKAHEAD,
+        "draft_lm_head_quantization": _DRAFTER,
         "use_local_argmax_reduction": _DRAFTER,
         "use_heterogeneous_vocab": _DRAFTER,
         "prompt_lookup_max": _DRAFTER,
@@ -351,21 +355,21 @@ FIELDS: dict[str, dict[str, str]] = {
         "target_parallel_config": "the target's parallel config, classified as ParallelConfig",
         "draft_model_config": _DRAFTER,
         "draft_parallel_config": _DRAFTER,
-        "suffix_decoding_max_tree_depth": _OTHER_METHODS,
-        "suffix_decoding_max_cached_requests": _OTHER_METHODS,
-        "suffix_decoding_max_spec_factor": _OTHER_METHODS,
-        "suffix_decoding_min_token_prob": _OTHER_METHODS,
+        "suffix_decoding_max_tree_depth": _DRAFTER,
+        "suffix_decoding_max_cached_requests": _DRAFTER,
+        "suffix_decoding_max_spec_factor": _DRAFTER,
+        "suffix_decoding_min_token_prob": _DRAFTER,
         "draft_load_config": _DRAFTER,
         "rejection_sample_method": _DRAFTER,
         "synthetic_acceptance_rates": _DRAFTER,
         "synthetic_acceptance_length": _DRAFTER,
-        "enable_adaptive_verification": _OTHER_METHODS,
+        "enable_adaptive_verification": _DRAFTER,
         "draft_sample_method": _DRAFTER,
-        "dspark_draft_topk": _OTHER_METHODS,
-        "xpress_topc": _OTHER_METHODS,
-        "fly_window_size": _OTHER_METHODS,
-        "fly_entropy_threshold": _OTHER_METHODS,
-        "fly_entropy_top_k": _OTHER_METHODS,
+        "dspark_draft_topk": _DRAFTER,
+        "xpress_topc": _DRAFTER,
+        "fly_window_size": _DRAFTER,
+        "fly_entropy_threshold": _DRAFTER,
+        "fly_entropy_top_k": _DRAFTER,
     },
     "ObservabilityConfig": {
         "per_request_spec_decode_metrics": READ,
@@ -405,10 +409,16 @@ the plug-in need not read it."""
 
 PROPERTIES_READ: dict[str, frozenset[str]] = {
     "VllmConfig": frozenset(
-        {"num_speculative_tokens", "num_lookahead_tokens", "use_v2_model_runner"}
+        {
+            "num_speculative_tokens",
+            "num_lookahead_tokens",
+            "num_prefill_lookahead_tokens",
+            "num_hash_lookahead_tokens",
+            "use_v2_model_runner",
+        }
     ),
     "ModelConfig": frozenset({"is_multimodal_model", "runner_type", "is_encoder_decoder"}),
-    "SpeculativeConfig": frozenset({"max_num_new_slots_for_drafting"}),
+    "SpeculativeConfig": frozenset({"max_num_new_slots_for_drafting", "use_eagle_block_drop"}),
 }
 """Values the plug-in reads that vLLM derives from the fields above (its properties, or
 attributes it sets at construction)."""

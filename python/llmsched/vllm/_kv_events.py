@@ -13,7 +13,7 @@ would create, once per ``update_from_output`` as vLLM's scheduler does. Only wit
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllm.distributed.kv_events import (
@@ -48,12 +48,14 @@ def make_publisher(kv_events_config: Any, data_parallel_index: int) -> Any:
 class KvEvents:
     """The engine's KV cache events, built from the core's as they are taken."""
 
-    def __init__(self, kv_cache_config: Any, block_size: int) -> None:
+    def __init__(self, kv_cache_config: Any, block_size: int, hash_lookahead: int) -> None:
         # vLLM's KV cache manager annotates each stored event with its group's kind.
         specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
         self._spec_kinds: list[str] = [get_kv_cache_spec_kind(spec).value for spec in specs]
         self._sliding_windows = [get_kv_cache_spec_sliding_window(spec) for spec in specs]
         self._block_size = block_size
+        # The tokens after a block that its hash covers (lookahead hashes; 0: none).
+        self._hash_lookahead = hash_lookahead
         # The hash each cached block was stored under, to name it when it is removed.
         self._stored_as: dict[int, Any] = {}
         self._pending: list[KVCacheEvent] = []
@@ -115,7 +117,7 @@ class KvEvents:
         hashes: list[Any],
         parent: Any,
         token_blocks: tuple[int, int],
-        keyed_blocks: Iterable[int],
+        keyed_blocks: Sequence[int],
         group: int,
     ) -> BlockStored:
         bs = self._block_size
@@ -138,4 +140,9 @@ class KvEvents:
         )
         event.kv_cache_spec_kind = self._spec_kinds[group]
         event.kv_cache_spec_sliding_window = self._sliding_windows[group]
+        if self._hash_lookahead:
+            tokens = request.all_token_ids
+            event.lookahead_token_ids = [
+                tokens[(i + 1) * bs : (i + 1) * bs + self._hash_lookahead] for i in keyed_blocks
+            ]
         return event

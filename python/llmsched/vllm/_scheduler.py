@@ -173,7 +173,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             read(vllm_config, "parallel_config.data_parallel_index"),
         )
         self._kv_events = (
-            KvEvents(kv_cache_config, block_size)
+            KvEvents(kv_cache_config, block_size, self.core.config.num_hash_lookahead_tokens)
             if self.core.config.enable_kv_cache_events
             else None
         )
@@ -185,6 +185,14 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.max_model_len = self.core.config.max_model_len
         self.num_spec_tokens = self.core.config.num_speculative_tokens
         self.use_v2_model_runner = bool(read(vllm_config, "use_v2_model_runner"))
+        # vLLM's V2 runner skips drafting in a step whose drafts no request can use, where
+        # the drafter has a forward pass of its own (lookahead slots); a vLLM whose
+        # SchedulerOutput has no skip_drafts (before 0.33) always drafts.
+        self.can_skip_drafts = (
+            self.core.config.num_lookahead_tokens > 0
+            and self.use_v2_model_runner
+            and "skip_drafts" in SchedulerOutput.__dataclass_fields__
+        )
         # "none", "summary" or "detailed": per-request draft acceptance, reported with the
         # request's final output (vLLM's RequestSpecDecodeMetrics).
         self.spec_decode_metrics_level: str = read(
@@ -238,6 +246,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     eos_token_id=params.eos_token_id,
                     stop_token_ids=params.stop_token_ids or (),
                     arrival_time=request.arrival_time,
+                    # A request that arrives with its prompt's KV computed but the last
+                    # token (a disaggregated decode worker's) waits with the KV holders.
+                    num_computed_tokens=request.num_computed_tokens,
                     priority=request.priority,
                     cache_salt=request.cache_salt,
                     lora_id=None
@@ -400,6 +411,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             preempted_req_ids=set(core_out.preempted_req_ids),
             num_spec_tokens_to_schedule=self.num_spec_tokens,
         )
+        if self.can_skip_drafts:
+            output.skip_drafts = core_out.drafts_unused
         if len(core_out.structured_output_rows):
             output.has_structured_output_requests = True
             output.pending_structured_output_tokens = core_out.pending_structured_output_tokens

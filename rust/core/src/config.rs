@@ -3,7 +3,8 @@
 //! Names and defaults are vLLM 0.33.0's (spec §2). Derived knobs that vLLM
 //! computes from other configs (speculative method, runner type) are taken
 //! as their derived values: `num_lookahead_tokens` (`L`),
-//! `max_num_new_slots_for_drafting` (draft slots) and
+//! `max_num_new_slots_for_drafting` (draft slots), `num_hash_lookahead_tokens`
+//! and `eagle_block_drop` (EAGLE's prefix-cache rule) and
 //! `num_sampled_tokens_per_step` (`s`).
 
 use crate::error::{CoreError, CoreResult};
@@ -46,22 +47,29 @@ pub enum AttentionKind {
     /// Tokens attend within their own chunk of `chunk` tokens: blocks of earlier chunks go
     /// back to the pool (vLLM's `ChunkedLocalAttentionSpec.attention_chunk_size`).
     ChunkedLocal { chunk: u32 },
+    /// A Mamba (or other linear-attention) layer's recurrent state, without prefix caching
+    /// (vLLM's `MambaSpec` in `mamba_cache_mode` "none"): a request holds one block for its
+    /// state and one per draft token (`1 + K`), from its first step to its end, whatever
+    /// its length.
+    Mamba,
 }
 
 /// The most KV-cache groups a layout holds (one bit each in `KvCacheGroups`).
 pub const MAX_KV_CACHE_GROUPS: usize = 64;
 
 /// The KV-cache groups one block pool serves, in vLLM's `kv_cache_groups` order: a
-/// full-attention model has one; a hybrid model (sliding-window or chunked local layers
-/// beside full ones) several. Every sliding-window group shares one window, every chunked
-/// local group one chunk size. Written and parsed as comma-separated kinds: `full`,
-/// `sliding_window:W`, `chunked_local:C`.
+/// full-attention model has one; a hybrid model (sliding-window, chunked local or Mamba
+/// layers beside full ones) several. Every sliding-window group shares one window, every
+/// chunked local group one chunk size. Written and parsed as comma-separated kinds: `full`,
+/// `sliding_window:W`, `chunked_local:C`, `mamba`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KvCacheGroups {
     /// Bit `g` set: group `g` is a sliding-window group.
     sliding: u64,
     /// Bit `g` set: group `g` is a chunked local attention group.
     chunked: u64,
+    /// Bit `g` set: group `g` is a Mamba state group.
+    mamba: u64,
     len: u8,
     window: u32,
     chunk: u32,
@@ -69,7 +77,7 @@ pub struct KvCacheGroups {
 
 impl KvCacheGroups {
     /// One full-attention group.
-    pub const FULL: Self = Self { sliding: 0, chunked: 0, len: 1, window: 0, chunk: 0 };
+    pub const FULL: Self = Self { sliding: 0, chunked: 0, mamba: 0, len: 1, window: 0, chunk: 0 };
 
     pub fn new(kinds: &[AttentionKind]) -> CoreResult<Self> {
         let text = || kinds.iter().map(|k| Self::kind_name(*k)).collect::<Vec<_>>().join(",");
@@ -84,6 +92,10 @@ impl KvCacheGroups {
         for (g, kind) in kinds.iter().enumerate() {
             let (size, bits, seen) = match *kind {
                 AttentionKind::Full => continue,
+                AttentionKind::Mamba => {
+                    groups.mamba |= 1 << g;
+                    continue;
+                }
                 AttentionKind::SlidingWindow { window } => (window, &mut groups.sliding, &mut groups.window),
                 AttentionKind::ChunkedLocal { chunk } => (chunk, &mut groups.chunked, &mut groups.chunk),
             };
@@ -107,7 +119,7 @@ impl KvCacheGroups {
                 "kv_cache_groups",
                 format!("{value:?}"),
                 "must be comma-separated group kinds: \"full\", \"sliding_window:W\" (a window of W \
-                 tokens) or \"chunked_local:C\" (chunks of C tokens)",
+                 tokens), \"chunked_local:C\" (chunks of C tokens) or \"mamba\" (a recurrent state)",
             )
         };
         let size = |text: &str| text.trim().parse::<u32>().map_err(|_| refuse());
@@ -115,6 +127,7 @@ impl KvCacheGroups {
             .split(',')
             .map(|kind| match kind.trim().split_once(':') {
                 None if kind.trim() == "full" => Ok(AttentionKind::Full),
+                None if kind.trim() == "mamba" => Ok(AttentionKind::Mamba),
                 Some(("sliding_window", w)) => size(w).map(|window| AttentionKind::SlidingWindow { window }),
                 Some(("chunked_local", c)) => size(c).map(|chunk| AttentionKind::ChunkedLocal { chunk }),
                 _ => Err(refuse()),
@@ -128,6 +141,7 @@ impl KvCacheGroups {
             AttentionKind::Full => "full".into(),
             AttentionKind::SlidingWindow { window } => format!("sliding_window:{window}"),
             AttentionKind::ChunkedLocal { chunk } => format!("chunked_local:{chunk}"),
+            AttentionKind::Mamba => "mamba".into(),
         }
     }
 
@@ -150,6 +164,8 @@ impl KvCacheGroups {
             AttentionKind::SlidingWindow { window: self.window }
         } else if self.chunked >> group & 1 == 1 {
             AttentionKind::ChunkedLocal { chunk: self.chunk }
+        } else if self.mamba >> group & 1 == 1 {
+            AttentionKind::Mamba
         } else {
             AttentionKind::Full
         }
@@ -162,6 +178,11 @@ impl KvCacheGroups {
     /// Anything but one full-attention group: the KV manager's per-group path.
     pub fn is_hybrid(self) -> bool {
         self != Self::FULL
+    }
+
+    /// Some group is a Mamba state group.
+    pub fn has_mamba(self) -> bool {
+        self.mamba != 0
     }
 }
 
@@ -206,6 +227,14 @@ macro_rules! config_fields {
             num_lookahead_tokens: Int = 0;
             /// Input-budget slots charged per scheduled request for the drafter's tokens.
             max_num_new_slots_for_drafting: Int = 0;
+            /// Tokens after each block that the block's prefix-cache hash also covers
+            /// (vLLM's lookahead block hashes: 1 for an EAGLE drafter, whose KV at a
+            /// block's last position depends on the next token). A block enters the
+            /// cache, and can be hit, only once those tokens exist and match.
+            num_hash_lookahead_tokens: Int = 0;
+            /// A prefix hit gives back its last block, to be recomputed for the drafter
+            /// (vLLM's EAGLE block drop, used where lookahead hashes are off).
+            eagle_block_drop: Bool = false;
             /// ``s``: tokens sampled per step: 1 for generation, 0 for pooling.
             num_sampled_tokens_per_step: Int = 1;
             /// Schedule a step before the previous one's output returns (placeholders).
@@ -229,9 +258,10 @@ macro_rules! config_fields {
             /// request under another adapter waits (0: LoRA off, requests name none).
             max_loras: Int = 0;
             /// The KV-cache groups the pool serves, in vLLM's order, comma-separated:
-            /// ``full``, ``sliding_window:W`` (a window of W tokens) or ``chunked_local:C``
-            /// (attention within chunks of C tokens) each. A hybrid model (sliding-window
-            /// or chunked local layers beside full ones) has several.
+            /// ``full``, ``sliding_window:W`` (a window of W tokens), ``chunked_local:C``
+            /// (attention within chunks of C tokens) or ``mamba`` (a recurrent state of
+            /// ``1 + K`` blocks per request; prefix caching off) each. A hybrid model
+            /// (sliding-window, chunked local or Mamba layers beside full ones) has several.
             kv_cache_groups: Groups = KvCacheGroups::FULL;
             /// Which blocks of a sliding-window group enter the prefix cache (vLLM's
             /// ``prefix_cache_retention_interval``): 0 keeps only those a resend of the
@@ -421,6 +451,7 @@ fn check_field_ranges(p: &ConfigParams) -> CoreResult<()> {
         ("num_speculative_tokens", p.num_speculative_tokens),
         ("num_lookahead_tokens", p.num_lookahead_tokens),
         ("max_num_new_slots_for_drafting", p.max_num_new_slots_for_drafting),
+        ("num_hash_lookahead_tokens", p.num_hash_lookahead_tokens),
         ("num_sampled_tokens_per_step", p.num_sampled_tokens_per_step),
         ("max_loras", p.max_loras),
     ] {
@@ -548,6 +579,24 @@ fn check_speculative_decoding(p: &ConfigParams) -> CoreResult<()> {
             format!("must be below max_num_batched_tokens={}", p.max_num_batched_tokens),
         ));
     }
+    // Lookahead hashes prove the token after a block, which is what the drop guards.
+    if p.eagle_block_drop && p.num_hash_lookahead_tokens > 0 {
+        return Err(CoreError::config(
+            "eagle_block_drop",
+            "True",
+            format!(
+                "must be False with num_hash_lookahead_tokens={} (lookahead hashes replace the drop)",
+                p.num_hash_lookahead_tokens
+            ),
+        ));
+    }
+    if p.num_hash_lookahead_tokens > p.block_size {
+        return Err(CoreError::config(
+            "num_hash_lookahead_tokens",
+            p.num_hash_lookahead_tokens,
+            format!("must be at most block_size={}", p.block_size),
+        ));
+    }
     Ok(())
 }
 
@@ -562,14 +611,39 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
             format!("must be 0 or a positive multiple of block_size={}", p.block_size),
         ));
     }
+    if p.kv_cache_groups.iter().all(|kind| kind == AttentionKind::Mamba) {
+        return Err(CoreError::config(
+            "kv_cache_groups",
+            format!("{:?}", p.kv_cache_groups.to_text()),
+            "must hold an attention group beside Mamba groups (models without attention layers \
+             are not built)",
+        ));
+    }
+    if p.kv_cache_groups.has_mamba() && p.enable_prefix_caching {
+        return Err(CoreError::config(
+            "enable_prefix_caching",
+            "True",
+            format!(
+                "must be False with the KV-cache groups {:?}: Mamba state cached at block boundaries \
+                 (vLLM's mamba_cache_mode \"align\") is not built",
+                p.kv_cache_groups.to_text()
+            ),
+        ));
+    }
     if p.kv_cache_groups.is_hybrid() {
         let groups = p.kv_cache_groups.to_text();
-        if p.num_lookahead_tokens > 0 {
+        let drafter_fields = [
+            ("num_lookahead_tokens", p.num_lookahead_tokens),
+            ("num_hash_lookahead_tokens", p.num_hash_lookahead_tokens),
+            ("eagle_block_drop", i64::from(p.eagle_block_drop)),
+        ];
+        if let Some(&(field, value)) = drafter_fields.iter().find(|(_, value)| *value != 0) {
             return Err(CoreError::config(
-                "num_lookahead_tokens",
-                p.num_lookahead_tokens,
+                field,
+                value,
                 format!(
-                    "must be 0 with the KV-cache groups {groups:?} (EAGLE's hybrid prefix-cache rule is not built)"
+                    "must be 0 (False) with the KV-cache groups {groups:?} (EAGLE's hybrid prefix-cache \
+                     rule is not built)"
                 ),
             ));
         }
@@ -616,10 +690,11 @@ impl SchedulerConfig {
     /// The most blocks a group of `kind` holds for one request (vLLM's
     /// `max_admission_blocks_per_request`), None for full attention: a sliding window's
     /// tokens before the next one and the tokens in flight, plus one for a window that
-    /// starts mid-block; a chunk and the tokens in flight.
+    /// starts mid-block; a chunk and the tokens in flight; a Mamba group's state blocks.
     pub fn group_block_cap(&self, kind: AttentionKind) -> Option<i64> {
         let (tokens, extra) = match kind {
             AttentionKind::Full => return None,
+            AttentionKind::Mamba => return Some(self.mamba_state_blocks()),
             AttentionKind::SlidingWindow { window } => (i64::from(window) - 1, 1),
             AttentionKind::ChunkedLocal { chunk } => (i64::from(chunk), 0),
         };
@@ -628,10 +703,25 @@ impl SchedulerConfig {
     }
 
     /// The most KV blocks a request of up to `tokens` tokens holds at once, every group
-    /// counted.
+    /// counted: a chunked local group's cap, plus one for a chunk that starts mid-block
+    /// (vLLM's cap, which the admission gate keeps, counts chunks as if block-aligned); a
+    /// Mamba group's state blocks, however short the request.
     pub fn max_blocks_per_request(&self, tokens: i64) -> i64 {
         let blocks = (tokens + self.block_size() - 1) / self.block_size();
-        self.kv_cache_groups().iter().map(|kind| self.group_block_cap(kind).map_or(blocks, |cap| blocks.min(cap))).sum()
+        let held = |kind: AttentionKind| match kind {
+            AttentionKind::Mamba => self.mamba_state_blocks(),
+            AttentionKind::ChunkedLocal { chunk } if i64::from(chunk) % self.block_size() != 0 => {
+                self.group_block_cap(kind).map_or(blocks, |cap| blocks.min(cap + 1))
+            }
+            _ => self.group_block_cap(kind).map_or(blocks, |cap| blocks.min(cap)),
+        };
+        self.kv_cache_groups().iter().map(held).sum()
+    }
+
+    /// The blocks a request holds in a Mamba group: its state, and one per draft token
+    /// (vLLM's `MambaSpec.num_speculative_blocks`), `1 + K`.
+    pub fn mamba_state_blocks(&self) -> i64 {
+        1 + self.num_speculative_tokens()
     }
 
     /// The most steps an engine keeps in flight (vLLM's `max_concurrent_batches`): one per

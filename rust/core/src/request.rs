@@ -560,14 +560,20 @@ impl Request {
         let pushed = self.output.try_push(len, token);
         debug_assert!(pushed, "a flushed output takes a token inline");
     }
-    /// Hashes the full blocks of the prompt and output tokens not hashed yet.
-    pub(crate) fn extend_block_hashes(&mut self, block_size: usize, max_model_len: i64, scratch: &mut Vec<u8>) {
+    /// Hashes the full blocks of the prompt and output tokens not hashed yet, each once
+    /// the `lookahead` tokens after it exist.
+    pub(crate) fn extend_block_hashes(
+        &mut self,
+        (block_size, lookahead): (usize, usize),
+        max_model_len: i64,
+        scratch: &mut Vec<u8>,
+    ) {
         let expected = self.expected_num_output_tokens(max_model_len);
         prefix::extend_block_hashes(
             &mut self.block_hashes,
-            &self.prompt_token_ids,
-            self.output.make_contiguous(self.num_output_tokens as usize, expected),
+            (&self.prompt_token_ids, self.output.make_contiguous(self.num_output_tokens as usize, expected)),
             block_size,
+            lookahead,
             prefix::ExtraKeys { cache_salt: self.cache_salt.as_deref(), lora_id: self.lora_id },
             scratch,
         );

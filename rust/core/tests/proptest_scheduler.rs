@@ -168,13 +168,15 @@ struct RawConfig {
 fn hybrid_groups(sel: u8, window: u32) -> KvCacheGroups {
     let (full, sliding) = (AttentionKind::Full, AttentionKind::SlidingWindow { window });
     let chunked = AttentionKind::ChunkedLocal { chunk: window };
+    let mamba = AttentionKind::Mamba;
     let kinds: &[AttentionKind] = match sel {
         0 => &[full],
         1 => &[full, sliding],
         2 => &[sliding, sliding, full],
         3 => &[sliding, full, sliding],
         4 => &[chunked, chunked, full],
-        _ => &[full, chunked, sliding],
+        5 => &[full, chunked, sliding],
+        _ => &[mamba, full, mamba],
     };
     KvCacheGroups::new(kinds).expect("a valid layout")
 }
@@ -213,7 +215,7 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
     // Mostly every step may prefill; else a cadence of 2 to 4 executed steps.
     let d = prop_oneof![3 => Just(1i64), 1 => 2i64..=4];
     // Mostly one group; else a hybrid layout with a window of a few blocks.
-    let e = (prop_oneof![2 => Just(0u8), 1 => 1u8..=5], prop_oneof![1u32..=8, 1u32..=64], 0u8..3);
+    let e = (prop_oneof![2 => Just(0u8), 1 => 1u8..=6], prop_oneof![1u32..=8, 1u32..=64], 0u8..3);
     (a, b, c, d, e).prop_map(|(a, b, max_loras, prefill_schedule_interval, e)| RawConfig {
         block_size_log2: a.0,
         model_blocks: a.1,
@@ -323,10 +325,19 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         // The steps the test keeps in flight: as many pipeline stages (async: beyond two).
         pipeline_parallel_size: if r.async_scheduling && r.depth <= 2 { 1 } else { r.depth as i64 },
         prefix_cache_retention_interval: [0, bs, 4 * bs][r.retention_sel as usize],
+        // With a drafter's lookahead slots, EAGLE's prefix-cache rule: none, the block
+        // drop or lookahead hashes (drawn from a field the rest reads only modulo bs).
+        eagle_block_drop: lookahead > 0 && r.model_extra % 3 == 1,
+        num_hash_lookahead_tokens: if lookahead > 0 && r.model_extra % 3 == 2 { 1 } else { 0 },
     };
     if r.groups_sel > 0 {
         // EAGLE's hybrid prefix-cache rule is not built: no lookahead slots.
         p.num_lookahead_tokens = 0;
+        (p.eagle_block_drop, p.num_hash_lookahead_tokens) = (false, 0);
+    }
+    if p.kv_cache_groups.has_mamba() {
+        // Mamba groups run without prefix caching (vLLM's mamba_cache_mode "none").
+        (p.enable_prefix_caching, p.enable_kv_cache_events) = (false, false);
     }
     fit_budget_rules(&mut p);
     p
@@ -744,14 +755,17 @@ impl Harness {
             .iter()
             .map(|kind| match kind {
                 AttentionKind::Full => whole,
+                // A Mamba group holds its state and a block per draft token, whatever the length.
+                AttentionKind::Mamba => 1 + self.k(),
                 AttentionKind::SlidingWindow { window } => {
                     let held = (i64::from(window) - 1 + steps_in_flight * self.cfg.max_num_batched_tokens()).min(m);
                     whole.min((held + bs - 1) / bs + 1)
                 }
-                // A chunked local group holds at most a chunk and the tokens in flight.
+                // A chunked local group holds at most a chunk and the tokens in flight, plus
+                // a block for a chunk starting mid-block.
                 AttentionKind::ChunkedLocal { chunk } => {
                     let held = (i64::from(chunk) + steps_in_flight * self.cfg.max_num_batched_tokens()).min(m);
-                    whole.min((held + bs - 1) / bs)
+                    whole.min((held + bs - 1) / bs + i64::from(i64::from(chunk) % bs != 0))
                 }
             })
             .sum();
@@ -1192,7 +1206,7 @@ impl Harness {
                     AttentionKind::ChunkedLocal { chunk } => {
                         (j as i64 + 1) * bs <= c / i64::from(chunk) * i64::from(chunk)
                     }
-                    AttentionKind::Full => false,
+                    AttentionKind::Full | AttentionKind::Mamba => false,
                 };
                 prop_assert!(
                     runner == held as i32 || (held == 0 && behind_window),
@@ -1212,12 +1226,18 @@ impl Harness {
         let arrived = self.by_handle.get(&h).map_or(0, |&t| self.tracked[t].arrived_computed);
         let from = if step.new_reqs.contains(&h) && arrived > 0 && req.num_preemptions() == 0 { 0 } else { c };
         for (g, table) in self.tables[&h].iter().enumerate() {
-            prop_assert!((table.len() as i64) * bs >= c + n, "{id}: group {g}'s table does not cover C + n");
             let window_start = match groups.kind(g) {
                 AttentionKind::SlidingWindow { window } => c - i64::from(window) + 1,
                 AttentionKind::ChunkedLocal { chunk } => c / i64::from(chunk) * i64::from(chunk),
                 AttentionKind::Full => 0,
+                // A Mamba group's state blocks are rewritten in place: the whole table, from
+                // the request's first step on, and no position maps to a block.
+                AttentionKind::Mamba => {
+                    prop_assert_eq!(table.len() as i64, 1 + self.k(), "{}: Mamba group {}'s table", id, g);
+                    continue;
+                }
             };
+            prop_assert!((table.len() as i64) * bs >= c + n, "{id}: group {g}'s table does not cover C + n");
             for pos in from..c + n {
                 let (block, slot) = (table[(pos / bs) as usize] as u32, (pos % bs) as usize);
                 if block == 0 {
@@ -1317,7 +1337,7 @@ impl Harness {
                     let checked = match self.cfg.kv_cache_groups().kind(group as usize) {
                         AttentionKind::Full => hit,
                         AttentionKind::SlidingWindow { .. } => &hit[hit.len() - 1..],
-                        AttentionKind::ChunkedLocal { .. } => &[],
+                        AttentionKind::ChunkedLocal { .. } | AttentionKind::Mamba => &[],
                     };
                     for hash in checked {
                         prop_assert!(
@@ -2188,4 +2208,51 @@ fn regression_priority_undo_uncaches_the_victims_uncomputed_blocks() {
         }
     }
     assert!(preempted, "the scenario no longer preempts `a`");
+}
+
+/// Finding 6. Chunked local attention with a chunk that is not a multiple of the block size
+/// (29 tokens, blocks of 16), three steps in flight: once the chunk starts mid-block, a
+/// request holds one block more per chunked group than vLLM's admission cap counts
+/// (`cdiv(chunk + in-flight tokens, B)`). A 65-token prompt in a pool of 11 usable blocks
+/// was accepted (11 counted, 13 needed), then preempted itself at its last chunk and
+/// recomputed forever. It is now refused at `add_request`; with two blocks more it finishes.
+#[test]
+fn regression_a_chunk_starting_mid_block_holds_one_block_more() {
+    let config = |num_gpu_blocks| {
+        sync_config(|p| {
+            (p.max_model_len, p.max_num_seqs, p.max_num_batched_tokens) = (66, 1, 3);
+            (p.num_gpu_blocks, p.pipeline_parallel_size, p.scheduler_reserve_full_isl) = (num_gpu_blocks, 3, false);
+            p.kv_cache_groups = KvCacheGroups::parse("chunked_local:29,chunked_local:29,full").unwrap();
+        })
+        .expect("a valid configuration")
+    };
+    let prompt: Vec<i64> = (0..65).collect();
+    let mut small = Scheduler::new(config(12)).expect("a valid scheduler");
+    let refused = small.add_request(NewRequest::new("r", prompt.clone(), 1)).unwrap_err().to_string();
+    assert!(refused.contains("13 KV blocks"), "{refused}");
+
+    let mut sched = Scheduler::new(config(14)).expect("a valid scheduler");
+    sched.add_request(NewRequest::new("r", prompt, 1)).expect("a request that fits");
+    let mut in_flight = VecDeque::new();
+    for _ in 0..200 {
+        let step = sched.schedule();
+        let idle = step.is_empty();
+        if !idle {
+            in_flight.push_back(step);
+        }
+        if in_flight.len() == 3 || idle {
+            let Some(step) = in_flight.pop_front() else { break };
+            let counts: Vec<i32> = step
+                .num_scheduled_tokens
+                .iter()
+                .zip(&step.num_computed_tokens)
+                .map(|(&n, &c)| i32::from(c + n >= 65))
+                .collect();
+            let tokens = vec![7; counts.iter().sum::<i32>() as usize];
+            let out = RunnerOutput { sampled_token_ids: &tokens, num_sampled: &counts, row_of_entry: None };
+            sched.update_from_output(step.step_id, &out).expect("output matches its step");
+        }
+    }
+    assert!(!sched.has_requests(), "the request did not finish");
+    assert_eq!(sched.stats().num_preemptions, 0);
 }

@@ -182,6 +182,12 @@ pub struct PySchedulerOutput {
     /// ``pending_structured_output_tokens``).
     #[pyo3(get)]
     pub pending_structured_output_tokens: bool,
+    /// No request of the step can use drafts proposed after it (each is a non-final
+    /// prefill chunk or samples its last output token even if every draft is rejected):
+    /// a drafter may skip proposing (vLLM's ``skip_drafts``). True for an empty step and
+    /// without speculative decoding.
+    #[pyo3(get)]
+    pub drafts_unused: bool,
     /// The sum of ``num_scheduled_tokens``.
     #[pyo3(get)]
     pub total_num_scheduled_tokens: i64,

@@ -211,6 +211,7 @@ impl Inner {
             lora_ids,
             structured_output_rows,
             pending_structured_output_tokens: step.pending_structured_output_tokens,
+            drafts_unused: step.drafts_unused,
             total_num_scheduled_tokens: step.total_num_scheduled_tokens,
             new_req_ids,
             resumed_req_ids,

@@ -8,8 +8,9 @@
 //! sliding-window group needs only the last `W` tokens, a chunked local group only the
 //! current chunk: blocks wholly before them return to the pool and the null block takes
 //! their place in the table (so positions stay put), and a prefix hit there needs only
-//! the blocks before the hit's end that the next token attends to. All groups share one
-//! block size (the scheduler's block size).
+//! the blocks before the hit's end that the next token attends to. A Mamba group (prefix
+//! caching off) holds a fixed set of state blocks per request, from its first step to its
+//! end. The attention groups share one block size (the scheduler's block size).
 
 use crate::config::AttentionKind;
 use crate::kv::block_pool::{BlockHash, NULL_BLOCK};
@@ -23,7 +24,8 @@ use crate::request::Request;
 #[inline]
 fn num_skipped_tokens(kind: AttentionKind, c: i64) -> i64 {
     match kind {
-        AttentionKind::Full => 0,
+        // A Mamba state block is overwritten in place, never skipped.
+        AttentionKind::Full | AttentionKind::Mamba => 0,
         AttentionKind::SlidingWindow { window } => (c - i64::from(window) + 1).max(0),
         AttentionKind::ChunkedLocal { chunk } => c / i64::from(chunk) * i64::from(chunk),
     }
@@ -67,6 +69,8 @@ impl KvManager {
                     AttentionKind::ChunkedLocal { chunk } => {
                         self.chunked_local_hit(hashes, curr, members, i64::from(chunk))
                     }
+                    // Never reached: Mamba groups run without prefix caching (no lookup).
+                    AttentionKind::Mamba => (0, 0),
                 };
                 found[lookup] = Some((start, end));
                 curr = end as i64 * self.block_size;
@@ -160,8 +164,9 @@ impl KvManager {
     }
 
     /// `allocate_in_held_blocks` over several groups: the common decode step, where every
-    /// table already covers the step (they all have one length), no block left a window
-    /// and no block filled. Returns the tables' length, or None, changing nothing, when
+    /// attention table already covers the step (they all have one length; a Mamba table
+    /// holds its state blocks from the first step), no block left a window and no block
+    /// filled. Returns the tables' length, or None, changing nothing, when
     /// the step needs `allocate_group_slots`. Out of line: the one-group running loop
     /// stays as tight as without groups.
     #[cold]
@@ -175,7 +180,8 @@ impl KvManager {
     ) -> Option<usize> {
         let b = self.block_size;
         let c = request.num_computed_tokens();
-        let held = request.block_ids.len();
+        // The attention groups' tables have one length; a Mamba group's holds its state.
+        let held = request.group_block_ids(groups.first_attention).len();
         if (c + num_new_tokens + num_lookahead_tokens).min(self.max_model_len) > held as i64 * b {
             return None;
         }
@@ -193,9 +199,9 @@ impl KvManager {
             }
         }
         for table in &mut request.extra_tables {
-            (table.first_new, table.cached_before) = (held, table.num_cached);
+            (table.first_new, table.cached_before) = (table.ids.len(), table.num_cached);
         }
-        Some(held)
+        Some(request.block_ids.len())
     }
 
     /// Blocks group `g` must take from the free queue to hold `num_tokens` tokens with
@@ -213,7 +219,10 @@ impl KvManager {
         admission_cap: bool,
     ) -> usize {
         let kind = groups.kinds[g];
-        let mut required = cdiv(num_tokens, self.block_size);
+        let mut required = match kind {
+            AttentionKind::Mamba => groups.mamba_state_blocks,
+            _ => cdiv(num_tokens, self.block_size),
+        };
         if let (true, Some(cap)) = (admission_cap, groups.block_caps[g]) {
             required = required.min(cap);
         }
@@ -305,9 +314,12 @@ impl KvManager {
             *num_cached = ids.len();
             self.pool.touch(kept);
         }
-        let required = cdiv(tokens_needing_slots, b) as usize;
         let mut first_new_in_group_0 = 0;
         for g in 0..groups.len() {
+            let required = match groups.kinds[g] {
+                AttentionKind::Mamba => groups.mamba_state_blocks as usize,
+                _ => cdiv(tokens_needing_slots, b) as usize,
+            };
             let (ids, num_cached, _) = table(request, g);
             let first_new = ids.len();
             let cached_before = *num_cached;
@@ -394,6 +406,8 @@ impl KvManager {
         // token (a resend's hit), a shared prefix's end, and every `per_segment` blocks.
         let (every_block, need, per_segment) = match groups.kinds[g] {
             AttentionKind::Full | AttentionKind::ChunkedLocal { .. } => (true, 0, 0),
+            // Never reached: Mamba groups run without prefix caching.
+            AttentionKind::Mamba => (false, 0, 0),
             AttentionKind::SlidingWindow { window } => {
                 let need = cdiv(i64::from(window) - 1, b) as usize;
                 let per_segment = (groups.retention_interval / b) as usize;

@@ -40,6 +40,10 @@ pub struct Groups {
     /// The most blocks each group holds for one request (vLLM's admission cap; None: no
     /// cap, full attention).
     pub(crate) block_caps: Vec<Option<i64>>,
+    /// The blocks a request holds in a Mamba group, `1 + K`.
+    pub(crate) mamba_state_blocks: i64,
+    /// The first group that is not a Mamba group (0 if none).
+    pub(crate) first_attention: usize,
 }
 
 impl Groups {
@@ -56,6 +60,8 @@ impl Groups {
         Self {
             retention_interval: config.prefix_cache_retention_interval(),
             block_caps: kinds.iter().map(|&kind| config.group_block_cap(kind)).collect(),
+            mamba_state_blocks: config.mamba_state_blocks(),
+            first_attention: kinds.iter().position(|&kind| kind != AttentionKind::Mamba).unwrap_or(0),
             kinds,
             lookups,
         }

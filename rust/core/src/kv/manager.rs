@@ -46,6 +46,10 @@ pub struct KvManager {
     pub(crate) max_model_len: i64,
     watermark_blocks: usize,
     enable_caching: bool,
+    /// Tokens after a block that its hash covers (lookahead hashes).
+    hash_lookahead: i64,
+    /// A prefix hit gives back its last block (EAGLE's block drop).
+    eagle_block_drop: bool,
     stats: PrefixCacheStats,
     /// Reused by block hashing, so hashing allocates nothing per block.
     scratch: Vec<u8>,
@@ -70,6 +74,8 @@ impl KvManager {
             max_model_len: config.max_model_len(),
             watermark_blocks: config.watermark_blocks(),
             enable_caching,
+            hash_lookahead: config.num_hash_lookahead_tokens(),
+            eagle_block_drop: config.eagle_block_drop(),
             stats: PrefixCacheStats::default(),
             scratch: Vec::new(),
         })
@@ -97,17 +103,24 @@ impl KvManager {
         1.0 - self.pool.num_free_blocks() as f64 / usable
     }
 
-    /// Hashes the full blocks of `request` not hashed yet (no-op without caching).
+    /// Hashes the full blocks of `request` not hashed yet, each once the lookahead tokens
+    /// after it exist (no-op without caching).
     // Always inlined: every applied step calls it, and the early return is the common case.
     #[inline(always)]
     pub fn update_block_hashes(&mut self, request: &mut Request) {
-        if self.enable_caching && (request.block_hashes.len() + 1) as i64 * self.block_size <= request.num_tokens() {
-            request.extend_block_hashes(self.block_size as usize, self.max_model_len, &mut self.scratch);
+        let next_hash_needs = (request.block_hashes.len() + 1) as i64 * self.block_size + self.hash_lookahead;
+        if self.enable_caching && next_hash_needs <= request.num_tokens() {
+            request.extend_block_hashes(
+                (self.block_size as usize, self.hash_lookahead as usize),
+                self.max_model_len,
+                &mut self.scratch,
+            );
         }
     }
 
     /// The longest run of cached full blocks that prefixes the request, capped
-    /// at `N - 1` tokens (the last token is recomputed to get its logits).
+    /// at `N - 1` tokens (the last token is recomputed to get its logits), less its
+    /// last block under EAGLE's block drop (the drafter recomputes it).
     /// Returns the blocks and the tokens they hold.
     pub fn get_computed_blocks(&self, request: &Request) -> CacheHit {
         if !self.enable_caching {
@@ -124,6 +137,9 @@ impl KvManager {
                 // Hashes chain: after the first miss nothing further can hit.
                 None => break,
             }
+        }
+        if self.eagle_block_drop {
+            hits.pop();
         }
         let hit_tokens = hits.len() as i64 * self.block_size;
         CacheHit { blocks: hits, tokens: hit_tokens, shared_prefix_boundary: 0 }

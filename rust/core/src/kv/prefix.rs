@@ -4,7 +4,9 @@
 //! hash chained on its parent's: `h_i = H(h_{i-1}, tokens of block i, extra_i)`.
 //! The extra keys are vLLM's: the LoRA adapter in every block, `cache_salt` in
 //! the first only, so two requests share cached blocks exactly when they share
-//! an adapter, a salt and a leading run of full blocks.
+//! an adapter, a salt and a leading run of full blocks. With lookahead hashes
+//! (an EAGLE drafter's), a block's hash also covers the tokens right after it,
+//! and the block is hashed only once they exist.
 //!
 //! `H` is XXH3-128 with a fixed seed: fast (tens of nanoseconds per 16-token
 //! block) and reproducible across runs and machines. Its 128-bit width makes a
@@ -33,11 +35,12 @@ pub struct ExtraKeys<'a> {
 }
 
 /// Hashes one full block, its tokens given in pieces (a block can span the end of the
-/// prompt), with the extra keys that block takes; `scratch` is reused across calls to
-/// avoid allocating.
+/// prompt), with the extra keys that block takes and the lookahead tokens after it (none
+/// without lookahead hashes); `scratch` is reused across calls to avoid allocating.
 pub fn hash_block(
     parent: BlockHash,
     pieces: &[&[i32]],
+    lookahead: &[&[i32]],
     lora_id: Option<u32>,
     salt: Option<&[u8]>,
     scratch: &mut Vec<u8>,
@@ -46,6 +49,12 @@ pub fn hash_block(
     scratch.extend_from_slice(&parent.to_le_bytes());
     for &token in pieces.iter().copied().flatten() {
         scratch.extend_from_slice(&token.to_le_bytes());
+    }
+    if lookahead.iter().any(|piece| !piece.is_empty()) {
+        scratch.push(0xfd);
+        for &token in lookahead.iter().copied().flatten() {
+            scratch.extend_from_slice(&token.to_le_bytes());
+        }
     }
     // Each key behind its own separator: no (tokens, key) pair collides with another by
     // concatenation, and a block with no extra key hashes its tokens alone.
@@ -61,31 +70,39 @@ pub fn hash_block(
     xxh3_128_with_seed(scratch, SEED)
 }
 
-/// Extends `hashes` to cover every full block of the tokens, `prompt` then `output`
-/// (incremental: only blocks not hashed yet are hashed).
+/// The tokens `start..end` of `prompt` then `output`, in at most two pieces.
+fn tokens_between<'t>(prompt: &'t [i32], output: &'t [i32], start: usize, end: usize) -> [&'t [i32]; 2] {
+    let np = prompt.len();
+    if end <= np {
+        [&prompt[start..end], &[]]
+    } else if start >= np {
+        [&output[start - np..end - np], &[]]
+    } else {
+        [&prompt[start..], &output[..end - np]]
+    }
+}
+
+/// Extends `hashes` to cover every full block of the tokens, `prompt` then `output`,
+/// followed by `lookahead` more tokens that each block's hash also covers (incremental:
+/// only blocks not hashed yet are hashed).
 pub fn extend_block_hashes(
     hashes: &mut Vec<BlockHash>,
-    prompt: &[i32],
-    output: &[i32],
+    (prompt, output): (&[i32], &[i32]),
     block_size: usize,
+    lookahead: usize,
     extra: ExtraKeys<'_>,
     scratch: &mut Vec<u8>,
 ) {
-    let np = prompt.len();
+    let num_tokens = prompt.len() + output.len();
     let mut start = hashes.len() * block_size;
-    while start + block_size <= np + output.len() {
+    while start + block_size + lookahead <= num_tokens {
         let end = start + block_size;
-        let pieces: [&[i32]; 2] = if end <= np {
-            [&prompt[start..end], &[]]
-        } else if start >= np {
-            [&output[start - np..end - np], &[]]
-        } else {
-            [&prompt[start..], &output[..end - np]]
-        };
+        let pieces = tokens_between(prompt, output, start, end);
+        let after = tokens_between(prompt, output, end, end + lookahead);
         let parent = hashes.last().copied().unwrap_or(NONE_HASH);
         let first = hashes.is_empty();
         let salt = if first { extra.cache_salt } else { None };
-        hashes.push(hash_block(parent, &pieces, extra.lora_id, salt, scratch));
+        hashes.push(hash_block(parent, &pieces, &after, extra.lora_id, salt, scratch));
         start = end;
     }
 }
@@ -100,7 +117,7 @@ mod tests {
 
     fn hashes(tokens: &[i32], block_size: usize, extra: ExtraKeys<'_>) -> Vec<BlockHash> {
         let mut out = Vec::new();
-        extend_block_hashes(&mut out, tokens, &[], block_size, extra, &mut Vec::new());
+        extend_block_hashes(&mut out, (tokens, &[]), block_size, 0, extra, &mut Vec::new());
         out
     }
 
@@ -111,7 +128,7 @@ mod tests {
         let mut incremental = Vec::new();
         let mut scratch = Vec::new();
         for end in 0..=tokens.len() {
-            extend_block_hashes(&mut incremental, &tokens[..end], &[], 4, salted(None), &mut scratch);
+            extend_block_hashes(&mut incremental, (&tokens[..end], &[]), 4, 0, salted(None), &mut scratch);
         }
         assert_eq!(incremental, hashes(&tokens, 4, salted(None)));
     }
@@ -126,7 +143,7 @@ mod tests {
             let mut incremental = Vec::new();
             let mut scratch = Vec::new();
             for end in 0..=output.len() {
-                extend_block_hashes(&mut incremental, prompt, &output[..end], 4, extra, &mut scratch);
+                extend_block_hashes(&mut incremental, (prompt, &output[..end]), 4, 0, extra, &mut scratch);
             }
             assert_eq!(incremental, whole, "prompt of {np} tokens");
         }
@@ -152,7 +169,7 @@ mod tests {
         assert_ne!(salted_a[0], other[0]);
         // The second block's own input has no salt; it differs only through its parent.
         let mut scratch = Vec::new();
-        assert_eq!(salted_a[1], hash_block(salted_a[0], &[&tokens[4..8]], None, None, &mut scratch));
+        assert_eq!(salted_a[1], hash_block(salted_a[0], &[&tokens[4..8]], &[], None, None, &mut scratch));
     }
 
     #[test]
@@ -164,7 +181,33 @@ mod tests {
         assert_ne!(first[0], second[0]);
         // The second block takes the adapter itself, not only through its parent.
         let mut scratch = Vec::new();
-        assert_ne!(first[1], hash_block(first[0], &[&tokens[4..8]], None, None, &mut scratch));
-        assert_eq!(first[1], hash_block(first[0], &[&tokens[4..8]], Some(1), None, &mut scratch));
+        assert_ne!(first[1], hash_block(first[0], &[&tokens[4..8]], &[], None, None, &mut scratch));
+        assert_eq!(first[1], hash_block(first[0], &[&tokens[4..8]], &[], Some(1), None, &mut scratch));
+    }
+
+    #[test]
+    fn a_lookahead_hash_covers_the_next_tokens_and_waits_for_them() {
+        let tokens: Vec<i32> = (0..9).collect();
+        let with_lookahead = |tokens: &[i32], lookahead| {
+            let mut out = Vec::new();
+            extend_block_hashes(&mut out, (tokens, &[]), 4, lookahead, salted(None), &mut Vec::new());
+            out
+        };
+        // 9 tokens hold two full blocks; the second's hash needs token 8, the third block
+        // is not full.
+        assert_eq!(with_lookahead(&tokens, 1).len(), 2);
+        assert_eq!(with_lookahead(&tokens[..8], 1).len(), 1);
+        // The same block followed by another token hashes differently, and not as the
+        // plain hash; the prompt/output split does not matter.
+        let mut other = tokens.clone();
+        other[4] = 99;
+        assert_ne!(with_lookahead(&tokens, 1)[0], with_lookahead(&other, 1)[0]);
+        assert_ne!(with_lookahead(&tokens, 1)[0], with_lookahead(&tokens, 0)[0]);
+        let mut split = Vec::new();
+        let mut scratch = Vec::new();
+        for end in 0..=5 {
+            extend_block_hashes(&mut split, (&tokens[..4], &tokens[4..4 + end]), 4, 1, salted(None), &mut scratch);
+        }
+        assert_eq!(split, with_lookahead(&tokens, 1));
     }
 }

@@ -16,14 +16,15 @@ fn broken(reason: String) -> CoreError {
 }
 
 /// The block hash of spec §5.3, written again from its definition for the checker:
-/// XXH3-128 (seed `prefix::SEED`) of the parent hash, each token, then, under a LoRA
+/// XXH3-128 (seed `prefix::SEED`) of the parent hash, each token, then, with lookahead
+/// hashes, a 0xfd separator and each token after the block, then, under a LoRA
 /// adapter, a 0xfe separator and the adapter's id, then, for a salted first block, a 0xff
 /// separator, the salt's length and the salt, all little-endian. A second writing, not a
 /// call of `prefix::hash_block`: a checker that called the code it checks could not see
 /// it broken.
 fn reference_block_hash(
     parent: u128,
-    tokens: &[i32],
+    (tokens, after): (&[i32], &[i32]),
     lora_id: Option<u32>,
     salt: Option<&[u8]>,
     bytes: &mut Vec<u8>,
@@ -31,6 +32,10 @@ fn reference_block_hash(
     bytes.clear();
     bytes.extend(parent.to_le_bytes());
     bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    if !after.is_empty() {
+        bytes.push(0xfd);
+        bytes.extend(after.iter().flat_map(|t| t.to_le_bytes()));
+    }
     if let Some(lora_id) = lora_id {
         bytes.push(0xfe);
         bytes.extend(lora_id.to_le_bytes());
@@ -265,9 +270,21 @@ impl Scheduler {
         let (c, n, p) = (r.num_computed_tokens(), r.num_tokens(), r.num_output_placeholders());
         match r.status {
             RequestStatus::Running => {
-                // Appendix A.7: every group's table covers C plus lookahead, capped at M.
+                // Appendix A.7: every attention group's table covers C plus lookahead, capped
+                // at M; a Mamba group's holds exactly its state blocks.
                 let needed = (c + cfg.num_lookahead_tokens()).min(m);
+                let groups = cfg.kv_cache_groups();
                 for (g, table) in Self::tables(r).enumerate() {
+                    if g < groups.len() && groups.kind(g) == crate::config::AttentionKind::Mamba {
+                        let state = cfg.mamba_state_blocks();
+                        if table.len() as i64 != state {
+                            return Err(broken(format!(
+                                "request {id:?}: Mamba group {g} holds {} blocks, not 1 + K = {state}",
+                                table.len()
+                            )));
+                        }
+                        continue;
+                    }
                     let covered = table.len() as i64 * b;
                     if covered < needed {
                         return Err(broken(format!(
@@ -295,8 +312,8 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Appendix A.8: hashes depend only on (parent, block tokens, adapter, salt): one hash per full
-    /// block, and the newest ones (those appended since the previous check, when checks run
+    /// Appendix A.8: hashes depend only on (parent, block tokens, lookahead tokens, adapter,
+    /// salt): one hash per full block followed by its lookahead tokens, and the newest ones (those appended since the previous check, when checks run
     /// every step) chain correctly. Tokens and hashes are append-only, so every block is
     /// checked once while newest.
     fn check_block_hashes(&self, r: &Request) -> CoreResult<()> {
@@ -305,7 +322,8 @@ impl Scheduler {
         }
         let id = &r.id;
         let b = self.config.block_size() as usize;
-        let full = r.num_tokens() as usize / b;
+        let lookahead = self.config.num_hash_lookahead_tokens() as usize;
+        let full = (r.num_tokens() as usize).saturating_sub(lookahead) / b;
         if r.block_hashes.len() != full {
             return Err(broken(format!(
                 "request {id:?}: {} block hashes for {full} full blocks",
@@ -316,8 +334,9 @@ impl Scheduler {
         for i in full.saturating_sub(4)..full {
             let parent = if i == 0 { crate::kv::prefix::NONE_HASH } else { r.block_hashes[i - 1] };
             let salt = if i == 0 { r.cache_salt.as_deref() } else { None };
-            let block: Vec<i32> = r.all_token_ids().skip(i * b).take(b).collect();
-            if reference_block_hash(parent, &block, r.lora_id, salt, &mut scratch) != r.block_hashes[i] {
+            let block: Vec<i32> = r.all_token_ids().skip(i * b).take(b + lookahead).collect();
+            let (tokens, after) = block.split_at(b);
+            if reference_block_hash(parent, (tokens, after), r.lora_id, salt, &mut scratch) != r.block_hashes[i] {
                 return Err(broken(format!("request {id:?}: block {i}'s hash does not match its tokens")));
             }
         }

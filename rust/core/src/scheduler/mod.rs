@@ -94,6 +94,18 @@ fn distinct_adapters(requests: &Slab, handles: impl IntoIterator<Item = Handle>)
     ids
 }
 
+/// Whether drafts proposed after scheduling `n` tokens of `request` from `C` computed are
+/// sure to go unused (vLLM's `_drafts_unused`): the step is a non-final prefill chunk (it
+/// samples nothing), or it samples the request's last output token even if every draft is
+/// rejected (with a step in flight, that step's token counts too).
+fn drafts_unused(request: &Request, c: i64, n: i64) -> bool {
+    if c + n < request.num_tokens() {
+        return true;
+    }
+    let in_flight = i64::from(request.num_output_placeholders() > 0);
+    request.num_output_tokens() + 1 + in_flight >= request.max_tokens()
+}
+
 /// vLLM's `PauseState`: what `schedule()` may still schedule.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -230,6 +242,7 @@ impl Scheduler {
             defer_prefills,
             prefill_admitted: false,
             has_prefill_chunk: false,
+            drafts_needed: false,
             preempted: false,
         };
         self.next_step_id += 1;
@@ -279,6 +292,9 @@ impl Scheduler {
         e: Entry,
     ) {
         budgets.take(e.num_new_tokens);
+        if config.num_speculative_tokens() > 0 && !b.drafts_needed {
+            b.drafts_needed = !drafts_unused(request, e.num_computed_before, e.num_new_tokens);
+        }
         let step = &mut b.step;
         let num_output_tokens = request.num_output_tokens() + request.num_output_placeholders();
         let previous_step = request.last_scheduled_step;
@@ -388,7 +404,8 @@ impl Scheduler {
     /// Hands the built step over (with the admitted requests' tokens, copied now) and keeps
     /// its record until its output is applied.
     fn finish_step(&mut self, b: StepBuilder) -> Step {
-        let StepBuilder { mut step, rows, has_prefill_chunk, .. } = b;
+        let StepBuilder { mut step, rows, has_prefill_chunk, drafts_needed, .. } = b;
+        step.drafts_unused = !drafts_needed;
         step.req_handles = rows.iter().map(|r| r.handle).collect();
         step.num_scheduled_tokens = rows.iter().map(|r| r.num_scheduled_tokens).collect();
         step.total_num_scheduled_tokens = step.num_scheduled_tokens.iter().map(|&n| i64::from(n)).sum();

@@ -157,6 +157,9 @@ pub(crate) struct StepBuilder {
     pub prefill_admitted: bool,
     /// Some row written is a non-final prefill chunk (it stays set if the row is undone).
     pub has_prefill_chunk: bool,
+    /// Some row written can use drafts proposed after this step (it stays set if the row
+    /// is undone, as vLLM's does).
+    pub drafts_needed: bool,
     pub preempted: bool,
 }
 
@@ -198,6 +201,11 @@ pub struct Step {
     /// Async scheduling: one of those rows awaits an earlier step's output, so its bitmask
     /// can be built only once that output is applied (vLLM's `pending_structured_output_tokens`).
     pub pending_structured_output_tokens: bool,
+    /// No request of the step can use drafts proposed after it (each is a non-final prefill
+    /// chunk or samples its last output token even if every draft is rejected): a drafter
+    /// may skip proposing (vLLM's `skip_drafts`). True for an empty step and without
+    /// speculative decoding.
+    pub drafts_unused: bool,
     pub new_reqs: Vec<Handle>,
     pub resumed_reqs: Vec<Handle>,
     /// Running requests scheduled in this step that the previous step did not schedule.
