@@ -50,6 +50,7 @@ class StepOutput:
     structured_output_rows: np.ndarray
     pending_structured_output_tokens: bool
     drafts_unused: bool
+    new_block_ids_to_zero: Any
     total_num_scheduled_tokens: int
     new_req_ids: list[str]
     resumed_req_ids: list[str]
@@ -91,6 +92,7 @@ def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> StepOutput
         structured_output_rows=i32([]),
         pending_structured_output_tokens=False,
         drafts_unused=True,
+        new_block_ids_to_zero=i32([]),
         total_num_scheduled_tokens=sum(r["n"] for r in reqs),
         new_req_ids=[r["id"] for r in admitted if not r.get("resumed")],
         resumed_req_ids=[r["id"] for r in admitted if r.get("resumed")],

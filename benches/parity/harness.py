@@ -353,8 +353,8 @@ class ParityConfig:
     schedulers (``plugin``), the events each ``update_from_output`` publishes."""
     kv_cache_groups: str = "full"
     """llmsched's ``kv_cache_groups``: vLLM's side gets one KV-cache group per entry
-    (``FullAttentionSpec``, ``SlidingWindowSpec`` or ``ChunkedLocalAttentionSpec``), in
-    that order."""
+    (``FullAttentionSpec``, ``SlidingWindowSpec``, ``ChunkedLocalAttentionSpec`` or a
+    ``MambaSpec`` without prefix caching), in that order."""
     prefix_cache_retention_interval: int = 0
     """Both sides' (vLLM's engine default, 0; a block size: every sliding-window block)."""
     speculative_method: str = "ngram"
@@ -428,7 +428,7 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
     ``num_gpu_blocks - 1``): a sliding-window group holds at most its window before the
     next token and a step's budget per step in flight, plus a block for a window starting
     mid-block; a chunked local group a chunk and the tokens in flight, plus a block for a
-    chunk starting mid-block."""
+    chunk starting mid-block; a Mamba group its state blocks, ``1 + K``."""
     longest = min(
         req.prompt_len + req.max_tokens + config.num_speculative_tokens, config.max_model_len
     )
@@ -438,6 +438,10 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
     for kind in config.kv_cache_groups.split(","):
         if kind == "full":
             total += whole
+            continue
+        if kind == "mamba":
+            # A state block per request and one per draft token, however long.
+            total += 1 + config.num_speculative_tokens
             continue
         name, size = kind.split(":")
         # A window or a chunk that starts mid-block spans one block more.

@@ -834,6 +834,28 @@ def edge_cases() -> list[Case]:
                     ),
                 )
             )
+        # Mamba hybrids (Granite 4, Jamba: Mamba layers beside attention ones) without
+        # prefix caching: 1 + K state blocks per request in each Mamba group from its first
+        # step, the attention groups' tables growing, all from one pool under pressure.
+        for workload, groups, k, policy in (
+            ("synthetic-conv", "mamba,full,mamba", 0, "fcfs"),
+            ("azure-code", "mamba,mamba,mamba,full", 3, "priority"),
+            ("mooncake-turns", "full,mamba,sliding_window:64", 1, "fcfs"),
+        ):
+            out.append(
+                _hybrid_case(
+                    workload,
+                    ParityConfig(
+                        f"edge-mamba-{groups.count('mamba')}m-{mode}-K{k}-noapc-{policy[:4]}-kv",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=False,
+                        policy=policy,
+                        num_gpu_blocks=0,
+                        kv_cache_groups=groups,
+                    ),
+                )
+            )
         # Drafters with a model (EAGLE K=3, a draft model): K lookahead slots capped at
         # max_model_len, EAGLE's prefix-cache rule (lookahead hashes, where prompts that
         # share blocks go on with other tokens, and their KV events; or the last hit block

@@ -239,8 +239,12 @@ class PluginFieldSide(VllmFieldSide):
 
     def __init__(self, config: ParityConfig) -> None:
         super().__init__(config, emulate_uncache=False)
+        # The hash block size EngineCore resolves: vLLM's scheduler's (with Mamba groups, the
+        # least common multiple of the groups' block sizes, as its block size).
         self.scheduler = self.ref.scheduler_from(
-            self.scheduler, hash_block_size=config.block_size, include_finished_set=False
+            self.scheduler,
+            hash_block_size=self.scheduler.hash_block_size,
+            include_finished_set=False,
         )
         self.scheduler.kv_event_publisher = _Recorder(self.published)
 

@@ -147,9 +147,10 @@ core, kept out the same way. Beyond them, the plug-in:
   LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors,
   KV cache residency and MFU metrics, pipeline, decode- and prefill-context parallelism,
   data parallelism of MoE models (a dense model's data-parallel ranks are independent
-  engines with a scheduler each, served), KV-cache groups other than full, sliding-window
-  and chunked local attention (or of another block size, or a window retaining extra
-  tokens), a hash
+  engines with a scheduler each, served), KV-cache groups other than full, sliding-window,
+  chunked local attention and Mamba (or attention groups of another block size, a window
+  retaining extra tokens, Mamba state cached at block boundaries: prefix caching with Mamba
+  layers), KV caches of mixed precision, a hash
   block size other than the block size, multi-module MTP drafters (their prefill chunks
   stop short of the prompt's end), EAGLE-family drafters beside several KV-cache groups,
   dynamic speculative decoding (every field of the vLLM
@@ -200,6 +201,17 @@ core, kept out the same way. Beyond them, the plug-in:
   that entered its cache); `tests/vllm_engine/test_hybrid.py` serves a random-weight Gemma
   3 token-identically, and `tests/vllm_engine/test_kv_events.py` compares its KV events
   over ZMQ with vLLM's;
+- **serves Mamba hybrids** (Mamba or linear-attention layers beside attention ones:
+  Granite 4, Jamba, Nemotron-H) without prefix caching (vLLM's `mamba_cache_mode` "none"),
+  in the core: a request holds one state block in each Mamba group, and one per draft
+  token, from its first step to its end, counted at admission and freed with the rest
+  when it is preempted or finishes, beside the attention groups' growing tables; the core
+  schedules on the attention groups' block size (vLLM hands its scheduler the least common
+  multiple of every group's) and names the attention blocks each step allocates, which
+  the runner zeroes (`new_block_ids_to_zero`). The `edge-mamba` cases (two and three
+  Mamba groups, a sliding window too, K = 0, 1 and 3, KV pressure) compare them with
+  vLLM's; `tests/vllm_engine/test_mamba_hybrid.py` serves a random-weight Granite-4.0-H
+  (three Mamba2 layers and an attention layer, 512 requests, preemption) token-identically;
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's
   engine sets its `skip_reading_prefix_cache`) is admitted without a prefix-cache lookup,
   and its blocks are cached for others;

@@ -285,6 +285,11 @@ class SchedulerOutput:
         (the rows of the step's grammar bitmask). Empty while no request uses structured
         output."""
     @property
+    def new_block_ids_to_zero(self) -> _Int32Array:
+        """With Mamba KV-cache groups, the attention groups' blocks allocated since the
+        previous step, group after group, which the runner zeroes before use (vLLM's
+        ``new_block_ids_to_zero``). Empty without Mamba groups. Not per request."""
+    @property
     def pending_structured_output_tokens(self) -> bool:
         """Async scheduling: one of those rows awaits an earlier step's output, so the step's
         bitmask can be built only once that output is applied (vLLM's

@@ -80,7 +80,20 @@ def _sliding_spec(block_size: int = BLOCK, **fields: Any) -> Any:
     from vllm.v1.kv_cache_interface import SlidingWindowSpec
 
     shape = {"num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
-    return SlidingWindowSpec(block_size=block_size, sliding_window=64, **shape, **fields)
+    return SlidingWindowSpec(block_size=block_size, sliding_window=64, **{**shape, **fields})
+
+
+def _half_precision_sliding_spec() -> Any:
+    import torch
+
+    return _sliding_spec(dtype=torch.float16)
+
+
+def _mamba_spec(**fields: Any) -> Any:
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    return MambaSpec(block_size=256, shapes=((1,),), dtypes=(torch.float32,), **fields)
 
 
 def _cross_attention_spec() -> Any:
@@ -98,8 +111,17 @@ ENGINE_REFUSALS = {
     "data parallelism of MoE models": lambda s: _set(
         s.vllm_config.parallel_config, "data_parallel_size", 2
     ),
-    "KV-cache groups other than full, sliding-window and chunked local attention": lambda s: (
-        s.kv_cache_config.kv_cache_groups.append(_group(_cross_attention_spec()))
+    "KV-cache groups other than full, sliding-window, chunked local attention and Mamba": (
+        lambda s: s.kv_cache_config.kv_cache_groups.append(_group(_cross_attention_spec()))
+    ),
+    "Mamba state cached at block boundaries": lambda s: s.kv_cache_config.kv_cache_groups.append(
+        _group(_mamba_spec(mamba_cache_mode="align"))
+    ),
+    "Mamba state blocks other than one per draft token": lambda s: (
+        s.kv_cache_config.kv_cache_groups.append(_group(_mamba_spec(num_speculative_blocks=2)))
+    ),
+    "KV caches of mixed precision": lambda s: s.kv_cache_config.kv_cache_groups.append(
+        _group(_half_precision_sliding_spec())
     ),
     "a scheduler block size other than a KV-cache group's": lambda s: (
         s.kv_cache_config.kv_cache_groups.append(_group(_sliding_spec(block_size=2 * BLOCK)))

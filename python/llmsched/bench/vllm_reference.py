@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -183,8 +184,9 @@ def make_vllm_scheduler(
     off), ``pooling`` a pooling (embedding) model's runner (it samples no token),
     ``kv_events`` KV cache events on (vLLM's ``null`` publisher: a caller that wants them
     replaces ``kv_event_publisher``), ``kv_cache_groups`` llmsched's field of that name (one
-    KV-cache group per entry: ``FullAttentionSpec``, ``SlidingWindowSpec`` or
-    ``ChunkedLocalAttentionSpec``) and
+    KV-cache group per entry: ``FullAttentionSpec``, ``SlidingWindowSpec``,
+    ``ChunkedLocalAttentionSpec`` or, for ``mamba``, a ``MambaSpec`` without prefix caching)
+    and
     ``prefix_cache_retention_interval`` the KV-cache config's (vLLM's engines take the cache
     config's, 0; None keeps every sliding-window block). See the module docstring for the
     rest.
@@ -209,6 +211,7 @@ def make_vllm_scheduler(
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
+        MambaSpec,
         SlidingWindowSpec,
     )
     from vllm.v1.structured_output import StructuredOutputManager
@@ -267,6 +270,16 @@ def make_vllm_scheduler(
         shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1}
         if kind == "full":
             return FullAttentionSpec(**shape, dtype=torch.float32)
+        if kind == "mamba":
+            # Without prefix caching, as vLLM sizes it: one state block per request (and
+            # one per draft token) of max_model_len tokens.
+            return MambaSpec(
+                block_size=model_config.max_model_len,
+                shapes=((1,),),
+                dtypes=(torch.float32,),
+                mamba_cache_mode="none",
+                num_speculative_blocks=num_speculative_tokens,
+            )
         if kind.startswith("chunked_local:"):
             chunk = int(kind.removeprefix("chunked_local:"))
             return ChunkedLocalAttentionSpec(
@@ -289,10 +302,15 @@ def make_vllm_scheduler(
     cache_config.num_gpu_blocks = num_gpu_blocks
     register_all_kvcache_specs(vllm_config)
     cls = AsyncScheduler if scheduler_config.async_scheduling else Scheduler
+    # vLLM's scheduler block size: the least common multiple of the groups' (Mamba's is
+    # max_model_len).
+    scheduler_block_size = math.lcm(
+        *(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups)
+    )
     scheduler = cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
-        block_size=block_size,
+        block_size=scheduler_block_size,
         log_stats=True,
         structured_output_manager=StructuredOutputManager(vllm_config),
     )

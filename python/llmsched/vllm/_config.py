@@ -58,14 +58,15 @@ SHARED_FIELDS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
 )
 """``(llmsched field, where vLLM keeps it, how its value converts)`` for every field of
 llmsched's ``SchedulerConfig`` that vLLM's ``VllmConfig`` holds as one field of the same
-meaning. The others come from elsewhere (:func:`llmsched_config`): ``block_size`` is the one
-vLLM hands its scheduler, ``num_gpu_blocks`` the KV pool vLLM sized
-(``kv_cache_config.num_blocks``), ``num_speculative_tokens``, ``num_lookahead_tokens``,
-``max_num_new_slots_for_drafting``, ``num_hash_lookahead_tokens`` and ``eagle_block_drop``
-vLLM's own derivations from the speculative config,
-``max_loras`` the LoRA config's (0 without one), and ``num_sampled_tokens_per_step`` 0 for
-a pooling model (it samples none: a request ends with its prompt's pooled output) and 1
-otherwise (vLLM's rule; diffusion models, its other case of 0, are refused)."""
+meaning. The others come from elsewhere (:func:`llmsched_config`): ``block_size`` is the
+attention groups' (the one vLLM hands its scheduler, but with Mamba groups),
+``num_gpu_blocks`` the KV pool vLLM sized (``kv_cache_config.num_blocks``),
+``num_speculative_tokens``, ``num_lookahead_tokens``, ``max_num_new_slots_for_drafting``,
+``num_hash_lookahead_tokens`` and ``eagle_block_drop`` vLLM's own derivations from the
+speculative config, ``max_loras`` the LoRA config's (0 without one), and
+``num_sampled_tokens_per_step`` 0 for a pooling model (it samples none: a request ends with
+its prompt's pooled output) and 1 otherwise (vLLM's rule; diffusion models, its other case
+of 0, are refused)."""
 
 
 class UnsupportedFeatureError(llmsched.LlmschedError, ValueError):
@@ -203,7 +204,13 @@ def check_engine_config(
         refused, detail = check()
         if refused:
             raise _unsupported(feature, detail)
-    kv_cache_groups(kv_cache_config, block_size)
+    kv_cache_groups(kv_cache_config, block_size, get("num_speculative_tokens"))
+    # vLLM zeroes new blocks for Mamba layers (llmsched's core names them) and for KV caches
+    # of mixed precision (which it does not).
+    if read(kv_cache_config, "needs_kv_cache_zeroing") and not read(
+        kv_cache_config, "has_mamba_layers"
+    ):
+        raise _unsupported("KV caches of mixed precision", "needs_kv_cache_zeroing=True")
     if get("speculative_config") is not None:
         # vLLM's scheduler sees a drafter through the slots and prefix-cache rule it
         # derives from the method (read by llmsched_config); a chunk boundary held back
@@ -219,37 +226,68 @@ def check_engine_config(
             )
 
 
-def kv_cache_groups(kv_cache_config: Any, block_size: int) -> str:
-    """The engine's KV-cache groups as llmsched's ``kv_cache_groups`` field: full-attention,
-    sliding-window and chunked local attention groups of the scheduler's block size;
-    ``UnsupportedFeatureError`` naming any other (Mamba, cross attention, ...)."""
+def kv_cache_groups(
+    kv_cache_config: Any, block_size: int, num_speculative_tokens: int
+) -> tuple[str, int]:
+    """The engine's KV-cache groups as llmsched's ``kv_cache_groups`` field, and the block
+    size of its attention groups: full-attention, sliding-window and chunked local
+    attention groups of one block size, the scheduler's (``block_size``), and Mamba groups
+    without prefix caching (``mamba_cache_mode`` "none": vLLM sizes their blocks to
+    ``max_model_len`` and hands the scheduler the least common multiple of every group's
+    block size); ``UnsupportedFeatureError`` naming any other (cross attention, Mamba state
+    cached at block boundaries, ...). A Mamba group holds a state block per request and
+    one per draft token (``num_speculative_blocks``), as llmsched's does."""
     kinds = []
+    attention_block_sizes = set()
     for g, group in enumerate(read(kv_cache_config, "kv_cache_groups")):
         spec = group.kv_cache_spec
         spec_name = type(spec).__name__
+        if spec_name == "MambaSpec":
+            mode = read(spec, "mamba_cache_mode")
+            if mode != "none":
+                raise _unsupported(
+                    "Mamba state cached at block boundaries (prefix caching with Mamba layers)",
+                    f"group {g}: mamba_cache_mode={mode!r}",
+                )
+            draft_blocks = read(spec, "num_speculative_blocks")
+            if draft_blocks != num_speculative_tokens:
+                raise _unsupported(
+                    "Mamba state blocks other than one per draft token",
+                    f"group {g}: num_speculative_blocks={draft_blocks}, "
+                    f"num_speculative_tokens={num_speculative_tokens}",
+                )
+            kinds.append("mamba")
+            continue
         if spec_name not in ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec"):
             raise _unsupported(
-                "KV-cache groups other than full, sliding-window and chunked local attention",
+                "KV-cache groups other than full, sliding-window, chunked local attention and "
+                "Mamba",
                 f"group {g}: {spec_name}",
             )
-        if spec.block_size != block_size:
-            raise _unsupported(
-                "a scheduler block size other than a KV-cache group's",
-                f"block_size={block_size}, group {g} block_size={spec.block_size}",
-            )
+        attention_block_sizes.add(spec.block_size)
         if spec_name == "FullAttentionSpec":
             kinds.append("full")
-            continue
-        if spec_name == "ChunkedLocalAttentionSpec":
+        elif spec_name == "ChunkedLocalAttentionSpec":
             kinds.append(f"chunked_local:{read(spec, 'attention_chunk_size')}")
-            continue
-        if read(spec, "extra_retained_tokens"):
+        elif read(spec, "extra_retained_tokens"):
             raise _unsupported(
                 "sliding windows retaining extra tokens (multi-module MTP)",
                 f"group {g}: extra_retained_tokens={spec.extra_retained_tokens}",
             )
-        kinds.append(f"sliding_window:{read(spec, 'sliding_window')}")
-    return ",".join(kinds)
+        else:
+            kinds.append(f"sliding_window:{read(spec, 'sliding_window')}")
+    # Without Mamba groups the scheduler's block size is the attention groups'; with them,
+    # a multiple of it.
+    attention_block = min(attention_block_sizes, default=block_size)
+    if len(attention_block_sizes) > 1 or (
+        block_size % attention_block if "mamba" in kinds else block_size != attention_block
+    ):
+        raise _unsupported(
+            "a scheduler block size other than a KV-cache group's",
+            f"block_size={block_size}, attention groups' block sizes "
+            f"{sorted(attention_block_sizes)}",
+        )
+    return ",".join(kinds), attention_block
 
 
 def llmsched_config(
@@ -261,13 +299,16 @@ def llmsched_config(
     shared = {name: convert(read(vllm_config, path)) for name, path, convert in SHARED_FIELDS}
     spec = read(vllm_config, "speculative_config")
     hash_lookahead = num_hash_lookahead_tokens(vllm_config)
+    groups, attention_block = kv_cache_groups(
+        kv_cache_config, block_size, read(vllm_config, "num_speculative_tokens")
+    )
     lora = read(vllm_config, "lora_config")
     events = read(vllm_config, "kv_events_config")
     retention = read(kv_cache_config, "prefix_cache_retention_interval")
     try:
         return llmsched.SchedulerConfig(
             **shared,
-            block_size=block_size,
+            block_size=attention_block,
             num_gpu_blocks=kv_cache_config.num_blocks,
             num_speculative_tokens=read(vllm_config, "num_speculative_tokens"),
             num_lookahead_tokens=read(vllm_config, "num_lookahead_tokens"),
@@ -285,7 +326,7 @@ def llmsched_config(
             max_loras=0 if lora is None else read(lora, "max_loras"),
             enable_kv_cache_events=events is not None
             and bool(read(events, "enable_kv_cache_events")),
-            kv_cache_groups=kv_cache_groups(kv_cache_config, block_size),
+            kv_cache_groups=groups,
             # vLLM's None (a KV-cache config built without the cache config's value)
             # keeps every window block: an interval of one block.
             prefix_cache_retention_interval=block_size if retention is None else retention,

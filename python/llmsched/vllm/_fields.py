@@ -37,8 +37,9 @@ _KV_SIZING = (
     "read, its groups checked)"
 )
 _KV_LAYOUT = (
-    "only for KV layouts other than one full-attention group (sliding window, Mamba, "
-    "attention-free), refused through kv_cache_config's groups"
+    "shapes the KV layout (sliding-window, chunked local and Mamba groups, their block "
+    "sizes and Mamba's cache mode), which reaches the scheduler as kv_cache_config's groups "
+    "(read; the layouts llmsched does not build refused)"
 )
 _MULTIMODAL = "only for multimodal inputs, refused (model_config.is_multimodal_model)"
 _CONNECTORS = "only with a KV connector, refused (kv_transfer_config)"

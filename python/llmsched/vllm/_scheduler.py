@@ -188,6 +188,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         # vLLM's V2 runner skips drafting in a step whose drafts no request can use, where
         # the drafter has a forward pass of its own (lookahead slots); a vLLM whose
         # SchedulerOutput has no skip_drafts (before 0.33) always drafts.
+        # With Mamba layers the runner zeroes the attention blocks each step allocates.
+        self._zeroes_new_blocks = bool(read(kv_cache_config, "needs_kv_cache_zeroing"))
         self.can_skip_drafts = (
             self.core.config.num_lookahead_tokens > 0
             and self.use_v2_model_runner
@@ -413,6 +415,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         )
         if self.can_skip_drafts:
             output.skip_drafts = core_out.drafts_unused
+        if self._zeroes_new_blocks:
+            output.new_block_ids_to_zero = core_out.new_block_ids_to_zero.tolist() or None
         if len(core_out.structured_output_rows):
             output.has_structured_output_requests = True
             output.pending_structured_output_tokens = core_out.pending_structured_output_tokens

@@ -177,6 +177,11 @@ pub struct PySchedulerOutput {
     /// output.
     #[pyo3(get)]
     pub structured_output_rows: Py<PyArray1<i32>>,
+    /// With Mamba KV-cache groups, the attention groups' blocks allocated since the
+    /// previous step, group after group, which the runner zeroes before use (vLLM's
+    /// ``new_block_ids_to_zero``). Empty without Mamba groups. Not per request.
+    #[pyo3(get)]
+    pub new_block_ids_to_zero: Py<PyArray1<i32>>,
     /// Async scheduling: one of those rows awaits an earlier step's output, so the step's
     /// bitmask can be built only once that output is applied (vLLM's
     /// ``pending_structured_output_tokens``).

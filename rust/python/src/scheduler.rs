@@ -178,7 +178,7 @@ impl Inner {
             .collect::<PyResult<Vec<_>>>()?;
         let reported = self.unreported.len() - unreported.len();
         let finished_req_ids = new_list(py, finished)?.unbind();
-        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids, structured_output_rows] =
+        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids, structured_output_rows, new_block_ids_to_zero] =
             step_columns(py, step)?;
         let columns = [
             &num_scheduled_tokens,
@@ -192,6 +192,7 @@ impl Inner {
             &all_token_ids,
             &lora_ids,
             &structured_output_rows,
+            &new_block_ids_to_zero,
         ]
         .map(|column| column.clone_ref(py));
         let output = PySchedulerOutput {
@@ -210,6 +211,7 @@ impl Inner {
             all_token_ids,
             lora_ids,
             structured_output_rows,
+            new_block_ids_to_zero,
             pending_structured_output_tokens: step.pending_structured_output_tokens,
             drafts_unused: step.drafts_unused,
             total_num_scheduled_tokens: step.total_num_scheduled_tokens,
@@ -243,8 +245,11 @@ struct Undelivered {
     texts: StepTexts,
 }
 
+/// The per-step columns a `PySchedulerOutput` holds as numpy arrays.
+const NUM_COLUMNS: usize = 12;
+
 /// A step's columns, in `PySchedulerOutput`'s order.
-fn column_slots(step: &mut Step) -> [&mut Vec<i32>; 11] {
+fn column_slots(step: &mut Step) -> [&mut Vec<i32>; NUM_COLUMNS] {
     [
         &mut step.num_scheduled_tokens,
         &mut step.num_computed_tokens,
@@ -257,13 +262,14 @@ fn column_slots(step: &mut Step) -> [&mut Vec<i32>; 11] {
         &mut step.all_token_ids,
         &mut step.lora_ids,
         &mut step.structured_output_rows,
+        &mut step.new_block_ids_to_zero,
     ]
 }
 
 /// The step's columns as read-only numpy arrays that own its buffers (moved, not copied).
 /// On error every column is back in `step` as it was.
-fn step_columns(py: Python<'_>, step: &mut Step) -> PyResult<[Py<PyArray1<i32>>; 11]> {
-    let mut made = Vec::with_capacity(11);
+fn step_columns(py: Python<'_>, step: &mut Step) -> PyResult<[Py<PyArray1<i32>>; NUM_COLUMNS]> {
+    let mut made = Vec::with_capacity(NUM_COLUMNS);
     let mut failed = None;
     for slot in column_slots(step) {
         match frozen_array(py, std::mem::take(slot)) {
@@ -279,7 +285,7 @@ fn step_columns(py: Python<'_>, step: &mut Step) -> PyResult<[Py<PyArray1<i32>>;
         restore_columns(py, step, &made);
         return Err(error);
     }
-    made.try_into().map_err(|_| internal_error(py, "a step has 11 columns".into()))
+    made.try_into().map_err(|_| internal_error(py, format!("a step has {NUM_COLUMNS} columns")))
 }
 
 /// Puts back into `step` the columns `arrays` took (a copy of each: the arrays are dropped

@@ -325,6 +325,9 @@ impl KvManager {
             let cached_before = *num_cached;
             if required > first_new {
                 self.pool.get_new_blocks(required - first_new, ids);
+                if let (Some(zero), false) = (&mut self.blocks_to_zero, groups.kinds[g] == AttentionKind::Mamba) {
+                    zero[g].extend_from_slice(&ids[first_new..]);
+                }
             }
             match g {
                 0 => first_new_in_group_0 = first_new,

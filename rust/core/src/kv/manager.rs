@@ -50,6 +50,10 @@ pub struct KvManager {
     hash_lookahead: i64,
     /// A prefix hit gives back its last block (EAGLE's block drop).
     eagle_block_drop: bool,
+    /// With Mamba groups, the attention groups' blocks allocated since the last step was
+    /// built, per group, which the runner zeroes before use (vLLM's
+    /// `new_block_ids_to_zero`); None without.
+    pub(crate) blocks_to_zero: Option<Vec<Vec<u32>>>,
     stats: PrefixCacheStats,
     /// Reused by block hashing, so hashing allocates nothing per block.
     scratch: Vec<u8>,
@@ -76,6 +80,7 @@ impl KvManager {
             enable_caching,
             hash_lookahead: config.num_hash_lookahead_tokens(),
             eagle_block_drop: config.eagle_block_drop(),
+            blocks_to_zero: layout.has_mamba().then(|| vec![Vec::new(); layout.len()]),
             stats: PrefixCacheStats::default(),
             scratch: Vec::new(),
         })
@@ -169,6 +174,13 @@ impl KvManager {
                 });
             }
         }
+    }
+
+    /// The attention groups' blocks allocated since the last call, group after group, each
+    /// group's in allocation order (vLLM's `take_new_block_ids`); None without Mamba groups.
+    pub fn take_blocks_to_zero(&mut self) -> Option<Vec<i32>> {
+        let groups = self.blocks_to_zero.as_mut()?;
+        Some(groups.iter_mut().flat_map(|blocks| blocks.drain(..)).map(|id| id as i32).collect())
     }
 
     /// The prefix cache's changes since the last call, oldest first (none unless

@@ -430,6 +430,9 @@ impl Scheduler {
             step.lora_ids = loras.into_iter().map(|id| id as i32).collect();
         }
         self.mark_structured_rows(&mut step, &rows);
+        if let Some(blocks) = self.kv.take_blocks_to_zero() {
+            step.new_block_ids_to_zero = blocks;
+        }
         if !rows.is_empty() {
             self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: rows, has_prefill_chunk });
         }

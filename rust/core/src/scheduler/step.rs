@@ -206,6 +206,10 @@ pub struct Step {
     /// may skip proposing (vLLM's `skip_drafts`). True for an empty step and without
     /// speculative decoding.
     pub drafts_unused: bool,
+    /// With Mamba groups, the attention groups' blocks allocated since the previous step,
+    /// group after group, which the runner zeroes before use (vLLM's
+    /// `new_block_ids_to_zero`); empty without.
+    pub new_block_ids_to_zero: Vec<i32>,
     pub new_reqs: Vec<Handle>,
     pub resumed_reqs: Vec<Handle>,
     /// Running requests scheduled in this step that the previous step did not schedule.
