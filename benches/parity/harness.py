@@ -364,6 +364,17 @@ class ParityConfig:
     lookahead_block_hashes: bool = True
     """EAGLE's prefix-cache rule with prefix caching on: block hashes that cover the next
     token (vLLM 0.33's default), else a hit's last block dropped."""
+    data_parallel_size: int = 1
+    """vLLM's side only: a data-parallel rank of an MoE model (> 1), whose engine core keeps
+    the prefill cadence: every step but each ``prefill_schedule_interval``-th is throttled
+    (:meth:`throttles`), and the scheduler applies no cadence of its own (llmsched's side
+    gets ``prefill_schedule_interval`` 1, as the plug-in gives its core)."""
+
+    def throttles(self, step: int) -> bool:
+        """Whether the engine throttles prefill in its ``step``-th schedule call (vLLM's
+        ``DPEngineCoreProc._should_throttle_prefills``, on a counter shared by the ranks)."""
+        interval = self.prefill_schedule_interval
+        return self.data_parallel_size > 1 and interval > 1 and step % interval != 0
 
     def drafter_kwargs(self) -> dict[str, Any]:
         """llmsched's fields for the drafter, as vLLM derives them from its method."""
@@ -399,7 +410,9 @@ class ParityConfig:
             "max_num_active_seqs": self.max_num_active_seqs,
             "long_prefill_token_threshold_adaptive": self.long_prefill_token_threshold_adaptive,
             "max_loras": self.max_loras,
-            "prefill_schedule_interval": self.prefill_schedule_interval,
+            "prefill_schedule_interval": 1
+            if self.data_parallel_size > 1
+            else self.prefill_schedule_interval,
             "num_sampled_tokens_per_step": 0 if self.pooling else 1,
             "kv_cache_groups": self.kv_cache_groups,
             "prefix_cache_retention_interval": self.prefix_cache_retention_interval,
@@ -412,11 +425,14 @@ class ParityConfig:
         shared = self.llmsched_kwargs()
         for derived in ("num_sampled_tokens_per_step", *self.drafter_kwargs()):
             del shared[derived]
+        # vLLM's config keeps the engine's cadence; its scheduler decides what it applies.
+        shared["prefill_schedule_interval"] = self.prefill_schedule_interval
         return {
             **shared,
             "use_v2_model_runner": self.use_v2_model_runner,
             "speculative_method": self.speculative_method,
             "lookahead_block_hashes": self.lookahead_block_hashes,
+            "data_parallel_size": self.data_parallel_size,
             "pooling": self.pooling,
             "kv_events": self.kv_events,
         }
@@ -657,8 +673,8 @@ class LlmschedSide:
     def has_requests(self) -> bool:
         return bool(self.scheduler.has_requests())
 
-    def schedule(self) -> tuple[Any, dict[str, Any]]:
-        out = self.scheduler.schedule()
+    def schedule(self, throttle: bool = False) -> tuple[Any, dict[str, Any]]:
+        out = self.scheduler.schedule(throttle_prefills=throttle)
         ids = list(out.req_ids)
         counts = [int(n) for n in out.num_scheduled_tokens]
         computed = [int(c) for c in out.num_computed_tokens]
@@ -912,8 +928,8 @@ class VllmSide:
     def has_requests(self) -> bool:
         return bool(self.scheduler.has_requests())
 
-    def schedule(self) -> tuple[Any, dict[str, Any]]:
-        out = self.scheduler.schedule()
+    def schedule(self, throttle: bool = False) -> tuple[Any, dict[str, Any]]:
+        out = self.scheduler.schedule(throttle_prefills=throttle)
         summary = self.ref.step_summary(out)
         num_groups = len(self.scheduler.kv_cache_config.kv_cache_groups)
         blocks: dict[str, list[list[int]]] = {}
@@ -1014,7 +1030,7 @@ def drive(
             if not config.async_scheduling:
                 if not side.has_requests():
                     continue  # idle until the next arrival
-                out, summary = side.schedule()
+                out, summary = side.schedule(config.throttles(len(result.steps)))
                 summary["aborted"], aborted = aborted, []
                 sampled, drafts = runner.execute(summary)
                 result.steps.append(summary)
@@ -1027,7 +1043,7 @@ def drive(
             # wait for the oldest step while the queue has room and the new step ran
             # something or more can be scheduled.
             if side.has_requests():
-                out, summary = side.schedule()
+                out, summary = side.schedule(config.throttles(len(result.steps)))
                 summary["aborted"], aborted = aborted, []
                 sampled, _ = runner.execute(summary)
                 summary["outputs"] = None

@@ -834,6 +834,24 @@ def edge_cases() -> list[Case]:
                     ),
                 )
             )
+        # A data-parallel rank of an MoE model: its engine core throttles prefill to every
+        # 3rd step on a counter the ranks share, the scheduler keeps no cadence of its own.
+        for k, policy in ((0, "fcfs"), (3, "priority")):
+            out.append(
+                Case(
+                    "synthetic-conv",
+                    ParityConfig(
+                        f"edge-dp2-cadence3-{mode}-K{k}-apc-{policy[:4]}",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=_pool_sizes("synthetic-conv")[0],
+                        prefill_schedule_interval=3,
+                        data_parallel_size=2,
+                    ),
+                )
+            )
         # Mamba hybrids (Granite 4, Jamba: Mamba layers beside attention ones) without
         # prefix caching: 1 + K state blocks per request in each Mamba group from its first
         # step, the attention groups' tables growing, all from one pool under pressure.

@@ -195,8 +195,8 @@ class VllmFieldSide(VllmSide):
             for req_id in sorted(set(req_ids))
         }
 
-    def schedule(self) -> tuple[Any, dict[str, Any]]:
-        out, summary = super().schedule()
+    def schedule(self, throttle: bool = False) -> tuple[Any, dict[str, Any]]:
+        out, summary = super().schedule(throttle)
         summary["scheduler_output"] = scheduler_output_fields(out)
         left = out.preempted_req_ids | out.finished_req_ids
         summary["requests_scheduled"] = self._requests(chain(out.num_scheduled_tokens, left), left)

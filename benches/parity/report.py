@@ -146,8 +146,7 @@ core, kept out the same way. Beyond them, the plug-in:
   multimodal models, prompt embeddings, encoder-decoder models, diffusion
   LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors,
   KV cache residency and MFU metrics, pipeline, decode- and prefill-context parallelism,
-  data parallelism of MoE models (a dense model's data-parallel ranks are independent
-  engines with a scheduler each, served), KV-cache groups other than full, sliding-window,
+  KV-cache groups other than full, sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
   retaining extra tokens, Mamba state cached at block boundaries: prefix caching with Mamba
   layers), KV caches of mixed precision, a hash
@@ -248,6 +247,12 @@ core, kept out the same way. Beyond them, the plug-in:
   and per-request speculative-decoding metrics are filled as vLLM fills them;
 - **serves the prefill cadence** (`prefill_schedule_interval`) and throttled steps
   (`schedule(throttle_prefills=True)`) with vLLM's rule, in the core's loops;
+- **serves data parallelism**: a dense model's ranks are independent engines, each with
+  its scheduler; an MoE model's ranks step in lockstep, their engine cores throttle
+  prefill on a step counter the ranks share and read the request counts and KV usage the
+  DP coordinator publishes, and the scheduler applies no prefill cadence of its own
+  (vLLM's `local_prefill_interval` is 1). The `edge-dp2` cases drive both schedulers as
+  such a rank (every third step may prefill);
 - **follows the engine's `async_scheduling`** whichever of its two classes is named.
 """
 

@@ -108,9 +108,6 @@ ENGINE_REFUSALS = {
     "pipeline parallelism": lambda s: _set(
         s.vllm_config.parallel_config, "pipeline_parallel_size", 2
     ),
-    "data parallelism of MoE models": lambda s: _set(
-        s.vllm_config.parallel_config, "data_parallel_size", 2
-    ),
     "KV-cache groups other than full, sliding-window, chunked local attention and Mamba": (
         lambda s: s.kv_cache_config.kv_cache_groups.append(_group(_cross_attention_spec()))
     ),
@@ -151,6 +148,15 @@ def test_an_engine_asking_for_an_unsupported_feature_fails_at_start(feature: str
     ENGINE_REFUSALS[feature](sched)
     with pytest.raises(plugin.UnsupportedFeatureError, match=feature):
         build(sched)
+
+
+def test_an_moe_models_data_parallel_rank_leaves_the_prefill_cadence_to_its_engine() -> None:
+    """Its engine core throttles prefill on a counter shared by the ranks; the scheduler
+    applies no cadence of its own, as vLLM's (``local_prefill_interval`` 1)."""
+    sched = reference(data_parallel_size=2, prefill_schedule_interval=4)
+    plugin_sched = build(sched)
+    assert plugin_sched.local_prefill_interval == sched.local_prefill_interval == 1
+    assert build(reference(prefill_schedule_interval=4)).local_prefill_interval == 4
 
 
 def test_a_multi_module_mtp_drafter_is_refused() -> None:

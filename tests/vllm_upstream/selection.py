@@ -93,6 +93,10 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         # the step can use them (vLLM's can_skip_drafts, the plug-in's too).
         "test_block_drafters_cap_requests_instead_of_draft_slots",
         "test_skip_drafts_only_when_no_request_can_use_them",
+        # The prefill cadence the scheduler applies itself (vLLM's local_prefill_interval):
+        # none by default, none on a data-parallel rank of an MoE model.
+        "test_local_prefill_interval_defaults_to_no_gating",
+        "test_local_prefill_interval_left_to_engine_under_dp",
     ),
     ASYNC_SCHEDULER_TESTS: (
         "test_prefix_caching_for_prefill_dedup",
@@ -197,13 +201,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_prefill_cadence_counts_executed_steps_not_schedule_calls": (
             "scheduler internals: scheduler.current_step, scheduler.num_executed_steps (the "
             "prefill cadence's counters, kept in the core)"
-        ),
-        "test_local_prefill_interval_defaults_to_no_gating": (
-            "scheduler internal: scheduler.local_prefill_interval; also scheduler.running"
-        ),
-        "test_local_prefill_interval_left_to_engine_under_dp": (
-            "refused feature: data parallelism (data_parallel_size=2); also "
-            "scheduler.local_prefill_interval, scheduler.running"
         ),
         "test_throttle_prefills_excludes_fully_transferred_remote_kv": (
             "refused feature: KV connectors (kv_transfer_config is set); also "

@@ -165,6 +165,7 @@ def make_vllm_scheduler(
     kv_events: bool = False,
     kv_cache_groups: str = "full",
     prefix_cache_retention_interval: int | None = 0,
+    data_parallel_size: int = 1,
     **shared_fields: Any,
 ) -> Any:
     """Build vLLM 0.33.0's ``Scheduler`` (or ``AsyncScheduler`` if ``async_scheduling``)
@@ -189,7 +190,8 @@ def make_vllm_scheduler(
     and
     ``prefix_cache_retention_interval`` the KV-cache config's (vLLM's engines take the cache
     config's, 0; None keeps every sliding-window block). See the module docstring for the
-    rest.
+    rest. ``data_parallel_size`` > 1 is a data-parallel rank of an MoE model (dense models'
+    ranks are independent engines of size 1), whose engine core keeps the prefill cadence.
     """
     import torch
     from vllm.config import (
@@ -257,7 +259,7 @@ def make_vllm_scheduler(
         scheduler_config=scheduler_config,
         model_config=model_config,
         cache_config=cache_config,
-        parallel_config=ParallelConfig(),
+        parallel_config=ParallelConfig(data_parallel_size=data_parallel_size),
         device_config=DeviceConfig(device="cpu"),
         speculative_config=speculative_config,
         lora_config=LoRAConfig(max_loras=max_loras) if max_loras > 0 else None,

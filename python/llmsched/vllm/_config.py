@@ -173,17 +173,6 @@ def check_engine_config(
             lambda: (get("observability_config.enable_mfu_metrics"), "enable_mfu_metrics=True"),
         ),
         ("pipeline parallelism", lambda: larger_than_one("parallel_config.pipeline_parallel_size")),
-        # vLLM runs each data-parallel rank of a dense model as an independent engine whose
-        # config says data_parallel_size=1 (those are served); only an MoE model's ranks,
-        # which step in lockstep, show the scheduler more than one.
-        (
-            "data parallelism of MoE models (ranks stepping in lockstep)",
-            lambda: (
-                larger_than_one("parallel_config.data_parallel_size")[0],
-                f"data_parallel_size={get('parallel_config.data_parallel_size')}; a dense "
-                "model's data-parallel ranks are independent engines and are supported",
-            ),
-        ),
         (
             "decode context parallelism",
             lambda: larger_than_one("parallel_config.decode_context_parallel_size"),
@@ -297,6 +286,12 @@ def llmsched_config(
     and policy (:data:`SHARED_FIELDS`), the KV pool vLLM sized (``kv_cache_config.num_blocks``
     blocks, block 0 the null block), the same drafts and LoRA adapters."""
     shared = {name: convert(read(vllm_config, path)) for name, path, convert in SHARED_FIELDS}
+    # vLLM runs each data-parallel rank of a dense model as an independent engine whose
+    # config says data_parallel_size=1; an MoE model's ranks step in lockstep, and their
+    # engine cores keep the prefill cadence on a counter shared across ranks (throttled
+    # steps): the scheduler applies none of its own (vLLM's local_prefill_interval).
+    if read(vllm_config, "parallel_config.data_parallel_size") > 1:
+        shared["prefill_schedule_interval"] = 1
     spec = read(vllm_config, "speculative_config")
     hash_lookahead = num_hash_lookahead_tokens(vllm_config)
     groups, attention_block = kv_cache_groups(

@@ -259,7 +259,7 @@ FIELDS: dict[str, dict[str, str]] = {
     },
     "ParallelConfig": {
         "pipeline_parallel_size": CHECKED,
-        "data_parallel_size": CHECKED,
+        "data_parallel_size": READ,
         "decode_context_parallel_size": CHECKED,
         "prefill_context_parallel_size": CHECKED,
         "tensor_parallel_size": (

@@ -925,6 +925,13 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         )
 
     @property
+    def local_prefill_interval(self) -> int:
+        """The prefill cadence this scheduler applies on its own (vLLM's attribute of that
+        name): ``prefill_schedule_interval``, or 1 on a data-parallel rank of an MoE model,
+        whose engine core throttles prefill on a counter shared across ranks."""
+        return int(self.core.config.prefill_schedule_interval)
+
+    @property
     def pause_state(self) -> PauseState:
         return PauseState(self.core.pause_state)
 
