@@ -887,14 +887,21 @@ CONFIG_CASES += [
     ),
     ("groups-list", {"kv_cache_groups": ["full"]}, "kv_cache_groups"),
     (
-        "groups-with-lookahead",
+        "groups-with-eagle-block-drop",
         {
             "kv_cache_groups": "sliding_window:64,full",
             "num_speculative_tokens": 2,
             "num_lookahead_tokens": 2,
+            "eagle_block_drop": True,
         },
-        "num_lookahead_tokens",
+        "eagle_block_drop",
     ),
+    (
+        "mamba-with-prefix-caching",
+        {"kv_cache_groups": "mamba,full", "enable_prefix_caching": True},
+        "enable_prefix_caching",
+    ),
+    ("hash-lookahead-negative", {"num_hash_lookahead_tokens": -1}, "num_hash_lookahead_tokens"),
     ("retention-negative", {"prefix_cache_retention_interval": -16}, "retention_interval"),
     ("retention-off-grid", {"prefix_cache_retention_interval": 24}, "retention_interval.*24"),
     ("pipeline-zero", {"pipeline_parallel_size": 0}, "pipeline_parallel_size"),

@@ -51,6 +51,8 @@ class StepOutput:
     pending_structured_output_tokens: bool
     drafts_unused: bool
     new_block_ids_to_zero: Any
+    num_new_token_ids: Any
+    new_token_ids: Any
     total_num_scheduled_tokens: int
     new_req_ids: list[str]
     resumed_req_ids: list[str]
@@ -93,6 +95,8 @@ def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> StepOutput
         pending_structured_output_tokens=False,
         drafts_unused=True,
         new_block_ids_to_zero=i32([]),
+        num_new_token_ids=i32([]),
+        new_token_ids=i32([]),
         total_num_scheduled_tokens=sum(r["n"] for r in reqs),
         new_req_ids=[r["id"] for r in admitted if not r.get("resumed")],
         resumed_req_ids=[r["id"] for r in admitted if r.get("resumed")],

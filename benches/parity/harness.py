@@ -364,11 +364,22 @@ class ParityConfig:
     lookahead_block_hashes: bool = True
     """EAGLE's prefix-cache rule with prefix caching on: block hashes that cover the next
     token (vLLM 0.33's default), else a hit's last block dropped."""
+    pipeline_parallel_size: int = 1
+    """Both sides': pipeline stages, one step in flight per stage (the engine loop's batch
+    queue)."""
     data_parallel_size: int = 1
     """vLLM's side only: a data-parallel rank of an MoE model (> 1), whose engine core keeps
     the prefill cadence: every step but each ``prefill_schedule_interval``-th is throttled
     (:meth:`throttles`), and the scheduler applies no cadence of its own (llmsched's side
     gets ``prefill_schedule_interval`` 1, as the plug-in gives its core)."""
+
+    def max_concurrent_batches(self) -> int:
+        """The engine's batch queue (vLLM's ``max_concurrent_batches``): one step per stage;
+        with async scheduling, one more for the V2 runner, two without stages."""
+        stages = self.pipeline_parallel_size
+        if self.async_scheduling and self.use_v2_model_runner:
+            return stages + 1
+        return 2 if self.async_scheduling and stages == 1 else stages
 
     def throttles(self, step: int) -> bool:
         """Whether the engine throttles prefill in its ``step``-th schedule call (vLLM's
@@ -413,6 +424,7 @@ class ParityConfig:
             "prefill_schedule_interval": 1
             if self.data_parallel_size > 1
             else self.prefill_schedule_interval,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
             "num_sampled_tokens_per_step": 0 if self.pooling else 1,
             "kv_cache_groups": self.kv_cache_groups,
             "prefix_cache_retention_interval": self.prefix_cache_retention_interval,
@@ -1027,7 +1039,7 @@ def drive(
             if iteration >= MAX_LOOP_ITERATIONS:
                 raise RuntimeError(f"no end after {iteration} loop iterations")
             iteration += 1
-            if not config.async_scheduling:
+            if not config.async_scheduling and config.pipeline_parallel_size == 1:
                 if not side.has_requests():
                     continue  # idle until the next arrival
                 out, summary = side.schedule(config.throttles(len(result.steps)))
@@ -1038,10 +1050,11 @@ def drive(
                 if drafts is not None:
                     side.update_draft_token_ids(*drafts)
                 continue
-            # Async: a batch queue of two, as EngineCore.step_with_batch_queue: schedule
-            # whenever the scheduler has requests (the queue is never full here); do not
-            # wait for the oldest step while the queue has room and the new step ran
-            # something or more can be scheduled.
+            # Async or pipeline stages: a batch queue (of two, or one per stage), as
+            # EngineCore.step_with_batch_queue: schedule whenever the scheduler has requests
+            # (the queue is never full here); do not wait for the oldest step while the
+            # queue has room and the new step ran something or more can be scheduled.
+            depth = config.max_concurrent_batches()
             if side.has_requests():
                 out, summary = side.schedule(config.throttles(len(result.steps)))
                 summary["aborted"], aborted = aborted, []
@@ -1049,7 +1062,7 @@ def drive(
                 summary["outputs"] = None
                 result.steps.append(summary)
                 in_flight.append((out, summary, sampled))
-                if len(in_flight) < 2 and (
+                if len(in_flight) < depth and (
                     summary["total_num_scheduled_tokens"] > 0 or side.has_requests()
                 ):
                     continue

@@ -834,6 +834,28 @@ def edge_cases() -> list[Case]:
                     ),
                 )
             )
+        # Pipeline stages: two steps in flight in a synchronous engine (the first stage gets
+        # the sampled tokens back with the step), and with async scheduling the V2 runner's
+        # decode stagger (a request decodes once per trip through the stages).
+        for stages, policy, pressure in ((2, "fcfs", True), (3, "priority", False)):
+            roomy, tight = _pool_sizes("synthetic-conv")
+            out.append(
+                Case(
+                    "synthetic-conv",
+                    ParityConfig(
+                        f"edge-pp{stages}-{mode}-K0-apc-{policy[:4]}" + ("-kv" if pressure else ""),
+                        async_scheduling=a,
+                        num_speculative_tokens=0,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=tight if pressure else roomy,
+                        pipeline_parallel_size=stages,
+                    ),
+                    output_factor=WORKLOADS["synthetic-conv"].pressure_output_factor
+                    if pressure
+                    else 1,
+                )
+            )
         # A data-parallel rank of an MoE model: its engine core throttles prefill to every
         # 3rd step on a counter the ranks share, the scheduler keeps no cadence of its own.
         for k, policy in ((0, "fcfs"), (3, "priority")):
@@ -878,35 +900,41 @@ def edge_cases() -> list[Case]:
         # max_model_len, EAGLE's prefix-cache rule (lookahead hashes, where prompts that
         # share blocks go on with other tokens, and their KV events; or the last hit block
         # dropped), a draft model's draft slot, under KV pressure and preemption.
-        for workload, method, hashes, policy, pressure, m in (
-            ("shuffled-blocks", "eagle", True, "fcfs", True, 4096),
-            ("synthetic-conv", "eagle", False, "priority", True, 4096),
-            ("synthetic-conv", "eagle3", True, "fcfs", False, 288),
-            ("synthetic-conv", "draft_model", True, "priority", True, 4096),
+        swa = "sliding_window:40,full"
+        for workload, method, hashes, policy, pressure, m, groups in (
+            ("shuffled-blocks", "eagle", True, "fcfs", True, 4096, "full"),
+            # Over a sliding window and full attention (lookahead hashes: the one rule served
+            # with several groups).
+            ("azure-code", "eagle3", True, "priority", True, 1024, swa),
+            ("synthetic-conv", "eagle", False, "priority", True, 4096, "full"),
+            ("synthetic-conv", "eagle3", True, "fcfs", False, 288, "full"),
+            ("synthetic-conv", "draft_model", True, "priority", True, 4096, "full"),
         ):
             roomy, tight = _pool_sizes(workload)
             rule = "" if method == "draft_model" else ("-hashes" if hashes else "-drop")
-            out.append(
-                Case(
-                    workload,
-                    ParityConfig(
-                        f"edge-{method}{rule}-{mode}-K3-apc-{policy[:4]}"
-                        + ("-kv" if pressure else f"-M{m}"),
-                        async_scheduling=a,
-                        num_speculative_tokens=3,
-                        speculative_method=method,
-                        lookahead_block_hashes=hashes,
-                        enable_prefix_caching=True,
-                        policy=policy,
-                        num_gpu_blocks=tight if pressure else roomy,
-                        max_model_len=m,
-                        # The lookahead tokens in the stored events.
-                        kv_events=hashes,
-                    ),
-                    output_factor=4,
-                )
+            rule += "-swa" if groups != "full" else ""
+            config = ParityConfig(
+                f"edge-{method}{rule}-{mode}-K3-apc-{policy[:4]}"
+                + ("-kv" if pressure else f"-M{m}"),
+                async_scheduling=a,
+                num_speculative_tokens=3,
+                speculative_method=method,
+                lookahead_block_hashes=hashes,
+                enable_prefix_caching=True,
+                policy=policy,
+                num_gpu_blocks=tight if pressure else roomy,
+                max_model_len=m,
+                # The lookahead tokens in the stored events.
+                kv_events=hashes,
+                kv_cache_groups=groups,
             )
-            # Few sequences under KV pressure, bigger blocks.
+            if groups == "full":
+                out.append(Case(workload, config, output_factor=4))
+            else:
+                # A pool for every group, under pressure.
+                out.append(_hybrid_case(workload, replace(config, num_gpu_blocks=0)))
+        # Few sequences under KV pressure, bigger blocks.
+        for policy in ("fcfs", "priority"):
             out.append(
                 Case(
                     "mooncake-turns",

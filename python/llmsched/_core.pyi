@@ -290,6 +290,15 @@ class SchedulerOutput:
         previous step, group after group, which the runner zeroes before use (vLLM's
         ``new_block_ids_to_zero``). Empty without Mamba groups. Not per request."""
     @property
+    def num_new_token_ids(self) -> _Int32Array:
+        """With pipeline stages and synchronous scheduling, each row's count of tokens in
+        ``new_token_ids`` (``n`` less its draft slots); empty otherwise."""
+    @property
+    def new_token_ids(self) -> _Int32Array:
+        """The rows' tokens from ``C`` on, row after row (see ``num_new_token_ids``): the first
+        pipeline stage sees no sampled token, so the step sends them (vLLM's
+        ``CachedRequestData.new_token_ids``)."""
+    @property
     def pending_structured_output_tokens(self) -> bool:
         """Async scheduling: one of those rows awaits an earlier step's output, so the step's
         bitmask can be built only once that output is applied (vLLM's
@@ -605,6 +614,15 @@ class Scheduler:
         """vLLM's pause state: 0 unpaused, 1 no new admissions, 2 nothing scheduled."""
     def set_pause_state(self, pause_state: int) -> None:
         """Set the pause state (0 unpaused, 1 no new admissions, 2 nothing scheduled)."""
+    @property
+    def decode_stagger(self) -> int:
+        """With async scheduling, the steps between two decodes of one request (1: every
+        step); see ``set_decode_stagger``."""
+    def set_decode_stagger(self, steps: int) -> None:
+        """With async scheduling, a request decoded in a step is not decoded again before
+        ``steps`` steps later (vLLM's V2 model runner with pipeline parallelism: one decode
+        per request per trip through the stages); 1, the default, decodes it every step.
+        Takes effect from the next step. ``ConfigError`` naming the value outside [1, 1024]."""
     @property
     def num_free_blocks(self) -> int:
         """KV blocks in the free queue (cached ones included: they are reusable)."""

@@ -48,8 +48,8 @@ class _NoOutputTokenCounts(PluginFieldSide):
     """A plug-in that forgets the placeholders in ``num_output_tokens`` (what the V1 runner
     trims its output-token list to under async scheduling)."""
 
-    def schedule(self) -> tuple[Any, dict[str, Any]]:
-        out, summary = super().schedule()
+    def schedule(self, throttle: bool = False) -> tuple[Any, dict[str, Any]]:
+        out, summary = super().schedule(throttle)
         cached = out.scheduled_cached_reqs
         broken = [n - 1 if n else n for n in cached.num_output_tokens]
         summary["scheduler_output"]["scheduled_cached_reqs"]["num_output_tokens"] = broken
@@ -59,8 +59,8 @@ class _NoOutputTokenCounts(PluginFieldSide):
 class _NoRescheduledTokens(PluginFieldSide):
     """A plug-in that does not resend the tokens of requests the previous step skipped."""
 
-    def schedule(self) -> tuple[Any, dict[str, Any]]:
-        out, summary = super().schedule()
+    def schedule(self, throttle: bool = False) -> tuple[Any, dict[str, Any]]:
+        out, summary = super().schedule(throttle)
         summary["scheduler_output"]["scheduled_cached_reqs"]["all_token_ids"] = {}
         return out, summary
 
@@ -79,8 +79,8 @@ class _UnmirroredRequests(PluginFieldSide):
 class _ReversedRunning(PluginFieldSide):
     """A plug-in whose ``running`` view lists the running requests backwards."""
 
-    def schedule(self) -> tuple[Any, dict[str, Any]]:
-        out, summary = super().schedule()
+    def schedule(self, throttle: bool = False) -> tuple[Any, dict[str, Any]]:
+        out, summary = super().schedule(throttle)
         summary["queues"]["running"].reverse()
         return out, summary
 

@@ -105,9 +105,6 @@ def _cross_attention_spec() -> Any:
 
 ENGINE_REFUSALS = {
     "KV connectors": lambda s: _set(s.vllm_config, "kv_transfer_config", object()),
-    "pipeline parallelism": lambda s: _set(
-        s.vllm_config.parallel_config, "pipeline_parallel_size", 2
-    ),
     "KV-cache groups other than full, sliding-window, chunked local attention and Mamba": (
         lambda s: s.kv_cache_config.kv_cache_groups.append(_group(_cross_attention_spec()))
     ),
@@ -201,14 +198,20 @@ def test_a_drafter_is_served_with_what_vllm_derives_from_its_method(
     assert config.eagle_block_drop == sched.kv_cache_manager.use_eagle
 
 
-def test_eagle_with_a_hybrid_model_is_refused_at_start() -> None:
+def test_eagles_block_drop_with_a_hybrid_model_is_refused_at_start() -> None:
+    """Over several KV-cache groups EAGLE is served with lookahead block hashes (vLLM 0.33's
+    default), not with the block drop."""
+    groups = "full,sliding_window:8"
     sched = reference(
         num_speculative_tokens=3,
         speculative_method="eagle",
-        kv_cache_groups="full,sliding_window:8",
+        kv_cache_groups=groups,
+        lookahead_block_hashes=False,
     )
-    with pytest.raises(llmsched.ConfigError, match="EAGLE's hybrid prefix-cache rule"):
+    with pytest.raises(llmsched.ConfigError, match="EAGLE's hybrid block drop"):
         build(sched)
+    served = reference(num_speculative_tokens=3, speculative_method="eagle", kv_cache_groups=groups)
+    assert build(served).core.config.num_hash_lookahead_tokens == 1
 
 
 def test_a_hash_block_size_other_than_the_block_size_is_refused() -> None:

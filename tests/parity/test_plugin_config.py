@@ -169,6 +169,7 @@ def test_the_config_mapping_is_the_same_both_ways() -> None:
         "policy": "priority",
         "enable_prefix_caching": False,
         "prefill_schedule_interval": 3,
+        "pipeline_parallel_size": 2,
     }
     no_chunks = {
         "enable_chunked_prefill": False,

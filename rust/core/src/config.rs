@@ -632,18 +632,15 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
     }
     if p.kv_cache_groups.is_hybrid() {
         let groups = p.kv_cache_groups.to_text();
-        let drafter_fields = [
-            ("num_lookahead_tokens", p.num_lookahead_tokens),
-            ("num_hash_lookahead_tokens", p.num_hash_lookahead_tokens),
-            ("eagle_block_drop", i64::from(p.eagle_block_drop)),
-        ];
-        if let Some(&(field, value)) = drafter_fields.iter().find(|(_, value)| *value != 0) {
+        // Lookahead slots and lookahead hashes need nothing more of the groups; the block
+        // drop over several groups (vLLM's `eagle_proof_margin`) is not built.
+        if p.eagle_block_drop {
             return Err(CoreError::config(
-                field,
-                value,
+                "eagle_block_drop",
+                "True",
                 format!(
-                    "must be 0 (False) with the KV-cache groups {groups:?} (EAGLE's hybrid prefix-cache \
-                     rule is not built)"
+                    "must be False with the KV-cache groups {groups:?} (EAGLE's hybrid block drop is \
+                     not built; lookahead block hashes serve EAGLE there)"
                 ),
             ));
         }

@@ -266,6 +266,9 @@ pub struct Request {
     /// set at admission, 0 if none): a sliding-window group keeps the blocks a hit there
     /// needs.
     pub(crate) shared_prefix_boundary: i64,
+    /// The first step that may decode it again (read only with a decode stagger, see
+    /// `Scheduler::set_decode_stagger`).
+    pub(crate) next_decode_eligible_step: u64,
 }
 
 /// The slot lines the running loop reads: the counters and status, the block table and
@@ -423,6 +426,7 @@ impl Request {
             block_ids: Vec::new(),
             extra_tables: Vec::new(),
             shared_prefix_boundary: 0,
+            next_decode_eligible_step: 0,
             spec_token_ids: Vec::new(),
             last_scheduled_step: 0,
             num_cached_blocks: 0,

@@ -176,15 +176,16 @@ fn the_groups_field_names_its_value_when_refused() {
     }
     let groups = KvCacheGroups::parse("sliding_window:8, full").unwrap();
     assert_eq!(groups.to_text(), "sliding_window:8,full");
-    // EAGLE's hybrid prefix-cache rule is not built: refused, not silently wrong.
+    // EAGLE's block drop over several groups is not built: refused, not silently wrong.
     let p = ConfigParams {
         kv_cache_groups: groups,
         num_speculative_tokens: 2,
         num_lookahead_tokens: 2,
+        eagle_block_drop: true,
         ..ConfigParams::default()
     };
     let err = SchedulerConfig::new(p).unwrap_err().to_string();
-    assert!(err.starts_with("num_lookahead_tokens"), "{err}");
+    assert!(err.starts_with("eagle_block_drop"), "{err}");
     let p = ConfigParams { prefix_cache_retention_interval: 6, block_size: 4, ..ConfigParams::default() };
     let err = SchedulerConfig::new(p).unwrap_err().to_string();
     assert!(err.contains("prefix_cache_retention_interval") && err.contains('6'), "{err}");

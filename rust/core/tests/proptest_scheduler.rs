@@ -331,9 +331,8 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         num_hash_lookahead_tokens: if lookahead > 0 && r.model_extra % 3 == 2 { 1 } else { 0 },
     };
     if r.groups_sel > 0 {
-        // EAGLE's hybrid prefix-cache rule is not built: no lookahead slots.
-        p.num_lookahead_tokens = 0;
-        (p.eagle_block_drop, p.num_hash_lookahead_tokens) = (false, 0);
+        // EAGLE's block drop over several groups is not built (lookahead hashes are).
+        p.eagle_block_drop = false;
     }
     if p.kv_cache_groups.has_mamba() {
         // Mamba groups run without prefix caching (vLLM's mamba_cache_mode "none").

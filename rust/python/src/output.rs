@@ -182,6 +182,15 @@ pub struct PySchedulerOutput {
     /// ``new_block_ids_to_zero``). Empty without Mamba groups. Not per request.
     #[pyo3(get)]
     pub new_block_ids_to_zero: Py<PyArray1<i32>>,
+    /// With pipeline stages and synchronous scheduling, each row's count of tokens in
+    /// ``new_token_ids`` (``n`` less its draft slots); empty otherwise.
+    #[pyo3(get)]
+    pub num_new_token_ids: Py<PyArray1<i32>>,
+    /// The rows' tokens from ``C`` on, row after row (see ``num_new_token_ids``): the first
+    /// pipeline stage sees no sampled token, so the step sends them (vLLM's
+    /// ``CachedRequestData.new_token_ids``).
+    #[pyo3(get)]
+    pub new_token_ids: Py<PyArray1<i32>>,
     /// Async scheduling: one of those rows awaits an earlier step's output, so the step's
     /// bitmask can be built only once that output is applied (vLLM's
     /// ``pending_structured_output_tokens``).

@@ -19,7 +19,7 @@ use crate::config::PySchedulerConfig;
 use crate::convert::{
     bool_value, float_value, for_each_bounded, int32_items, int_value, push, reserved, token_list, type_name, Indexed,
 };
-use crate::errors::{core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
+use crate::errors::{config_error, core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
 use crate::ids::{IdBatch, StepIds};
 use crate::objects::{new_int, new_list, new_str};
 use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput};
@@ -178,7 +178,7 @@ impl Inner {
             .collect::<PyResult<Vec<_>>>()?;
         let reported = self.unreported.len() - unreported.len();
         let finished_req_ids = new_list(py, finished)?.unbind();
-        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids, structured_output_rows, new_block_ids_to_zero] =
+        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids, structured_output_rows, new_block_ids_to_zero, num_new_token_ids, new_token_ids] =
             step_columns(py, step)?;
         let columns = [
             &num_scheduled_tokens,
@@ -193,6 +193,8 @@ impl Inner {
             &lora_ids,
             &structured_output_rows,
             &new_block_ids_to_zero,
+            &num_new_token_ids,
+            &new_token_ids,
         ]
         .map(|column| column.clone_ref(py));
         let output = PySchedulerOutput {
@@ -212,6 +214,8 @@ impl Inner {
             lora_ids,
             structured_output_rows,
             new_block_ids_to_zero,
+            num_new_token_ids,
+            new_token_ids,
             pending_structured_output_tokens: step.pending_structured_output_tokens,
             drafts_unused: step.drafts_unused,
             total_num_scheduled_tokens: step.total_num_scheduled_tokens,
@@ -246,7 +250,7 @@ struct Undelivered {
 }
 
 /// The per-step columns a `PySchedulerOutput` holds as numpy arrays.
-const NUM_COLUMNS: usize = 12;
+const NUM_COLUMNS: usize = 14;
 
 /// A step's columns, in `PySchedulerOutput`'s order.
 fn column_slots(step: &mut Step) -> [&mut Vec<i32>; NUM_COLUMNS] {
@@ -263,6 +267,8 @@ fn column_slots(step: &mut Step) -> [&mut Vec<i32>; NUM_COLUMNS] {
         &mut step.lora_ids,
         &mut step.structured_output_rows,
         &mut step.new_block_ids_to_zero,
+        &mut step.num_new_token_ids,
+        &mut step.new_token_ids,
     ]
 }
 
@@ -1106,6 +1112,25 @@ impl PyScheduler {
             inner.core.set_pause_state(state);
             Ok(())
         })
+    }
+
+    /// With async scheduling, the steps between two decodes of one request (1: every
+    /// step); see ``set_decode_stagger``.
+    #[getter]
+    fn decode_stagger(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with_inner(py, |inner| Ok(inner.core.decode_stagger()))
+    }
+
+    /// With async scheduling, a request decoded in a step is not decoded again before
+    /// ``steps`` steps later (vLLM's V2 model runner with pipeline parallelism: one decode
+    /// per request per trip through the stages); 1, the default, decodes it every step.
+    /// Takes effect from the next step. ``ConfigError`` naming the value outside [1, 1024].
+    fn set_decode_stagger(&self, py: Python<'_>, steps: &Bound<'_, PyAny>) -> PyResult<()> {
+        let steps = int_value(py, steps, &"decode_stagger", config_error)?;
+        let Ok(steps) = u64::try_from(steps) else {
+            return Err(config_error(py, format!("decode_stagger={steps}: must be in [1, 1024]")));
+        };
+        self.with_inner(py, |inner| inner.core.set_decode_stagger(steps).map_err(core_err))
     }
 
     /// The fraction of usable KV blocks in use, in [0, 1].

@@ -78,6 +78,8 @@ pub struct Scheduler {
     next_step_id: u64,
     stats: SchedulerStats,
     pause_state: PauseState,
+    /// With async scheduling, the steps between two decodes of one request (1: every step).
+    decode_stagger: u64,
     /// The prefill cadence: executed steps (those that scheduled tokens), the last one that
     /// carried prefill, and whether the last step that could admit left requests waiting
     /// that were not set aside (then prefill is not deferred).
@@ -156,6 +158,7 @@ impl Scheduler {
             next_step_id: 1,
             stats: SchedulerStats::default(),
             pause_state: PauseState::Unpaused,
+            decode_stagger: 1,
             num_executed_steps: 0,
             // A whole interval back: the first step is never held.
             last_prefill_step: -config.prefill_schedule_interval(),
@@ -243,6 +246,7 @@ impl Scheduler {
             prefill_admitted: false,
             has_prefill_chunk: false,
             drafts_needed: false,
+            decode_stagger: self.decode_stagger,
             preempted: false,
         };
         self.next_step_id += 1;
@@ -340,6 +344,9 @@ impl Scheduler {
             request.set_num_output_placeholders(request.num_output_placeholders() + s + e.num_spec);
             request.spec_token_ids.clear();
             request.spec_token_ids.resize(config.num_speculative_tokens() as usize, -1);
+            if b.decode_stagger > 1 {
+                request.next_decode_eligible_step = step.step_id + b.decode_stagger;
+            }
         }
         b.rows.push(Row {
             handle: e.handle,
@@ -370,6 +377,18 @@ impl Scheduler {
         }
     }
 
+    /// Each row's tokens from `C` on, `n` less its draft slots of them: what the first
+    /// pipeline stage computes but never saw sampled. Synchronous pipeline stages only.
+    #[cold]
+    fn write_new_token_ids(&self, step: &mut Step, rows: &[Row]) {
+        for row in rows {
+            let count = row.num_scheduled_tokens - row.num_spec_tokens;
+            let tokens = self.requests[row.handle].all_token_ids().skip(row.num_computed_tokens as usize);
+            step.new_token_ids.extend(tokens.take(count as usize));
+            step.num_new_token_ids.push(count);
+        }
+    }
+
     /// Undoes the committed running entry at `position` (a priority preemption took its
     /// request): its budget, its columns, its drafts and its advance. The caller preempts it.
     fn uncommit(&mut self, b: &mut StepBuilder, budgets: &mut Budgets, position: usize) {
@@ -394,6 +413,8 @@ impl Scheduler {
         if self.config.async_scheduling() && !row.prefill_chunk {
             let s = self.config.num_sampled_tokens_per_step();
             request.set_num_output_placeholders(request.num_output_placeholders() - s - i64::from(row.num_spec_tokens));
+            // The running loop let it decode in this step: any earlier bound had passed.
+            request.next_decode_eligible_step = 0;
         }
         // Its step will not run: the blocks its allocation registered in the prefix cache
         // will never hold their KV. (vLLM leaves them cached, so a later hit would read KV
@@ -432,6 +453,9 @@ impl Scheduler {
         self.mark_structured_rows(&mut step, &rows);
         if let Some(blocks) = self.kv.take_blocks_to_zero() {
             step.new_block_ids_to_zero = blocks;
+        }
+        if self.config.pipeline_parallel_size() > 1 && !self.config.async_scheduling() {
+            self.write_new_token_ids(&mut step, &rows);
         }
         if !rows.is_empty() {
             self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: rows, has_prefill_chunk });
@@ -642,6 +666,22 @@ impl Scheduler {
 
     pub fn set_pause_state(&mut self, pause_state: PauseState) {
         self.pause_state = pause_state;
+    }
+
+    /// With async scheduling, a request decoded in a step is not decoded again before
+    /// `steps` steps later (vLLM's V2 model runner with pipeline parallelism: one decode per
+    /// request per trip through the pipeline's stages); 1, the default, decodes it every
+    /// step. Takes effect from the next step.
+    pub fn set_decode_stagger(&mut self, steps: u64) -> CoreResult<()> {
+        if steps == 0 || steps > 1 << 10 {
+            return Err(CoreError::config("decode_stagger", steps, "must be in [1, 1024]"));
+        }
+        self.decode_stagger = steps;
+        Ok(())
+    }
+
+    pub fn decode_stagger(&self) -> u64 {
+        self.decode_stagger
     }
 
     pub fn has_unfinished_requests(&self) -> bool {

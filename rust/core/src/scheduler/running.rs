@@ -54,6 +54,11 @@ impl Scheduler {
                 req_index += 1;
                 continue;
             }
+            // A decode stagger: not before its next eligible step.
+            if !SIMPLE && b.decode_stagger > 1 && b.step.step_id < request.next_decode_eligible_step {
+                req_index += 1;
+                continue;
+            }
             // A step that carries no prefill passes the prompt chunks over.
             if !SIMPLE && b.defer_prefills && request.is_prefill_chunk {
                 req_index += 1;

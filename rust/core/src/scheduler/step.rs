@@ -160,6 +160,8 @@ pub(crate) struct StepBuilder {
     /// Some row written can use drafts proposed after this step (it stays set if the row
     /// is undone, as vLLM's does).
     pub drafts_needed: bool,
+    /// `Scheduler::set_decode_stagger`'s steps.
+    pub decode_stagger: u64,
     pub preempted: bool,
 }
 
@@ -210,6 +212,12 @@ pub struct Step {
     /// group after group, which the runner zeroes before use (vLLM's
     /// `new_block_ids_to_zero`); empty without.
     pub new_block_ids_to_zero: Vec<i32>,
+    /// With pipeline stages and synchronous scheduling, each row's count of tokens in
+    /// `new_token_ids` (`n` less its draft slots; empty otherwise): the first stage sees
+    /// no sampled token, so the step sends them (vLLM's `CachedRequestData.new_token_ids`).
+    pub num_new_token_ids: Vec<i32>,
+    /// The rows' tokens from `C` on, row after row (see `num_new_token_ids`).
+    pub new_token_ids: Vec<i32>,
     pub new_reqs: Vec<Handle>,
     pub resumed_reqs: Vec<Handle>,
     /// Running requests scheduled in this step that the previous step did not schedule.
