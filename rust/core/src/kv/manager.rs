@@ -113,8 +113,9 @@ impl KvManager {
     // Always inlined: every applied step calls it, and the early return is the common case.
     #[inline(always)]
     pub fn update_block_hashes(&mut self, request: &mut Request) {
-        let next_hash_needs = (request.block_hashes.len() + 1) as i64 * self.block_size + self.hash_lookahead;
-        if self.enable_caching && next_hash_needs <= request.num_tokens() {
+        if self.enable_caching
+            && (request.block_hashes.len() + 1) as i64 * self.block_size + self.hash_lookahead <= request.num_tokens()
+        {
             request.extend_block_hashes(
                 (self.block_size as usize, self.hash_lookahead as usize),
                 self.max_model_len,

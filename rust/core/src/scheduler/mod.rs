@@ -245,6 +245,7 @@ impl Scheduler {
             defer_prefills,
             prefill_admitted: false,
             has_prefill_chunk: false,
+            tracks_drafts: cfg.num_speculative_tokens() > 0,
             drafts_needed: false,
             decode_stagger: self.decode_stagger,
             preempted: false,
@@ -296,7 +297,7 @@ impl Scheduler {
         e: Entry,
     ) {
         budgets.take(e.num_new_tokens);
-        if config.num_speculative_tokens() > 0 && !b.drafts_needed {
+        if b.tracks_drafts && !b.drafts_needed {
             b.drafts_needed = !drafts_unused(request, e.num_computed_before, e.num_new_tokens);
         }
         let step = &mut b.step;

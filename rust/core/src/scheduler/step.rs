@@ -157,6 +157,8 @@ pub(crate) struct StepBuilder {
     pub prefill_admitted: bool,
     /// Some row written is a non-final prefill chunk (it stays set if the row is undone).
     pub has_prefill_chunk: bool,
+    /// Speculative decoding is on: rows are checked for `drafts_needed`.
+    pub tracks_drafts: bool,
     /// Some row written can use drafts proposed after this step (it stays set if the row
     /// is undone, as vLLM's does).
     pub drafts_needed: bool,
