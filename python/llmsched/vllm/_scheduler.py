@@ -185,11 +185,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.max_model_len = self.core.config.max_model_len
         self.num_spec_tokens = self.core.config.num_speculative_tokens
         self.use_v2_model_runner = bool(read(vllm_config, "use_v2_model_runner"))
+        # With Mamba layers the runner zeroes the attention blocks each step allocates.
+        self._zeroes_new_blocks = bool(read(kv_cache_config, "needs_kv_cache_zeroing"))
         # vLLM's V2 runner skips drafting in a step whose drafts no request can use, where
         # the drafter has a forward pass of its own (lookahead slots); a vLLM whose
         # SchedulerOutput has no skip_drafts (before 0.33) always drafts.
-        # With Mamba layers the runner zeroes the attention blocks each step allocates.
-        self._zeroes_new_blocks = bool(read(kv_cache_config, "needs_kv_cache_zeroing"))
         self.can_skip_drafts = (
             self.core.config.num_lookahead_tokens > 0
             and self.use_v2_model_runner
@@ -248,8 +248,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     eos_token_id=params.eos_token_id,
                     stop_token_ids=params.stop_token_ids or (),
                     arrival_time=request.arrival_time,
-                    # A request that arrives with its prompt's KV computed but the last
-                    # token (a disaggregated decode worker's) waits with the KV holders.
+                    # A request that arrives with tokens computed (a disaggregated decode
+                    # worker's: all but the last) waits with the KV holders.
                     num_computed_tokens=request.num_computed_tokens,
                     priority=request.priority,
                     cache_salt=request.cache_salt,
