@@ -937,6 +937,17 @@ def test_scheduler_refuses_what_is_not_a_config(config: Any) -> None:
         Scheduler(config)
 
 
+@pytest.mark.parametrize("steps", [0, -1, 1025, 2**70, 1.5, "2"])
+def test_a_bad_decode_stagger_is_refused_and_changes_nothing(steps: Any) -> None:
+    """set_decode_stagger outside [1, 1024] (or not an int) raises ConfigError naming the
+    field, and the stagger stays as it was."""
+    sched = Scheduler(SchedulerConfig())
+    sched.set_decode_stagger(3)
+    with pytest.raises(ConfigError, match="decode_stagger"):
+        sched.set_decode_stagger(steps)
+    assert sched.decode_stagger == 3
+
+
 def test_huge_kv_pool_is_refused_not_a_process_abort() -> None:
     """A valid-looking num_gpu_blocks too big to allocate must raise, not abort the process."""
     # SchedulerConfig accepts num_gpu_blocks up to 2**31 - 1; Scheduler() then allocates the

@@ -615,6 +615,19 @@ class Scheduler:
     def set_pause_state(self, pause_state: int) -> None:
         """Set the pause state (0 unpaused, 1 no new admissions, 2 nothing scheduled)."""
     @property
+    def current_step(self) -> int:
+        """``schedule()`` calls so far (vLLM's ``current_step``)."""
+    @property
+    def prefill_cadence(self) -> tuple[int, int]:
+        """The prefill cadence's counters, ``(num_executed_steps, last_prefill_step)``: steps
+        that scheduled tokens, and the count of them at the last one that carried prefill (a
+        whole interval back before any)."""
+    @property
+    def prefill_capacity_bound(self) -> bool:
+        """The last step that could admit left requests waiting that were not set aside: the
+        waiting requests outgrew it, and prefill is not held back (vLLM's
+        ``prefill_capacity_bound``)."""
+    @property
     def decode_stagger(self) -> int:
         """With async scheduling, the steps between two decodes of one request (1: every
         step); see ``set_decode_stagger``."""

@@ -947,6 +947,46 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.core.set_decode_stagger(self.core.config.pipeline_parallel_size if staggered else 1)
 
     @property
+    def max_num_running_reqs(self) -> int:
+        """The most requests running at once (vLLM's attribute of that name):
+        ``max_num_seqs``."""
+        return int(self.core.config.max_num_seqs)
+
+    @property
+    def max_num_scheduled_tokens(self) -> int:
+        """A step's token budget (vLLM's attribute of that name)."""
+        return int(self.core.config.max_num_scheduled_tokens)
+
+    # The prefill cadence's counters, under vLLM's names (the core keeps them).
+
+    @property
+    def current_step(self) -> int:
+        """``schedule()`` calls so far."""
+        return int(self.core.current_step)
+
+    @property
+    def num_executed_steps(self) -> int:
+        """Steps that scheduled tokens."""
+        return int(self.core.prefill_cadence[0])
+
+    @property
+    def last_prefill_step(self) -> int:
+        """``num_executed_steps`` at the last step that carried prefill (a whole interval
+        back before any)."""
+        return int(self.core.prefill_cadence[1])
+
+    def reset_connector_cache(self) -> bool:
+        """No KV connector is attached (they are refused): nothing to reset, a success, as
+        vLLM's scheduler answers without one."""
+        return True
+
+    @property
+    def prefill_capacity_bound(self) -> bool:
+        """Whether the last step that could admit left requests waiting that were not set
+        aside (vLLM's attribute of that name): then prefill is not held back."""
+        return bool(self.core.prefill_capacity_bound)
+
+    @property
     def local_prefill_interval(self) -> int:
         """The prefill cadence this scheduler applies on its own (vLLM's attribute of that
         name): ``prefill_schedule_interval``, or 1 on a data-parallel rank of an MoE model,

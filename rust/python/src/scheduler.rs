@@ -1114,6 +1114,28 @@ impl PyScheduler {
         })
     }
 
+    /// ``schedule()`` calls so far (vLLM's ``current_step``).
+    #[getter]
+    fn current_step(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with_inner(py, |inner| Ok(inner.core.current_step()))
+    }
+
+    /// The prefill cadence's counters, ``(num_executed_steps, last_prefill_step)``: steps
+    /// that scheduled tokens, and the count of them at the last one that carried prefill (a
+    /// whole interval back before any).
+    #[getter]
+    fn prefill_cadence(&self, py: Python<'_>) -> PyResult<(i64, i64)> {
+        self.with_inner(py, |inner| Ok(inner.core.prefill_cadence()))
+    }
+
+    /// The last step that could admit left requests waiting that were not set aside: the
+    /// waiting requests outgrew it, and prefill is not held back (vLLM's
+    /// ``prefill_capacity_bound``).
+    #[getter]
+    fn prefill_capacity_bound(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with_inner(py, |inner| Ok(inner.core.prefill_capacity_bound()))
+    }
+
     /// With async scheduling, the steps between two decodes of one request (1: every
     /// step); see ``set_decode_stagger``.
     #[getter]

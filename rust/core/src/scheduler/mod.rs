@@ -685,6 +685,25 @@ impl Scheduler {
         self.decode_stagger
     }
 
+    /// `schedule()` calls so far (vLLM's `current_step`).
+    pub fn current_step(&self) -> u64 {
+        self.next_step_id - 1
+    }
+
+    /// The prefill cadence's counters: steps that scheduled tokens, and the count of them
+    /// at the last one that carried prefill (vLLM's `num_executed_steps`,
+    /// `last_prefill_step`; a whole interval back before any).
+    pub fn prefill_cadence(&self) -> (i64, i64) {
+        (self.num_executed_steps, self.last_prefill_step)
+    }
+
+    /// The last step that could admit left requests waiting that were not set aside: the
+    /// waiting requests outgrew it, and prefill is not held back (vLLM's
+    /// `prefill_capacity_bound`).
+    pub fn prefill_capacity_bound(&self) -> bool {
+        self.prefill_capacity_bound
+    }
+
     pub fn has_unfinished_requests(&self) -> bool {
         self.get_num_unfinished_requests() > 0
     }
