@@ -53,6 +53,9 @@ class StepOutput:
     new_block_ids_to_zero: Any
     num_new_token_ids: Any
     new_token_ids: Any
+    encoder_input_rows: Any
+    encoder_input_ids: Any
+    freed_encoder_outputs: list[str]
     total_num_scheduled_tokens: int
     new_req_ids: list[str]
     resumed_req_ids: list[str]
@@ -97,6 +100,9 @@ def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> StepOutput
         new_block_ids_to_zero=i32([]),
         num_new_token_ids=i32([]),
         new_token_ids=i32([]),
+        encoder_input_rows=i32([]),
+        encoder_input_ids=i32([]),
+        freed_encoder_outputs=[],
         total_num_scheduled_tokens=sum(r["n"] for r in reqs),
         new_req_ids=[r["id"] for r in admitted if not r.get("resumed")],
         resumed_req_ids=[r["id"] for r in admitted if r.get("resumed")],

@@ -115,6 +115,10 @@ class SchedulerConfig:
         enable_kv_cache_events: bool = False,
         policy: str = "fcfs",
         max_loras: int = 0,
+        max_num_encoder_input_tokens: int = 0,
+        encoder_cache_size: int = 0,
+        disable_chunked_mm_input: bool = False,
+        num_prefill_lookahead_tokens: int = 0,
         kv_cache_groups: str = "full",
         prefix_cache_retention_interval: int = 0,
         prefill_schedule_interval: int = 1,
@@ -200,6 +204,24 @@ class SchedulerConfig:
     def max_loras(self) -> int:
         """The most LoRA adapters the running requests may use together; a waiting
         request under another adapter waits (0: LoRA off, requests name none)."""
+    @property
+    def max_num_encoder_input_tokens(self) -> int:
+        """The encoder compute budget: the most embeddings of multimodal inputs one
+        step encodes (vLLM's ``max_num_encoder_input_tokens`` as its
+        ``MultiModalBudget`` derives it; 0: multimodal inputs off)."""
+    @property
+    def encoder_cache_size(self) -> int:
+        """The encoder cache's size, in embeddings (vLLM's ``encoder_cache_size`` as
+        its ``MultiModalBudget`` derives it; 0 exactly when the budget is 0)."""
+    @property
+    def disable_chunked_mm_input(self) -> bool:
+        """A chunk never ends inside a multimodal input's placeholders that it starts
+        at or before: it stops before the input instead."""
+    @property
+    def num_prefill_lookahead_tokens(self) -> int:
+        """Prompt tokens past the computed ones a drafter reads (vLLM's
+        ``num_prefill_lookahead_tokens``: 1 for EAGLE, 0 without): encoder inputs
+        are scheduled that far ahead of a chunk. At most 1."""
     @property
     def kv_cache_groups(self) -> str:
         """The KV-cache groups the pool serves, in vLLM's order, comma-separated:
@@ -298,6 +320,18 @@ class SchedulerOutput:
         """The rows' tokens from ``C`` on, row after row (see ``num_new_token_ids``): the first
         pipeline stage sees no sampled token, so the step sends them (vLLM's
         ``CachedRequestData.new_token_ids``)."""
+    @property
+    def encoder_input_rows(self) -> _Int32Array:
+        """The multimodal inputs the step encodes, one entry per input: its row (an index into
+        ``req_ids``), rows ascending (vLLM's ``scheduled_encoder_inputs``). Empty without
+        multimodal inputs."""
+    @property
+    def encoder_input_ids(self) -> _Int32Array:
+        """Each of those inputs' index among its request's ``mm_inputs``."""
+    @property
+    def freed_encoder_outputs(self) -> list[str]:
+        """The identifiers of the encoder outputs evicted from the encoder cache since the
+        previous step: the runner frees them (vLLM's ``free_encoder_mm_hashes``)."""
     @property
     def pending_structured_output_tokens(self) -> bool:
         """Async scheduling: one of those rows awaits an earlier step's output, so the step's
@@ -491,6 +525,8 @@ class Scheduler:
         skip_reading_prefix_cache: bool = False,
         structured_output: bool = False,
         report_reused_blocks: bool = False,
+        mm_inputs: Iterable[tuple[str, int, int] | tuple[str, int, int, Iterable[bool] | None]]
+        | None = (),
     ) -> None:
         """Queue a request. Copies the prompt into the scheduler.
 
@@ -511,7 +547,13 @@ class Scheduler:
         (``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``), passed over without blocking others,
         until ``resolve_grammar`` reports the grammar compiled. ``report_reused_blocks``:
         with ``enable_kv_cache_events``, each of its prefix lookups with a hit is recorded as
-        a ``"reused"`` event (vLLM's ``kv_cache_report_mode="full"``)."""
+        a ``"reused"`` event (vLLM's ``kv_cache_report_mode="full"``). ``mm_inputs``: its
+        multimodal inputs in prompt order, each ``(identifier, offset, length)`` or
+        ``(identifier, offset, length, is_embed)``: the encoder output's identifier (inputs
+        with the same one share it), where its placeholders start in the prompt, how many
+        there are, and which of them carry an embedding (one bool each; all when absent);
+        only with an encoder budget (``max_num_encoder_input_tokens``), and each input
+        within it."""
     def schedule(self, *, throttle_prefills: bool = False) -> SchedulerOutput:
         """Decide the next step: which requests run and how many tokens each.
 
@@ -583,6 +625,17 @@ class Scheduler:
         waiting loop reached since the last call (vLLM fails them in its next
         ``update_from_output``); returns their ids. Their final records are then
         ``take_finished_requests``'s; the next ``schedule()`` reports them finished."""
+    def finish_encoder_mismatches(self) -> list[str]:
+        """Finish (``FINISHED_ERROR``) the requests whose multimodal input met a cached encoder
+        output of another size (an identifier reused for other content) in a loop since the
+        last call (vLLM fails them in its next ``update_from_output``); returns their ids.
+        Their final records are then ``take_finished_requests``'s."""
+    def reset_encoder_cache(self) -> None:
+        """Forget every cached encoder output (vLLM's ``reset_encoder_cache``, after the
+        model's weights change); the requests' references to them go too."""
+    def encoder_cache_state(self) -> tuple[int, int, int]:
+        """The encoder cache: ``(free, freeable, cached)``: its free embedding slots, those
+        plus the slots of outputs no request references, and the outputs it holds."""
     def get_request(self, request_id: str) -> Request:
         """A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
         live request has that id."""

@@ -223,7 +223,7 @@ def test_a_hash_block_size_other_than_the_block_size_is_refused() -> None:
 # ------------------------------------------------------------------- per request
 
 REQUEST_REFUSALS: dict[str, dict[str, Any]] = {
-    "multimodal inputs": {"mm_features": [object()]},
+    "KV transfer parameters": {"kv_transfer_params": {"do_remote_prefill": True}},
 }
 
 
@@ -357,7 +357,7 @@ def test_a_refused_requests_error_reaches_its_own_client_with_the_reason() -> No
     leaves the ``Request`` FINISHED_ERROR."""
     sched = build(reference(), include_finished_set=True)
     sched.add_request(request("ok"))
-    refused = request("bad", mm_features=[object()])
+    refused = request("bad", kv_transfer_params={"do_remote_prefill": True})
     refused.client_index = 1
     sched.add_request(refused)
     so = sched.schedule()
@@ -365,14 +365,14 @@ def test_a_refused_requests_error_reaches_its_own_client_with_the_reason() -> No
     assert [o.request_id for o in engine_outputs[0].outputs] == ["ok"]
     (error,) = engine_outputs[1].outputs
     assert error.request_id == "bad" and error.finish_reason == FinishReason.ERROR
-    assert isinstance(error.stop_reason, str) and "multimodal" in error.stop_reason
+    assert isinstance(error.stop_reason, str) and "KV transfer" in error.stop_reason
     assert engine_outputs[1].finished_requests == {"bad"}
     assert refused.status == RequestStatus.FINISHED_ERROR and refused.is_finished()
 
 
 def test_a_refused_request_can_be_aborted_before_it_is_reported() -> None:
     sched = build(reference())
-    sched.add_request(request("bad", mm_features=[object()]))
+    sched.add_request(request("bad", kv_transfer_params={"do_remote_prefill": True}))
     (aborted,) = sched.finish_requests("bad", RequestStatus.FINISHED_ABORTED)
     assert aborted.request_id == "bad" and aborted.status == RequestStatus.FINISHED_ABORTED
     assert not sched.has_requests()
@@ -773,7 +773,7 @@ def test_a_refused_request_is_counted_as_vllm_counts_a_waiting_request(pause: An
     theirs.add_request(request("will-fail"))
     ours = build(reference())
     ours.add_request(request("ok"))
-    ours.add_request(request("will-fail", mm_features=[object()]))
+    ours.add_request(request("will-fail", kv_transfer_params={"do_remote_prefill": True}))
     assert counts(ours) == counts(theirs)
     so = ours.schedule()
     ours.update_from_output(so, ref.vllm_runner_output(so, {"ok": [9]}))

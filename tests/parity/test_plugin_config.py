@@ -170,6 +170,7 @@ def test_the_config_mapping_is_the_same_both_ways() -> None:
         "enable_prefix_caching": False,
         "prefill_schedule_interval": 3,
         "pipeline_parallel_size": 2,
+        "disable_chunked_mm_input": True,
     }
     no_chunks = {
         "enable_chunked_prefill": False,

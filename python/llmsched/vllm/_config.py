@@ -57,6 +57,7 @@ SHARED_FIELDS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
     ("prefill_schedule_interval", "scheduler_config.prefill_schedule_interval", int),
     # Steps in flight at once: one per stage (vLLM's batch queue).
     ("pipeline_parallel_size", "parallel_config.pipeline_parallel_size", int),
+    ("disable_chunked_mm_input", "scheduler_config.disable_chunked_mm_input", bool),
 )
 """``(llmsched field, where vLLM keeps it, how its value converts)`` for every field of
 llmsched's ``SchedulerConfig`` that vLLM's ``VllmConfig`` holds as one field of the same
@@ -132,8 +133,11 @@ def check_engine_config(
     model_name = get("model_config.model")
     refusals: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
         (
-            "multimodal inputs",
-            lambda: (get("model_config.is_multimodal_model"), f"model {model_name!r}"),
+            "multimodal encoder-only instances (disaggregated encoding)",
+            lambda: (
+                get("model_config.is_multimodal_model") and get("is_mm_encoder_only"),
+                "mm_encoder_only=True",
+            ),
         ),
         (
             "prompt embeddings",
@@ -161,6 +165,13 @@ def check_engine_config(
         (
             "KV connectors",
             lambda: (get("kv_transfer_config") is not None, "kv_transfer_config is set"),
+        ),
+        (
+            "custom encoder cache managers",
+            lambda: (
+                get("ec_manager_config.encoder_cache_manager_cls") is not None,
+                f"encoder_cache_manager_cls={get('ec_manager_config.encoder_cache_manager_cls')!r}",
+            ),
         ),
         (
             "encoder-cache connectors",
@@ -281,11 +292,12 @@ def kv_cache_groups(
 
 
 def llmsched_config(
-    vllm_config: Any, kv_cache_config: Any, block_size: int
+    vllm_config: Any, kv_cache_config: Any, block_size: int, mm_registry: Any = None
 ) -> llmsched.SchedulerConfig:
     """vLLM -> llmsched: llmsched's config for the engine vLLM configured: the same budgets
     and policy (:data:`SHARED_FIELDS`), the KV pool vLLM sized (``kv_cache_config.num_blocks``
-    blocks, block 0 the null block), the same drafts and LoRA adapters."""
+    blocks, block 0 the null block), the same drafts, LoRA adapters and encoder budget
+    (``mm_registry``: the engine's multimodal registry, vLLM's default if None)."""
     shared = {name: convert(read(vllm_config, path)) for name, path, convert in SHARED_FIELDS}
     # vLLM runs each data-parallel rank of a dense model as an independent engine whose
     # config says data_parallel_size=1; an MoE model's ranks step in lockstep, and their
@@ -301,6 +313,7 @@ def llmsched_config(
     lora = read(vllm_config, "lora_config")
     events = read(vllm_config, "kv_events_config")
     retention = read(kv_cache_config, "prefix_cache_retention_interval")
+    encoder_compute_budget, encoder_cache_size = encoder_budget(vllm_config, mm_registry)
     try:
         return llmsched.SchedulerConfig(
             **shared,
@@ -326,9 +339,29 @@ def llmsched_config(
             # vLLM's None (a KV-cache config built without the cache config's value)
             # keeps every window block: an interval of one block.
             prefix_cache_retention_interval=block_size if retention is None else retention,
+            max_num_encoder_input_tokens=encoder_compute_budget,
+            encoder_cache_size=encoder_cache_size,
+            num_prefill_lookahead_tokens=(
+                read(vllm_config, "num_prefill_lookahead_tokens") if encoder_compute_budget else 0
+            ),
         )
     except llmsched.ConfigError as exc:
         raise llmsched.ConfigError(f"llmsched.vllm cannot schedule this engine: {exc}") from None
+
+
+def encoder_budget(vllm_config: Any, mm_registry: Any = None) -> tuple[int, int]:
+    """The encoder compute budget and encoder cache size, in embeddings, as vLLM's scheduler
+    derives them for the model (its ``MultiModalBudget``: each at least the largest input a
+    prompt may hold); ``(0, 0)`` for a model without multimodal inputs."""
+    if not read(vllm_config, "model_config.supports_multimodal_inputs"):
+        return 0, 0
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.multimodal.encoder_budget import MultiModalBudget
+
+    budget = MultiModalBudget(
+        vllm_config, MULTIMODAL_REGISTRY if mm_registry is None else mm_registry
+    )
+    return int(budget.encoder_compute_budget), int(budget.encoder_cache_size)
 
 
 def num_hash_lookahead_tokens(vllm_config: Any) -> int:
@@ -343,8 +376,6 @@ def num_hash_lookahead_tokens(vllm_config: Any) -> int:
 def check_request(request: Any) -> str | None:
     """Why llmsched cannot serve ``request`` (naming the feature), or None."""
     params = request.sampling_params
-    if request.mm_features:
-        return "llmsched.vllm does not support multimodal inputs"
     if request.prompt_embeds is not None or request.prompt_token_ids is None:
         return "llmsched.vllm does not support prompt embeddings"
     if request.resumable:

@@ -41,7 +41,11 @@ _KV_LAYOUT = (
     "sizes and Mamba's cache mode), which reaches the scheduler as kv_cache_config's groups "
     "(read; the layouts llmsched does not build refused)"
 )
-_MULTIMODAL = "only for multimodal inputs, refused (model_config.is_multimodal_model)"
+_MM_BUDGET = (
+    "enters the encoder compute budget and encoder cache size vLLM's MultiModalBudget "
+    "derives for the model, which are read"
+)
+_MM_FRONT_END = "how the front end turns media into multimodal inputs, " + _FRONT_END
 _CONNECTORS = "only with a KV connector, refused (kv_transfer_config)"
 _DRAFTER = (
     "configures the drafter or the runner's draft verification; the drafts reach the "
@@ -102,7 +106,7 @@ FIELDS: dict[str, dict[str, str]] = {
         "quant_config": _RUNNER,
         "compilation_config": _RUNNER,
         "profiler_config": _OBSERVED,
-        "ec_manager_config": _MULTIMODAL,
+        "ec_manager_config": CHECKED,
         "reasoning_config": "reasoning parsers, in the front end and structured output",
         "additional_config": "platform-specific settings for the workers",
         "instance_id": "names the engine instance (logs, KV transfer)",
@@ -129,9 +133,9 @@ FIELDS: dict[str, dict[str, str]] = {
         "is_multimodal_model": "a copy of model_config.is_multimodal_model, checked",
         "max_num_queued_reqs": _FRONT_END,
         "max_num_queued_tokens": _FRONT_END,
-        "max_num_encoder_input_tokens": _MULTIMODAL,
-        "encoder_cache_size": _MULTIMODAL,
-        "disable_chunked_mm_input": _MULTIMODAL,
+        "max_num_encoder_input_tokens": _MM_BUDGET,
+        "encoder_cache_size": _MM_BUDGET,
+        "disable_chunked_mm_input": READ,
         "scheduler_cls": "names this plug-in: EngineCore reads it to build the scheduler",
         "disable_hybrid_kv_cache_manager": _KV_SIZING,
         "stream_interval": _FRONT_END,
@@ -143,8 +147,8 @@ FIELDS: dict[str, dict[str, str]] = {
         "max_cpu_loras": "how many adapters the workers keep in CPU memory: the workers'",
         "lora_dtype": _RUNNER,
         "target_modules": _RUNNER,
-        "default_mm_loras": _MULTIMODAL,
-        "enable_tower_connector_lora": _MULTIMODAL,
+        "default_mm_loras": _MM_FRONT_END,
+        "enable_tower_connector_lora": _RUNNER,
         "specialize_active_lora": _RUNNER,
         "enable_mixed_moe_lora_format": _MOE,
         "enable_moe_shared_loras": _MOE,
@@ -222,8 +226,8 @@ FIELDS: dict[str, dict[str, str]] = {
         "is_submodel_config": _RUNNER,
         "word_embeddings_untied_by_checkpoint": _RUNNER,
         "hf_config_path": _RUNNER,
-        "allowed_local_media_path": _MULTIMODAL,
-        "allowed_media_domains": _MULTIMODAL,
+        "allowed_local_media_path": _MM_FRONT_END,
+        "allowed_media_domains": _MM_FRONT_END,
         "revision": _RUNNER,
         "code_revision": _RUNNER,
         "tokenizer_revision": _FRONT_END,
@@ -377,9 +381,7 @@ FIELDS: dict[str, dict[str, str]] = {
         "kv_cache_metrics": CHECKED,
         "enable_mfu_metrics": CHECKED,
         "kv_cache_metrics_sample": "the sampling rate of kv_cache_metrics, refused",
-        "enable_logging_iteration_details": (
-            "vLLM's scheduler adds encoder-input counts to its output with it: " + _MULTIMODAL
-        ),
+        "enable_logging_iteration_details": READ,
         "show_hidden_metrics_for_version": _OBSERVED,
         "otlp_traces_endpoint": _OBSERVED,
         "collect_detailed_traces": _OBSERVED,
@@ -416,9 +418,12 @@ PROPERTIES_READ: dict[str, frozenset[str]] = {
             "num_prefill_lookahead_tokens",
             "num_hash_lookahead_tokens",
             "use_v2_model_runner",
+            "is_mm_encoder_only",
         }
     ),
-    "ModelConfig": frozenset({"is_multimodal_model", "runner_type", "is_encoder_decoder"}),
+    "ModelConfig": frozenset(
+        {"is_multimodal_model", "supports_multimodal_inputs", "runner_type", "is_encoder_decoder"}
+    ),
     "SpeculativeConfig": frozenset({"max_num_new_slots_for_drafting", "use_eagle_block_drop"}),
 }
 """Values the plug-in reads that vLLM derives from the fields above (its properties, or

@@ -49,6 +49,7 @@ from llmsched.vllm._config import (
 )
 from llmsched.vllm._kv_events import KvEvents, make_publisher
 from llmsched.vllm._kv_layout import KVCacheLayout
+from llmsched.vllm._multimodal import EncoderFields, mm_inputs
 from llmsched.vllm._requests import attach, freeze, new_request_data
 
 __all__ = ["TESTED_VLLM_VERSIONS", "AsyncScheduler", "Scheduler"]
@@ -166,7 +167,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.ec_connector = None
         self.kv_cache_manager = KVCacheLayout(kv_cache_config)
         self._num_kv_groups = len(kv_cache_config.kv_cache_groups)
-        self.core = llmsched.Scheduler(llmsched_config(vllm_config, kv_cache_config, block_size))
+        self.core = llmsched.Scheduler(
+            llmsched_config(vllm_config, kv_cache_config, block_size, mm_registry)
+        )
         # KV cache events (kv_events_config), published as vLLM's scheduler publishes them.
         self.kv_event_publisher = make_publisher(
             read(vllm_config, "kv_events_config"),
@@ -185,6 +188,16 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.max_model_len = self.core.config.max_model_len
         self.num_spec_tokens = self.core.config.num_speculative_tokens
         self.use_v2_model_runner = bool(read(vllm_config, "use_v2_model_runner"))
+        # Multimodal models: the step's encoder inputs and freed outputs (None without),
+        # with their counts as vLLM's stats have them.
+        iteration_details = read(
+            vllm_config, "observability_config.enable_logging_iteration_details"
+        )
+        self._encoder_fields = (
+            EncoderFields(log_stats and iteration_details)
+            if self.core.config.max_num_encoder_input_tokens
+            else None
+        )
         # With Mamba layers the runner zeroes the attention blocks each step allocates.
         self._zeroes_new_blocks = bool(read(kv_cache_config, "needs_kv_cache_zeroing"))
         # vLLM's V2 runner skips drafting in a step whose drafts no request can use, where
@@ -260,6 +273,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     skip_reading_prefix_cache=request.skip_reading_prefix_cache,
                     structured_output=request.use_structured_output,
                     report_reused_blocks=getattr(request, "kv_cache_report_mode", None) == "full",
+                    mm_inputs=mm_inputs(request),
                 )
             except llmsched.InvalidRequestError as exc:
                 reason = str(exc)
@@ -321,6 +335,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._compiling.pop(req_id, None)
         self._always_full.discard(req_id)
         self._next_full.discard(req_id)
+        if self._encoder_fields is not None:
+            self._encoder_fields.forget(req_id)
         if request.client_index:
             self._num_other_clients -= 1
         if self.finished_req_ids_dict is not None:
@@ -413,6 +429,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             preempted_req_ids=set(core_out.preempted_req_ids),
             num_spec_tokens_to_schedule=self.num_spec_tokens,
         )
+        if self._encoder_fields is not None:
+            self._encoder_fields.fill(
+                output, core_out, req_ids, self.requests, self.use_v2_model_runner
+            )
         if self.can_skip_drafts:
             output.skip_drafts = core_out.drafts_unused
         if self._zeroes_new_blocks:
@@ -608,6 +628,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._emit(core_outputs, mro, outputs)
         if self._structured:
             self._fail_uncompiled_grammars(outputs)
+        if self._encoder_fields is not None:
+            self._fail_encoder_mismatches(outputs)
         for req_id, (request, reason) in self._refused.items():
             request.status = RequestStatus.FINISHED_ERROR
             outputs[request.client_index].append(
@@ -756,6 +778,24 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     events=request.take_events(),
                     trace_headers=request.trace_headers,
                     **_validation_error(message),
+                )
+            )
+            self._forget(request.request_id)
+
+    def _fail_encoder_mismatches(self, outputs: dict[int, list[EngineCoreOutput]]) -> None:
+        """The requests whose multimodal input met a cached encoder output of another size
+        (an identifier reused for other content) finish with an error, as vLLM's do (no
+        message: vLLM logs a warning); the others go on."""
+        if not self.core.finish_encoder_mismatches():
+            return
+        for request in self._freeze_finished():
+            outputs[request.client_index].append(
+                EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[],
+                    finish_reason=FinishReason.ERROR,
+                    events=request.take_events(),
+                    trace_headers=request.trace_headers,
                 )
             )
             self._forget(request.request_id)
@@ -1020,7 +1060,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         return done
 
     def reset_encoder_cache(self) -> None:
-        """No encoder cache: multimodal inputs are refused."""
+        """Forget every cached encoder output (after the model's weights change), as vLLM's."""
+        self.core.reset_encoder_cache()
 
     def shutdown(self) -> None:
         """Closes the KV event publisher and the step log, if one is kept (the core frees

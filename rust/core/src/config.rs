@@ -257,6 +257,20 @@ macro_rules! config_fields {
             /// The most LoRA adapters the running requests may use together; a waiting
             /// request under another adapter waits (0: LoRA off, requests name none).
             max_loras: Int = 0;
+            /// The encoder compute budget: the most embeddings of multimodal inputs one
+            /// step encodes (vLLM's ``max_num_encoder_input_tokens`` as its
+            /// ``MultiModalBudget`` derives it; 0: multimodal inputs off).
+            max_num_encoder_input_tokens: Int = 0;
+            /// The encoder cache's size, in embeddings (vLLM's ``encoder_cache_size`` as
+            /// its ``MultiModalBudget`` derives it; 0 exactly when the budget is 0).
+            encoder_cache_size: Int = 0;
+            /// A chunk never ends inside a multimodal input's placeholders that it starts
+            /// at or before: it stops before the input instead.
+            disable_chunked_mm_input: Bool = false;
+            /// Prompt tokens past the computed ones a drafter reads (vLLM's
+            /// ``num_prefill_lookahead_tokens``: 1 for EAGLE, 0 without): encoder inputs
+            /// are scheduled that far ahead of a chunk. At most 1.
+            num_prefill_lookahead_tokens: Int = 0;
             /// The KV-cache groups the pool serves, in vLLM's order, comma-separated:
             /// ``full``, ``sliding_window:W`` (a window of W tokens), ``chunked_local:C``
             /// (attention within chunks of C tokens) or ``mamba`` (a recurrent state of
@@ -454,10 +468,30 @@ fn check_field_ranges(p: &ConfigParams) -> CoreResult<()> {
         ("num_hash_lookahead_tokens", p.num_hash_lookahead_tokens),
         ("num_sampled_tokens_per_step", p.num_sampled_tokens_per_step),
         ("max_loras", p.max_loras),
+        ("max_num_encoder_input_tokens", p.max_num_encoder_input_tokens),
+        ("encoder_cache_size", p.encoder_cache_size),
+        ("num_prefill_lookahead_tokens", p.num_prefill_lookahead_tokens),
     ] {
         if value < 0 {
             return Err(CoreError::config(field, value, "must not be negative"));
         }
+    }
+    if p.num_prefill_lookahead_tokens > 1 {
+        return Err(CoreError::config(
+            "num_prefill_lookahead_tokens",
+            p.num_prefill_lookahead_tokens,
+            "must be 0 or 1 (a multi-module MTP drafter's longer prefill lookahead is not served)",
+        ));
+    }
+    if (p.max_num_encoder_input_tokens == 0) != (p.encoder_cache_size == 0) {
+        return Err(CoreError::config(
+            "encoder_cache_size",
+            p.encoder_cache_size,
+            format!(
+                "must be 0 exactly when max_num_encoder_input_tokens ({}) is: multimodal inputs need both",
+                p.max_num_encoder_input_tokens
+            ),
+        ));
     }
     if p.num_sampled_tokens_per_step > 1 {
         return Err(CoreError::config(
@@ -649,6 +683,18 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
 }
 
 impl SchedulerConfig {
+    /// Requests may carry multimodal inputs (an encoder budget is set).
+    #[inline]
+    pub fn multimodal(&self) -> bool {
+        self.params.max_num_encoder_input_tokens > 0
+    }
+
+    /// The most embeddings one multimodal input may have: more could never be encoded
+    /// (neither the compute budget nor the cache would hold it).
+    pub fn largest_mm_input(&self) -> i64 {
+        self.params.max_num_encoder_input_tokens.min(self.params.encoder_cache_size)
+    }
+
     /// `params` validated: each field in its range, then the combinations a scheduler needs
     /// to make progress (budgets, speculative decoding, KV-cache groups); the error names the
     /// first field that breaks a rule.

@@ -8,6 +8,7 @@
 
 pub mod capacity;
 pub mod config;
+pub mod encoder;
 pub mod error;
 // The block pool, the KV manager, the queues and the slab mutate the scheduler's
 // state: only the scheduler calls them. Callers read through `Scheduler`.
@@ -21,6 +22,7 @@ pub mod scheduler;
 mod slab;
 
 pub use config::{AttentionKind, ConfigParams, KvCacheGroups, Policy, SchedulerConfig};
+pub use encoder::{MmInput, MmInputSpec};
 pub use error::{CoreError, CoreResult};
 pub use kv::{BlockHash, KvEvent, PrefixCacheStats};
 pub use limits::ListLimit;

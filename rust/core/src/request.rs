@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::SchedulerConfig;
+use crate::encoder::{check_mm_inputs, MmInput, MmInputSpec, RequestInputs};
 use crate::error::{CoreError, CoreResult};
 use crate::kv::BlockTable;
 use crate::kv::{prefix, BlockHash};
@@ -99,6 +100,9 @@ pub struct NewRequest {
     /// Record a `KvEvent::Reused` at each of its prefix lookups with a hit (vLLM's
     /// `kv_cache_report_mode="full"`); only with `enable_kv_cache_events`.
     pub report_reused_blocks: bool,
+    /// Its multimodal inputs (encoder inputs), in prompt order; only with an encoder
+    /// budget (`max_num_encoder_input_tokens > 0`).
+    pub mm_inputs: Vec<MmInputSpec>,
 }
 
 impl NewRequest {
@@ -118,6 +122,7 @@ impl NewRequest {
             skip_reading_prefix_cache: false,
             structured_output: false,
             report_reused_blocks: false,
+            mm_inputs: Vec::new(),
         }
     }
 }
@@ -269,6 +274,8 @@ pub struct Request {
     /// The first step that may decode it again (read only with a decode stagger, see
     /// `Scheduler::set_decode_stagger`).
     pub(crate) next_decode_eligible_step: u64,
+    /// Its multimodal inputs and the encoder outputs it references (None without inputs).
+    pub(crate) mm: Option<Box<RequestInputs>>,
 }
 
 /// The slot lines the running loop reads: the counters and status, the block table and
@@ -401,6 +408,12 @@ impl Request {
             Some(t) => return Err(CoreError::request("arrival_time", t, "must be a finite number")),
             None => SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
         };
+        let mm = if new.mm_inputs.is_empty() {
+            None
+        } else {
+            let inputs = check_mm_inputs(new.mm_inputs, prompt_len, cfg.largest_mm_input())?;
+            Some(Box::new(RequestInputs { inputs, referenced: Vec::new() }))
+        };
 
         let num_prompt_tokens = stored(prompt_len);
         Ok(Self {
@@ -427,6 +440,7 @@ impl Request {
             extra_tables: Vec::new(),
             shared_prefix_boundary: 0,
             next_decode_eligible_step: 0,
+            mm,
             spec_token_ids: Vec::new(),
             last_scheduled_step: 0,
             num_cached_blocks: 0,
@@ -578,9 +592,21 @@ impl Request {
             (&self.prompt_token_ids, self.output.make_contiguous(self.num_output_tokens as usize, expected)),
             block_size,
             lookahead,
-            prefix::ExtraKeys { cache_salt: self.cache_salt.as_deref(), lora_id: self.lora_id },
+            prefix::ExtraKeys {
+                cache_salt: self.cache_salt.as_deref(),
+                lora_id: self.lora_id,
+                mm_inputs: self.mm.as_deref().map_or(&[], |mm| &mm.inputs),
+            },
             scratch,
         );
+    }
+    /// Its multimodal inputs, in prompt order.
+    pub fn mm_inputs(&self) -> &[MmInput] {
+        self.mm.as_deref().map_or(&[], |mm| &mm.inputs)
+    }
+    /// The inputs whose encoder outputs it references now, ascending.
+    pub fn referenced_mm_inputs(&self) -> &[u32] {
+        self.mm.as_deref().map_or(&[], |mm| &mm.referenced)
     }
     pub fn eos_token_id(&self) -> Option<i32> {
         (self.eos_token_id != NO_TOKEN).then_some(self.eos_token_id)

@@ -92,6 +92,10 @@ impl Slab {
         }
     }
 
+    pub fn requests_mut(&mut self) -> impl Iterator<Item = &mut Request> {
+        self.slots.iter_mut().filter_map(|slot| slot.request.as_mut())
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (Handle, &Request)> {
         self.slots.iter().enumerate().filter_map(|(index, slot)| {
             slot.request.as_ref().map(|r| (Handle { index: index as u32, generation: slot.generation }, r))

@@ -329,6 +329,7 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         // drop or lookahead hashes (drawn from a field the rest reads only modulo bs).
         eagle_block_drop: lookahead > 0 && r.model_extra % 3 == 1,
         num_hash_lookahead_tokens: if lookahead > 0 && r.model_extra % 3 == 2 { 1 } else { 0 },
+        ..ConfigParams::default()
     };
     if r.groups_sel > 0 {
         // EAGLE's block drop over several groups is not built (lookahead hashes are).
@@ -734,6 +735,7 @@ impl Harness {
             structured_output: op.grammar.is_some(),
             // One bit of the token seed: about half the requests ask for their hits.
             report_reused_blocks: op.token_seed & 1 == 1,
+            mm_inputs: Vec::new(),
         }
     }
 

@@ -272,3 +272,58 @@ pub fn token_list(
     })?;
     Ok(out)
 }
+
+/// A request's multimodal inputs: an iterable of ``(identifier, offset, length)`` or
+/// ``(identifier, offset, length, is_embed)`` tuples (``is_embed`` an iterable of bools, one
+/// per placeholder, or None), at most `limit.max` of them and of each `is_embed`.
+pub fn mm_input_list(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    limit: &ListLimit,
+    make_error: fn(Python<'_>, String) -> PyErr,
+) -> PyResult<Vec<llmsched_core::MmInputSpec>> {
+    let field: &dyn Field = &"mm_inputs";
+    let mut inputs = Vec::new();
+    let not_iterable = || make_error(py, format!("mm_inputs: must be an iterable of tuples, got {}", type_name(value)));
+    for_each_bounded(value, limit, field, not_iterable, |i, item| {
+        let at = Indexed(field, i);
+        let parts: Vec<Bound<'_, PyAny>> = match item.cast::<pyo3::types::PyTuple>() {
+            Ok(tuple) if (3..=4).contains(&tuple.len()) => tuple.iter().collect(),
+            _ => {
+                return Err(make_error(
+                    py,
+                    format!(
+                        "{}={}: must be a tuple (identifier, offset, length[, is_embed])",
+                        at.name(),
+                        describe(&item)
+                    ),
+                ))
+            }
+        };
+        let identifier = parts[0]
+            .cast::<PyString>()
+            .map_err(|_| {
+                make_error(py, format!("{}.identifier: must be a str, got {}", at.name(), type_name(&parts[0])))
+            })?
+            .to_cow()?
+            .into_owned();
+        let offset = int_value(py, &parts[1], &format!("{}.offset", at.name()).as_str(), make_error)?;
+        let length = int_value(py, &parts[2], &format!("{}.length", at.name()).as_str(), make_error)?;
+        let is_embed = match parts.get(3) {
+            Some(flags) if !flags.is_none() => {
+                let name = format!("{}.is_embed", at.name());
+                let mut values = Vec::new();
+                let not_iterable = || make_error(py, format!("{name}: must be an iterable of bools"));
+                for_each_bounded(flags, limit, &name.as_str(), not_iterable, |j, flag| {
+                    values.push(bool_value(py, &flag, &Indexed(&name.as_str(), j), make_error)?);
+                    Ok(())
+                })?;
+                Some(values)
+            }
+            _ => None,
+        };
+        inputs.push(llmsched_core::MmInputSpec { identifier, offset, length, is_embed });
+        Ok(())
+    })?;
+    Ok(inputs)
+}

@@ -191,6 +191,18 @@ pub struct PySchedulerOutput {
     /// ``CachedRequestData.new_token_ids``).
     #[pyo3(get)]
     pub new_token_ids: Py<PyArray1<i32>>,
+    /// The multimodal inputs the step encodes, one entry per input: its row (an index into
+    /// ``req_ids``), rows ascending (vLLM's ``scheduled_encoder_inputs``). Empty without
+    /// multimodal inputs.
+    #[pyo3(get)]
+    pub encoder_input_rows: Py<PyArray1<i32>>,
+    /// Each of those inputs' index among its request's ``mm_inputs``.
+    #[pyo3(get)]
+    pub encoder_input_ids: Py<PyArray1<i32>>,
+    /// The identifiers of the encoder outputs evicted from the encoder cache since the
+    /// previous step: the runner frees them (vLLM's ``free_encoder_mm_hashes``).
+    #[pyo3(get)]
+    pub freed_encoder_outputs: Py<PyList>,
     /// Async scheduling: one of those rows awaits an earlier step's output, so the step's
     /// bitmask can be built only once that output is applied (vLLM's
     /// ``pending_structured_output_tokens``).

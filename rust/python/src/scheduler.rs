@@ -17,7 +17,8 @@ use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::config::PySchedulerConfig;
 use crate::convert::{
-    bool_value, float_value, for_each_bounded, int32_items, int_value, push, reserved, token_list, type_name, Indexed,
+    bool_value, float_value, for_each_bounded, int32_items, int_value, mm_input_list, push, reserved, token_list,
+    type_name, Indexed,
 };
 use crate::errors::{config_error, core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
 use crate::ids::{IdBatch, StepIds};
@@ -178,7 +179,7 @@ impl Inner {
             .collect::<PyResult<Vec<_>>>()?;
         let reported = self.unreported.len() - unreported.len();
         let finished_req_ids = new_list(py, finished)?.unbind();
-        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids, structured_output_rows, new_block_ids_to_zero, num_new_token_ids, new_token_ids] =
+        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids, structured_output_rows, new_block_ids_to_zero, num_new_token_ids, new_token_ids, encoder_input_rows, encoder_input_ids] =
             step_columns(py, step)?;
         let columns = [
             &num_scheduled_tokens,
@@ -195,8 +196,18 @@ impl Inner {
             &new_block_ids_to_zero,
             &num_new_token_ids,
             &new_token_ids,
+            &encoder_input_rows,
+            &encoder_input_ids,
         ]
         .map(|column| column.clone_ref(py));
+        let freed = step.freed_encoder_outputs.iter().map(|id| new_str(py, id)).collect::<PyResult<Vec<_>>>();
+        let freed_encoder_outputs = match freed.and_then(|freed| new_list(py, freed)) {
+            Ok(list) => list.unbind(),
+            Err(error) => {
+                restore_columns(py, step, &columns);
+                return Err(error);
+            }
+        };
         let output = PySchedulerOutput {
             scheduler_uid: uid,
             step_id: step.step_id,
@@ -216,6 +227,9 @@ impl Inner {
             new_block_ids_to_zero,
             num_new_token_ids,
             new_token_ids,
+            encoder_input_rows,
+            encoder_input_ids,
+            freed_encoder_outputs,
             pending_structured_output_tokens: step.pending_structured_output_tokens,
             drafts_unused: step.drafts_unused,
             total_num_scheduled_tokens: step.total_num_scheduled_tokens,
@@ -250,7 +264,7 @@ struct Undelivered {
 }
 
 /// The per-step columns a `PySchedulerOutput` holds as numpy arrays.
-const NUM_COLUMNS: usize = 14;
+const NUM_COLUMNS: usize = 16;
 
 /// A step's columns, in `PySchedulerOutput`'s order.
 fn column_slots(step: &mut Step) -> [&mut Vec<i32>; NUM_COLUMNS] {
@@ -269,6 +283,8 @@ fn column_slots(step: &mut Step) -> [&mut Vec<i32>; NUM_COLUMNS] {
         &mut step.new_block_ids_to_zero,
         &mut step.num_new_token_ids,
         &mut step.new_token_ids,
+        &mut step.encoder_input_rows,
+        &mut step.encoder_input_ids,
     ]
 }
 
@@ -613,13 +629,21 @@ impl PyScheduler {
     /// (``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``), passed over without blocking others,
     /// until ``resolve_grammar`` reports the grammar compiled. ``report_reused_blocks``:
     /// with ``enable_kv_cache_events``, each of its prefix lookups with a hit is recorded as
-    /// a ``"reused"`` event (vLLM's ``kv_cache_report_mode="full"``).
+    /// a ``"reused"`` event (vLLM's ``kv_cache_report_mode="full"``). ``mm_inputs``: its
+    /// multimodal inputs in prompt order, each ``(identifier, offset, length)`` or
+    /// ``(identifier, offset, length, is_embed)``: the encoder output's identifier (inputs
+    /// with the same one share it), where its placeholders start in the prompt, how many
+    /// there are, and which of them carry an embedding (one bool each; all when absent);
+    /// only with an encoder budget (``max_num_encoder_input_tokens``), and each input
+    /// within it.
     #[pyo3(signature = (request_id, prompt_token_ids, *, max_tokens, min_tokens=None, eos_token_id=None,
         stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None, cache_salt=None,
-        lora_id=None, skip_reading_prefix_cache=None, structured_output=None, report_reused_blocks=None),
+        lora_id=None, skip_reading_prefix_cache=None, structured_output=None, report_reused_blocks=None,
+        mm_inputs=None),
         text_signature = "(self, request_id, prompt_token_ids, *, max_tokens, min_tokens=0, eos_token_id=None, \
         stop_token_ids=(), arrival_time=None, num_computed_tokens=0, priority=0, cache_salt=None, \
-        lora_id=None, skip_reading_prefix_cache=False, structured_output=False, report_reused_blocks=False)")]
+        lora_id=None, skip_reading_prefix_cache=False, structured_output=False, report_reused_blocks=False, \
+        mm_inputs=())")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &self,
@@ -638,6 +662,7 @@ impl PyScheduler {
         skip_reading_prefix_cache: Option<&Bound<'_, PyAny>>,
         structured_output: Option<&Bound<'_, PyAny>>,
         report_reused_blocks: Option<&Bound<'_, PyAny>>,
+        mm_inputs: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = request_id.cast::<PyString>().map_err(|_| {
             request_error(
@@ -708,6 +733,12 @@ impl PyScheduler {
             report_reused_blocks: match report_reused_blocks {
                 Some(v) => bool_value(py, v, &"report_reused_blocks", request_error)?,
                 None => false,
+            },
+            mm_inputs: match mm_inputs {
+                Some(v) if !v.is_none() => {
+                    mm_input_list(py, v, &self.config.get().inner.prompt_limit(), request_error)?
+                }
+                _ => Vec::new(),
             },
         };
         // Keep an exact str: a subclass instance could carry state of its own.
@@ -1041,6 +1072,37 @@ impl PyScheduler {
             let ids = inner.unreported[num_unreported..].iter().map(|(_, id)| id.bind(py).clone()).collect();
             new_list(py, ids)
         })
+    }
+
+    /// Finish (``FINISHED_ERROR``) the requests whose multimodal input met a cached encoder
+    /// output of another size (an identifier reused for other content) in a loop since the
+    /// last call (vLLM fails them in its next ``update_from_output``); returns their ids.
+    /// Their final records are then ``take_finished_requests``'s.
+    fn finish_encoder_mismatches<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        self.with_inner(py, |inner| {
+            let before = inner.core.finished_since_last_step().len();
+            let num_unreported = inner.unreported.len();
+            let finished = inner.core.finish_encoder_mismatches();
+            inner.retire_finished_since(before);
+            debug_assert_eq!(inner.unreported.len() - num_unreported, finished.len());
+            let ids = inner.unreported[num_unreported..].iter().map(|(_, id)| id.bind(py).clone()).collect();
+            new_list(py, ids)
+        })
+    }
+
+    /// Forget every cached encoder output (vLLM's ``reset_encoder_cache``, after the
+    /// model's weights change); the requests' references to them go too.
+    fn reset_encoder_cache(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_inner(py, |inner| {
+            inner.core.reset_encoder_cache();
+            Ok(())
+        })
+    }
+
+    /// The encoder cache: ``(free, freeable, cached)``: its free embedding slots, those
+    /// plus the slots of outputs no request references, and the outputs it holds.
+    fn encoder_cache_state(&self, py: Python<'_>) -> PyResult<(i64, i64, usize)> {
+        self.with_inner(py, |inner| Ok(inner.core.encoder_cache_state()))
     }
 
     /// A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no

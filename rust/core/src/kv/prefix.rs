@@ -3,8 +3,10 @@
 //! Each full block of a request's tokens, prompt and output alike, gets a
 //! hash chained on its parent's: `h_i = H(h_{i-1}, tokens of block i, extra_i)`.
 //! The extra keys are vLLM's: the LoRA adapter in every block, `cache_salt` in
-//! the first only, so two requests share cached blocks exactly when they share
-//! an adapter, a salt and a leading run of full blocks. With lookahead hashes
+//! the first only, and each multimodal input a block's tokens overlap (its identifier
+//! and where it starts relative to the block: placeholder tokens are alike for every
+//! image), so two requests share cached blocks exactly when they share an adapter, a
+//! salt, their inputs and a leading run of full blocks. With lookahead hashes
 //! (an EAGLE drafter's), a block's hash also covers the tokens right after it,
 //! and the block is hashed only once they exist.
 //!
@@ -17,6 +19,7 @@
 
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
+use crate::encoder::{inputs_in_window, MmInput};
 use crate::kv::block_pool::BlockHash;
 
 /// Fixed so that the same tokens hash the same in every process.
@@ -32,6 +35,18 @@ pub struct ExtraKeys<'a> {
     pub cache_salt: Option<&'a [u8]>,
     /// Enters every block.
     pub lora_id: Option<u32>,
+    /// Each enters the blocks its placeholders overlap.
+    pub mm_inputs: &'a [MmInput],
+}
+
+/// One block's keys besides its tokens.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BlockKeys<'a> {
+    pub lora_id: Option<u32>,
+    pub salt: Option<&'a [u8]>,
+    /// The multimodal inputs the block overlaps, and the block's first token position.
+    pub mm_inputs: &'a [MmInput],
+    pub block_start: i64,
 }
 
 /// Hashes one full block, its tokens given in pieces (a block can span the end of the
@@ -41,10 +56,10 @@ pub fn hash_block(
     parent: BlockHash,
     pieces: &[&[i32]],
     lookahead: &[&[i32]],
-    lora_id: Option<u32>,
-    salt: Option<&[u8]>,
+    keys: BlockKeys<'_>,
     scratch: &mut Vec<u8>,
 ) -> BlockHash {
+    let BlockKeys { lora_id, salt, mm_inputs, block_start } = keys;
     scratch.clear();
     scratch.extend_from_slice(&parent.to_le_bytes());
     for &token in pieces.iter().copied().flatten() {
@@ -66,6 +81,12 @@ pub fn hash_block(
         scratch.push(0xff);
         scratch.extend_from_slice(&(salt.len() as u64).to_le_bytes());
         scratch.extend_from_slice(salt);
+    }
+    for input in mm_inputs {
+        scratch.push(0xfc);
+        scratch.extend_from_slice(&(input.identifier.len() as u64).to_le_bytes());
+        scratch.extend_from_slice(input.identifier.as_bytes());
+        scratch.extend_from_slice(&(input.offset - block_start).to_le_bytes());
     }
     xxh3_128_with_seed(scratch, SEED)
 }
@@ -102,7 +123,10 @@ pub fn extend_block_hashes(
         let parent = hashes.last().copied().unwrap_or(NONE_HASH);
         let first = hashes.is_empty();
         let salt = if first { extra.cache_salt } else { None };
-        hashes.push(hash_block(parent, &pieces, &after, extra.lora_id, salt, scratch));
+        let (lo, hi) = inputs_in_window(extra.mm_inputs, start as i64, end as i64);
+        let keys =
+            BlockKeys { lora_id: extra.lora_id, salt, mm_inputs: &extra.mm_inputs[lo..hi], block_start: start as i64 };
+        hashes.push(hash_block(parent, &pieces, &after, keys, scratch));
         start = end;
     }
 }
@@ -112,7 +136,7 @@ mod tests {
     use super::*;
 
     fn salted(salt: Option<&[u8]>) -> ExtraKeys<'_> {
-        ExtraKeys { cache_salt: salt, lora_id: None }
+        ExtraKeys { cache_salt: salt, lora_id: None, mm_inputs: &[] }
     }
 
     fn hashes(tokens: &[i32], block_size: usize, extra: ExtraKeys<'_>) -> Vec<BlockHash> {
@@ -136,7 +160,7 @@ mod tests {
     #[test]
     fn a_block_hashes_the_same_wherever_the_prompt_ends() {
         let tokens: Vec<i32> = (0..13).collect();
-        let extra = ExtraKeys { cache_salt: Some(b"s"), lora_id: Some(3) };
+        let extra = ExtraKeys { cache_salt: Some(b"s"), lora_id: Some(3), mm_inputs: &[] };
         let whole = hashes(&tokens, 4, extra);
         for np in 0..=tokens.len() {
             let (prompt, output) = tokens.split_at(np);
@@ -169,20 +193,54 @@ mod tests {
         assert_ne!(salted_a[0], other[0]);
         // The second block's own input has no salt; it differs only through its parent.
         let mut scratch = Vec::new();
-        assert_eq!(salted_a[1], hash_block(salted_a[0], &[&tokens[4..8]], &[], None, None, &mut scratch));
+        assert_eq!(salted_a[1], hash_block(salted_a[0], &[&tokens[4..8]], &[], BlockKeys::default(), &mut scratch));
     }
 
     #[test]
     fn the_adapter_enters_every_block() {
         let tokens: Vec<i32> = (0..8).collect();
-        let under = |lora_id| hashes(&tokens, 4, ExtraKeys { cache_salt: None, lora_id });
+        let under = |lora_id| hashes(&tokens, 4, ExtraKeys { cache_salt: None, lora_id, mm_inputs: &[] });
         let (plain, first, second) = (under(None), under(Some(1)), under(Some(2)));
         assert_ne!(plain[0], first[0]);
         assert_ne!(first[0], second[0]);
         // The second block takes the adapter itself, not only through its parent.
         let mut scratch = Vec::new();
-        assert_ne!(first[1], hash_block(first[0], &[&tokens[4..8]], &[], None, None, &mut scratch));
-        assert_eq!(first[1], hash_block(first[0], &[&tokens[4..8]], &[], Some(1), None, &mut scratch));
+        assert_ne!(first[1], hash_block(first[0], &[&tokens[4..8]], &[], BlockKeys::default(), &mut scratch));
+        assert_eq!(
+            first[1],
+            hash_block(
+                first[0],
+                &[&tokens[4..8]],
+                &[],
+                BlockKeys { lora_id: Some(1), ..BlockKeys::default() },
+                &mut scratch
+            )
+        );
+    }
+
+    #[test]
+    fn an_input_enters_the_blocks_its_placeholders_overlap() {
+        use crate::encoder::{check_mm_inputs, MmInputSpec};
+        let tokens = vec![7; 16];
+        let image =
+            |identifier: &str, offset| MmInputSpec { identifier: identifier.into(), offset, length: 6, is_embed: None };
+        let with = |specs: Vec<MmInputSpec>| {
+            let inputs = check_mm_inputs(specs, 16, 100).unwrap();
+            hashes(&tokens, 4, ExtraKeys { cache_salt: None, lora_id: None, mm_inputs: &inputs })
+        };
+        let plain = hashes(&tokens, 4, salted(None));
+        // Placeholders [5, 11): blocks 1 and 2.
+        let a = with(vec![image("a", 5)]);
+        let b = with(vec![image("b", 5)]);
+        assert_eq!(a[0], plain[0]);
+        assert_ne!(a[1], plain[1]);
+        assert_ne!(a[1], b[1]);
+        // Block 2 takes the input itself (with its offset), not only through its parent.
+        let mut scratch = Vec::new();
+        assert_ne!(a[2], hash_block(a[1], &[&tokens[8..12]], &[], BlockKeys::default(), &mut scratch));
+        // The same image one token later is another key.
+        assert_ne!(a[1], with(vec![image("a", 6)])[1]);
+        assert_eq!(a[3], hash_block(a[2], &[&tokens[12..16]], &[], BlockKeys::default(), &mut scratch));
     }
 
     #[test]

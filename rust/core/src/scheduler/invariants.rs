@@ -19,7 +19,9 @@ fn broken(reason: String) -> CoreError {
 /// XXH3-128 (seed `prefix::SEED`) of the parent hash, each token, then, with lookahead
 /// hashes, a 0xfd separator and each token after the block, then, under a LoRA
 /// adapter, a 0xfe separator and the adapter's id, then, for a salted first block, a 0xff
-/// separator, the salt's length and the salt, all little-endian. A second writing, not a
+/// separator, the salt's length and the salt, then for each multimodal input the block
+/// overlaps, a 0xfc separator, the identifier's length, the identifier and the input's
+/// offset from the block's start, all little-endian. A second writing, not a
 /// call of `prefix::hash_block`: a checker that called the code it checks could not see
 /// it broken.
 fn reference_block_hash(
@@ -27,6 +29,7 @@ fn reference_block_hash(
     (tokens, after): (&[i32], &[i32]),
     lora_id: Option<u32>,
     salt: Option<&[u8]>,
+    mm: &[(&str, i64)],
     bytes: &mut Vec<u8>,
 ) -> u128 {
     bytes.clear();
@@ -44,6 +47,12 @@ fn reference_block_hash(
         bytes.push(0xff);
         bytes.extend((salt.len() as u64).to_le_bytes());
         bytes.extend(salt.iter().copied());
+    }
+    for (identifier, offset) in mm {
+        bytes.push(0xfc);
+        bytes.extend((identifier.len() as u64).to_le_bytes());
+        bytes.extend(identifier.bytes());
+        bytes.extend(offset.to_le_bytes());
     }
     xxhash_rust::xxh3::xxh3_128_with_seed(bytes, crate::kv::prefix::SEED)
 }
@@ -114,6 +123,16 @@ impl Scheduler {
             }
         }
         self.check_block_pool(&block_refs)?;
+        let mut holders: FxHashMap<&str, Vec<Handle>> = FxHashMap::default();
+        for (h, r) in self.requests.iter() {
+            for &input in r.referenced_mm_inputs() {
+                let list = holders.entry(&*r.mm_inputs()[input as usize].identifier).or_default();
+                if !list.contains(&h) {
+                    list.push(h);
+                }
+            }
+        }
+        self.encoder.check(&holders).map_err(broken)?;
         self.check_steps_in_flight()
     }
 
@@ -336,7 +355,14 @@ impl Scheduler {
             let salt = if i == 0 { r.cache_salt.as_deref() } else { None };
             let block: Vec<i32> = r.all_token_ids().skip(i * b).take(b + lookahead).collect();
             let (tokens, after) = block.split_at(b);
-            if reference_block_hash(parent, (tokens, after), r.lora_id, salt, &mut scratch) != r.block_hashes[i] {
+            let (start, end) = ((i * b) as i64, ((i + 1) * b) as i64);
+            let mm: Vec<(&str, i64)> = r
+                .mm_inputs()
+                .iter()
+                .filter(|input| input.offset < end && input.offset + input.length > start)
+                .map(|input| (&*input.identifier, input.offset - start))
+                .collect();
+            if reference_block_hash(parent, (tokens, after), r.lora_id, salt, &mm, &mut scratch) != r.block_hashes[i] {
                 return Err(broken(format!("request {id:?}: block {i}'s hash does not match its tokens")));
             }
         }

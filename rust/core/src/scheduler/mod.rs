@@ -5,6 +5,7 @@
 //! applies a runner's sampled tokens to the requests of a step in flight.
 
 mod drafts;
+mod encoder_inputs;
 mod grammar;
 mod invariants;
 mod running;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use crate::config::SchedulerConfig;
+use crate::encoder::EncoderCache;
 use crate::error::{CoreError, CoreResult};
 use crate::kv::{BlockPool, KvManager};
 use crate::limits::ListLimit;
@@ -63,6 +65,11 @@ pub struct Scheduler {
     /// Requests whose grammar failed, seen by a waiting loop: `finish_failed_grammars` fails them.
     grammar_failures: Vec<Handle>,
     kv: KvManager,
+    /// The encoder outputs of multimodal inputs (empty, of size 0, without).
+    encoder: EncoderCache,
+    /// Requests whose encoder input met a cached output of another size, seen by a loop:
+    /// `finish_encoder_mismatches` fails them.
+    encoder_mismatches: Vec<Handle>,
     /// Requests finished since the last step, by the handle they had and their id: their
     /// records are freed when they finish, and only this much is kept for the next step to
     /// report (a request's prompt and block hashes can be megabytes).
@@ -151,6 +158,8 @@ impl Scheduler {
             num_structured_output: 0,
             grammar_failures: Vec::new(),
             kv,
+            encoder: EncoderCache::new(config.encoder_cache_size()),
+            encoder_mismatches: Vec::new(),
             finished_since_last_step: Vec::new(),
             last_finished: Vec::new(),
             preempted_since_last_step: Vec::new(),
@@ -249,6 +258,8 @@ impl Scheduler {
             drafts_needed: false,
             decode_stagger: self.decode_stagger,
             preempted: false,
+            encoder_budget: cfg.max_num_encoder_input_tokens(),
+            encoder_inputs: Vec::new(),
         };
         self.next_step_id += 1;
         self.schedule_running(&mut b, &mut budgets);
@@ -406,6 +417,9 @@ impl Scheduler {
         step.rescheduled_reqs.retain(|&h| h != handle);
         let undo = b.undo.remove(position);
         budgets.give_back(n);
+        if self.config.multimodal() {
+            self.uncommit_encoder_inputs(b, handle);
+        }
 
         let request = &mut self.requests[handle];
         request.is_prefill_chunk = undo.is_prefill_chunk;
@@ -425,7 +439,10 @@ impl Scheduler {
 
     /// Hands the built step over (with the admitted requests' tokens, copied now) and keeps
     /// its record until its output is applied.
-    fn finish_step(&mut self, b: StepBuilder) -> Step {
+    fn finish_step(&mut self, mut b: StepBuilder) -> Step {
+        if self.config.multimodal() {
+            self.write_encoder_columns(&mut b);
+        }
         let StepBuilder { mut step, rows, has_prefill_chunk, drafts_needed, .. } = b;
         step.drafts_unused = !drafts_needed;
         step.req_handles = rows.iter().map(|r| r.handle).collect();
@@ -468,6 +485,7 @@ impl Scheduler {
 
     /// Preempts a running request the caller has taken out of `running` (spec §3.2).
     fn preempt(&mut self, handle: Handle, drop_stale_output: bool) {
+        self.release_encoder_inputs(handle);
         let request = &mut self.requests[handle];
         debug_assert_eq!(request.status, RequestStatus::Running);
         self.kv.free(request);
@@ -492,6 +510,7 @@ impl Scheduler {
     /// are kept, for the next step to report; a step in flight that scheduled it finds its
     /// handle stale and skips it. The caller takes it out of `running` if it was there.
     fn release_finished(&mut self, handle: Handle) {
+        self.release_encoder_inputs(handle);
         let Some(mut request) = self.requests.remove(handle) else {
             debug_assert!(false, "a finished request is released once");
             return;

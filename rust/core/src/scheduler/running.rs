@@ -18,7 +18,8 @@ impl Scheduler {
             && !b.defer_prefills
             && budgets.long_prefill_threshold == 0
             && self.config.num_lookahead_tokens() == 0
-            && !self.config.kv_cache_groups().is_hybrid();
+            && !self.config.kv_cache_groups().is_hybrid()
+            && !self.config.multimodal();
         if simple {
             self.schedule_running_with::<true>(b, budgets);
         } else {
@@ -27,8 +28,8 @@ impl Scheduler {
     }
 
     /// The running loop. `SIMPLE`: synchronous, FCFS (no entry can be undone), no
-    /// long-prefill threshold, no lookahead, no prefill held back and one KV-cache group,
-    /// so that code folds away.
+    /// long-prefill threshold, no lookahead, no prefill held back, one KV-cache group and
+    /// no multimodal inputs, so that code folds away.
     // Out of line: its state stays in registers.
     #[inline(never)]
     fn schedule_running_with<const SIMPLE: bool>(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
@@ -68,6 +69,13 @@ impl Scheduler {
             let n = request.num_tokens_with_spec() + p - c;
             let n = if SIMPLE { n } else { local.cap_long_prefill(n) };
             let n = n.min(local.request_budget()).min(capacity::room(c, m, s));
+            // A chunk stops before an input it cannot have encoded in this step.
+            let (n, plan, request) = if !SIMPLE && n > 0 && request.mm.is_some() {
+                let (n, plan) = self.plan_encoder_inputs(handle, c, n, b.encoder_budget);
+                (n, Some(plan), &mut self.requests[handle])
+            } else {
+                (n, None, request)
+            };
             if n <= 0 {
                 req_index += 1;
                 continue;
@@ -109,6 +117,9 @@ impl Scheduler {
                     cached_blocks_before,
                 },
             );
+            if let Some(plan) = plan {
+                self.commit_encoder_plan(b, handle, plan);
+            }
             req_index += 1;
         }
         *budgets = local;

@@ -165,6 +165,10 @@ pub(crate) struct StepBuilder {
     /// `Scheduler::set_decode_stagger`'s steps.
     pub decode_stagger: u64,
     pub preempted: bool,
+    /// The encoder compute budget left, in embeddings.
+    pub encoder_budget: i64,
+    /// The scheduled requests' inputs to encode, by request.
+    pub encoder_inputs: Vec<(Handle, Vec<u32>)>,
 }
 
 impl StepBuilder {
@@ -220,6 +224,14 @@ pub struct Step {
     pub num_new_token_ids: Vec<i32>,
     /// The rows' tokens from `C` on, row after row (see `num_new_token_ids`).
     pub new_token_ids: Vec<i32>,
+    /// The multimodal inputs the step encodes, one entry per input in each column: its
+    /// row, and its index among its request's inputs (vLLM's `scheduled_encoder_inputs`);
+    /// rows ascending. Empty without multimodal inputs.
+    pub encoder_input_rows: Vec<i32>,
+    pub encoder_input_ids: Vec<i32>,
+    /// The identifiers of the encoder outputs evicted since the previous step: the runner
+    /// frees them (vLLM's `free_encoder_mm_hashes`).
+    pub freed_encoder_outputs: Vec<Arc<str>>,
     pub new_reqs: Vec<Handle>,
     pub resumed_reqs: Vec<Handle>,
     /// Running requests scheduled in this step that the previous step did not schedule.

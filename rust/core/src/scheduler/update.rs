@@ -1,5 +1,6 @@
 //! Applying a runner's output to the requests of a step (spec §4).
 
+use crate::encoder::EncoderCache;
 use crate::error::{CoreError, CoreResult};
 use crate::kv::KvManager;
 use crate::prefetch;
@@ -214,11 +215,13 @@ impl Scheduler {
             _ => in_order(i, next_offset),
         };
         let mut stopped_running = false;
+        // Multimodal requests drop their encoder inputs as they are passed: the general path.
+        let multimodal = self.config.multimodal();
         let mut at = Cursor { entry: 0, next_offset: 0 };
         while at.entry < entries.len() {
             // Plain decode entries in a loop of their own, whose state stays in registers
             // (entered only where one may start: a step of drafts has none).
-            if entries[at.entry].num_spec() == 0 && !entries[at.entry].prefill_chunk {
+            if entries[at.entry].num_spec() == 0 && !entries[at.entry].prefill_chunk && !multimodal {
                 stopped_running |= if row_offsets.is_none() {
                     self.apply_plain_run(entries, &mut at, out, &in_order, &consts, &mut on_event)
                 } else {
@@ -234,8 +237,14 @@ impl Scheduler {
             at = Cursor { entry: i + 1, next_offset: offset + count };
             if let Some(request) = self.requests.get_mut(entry.handle) {
                 let generated = &out.sampled_token_ids[offset..offset + count];
-                let applied =
-                    Self::apply_tokens::<false>(&mut self.kv, &mut self.stats, request, entry, generated, &consts);
+                let applied = Self::apply_tokens::<false>(
+                    (&mut self.kv, &mut self.encoder),
+                    &mut self.stats,
+                    request,
+                    entry,
+                    generated,
+                    &consts,
+                );
                 if let Some(applied) = applied {
                     stopped_running |= self.hand_over(i, entry, offset, applied, &mut on_event);
                 }
@@ -279,7 +288,14 @@ impl Scheduler {
             }
             next_offset_local = offset + 1;
             let generated = &out.sampled_token_ids[offset..offset + 1];
-            let applied = Self::apply_tokens::<true>(&mut self.kv, &mut self.stats, request, entry, generated, consts);
+            let applied = Self::apply_tokens::<true>(
+                (&mut self.kv, &mut self.encoder),
+                &mut self.stats,
+                request,
+                entry,
+                generated,
+                consts,
+            );
             if let Some(applied) = applied {
                 stopped_running |= self.hand_over(i, entry, offset, applied, on_event);
             }
@@ -297,7 +313,7 @@ impl Scheduler {
     /// branches fold away.
     #[inline(always)]
     fn apply_tokens<const PLAIN: bool>(
-        kv: &mut KvManager,
+        (kv, encoder): (&mut KvManager, &mut EncoderCache),
         stats: &mut SchedulerStats,
         request: &mut Request,
         entry: &Row,
@@ -329,6 +345,9 @@ impl Scheduler {
             }
             stats.num_draft_tokens += num_spec as u64;
             stats.num_accepted_tokens += accepted as u64;
+        }
+        if !PLAIN && request.mm.is_some() {
+            Self::release_passed_inputs(encoder, entry.handle, request);
         }
 
         let status_before = request.status;
@@ -416,6 +435,22 @@ impl Scheduler {
             });
         }
         applied.stopped_running
+    }
+}
+
+impl Scheduler {
+    /// Drops the request's references to the encoder outputs its confirmed tokens have
+    /// passed (`C - P`: no pending draft rejection can roll back into them), as vLLM's
+    /// `_free_encoder_inputs` does once a step has run.
+    #[cold]
+    fn release_passed_inputs(encoder: &mut EncoderCache, handle: crate::slab::Handle, request: &mut Request) {
+        let confirmed = request.num_computed_tokens() - request.num_output_placeholders();
+        let Some(mm) = request.mm.as_deref_mut() else { return };
+        let passed: Vec<u32> =
+            mm.referenced.iter().copied().filter(|&i| mm.inputs[i as usize].end() <= confirmed).collect();
+        for i in passed {
+            encoder.release(handle, mm, i as usize);
+        }
     }
 }
 

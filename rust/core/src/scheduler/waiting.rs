@@ -141,8 +141,25 @@ impl Scheduler {
             }
             match Self::tokens_to_admit(b, budgets, &rules, request, hit.num_computed) {
                 Admission::Tokens { n, pad } => {
+                    // A chunk stops before an input it cannot have encoded in this step.
+                    let (n, plan) = if request.mm.is_some() {
+                        let (n, plan) = self.plan_encoder_inputs(handle, hit.num_computed, n, b.encoder_budget);
+                        (n, Some(plan))
+                    } else {
+                        (n, None)
+                    };
+                    if n == 0 {
+                        self.set_aside(kind, &mut set_aside);
+                        continue;
+                    }
                     if !self.admit(b, budgets, &rules, Candidate { kind, handle, hit }, n, pad) {
+                        if plan.is_some() {
+                            self.release_encoder_inputs(handle);
+                        }
                         break;
+                    }
+                    if let Some(plan) = plan {
+                        self.commit_encoder_plan(b, handle, plan);
                     }
                     b.prefill_admitted |= prompt_left;
                     if let Some(id) = lora_id {

@@ -1,0 +1,388 @@
+//! Multimodal inputs: a request's encoder inputs (an image's placeholder tokens in its
+//! prompt) and the encoder cache that holds their encoder outputs (vLLM's
+//! `EncoderCacheManager`).
+//!
+//! An input's encoder output is computed whole, in the step whose chunk first reaches one
+//! of its embeddings, and read by every chunk that covers its placeholders; it is freed
+//! once the request's computed tokens have passed it. Outputs are shared by identifier
+//! (vLLM's `mm_hash`): a request whose image another request already encoded uses that
+//! output. An output no request references stays cached until its room is needed, oldest
+//! first; what was evicted is reported with the next step (`free_encoder_mm_hashes`).
+//! Space and the per-step compute budget are counted in embeddings, not placeholder tokens.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use crate::error::{CoreError, CoreResult};
+use crate::slab::Handle;
+
+/// One encoder input of a request, as `add_request` takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MmInputSpec {
+    /// What identifies its encoder output: inputs with the same identifier share one.
+    pub identifier: String,
+    /// Where its placeholder tokens start in the prompt.
+    pub offset: i64,
+    /// How many placeholder tokens it has.
+    pub length: i64,
+    /// Which placeholder tokens carry an embedding (vLLM's `PlaceholderRange.is_embed`);
+    /// None: all of them.
+    pub is_embed: Option<Vec<bool>>,
+}
+
+/// A request's encoder input, checked.
+#[derive(Clone, Debug)]
+pub struct MmInput {
+    pub identifier: Arc<str>,
+    pub offset: i64,
+    pub length: i64,
+    /// The embeddings among the first `i + 1` placeholders, for each `i` (None: every
+    /// placeholder is one).
+    embeds_cumsum: Option<Box<[u32]>>,
+}
+
+impl MmInput {
+    /// One past its last placeholder.
+    #[inline]
+    pub fn end(&self) -> i64 {
+        self.offset + self.length
+    }
+
+    /// Its embeddings: the encoder cache space and compute budget it takes.
+    pub fn num_embeds(&self) -> i64 {
+        match &self.embeds_cumsum {
+            None => self.length,
+            Some(cumsum) => cumsum.last().map_or(0, |&e| i64::from(e)),
+        }
+    }
+
+    /// Its embeddings among placeholders `[start, end)` (relative to its offset).
+    pub fn embeds_between(&self, start: i64, end: i64) -> i64 {
+        match &self.embeds_cumsum {
+            None => end - start,
+            Some(cumsum) => {
+                let upto = |i: i64| if i > 0 { i64::from(cumsum[i as usize - 1]) } else { 0 };
+                upto(end) - upto(start)
+            }
+        }
+    }
+
+    pub fn is_embed(&self) -> Option<Vec<bool>> {
+        self.embeds_cumsum.as_ref().map(|cumsum| {
+            let mut before = 0;
+            cumsum
+                .iter()
+                .map(|&e| {
+                    let embed = e > before;
+                    before = e;
+                    embed
+                })
+                .collect()
+        })
+    }
+}
+
+/// A request's encoder inputs checked against its prompt: each non-empty with a
+/// non-empty identifier, within the prompt, in prompt order without overlapping, and
+/// with at most `largest` embeddings (the encoder cache's size and the compute budget:
+/// a larger one could never be encoded).
+pub(crate) fn check_mm_inputs(specs: Vec<MmInputSpec>, prompt_len: i64, largest: i64) -> CoreResult<Box<[MmInput]>> {
+    let mut inputs = Vec::with_capacity(specs.len());
+    let mut previous_end = 0;
+    for (i, spec) in specs.into_iter().enumerate() {
+        let field = |name: &str| format!("mm_inputs[{i}].{name}");
+        if largest == 0 {
+            return Err(CoreError::request(
+                "mm_inputs",
+                format!("[{i}]"),
+                "this scheduler has no encoder budget (max_num_encoder_input_tokens=0): multimodal inputs are off",
+            ));
+        }
+        if spec.identifier.is_empty() {
+            return Err(CoreError::request(field("identifier"), "''", "must be a non-empty string"));
+        }
+        if spec.length < 1 {
+            return Err(CoreError::request(field("length"), spec.length, "must be at least 1"));
+        }
+        if spec.offset < previous_end || spec.offset + spec.length > prompt_len {
+            return Err(CoreError::request(
+                field("offset"),
+                spec.offset,
+                format!(
+                    "placeholders [{}, {}) must lie in the prompt ({prompt_len} tokens), after the previous input's \
+                     (which end at {previous_end})",
+                    spec.offset,
+                    spec.offset + spec.length
+                ),
+            ));
+        }
+        let embeds_cumsum = match spec.is_embed {
+            None => None,
+            Some(flags) => {
+                if flags.len() as i64 != spec.length {
+                    return Err(CoreError::request(
+                        field("is_embed"),
+                        format!("{} flags", flags.len()),
+                        format!("must have one flag per placeholder ({})", spec.length),
+                    ));
+                }
+                let mut total = 0u32;
+                Some(
+                    flags
+                        .iter()
+                        .map(|&f| {
+                            total += u32::from(f);
+                            total
+                        })
+                        .collect(),
+                )
+            }
+        };
+        let input =
+            MmInput { identifier: spec.identifier.into(), offset: spec.offset, length: spec.length, embeds_cumsum };
+        if input.num_embeds() > largest {
+            return Err(CoreError::request(
+                field("length"),
+                spec.length,
+                format!(
+                    "its {} embeddings exceed the encoder budget ({largest}: the smaller of \
+                     max_num_encoder_input_tokens and encoder_cache_size): it could never be encoded",
+                    input.num_embeds()
+                ),
+            ));
+        }
+        previous_end = input.end();
+        inputs.push(input);
+    }
+    Ok(inputs.into_boxed_slice())
+}
+
+/// The indices `[lo, hi)` of the inputs whose placeholders overlap tokens `[start, end)`
+/// (vLLM's `get_mm_features_in_window`; inputs are in prompt order).
+pub(crate) fn inputs_in_window(inputs: &[MmInput], start: i64, end: i64) -> (usize, usize) {
+    let lo = inputs.partition_point(|input| input.end() < start + 1);
+    let hi = inputs.partition_point(|input| input.offset < end);
+    (lo, hi.max(lo))
+}
+
+/// A request's multimodal state: its inputs and those whose cached outputs it references.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RequestInputs {
+    pub inputs: Box<[MmInput]>,
+    /// The inputs whose encoder outputs the request references (allocated or found
+    /// cached), ascending.
+    pub referenced: Vec<u32>,
+}
+
+impl RequestInputs {
+    fn references_identifier(&self, identifier: &str) -> bool {
+        self.referenced.iter().any(|&i| &*self.inputs[i as usize].identifier == identifier)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct CacheEntry {
+    /// The requests that reference it; none: it is freeable.
+    holders: Vec<Handle>,
+    num_embeds: i64,
+    /// Its place in the freeable order while it is freeable.
+    freeable_at: Option<u64>,
+}
+
+/// vLLM's `EncoderCacheManager`: encoder outputs by identifier, their space counted in
+/// embeddings; outputs no request references are evicted oldest first when room is needed.
+#[derive(Clone, Debug)]
+pub(crate) struct EncoderCache {
+    cache_size: i64,
+    num_free_slots: i64,
+    /// Free slots plus those of outputs no request references.
+    num_freeable_slots: i64,
+    entries: FxHashMap<Arc<str>, CacheEntry>,
+    /// The unreferenced outputs, oldest first.
+    freeable: BTreeMap<u64, Arc<str>>,
+    next_freeable: u64,
+    /// Evicted since the last step.
+    freed: Vec<Arc<str>>,
+}
+
+impl EncoderCache {
+    pub fn new(cache_size: i64) -> Self {
+        Self {
+            cache_size,
+            num_free_slots: cache_size,
+            num_freeable_slots: cache_size,
+            entries: FxHashMap::default(),
+            freeable: BTreeMap::new(),
+            next_freeable: 0,
+            freed: Vec::new(),
+        }
+    }
+
+    /// Forgets every output (vLLM's `reset`, on a weight update). Requests' references are
+    /// the caller's to clear.
+    pub fn reset(&mut self) {
+        *self = Self::new(self.cache_size);
+    }
+
+    /// The embeddings the output cached under `identifier` holds, if there is one.
+    pub fn cached_num_embeds(&self, identifier: &str) -> Option<i64> {
+        self.entries.get(identifier).map(|e| e.num_embeds)
+    }
+
+    /// Whether input `i`'s output is cached; if so, `handle` now references it.
+    pub fn check_and_reference(&mut self, handle: Handle, mm: &mut RequestInputs, i: usize) -> bool {
+        let Some(entry) = self.entries.get_mut(&*mm.inputs[i].identifier) else { return false };
+        if entry.holders.is_empty() {
+            let at = entry.freeable_at.take().expect("an unreferenced output is freeable");
+            self.freeable.remove(&at);
+            self.num_freeable_slots -= entry.num_embeds;
+        }
+        if !entry.holders.contains(&handle) {
+            entry.holders.push(handle);
+        }
+        add_reference(mm, i);
+        true
+    }
+
+    /// Whether `num_embeds` more embeddings, after `num_embeds_scheduled` already planned
+    /// in this request's step, fit the compute budget and the cache, evicting unreferenced
+    /// outputs (oldest first) for room if needed.
+    pub fn can_allocate(&mut self, num_embeds: i64, compute_budget: i64, num_embeds_scheduled: i64) -> bool {
+        if num_embeds > compute_budget {
+            return false;
+        }
+        let needed = num_embeds + num_embeds_scheduled;
+        if needed <= self.num_free_slots {
+            return true;
+        }
+        if needed > self.num_freeable_slots {
+            return false;
+        }
+        while needed > self.num_free_slots {
+            let (_, identifier) = self.freeable.pop_first().expect("freeable slots cover the need");
+            let entry = self.entries.remove(&identifier).expect("a freeable output is cached");
+            self.num_free_slots += entry.num_embeds;
+            self.freed.push(identifier);
+        }
+        true
+    }
+
+    /// Reserves input `i`'s output for `handle` (after `can_allocate`).
+    pub fn allocate(&mut self, handle: Handle, mm: &mut RequestInputs, i: usize) {
+        let input = &mm.inputs[i];
+        let num_embeds = input.num_embeds();
+        let entry = self.entries.entry(input.identifier.clone()).or_insert(CacheEntry {
+            holders: Vec::new(),
+            num_embeds,
+            freeable_at: None,
+        });
+        debug_assert_eq!(entry.num_embeds, num_embeds);
+        debug_assert!(self.num_free_slots >= num_embeds && self.num_freeable_slots >= num_embeds);
+        if !entry.holders.contains(&handle) {
+            entry.holders.push(handle);
+        }
+        add_reference(mm, i);
+        self.num_free_slots -= num_embeds;
+        self.num_freeable_slots -= num_embeds;
+    }
+
+    /// Drops `handle`'s reference to input `i`'s output; an output no request references
+    /// becomes freeable (it stays cached until its room is needed).
+    pub fn release(&mut self, handle: Handle, mm: &mut RequestInputs, i: usize) {
+        if let Ok(at) = mm.referenced.binary_search(&(i as u32)) {
+            mm.referenced.remove(at);
+        }
+        let identifier = &mm.inputs[i].identifier;
+        // Another input of the request with the same identifier still holds it.
+        if mm.references_identifier(identifier) {
+            return;
+        }
+        let Some(entry) = self.entries.get_mut(&**identifier) else { return };
+        if entry.holders.is_empty() {
+            return;
+        }
+        entry.holders.retain(|&h| h != handle);
+        if entry.holders.is_empty() {
+            entry.freeable_at = Some(self.next_freeable);
+            self.freeable.insert(self.next_freeable, identifier.clone());
+            self.next_freeable += 1;
+            self.num_freeable_slots += entry.num_embeds;
+        }
+    }
+
+    /// Drops every reference of `handle` (finished, preempted, or not admitted after all).
+    pub fn release_all(&mut self, handle: Handle, mm: &mut RequestInputs) {
+        while let Some(&i) = mm.referenced.first() {
+            self.release(handle, mm, i as usize);
+        }
+    }
+
+    /// The identifiers evicted since the last call and not cached again since: the
+    /// runner frees their outputs (vLLM's `get_freed_mm_hashes`).
+    pub fn take_freed(&mut self) -> Vec<Arc<str>> {
+        let mut freed = std::mem::take(&mut self.freed);
+        freed.retain(|identifier| !self.entries.contains_key(identifier));
+        freed
+    }
+
+    /// `(free, freeable)` slots.
+    pub fn slots(&self) -> (i64, i64) {
+        (self.num_free_slots, self.num_freeable_slots)
+    }
+
+    pub fn num_cached(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+impl EncoderCache {
+    /// Checks the cache against the requests' references (`holders`: each identifier's
+    /// referencing requests): every referenced output cached with exactly those holders,
+    /// the unreferenced ones freeable in order, and the slot counts their sums.
+    pub(crate) fn check(&self, holders: &FxHashMap<&str, Vec<Handle>>) -> Result<(), String> {
+        let mut used = 0;
+        let mut unreferenced = 0;
+        for (identifier, entry) in &self.entries {
+            used += entry.num_embeds;
+            let mut expected = holders.get(&**identifier).cloned().unwrap_or_default();
+            let mut actual = entry.holders.clone();
+            expected.sort_unstable();
+            actual.sort_unstable();
+            if expected != actual {
+                return Err(format!("encoder output {identifier:?} is held by {actual:?}, referenced by {expected:?}"));
+            }
+            match entry.freeable_at {
+                Some(at) if actual.is_empty() && self.freeable.get(&at) == Some(identifier) => {
+                    unreferenced += entry.num_embeds
+                }
+                None if !actual.is_empty() => {}
+                at => {
+                    return Err(format!("encoder output {identifier:?} with holders {actual:?} is freeable at {at:?}"))
+                }
+            }
+        }
+        if let Some(identifier) = holders.keys().find(|id| !self.entries.contains_key(**id)) {
+            return Err(format!("encoder output {identifier:?} is referenced but not cached"));
+        }
+        if self.freeable.len() != self.entries.values().filter(|e| e.holders.is_empty()).count() {
+            return Err(format!("{} freeable encoder outputs listed", self.freeable.len()));
+        }
+        if self.num_free_slots != self.cache_size - used
+            || self.num_freeable_slots != self.num_free_slots + unreferenced
+        {
+            return Err(format!(
+                "encoder cache slots: {} free and {} freeable of {}, {used} used ({unreferenced} unreferenced)",
+                self.num_free_slots, self.num_freeable_slots, self.cache_size
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn add_reference(mm: &mut RequestInputs, i: usize) {
+    if let Err(at) = mm.referenced.binary_search(&(i as u32)) {
+        mm.referenced.insert(at, i as u32);
+    }
+}

@@ -1,0 +1,177 @@
+//! Multimodal inputs in the two loops (vLLM's `_try_schedule_encoder_inputs`): which of a
+//! request's encoder inputs a chunk needs encoded in its step, within the step's encoder
+//! compute budget and the encoder cache, and where the chunk must stop when an input cannot
+//! be encoded now. Their references are dropped once the request's computed tokens pass them.
+
+use std::sync::Arc;
+
+use crate::encoder::inputs_in_window;
+use crate::request::RequestStatus;
+use crate::scheduler::step::StepBuilder;
+use crate::scheduler::{RequestRef, Scheduler};
+use crate::slab::Handle;
+
+/// The encoder inputs a chunk of one request needs encoded in its step.
+#[derive(Debug, Default)]
+pub(super) struct EncoderPlan {
+    /// Inputs to encode, ascending (each takes its embeddings of the compute budget).
+    inputs: Vec<u32>,
+    /// Inputs whose identifier an earlier input of the plan encodes (shared output).
+    duplicates: Vec<u32>,
+    /// The compute budget the inputs take.
+    num_embeds: i64,
+}
+
+impl Scheduler {
+    /// How many of `n` tokens from `C` the request can be scheduled given its encoder
+    /// inputs, and the inputs to encode for them (vLLM's `_try_schedule_encoder_inputs`,
+    /// with its effects on the cache: inputs found cached are referenced now, and outputs
+    /// evicted for room stay evicted). An input whose cached output holds another count of
+    /// embeddings than the request's (an identifier reused for other content) schedules
+    /// nothing and queues the request to be failed (`finish_encoder_mismatches`).
+    pub(super) fn plan_encoder_inputs(&mut self, handle: Handle, c: i64, n: i64, budget: i64) -> (i64, EncoderPlan) {
+        let mut plan = EncoderPlan::default();
+        let shift = self.config.num_prefill_lookahead_tokens();
+        let no_chunking = self.config.disable_chunked_mm_input();
+        let request = &mut self.requests[handle];
+        let Some(mm) = request.mm.as_deref_mut() else { return (n, plan) };
+        if n == 0 {
+            return (n, plan);
+        }
+        let mut n = n;
+        let window_end = c + n + shift;
+        let (lo, hi) = inputs_in_window(&mm.inputs, c, window_end);
+        // Identifiers this plan encodes, with their embeddings.
+        let mut planned: Vec<(Arc<str>, i64)> = Vec::new();
+        let mut budget = budget;
+        for i in lo..hi {
+            let input = &mm.inputs[i];
+            let (start, length, num_embeds) = (input.offset, input.length, input.num_embeds());
+            let identifier = input.identifier.clone();
+            if no_chunking && c <= start && c + n < start + length {
+                // The chunk would split the input: stop before it (drafter's shift included).
+                n = (start - (c + shift)).max(0);
+                break;
+            }
+            let known = match planned.iter().find(|(id, _)| *id == identifier) {
+                Some(&(_, embeds)) => Some((embeds, true)),
+                None => self.encoder.cached_num_embeds(&identifier).map(|embeds| (embeds, false)),
+            };
+            match known {
+                Some((embeds, _)) if embeds != num_embeds => {
+                    self.encoder_mismatches.push(handle);
+                    return (0, EncoderPlan::default());
+                }
+                Some((_, true)) => {
+                    plan.duplicates.push(i as u32);
+                    continue;
+                }
+                _ => {}
+            }
+            if self.encoder.check_and_reference(handle, mm, i) {
+                continue;
+            }
+            if !self.encoder.can_allocate(num_embeds, budget, plan.num_embeds) {
+                // Encoded whole or not at all: stop before it; a prefix hit past its start
+                // leaves nothing to schedule.
+                n = if c < start { n.min(start - c) } else { 0 };
+                break;
+            }
+            let first = (c - start).max(0);
+            let last = length.min(window_end - start);
+            if mm.inputs[i].embeds_between(first, last) == 0 {
+                continue;
+            }
+            plan.num_embeds += num_embeds;
+            budget -= num_embeds;
+            planned.push((identifier, num_embeds));
+            plan.inputs.push(i as u32);
+        }
+        (n, plan)
+    }
+
+    /// Commits a scheduled request's plan: its inputs' outputs reserved in the cache, the
+    /// budget taken, the inputs recorded for the step.
+    pub(super) fn commit_encoder_plan(&mut self, b: &mut StepBuilder, handle: Handle, plan: EncoderPlan) {
+        let Some(mm) = self.requests[handle].mm.as_deref_mut() else { return };
+        for &i in &plan.inputs {
+            self.encoder.allocate(handle, mm, i as usize);
+        }
+        for &i in &plan.duplicates {
+            self.encoder.check_and_reference(handle, mm, i as usize);
+        }
+        if !plan.inputs.is_empty() {
+            b.encoder_budget -= plan.num_embeds;
+            b.encoder_inputs.push((handle, plan.inputs));
+        }
+    }
+
+    /// Undoes the step's record of `handle`'s inputs (a priority preemption took it): their
+    /// budget comes back (their cache references go with the preemption).
+    pub(super) fn uncommit_encoder_inputs(&mut self, b: &mut StepBuilder, handle: Handle) {
+        let Some(at) = b.encoder_inputs.iter().position(|(h, _)| *h == handle) else { return };
+        let (_, inputs) = b.encoder_inputs.remove(at);
+        let mm = self.requests[handle].mm.as_deref().expect("a request with encoder inputs has them");
+        b.encoder_budget += inputs.iter().map(|&i| mm.inputs[i as usize].num_embeds()).sum::<i64>();
+    }
+
+    /// Drops every encoder-output reference of `handle` (preempted, finished, or not
+    /// admitted after its plan referenced cached outputs).
+    pub(super) fn release_encoder_inputs(&mut self, handle: Handle) {
+        if let Some(mm) = self.requests.get_mut(handle).and_then(|r| r.mm.as_deref_mut()) {
+            self.encoder.release_all(handle, mm);
+        }
+    }
+
+    /// The step's inputs to encode as columns: for each, its row and its index among its
+    /// request's inputs, rows ascending; and the outputs evicted since the previous step.
+    pub(super) fn write_encoder_columns(&mut self, b: &mut StepBuilder) {
+        let step = &mut b.step;
+        let mut by_row: Vec<(usize, &Vec<u32>)> = b
+            .encoder_inputs
+            .iter()
+            .map(|(h, inputs)| {
+                (b.rows.iter().position(|r| r.handle == *h).expect("a planned request has a row"), inputs)
+            })
+            .collect();
+        by_row.sort_unstable_by_key(|&(row, _)| row);
+        for (row, inputs) in by_row {
+            for &i in inputs {
+                step.encoder_input_rows.push(row as i32);
+                step.encoder_input_ids.push(i as i32);
+            }
+        }
+        step.freed_encoder_outputs = self.encoder.take_freed();
+    }
+
+    /// Fails (`FinishedError`) the requests whose encoder input's cached output held another
+    /// count of embeddings (their identifier reused for other content), seen by a loop since
+    /// the last call, as vLLM's `update_from_output` does; returns their handles and ids.
+    /// Their final records are then `take_last_finished`'s.
+    pub fn finish_encoder_mismatches(&mut self) -> Vec<(Handle, Arc<str>)> {
+        if self.encoder_mismatches.is_empty() {
+            return Vec::new();
+        }
+        let failed: Vec<RequestRef<'_>> =
+            std::mem::take(&mut self.encoder_mismatches).into_iter().map(RequestRef::Handle).collect();
+        let finished = self.finish_requests_of(Some(&failed), RequestStatus::FinishedError);
+        finished.expect("FinishedError is a finished status")
+    }
+
+    /// Forgets every cached encoder output (vLLM's `reset_encoder_cache`, after a weight
+    /// update): running requests' references go too, and the runner is not told of them.
+    pub fn reset_encoder_cache(&mut self) {
+        self.encoder.reset();
+        for request in self.requests.requests_mut() {
+            if let Some(mm) = request.mm.as_deref_mut() {
+                mm.referenced.clear();
+            }
+        }
+    }
+
+    /// The encoder cache's `(free, freeable)` embedding slots and cached outputs.
+    pub fn encoder_cache_state(&self) -> (i64, i64, usize) {
+        let (free, freeable) = self.encoder.slots();
+        (free, freeable, self.encoder.num_cached())
+    }
+}
