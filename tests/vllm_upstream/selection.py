@@ -9,8 +9,8 @@ preemptions) and passes: ``run.py`` fails if one of them fails. ``EXCLUDED`` map
 other test to the reason: the vLLM scheduler internal it reads or patches
 (``scheduler.kv_cache_manager``, ``scheduler.finished_req_ids``, ...), a ``Request`` field
 it writes to build a state by hand, the feature llmsched.vllm refuses by design (KV and
-encoder-cache connectors, multimodal inputs, context parallelism, KV-cache groups the
-plug-in does not build, multi-module MTP drafters), the
+encoder-cache connectors, multimodal encoder-only instances, context parallelism, KV-cache
+groups the plug-in does not build, multi-module MTP drafters), the
 deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the plug-in.
 A key is a test function name (every parametrization) or ``name[params]`` (one
 parametrization; it wins over the name). A test of these files that is in neither list
@@ -111,6 +111,16 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_prefill_cadence_counts_executed_steps_not_schedule_calls",
         "test_throttle_capacity_bound_guard_admits",
         "test_reset_connector_cache_no_connector_is_no_op_success",
+        # Multimodal inputs (a llava-1.5 config written by run.py): the encoder budget and
+        # cache in the core, the V2 runner's encoder_input_updates.
+        "test_schedule_multimodal_requests",
+        "test_schedule_partial_requests",
+        "test_no_mm_input_chunking[False]",
+        "test_no_mm_input_chunking_for_same_step_duplicate",
+        "test_eagle3_mm_encoder_cache_with_shift",
+        "test_cpu_encoder_input_updates_wait_for_completed_prefill",
+        "test_cpu_encoder_input_updates_resume_and_abort",
+        "test_cpu_encoder_input_updates_preserve_shm_handles",
     ),
     ASYNC_SCHEDULER_TESTS: (
         "test_prefix_caching_for_prefill_dedup",
@@ -173,12 +183,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "internals; also scheduler._preempt_request, scheduler.kv_cache_manager, "
             "scheduler.num_hash_lookahead_tokens, scheduler.running"
         ),
-        "test_schedule_multimodal_requests": (
-            "multimodal inputs (llava-1.5 model; refused by design)"
-        ),
         "test_max_loras_counts_running_request_skipped_for_encoder_budget": (
-            "multimodal inputs (mm_positions; its LoRA rule is served); also "
-            "scheduler.encoder_cache_manager, "
+            "scheduler internal: scheduler.encoder_cache_manager, "
             "scheduler.max_num_encoder_input_tokens; Request fields: status"
         ),
         "test_cached_request_data_resumed_all_token_ids_mrv1_only": (
@@ -186,12 +192,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler._make_cached_request_data; Request fields: all_token_ids, "
             "append_output_token_ids"
         ),
-        "test_schedule_partial_requests": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler.max_num_encoder_input_tokens, scheduler.running"
-        ),
         "test_encoder_only_prompt_longer_than_budget_is_chunked": (
-            "multimodal inputs (llava-1.5 model; refused by design)"
+            "refused feature: multimodal encoder-only instances (mm_encoder_only=True)"
         ),
         "test_throttle_prefills_excludes_fully_transferred_remote_kv": (
             "refused feature: KV connectors (kv_transfer_config is set); also "
@@ -204,19 +206,14 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.running, scheduler.waiting; Request fields: status"
         ),
         "test_same_step_duplicate_encoder_input_stays_cached": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler.encoder_cache_manager"
+            "scheduler internal: scheduler.encoder_cache_manager"
         ),
-        "test_no_mm_input_chunking": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler.encoder_cache_manager, scheduler.running"
-        ),
-        "test_no_mm_input_chunking_for_same_step_duplicate": (
-            "multimodal inputs (llava-1.5 model; refused by design)"
+        "test_no_mm_input_chunking[True]": (
+            "scheduler internal: scheduler.encoder_cache_manager (a warm encoder cache built by "
+            "hand); also scheduler.running"
         ),
         "test_no_mm_input_chunking_at_item_boundary": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler._try_schedule_encoder_inputs"
+            "scheduler internal: scheduler._try_schedule_encoder_inputs"
         ),
         "test_update_from_output_routes_sampling_masks_by_request": (
             "refused feature: sampling masks (scheduler.return_sampling_mask); Request fields: "
@@ -357,37 +354,37 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.use_eagle"
         ),
         "test_ec_connector_text_only_request": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design); also scheduler.encoder_cache_manager"
+            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
+            "scheduler.encoder_cache_manager"
         ),
         "test_ec_connector_cache_hit_external_load": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design); also scheduler.encoder_cache_manager"
+            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
+            "scheduler.encoder_cache_manager"
         ),
         "test_ec_connector_cache_miss_computes_locally": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design); also scheduler.encoder_cache_manager"
+            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
+            "scheduler.encoder_cache_manager"
         ),
         "test_ec_connector_with_partial_cache_hit_multi_round": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design); also scheduler.encoder_cache_manager"
+            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
+            "scheduler.encoder_cache_manager"
         ),
         "test_ec_connector_schedule_multiple_requests": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design); also scheduler.encoder_cache_manager"
+            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
+            "scheduler.encoder_cache_manager"
         ),
         "test_ec_connector_unable_to_allocate": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design); also scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
+            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
+            "scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
         ),
         "test_priority_scheduling_ec_connector_preemption_and_resumption": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design); also scheduler.encoder_cache_manager, scheduler.kv_cache_manager, "
-            "scheduler.running, scheduler.waiting"
+            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
+            "scheduler.encoder_cache_manager, scheduler.kv_cache_manager, scheduler.running, "
+            "scheduler.waiting"
         ),
         "test_ec_connector_allocate_encoder_tokens_with_external_load": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design); also scheduler.encoder_cache_manager"
+            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
+            "scheduler.encoder_cache_manager"
         ),
         "test_prepend_skipped_requests_order": (
             "refused feature: KV connectors (kv_transfer_config is set); also "
@@ -424,8 +421,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.ec_connector)"
         ),
         "test_ec_connector_update_connector_output_called": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design)"
+            "refused feature: encoder-cache connectors (ec_transfer_config is set)"
         ),
         "test_variable_length_cross_attn_block_allocation": (
             "refused feature: KV-cache groups other than full attention and sliding window "
@@ -451,90 +447,81 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
             "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
         ),
-        "test_eagle3_mm_encoder_cache_with_shift": (
-            "multimodal inputs (llava-1.5 model; refused by design); Request fields: "
-            "num_computed_tokens, num_computed_tokens (written)"
-        ),
         "test_free_encoder_inputs_respects_unconfirmed_placeholders": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; Request fields: "
-            "num_computed_tokens (written), num_output_placeholders (written)"
+            "scheduler internal: scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; "
+            "Request fields: num_computed_tokens (written), num_output_placeholders (written)"
         ),
         "test_free_encoder_inputs_notifies_the_ec_connector": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design); also scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; "
+            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
+            "scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; "
             "Request fields: num_computed_tokens (written)"
         ),
         "test_unavailable_encoder_input_fails_the_request_as_retryable": (
-            "multimodal inputs (llava-1.5 model; refused by design); Request fields: status"
+            "sets scheduler.ec_connector to a mock (encoder-cache connectors are refused); "
+            "Request fields: status"
         ),
         "test_encoder_cache_accepts_matching_embed_count": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler.encoder_cache_manager, scheduler.encoder_cache_mismatch_reqs"
+            "scheduler internal: scheduler.encoder_cache_manager, "
+            "scheduler.encoder_cache_mismatch_reqs"
         ),
         "test_encoder_cache_rejects_mismatched_embed_count": (
-            "multimodal inputs (llava-1.5 model; refused by design); "
-            "scheduler.encoder_cache_manager; also scheduler.encoder_cache_mismatch_reqs; Request "
-            "fields: status"
+            "scheduler internal: scheduler.encoder_cache_manager; also "
+            "scheduler.encoder_cache_mismatch_reqs; Request fields: status"
         ),
         "test_encoder_cache_embed_count_mismatch_restores_prior_hit_state": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler.encoder_cache_manager, scheduler.encoder_cache_mismatch_reqs; Request "
-            "fields: status"
+            "scheduler internal: scheduler.encoder_cache_manager, "
+            "scheduler.encoder_cache_mismatch_reqs; Request fields: status"
         ),
         "test_encoder_cache_rejects_mismatched_embed_count_within_request": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler.encoder_cache_manager, scheduler.encoder_cache_mismatch_reqs; Request "
-            "fields: status"
+            "scheduler internal: scheduler.encoder_cache_manager, "
+            "scheduler.encoder_cache_mismatch_reqs; Request fields: status"
         ),
         "test_drafter_lookahead_encoder_cache_cap_makes_progress": (
-            "multimodal inputs (request refused by design); scheduler.encoder_cache_manager, "
+            "scheduler.encoder_cache_manager, "
             "num_prefill_lookahead; also scheduler.max_num_encoder_input_tokens, "
             "scheduler.num_prefill_lookahead; Request fields: num_computed_tokens"
         ),
         "test_drafter_lookahead_encoder_cache_cap_respects_token_budget": (
-            "multimodal inputs (request refused by design); scheduler.encoder_cache_manager, "
+            "scheduler.encoder_cache_manager, "
             "num_prefill_lookahead; also scheduler.max_num_encoder_input_tokens, "
             "scheduler.num_prefill_lookahead"
         ),
         "test_free_encoder_inputs_unchanged_without_spec_decode": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; Request fields: "
-            "num_computed_tokens (written)"
+            "scheduler internal: scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; "
+            "Request fields: num_computed_tokens (written)"
         ),
         "test_waiting_encoder_stall_does_not_starve_later_requests": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler.max_num_encoder_input_tokens"
+            "writes scheduler.max_num_encoder_input_tokens (the plug-in's encoder budget is its "
+            "config's)"
         ),
         "test_waiting_encoder_stall_is_counted_as_deferred": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler.deferred_waiting, scheduler.max_num_encoder_input_tokens"
+            "scheduler internal: scheduler.deferred_waiting; also writes "
+            "scheduler.max_num_encoder_input_tokens"
         ),
         "test_waiting_encoder_stall_kv_holder_keeps_drain_priority": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler.kv_holding_waiting, scheduler.max_num_encoder_input_tokens"
+            "scheduler internal: scheduler.kv_holding_waiting; also writes "
+            "scheduler.max_num_encoder_input_tokens"
         ),
         "test_encoder_cache_retained_across_preemption_and_resume": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler.encoder_cache_manager; Request fields: num_computed_tokens (written)"
+            "scheduler internal: scheduler.encoder_cache_manager; Request fields: "
+            "num_computed_tokens (written)"
         ),
         "test_encoder_cache_recomputed_when_evicted_during_preemption": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler.encoder_cache_manager; Request fields: num_computed_tokens (written)"
+            "scheduler internal: scheduler.encoder_cache_manager; Request fields: "
+            "num_computed_tokens (written)"
         ),
         "test_ec_connector_ensure_cache_available_defers_request": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design); also scheduler.encoder_cache_manager, scheduler.kv_cache_manager"
+            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
+            "scheduler.encoder_cache_manager, scheduler.kv_cache_manager"
         ),
         "test_ec_connector_waits_for_embeddings_in_prefix_replay": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design); also scheduler.encoder_cache_manager, scheduler.kv_cache_manager, "
+            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
+            "scheduler.encoder_cache_manager, scheduler.kv_cache_manager, "
             "scheduler.prefix_replay_group_ids, scheduler.prefix_replay_tokens; Request fields: "
             "num_computed_tokens"
         ),
         "test_ec_connector_defers_running_request_for_async_reload": (
-            "EC (encoder-cache) connector with multimodal inputs (llava-1.5 model; refused by "
-            "design)"
+            "refused feature: encoder-cache connectors (ec_transfer_config is set)"
         ),
         "test_ec_connector_pending_prefetch_only_checks_future_mm_features": (
             "EC connector + multimodal helper; no scheduler"
@@ -602,18 +589,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler._drafts_unused; Request fields: "
             "append_output_token_ids, num_output_placeholders (written)"
         ),
-        "test_cpu_encoder_input_updates_wait_for_completed_prefill": (
-            "multimodal inputs (llava-1.5 model; refused by design)"
-        ),
-        "test_cpu_encoder_input_updates_resume_and_abort": (
-            "multimodal inputs (llava-1.5 model; refused by design)"
-        ),
         "test_cpu_encoder_input_updates_restore_after_kv_load_failure": (
-            "multimodal inputs (llava-1.5 model; refused by design); also "
-            "scheduler.kv_cache_manager; Request fields: num_computed_tokens"
-        ),
-        "test_cpu_encoder_input_updates_preserve_shm_handles": (
-            "multimodal inputs (llava-1.5 model; refused by design)"
+            "scheduler internal: scheduler.kv_cache_manager; Request fields: num_computed_tokens"
         ),
     },
     ASYNC_SCHEDULER_TESTS: {

@@ -993,6 +993,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         return int(self.core.config.max_num_seqs)
 
     @property
+    def max_num_encoder_input_tokens(self) -> int:
+        """A step's encoder compute budget, in embeddings (vLLM's attribute of that name: 0
+        for a model without multimodal inputs)."""
+        return int(self.core.config.max_num_encoder_input_tokens)
+
+    @property
     def max_num_scheduled_tokens(self) -> int:
         """A step's token budget (vLLM's attribute of that name)."""
         return int(self.core.config.max_num_scheduled_tokens)
