@@ -148,6 +148,8 @@ STEP_KEYS = (
     "request_counts",
     "lora_ids",
     "structured_output",
+    "encoder_inputs",
+    "freed_encoder_outputs",
     "outputs",
 )
 """What is compared at every step.
@@ -166,7 +168,10 @@ parent chain is compared whatever hash function each side uses); ``request_count
 runs (sorted; vLLM's runner gathers them from the scheduled requests);
 ``structured_output`` the requests whose sampled token a grammar constrains, in the step's
 order (the rows of its bitmask), and whether one awaits an earlier step's output
-(``pending_structured_output_tokens``); ``outputs`` is what
+(``pending_structured_output_tokens``); ``encoder_inputs`` the images each request
+encodes in the step (``{req_id: [input index]}``, vLLM's ``scheduled_encoder_inputs``) and
+``freed_encoder_outputs`` the encoder outputs evicted since the previous step, in eviction
+order (``free_encoder_mm_hashes``); ``outputs`` is what
 ``update_from_output`` returned for this step: ``[(req_id, new_token_ids, finish_reason,
 stop_reason)]`` in order.
 """
@@ -256,6 +261,9 @@ class ParityRequest:
     """Its grammar fails to compile (the request then fails with vLLM's error)."""
     report_reused_blocks: bool = False
     """With KV cache events, its prefix hits are reported too (``kv_cache_report_mode``)."""
+    mm_inputs: tuple[tuple[str, int, int], ...] = ()
+    """Its images: ``(identifier, offset, length)`` each, ``length`` placeholder tokens from
+    ``offset`` on; images with one identifier share their encoder output."""
 
     @property
     def key(self) -> int:
@@ -367,6 +375,15 @@ class ParityConfig:
     pipeline_parallel_size: int = 1
     """Both sides': pipeline stages, one step in flight per stage (the engine loop's batch
     queue)."""
+    image_side: int = 0
+    """A multimodal model (a tiny llava-1.5 on vLLM's side) whose images are at most
+    ``image_side ** 2`` placeholder tokens (0: text only)."""
+    max_num_encoder_input_tokens: int = 0
+    """With ``image_side``: vLLM's scheduler config's encoder compute budget, which its
+    ``MultiModalBudget`` raises to the largest image (llmsched's side gets the result)."""
+    encoder_cache_size: int = 0
+    """Likewise for the encoder cache."""
+    disable_chunked_mm_input: bool = False
     data_parallel_size: int = 1
     """vLLM's side only: a data-parallel rank of an MoE model (> 1), whose engine core keeps
     the prefill cadence: every step but each ``prefill_schedule_interval``-th is throttled
@@ -401,10 +418,26 @@ class ParityConfig:
             "eagle_block_drop": eagle and not hashes,
         }
 
+    def encoder_kwargs(self) -> dict[str, Any]:
+        """llmsched's fields for the encoder, as vLLM derives them for the model: each budget
+        at least the largest image, the drafter's prefill lookahead (EAGLE's one token)."""
+        if not self.image_side:
+            return {}
+        largest = self.image_side**2
+        return {
+            "max_num_encoder_input_tokens": max(self.max_num_encoder_input_tokens, largest),
+            "encoder_cache_size": max(self.encoder_cache_size, largest),
+            "num_prefill_lookahead_tokens": int(
+                self.num_speculative_tokens > 0 and self.speculative_method in ("eagle", "eagle3")
+            ),
+        }
+
     def llmsched_kwargs(self) -> dict[str, Any]:
         """llmsched's ``SchedulerConfig`` fields."""
         return {
             **self.drafter_kwargs(),
+            **self.encoder_kwargs(),
+            "disable_chunked_mm_input": self.disable_chunked_mm_input,
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
@@ -435,7 +468,11 @@ class ParityConfig:
         where vLLM's config keeps them (vLLM derives the sampled tokens per step from the
         model's runner), and the model runner."""
         shared = self.llmsched_kwargs()
-        for derived in ("num_sampled_tokens_per_step", *self.drafter_kwargs()):
+        for derived in (
+            "num_sampled_tokens_per_step",
+            *self.drafter_kwargs(),
+            *self.encoder_kwargs(),
+        ):
             del shared[derived]
         # vLLM's config keeps the engine's cadence; its scheduler decides what it applies.
         shared["prefill_schedule_interval"] = self.prefill_schedule_interval
@@ -447,6 +484,15 @@ class ParityConfig:
             "data_parallel_size": self.data_parallel_size,
             "pooling": self.pooling,
             "kv_events": self.kv_events,
+            **(
+                {
+                    "image_side": self.image_side,
+                    "max_num_encoder_input_tokens": self.max_num_encoder_input_tokens,
+                    "encoder_cache_size": self.encoder_cache_size,
+                }
+                if self.image_side
+                else {}
+            ),
         }
 
 
@@ -529,6 +575,22 @@ def deviation_triggers(config: ParityConfig, requests: Sequence[ParityRequest]) 
             f"#54028: 0 < long_prefill_token_threshold = {config.long_prefill_token_threshold}"
             f" < 1 + K = {1 + k}"
         )
+    if config.image_side and config.disable_chunked_mm_input:
+        whole = min(
+            config.max_num_scheduled_tokens or config.max_num_batched_tokens,
+            config.max_num_batched_tokens
+            - config.drafter_kwargs().get("max_num_new_slots_for_drafting", 0),
+        )
+        if config.long_prefill_token_threshold > 0:
+            whole = min(whole, config.long_prefill_token_threshold)
+        whole -= config.encoder_kwargs()["num_prefill_lookahead_tokens"]
+        for req in requests:
+            longer = [length for _, _, length in req.mm_inputs if length > whole]
+            if longer:
+                found.append(
+                    f"{req.request_id} has an image of {longer[0]} placeholders, which no step "
+                    f"takes whole ({whole})"
+                )
     usable = config.num_gpu_blocks - 1
     for req in requests:
         needed = blocks_needed(req, config)
@@ -568,6 +630,8 @@ class Runner:
         self.config = config
         self.requests: dict[str, ParityRequest] = {}
         self.state: dict[str, _RunnerState] = {}
+        # The encoder outputs the runner holds, by identifier.
+        self.encoder_outputs: set[str] = set()
 
     def add(self, req: ParityRequest) -> None:
         self.requests[req.request_id] = req
@@ -580,6 +644,8 @@ class Runner:
         to hand back after the output is applied (None without sync spec decode)."""
         admitted = set(summary["new"]) | set(summary["resumed"])
         computed_before = summary["num_computed_tokens"]
+        if self.config.image_side:
+            self._encode(summary)
         spec = summary["spec_tokens"]
         sync = not self.config.async_scheduling
         sampled: dict[str, list[int]] = {}
@@ -631,6 +697,24 @@ class Runner:
             )
         return sampled, drafts_out
 
+    def _encode(self, summary: dict[str, Any]) -> None:
+        """A GPU runner's encoder step: frees the evicted outputs, encodes the step's images,
+        then finds every image a scheduled chunk's placeholders need in its encoder cache
+        (vLLM's runner asserts the same: a miss has no embeddings to gather)."""
+        self.encoder_outputs.difference_update(summary["freed_encoder_outputs"])
+        for rid, inputs in summary["encoder_inputs"].items():
+            for i in inputs:
+                self.encoder_outputs.add(self.requests[rid].mm_inputs[i][0])
+        for rid, n in summary["scheduled"]:
+            start = summary["num_computed_tokens"][rid]
+            for identifier, offset, length in self.requests[rid].mm_inputs:
+                overlaps = offset < start + n and start < offset + length
+                if overlaps and identifier not in self.encoder_outputs:
+                    raise RunnerError(
+                        f"{rid}: tokens [{start}, {start + n}) need image {identifier!r} "
+                        f"at [{offset}, {offset + length}), which is not encoded"
+                    )
+
 
 # ----------------------------------------------------------------------------- sides
 
@@ -675,6 +759,7 @@ class LlmschedSide:
             cache_salt=req.cache_salt,
             skip_reading_prefix_cache=req.skip_reading_prefix_cache,
             structured_output=req.grammar_at is not None,
+            mm_inputs=req.mm_inputs,
         )
 
     def compile_grammar(self, req: ParityRequest) -> None:
@@ -722,6 +807,11 @@ class LlmschedSide:
                 [ids[i] for i in out.structured_output_rows.tolist()],
                 bool(out.pending_structured_output_tokens),
             ),
+            "encoder_inputs": _grouped(
+                [ids[row] for row in out.encoder_input_rows.tolist()],
+                out.encoder_input_ids.tolist(),
+            ),
+            "freed_encoder_outputs": list(out.freed_encoder_outputs),
         }
         summary["block_hashes"] = self.hash_labels.admitted(
             summary, lambda rid: self.scheduler.get_request(rid).block_hashes
@@ -770,6 +860,14 @@ class LlmschedSide:
     def abort(self, request_id: str) -> list[str]:
         status = self._llmsched.RequestStatus.FINISHED_ABORTED
         return list(self.scheduler.finish_requests(request_id, status))
+
+
+def _grouped(keys: list[str], values: list[int]) -> dict[str, list[int]]:
+    """``values`` by their ``keys``, in order."""
+    out: dict[str, list[int]] = {}
+    for key, value in zip(keys, values, strict=True):
+        out.setdefault(key, []).append(value)
+    return out
 
 
 class UncacheUndoneSteps:
@@ -919,6 +1017,7 @@ class VllmSide:
             num_hash_lookahead_tokens=self.config.drafter_kwargs().get(
                 "num_hash_lookahead_tokens", 0
             ),
+            mm_inputs=req.mm_inputs,
         )
         if request.structured_output_request is not None:
             from concurrent.futures import Future
@@ -969,6 +1068,10 @@ class VllmSide:
         if bool(structured) != out.has_structured_output_requests:
             raise AssertionError("vLLM's has_structured_output_requests disagrees with its rows")
         summary["structured_output"] = (structured, out.pending_structured_output_tokens)
+        summary["encoder_inputs"] = {
+            rid: list(inputs) for rid, inputs in out.scheduled_encoder_inputs.items()
+        }
+        summary["freed_encoder_outputs"] = list(out.free_encoder_mm_hashes)
         summary["block_hashes"] = self.hash_labels.admitted(summary, self.block_hashes)
         # Not compared (vLLM's side only): what the emulation of llmsched uncached.
         summary["uncached_blocks"] = 0 if self.uncache is None else self.uncache.take_count()
@@ -1155,8 +1258,12 @@ def coverage(run: RunResult) -> dict[str, int]:
         "finished_stop": 0,
         "finished_length": 0,
         "uncached_blocks": 0,
+        "encoded_images": 0,
+        "evicted_images": 0,
     }
     for step in run.steps:
+        counts["encoded_images"] += sum(len(i) for i in step["encoder_inputs"].values())
+        counts["evicted_images"] += len(step["freed_encoder_outputs"])
         counts["uncached_blocks"] += step.get("uncached_blocks", 0)
         counts["empty_steps"] += step["total_num_scheduled_tokens"] == 0
         counts["preemptions"] += len(step["preempted"])

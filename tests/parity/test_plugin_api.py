@@ -378,6 +378,89 @@ def test_a_refused_request_can_be_aborted_before_it_is_reported() -> None:
     assert not sched.has_requests()
 
 
+def with_images(req_id: str, prompt_len: int, *inputs: tuple[str, int, int]) -> Any:
+    """A request with images, ``(identifier, offset, length)`` each, as vLLM's engine makes
+    it (its block hashes take the images: they are set before it hashes)."""
+    return ref.make_vllm_request(
+        req_id, list(range(1, prompt_len + 1)), max_tokens=4, block_size=BLOCK, mm_inputs=inputs
+    )
+
+
+def test_a_multimodal_request_to_a_text_only_model_fails_alone() -> None:
+    """vLLM's front end never sends one; if something does, that request fails naming the
+    missing encoder budget, and the others go on."""
+    sched = build(reference())
+    sched.add_request(request("ok", prompt_len=20))
+    sched.add_request(with_images("bad", 20, ("img", 2, 9)))
+    seen = run_to_end(sched)
+    ((_client, error),) = seen["bad"]
+    assert error.finish_reason == FinishReason.ERROR
+    assert "max_num_encoder_input_tokens=0" in error.stop_reason
+    assert seen["ok"][-1][1].finish_reason == FinishReason.LENGTH
+
+
+def test_an_image_the_encoder_budget_can_never_hold_fails_alone_and_nothing_leaks() -> None:
+    """An image larger than the encoder cache (vLLM's front end refuses it; here it reaches
+    the scheduler) fails its request with the reason; the others finish and every block and
+    every encoder slot is free afterwards."""
+    theirs = reference(
+        image_side=3,
+        max_num_encoder_input_tokens=20,
+        encoder_cache_size=20,
+        max_num_batched_tokens=128,
+    )
+    sched = build(theirs)
+    free_blocks = sched.core.num_free_blocks
+    sched.add_request(with_images("ok", 40, ("small", 4, 9)))
+    sched.add_request(with_images("bad", 40, ("huge", 4, 30)))
+    sched.add_request(request("plain", prompt_len=30))
+    seen = run_to_end(sched)
+    ((_client, error),) = seen["bad"]
+    assert error.finish_reason == FinishReason.ERROR
+    assert "could never be encoded" in error.stop_reason
+    assert [out.finish_reason for _, out in seen["ok"]][-1] == FinishReason.LENGTH
+    assert [out.finish_reason for _, out in seen["plain"]][-1] == FinishReason.LENGTH
+    assert not sched.has_requests()
+    assert sched.core.num_free_blocks == free_blocks
+    free, freeable, _cached = sched.core.encoder_cache_state()
+    assert freeable == 20 and free <= 20
+
+
+def test_an_identifier_reused_for_another_image_size_fails_that_request_as_vllms() -> None:
+    """A client-chosen image id reused for content of another size: vLLM's scheduler fails
+    the later request (FINISHED_ERROR, no message) at the next update and serves the others;
+    the plug-in's outputs are vLLM's, and nothing leaks."""
+
+    def run(sched: Any) -> list[tuple[str, list[int], Any]]:
+        sched.add_request(with_images("first", 40, ("client-id", 4, 9)))
+        sched.add_request(with_images("reuse", 40, ("client-id", 20, 8)))
+        sched.add_request(request("plain", prompt_len=30))
+        rows = []
+        for step in range(40):
+            if not sched.has_requests():
+                break
+            so = sched.schedule()
+            sampled = {rid: [7 + step % 3] for rid in so.num_scheduled_tokens}
+            for eco in sched.update_from_output(so, ref.vllm_runner_output(so, sampled)).values():
+                rows.extend(
+                    (o.request_id, list(o.new_token_ids), o.finish_reason) for o in eco.outputs
+                )
+        return rows
+
+    kwargs = {
+        "image_side": 3,
+        "max_num_encoder_input_tokens": 20,
+        "encoder_cache_size": 20,
+        "max_num_batched_tokens": 128,
+    }
+    theirs = run(reference(**kwargs))
+    ours_sched = build(reference(**kwargs))
+    free_blocks = ours_sched.core.num_free_blocks
+    assert run(ours_sched) == theirs
+    assert ("reuse", [], FinishReason.ERROR) in theirs
+    assert ours_sched.core.num_free_blocks == free_blocks
+
+
 # ------------------------------------------------------------------- vs vLLM
 
 

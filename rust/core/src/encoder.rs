@@ -84,11 +84,26 @@ impl MmInput {
     }
 }
 
+/// How large a request's encoder inputs may be.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InputLimits {
+    /// The most embeddings (the encoder cache's size and the compute budget: a larger input
+    /// could never be encoded).
+    pub embeds: i64,
+    /// Without chunked inputs, the most placeholders (with the drafter's shift) one step can
+    /// give a request: a longer input could never be scheduled whole. None: chunked inputs.
+    pub whole_placeholders: Option<i64>,
+}
+
 /// A request's encoder inputs checked against its prompt: each non-empty with a
 /// non-empty identifier, within the prompt, in prompt order without overlapping, and
-/// with at most `largest` embeddings (the encoder cache's size and the compute budget:
-/// a larger one could never be encoded).
-pub(crate) fn check_mm_inputs(specs: Vec<MmInputSpec>, prompt_len: i64, largest: i64) -> CoreResult<Box<[MmInput]>> {
+/// within `limits`.
+pub(crate) fn check_mm_inputs(
+    specs: Vec<MmInputSpec>,
+    prompt_len: i64,
+    limits: InputLimits,
+) -> CoreResult<Box<[MmInput]>> {
+    let largest = limits.embeds;
     let mut inputs = Vec::with_capacity(specs.len());
     let mut previous_end = 0;
     for (i, spec) in specs.into_iter().enumerate() {
@@ -152,6 +167,19 @@ pub(crate) fn check_mm_inputs(specs: Vec<MmInputSpec>, prompt_len: i64, largest:
                     input.num_embeds()
                 ),
             ));
+        }
+        if let Some(most) = limits.whole_placeholders {
+            if spec.length > most {
+                return Err(CoreError::request(
+                    field("length"),
+                    spec.length,
+                    format!(
+                        "with disable_chunked_mm_input, an input is scheduled whole, but one step gives a \
+                         request at most {most} placeholders (the token budget, the long-prefill threshold, \
+                         less the drafter's shift): it could never be scheduled"
+                    ),
+                ));
+            }
         }
         previous_end = input.end();
         inputs.push(input);

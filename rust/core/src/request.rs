@@ -411,7 +411,7 @@ impl Request {
         let mm = if new.mm_inputs.is_empty() {
             None
         } else {
-            let inputs = check_mm_inputs(new.mm_inputs, prompt_len, cfg.largest_mm_input())?;
+            let inputs = check_mm_inputs(new.mm_inputs, prompt_len, cfg.mm_input_limits())?;
             Some(Box::new(RequestInputs { inputs, referenced: Vec::new() }))
         };
 

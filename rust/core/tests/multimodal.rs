@@ -228,6 +228,14 @@ fn bad_inputs_are_refused_naming_the_field() {
         assert!(err.contains(field), "{err}");
     }
     assert_eq!(sched.num_live_requests(), 0);
+    // Without chunked inputs, one step must hold an input whole (a 64-token step here).
+    let mut whole = mm(100, 100, |p| {
+        p.max_num_batched_tokens = 64;
+        p.disable_chunked_mm_input = true;
+    });
+    let err = whole.add_request(with_images("r", 100, vec![image("x", 0, 65)])).unwrap_err().to_string();
+    assert!(err.contains("mm_inputs[0].length") && err.contains("disable_chunked_mm_input"), "{err}");
+    whole.add_request(with_images("r", 100, vec![image("x", 0, 64)])).unwrap();
     let mut text_only = mm(0, 0, |_| {});
     let err = text_only.add_request(with_images("r", 100, vec![image("x", 0, 10)])).unwrap_err().to_string();
     assert!(err.contains("max_num_encoder_input_tokens=0"), "{err}");

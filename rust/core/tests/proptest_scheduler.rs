@@ -5,11 +5,13 @@
 //! budgets, `max_num_seqs` 1..64, few or many KV blocks, chunked prefill on or
 //! off, long-prefill threshold, sync or async, FCFS or priority, prefix caching,
 //! watermark, `scheduler_reserve_full_isl`, pooling `s = 0` now and then, LoRA
-//! off or `max_loras` 1..=2, a prefill cadence of 1 to 4 steps) plus a random
+//! off or `max_loras` 1..=2, a prefill cadence of 1 to 4 steps, multimodal inputs under
+//! an encoder budget and cache of a few embeddings, chunked or not) plus a random
 //! sequence of operations (add a request —
 //! prompts of 1 token, of `M - s` tokens, one token too long, sharing prefixes,
 //! arriving with computed tokens, with EOS and stop tokens, priorities, cache
-//! salts, LoRA adapters 1..=3, skipping the prefix cache —, add a duplicate
+//! salts, LoRA adapters 1..=3, skipping the prefix cache, up to two images of a pool
+//! of four, now and then one reused at another size —, add a duplicate
 //! id, abort, abort all, schedule (now and then throttled), apply the oldest step in
 //! flight, sync drafts, reset the prefix cache), played against the core by a small
 //! deterministic
@@ -31,6 +33,9 @@
 //! * `sum(n) = total <= max_num_scheduled_tokens`,
 //!   `sum(n + draft_slots) <= max_num_batched_tokens`, `len <= max_num_seqs`;
 //! * the step's LoRA set is its rows' adapters, at most `max_loras` of them;
+//! * every image a row's tokens overlap is among the runner's encoder outputs (encoded in
+//!   this step or an earlier one, not evicted since); a request failed for an image's size
+//!   shares that image's identifier with a request that has it at another size;
 //! * drafts: an admission has drafts only when padded (`n = 1 + K`, all -1);
 //!   async drafts are -1 placeholders; sync drafts are a prefix of the ones
 //!   given; a prefix hit is whole blocks and at most `N - 1` tokens;
@@ -73,8 +78,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use llmsched_core::{
-    AttentionKind, BlockHash, ConfigParams, CoreError, Grammar, Handle, KvCacheGroups, KvEvent, NewRequest, Policy,
-    Request, RequestEvent, RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, Step,
+    AttentionKind, BlockHash, ConfigParams, CoreError, Grammar, Handle, KvCacheGroups, KvEvent, MmInputSpec,
+    NewRequest, Policy, Request, RequestEvent, RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig,
+    Step,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError};
@@ -161,10 +167,33 @@ struct RawConfig {
     groups_sel: u8,
     window: u32,
     retention_sel: u8,
+    /// 0, 1: text only; else multimodal inputs under an encoder budget (`derive_config`).
+    mm_sel: u8,
 }
 
 /// The KV-cache groups of `groups_sel`: sliding-window groups beside full ones, in the
 /// orders vLLM produces (full first, or last) and with several sliding groups.
+/// Up to two images for a prompt of `len` tokens, from `bits`: identifiers from a pool of
+/// four, each of a fixed length (`1 + 2 * id` placeholders: some longer than the smaller
+/// budgets, which refuses the request), except now and then one reused with a length one
+/// longer (another image under a client's id: the request is failed if the scheduler meets
+/// both); gaps between them of 0 to 4 tokens.
+fn images(bits: u64, len: i64) -> Vec<MmInputSpec> {
+    let mut out = Vec::new();
+    let mut offset = (bits % 7) as i64;
+    for i in 0..(bits >> 3) % 3 {
+        let b = bits >> (5 + 8 * i);
+        let id = (b % 4) as i64;
+        let length = 1 + 2 * id + i64::from(b >> 2 & 31 == 0);
+        if offset + length > len {
+            break;
+        }
+        out.push(MmInputSpec { identifier: format!("img{id}"), offset, length, is_embed: None });
+        offset += length + ((b >> 7) % 5) as i64;
+    }
+    out
+}
+
 fn hybrid_groups(sel: u8, window: u32) -> KvCacheGroups {
     let (full, sliding) = (AttentionKind::Full, AttentionKind::SlidingWindow { window });
     let chunked = AttentionKind::ChunkedLocal { chunk: window };
@@ -215,7 +244,7 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
     // Mostly every step may prefill; else a cadence of 2 to 4 executed steps.
     let d = prop_oneof![3 => Just(1i64), 1 => 2i64..=4];
     // Mostly one group; else a hybrid layout with a window of a few blocks.
-    let e = (prop_oneof![2 => Just(0u8), 1 => 1u8..=6], prop_oneof![1u32..=8, 1u32..=64], 0u8..3);
+    let e = (prop_oneof![2 => Just(0u8), 1 => 1u8..=6], prop_oneof![1u32..=8, 1u32..=64], 0u8..3, 0u8..5);
     (a, b, c, d, e).prop_map(|(a, b, max_loras, prefill_schedule_interval, e)| RawConfig {
         block_size_log2: a.0,
         model_blocks: a.1,
@@ -246,6 +275,7 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
         groups_sel: e.0,
         window: e.1,
         retention_sel: e.2,
+        mm_sel: e.3,
     })
 }
 
@@ -331,6 +361,16 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         num_hash_lookahead_tokens: if lookahead > 0 && r.model_extra % 3 == 2 { 1 } else { 0 },
         ..ConfigParams::default()
     };
+    if r.mm_sel >= 2 {
+        // Budgets of a few embeddings, down to one image's (inputs are 1 to 8 embeddings):
+        // chunks stop before images, outputs are evicted and encoded again.
+        let (budget, cache) = [(6, 6), (8, 16), (24, 12)][usize::from(r.mm_sel - 2)];
+        p.max_num_encoder_input_tokens = budget;
+        p.encoder_cache_size = cache;
+        p.disable_chunked_mm_input = r.adaptive;
+        // An EAGLE-like drafter reads a token ahead.
+        p.num_prefill_lookahead_tokens = i64::from(lookahead > 0 && r.model_extra % 2 == 0);
+    }
     if r.groups_sel > 0 {
         // EAGLE's block drop over several groups is not built (lookahead hashes are).
         p.eagle_block_drop = false;
@@ -535,6 +575,8 @@ struct Tracked {
     finished: bool,
     /// Reported in a step's `finished` list.
     reported: bool,
+    /// Its images, `(identifier, length)`.
+    images: Vec<(String, i64)>,
 }
 
 /// The runner's model of one KV slot (a token position in a block).
@@ -594,6 +636,13 @@ struct Coverage {
     grammar_set_aside: u64,
     /// Requests failed for a grammar that did not compile.
     grammar_failed: u64,
+    /// Multimodal inputs of accepted and refused requests; requests failed for an identifier
+    /// reused with another size; inputs scheduled for encoding; encoder outputs evicted.
+    images: u64,
+    image_mismatches: u64,
+    encoder_set_aside: u64,
+    encoded: u64,
+    evicted: u64,
     /// KV cache events: blocks stored, lookups reported, blocks removed, caches cleared.
     blocks_stored: u64,
     hits_reported: u64,
@@ -607,6 +656,8 @@ struct Coverage {
 
 struct Harness {
     cov: Coverage,
+    /// The runner's encoder outputs, by identifier.
+    encoder_outputs: std::collections::HashSet<String>,
     sched: Scheduler,
     cfg: Arc<SchedulerConfig>,
     depth: usize,
@@ -654,6 +705,7 @@ impl Harness {
         );
         Self {
             cov: Coverage { cases: 1, ..Coverage::default() },
+            encoder_outputs: std::collections::HashSet::new(),
             sched: Scheduler::new(cfg.clone()).expect("a valid scheduler"),
             cfg,
             depth,
@@ -735,12 +787,26 @@ impl Harness {
             structured_output: op.grammar.is_some(),
             // One bit of the token seed: about half the requests ask for their hits.
             report_reused_blocks: op.token_seed & 1 == 1,
-            mm_inputs: Vec::new(),
+            mm_inputs: if self.cfg.multimodal() { images(op.token_seed >> 8, len) } else { Vec::new() },
         }
     }
 
     /// Whether `add_request` must accept `r`, by the rules it documents.
     fn acceptable(&self, r: &NewRequest) -> bool {
+        let cfg = &self.cfg;
+        let mut request_budget =
+            cfg.max_num_scheduled_tokens().min(cfg.max_num_batched_tokens() - cfg.max_num_new_slots_for_drafting());
+        if cfg.long_prefill_token_threshold() > 0 {
+            request_budget = request_budget.min(cfg.long_prefill_token_threshold());
+        }
+        let images_fit = r.mm_inputs.iter().all(|input| {
+            input.length <= cfg.max_num_encoder_input_tokens().min(cfg.encoder_cache_size())
+                && (!cfg.disable_chunked_mm_input()
+                    || input.length + cfg.num_prefill_lookahead_tokens() <= request_budget)
+        });
+        if !images_fit {
+            return false;
+        }
         let (m, s, bs) = (self.m(), self.s(), self.cfg.block_size());
         let len = r.prompt_token_ids.len() as i64;
         let longest = (len + r.max_tokens + self.k() + self.cfg.num_lookahead_tokens()).min(m);
@@ -794,6 +860,9 @@ impl Harness {
         let skip_prefix_cache = request.skip_reading_prefix_cache;
         let grammar = op.grammar.map(|compiles| (compiles, false));
         let reports_hits = request.report_reused_blocks;
+        let images: Vec<(String, i64)> =
+            request.mm_inputs.iter().map(|input| (input.identifier.clone(), input.length)).collect();
+        self.cov.images += request.mm_inputs.len() as u64;
         match self.sched.add_request(request) {
             Ok(handle) => {
                 if reports_hits {
@@ -818,6 +887,7 @@ impl Harness {
                     arrived_computed,
                     finished: false,
                     reported: false,
+                    images,
                 });
             }
             Err(e) => {
@@ -843,6 +913,41 @@ impl Harness {
         Ok(())
     }
 
+    /// The runner's encoder: frees the evicted outputs, encodes the step's inputs (each
+    /// an input of its row's request, once), then finds every input a row's tokens
+    /// `[C, C + n)` overlap among its outputs, as a GPU runner must to gather embeddings.
+    fn check_encoder_inputs(&mut self, step: &Step) -> Result<(), TestCaseError> {
+        for identifier in &step.freed_encoder_outputs {
+            prop_assert!(self.encoder_outputs.remove(&**identifier), "evicted {identifier:?}, never encoded");
+        }
+        let mut encoded_rows: Vec<(i32, i32)> = Vec::new();
+        for (&row, &input) in step.encoder_input_rows.iter().zip(&step.encoder_input_ids) {
+            prop_assert!(!encoded_rows.contains(&(row, input)), "input {input} of row {row} encoded twice");
+            encoded_rows.push((row, input));
+            let r = self.sched.request(step.req_handles[row as usize]).expect("live");
+            let identifier = &r.mm_inputs()[input as usize].identifier;
+            self.encoder_outputs.insert(identifier.to_string());
+            self.cov.encoded += 1;
+        }
+        self.cov.evicted += step.freed_encoder_outputs.len() as u64;
+        for (i, &h) in step.req_handles.iter().enumerate() {
+            let r = self.sched.request(h).expect("live");
+            let (c, n) = (i64::from(step.num_computed_tokens[i]), i64::from(step.num_scheduled_tokens[i]));
+            for input in r.mm_inputs() {
+                if input.offset < c + n && c < input.end() {
+                    prop_assert!(
+                        self.encoder_outputs.contains(&*input.identifier),
+                        "{}: tokens [{c}, {}) need {:?}, not encoded",
+                        r.id(),
+                        c + n,
+                        input.identifier
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn schedule(&mut self, rng: &mut Rng) -> Result<usize, TestCaseError> {
         let waiting_before = self.sched.waiting_ids();
         // Now and then a step the engine throttles (data-parallel prefill balancing).
@@ -850,6 +955,9 @@ impl Harness {
         // Before any request the step finishes leaves (a stored event names its request).
         self.check_kv_events("schedule")?;
         self.check_admission_order(&waiting_before, &step)?;
+        if self.cfg.multimodal() {
+            self.check_encoder_inputs(&step)?;
+        }
         if tracing() {
             let names: Vec<String> = step
                 .req_handles
@@ -981,6 +1089,12 @@ impl Harness {
                     "{id} passed over with its grammar compiled"
                 );
                 self.cov.grammar_set_aside += 1;
+                continue;
+            }
+            // Its next chunk starts at or in an image it cannot have encoded in this step, or
+            // would split one (without chunked inputs), or meets an image of another size.
+            if r.mm_inputs().iter().any(|input| input.end() > r.num_computed_tokens()) {
+                self.cov.encoder_set_aside += 1;
                 continue;
             }
             prop_assert!(
@@ -1630,8 +1744,20 @@ impl Harness {
             t.finished = true;
             self.cov.grammar_failed += 1;
         }
+        let mismatched = self.sched.finish_encoder_mismatches();
+        for (_, id) in &mismatched {
+            let i = self.tracked.iter().position(|t| *t.id == **id).expect("tracked");
+            let reused = self.tracked[i].images.iter().any(|(image, length)| {
+                self.tracked.iter().flat_map(|t| &t.images).any(|(other, l)| other == image && l != length)
+            });
+            let t = &mut self.tracked[i];
+            prop_assert!(reused, "{} failed, but no other request has one of its images at another size", t.id);
+            prop_assert!(!t.finished, "{} finished twice", t.id);
+            t.finished = true;
+            self.cov.image_mismatches += 1;
+        }
         invariants!(self, "after the grammars");
-        Ok(failed.len())
+        Ok(failed.len() + mismatched.len())
     }
 
     fn abort(&mut self, ids: &[String]) -> Result<(), TestCaseError> {
@@ -1966,7 +2092,12 @@ fn coverage() {
                 blocks_removed,
                 hybrid_hit_tokens,
                 window_nulls,
-                caches_cleared
+                caches_cleared,
+                images,
+                image_mismatches,
+                encoder_set_aside,
+                encoded,
+                evicted
             );
             total.max_in_flight = total.max_in_flight.max(c.max_in_flight);
         }

@@ -220,12 +220,12 @@ mod tests {
 
     #[test]
     fn an_input_enters_the_blocks_its_placeholders_overlap() {
-        use crate::encoder::{check_mm_inputs, MmInputSpec};
+        use crate::encoder::{check_mm_inputs, InputLimits, MmInputSpec};
         let tokens = vec![7; 16];
         let image =
             |identifier: &str, offset| MmInputSpec { identifier: identifier.into(), offset, length: 6, is_embed: None };
         let with = |specs: Vec<MmInputSpec>| {
-            let inputs = check_mm_inputs(specs, 16, 100).unwrap();
+            let inputs = check_mm_inputs(specs, 16, InputLimits { embeds: 100, whole_placeholders: None }).unwrap();
             hashes(&tokens, 4, ExtraKeys { cache_salt: None, lora_id: None, mm_inputs: &inputs })
         };
         let plain = hashes(&tokens, 4, salted(None));
