@@ -367,8 +367,9 @@ class ParityConfig:
     """Both sides' (vLLM's engine default, 0; a block size: every sliding-window block)."""
     speculative_method: str = "ngram"
     """vLLM's drafter: ``ngram`` (no slots of its own), ``eagle`` / ``eagle3`` (``K``
-    lookahead slots and EAGLE's prefix-cache rule) or ``draft_model`` (``K`` lookahead
-    slots and one draft slot per request)."""
+    lookahead slots and EAGLE's prefix-cache rule), ``mtp`` (a multi-module MTP drafter:
+    EAGLE's, reading ``K`` prompt tokens ahead) or ``draft_model`` (``K`` lookahead slots and
+    one draft slot per request)."""
     lookahead_block_hashes: bool = True
     """EAGLE's prefix-cache rule with prefix caching on: block hashes that cover the next
     token (vLLM 0.33's default), else a hit's last block dropped."""
@@ -409,27 +410,30 @@ class ParityConfig:
         k, method = self.num_speculative_tokens, self.speculative_method
         if k == 0 or method == "ngram":
             return {}
-        eagle = method in ("eagle", "eagle3")
-        hashes = int(eagle and self.enable_prefix_caching and self.lookahead_block_hashes)
+        eagle = method in ("eagle", "eagle3", "mtp")
+        # Prompt tokens the drafter reads ahead of a chunk: one module's one, each module's
+        # one more; a block's hash covers as many.
+        prefill_lookahead = (k if method == "mtp" else 1) if eagle else 0
+        hashes = (
+            prefill_lookahead if self.enable_prefix_caching and self.lookahead_block_hashes else 0
+        )
         return {
             "num_lookahead_tokens": k,
             "max_num_new_slots_for_drafting": int(method == "draft_model"),
             "num_hash_lookahead_tokens": hashes,
             "eagle_block_drop": eagle and not hashes,
+            "num_prefill_lookahead_tokens": prefill_lookahead,
         }
 
     def encoder_kwargs(self) -> dict[str, Any]:
         """llmsched's fields for the encoder, as vLLM derives them for the model: each budget
-        at least the largest image, the drafter's prefill lookahead (EAGLE's one token)."""
+        at least the largest image."""
         if not self.image_side:
             return {}
         largest = self.image_side**2
         return {
             "max_num_encoder_input_tokens": max(self.max_num_encoder_input_tokens, largest),
             "encoder_cache_size": max(self.encoder_cache_size, largest),
-            "num_prefill_lookahead_tokens": int(
-                self.num_speculative_tokens > 0 and self.speculative_method in ("eagle", "eagle3")
-            ),
         }
 
     def llmsched_kwargs(self) -> dict[str, Any]:
@@ -583,7 +587,7 @@ def deviation_triggers(config: ParityConfig, requests: Sequence[ParityRequest]) 
         )
         if config.long_prefill_token_threshold > 0:
             whole = min(whole, config.long_prefill_token_threshold)
-        whole -= config.encoder_kwargs()["num_prefill_lookahead_tokens"]
+        whole -= config.drafter_kwargs().get("num_prefill_lookahead_tokens", 0)
         for req in requests:
             longer = [length for _, _, length in req.mm_inputs if length > whole]
             if longer:

@@ -970,10 +970,10 @@ def edge_cases() -> list[Case]:
                     ),
                 )
             )
-        # Drafters with a model (EAGLE K=3, a draft model): K lookahead slots capped at
-        # max_model_len, EAGLE's prefix-cache rule (lookahead hashes, where prompts that
-        # share blocks go on with other tokens, and their KV events; or the last hit block
-        # dropped), a draft model's draft slot, under KV pressure and preemption.
+        # Drafters with a model (EAGLE K=3, multi-module MTP, a draft model): K lookahead
+        # slots capped at max_model_len, EAGLE's prefix-cache rule (lookahead hashes, where
+        # prompts that share blocks go on with other tokens, and their KV events; or the last
+        # hit block dropped), a draft model's draft slot, under KV pressure and preemption.
         swa = "sliding_window:40,full"
         for workload, method, hashes, policy, pressure, m, groups in (
             ("shuffled-blocks", "eagle", True, "fcfs", True, 4096, "full"),
@@ -983,6 +983,12 @@ def edge_cases() -> list[Case]:
             ("synthetic-conv", "eagle", False, "priority", True, 4096, "full"),
             ("synthetic-conv", "eagle3", True, "fcfs", False, 288, "full"),
             ("synthetic-conv", "draft_model", True, "priority", True, 4096, "full"),
+            # A multi-module MTP drafter: it reads K prompt tokens ahead, so chunks end K
+            # or more before a prompt's end, the last K - 1 computed tokens stay uncached,
+            # and block hashes cover the K tokens after each block.
+            ("shuffled-blocks", "mtp", True, "fcfs", True, 4096, "full"),
+            ("synthetic-conv", "mtp", False, "priority", True, 4096, "full"),
+            ("synthetic-conv", "mtp", True, "fcfs", False, 288, "full"),
         ):
             roomy, tight = _pool_sizes(workload)
             rule = "" if method == "draft_model" else ("-hashes" if hashes else "-drop")

@@ -36,7 +36,7 @@ COVERAGE_COLUMNS = (
 DEVIATIONS_MD = """\
 ## Deliberate deviations and how the harness treats them
 
-llmsched deliberately differs from vLLM 0.33.0 in the ten ways below; each difference
+llmsched deliberately differs from vLLM 0.33.0 in the eleven ways below; each difference
 fixes a crash, a livelock or wrong KV in vLLM, and none changes a decision vLLM gets right.
 The comparison is never loosened for them: every step of every case is compared in full and
 no step summary is normalized. Instead
@@ -131,6 +131,18 @@ documented (or, for 2, that they cannot differ).
    for each other forever. *Harness:* kept out (the `edge-mm` cases have no threshold).
    *Test:* `test_deviation_an_image_no_step_takes_whole_is_refused` (vLLM schedules
    nothing for 100 loop iterations; llmsched refuses both requests).
+11. **An image whose encoding a priority preemption undoes is encoded for the request that
+   needs it.** When the running loop preempts a request already scheduled in the step, and
+   that request was to encode an image, vLLM gives the encoder budget back but leaves the
+   image's output in its encoder cache as if computed: a request that then finds it there
+   schedules its chunk without encoding it, and the runner has no embeddings for it (later
+   steps too, until the output is evicted). llmsched encodes the image in that step for
+   the first request whose chunk needs it, or, if none does, forgets the output; its budget
+   stays taken. *Harness:* out of reach of the compared cases (a preempted request never had
+   an image to encode in the step there); the harness's runner checks every image a chunk
+   needs. *Test:* `an_image_whose_encoding_request_is_preempted_in_its_step_is_encoded_for_the_next`
+   (rust/core/tests/multimodal.rs: the image is encoded for the request that needs it,
+   whether it found the output before or after the preemption).
 """
 
 PLUGIN_MD = """\
@@ -160,8 +172,8 @@ core, kept out the same way. Beyond them, the plug-in:
   chunked local attention and Mamba (or attention groups of another block size, a window
   retaining extra tokens, Mamba state cached at block boundaries: prefix caching with Mamba
   layers), KV caches of mixed precision, a hash
-  block size other than the block size, multi-module MTP drafters (their prefill chunks
-  stop short of the prompt's end), EAGLE's block drop beside several KV-cache groups,
+  block size other than the block size, multi-module MTP drafters beside several KV-cache
+  groups or multimodal inputs, EAGLE's block drop beside several KV-cache groups,
   dynamic speculative decoding (every field of the vLLM
   config classes it reads is classified in `llmsched/vllm/_fields.py`: read, refused, or
   why it need not be); per request (the request finishes with `FinishReason.ERROR` and
@@ -227,7 +239,7 @@ core, kept out the same way. Beyond them, the plug-in:
   (`num_sampled_tokens_per_step=0`, so a prompt may fill `max_model_len`), and a request
   ends with the output of its prompt's last chunk, carrying the runner's pooled output
   (`edge-pool` cases);
-- **serves drafters with a model** (EAGLE, EAGLE-3, single-module MTP, draft models,
+- **serves drafters with a model** (EAGLE, EAGLE-3, MTP of one or several modules, draft models,
   DFlash, and the runner-side n-gram and suffix methods) with what vLLM's scheduler derives
   from the method, read from vLLM's config: the drafter's lookahead KV slots (`L`, within
   `max_model_len`) and draft slots, and EAGLE's prefix-cache rule in the core: lookahead

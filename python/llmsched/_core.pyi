@@ -220,8 +220,11 @@ class SchedulerConfig:
     @property
     def num_prefill_lookahead_tokens(self) -> int:
         """Prompt tokens past the computed ones a drafter reads (vLLM's
-        ``num_prefill_lookahead_tokens``: 1 for EAGLE, 0 without): encoder inputs
-        are scheduled that far ahead of a chunk. At most 1."""
+        ``num_prefill_lookahead_tokens``: 1 for EAGLE, ``K`` for a multi-module MTP
+        drafter, 0 without): encoder inputs are scheduled that far ahead of a chunk, a
+        chunk never ends fewer than that many tokens before the prompt's end, and the
+        last that many less one computed tokens are not cached (the drafter may
+        compute them again)."""
     @property
     def kv_cache_groups(self) -> str:
         """The KV-cache groups the pool serves, in vLLM's order, comma-separated:

@@ -156,14 +156,16 @@ def test_an_moe_models_data_parallel_rank_leaves_the_prefill_cadence_to_its_engi
     assert build(reference(prefill_schedule_interval=4)).local_prefill_interval == 4
 
 
-def test_a_multi_module_mtp_drafter_is_refused() -> None:
-    """Its prefill chunks stop short of the prompt's end (vLLM's num_prefill_lookahead),
-    which the core does not do."""
+def test_a_multi_module_mtp_drafter_reads_the_prompt_ahead_as_vllms() -> None:
+    """Its prefill chunks stop short of the prompt's end by vLLM's ``num_prefill_lookahead``
+    (K: one token per module), which the core takes from vLLM's config; beside multimodal
+    inputs it is refused (the core's two rules could wait for each other)."""
     sched = reference(num_speculative_tokens=3, speculative_method="mtp")
-    hf_config = sched.vllm_config.speculative_config.draft_model_config.hf_config
-    hf_config.num_nextn_predict_layers = 3
-    with pytest.raises(plugin.UnsupportedFeatureError, match="num_prefill_lookahead_tokens=3"):
-        build(sched)
+    assert sched.num_prefill_lookahead == 3
+    assert build(sched).core.config.num_prefill_lookahead_tokens == 3
+    with_images = reference(num_speculative_tokens=3, speculative_method="mtp", image_side=3)
+    with pytest.raises(llmsched.ConfigError, match="num_prefill_lookahead_tokens=3"):
+        build(with_images)
 
 
 @pytest.mark.parametrize(

@@ -477,14 +477,13 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.encoder_cache_mismatch_reqs; Request fields: status"
         ),
         "test_drafter_lookahead_encoder_cache_cap_makes_progress": (
-            "scheduler.encoder_cache_manager, "
-            "num_prefill_lookahead; also scheduler.max_num_encoder_input_tokens, "
-            "scheduler.num_prefill_lookahead; Request fields: num_computed_tokens"
+            "scheduler internal: scheduler.encoder_cache_manager; also writes "
+            "scheduler.max_num_encoder_input_tokens, scheduler.num_prefill_lookahead; Request "
+            "fields: num_computed_tokens"
         ),
         "test_drafter_lookahead_encoder_cache_cap_respects_token_budget": (
-            "scheduler.encoder_cache_manager, "
-            "num_prefill_lookahead; also scheduler.max_num_encoder_input_tokens, "
-            "scheduler.num_prefill_lookahead"
+            "scheduler internal: scheduler.encoder_cache_manager; also writes "
+            "scheduler.max_num_encoder_input_tokens, scheduler.num_prefill_lookahead"
         ),
         "test_free_encoder_inputs_unchanged_without_spec_decode": (
             "scheduler internal: scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; "
@@ -545,18 +544,18 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.kv_cache_manager; Request fields: num_computed_tokens (written), num_tokens"
         ),
         "test_encoder_instance_defers_stop_until_prompt_is_consumed": (
-            "refused feature: multimodal inputs (model 'facebook/opt-125m'); also "
+            "refused feature: multimodal encoder-only instances (mm_encoder_only=True); also "
             "scheduler.encoder_cache_manager, scheduler.max_num_encoder_input_tokens; Request "
             "fields: is_finished, num_output_tokens"
         ),
         "test_encoder_instance_finishes_request_once_prompt_is_consumed": (
-            "refused feature: multimodal inputs (model 'facebook/opt-125m'); also "
+            "refused feature: multimodal encoder-only instances (mm_encoder_only=True); also "
             "scheduler.encoder_cache_manager, scheduler.max_num_encoder_input_tokens; Request "
             "fields: num_output_tokens, status"
         ),
         "test_encoder_input_skipped_when_connector_already_has_the_item": (
-            "refused feature: multimodal inputs (model 'facebook/opt-125m') / refused feature: "
-            "encoder-cache connectors (ec_transfer_config is set); also "
+            "refused feature: multimodal encoder-only instances (mm_encoder_only=True) / "
+            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
             "scheduler.encoder_cache_manager, scheduler.max_num_encoder_input_tokens"
         ),
         "test_update_draft_token_ids_strips_ngram_padding": (

@@ -469,7 +469,12 @@ def _become_drafter(vllm_config: Any, method: str, lookahead_block_hashes: bool)
 
     spec = vllm_config.speculative_config
     object.__setattr__(spec, "method", method)
-    object.__setattr__(spec, "draft_model_config", SimpleNamespace(hf_config=SimpleNamespace()))
+    # "mtp": a multi-module MTP drafter, one module per draft token (vLLM reads the count
+    # from the draft model's config).
+    layers = {"num_nextn_predict_layers": spec.num_speculative_tokens} if method == "mtp" else {}
+    object.__setattr__(
+        spec, "draft_model_config", SimpleNamespace(hf_config=SimpleNamespace(**layers))
+    )
     object.__setattr__(spec, "disable_lookahead_block_hashes", not lookahead_block_hashes)
     vllm_config._set_max_num_scheduled_tokens()
 

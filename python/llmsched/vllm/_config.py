@@ -212,19 +212,15 @@ def check_engine_config(
         kv_cache_config, "has_mamba_layers"
     ):
         raise _unsupported("KV caches of mixed precision", "needs_kv_cache_zeroing=True")
-    if get("speculative_config") is not None:
-        # vLLM's scheduler sees a drafter through the slots and prefix-cache rule it
-        # derives from the method (read by llmsched_config); a chunk boundary held back
-        # from the prompt's end is the one it does not have.
-        if get("num_prefill_lookahead_tokens") > 1:
-            raise _unsupported(
-                "multi-module MTP drafters (a prefill chunk held back from the prompt's end)",
-                f"num_prefill_lookahead_tokens={get('num_prefill_lookahead_tokens')}",
-            )
-        if get("speculative_config.num_speculative_tokens_per_batch_size"):
-            raise _unsupported(
-                "dynamic speculative decoding", "num_speculative_tokens_per_batch_size is set"
-            )
+    # vLLM's scheduler sees a drafter through the slots, the prompt it reads ahead and the
+    # prefix-cache rule it derives from the method (read by llmsched_config); what it does
+    # not have is a draft count that follows the batch size.
+    if get("speculative_config") is not None and get(
+        "speculative_config.num_speculative_tokens_per_batch_size"
+    ):
+        raise _unsupported(
+            "dynamic speculative decoding", "num_speculative_tokens_per_batch_size is set"
+        )
 
 
 def kv_cache_groups(
@@ -341,9 +337,7 @@ def llmsched_config(
             prefix_cache_retention_interval=block_size if retention is None else retention,
             max_num_encoder_input_tokens=encoder_compute_budget,
             encoder_cache_size=encoder_cache_size,
-            num_prefill_lookahead_tokens=(
-                read(vllm_config, "num_prefill_lookahead_tokens") if encoder_compute_budget else 0
-            ),
+            num_prefill_lookahead_tokens=read(vllm_config, "num_prefill_lookahead_tokens"),
         )
     except llmsched.ConfigError as exc:
         raise llmsched.ConfigError(f"llmsched.vllm cannot schedule this engine: {exc}") from None

@@ -50,7 +50,7 @@ _CONNECTORS = "only with a KV connector, refused (kv_transfer_config)"
 _DRAFTER = (
     "configures the drafter or the runner's draft verification; the drafts reach the "
     "scheduler through update_draft_token_ids, and what the scheduler sees of the drafter "
-    "vLLM derives into num_lookahead_tokens, num_prefill_lookahead_tokens (checked), "
+    "vLLM derives into num_lookahead_tokens, num_prefill_lookahead_tokens, "
     "num_hash_lookahead_tokens, speculative_config.max_num_new_slots_for_drafting and "
     "speculative_config.use_eagle_block_drop(), which are read"
 )

@@ -268,8 +268,11 @@ macro_rules! config_fields {
             /// at or before: it stops before the input instead.
             disable_chunked_mm_input: Bool = false;
             /// Prompt tokens past the computed ones a drafter reads (vLLM's
-            /// ``num_prefill_lookahead_tokens``: 1 for EAGLE, 0 without): encoder inputs
-            /// are scheduled that far ahead of a chunk. At most 1.
+            /// ``num_prefill_lookahead_tokens``: 1 for EAGLE, ``K`` for a multi-module MTP
+            /// drafter, 0 without): encoder inputs are scheduled that far ahead of a chunk, a
+            /// chunk never ends fewer than that many tokens before the prompt's end, and the
+            /// last that many less one computed tokens are not cached (the drafter may
+            /// compute them again).
             num_prefill_lookahead_tokens: Int = 0;
             /// The KV-cache groups the pool serves, in vLLM's order, comma-separated:
             /// ``full``, ``sliding_window:W`` (a window of W tokens), ``chunked_local:C``
@@ -476,13 +479,6 @@ fn check_field_ranges(p: &ConfigParams) -> CoreResult<()> {
             return Err(CoreError::config(field, value, "must not be negative"));
         }
     }
-    if p.num_prefill_lookahead_tokens > 1 {
-        return Err(CoreError::config(
-            "num_prefill_lookahead_tokens",
-            p.num_prefill_lookahead_tokens,
-            "must be 0 or 1 (a multi-module MTP drafter's longer prefill lookahead is not served)",
-        ));
-    }
     if (p.max_num_encoder_input_tokens == 0) != (p.encoder_cache_size == 0) {
         return Err(CoreError::config(
             "encoder_cache_size",
@@ -624,6 +620,54 @@ fn check_speculative_decoding(p: &ConfigParams) -> CoreResult<()> {
             ),
         ));
     }
+    // A drafter with no lookahead slots reads no prompt ahead; one with several modules
+    // reads one token more per module, K at most.
+    let most_lookahead = if p.num_lookahead_tokens > 0 { p.num_speculative_tokens } else { 0 };
+    let l = p.num_prefill_lookahead_tokens;
+    if l > most_lookahead {
+        return Err(CoreError::config(
+            "num_prefill_lookahead_tokens",
+            l,
+            format!(
+                "must be at most num_speculative_tokens={most_lookahead} with a drafter's lookahead slots, 0 without"
+            ),
+        ));
+    }
+    if l > 1 && p.max_num_encoder_input_tokens > 0 {
+        // A chunk cut back short of an image's end keeps that image's output referenced,
+        // and the next image may then have no room in the cache: each waits for the other.
+        return Err(CoreError::config(
+            "num_prefill_lookahead_tokens",
+            l,
+            "must be at most 1 with multimodal inputs (a multi-module MTP drafter beside an encoder \
+             cache is not built)",
+        ));
+    }
+    if l > 1 {
+        // A chunk that would end fewer than L tokens before the prompt's end is cut back,
+        // so a step must be able to give a request L tokens, or the prompt never ends.
+        let resolved = p.resolved();
+        let largest = resolved
+            .max_num_scheduled_tokens
+            .unwrap_or(0)
+            .min(p.max_num_batched_tokens - p.max_num_new_slots_for_drafting);
+        if largest < l {
+            return Err(CoreError::config(
+                "num_prefill_lookahead_tokens",
+                l,
+                format!(
+                    "must be at most what one step gives a request ({largest} tokens), or a prompt could never end"
+                ),
+            ));
+        }
+        if 0 < p.long_prefill_token_threshold && p.long_prefill_token_threshold < l {
+            return Err(CoreError::config(
+                "long_prefill_token_threshold",
+                p.long_prefill_token_threshold,
+                format!("must be 0 or at least num_prefill_lookahead_tokens={l}, or a prompt could never end"),
+            ));
+        }
+    }
     if p.num_hash_lookahead_tokens > p.block_size {
         return Err(CoreError::config(
             "num_hash_lookahead_tokens",
@@ -643,6 +687,14 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
             "prefix_cache_retention_interval",
             interval,
             format!("must be 0 or a positive multiple of block_size={}", p.block_size),
+        ));
+    }
+    if p.num_prefill_lookahead_tokens > 1 && p.kv_cache_groups.len() > 1 {
+        return Err(CoreError::config(
+            "num_prefill_lookahead_tokens",
+            p.num_prefill_lookahead_tokens,
+            "must be at most 1 with several KV-cache groups (a multi-module MTP drafter beside hybrid \
+             layers is not built)",
         ));
     }
     if p.kv_cache_groups.iter().all(|kind| kind == AttentionKind::Mamba) {

@@ -233,6 +233,9 @@ pub(crate) struct EncoderCache {
     next_freeable: u64,
     /// Evicted since the last step.
     freed: Vec<Arc<str>>,
+    /// Outputs cached for an encoding a preemption undid in the step being built: not
+    /// computed (evicting one frees nothing in the runner).
+    orphans: Vec<Arc<str>>,
 }
 
 impl EncoderCache {
@@ -245,6 +248,7 @@ impl EncoderCache {
             freeable: BTreeMap::new(),
             next_freeable: 0,
             freed: Vec::new(),
+            orphans: Vec::new(),
         }
     }
 
@@ -292,7 +296,12 @@ impl EncoderCache {
             let (_, identifier) = self.freeable.pop_first().expect("freeable slots cover the need");
             let entry = self.entries.remove(&identifier).expect("a freeable output is cached");
             self.num_free_slots += entry.num_embeds;
-            self.freed.push(identifier);
+            match self.orphans.iter().position(|o| *o == identifier) {
+                Some(at) => {
+                    self.orphans.swap_remove(at);
+                }
+                None => self.freed.push(identifier),
+            }
         }
         true
     }
@@ -345,6 +354,36 @@ impl EncoderCache {
         while let Some(&i) = mm.referenced.first() {
             self.release(handle, mm, i as usize);
         }
+    }
+
+    /// Marks the output cached under `identifier` as not computed after all (the request
+    /// that was to encode it in the step being built was preempted).
+    pub fn orphan(&mut self, identifier: Arc<str>) {
+        if !self.orphans.contains(&identifier) {
+            self.orphans.push(identifier);
+        }
+    }
+
+    /// The orphaned outputs still cached, taken.
+    pub fn take_orphans(&mut self) -> Vec<Arc<str>> {
+        let mut orphans = std::mem::take(&mut self.orphans);
+        orphans.retain(|identifier| self.entries.contains_key(identifier));
+        orphans
+    }
+
+    /// Forgets the output cached under `identifier`, which its step will not compute after
+    /// all (the request that was to encode it was preempted in that step, and no other
+    /// request of the step needs it): its room comes back. Returns the requests that
+    /// referenced it, whose references the caller drops.
+    pub fn forget_unencoded(&mut self, identifier: &str) -> Vec<Handle> {
+        let Some(entry) = self.entries.remove(identifier) else { return Vec::new() };
+        if let Some(at) = entry.freeable_at {
+            self.freeable.remove(&at);
+            self.num_freeable_slots -= entry.num_embeds;
+        }
+        self.num_free_slots += entry.num_embeds;
+        self.num_freeable_slots += entry.num_embeds;
+        entry.holders
     }
 
     /// The identifiers evicted since the last call and not cached again since: the

@@ -127,3 +127,71 @@ fn the_rules_are_checked_together() {
     };
     assert!(llmsched_core::SchedulerConfig::new(hybrid).is_err());
 }
+
+/// A multi-module MTP drafter (prefill lookahead `L = K = 3`): a chunk never ends fewer than
+/// `L` tokens before the prompt's end (vLLM's `_reserve_prefill_lookahead`), and the last
+/// `L - 1` computed tokens are not cached (the drafter may compute them again).
+#[test]
+fn a_multi_module_drafter_keeps_its_prefill_lookahead() {
+    let chunks = |l: i64| {
+        let mut sched = eagle(|p| {
+            p.max_num_batched_tokens = 32;
+            p.max_num_seqs = 4;
+            p.num_prefill_lookahead_tokens = l;
+        });
+        // 34 tokens: a 32-token chunk would leave 2 < L = 3 of them.
+        sched.add_request(NewRequest::new("r", tokens(34), 1)).unwrap();
+        let step = sched.schedule();
+        check_step(&sched, &step);
+        step.num_scheduled_tokens[0]
+    };
+    assert_eq!(chunks(3), 31);
+    assert_eq!(chunks(1), 32);
+    // Cached after a 65-token prompt is computed: its first 64 tokens, 4 blocks; with L = 3
+    // the last 2 computed tokens do not count: 63 tokens, 3 blocks.
+    let hit = |l: i64, len: usize| {
+        let mut sched = eagle(|p| p.num_prefill_lookahead_tokens = l);
+        let mut again = tokens(len);
+        again.push(7); // the token `sample` gives
+        again.push(7);
+        hit_after(&mut sched, tokens(len), again)
+    };
+    assert_eq!(hit(1, 65), 4 * B as i64);
+    assert_eq!(hit(3, 65), 3 * B as i64);
+}
+
+#[test]
+fn a_prefill_lookahead_no_step_can_hold_is_refused() {
+    let err = |f: fn(&mut ConfigParams)| {
+        let mut p = ConfigParams { num_speculative_tokens: 3, num_lookahead_tokens: 3, ..ConfigParams::default() };
+        f(&mut p);
+        llmsched_core::SchedulerConfig::new(p).err().map(|e| e.to_string())
+    };
+    assert_eq!(err(|p| p.num_prefill_lookahead_tokens = 3), None);
+    assert!(err(|p| p.num_prefill_lookahead_tokens = 4).unwrap().contains("num_prefill_lookahead_tokens=4"));
+    assert!(err(|p| {
+        p.num_prefill_lookahead_tokens = 3;
+        p.long_prefill_token_threshold = 2;
+    })
+    .unwrap()
+    .contains("long_prefill_token_threshold=2"));
+    assert!(err(|p| {
+        p.num_prefill_lookahead_tokens = 3;
+        p.kv_cache_groups = llmsched_core::KvCacheGroups::parse("sliding_window:64,full").unwrap();
+    })
+    .unwrap()
+    .contains("several KV-cache groups"));
+    assert!(err(|p| {
+        p.num_prefill_lookahead_tokens = 3;
+        p.max_num_encoder_input_tokens = 16;
+        p.encoder_cache_size = 16;
+    })
+    .unwrap()
+    .contains("with multimodal inputs"));
+    assert!(err(|p| {
+        p.num_prefill_lookahead_tokens = 1;
+        p.num_lookahead_tokens = 0;
+    })
+    .unwrap()
+    .contains("0 without"));
+}

@@ -258,3 +258,95 @@ fn placeholders_without_embeddings_are_not_encoded_for() {
     sched.add_request(with_images("a", 60, vec![input])).unwrap();
     assert!(encoded(&run_step(&mut sched)).is_empty());
 }
+
+/// The runner's encoder outputs across steps: every image a scheduled chunk overlaps must
+/// be encoded in its step or an earlier one and not evicted since (what a GPU runner needs
+/// to gather embeddings). Returns the images encoded in `step`.
+fn check_encoded(sched: &Scheduler, step: &Step, outputs: &mut std::collections::HashSet<String>) -> Vec<String> {
+    for freed in &step.freed_encoder_outputs {
+        outputs.remove(&**freed);
+    }
+    let mut encoded = Vec::new();
+    for (&row, &input) in step.encoder_input_rows.iter().zip(&step.encoder_input_ids) {
+        let r = sched.request(step.req_handles[row as usize]).unwrap();
+        let identifier = r.mm_inputs()[input as usize].identifier.to_string();
+        outputs.insert(identifier.clone());
+        encoded.push(identifier);
+    }
+    for (i, &h) in step.req_handles.iter().enumerate() {
+        let r = sched.request(h).unwrap();
+        let (c, n) = (i64::from(step.num_computed_tokens[i]), i64::from(step.num_scheduled_tokens[i]));
+        for input in r.mm_inputs() {
+            if input.offset < c + n && c < input.end() {
+                assert!(
+                    outputs.contains(&*input.identifier),
+                    "{}: [{c}, {}) needs {:?}",
+                    r.id(),
+                    c + n,
+                    input.identifier
+                );
+            }
+        }
+    }
+    encoded
+}
+
+/// Priority policy: a (the lowest priority) runs first, and in one step its chunk reaches
+/// image "x", which it encodes; b reaches "x" in the same step; c (between them or after
+/// them in the running order) needs a block there and preempts a. Every chunk must find
+/// "x" encoded (vLLM leaves it cached but computed by nobody). `a` is (prompt, offset of
+/// "x"), `b` (prompt, offset of "x", priority), `c` (prompt, priority).
+fn preempt_the_encoder(budget: i64, blocks: i64, a: (usize, i64), b: (usize, i64, i64), c: (usize, i64)) {
+    let mut sched = mm(100, 100, |p| {
+        p.policy = llmsched_core::Policy::Priority;
+        p.max_num_batched_tokens = budget;
+        p.long_prefill_token_threshold = 8;
+        p.block_size = 4;
+        p.num_gpu_blocks = blocks;
+        p.max_num_seqs = 4;
+        p.scheduler_reserve_full_isl = false;
+    });
+    let add = |sched: &mut Scheduler, id: &str, len: usize, priority: i64, images: Vec<MmInputSpec>, t: f64| {
+        let mut r = with_images(id, len, images);
+        r.priority = priority;
+        r.max_tokens = 2;
+        r.arrival_time = Some(t);
+        sched.add_request(r).unwrap();
+    };
+    add(&mut sched, "a", a.0, 5, vec![image("x", a.1, 4)], 0.0);
+    let mut outputs = std::collections::HashSet::new();
+    let mut preempted_while_encoding = false;
+    for step_no in 0..40 {
+        if step_no == 1 {
+            add(&mut sched, "c", c.0, c.1, vec![], 1.0);
+            add(&mut sched, "b", b.0, b.2, vec![image("x", b.1, 4)], 2.0);
+        }
+        let step = sched.schedule();
+        check_step(&sched, &step);
+        sched.check_invariants().unwrap();
+        let encoded = check_encoded(&sched, &step, &mut outputs);
+        preempted_while_encoding |=
+            step.preempted.iter().any(|(_, id)| &**id == "a") && step.encoder_input_rows.len() == 1 && encoded == ["x"];
+        let (t, c) = sample(&sched, &step, false);
+        if !step.is_empty() {
+            apply(&mut sched, &step, &t, &c);
+        }
+        if !sched.has_requests() {
+            break;
+        }
+    }
+    assert!(!sched.has_requests());
+    assert!(preempted_while_encoding, "the case must preempt a in the step it encodes \"x\" in");
+}
+
+#[test]
+fn an_image_whose_encoding_request_is_preempted_in_its_step_is_encoded_for_the_next() {
+    // Step 0: a takes [0, 16). Step 1: a [16, 24) (the threshold), c and b admitted
+    // (running a, c, b). Step 2: a reaches "x" at 24 and encodes it, filling the pool; c's
+    // decode needs a block and preempts a; b, planned after, finds "x" cached.
+    preempt_the_encoder(16, 11, (32, 24), (16, 4, 4), (4, 0));
+    // Step 0: a takes [0, 20). Step 1: a [20, 28), b [0, 8), c [0, 4) (running a, b, c).
+    // Step 2: a reaches "x" at 28 and encodes it, b's chunk [8, 16) finds it cached, c's
+    // decode preempts a: "x" is encoded for b.
+    preempt_the_encoder(20, 15, (36, 28), (16, 8, 3), (4, 4));
+}

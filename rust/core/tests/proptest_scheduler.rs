@@ -368,8 +368,15 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         p.max_num_encoder_input_tokens = budget;
         p.encoder_cache_size = cache;
         p.disable_chunked_mm_input = r.adaptive;
-        // An EAGLE-like drafter reads a token ahead.
-        p.num_prefill_lookahead_tokens = i64::from(lookahead > 0 && r.model_extra % 2 == 0);
+    }
+    if lookahead > 0 {
+        // A drafter with lookahead slots reads the prompt ahead: one token (EAGLE-like) or,
+        // with one KV-cache group now and then, K (a multi-module MTP drafter).
+        p.num_prefill_lookahead_tokens = match r.model_extra % 4 {
+            0 => 0,
+            3 if r.groups_sel == 0 && r.mm_sel < 2 => k,
+            _ => 1,
+        };
     }
     if r.groups_sel > 0 {
         // EAGLE's block drop over several groups is not built (lookahead hashes are).
@@ -380,6 +387,17 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         (p.enable_prefix_caching, p.enable_kv_cache_events) = (false, false);
     }
     fit_budget_rules(&mut p);
+    // A multi-module lookahead needs steps that can give a request L tokens.
+    let largest = p
+        .max_num_scheduled_tokens
+        .unwrap_or(p.max_num_batched_tokens)
+        .min(p.max_num_batched_tokens - p.max_num_new_slots_for_drafting);
+    let threshold = p.long_prefill_token_threshold;
+    if p.num_prefill_lookahead_tokens > 1
+        && (largest < p.num_prefill_lookahead_tokens || (0 < threshold && threshold < p.num_prefill_lookahead_tokens))
+    {
+        p.num_prefill_lookahead_tokens = 1;
+    }
     p
 }
 
@@ -641,6 +659,8 @@ struct Coverage {
     images: u64,
     image_mismatches: u64,
     encoder_set_aside: u64,
+    /// Requests a multi-module drafter's prefill lookahead left nothing in a step.
+    lookahead_set_aside: u64,
     encoded: u64,
     evicted: u64,
     /// KV cache events: blocks stored, lookups reported, blocks removed, caches cleared.
@@ -1095,6 +1115,12 @@ impl Harness {
             // would split one (without chunked inputs), or meets an image of another size.
             if r.mm_inputs().iter().any(|input| input.end() > r.num_computed_tokens()) {
                 self.cov.encoder_set_aside += 1;
+                continue;
+            }
+            // A chunk ending fewer than L tokens before the prompt's end is cut back, to no
+            // token when the step's budget left is that small (a multi-module drafter).
+            if self.cfg.num_prefill_lookahead_tokens() > 1 && r.num_tokens() - r.num_computed_tokens() > 1 {
+                self.cov.lookahead_set_aside += 1;
                 continue;
             }
             prop_assert!(
@@ -2096,6 +2122,7 @@ fn coverage() {
                 images,
                 image_mismatches,
                 encoder_set_aside,
+                lookahead_set_aside,
                 encoded,
                 evicted
             );

@@ -48,6 +48,9 @@ pub struct KvManager {
     enable_caching: bool,
     /// Tokens after a block that its hash covers (lookahead hashes).
     hash_lookahead: i64,
+    /// The last computed tokens a multi-module MTP drafter may compute again, never cached:
+    /// `L - 1` for a prefill lookahead `L` (vLLM's `num_reprefillable_tokens`).
+    reprefillable: i64,
     /// A prefix hit gives back its last block (EAGLE's block drop).
     eagle_block_drop: bool,
     /// With Mamba groups, the attention groups' blocks allocated since the last step was
@@ -79,6 +82,7 @@ impl KvManager {
             watermark_blocks: config.watermark_blocks(),
             enable_caching,
             hash_lookahead: config.num_hash_lookahead_tokens(),
+            reprefillable: (config.num_prefill_lookahead_tokens() - 1).max(0),
             eagle_block_drop: config.eagle_block_drop(),
             blocks_to_zero: layout.has_mamba().then(|| vec![Vec::new(); layout.len()]),
             stats: PrefixCacheStats::default(),
@@ -350,6 +354,7 @@ impl KvManager {
         if !self.enable_caching {
             return;
         }
+        let upto = upto - self.reprefillable;
         let full = (upto.max(0) as usize).min(request.block_hashes.len() * self.block_size as usize)
             / self.block_size as usize;
         let full = full.min(request.block_ids.len());

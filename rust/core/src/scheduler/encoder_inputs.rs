@@ -106,13 +106,54 @@ impl Scheduler {
         }
     }
 
-    /// Undoes the step's record of `handle`'s inputs (a priority preemption took it): their
-    /// budget comes back (their cache references go with the preemption).
+    /// Undoes the step's record of `handle`'s inputs (a priority preemption took it; its
+    /// row is already gone; the preemption drops its references). Their outputs stay in the
+    /// cache, which other requests of the step may have found them in, but are not computed
+    /// yet: the step encodes each for a row that needs it, or forgets it (`settle_orphans`).
+    /// Their budget stays taken. (vLLM gives the budget back and leaves the outputs cached
+    /// as if computed: a chunk that found one there misses it in the runner.)
     pub(super) fn uncommit_encoder_inputs(&mut self, b: &mut StepBuilder, handle: Handle) {
         let Some(at) = b.encoder_inputs.iter().position(|(h, _)| *h == handle) else { return };
         let (_, inputs) = b.encoder_inputs.remove(at);
         let mm = self.requests[handle].mm.as_deref().expect("a request with encoder inputs has them");
-        b.encoder_budget += inputs.iter().map(|&i| mm.inputs[i as usize].num_embeds()).sum::<i64>();
+        for i in inputs {
+            self.encoder.orphan(mm.inputs[i as usize].identifier.clone());
+        }
+    }
+
+    /// The outputs whose encoding a preemption undid in this step: each is encoded for the
+    /// first row whose chunk overlaps an input of that identifier, or, if no row needs it,
+    /// forgotten (requests that referenced it plan it again).
+    fn settle_orphans(&mut self, b: &mut StepBuilder) {
+        let shift = self.config.num_prefill_lookahead_tokens();
+        for identifier in self.encoder.take_orphans() {
+            let needs = b.rows.iter().find_map(|row| {
+                let mm = self.requests[row.handle].mm.as_deref()?;
+                let (c, n) = (i64::from(row.num_computed_tokens), i64::from(row.num_scheduled_tokens));
+                let j = mm.inputs.iter().position(|input| {
+                    input.identifier == identifier && input.offset < c + n + shift && c < input.end()
+                })?;
+                Some((row.handle, j as u32))
+            });
+            match needs {
+                Some((h, j)) => match b.encoder_inputs.iter_mut().find(|(other, _)| *other == h) {
+                    Some((_, list)) => {
+                        if let Err(at) = list.binary_search(&j) {
+                            list.insert(at, j);
+                        }
+                    }
+                    None => b.encoder_inputs.push((h, vec![j])),
+                },
+                None => {
+                    for holder in self.encoder.forget_unencoded(&identifier) {
+                        if let Some(mm) = self.requests.get_mut(holder).and_then(|r| r.mm.as_deref_mut()) {
+                            let inputs = &mm.inputs;
+                            mm.referenced.retain(|&j| inputs[j as usize].identifier != identifier);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Drops every encoder-output reference of `handle` (preempted, finished, or not
@@ -126,6 +167,7 @@ impl Scheduler {
     /// The step's inputs to encode as columns: for each, its row and its index among its
     /// request's inputs, rows ascending; and the outputs evicted since the previous step.
     pub(super) fn write_encoder_columns(&mut self, b: &mut StepBuilder) {
+        self.settle_orphans(b);
         let step = &mut b.step;
         let mut by_row: Vec<(usize, &Vec<u32>)> = b
             .encoder_inputs

@@ -115,6 +115,18 @@ fn drafts_unused(request: &Request, c: i64, n: i64) -> bool {
     request.num_output_tokens() + 1 + in_flight >= request.max_tokens()
 }
 
+/// `n` tokens from `C` cut back so the chunk ends `L` or more tokens before the end of the
+/// request's known tokens, or at it (vLLM's `_reserve_prefill_lookahead`): a multi-module
+/// MTP drafter reads the `L` tokens after a chunk as draft inputs. A no-op for `L <= 1`.
+fn reserve_prefill_lookahead(request: &Request, c: i64, n: i64, l: i64) -> i64 {
+    let remaining = request.num_tokens() - c - n;
+    if 0 < remaining && remaining < l {
+        (n - (l - remaining)).max(0)
+    } else {
+        n
+    }
+}
+
 /// vLLM's `PauseState`: what `schedule()` may still schedule.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -36,6 +36,7 @@ impl Scheduler {
         let m = self.config.max_model_len();
         let s = self.config.num_sampled_tokens_per_step();
         let lookahead = if SIMPLE { 0 } else { self.config.num_lookahead_tokens() };
+        let prefill_lookahead = self.config.num_prefill_lookahead_tokens();
         let priority_policy = self.config.policy() == Policy::Priority;
 
         // The budgets stay in a local (registers) through the loop; the preemption path,
@@ -76,6 +77,7 @@ impl Scheduler {
             } else {
                 (n, None, request)
             };
+            let n = if SIMPLE { n } else { super::reserve_prefill_lookahead(request, c, n, prefill_lookahead) };
             if n <= 0 {
                 req_index += 1;
                 continue;

@@ -21,6 +21,8 @@ struct AdmissionRules {
     max_active: usize,
     /// #54028: a threshold below 1 + K would clip a padded step after padding.
     threshold_clips_padding: bool,
+    /// `L`: a chunk ends this far before the prompt's end, or at it.
+    prefill_lookahead: i64,
 }
 
 impl AdmissionRules {
@@ -35,6 +37,7 @@ impl AdmissionRules {
             reserve_full_isl: config.scheduler_reserve_full_isl(),
             max_active: config.max_num_active_seqs() as usize,
             threshold_clips_padding: budgets.cap_long_prefill(1 + k_spec) < 1 + k_spec,
+            prefill_lookahead: config.num_prefill_lookahead_tokens(),
         }
     }
 }
@@ -148,6 +151,12 @@ impl Scheduler {
                     } else {
                         (n, None)
                     };
+                    let n = super::reserve_prefill_lookahead(
+                        &self.requests[handle],
+                        hit.num_computed,
+                        n,
+                        rules.prefill_lookahead,
+                    );
                     if n == 0 {
                         self.set_aside(kind, &mut set_aside);
                         continue;
