@@ -123,22 +123,7 @@ def write_llava_model(path: str | Path, spec: LlavaSpec | None = None) -> Path:
     config.save_pretrained(str(out))
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     write_llava_tokenizer(out, spec)
-    side = spec.image_size
-    processor = {
-        "image_processor_type": "CLIPImageProcessor",
-        "processor_class": "LlavaProcessor",
-        "crop_size": {"height": side, "width": side},
-        "size": {"shortest_edge": side},
-        "do_resize": True,
-        "do_center_crop": True,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-        "do_convert_rgb": True,
-        "resample": 3,
-    }
+    processor = ve.llava_image_processor_config(spec.image_size)
     (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=1))
     llava_processor = {
         "processor_class": "LlavaProcessor",

@@ -91,97 +91,23 @@ OPT_125M_CONFIG: dict[str, object] = {
 #: The model name the tests use, resolved as a directory relative to the extracted tree.
 OPT_125M = "facebook/opt-125m"
 
-#: llava-hf/llava-1.5-7b-hf's config as far as vLLM reads it, for the multimodal tests
-#: (``create_scheduler(model="llava-hf/llava-1.5-7b-hf")``): the architecture makes the model
-#: multimodal, so the scheduler sizes its encoder compute budget and encoder cache from the
-#: tokens of the largest image, which vLLM takes from ``vision_config``
-#: ((336 // 14) ** 2 = 576 patches and the CLS token, less the CLS for the "default" feature
-#: strategy: 576, as in vLLM's CI; the tests assert on it); ``max_model_len`` defaults to 4,096 from
-#: ``text_config``; ``image_token_index`` is the placeholder the processor expands.
-LLAVA_1_5_CONFIG: dict[str, object] = {
-    "architectures": ["LlavaForConditionalGeneration"],
-    "model_type": "llava",
-    "ignore_index": -100,
-    "image_token_index": 32000,
-    "pad_token_id": 32001,
-    "projector_hidden_act": "gelu",
-    "vision_feature_layer": -2,
-    "vision_feature_select_strategy": "default",
-    "tie_word_embeddings": False,
+#: llava-1.5-7b's language model as far as vLLM reads it (``max_model_len`` defaults to
+#: 4,096 from it). Its vision tower is CLIP at 336 px in 14-px patches: (336 // 14) ** 2 =
+#: 576 placeholder tokens per image, which sizes the scheduler's encoder budget as in vLLM's
+#: CI (the tests assert on it); ``vllm_reference.write_llava_model`` writes the model.
+LLAVA_1_5_TEXT_CONFIG: dict[str, object] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "max_position_embeddings": 4096,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "vocab_size": 32064,
     "torch_dtype": "float16",
-    "text_config": {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 4096,
-        "intermediate_size": 11008,
-        "max_position_embeddings": 4096,
-        "num_attention_heads": 32,
-        "num_hidden_layers": 32,
-        "num_key_value_heads": 32,
-        "rms_norm_eps": 1e-05,
-        "rope_theta": 10000.0,
-        "vocab_size": 32064,
-        "torch_dtype": "float16",
-    },
-    "vision_config": {
-        "model_type": "clip_vision_model",
-        "hidden_size": 1024,
-        "image_size": 336,
-        "intermediate_size": 4096,
-        "num_attention_heads": 16,
-        "num_hidden_layers": 24,
-        "patch_size": 14,
-        "projection_dim": 768,
-        "vocab_size": 32000,
-    },
-}
-#: llava-1.5's image-processor config (CLIP at 336 px). vLLM loads the model's Hugging Face
-#: processor (image processor + tokenizer) to process one dummy image when it sizes the
-#: encoder budget, and that load requires this file; the token count itself comes from
-#: :data:`LLAVA_1_5_CONFIG`.
-LLAVA_1_5_PREPROCESSOR_CONFIG: dict[str, object] = {
-    "image_processor_type": "CLIPImageProcessor",
-    "processor_class": "LlavaProcessor",
-    "crop_size": {"height": 336, "width": 336},
-    "size": {"shortest_edge": 336},
-    "do_resize": True,
-    "do_center_crop": True,
-    "do_rescale": True,
-    "rescale_factor": 0.00392156862745098,
-    "do_normalize": True,
-    "image_mean": [0.48145466, 0.4578275, 0.40821073],
-    "image_std": [0.26862954, 0.26130258, 0.27577711],
-    "do_convert_rgb": True,
-    "resample": 3,
-}
-#: llava-1.5's special tokens with their real ids: "<image>" must encode to
-#: ``image_token_index`` (the dummy prompt vLLM processes is one "<image>").
-LLAVA_1_5_SPECIAL_TOKENS = {"<unk>": 0, "<s>": 1, "</s>": 2, "<image>": 32000, "<pad>": 32001}
-#: A stand-in for llava-1.5's tokenizer, in the ``tokenizers`` library's tokenizer.json
-#: format: a word-level vocabulary of the special tokens only (no sentencepiece model, which
-#: vLLM never uses here). The scheduler tests build the processor with the tokenizer
-#: (``skip_tokenizer_init`` stays False), and the tests' prompts are token ids, never text.
-LLAVA_1_5_TOKENIZER: dict[str, object] = {
-    "version": "1.0",
-    "truncation": None,
-    "padding": None,
-    "added_tokens": [
-        {
-            "id": token_id,
-            "content": content,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": True,
-        }
-        for content, token_id in LLAVA_1_5_SPECIAL_TOKENS.items()
-    ],
-    "normalizer": None,
-    "pre_tokenizer": {"type": "WhitespaceSplit"},
-    "post_processor": None,
-    "decoder": None,
-    "model": {"type": "WordLevel", "vocab": LLAVA_1_5_SPECIAL_TOKENS, "unk_token": "<unk>"},
 }
 #: The multimodal model name the tests use, a directory relative to the extracted tree.
 LLAVA_1_5 = "llava-hf/llava-1.5-7b-hf"
@@ -252,14 +178,11 @@ def write_local_model(root: Path) -> Path:
     model = root / OPT_125M
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text(json.dumps(OPT_125M_CONFIG, indent=1) + "\n")
-    llava = root / LLAVA_1_5
-    llava.mkdir(parents=True, exist_ok=True)
-    for name, content in (
-        ("config.json", LLAVA_1_5_CONFIG),
-        ("preprocessor_config.json", LLAVA_1_5_PREPROCESSOR_CONFIG),
-        ("tokenizer.json", LLAVA_1_5_TOKENIZER),
-    ):
-        (llava / name).write_text(json.dumps(content, indent=1) + "\n")
+    from llmsched.bench.vllm_reference import write_llava_model
+
+    write_llava_model(
+        root / LLAVA_1_5, image_size=336, patch_size=14, text_config=LLAVA_1_5_TEXT_CONFIG
+    )
     return model
 
 

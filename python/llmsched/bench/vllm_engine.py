@@ -1517,3 +1517,24 @@ def _embedding_difference(a: tuple[float, ...] | None, b: tuple[float, ...] | No
         return f"lengths {len(a)} vs {len(b)}"
     gaps = [abs(x - y) for x, y in zip(a, b, strict=True)]
     return f"{sum(g > 0 for g in gaps)} of {len(a)} values differ, by {max(gaps):.3g} at most"
+
+
+def llava_image_processor_config(image_size: int) -> dict[str, Any]:
+    """The CLIP image-processor config (``preprocessor_config.json``) of a llava-1.5 whose
+    images are ``image_size`` pixels square: vLLM loads the model's processor when it sizes
+    the encoder budget, and that load requires it."""
+    return {
+        "image_processor_type": "CLIPImageProcessor",
+        "processor_class": "LlavaProcessor",
+        "crop_size": {"height": image_size, "width": image_size},
+        "size": {"shortest_edge": image_size},
+        "do_resize": True,
+        "do_center_crop": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "do_convert_rgb": True,
+        "resample": 3,
+    }

@@ -155,21 +155,9 @@ def write_llava_model(
             "projection_dim": 64,
         },
     }
-    processor = {
-        "image_processor_type": "CLIPImageProcessor",
-        "processor_class": "LlavaProcessor",
-        "crop_size": {"height": image_size, "width": image_size},
-        "size": {"shortest_edge": image_size},
-        "do_resize": True,
-        "do_center_crop": True,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-        "do_convert_rgb": True,
-        "resample": 3,
-    }
+    from llmsched.bench.vllm_engine import llava_image_processor_config
+
+    processor = llava_image_processor_config(image_size)
     special = [
         {
             "id": token_id,

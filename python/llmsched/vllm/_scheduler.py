@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import chain
 from typing import Any
 
@@ -766,29 +766,28 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     def _fail_uncompiled_grammars(self, outputs: dict[int, list[EngineCoreOutput]]) -> None:
         """The requests whose grammar did not compile, once the core's waiting loop reached
         them, finish with vLLM's validation error; the others go on."""
-        if not self.core.finish_failed_grammars():
-            return
-        for request in self._freeze_finished():
-            message = f"Invalid structured outputs: {request.structured_output_request.grammar}"
-            outputs[request.client_index].append(
-                EngineCoreOutput(
-                    request_id=request.request_id,
-                    new_token_ids=[],
-                    finish_reason=FinishReason.ERROR,
-                    events=request.take_events(),
-                    trace_headers=request.trace_headers,
-                    **_validation_error(message),
-                )
+        if self.core.finish_failed_grammars():
+            self._report_failed(
+                outputs,
+                lambda r: f"Invalid structured outputs: {r.structured_output_request.grammar}",
             )
-            self._forget(request.request_id)
 
     def _fail_encoder_mismatches(self, outputs: dict[int, list[EngineCoreOutput]]) -> None:
         """The requests whose multimodal input met a cached encoder output of another size
         (an identifier reused for other content) finish with an error, as vLLM's do (no
         message: vLLM logs a warning); the others go on."""
-        if not self.core.finish_encoder_mismatches():
-            return
+        if self.core.finish_encoder_mismatches():
+            self._report_failed(outputs, lambda _request: None)
+
+    def _report_failed(
+        self,
+        outputs: dict[int, list[EngineCoreOutput]],
+        message: Callable[[Request], str | None],
+    ) -> None:
+        """The ERROR output of each request the core just failed (with ``message``'s
+        validation error, if any), and the request let go."""
         for request in self._freeze_finished():
+            error = message(request)
             outputs[request.client_index].append(
                 EngineCoreOutput(
                     request_id=request.request_id,
@@ -796,6 +795,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     finish_reason=FinishReason.ERROR,
                     events=request.take_events(),
                     trace_headers=request.trace_headers,
+                    **({} if error is None else _validation_error(error)),
                 )
             )
             self._forget(request.request_id)

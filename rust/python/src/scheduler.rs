@@ -335,6 +335,24 @@ pub struct PyScheduler {
 }
 
 impl PyScheduler {
+    /// Runs one of the core's `finish_*` calls that fail requests the engine reports
+    /// (grammars, encoder mismatches) and returns the ids it finished, retired as finished.
+    fn finish_failed<'py>(
+        &self,
+        py: Python<'py>,
+        finish: impl FnOnce(&mut Scheduler) -> Vec<(Handle, Arc<str>)>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        self.with_inner(py, |inner| {
+            let before = inner.core.finished_since_last_step().len();
+            let num_unreported = inner.unreported.len();
+            let finished = finish(&mut inner.core);
+            inner.retire_finished_since(before);
+            debug_assert_eq!(inner.unreported.len() - num_unreported, finished.len());
+            let ids = inner.unreported[num_unreported..].iter().map(|(_, id)| id.bind(py).clone()).collect();
+            new_list(py, ids)
+        })
+    }
+
     /// Runs `f` on the locked state; a panic inside becomes `InternalError`
     /// and marks the scheduler broken.
     fn with_inner<R>(&self, py: Python<'_>, f: impl FnOnce(&mut Inner) -> PyResult<R>) -> PyResult<R> {
@@ -1063,15 +1081,7 @@ impl PyScheduler {
     /// ``update_from_output``); returns their ids. Their final records are then
     /// ``take_finished_requests``'s; the next ``schedule()`` reports them finished.
     fn finish_failed_grammars<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        self.with_inner(py, |inner| {
-            let before = inner.core.finished_since_last_step().len();
-            let num_unreported = inner.unreported.len();
-            let finished = inner.core.finish_failed_grammars();
-            inner.retire_finished_since(before);
-            debug_assert_eq!(inner.unreported.len() - num_unreported, finished.len());
-            let ids = inner.unreported[num_unreported..].iter().map(|(_, id)| id.bind(py).clone()).collect();
-            new_list(py, ids)
-        })
+        self.finish_failed(py, Scheduler::finish_failed_grammars)
     }
 
     /// Finish (``FINISHED_ERROR``) the requests whose multimodal input met a cached encoder
@@ -1079,15 +1089,7 @@ impl PyScheduler {
     /// last call (vLLM fails them in its next ``update_from_output``); returns their ids.
     /// Their final records are then ``take_finished_requests``'s.
     fn finish_encoder_mismatches<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        self.with_inner(py, |inner| {
-            let before = inner.core.finished_since_last_step().len();
-            let num_unreported = inner.unreported.len();
-            let finished = inner.core.finish_encoder_mismatches();
-            inner.retire_finished_since(before);
-            debug_assert_eq!(inner.unreported.len() - num_unreported, finished.len());
-            let ids = inner.unreported[num_unreported..].iter().map(|(_, id)| id.bind(py).clone()).collect();
-            new_list(py, ids)
-        })
+        self.finish_failed(py, Scheduler::finish_encoder_mismatches)
     }
 
     /// Forget every cached encoder output (vLLM's ``reset_encoder_cache``, after the
