@@ -68,20 +68,6 @@ impl MmInput {
             }
         }
     }
-
-    pub fn is_embed(&self) -> Option<Vec<bool>> {
-        self.embeds_cumsum.as_ref().map(|cumsum| {
-            let mut before = 0;
-            cumsum
-                .iter()
-                .map(|&e| {
-                    let embed = e > before;
-                    before = e;
-                    embed
-                })
-                .collect()
-        })
-    }
 }
 
 /// How large a request's encoder inputs may be.
