@@ -392,6 +392,19 @@ def test_the_lora_case_runs_two_of_its_four_adapters_at_a_time() -> None:
     assert 0 < scheduled < CASES["lora-churn"].running  # half of them wait
 
 
+def test_the_multimodal_case_is_bound_by_its_encoder() -> None:
+    """Its first step encodes as many images as the budget holds (four, one output each in a
+    cache of four), so most requests with an image wait; their prompts done, the four
+    outputs stay cached unreferenced until the next images need the room."""
+    from llmsched.bench.step import CASES, ENCODER_IMAGES, IMAGE_TOKENS, LlmschedStepper
+
+    case = CASES["multimodal-churn"]
+    stepper = LlmschedStepper(case)
+    _, _, scheduled, _ = stepper.step()
+    assert stepper.sched.encoder_cache_state() == (0, ENCODER_IMAGES * IMAGE_TOKENS, ENCODER_IMAGES)
+    assert 0 < scheduled < case.running
+
+
 # ------------------------------------------------------------------ pages of figures
 
 

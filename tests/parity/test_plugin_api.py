@@ -934,7 +934,7 @@ def test_reset_prefix_cache_matches_vllms(reset_running: bool) -> None:
     assert drive(reference()) == drive(build(reference()))
 
 
-@pytest.mark.parametrize("case", ["decode-64", "spec-decode-k3", "kv-pressure"])
+@pytest.mark.parametrize("case", ["decode-64", "spec-decode-k3", "kv-pressure", "multimodal-churn"])
 def test_the_benchmark_times_the_same_steps_for_vllm_and_the_plugin(case: str) -> None:
     """``llmsched bench``'s plug-in column and vLLM's time the same decisions: the same
     number of requests in every timed step (churn, preemption and drafts included)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -88,6 +89,17 @@ class Case:
     kv_cache_groups: str = "full"
     """The KV-cache groups (llmsched's field): a hybrid model's sliding-window groups
     beside a full-attention one."""
+    image_every: int = 0
+    """> 0: every n-th request carries an image of :data:`IMAGE_TOKENS` placeholders at
+    :data:`IMAGE_OFFSET` of its prompt, one of :data:`NUM_IMAGES` (requests share them): a
+    multimodal model, a tiny llava-1.5 on vLLM's side, with an encoder budget and cache of
+    :data:`ENCODER_IMAGES` images."""
+
+    def image_of(self, i: int) -> list[tuple[str, int, int]]:
+        """The case's ``i``-th request's images, as ``(identifier, offset, length)``."""
+        if self.image_every <= 0 or i % self.image_every:
+            return []
+        return [(f"image-{i // self.image_every % NUM_IMAGES}", IMAGE_OFFSET, IMAGE_TOKENS)]
 
     def is_structured(self, i: int) -> bool:
         """Whether the case's ``i``-th request uses structured output."""
@@ -119,8 +131,31 @@ class Case:
             "async_scheduling": False,
             "max_loras": self.max_loras,
             "kv_cache_groups": self.kv_cache_groups,
+            **(
+                {
+                    "max_num_encoder_input_tokens": ENCODER_IMAGES * IMAGE_TOKENS,
+                    "encoder_cache_size": ENCODER_IMAGES * IMAGE_TOKENS,
+                }
+                if self.image_every
+                else {}
+            ),
         }
 
+    def vllm_kwargs(self) -> dict[str, Any]:
+        """``config_kwargs`` as ``vllm_reference.make_vllm_scheduler`` takes them: with
+        images, a llava-1.5 whose images are :data:`IMAGE_TOKENS` placeholders."""
+        kwargs = self.config_kwargs()
+        if self.image_every:
+            kwargs["image_side"] = math.isqrt(IMAGE_TOKENS)
+        return kwargs
+
+
+#: The multimodal case's images: placeholders each (a square: llava's patches), where they
+#: start in a prompt, how many distinct ones, and how many the encoder budget and cache hold.
+IMAGE_TOKENS = 64
+IMAGE_OFFSET = 8
+NUM_IMAGES = 32
+ENCODER_IMAGES = 4
 
 CASES: dict[str, Case] = {
     case.name: case
@@ -164,6 +199,16 @@ CASES: dict[str, Case] = {
             churn_spread=128,
             max_loras=2,
             num_loras=4,
+        ),
+        # One request in two with an image, churning: the encoder budget and cache (four
+        # images) bind, images are shared and evicted.
+        Case(
+            "multimodal-churn",
+            running=1024,
+            prompt_len=96,
+            churn_max_tokens=64,
+            churn_spread=128,
+            image_every=2,
         ),
         # One request in four under a grammar, churning: each waits for its grammar, each
         # step builds the bitmask of those decoding.
@@ -244,6 +289,7 @@ class LlmschedStepper:
             max_tokens=case.max_tokens_of(i),
             lora_id=case.lora_of(i),
             structured_output=structured,
+            mm_inputs=case.image_of(i),
         )
         if structured:
             self.sched.resolve_grammar(rid, True)
@@ -294,7 +340,7 @@ class VllmStepper:
 
         self.case = case
         self.between = _nothing
-        reference = make_vllm_scheduler(**case.config_kwargs())
+        reference = make_vllm_scheduler(**case.vllm_kwargs())
         if case.structured_every:
             reference.structured_output_manager.backend = _AcceptingBackend()
         self.sched = self._scheduler(reference)
@@ -317,6 +363,7 @@ class VllmStepper:
             prefix_caching=case.prefix_caching,
             lora_id=case.lora_of(self.next_id),
             structured_output=case.is_structured(self.next_id),
+            mm_inputs=case.image_of(self.next_id),
         )
         if request.structured_output_request is not None:
             request.structured_output_request.grammar = _AcceptingGrammar()
