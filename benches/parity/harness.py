@@ -506,7 +506,8 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
     ``num_gpu_blocks - 1``): a sliding-window group holds at most its window before the
     next token and a step's budget per step in flight, plus a block for a window starting
     mid-block; a chunked local group a chunk and the tokens in flight, plus a block for a
-    chunk starting mid-block; a Mamba group its state blocks, ``1 + K``."""
+    chunk starting mid-block (each windowed group also the blocks of the drafter's lookahead
+    slots); a Mamba group its state blocks, ``1 + K``."""
     longest = min(
         req.prompt_len + req.max_tokens + config.num_speculative_tokens, config.max_model_len
     )
@@ -528,7 +529,10 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
         else:
             before, extra = int(size), int(int(size) % config.block_size != 0)
         held = min(before + steps_in_flight * config.max_num_batched_tokens, config.max_model_len)
-        total += min(whole, -(-held // config.block_size) + extra)
+        lookahead = config.drafter_kwargs().get("num_lookahead_tokens", 0)
+        total += min(
+            whole, -(-held // config.block_size) + extra + -(-lookahead // config.block_size)
+        )
     return total
 
 

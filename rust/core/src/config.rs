@@ -814,13 +814,18 @@ impl SchedulerConfig {
     /// (vLLM's cap, which the admission gate keeps, counts chunks as if block-aligned); a
     /// Mamba group's state blocks, however short the request.
     pub fn max_blocks_per_request(&self, tokens: i64) -> i64 {
-        let blocks = (tokens + self.block_size() - 1) / self.block_size();
+        let bs = self.block_size();
+        let blocks = (tokens + bs - 1) / bs;
+        // A windowed group's blocks also cover the drafter's lookahead slots past the tokens
+        // in flight (the fuzz found a request holding that much more and preempting itself
+        // forever).
+        let lookahead = (self.num_lookahead_tokens() + bs - 1) / bs;
         let held = |kind: AttentionKind| match kind {
             AttentionKind::Mamba => self.mamba_state_blocks(),
-            AttentionKind::ChunkedLocal { chunk } if i64::from(chunk) % self.block_size() != 0 => {
-                self.group_block_cap(kind).map_or(blocks, |cap| blocks.min(cap + 1))
+            AttentionKind::ChunkedLocal { chunk } if i64::from(chunk) % bs != 0 => {
+                self.group_block_cap(kind).map_or(blocks, |cap| blocks.min(cap + 1 + lookahead))
             }
-            _ => self.group_block_cap(kind).map_or(blocks, |cap| blocks.min(cap)),
+            _ => self.group_block_cap(kind).map_or(blocks, |cap| blocks.min(cap + lookahead)),
         };
         self.kv_cache_groups().iter().map(held).sum()
     }

@@ -223,6 +223,8 @@ pub struct Request {
     pub(crate) skipped_waiting: bool,
     /// `stop_token_ids` is not empty (the stop check reads it only then).
     has_stop_token_ids: bool,
+    /// It has multimodal inputs (`mm`, in a cold line, is read only then).
+    pub(crate) has_mm_inputs: bool,
     /// The id of the last step that scheduled the request (0: never). A runner that did not
     /// see the request in the step before this one may hold stale state for it.
     pub(crate) last_scheduled_step: u64,
@@ -316,6 +318,7 @@ impl Request {
             is_prefill_chunk,
             drop_stale_output,
             has_stop_token_ids,
+            has_mm_inputs,
             last_scheduled_step,
             block_ids,
             spec_token_ids,
@@ -436,6 +439,7 @@ impl Request {
             drop_stale_output: false,
             skipped_waiting: false,
             has_stop_token_ids: !stop_token_ids.is_empty(),
+            has_mm_inputs: mm.is_some(),
             block_ids: Vec::new(),
             extra_tables: Vec::new(),
             shared_prefix_boundary: 0,

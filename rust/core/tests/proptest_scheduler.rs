@@ -836,6 +836,7 @@ impl Harness {
         // window starting mid-block.
         let stages = self.cfg.pipeline_parallel_size();
         let steps_in_flight = if self.cfg.async_scheduling() && stages == 1 { 2 } else { stages };
+        let lookahead_blocks = (self.cfg.num_lookahead_tokens() + bs - 1) / bs;
         let blocks: i64 = self
             .cfg
             .kv_cache_groups()
@@ -844,15 +845,16 @@ impl Harness {
                 AttentionKind::Full => whole,
                 // A Mamba group holds its state and a block per draft token, whatever the length.
                 AttentionKind::Mamba => 1 + self.k(),
+                // Plus the blocks of the drafter's lookahead slots.
                 AttentionKind::SlidingWindow { window } => {
                     let held = (i64::from(window) - 1 + steps_in_flight * self.cfg.max_num_batched_tokens()).min(m);
-                    whole.min((held + bs - 1) / bs + 1)
+                    whole.min((held + bs - 1) / bs + 1 + lookahead_blocks)
                 }
                 // A chunked local group holds at most a chunk and the tokens in flight, plus
                 // a block for a chunk starting mid-block.
                 AttentionKind::ChunkedLocal { chunk } => {
                     let held = (i64::from(chunk) + steps_in_flight * self.cfg.max_num_batched_tokens()).min(m);
-                    whole.min((held + bs - 1) / bs + i64::from(i64::from(chunk) % bs != 0))
+                    whole.min((held + bs - 1) / bs + i64::from(i64::from(chunk) % bs != 0) + lookahead_blocks)
                 }
             })
             .sum();
@@ -2414,4 +2416,47 @@ fn regression_a_chunk_starting_mid_block_holds_one_block_more() {
     }
     assert!(!sched.has_requests(), "the request did not finish");
     assert_eq!(sched.stats().num_preemptions, 0);
+}
+
+/// Finding 7. Sliding-window groups, three pipeline stages and a drafter's lookahead
+/// slots: a request held its window, a step's budget per step in flight and its lookahead
+/// slots, one block more than the pool check counted, and preempted itself forever (24
+/// preemptions in 263 steps). The check now counts the lookahead slots: it is refused.
+#[test]
+fn regression_a_windowed_group_holds_the_lookahead_slots_too() {
+    let config = ConfigParams {
+        max_model_len: 96,
+        max_num_seqs: 1,
+        max_num_batched_tokens: 7,
+        block_size: 8,
+        num_gpu_blocks: 26,
+        num_speculative_tokens: 2,
+        num_lookahead_tokens: 3,
+        async_scheduling: false,
+        pipeline_parallel_size: 3,
+        scheduler_reserve_full_isl: false,
+        enable_prefix_caching: false,
+        kv_cache_groups: hybrid_groups(2, 27),
+        ..ConfigParams::default()
+    };
+    let add = AddOp {
+        len_kind: 3,
+        len_raw: 7289,
+        prefix: 0,
+        prefix_len: 0,
+        max_tokens_kind: 0,
+        max_tokens_raw: 0,
+        computed: None,
+        eos: None,
+        stops: [None, None],
+        min_tokens: 0,
+        priority: 0,
+        arrival_delta: 0,
+        salt: None,
+        token_seed: 0,
+        lora: None,
+        skip_prefix_cache: false,
+        grammar: None,
+    };
+    run_case(&Case { config, depth: 3, ops: vec![Op::Add(add)], drain_seed: 0 }).unwrap();
 }

@@ -71,7 +71,7 @@ impl Scheduler {
             let n = if SIMPLE { n } else { local.cap_long_prefill(n) };
             let n = n.min(local.request_budget()).min(capacity::room(c, m, s));
             // A chunk stops before an input it cannot have encoded in this step.
-            let (n, plan, request) = if !SIMPLE && n > 0 && request.mm.is_some() {
+            let (n, plan, request) = if !SIMPLE && request.has_mm_inputs && n > 0 {
                 let (n, plan) = self.plan_encoder_inputs(handle, c, n, b.encoder_budget);
                 (n, Some(plan), &mut self.requests[handle])
             } else {

@@ -215,13 +215,11 @@ impl Scheduler {
             _ => in_order(i, next_offset),
         };
         let mut stopped_running = false;
-        // Multimodal requests drop their encoder inputs as they are passed: the general path.
-        let multimodal = self.config.multimodal();
         let mut at = Cursor { entry: 0, next_offset: 0 };
         while at.entry < entries.len() {
             // Plain decode entries in a loop of their own, whose state stays in registers
             // (entered only where one may start: a step of drafts has none).
-            if entries[at.entry].num_spec() == 0 && !entries[at.entry].prefill_chunk && !multimodal {
+            if entries[at.entry].num_spec() == 0 && !entries[at.entry].prefill_chunk {
                 stopped_running |= if row_offsets.is_none() {
                     self.apply_plain_run(entries, &mut at, out, &in_order, &consts, &mut on_event)
                 } else {
@@ -258,7 +256,7 @@ impl Scheduler {
 
     /// Applies the plain decode entries from `at` on, up to the first that is not (where
     /// it leaves `at`): one sampled token, no drafts, a request running with its output
-    /// current. `apply_tokens::<true>` is the general case's code
+    /// current and no images. `apply_tokens::<true>` is the general case's code
     /// with those facts as constants. Returns whether a running request stopped.
     // Out of line: inside the update, its state would not stay in registers.
     #[inline(never)]
@@ -283,7 +281,11 @@ impl Scheduler {
                 break;
             }
             let Some(request) = self.requests.get_mut(entry.handle) else { break };
-            if request.status != RequestStatus::Running || request.num_stale_output_tokens() != 0 {
+            // A request with images drops them as its tokens pass them: the general path.
+            if request.status != RequestStatus::Running
+                || request.num_stale_output_tokens() != 0
+                || request.has_mm_inputs
+            {
                 break;
             }
             next_offset_local = offset + 1;
@@ -346,7 +348,7 @@ impl Scheduler {
             stats.num_draft_tokens += num_spec as u64;
             stats.num_accepted_tokens += accepted as u64;
         }
-        if !PLAIN && request.mm.is_some() {
+        if !PLAIN && request.has_mm_inputs {
             Self::release_passed_inputs(encoder, entry.handle, request);
         }
 
