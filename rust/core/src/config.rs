@@ -506,6 +506,14 @@ fn check_field_ranges(p: &ConfigParams) -> CoreResult<()> {
     Ok(())
 }
 
+/// The most tokens one request can be given in a step: `R = min(token budget, input budget -
+/// draft slots)`.
+fn largest_request_budget(p: &ConfigParams) -> i64 {
+    // A resolved derived field is always Some.
+    let max_num_scheduled_tokens = p.resolved().max_num_scheduled_tokens.unwrap_or(0);
+    max_num_scheduled_tokens.min(p.max_num_batched_tokens - p.max_num_new_slots_for_drafting)
+}
+
 /// The step budgets: room for every running request, derived budgets in range, and a step
 /// that can hold what must be scheduled whole (a prompt without chunked prefill, a padded
 /// decode), else a request would wait forever.
@@ -534,11 +542,9 @@ fn check_budgets(p: &ConfigParams) -> CoreResult<()> {
             ),
         ));
     }
-    // The most tokens one request can be given in a step: R = min(token budget,
-    // input budget - draft slots). Two rules would otherwise wait forever for a step
-    // that never comes: a request that cannot be chunked, and a padded decode.
-    let largest_request_budget =
-        max_num_scheduled_tokens.min(p.max_num_batched_tokens - p.max_num_new_slots_for_drafting);
+    // Two rules would otherwise wait forever for a step that never comes: a request that
+    // cannot be chunked, and a padded decode.
+    let largest_request_budget = largest_request_budget(p);
     if !p.enable_chunked_prefill && largest_request_budget < p.max_model_len - p.num_sampled_tokens_per_step {
         return Err(CoreError::config(
             "max_num_scheduled_tokens",
@@ -646,11 +652,7 @@ fn check_speculative_decoding(p: &ConfigParams) -> CoreResult<()> {
     if l > 1 {
         // A chunk that would end fewer than L tokens before the prompt's end is cut back,
         // so a step must be able to give a request L tokens, or the prompt never ends.
-        let resolved = p.resolved();
-        let largest = resolved
-            .max_num_scheduled_tokens
-            .unwrap_or(0)
-            .min(p.max_num_batched_tokens - p.max_num_new_slots_for_drafting);
+        let largest = largest_request_budget(p);
         if largest < l {
             return Err(CoreError::config(
                 "num_prefill_lookahead_tokens",
@@ -746,14 +748,13 @@ impl SchedulerConfig {
     /// placeholders and the drafter's shift within what one step gives a request, the
     /// long-prefill threshold included (while other requests wait, a chunk is capped there,
     /// and requests each waiting to take an input whole would wait for each other forever).
-    pub(crate) fn mm_input_limits(&self) -> crate::encoder::InputLimits {
+    pub(crate) fn mm_input_limits(&self) -> crate::mm_inputs::InputLimits {
         let p = &self.params;
-        let mut request_budget =
-            self.max_num_scheduled_tokens().min(p.max_num_batched_tokens - p.max_num_new_slots_for_drafting);
+        let mut request_budget = largest_request_budget(p);
         if p.long_prefill_token_threshold > 0 {
             request_budget = request_budget.min(p.long_prefill_token_threshold);
         }
-        crate::encoder::InputLimits {
+        crate::mm_inputs::InputLimits {
             embeds: p.max_num_encoder_input_tokens.min(p.encoder_cache_size),
             whole_placeholders: p.disable_chunked_mm_input.then(|| request_budget - p.num_prefill_lookahead_tokens),
         }
@@ -782,6 +783,11 @@ impl SchedulerConfig {
     /// The longest prompt a request may have: `M - s`, room for the sampled token.
     pub fn prompt_limit(&self) -> ListLimit {
         ListLimit::prompt(self.max_model_len(), self.num_sampled_tokens_per_step())
+    }
+    /// The most multimodal inputs one request may have (`items` "inputs"), or placeholder
+    /// flags one input may have ("flags"): `M - s`, the longest prompt's tokens.
+    pub fn mm_input_limit(&self, items: &'static str) -> ListLimit {
+        ListLimit::prompt_placeholders(self.max_model_len(), self.num_sampled_tokens_per_step(), items)
     }
     /// The most drafts one request may be given: `K`.
     pub fn drafts_per_request_limit(&self) -> ListLimit {

@@ -8,12 +8,13 @@
 
 pub mod capacity;
 pub mod config;
-pub mod encoder;
+mod encoder;
 pub mod error;
 // The block pool, the KV manager, the queues and the slab mutate the scheduler's
 // state: only the scheduler calls them. Callers read through `Scheduler`.
 mod kv;
 pub mod limits;
+pub mod mm_inputs;
 mod output_tokens;
 pub mod prefetch;
 mod queue;
@@ -22,10 +23,10 @@ pub mod scheduler;
 mod slab;
 
 pub use config::{AttentionKind, ConfigParams, KvCacheGroups, Policy, SchedulerConfig};
-pub use encoder::{MmInput, MmInputSpec};
 pub use error::{CoreError, CoreResult};
 pub use kv::{BlockHash, KvEvent, PrefixCacheStats};
 pub use limits::ListLimit;
+pub use mm_inputs::{MmInput, MmInputSpec};
 pub use request::{Grammar, Request, RequestStatus};
 pub use scheduler::step::Step;
 pub use scheduler::{NewRequest, PauseState, RequestEvent, RequestRef, RunnerOutput, Scheduler, SchedulerStats};

@@ -43,6 +43,11 @@ enum Why {
         requests: usize,
     },
     FinishIds,
+    /// A request's multimodal inputs, or one input's placeholder flags: no more than the
+    /// longest prompt's tokens, `M - s`.
+    PromptPlaceholders {
+        s: i64,
+    },
     Unlimited,
 }
 
@@ -61,6 +66,9 @@ impl fmt::Display for Why {
             Why::DraftsPerRequest { k } => write!(f, "at most num_speculative_tokens={k} drafts per request"),
             Why::Drafts { k, requests } => {
                 write!(f, "at most num_speculative_tokens={k} drafts for each of the {requests} requests")
+            }
+            Why::PromptPlaceholders { s } => {
+                write!(f, "at most one per token of the longest prompt, max_model_len - {s}")
             }
             Why::Unlimited => write!(f, "no limit"),
             Why::FinishIds => write!(
@@ -85,6 +93,12 @@ impl ListLimit {
     /// The longest prompt of a request that samples `s` tokens per step: `M - s`.
     pub(crate) fn prompt(max_model_len: i64, s: i64) -> Self {
         Self { max: (max_model_len - s).max(0) as usize, items: "tokens", why: Why::Prompt { s } }
+    }
+
+    /// A request's multimodal inputs (`items` "inputs"), or one input's placeholder flags
+    /// ("flags"): placeholders are prompt tokens, so no more than the longest prompt's, `M - s`.
+    pub(crate) fn prompt_placeholders(max_model_len: i64, s: i64, items: &'static str) -> Self {
+        Self { max: (max_model_len - s).max(0) as usize, items, why: Why::PromptPlaceholders { s } }
     }
 
     pub fn stop_token_ids() -> Self {

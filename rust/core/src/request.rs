@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::SchedulerConfig;
-use crate::encoder::{check_mm_inputs, MmInput, MmInputSpec, RequestInputs};
 use crate::error::{CoreError, CoreResult};
 use crate::kv::BlockTable;
 use crate::kv::{prefix, BlockHash};
 use crate::limits::ListLimit;
+use crate::mm_inputs::{check_mm_inputs, MmInput, MmInputSpec, RequestInputs};
 use crate::output_tokens::OutputTokens;
 
 /// Declares `RequestStatus` from one table: variant, value, vLLM's name, finish reason.

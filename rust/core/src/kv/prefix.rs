@@ -19,8 +19,8 @@
 
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
-use crate::encoder::{inputs_in_window, MmInput};
 use crate::kv::block_pool::BlockHash;
+use crate::mm_inputs::{inputs_in_window, MmInput};
 
 /// Fixed so that the same tokens hash the same in every process.
 pub(crate) const SEED: u64 = 0x6c6c_6d73_6368_6564; // "llmsched"
@@ -220,7 +220,7 @@ mod tests {
 
     #[test]
     fn an_input_enters_the_blocks_its_placeholders_overlap() {
-        use crate::encoder::{check_mm_inputs, InputLimits, MmInputSpec};
+        use crate::mm_inputs::{check_mm_inputs, InputLimits, MmInputSpec};
         let tokens = vec![7; 16];
         let image =
             |identifier: &str, offset| MmInputSpec { identifier: identifier.into(), offset, length: 6, is_embed: None };

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::encoder::inputs_in_window;
+use crate::mm_inputs::inputs_in_window;
 use crate::request::RequestStatus;
 use crate::scheduler::step::StepBuilder;
 use crate::scheduler::{RequestRef, Scheduler};
@@ -41,21 +41,20 @@ impl Scheduler {
         let mut n = n;
         let window_end = c + n + shift;
         let (lo, hi) = inputs_in_window(&mm.inputs, c, window_end);
-        // Identifiers this plan encodes, with their embeddings.
-        let mut planned: Vec<(Arc<str>, i64)> = Vec::new();
-        let mut budget = budget;
         for i in lo..hi {
             let input = &mm.inputs[i];
             let (start, length, num_embeds) = (input.offset, input.length, input.num_embeds());
-            let identifier = input.identifier.clone();
             if no_chunking && c <= start && c + n < start + length {
                 // The chunk would split the input: stop before it (drafter's shift included).
                 n = (start - (c + shift)).max(0);
                 break;
             }
-            let known = match planned.iter().find(|(id, _)| *id == identifier) {
-                Some(&(_, embeds)) => Some((embeds, true)),
-                None => self.encoder.cached_num_embeds(&identifier).map(|embeds| (embeds, false)),
+            // An input of the plan with this identifier, else the cache's output of it.
+            let planned =
+                plan.inputs.iter().map(|&j| &mm.inputs[j as usize]).find(|j| j.identifier == input.identifier);
+            let known = match planned {
+                Some(earlier) => Some((earlier.num_embeds(), true)),
+                None => self.encoder.cached_num_embeds(&input.identifier).map(|embeds| (embeds, false)),
             };
             match known {
                 Some((embeds, _)) if embeds != num_embeds => {
@@ -71,7 +70,7 @@ impl Scheduler {
             if self.encoder.check_and_reference(handle, mm, i) {
                 continue;
             }
-            if !self.encoder.can_allocate(num_embeds, budget, plan.num_embeds) {
+            if !self.encoder.can_allocate(num_embeds, budget - plan.num_embeds, plan.num_embeds) {
                 // Encoded whole or not at all: stop before it; a prefix hit past its start
                 // leaves nothing to schedule.
                 n = if c < start { n.min(start - c) } else { 0 };
@@ -83,8 +82,6 @@ impl Scheduler {
                 continue;
             }
             plan.num_embeds += num_embeds;
-            budget -= num_embeds;
-            planned.push((identifier, num_embeds));
             plan.inputs.push(i as u32);
         }
         (n, plan)

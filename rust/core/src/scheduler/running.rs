@@ -77,7 +77,12 @@ impl Scheduler {
             } else {
                 (n, None, request)
             };
-            let n = if SIMPLE { n } else { super::reserve_prefill_lookahead(request, c, n, prefill_lookahead) };
+            // A multi-module drafter's chunks end L or more tokens before the prompt's end.
+            let n = if !SIMPLE && prefill_lookahead > 1 {
+                super::reserve_prefill_lookahead(request, c, n, prefill_lookahead)
+            } else {
+                n
+            };
             if n <= 0 {
                 req_index += 1;
                 continue;

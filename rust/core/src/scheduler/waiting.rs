@@ -145,18 +145,18 @@ impl Scheduler {
             match Self::tokens_to_admit(b, budgets, &rules, request, hit.num_computed) {
                 Admission::Tokens { n, pad } => {
                     // A chunk stops before an input it cannot have encoded in this step.
-                    let (n, plan) = if request.mm.is_some() {
+                    let (n, plan) = if request.has_mm_inputs {
                         let (n, plan) = self.plan_encoder_inputs(handle, hit.num_computed, n, b.encoder_budget);
                         (n, Some(plan))
                     } else {
                         (n, None)
                     };
-                    let n = super::reserve_prefill_lookahead(
-                        &self.requests[handle],
-                        hit.num_computed,
-                        n,
-                        rules.prefill_lookahead,
-                    );
+                    let n = if rules.prefill_lookahead > 1 {
+                        let request = &self.requests[handle];
+                        super::reserve_prefill_lookahead(request, hit.num_computed, n, rules.prefill_lookahead)
+                    } else {
+                        n
+                    };
                     if n == 0 {
                         self.set_aside(kind, &mut set_aside);
                         continue;
