@@ -14,6 +14,7 @@ Python's ``TypeError`` by design and are not cases here.
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -59,6 +60,8 @@ WORLD_CONFIGS: dict[str, dict[str, Any]] = {
     "async": {**BASE, "async_scheduling": True},
     "k0": {**BASE, "num_speculative_tokens": 0},
     "tiny": {**BASE, "num_gpu_blocks": 8},  # 7 usable blocks of 4: at most 28 tokens
+    # Multimodal inputs of up to 16 embeddings.
+    "mm": {**BASE, "max_num_encoder_input_tokens": 16, "encoder_cache_size": 16},
 }
 
 
@@ -333,6 +336,36 @@ BAD_KWARGS: list[tuple[str, dict[str, Any], str]] = [
 ]
 for label, kwargs, pattern in BAD_KWARGS:
     case(f"add_request-{label}", add("x", [1, 2, 3], **kwargs), InvalidRequestError, pattern)
+BAD_MM_INPUTS: list[tuple[str, Any, str]] = [
+    ("str", "abc", "mm_inputs: must be an iterable of tuples, got str"),
+    ("int", 5, "mm_inputs: must be an iterable of tuples, got int"),
+    ("short-tuple", [("x", 0)], r"mm_inputs\[0\]=.*must be a tuple"),
+    ("list-item", [["x", 0, 4]], r"mm_inputs\[0\]=.*must be a tuple"),
+    ("identifier-int", [(5, 0, 4)], r"mm_inputs\[0\]\.identifier"),
+    ("identifier-empty", [("", 0, 4)], r"mm_inputs\[0\]\.identifier"),
+    ("offset-float", [("x", 1.5, 4)], r"mm_inputs\[0\]\.offset=1\.5"),
+    ("length-zero", [("x", 0, 0)], r"mm_inputs\[0\]\.length=0"),
+    ("flags-ints", [("x", 0, 2, [1, 1])], r"mm_inputs\[0\]\.is_embed\[0\]=1"),
+    ("flags-count", [("x", 0, 2, [True])], r"mm_inputs\[0\]\.is_embed"),
+    ("over-budget", [("x", 0, 17)], r"mm_inputs\[0\]\.length=17.*could never be encoded"),
+    ("overlap", [("x", 0, 4), ("y", 2, 4)], r"mm_inputs\[1\]\.offset=2"),
+    ("beyond-prompt", [("x", 18, 4)], r"mm_inputs\[0\]\.offset=18"),
+    ("endless", itertools.repeat(("x", 0, 1)), r"mm_inputs=<more than \d+ inputs>"),
+]
+for label, mm_inputs, pattern in BAD_MM_INPUTS:
+    case(
+        f"add_request-mm-{label}",
+        add("x", list(range(1, 21)), mm_inputs=mm_inputs),
+        InvalidRequestError,
+        pattern,
+        world="mm",
+    )
+case(
+    "add_request-mm-text-only",
+    add("x", list(range(1, 11)), mm_inputs=[("x", 0, 4)]),
+    InvalidRequestError,
+    "max_num_encoder_input_tokens=0",
+)
 case(
     "add_request-could-never-finish",
     add("x", list(range(10)), max_tokens=40),  # 50 tokens: 13 blocks of 4 > 7 usable

@@ -275,16 +275,20 @@ pub fn token_list(
 
 /// A request's multimodal inputs: an iterable of ``(identifier, offset, length)`` or
 /// ``(identifier, offset, length, is_embed)`` tuples (``is_embed`` an iterable of bools, one
-/// per placeholder, or None), at most `limit.max` of them and of each `is_embed`.
+/// per placeholder, or None), at most `limits.0.max` inputs and `limits.1.max` flags each.
 pub fn mm_input_list(
     py: Python<'_>,
     value: &Bound<'_, PyAny>,
-    limit: &ListLimit,
+    (limit, flags_limit): (&ListLimit, &ListLimit),
     make_error: fn(Python<'_>, String) -> PyErr,
 ) -> PyResult<Vec<llmsched_core::MmInputSpec>> {
     let field: &dyn Field = &"mm_inputs";
     let mut inputs = Vec::new();
     let not_iterable = || make_error(py, format!("mm_inputs: must be an iterable of tuples, got {}", type_name(value)));
+    // A str iterates as characters, never as inputs.
+    if value.is_instance_of::<PyString>() {
+        return Err(not_iterable());
+    }
     for_each_bounded(value, limit, field, not_iterable, |i, item| {
         let at = Indexed(field, i);
         let parts: Vec<Bound<'_, PyAny>> = match item.cast::<pyo3::types::PyTuple>() {
@@ -314,7 +318,7 @@ pub fn mm_input_list(
                 let name = format!("{}.is_embed", at.name());
                 let mut values = Vec::new();
                 let not_iterable = || make_error(py, format!("{name}: must be an iterable of bools"));
-                for_each_bounded(flags, limit, &name.as_str(), not_iterable, |j, flag| {
+                for_each_bounded(flags, flags_limit, &name.as_str(), not_iterable, |j, flag| {
                     values.push(bool_value(py, &flag, &Indexed(&name.as_str(), j), make_error)?);
                     Ok(())
                 })?;

@@ -754,7 +754,9 @@ impl PyScheduler {
             },
             mm_inputs: match mm_inputs {
                 Some(v) if !v.is_none() => {
-                    mm_input_list(py, v, &self.config.get().inner.prompt_limit(), request_error)?
+                    let cfg = &self.config.get().inner;
+                    let limits = (&cfg.mm_input_limit("inputs"), &cfg.mm_input_limit("flags"));
+                    mm_input_list(py, v, limits, request_error)?
                 }
                 _ => Vec::new(),
             },
