@@ -497,6 +497,10 @@ def _hybrid_case(workload: str, config: ParityConfig) -> Case:
     is the single-group tight pool per group, and at least the largest request's blocks
     over every group (so llmsched refuses none)."""
     factor = WORKLOADS[workload].pressure_output_factor
+    if missing_trace(workload):
+        # Its requests cannot be built here: the placeholder pool of _pool_sizes, and the
+        # case is skipped (case_params).
+        return Case(workload, config, output_factor=factor, hit_reporters=True)
     num_groups = len(config.kv_cache_groups.split(","))
     roomy = replace(config, num_gpu_blocks=1 << 30)
     largest = max(
