@@ -55,6 +55,7 @@ class StepOutput:
     new_token_ids: Any
     encoder_input_rows: Any
     encoder_input_ids: Any
+    num_external_computed_tokens: Any
     freed_encoder_outputs: list[str]
     total_num_scheduled_tokens: int
     new_req_ids: list[str]
@@ -102,6 +103,7 @@ def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> StepOutput
         new_token_ids=i32([]),
         encoder_input_rows=i32([]),
         encoder_input_ids=i32([]),
+        num_external_computed_tokens=i32([]),
         freed_encoder_outputs=[],
         total_num_scheduled_tokens=sum(r["n"] for r in reqs),
         new_req_ids=[r["id"] for r in admitted if not r.get("resumed")],

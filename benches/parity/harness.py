@@ -385,6 +385,10 @@ class ParityConfig:
     encoder_cache_size: int = 0
     """Likewise for the encoder cache."""
     disable_chunked_mm_input: bool = False
+    kv_connector: bool = False
+    """A KV connector serves the engine: :class:`benches.parity.connector.ParityConnector`
+    (vLLM's side and the plug-in load it; llmsched's own side asks its rule), whose store
+    holds about one prompt in three."""
     data_parallel_size: int = 1
     """vLLM's side only: a data-parallel rank of an MoE model (> 1), whose engine core keeps
     the prefill cadence: every step but each ``prefill_schedule_interval``-th is throttled
@@ -465,6 +469,9 @@ class ParityConfig:
             "num_sampled_tokens_per_step": 0 if self.pooling else 1,
             "kv_cache_groups": self.kv_cache_groups,
             "prefix_cache_retention_interval": self.prefix_cache_retention_interval,
+            "kv_connector": self.kv_connector,
+            # The parity connector is a producer: vLLM's requires_kv_delivery.
+            "preemption_drops_in_flight_output": self.kv_connector,
         }
 
     def scheduler_kwargs(self) -> dict[str, Any]:
@@ -474,6 +481,7 @@ class ParityConfig:
         shared = self.llmsched_kwargs()
         for derived in (
             "num_sampled_tokens_per_step",
+            "preemption_drops_in_flight_output",
             *self.drafter_kwargs(),
             *self.encoder_kwargs(),
         ):
@@ -488,6 +496,9 @@ class ParityConfig:
             "data_parallel_size": self.data_parallel_size,
             "pooling": self.pooling,
             "kv_events": self.kv_events,
+            "kv_connector": (
+                ("ParityConnector", "benches.parity.connector") if self.kv_connector else None
+            ),
             **(
                 {
                     "image_side": self.image_side,
@@ -625,6 +636,8 @@ def deviation_triggers(config: ParityConfig, requests: Sequence[ParityRequest]) 
 class _RunnerState:
     known: int
     computed: int = 0
+    delivered: int = 0
+    """Output tokens the scheduler delivered (a dropped stale output is not among them)."""
 
 
 class RunnerError(AssertionError):
@@ -662,7 +675,11 @@ class Runner:
             st = self.state[rid]
             drafts = spec.get(rid, [])
             if rid in admitted:
+                # An admitted request's tokens are the scheduler's: its prompt and the
+                # outputs it delivered (a preemption that dropped an output in flight
+                # takes that token back).
                 st.computed = computed_before[rid]
+                st.known = req.prompt_len + st.delivered
             st.computed += n - len(drafts)
             if st.computed < st.known:
                 if drafts:
@@ -705,6 +722,13 @@ class Runner:
             )
         return sampled, drafts_out
 
+    def delivered(self, rows: Sequence[OutputRow] | None) -> None:
+        """The scheduler delivered these outputs."""
+        for row in rows or ():
+            state = self.state.get(row[0])
+            if state is not None:
+                state.delivered += len(row[1])
+
     def _encode(self, summary: dict[str, Any]) -> None:
         """A GPU runner's encoder step: frees the evicted outputs, encodes the step's images,
         then finds every image a scheduled chunk's placeholders need in its encoder cache
@@ -741,8 +765,14 @@ class LlmschedSide:
         self.hash_labels = HashLabels()
         # The structured-output requests, whose drafts the "engine" validates.
         self.structured: dict[str, ParityRequest] = {}
+        # With the parity connector: every prompt by request, the finished requests whose
+        # KV it has sent (released at the next update) and is sending (at the one after).
+        self.prompts: dict[str, tuple[int, ...]] = {}
+        self._sent: list[str] = []
+        self._sending_now: list[str] = []
 
     def add(self, req: ParityRequest) -> None:
+        self.prompts[req.request_id] = req.prompt
         if req.grammar_at is not None:
             self.structured[req.request_id] = req
         if self.config.pooling:
@@ -778,8 +808,38 @@ class LlmschedSide:
     def has_requests(self) -> bool:
         return bool(self.scheduler.has_requests())
 
+    def _external_kv(self, request: Any, num_local: int) -> int:
+        """The parity connector's answer (its rule, as vLLM's side's connector applies it)."""
+        from .connector import matched_tokens  # imports vLLM
+
+        return matched_tokens(request.prompt_token_ids, self.config.block_size, num_local)
+
+    def _release_finished_blocks(self, req_ids: Iterable[str], *, in_update: bool) -> None:
+        """The parity connector's rule for the requests that just finished: blocks back at
+        once, unless it sends the request's KV: then once the engine reports it sent, with
+        the next output (for a request this output finished: the one after)."""
+        from .connector import sends  # imports vLLM
+
+        now = []
+        sending = self._sending_now if in_update else self._sent
+        for rid in req_ids:
+            if self.scheduler.held_kv_blocks(rid) is None:
+                continue
+            (sending if sends(self.prompts[rid]) else now).append(rid)
+        if now:
+            self.scheduler.release_kv_blocks(now)
+
+    def _release_sent_blocks(self) -> None:
+        """The blocks of the requests whose KV was sent since the previous update."""
+        if self._sent:
+            self.scheduler.release_kv_blocks(self._sent)
+        self._sent, self._sending_now = self._sending_now, []
+
     def schedule(self, throttle: bool = False) -> tuple[Any, dict[str, Any]]:
-        out = self.scheduler.schedule(throttle_prefills=throttle)
+        out = self.scheduler.schedule(
+            throttle_prefills=throttle,
+            external_kv=self._external_kv if self.config.kv_connector else None,
+        )
         ids = list(out.req_ids)
         counts = [int(n) for n in out.num_scheduled_tokens]
         computed = [int(c) for c in out.num_computed_tokens]
@@ -839,6 +899,11 @@ class LlmschedSide:
         ]
         # The engine reports the requests whose grammar failed, after the others.
         rows.extend((rid, [], "error", None) for rid in self.scheduler.finish_failed_grammars())
+        if self.config.kv_connector:
+            self._release_finished_blocks(
+                (row[0] for row in rows if row[2] is not None), in_update=True
+            )
+            self._release_sent_blocks()
         return failures_by_id(rows, _grammar_failure_row)
 
     def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
@@ -867,7 +932,10 @@ class LlmschedSide:
 
     def abort(self, request_id: str) -> list[str]:
         status = self._llmsched.RequestStatus.FINISHED_ABORTED
-        return list(self.scheduler.finish_requests(request_id, status))
+        finished = list(self.scheduler.finish_requests(request_id, status))
+        if self.config.kv_connector:
+            self._release_finished_blocks(finished, in_update=False)
+        return finished
 
 
 def _grouped(keys: list[str], values: list[int]) -> dict[str, list[int]]:
@@ -1088,10 +1156,19 @@ class VllmSide:
     def update(
         self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]
     ) -> list[OutputRow]:
-        engine_outputs = self.scheduler.update_from_output(
-            out, self.ref.vllm_runner_output(out, sampled, pooling=self.config.pooling)
-        )
+        engine_outputs = self.scheduler.update_from_output(out, self._runner_output(out, sampled))
         return output_rows(engine_outputs)
+
+    def _runner_output(self, out: Any, sampled: dict[str, list[int]]) -> Any:
+        """vLLM's ``ModelRunnerOutput`` for ``out``; with the parity connector, reporting
+        the KV it has sent since the previous output."""
+        output = self.ref.vllm_runner_output(out, sampled, pooling=self.config.pooling)
+        if self.config.kv_connector:
+            from vllm.v1.outputs import KVConnectorOutput
+
+            sent = self.scheduler.connector.take_sent()
+            output.kv_connector_output = KVConnectorOutput(finished_sending=set(sent) or None)
+        return output
 
     def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
         self.scheduler.update_draft_token_ids(self._draft_token_ids(req_ids, drafts))
@@ -1158,6 +1235,7 @@ def drive(
                 sampled, drafts = runner.execute(summary)
                 result.steps.append(summary)
                 summary["outputs"] = side.update(out, summary, sampled)
+                runner.delivered(summary["outputs"])
                 if drafts is not None:
                     side.update_draft_token_ids(*drafts)
                 continue
@@ -1181,6 +1259,7 @@ def drive(
                 continue  # idle until the next arrival
             out, summary, sampled = in_flight.popleft()
             summary["outputs"] = side.update(out, summary, sampled)
+            runner.delivered(summary["outputs"])
     except Exception as exc:
         frames = traceback.extract_tb(exc.__traceback__)[-3:]
         where = "; ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames)

@@ -807,6 +807,29 @@ def edge_cases() -> list[Case]:
                     hit_reporters=True,
                 )
             )
+        # A KV connector (the parity connector's store holds one prompt in three): loads
+        # past the prefix hit, with prefix caching on and off, a roomy pool and KV pressure.
+        for workload, k, apc, pool in (
+            ("synthetic-conv", 0, True, 1),
+            ("synthetic-code", 1, False, 0),
+            ("synthetic-code", 3, True, 1),
+        ):
+            out.append(
+                Case(
+                    workload,
+                    ParityConfig(
+                        f"edge-kvconn-{mode}-K{k}-{'apc' if apc else 'noapc'}-fcfs-"
+                        f"{'kv' if pool else 'roomy'}",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=apc,
+                        policy="fcfs",
+                        num_gpu_blocks=_pool_sizes(workload)[pool],
+                        kv_connector=True,
+                    ),
+                    output_factor=WORKLOADS[workload].pressure_output_factor if pool else 1,
+                )
+            )
         # Cache salts: requests share cached blocks only under the same salt.
         for workload in ("synthetic-conv", "mooncake-turns"):
             out.append(

@@ -213,9 +213,7 @@ class VllmFieldSide(VllmSide):
         return out, summary
 
     def update(self, out: Any, summary: dict[str, Any], sampled: dict[str, list[int]]) -> Any:
-        engine_outputs = self.scheduler.update_from_output(
-            out, self.ref.vllm_runner_output(out, sampled, pooling=self.config.pooling)
-        )
+        engine_outputs = self.scheduler.update_from_output(out, self._runner_output(out, sampled))
         summary["engine_outputs"] = engine_outputs_fields(engine_outputs)
         summary["kv_events"] = [_value(e) for batch in self.published for e in batch.events]
         self.published.clear()

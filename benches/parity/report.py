@@ -143,6 +143,15 @@ documented (or, for 2, that they cannot differ).
    needs. *Test:* `an_image_whose_encoding_request_is_preempted_in_its_step_is_encoded_for_the_next`
    (rust/core/tests/multimodal.rs: the image is encoded for the request that needs it,
    whether it found the output before or after the preemption).
+12. **A KV connector's answer is kept within the prompt.** The tokens a connector says it
+   loads past a request's prefix hit `h` are clamped to `[0, N - 1 - h]`: at least the last
+   token is computed, the one that samples. *Why:* vLLM takes the answer as it is: a
+   negative one makes `C` smaller than the hit (the hit's blocks then hold tokens counted
+   as not computed), and one that covers every token trips its own assertion that a step
+   has a token to schedule. *Harness:* kept out (the parity connector, like vLLM's
+   `ExampleConnector`, loads whole blocks before the last token). *Test:*
+   `test_deviation_a_connector_answer_leaves_the_last_token_to_compute` (vLLM raises;
+   llmsched schedules the last token).
 """
 
 PLUGIN_MD = """\
@@ -166,7 +175,8 @@ core, kept out the same way. Beyond them, the plug-in:
 - **refuses what llmsched does not implement**, naming the feature: at construction,
   multimodal encoder-only instances (disaggregated encoding), custom encoder cache
   managers, prompt embeddings, encoder-decoder models, diffusion
-  LLMs, sampling masks, routed-experts outputs, KV and encoder-cache connectors,
+  LLMs, sampling masks, routed-experts outputs, a KV consumer connector with steps in
+  flight, KV connectors beside several KV-cache groups, encoder-cache connectors,
   KV cache residency and MFU metrics, decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
@@ -192,6 +202,22 @@ core, kept out the same way. Beyond them, the plug-in:
   difference remains, on a path vLLM logs as unexpected: a grammar that rejects the
   tokens of a request those same tokens stopped reports `FinishReason.ERROR` as vLLM does,
   but the `Request`'s final status stays the stop's (vLLM's becomes `FINISHED_ERROR`);
+- **serves KV connectors with synchronous loads** (`kv_transfer_config`), in the core: a
+  waiting request with no computed tokens asks the connector, after its prefix-cache
+  lookup and where vLLM's waiting loop asks, how many tokens past the hit it loads
+  (`get_num_new_matched_tokens`; none for a request that skips reading the cache, and a
+  request the connector cannot answer for waits); they count as computed, in new blocks;
+  a finished request's blocks stay out of the pool until the connector's
+  `request_finished` lets them go, at once or once the runner reports them sent. The
+  plug-in calls the connector's `update_state_after_alloc` for each admission, builds the
+  step's `kv_connector_metadata` (and `has_sync_kv_loads`), passes `kv_transfer_params`,
+  connector stats and its prefix-cache stats on, and, for a producer (vLLM's
+  `requires_kv_delivery`), drops the output in flight of a request preempted for KV. The
+  `edge-kvconn` cases (a connector whose store holds a third of the prompts) compare every
+  field, the metadata included; `tests/vllm_engine/test_kv_transfer.py` has one engine
+  store prompts through vLLM's `ExampleConnector` and others load them, token-identical
+  to an engine without a connector. Asynchronous loads (`WAITING_FOR_REMOTE_KVS`) and the
+  runner's failed-load reports raise a clear error when they first come (not served yet);
 - **publishes KV cache events** (`kv_events_config`) as vLLM does: the core records what
   enters and leaves its prefix cache (blocks stored by an allocation or an output, evicted
   for reuse, uncached by an undone step, all cleared by a reset, and prefix hits for

@@ -6,7 +6,7 @@ Signatures are written here and checked against the compiled module by ``mypy.st
 names from ``llmsched``, not from here.
 """
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, Literal, TypeAlias, final, overload
 
 import numpy as np
@@ -113,6 +113,8 @@ class SchedulerConfig:
         scheduler_reserve_full_isl: bool = True,
         enable_prefix_caching: bool = True,
         enable_kv_cache_events: bool = False,
+        kv_connector: bool = False,
+        preemption_drops_in_flight_output: bool = False,
         policy: str = "fcfs",
         max_loras: int = 0,
         max_num_encoder_input_tokens: int = 0,
@@ -197,6 +199,17 @@ class SchedulerConfig:
     def enable_kv_cache_events(self) -> bool:
         """Record the prefix cache's changes (blocks stored, reused, removed, all
         cleared) for ``take_kv_events``: vLLM's KV cache events."""
+    @property
+    def kv_connector(self) -> bool:
+        """A KV connector serves this engine (vLLM's ``kv_transfer_config``): a waiting
+        request asks it, through ``schedule``'s external KV source, for tokens past its
+        prefix-cache hit, and a finished request keeps its KV blocks until
+        ``release_kv_blocks`` (the connector may still be sending them)."""
+    @property
+    def preemption_drops_in_flight_output(self) -> bool:
+        """A request the running loop preempts for KV drops the output of its steps in
+        flight, to be recomputed (vLLM's ``requires_kv_delivery``, a KV connector that
+        hands finished requests' KV off: a producer's), instead of delivering it."""
     @property
     def policy(self) -> str:
         """``"fcfs"``, or ``"priority"`` (lower value first, then arrival)."""
@@ -331,6 +344,13 @@ class SchedulerOutput:
     @property
     def encoder_input_ids(self) -> _Int32Array:
         """Each of those inputs' index among its request's ``mm_inputs``."""
+    @property
+    def num_external_computed_tokens(self) -> _Int32Array:
+        """With ``kv_connector``, one entry per request admitted from a waiting queue in this
+        step, in admission order (the last rows of ``req_ids``): the tokens past its
+        prefix-cache hit that the external KV source loads (counted in its
+        ``num_computed_tokens``), or -1 for a request that held computed tokens and asked
+        none. Empty without a connector."""
     @property
     def freed_encoder_outputs(self) -> list[str]:
         """The identifiers of the encoder outputs evicted from the encoder cache since the
@@ -557,7 +577,12 @@ class Scheduler:
         there are, and which of them carry an embedding (one bool each; all when absent);
         only with an encoder budget (``max_num_encoder_input_tokens``), and each input
         within it."""
-    def schedule(self, *, throttle_prefills: bool = False) -> SchedulerOutput:
+    def schedule(
+        self,
+        *,
+        throttle_prefills: bool = False,
+        external_kv: Callable[[Request, int], int | None] | None = None,
+    ) -> SchedulerOutput:
         """Decide the next step: which requests run and how many tokens each.
 
         Runs the running loop (decodes and prefill chunks of running requests, preempting
@@ -570,7 +595,16 @@ class Scheduler:
 
         ``throttle_prefills`` (vLLM's, for data-parallel prefill balancing): while a request
         decodes, the step carries no prefill, unless the waiting requests outgrew the last
-        step that admitted (``prefill_schedule_interval`` holds prefill back the same way)."""
+        step that admitted (``prefill_schedule_interval`` holds prefill back the same way).
+
+        ``external_kv`` (with the config's ``kv_connector``): a KV connector's answer for a
+        waiting request with no computed tokens, asked where vLLM's waiting loop asks it:
+        called as ``external_kv(request, num_local_computed_tokens)`` with a ``Request``
+        snapshot and the tokens its prefix-cache hit covers, it returns how many tokens past
+        those the connector loads before the step runs, or None if it cannot tell yet (the
+        request waits this step). The GIL is held through such a step. Should it raise or
+        return something else, the request waits, the step is decided without it, and the
+        error is raised; the next ``schedule()`` returns that step."""
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: Any
     ) -> RequestOutputs:
@@ -639,6 +673,19 @@ class Scheduler:
     def encoder_cache_state(self) -> tuple[int, int, int]:
         """The encoder cache: ``(free, freeable, cached)``: its free embedding slots, those
         plus the slots of outputs no request references, and the outputs it holds."""
+    def held_kv_blocks(self, request_id: str) -> _Int32Array | None:
+        """With ``kv_connector``: the blocks holding the computed tokens of the finished
+        request ``request_id``, whose blocks stay out of the pool until
+        ``release_kv_blocks`` (what a connector's ``request_finished`` is given), as a new
+        int32 array; None if it holds none."""
+    @property
+    def num_held_kv_requests(self) -> int:
+        """With ``kv_connector``: how many finished requests hold their KV blocks (until
+        ``release_kv_blocks``)."""
+    def release_kv_blocks(self, request_ids: Sequence[str]) -> None:
+        """Return the held blocks of the finished requests ``request_ids`` to the pool (a
+        connector has sent them, or needs them no longer), each table tail first, in the
+        order given. ``InvalidRequestError``, changing nothing, if one holds none."""
     def get_request(self, request_id: str) -> Request:
         """A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
         live request has that id."""

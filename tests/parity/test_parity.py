@@ -596,3 +596,31 @@ def test_random_small_case(seed: int) -> None:
     assert comparison.identical, f"seed {seed}: {config}\n" + describe(
         comparison, context=3, runs=(vllm_run, llmsched_run)
     )
+
+
+def test_deviation_a_connector_answer_leaves_the_last_token_to_compute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A KV connector that says it holds a request's every token: vLLM's waiting loop takes
+    the answer and trips its own assertion (no token left to schedule); llmsched clamps the
+    answer to ``N - 1 - h`` tokens past the hit ``h``, and computes the last token, the one
+    that samples."""
+    from benches.parity import connector
+
+    def every_token(prompt: Any, block_size: int, num_local: int) -> int:
+        return len(prompt) - num_local
+
+    monkeypatch.setattr(connector, "matched_tokens", every_token)
+    config = ParityConfig(
+        "deviation-connector", False, 0, True, "fcfs", num_gpu_blocks=64, kv_connector=True
+    )
+    request = ParityRequest("a", tuple(range(10, 50)), 4, arrival_step=0, arrival_time=0.0)
+    vllm_side = VllmSide(config)
+    vllm_side.add(request)
+    with pytest.raises(AssertionError):
+        vllm_side.schedule()
+    ours = LlmschedSide(config)
+    ours.add(request)
+    _, summary = ours.schedule()
+    assert summary["scheduled"] == [("a", 1)]
+    assert summary["num_computed_tokens"] == {"a": 39}

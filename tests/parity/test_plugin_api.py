@@ -103,8 +103,21 @@ def _cross_attention_spec() -> Any:
     return CrossAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
 
 
+def _example_connector_config(role: str = "kv_both") -> Any:
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(kv_connector="ExampleConnector", kv_role=role)
+
+
 ENGINE_REFUSALS = {
-    "KV connectors": lambda s: _set(s.vllm_config, "kv_transfer_config", object()),
+    "KV connectors beside several KV-cache groups": lambda s: (
+        _set(s.vllm_config, "kv_transfer_config", _example_connector_config()),
+        s.kv_cache_config.kv_cache_groups.append(_group(_sliding_spec())),
+    ),
+    "KV consumer connectors with several steps in flight": lambda s: (
+        _set(s.vllm_config, "kv_transfer_config", _example_connector_config("kv_consumer")),
+        _set(s.vllm_config.scheduler_config, "async_scheduling", True),
+    ),
     "KV-cache groups other than full, sliding-window, chunked local attention and Mamba": (
         lambda s: s.kv_cache_config.kv_cache_groups.append(_group(_cross_attention_spec()))
     ),

@@ -8,9 +8,9 @@ the plug-in shows of its state (the ``running`` and ``waiting`` queues, the fiel
 preemptions) and passes: ``run.py`` fails if one of them fails. ``EXCLUDED`` maps every
 other test to the reason: the vLLM scheduler internal it reads or patches
 (``scheduler.kv_cache_manager``, ``scheduler.finished_req_ids``, ...), a ``Request`` field
-it writes to build a state by hand, the feature llmsched.vllm refuses by design (KV and
-encoder-cache connectors, multimodal encoder-only instances, context parallelism, KV-cache
-groups the plug-in does not build, multi-module MTP drafters), the
+it writes to build a state by hand, the feature llmsched.vllm does not serve (KV
+connectors' asynchronous loads, encoder-cache connectors, multimodal encoder-only
+instances, context parallelism, KV-cache groups the plug-in does not build), the
 deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the plug-in.
 A key is a test function name (every parametrization) or ``name[params]`` (one
 parametrization; it wins over the name). A test of these files that is in neither list
@@ -33,6 +33,12 @@ _FSM_ABORT_BY_HAND = (
     "structured_output_manager, ...); also scheduler._free_request, "
     "scheduler.aux_output_connector, scheduler.defer_block_free, "
     "scheduler.encoder_cache_mismatch_reqs; Request fields: num_computed_tokens (written),"
+)
+
+# The reason shared by the connector tests that do not pass yet.
+_ASYNC_KV = (
+    "KV connectors beyond synchronous loads, not served yet (asynchronous loads, "
+    "WAITING_FOR_REMOTE_KVS, failed-load recovery; the first failure of each not classified yet)"
 )
 
 #: The test files run, relative to the extracted sdist.
@@ -76,6 +82,11 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_priority_scheduling_waiting_queue_order",
         "test_priority_scheduling_with_limited_slots",
         "test_priority_scheduling_heap_property",
+        # KV connectors with synchronous loads (a mock connector's external hits).
+        "test_spec_decode_padding_resumed_request_without_running_requests",
+        "test_kv_connector_honors_skip_reading_prefix_cache",
+        "test_external_prefix_cache_metrics[False-False]",
+        "test_external_prefix_cache_metrics[True-False]",
         # The prefill cadence and throttled steps.
         "test_local_prefill_interval_never_idles_the_model",
         "test_local_prefill_interval_defers_inflight_prefill_chunk",
@@ -196,12 +207,12 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "refused feature: multimodal encoder-only instances (mm_encoder_only=True)"
         ),
         "test_throttle_prefills_excludes_fully_transferred_remote_kv": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
             "scheduler.running, scheduler.waiting; Request fields: status"
         ),
         "test_throttle_prefills_defers_remote_kv_resume_with_local_prefill": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
             "scheduler.running, scheduler.waiting; Request fields: status"
         ),
@@ -242,8 +253,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "fields: num_preemptions, status"
         ),
         "test_prefix_cache_query_not_inflated_by_connector_defer": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
-            "scheduler.kv_cache_manager; Request fields: num_tokens"
+            _ASYNC_KV + "; also scheduler.kv_cache_manager; Request fields: num_tokens"
         ),
         "test_preemption_re_records_prefix_cache_query": (
             "scheduler internal: scheduler.kv_cache_manager; also scheduler._preempt_request, "
@@ -274,9 +284,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "EngineCore sleep internals (object.__new__(EngineCore), mocked executor); the "
             "scheduler is never called"
         ),
-        "test_spec_decode_padding_resumed_request_without_running_requests": (
-            "refused feature: KV connectors (kv_transfer_config is set)"
-        ),
         "test_spec_decode_padding_skipped_for_diffusion": (
             "diffusion (sets scheduler internal scheduler.num_sampled_tokens_per_step = 0)"
         ),
@@ -291,37 +298,32 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler.deferred_waiting; Request fields: status (written)"
         ),
         "test_pause_new_drains_async_kv_loads": (
-            "refused feature: KV connectors (kv_transfer_config is set); also scheduler.waiting; "
-            "Request fields: status"
+            _ASYNC_KV + "; also scheduler.waiting; Request fields: status"
         ),
         "test_pause_new_ignores_streaming_session_waiting_for_input": (
             "scheduler internal: scheduler.kv_holding_waiting"
         ),
-        "test_has_sync_kv_loads": "refused feature: KV connectors (kv_transfer_config is set)",
-        "test_kv_connector_honors_skip_reading_prefix_cache": (
-            "refused feature: KV connectors (kv_transfer_config is set)"
-        ),
+        "test_has_sync_kv_loads": _ASYNC_KV,
         "test_kv_connector_records_external_cache_hit_sources": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.connector_prefix_cache_stats, scheduler.finished_recving_kv_req_ids, "
             "scheduler.kv_cache_manager, scheduler.kv_holding_waiting; Request fields: status"
         ),
         "test_kv_connector_basic": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.finished_recving_kv_req_ids, scheduler.kv_cache_manager, "
             "scheduler.kv_holding_waiting, scheduler.running; Request fields: status"
         ),
         "test_external_prefix_cache_metrics": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
             "scheduler.running, scheduler.waiting; Request fields: status"
         ),
         "test_kv_connector_unable_to_allocate": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
-            "scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
+            _ASYNC_KV + "; also scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
         ),
         "test_kv_connector_handles_preemption": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.finished_recving_kv_req_ids, scheduler.kv_cache_manager, "
             "scheduler.kv_holding_waiting, scheduler.running; Request fields: status"
         ),
@@ -336,8 +338,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             _FSM_ABORT_BY_HAND + " num_tokens, status, status (written)"
         ),
         "test_priority_scheduling_preemption_and_resumption_when_out_of_kv": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
-            "scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
+            _ASYNC_KV + "; also scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
         ),
         "test_chunked_prefill_disabled_for_encoder_decoder": (
             "encoder-decoder config only (SchedulerConfig); no scheduler"
@@ -387,7 +388,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.encoder_cache_manager"
         ),
         "test_prepend_skipped_requests_order": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.kv_holding_waiting, scheduler.waiting; Request fields: status (written)"
         ),
         "test_remote_kv_promotion_drains_before_grammar_prefix": (
@@ -401,16 +402,15 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "fields: status (written)"
         ),
         "test_abort_request_waiting_for_remote_kvs": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.finished_recving_kv_req_ids; Request fields: status, status (written)"
         ),
         "test_abort_request_finished_recving": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.finished_recving_kv_req_ids; Request fields: status, status (written)"
         ),
         "test_delayed_kv_connector_free_keeps_scheduler_active": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
-            "scheduler.finished_req_ids; Request fields: status (written)"
+            _ASYNC_KV + "; also scheduler.finished_req_ids; Request fields: status (written)"
         ),
         "test_scheduler_kv_connector_stats": (
             "KV connector stats (hand-built SchedulerOutput with kv_connector_output; "
@@ -526,21 +526,21 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "EC connector + multimodal helper; no scheduler"
         ),
         "test_async_load_reservation_prevents_wedge_e2e": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.kv_cache_manager, scheduler.running; Request fields: num_computed_tokens, "
             "num_preemptions, status"
         ),
         "test_hybrid_per_group_hit_divergence_with_connector": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.kv_cache_manager; Request fields: num_computed_tokens (written), num_tokens"
         ),
         "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.aux_output_connector, scheduler.kv_cache_manager; Request fields: "
             "num_computed_tokens (written)"
         ),
         "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.kv_cache_manager; Request fields: num_computed_tokens (written), num_tokens"
         ),
         "test_encoder_instance_defers_stop_until_prompt_is_consumed": (
@@ -594,8 +594,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
     },
     ASYNC_SCHEDULER_TESTS: {
         "test_connector_metadata_precedes_async_placeholder_advance": (
-            "refused feature: KV connectors (kv_transfer_config is set); Request fields: "
-            "num_output_placeholders"
+            _ASYNC_KV + "; Request fields: num_output_placeholders"
         ),
         "test_abort_request_when_structured_output_fsm_cannot_advance": (
             _FSM_ABORT_BY_HAND + " num_output_placeholders (written), num_tokens, status, status"
@@ -615,7 +614,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler.requires_kv_delivery"
         ),
         "test_kv_pressure_preempt_mid_handoff": (
-            "refused feature: KV connectors (kv_transfer_config is set); also "
+            _ASYNC_KV + "; also "
             "scheduler.defer_block_free, scheduler.requires_kv_delivery; Request fields: "
             "is_finished, num_output_placeholders, num_output_tokens, status"
         ),

@@ -521,6 +521,9 @@ class EngineSpec:
     kv_events_endpoint: str | None = None
     """Publish vLLM's KV cache events through its ZMQ publisher at this endpoint, under the
     topic ``"kv-events"`` (None: events off)."""
+    kv_transfer_config: dict[str, Any] | None = None
+    """vLLM's ``kv_transfer_config`` (a KV connector), as its engine argument takes it
+    (None: no connector)."""
 
 
 def build_engine(spec: EngineSpec) -> Any:
@@ -625,6 +628,7 @@ def build_engine(spec: EngineSpec) -> Any:
         speculative_config=speculative,
         max_logprobs=spec.max_logprobs,
         disable_log_stats=True,
+        kv_transfer_config=spec.kv_transfer_config,
         **lora,
         **structured,
         **pooling,

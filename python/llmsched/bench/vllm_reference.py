@@ -273,6 +273,7 @@ def make_vllm_scheduler(
     use_v2_model_runner: bool = False,
     pooling: bool = False,
     kv_events: bool = False,
+    kv_connector: tuple[str, str] | None = None,
     kv_cache_groups: str = "full",
     prefix_cache_retention_interval: int | None = 0,
     data_parallel_size: int = 1,
@@ -297,11 +298,12 @@ def make_vllm_scheduler(
     unless ``lookahead_block_hashes`` is False), ``max_loras`` the LoRA config's (0: LoRA
     off), ``pooling`` a pooling (embedding) model's runner (it samples no token),
     ``kv_events`` KV cache events on (vLLM's ``null`` publisher: a caller that wants them
-    replaces ``kv_event_publisher``), ``kv_cache_groups`` llmsched's field of that name (one
-    KV-cache group per entry: ``FullAttentionSpec``, ``SlidingWindowSpec``,
+    replaces ``kv_event_publisher``), ``kv_connector`` a KV connector's ``(class name,
+    module path)`` (``kv_role="kv_producer"``: a consumer defers block frees with steps in
+    flight, which the plug-in refuses), ``kv_cache_groups`` llmsched's field of that name
+    (one KV-cache group per entry: ``FullAttentionSpec``, ``SlidingWindowSpec``,
     ``ChunkedLocalAttentionSpec`` or, for ``mamba``, a ``MambaSpec`` without prefix caching)
-    and
-    ``prefix_cache_retention_interval`` the KV-cache config's (vLLM's engines take the cache
+    and ``prefix_cache_retention_interval`` the KV-cache config's (vLLM's engines take the cache
     config's, 0; None keeps every sliding-window block). See the module docstring for the
     rest. ``data_parallel_size`` > 1 is a data-parallel rank of an MoE model (dense models'
     ranks are independent engines of size 1), whose engine core keeps the prefill cadence.
@@ -315,6 +317,7 @@ def make_vllm_scheduler(
         CacheConfig,
         DeviceConfig,
         KVEventsConfig,
+        KVTransferConfig,
         LoRAConfig,
         ModelConfig,
         ParallelConfig,
@@ -392,6 +395,13 @@ def make_vllm_scheduler(
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null")
         if kv_events
         else None,
+        kv_transfer_config=None
+        if kv_connector is None
+        else KVTransferConfig(
+            kv_connector=kv_connector[0],
+            kv_connector_module_path=kv_connector[1],
+            kv_role="kv_producer",
+        ),
     )
 
     def spec(kind: str) -> Any:

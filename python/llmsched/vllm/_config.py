@@ -163,8 +163,22 @@ def check_engine_config(
             ),
         ),
         (
-            "KV connectors",
-            lambda: (get("kv_transfer_config") is not None, "kv_transfer_config is set"),
+            "KV connectors beside several KV-cache groups",
+            lambda: (
+                get("kv_transfer_config") is not None and len(kv_cache_config.kv_cache_groups) > 1,
+                f"kv_transfer_config with {len(kv_cache_config.kv_cache_groups)} KV-cache groups",
+            ),
+        ),
+        (
+            # vLLM defers block frees there (a load may land in a block a step in flight
+            # still writes); not built.
+            "KV consumer connectors with several steps in flight",
+            lambda: (
+                get("kv_transfer_config") is not None
+                and bool(get("kv_transfer_config.is_kv_consumer"))
+                and get("max_concurrent_batches") > 1,
+                f"is_kv_consumer with max_concurrent_batches={get('max_concurrent_batches')}",
+            ),
         ),
         (
             "custom encoder cache managers",
@@ -288,12 +302,17 @@ def kv_cache_groups(
 
 
 def llmsched_config(
-    vllm_config: Any, kv_cache_config: Any, block_size: int, mm_registry: Any = None
+    vllm_config: Any,
+    kv_cache_config: Any,
+    block_size: int,
+    mm_registry: Any = None,
+    kv_connector: Any = None,
 ) -> llmsched.SchedulerConfig:
     """vLLM -> llmsched: llmsched's config for the engine vLLM configured: the same budgets
     and policy (:data:`SHARED_FIELDS`), the KV pool vLLM sized (``kv_cache_config.num_blocks``
     blocks, block 0 the null block), the same drafts, LoRA adapters and encoder budget
-    (``mm_registry``: the engine's multimodal registry, vLLM's default if None)."""
+    (``mm_registry``: the engine's multimodal registry, vLLM's default if None), and the
+    engine's KV connector's part (``kv_connector``: its scheduler side, None without)."""
     shared = {name: convert(read(vllm_config, path)) for name, path, convert in SHARED_FIELDS}
     # vLLM runs each data-parallel rank of a dense model as an independent engine whose
     # config says data_parallel_size=1; an MoE model's ranks step in lockstep, and their
@@ -338,6 +357,11 @@ def llmsched_config(
             max_num_encoder_input_tokens=encoder_compute_budget,
             encoder_cache_size=encoder_cache_size,
             num_prefill_lookahead_tokens=read(vllm_config, "num_prefill_lookahead_tokens"),
+            kv_connector=kv_connector is not None,
+            # A connector that hands KV off (vLLM's requires_kv_delivery, a producer's by
+            # default) has a request preempted for KV drop its output in flight.
+            preemption_drops_in_flight_output=kv_connector is not None
+            and bool(kv_connector.requires_kv_delivery),
         )
     except llmsched.ConfigError as exc:
         raise llmsched.ConfigError(f"llmsched.vllm cannot schedule this engine: {exc}") from None

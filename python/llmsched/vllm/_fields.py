@@ -46,7 +46,7 @@ _MM_BUDGET = (
     "derives for the model, which are read"
 )
 _MM_FRONT_END = "how the front end turns media into multimodal inputs, " + _FRONT_END
-_CONNECTORS = "only with a KV connector, refused (kv_transfer_config)"
+_CONNECTORS = "a KV connector's own settings (the offloading connectors'), which it reads itself"
 _DRAFTER = (
     "configures the drafter or the runner's draft verification; the drafts reach the "
     "scheduler through update_draft_token_ids, and what the scheduler sees of the drafter "
@@ -82,7 +82,7 @@ FIELDS: dict[str, dict[str, str]] = {
         "speculative_config": READ,
         "observability_config": READ,
         "lora_config": READ,
-        "kv_transfer_config": CHECKED,
+        "kv_transfer_config": READ,
         "kv_events_config": READ,
         "ec_transfer_config": CHECKED,
         "diffusion_config": CHECKED,
@@ -92,7 +92,7 @@ FIELDS: dict[str, dict[str, str]] = {
         "offload_config": _RUNNER,
         "attention_config": (
             "attention backends (the workers'); its HiSparse setting acts on the scheduler "
-            "only through a KV connector, refused (kv_transfer_config)"
+            "only through a KV connector (HiSparse's, which reads it itself)"
         ),
         "engram_config": _RUNNER,
         "mamba_config": _KV_LAYOUT,
@@ -419,6 +419,7 @@ PROPERTIES_READ: dict[str, frozenset[str]] = {
             "num_hash_lookahead_tokens",
             "use_v2_model_runner",
             "is_mm_encoder_only",
+            "max_concurrent_batches",
         }
     ),
     "ModelConfig": frozenset(

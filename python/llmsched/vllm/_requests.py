@@ -11,7 +11,8 @@ the object keeps it: it reads what it read at the end.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from vllm.v1.core.sched.output import NewRequestData
@@ -20,7 +21,7 @@ from vllm.v1.utils import ConstantList
 
 import llmsched
 
-__all__ = ["LiveRequest", "attach", "freeze", "new_request_data"]
+__all__ = ["LiveRequest", "attach", "freeze", "new_request_data", "pinned"]
 
 # Where a LiveRequest finds its state, in its instance dict: the core while it is live,
 # the core's final record once it finished; and the computed tokens before the step being
@@ -132,6 +133,18 @@ def freeze(request: Request, final: llmsched.Request) -> None:
     fields = request.__dict__
     fields[_FINAL] = final
     fields.pop(_CORE, None)
+
+
+@contextmanager
+def pinned(request: Request, snapshot: llmsched.Request) -> Iterator[None]:
+    """While the core is inside a step (it cannot be read then), the live ``request`` reads
+    ``snapshot``, the core's record of it at that point (a KV connector asked mid-step)."""
+    fields = request.__dict__
+    fields[_FINAL] = snapshot
+    try:
+        yield
+    finally:
+        del fields[_FINAL]
 
 
 def new_request_data(

@@ -47,6 +47,7 @@ from llmsched.vllm._config import (
     llmsched_config,
     read,
 )
+from llmsched.vllm._kv_connector import KvConnectorSide, make_connector
 from llmsched.vllm._kv_events import KvEvents, make_publisher
 from llmsched.vllm._kv_layout import KVCacheLayout
 from llmsched.vllm._multimodal import EncoderFields, mm_inputs
@@ -161,14 +162,15 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.structured_output_manager = structured_output_manager
         self.block_size = block_size
         self.log_stats = log_stats
-        # What EngineCore reads outside the interface: no connectors here, and the KV
+        # What EngineCore reads outside the interface: the connectors (the KV connector's
+        # scheduler side, None without; encoder-cache connectors are refused), and the KV
         # layout (its full-attention block size goes to vllm:cache_config_info).
-        self.connector = None
         self.ec_connector = None
+        self.connector = connector = make_connector(vllm_config, kv_cache_config)
         self.kv_cache_manager = KVCacheLayout(kv_cache_config)
         self._num_kv_groups = len(kv_cache_config.kv_cache_groups)
         self.core = llmsched.Scheduler(
-            llmsched_config(vllm_config, kv_cache_config, block_size, mm_registry)
+            llmsched_config(vllm_config, kv_cache_config, block_size, mm_registry, connector)
         )
         # KV cache events (kv_events_config), published as vLLM's scheduler publishes them.
         self.kv_event_publisher = make_publisher(
@@ -238,6 +240,17 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._prefix_cache_reset = False
         # Requests reset_prefix_cache preempted (their event is recorded there).
         self._preempted_by_reset: set[str] = set()
+        # Whether a reset ever preempted running requests (their outputs in flight are
+        # dropped then).
+        self._reset_preempted = False
+        # A KV connector (kv_transfer_config), and the kv_transfer_params of the requests
+        # the latest call finished, for their final outputs.
+        self._kv_connector = (
+            None
+            if connector is None
+            else KvConnectorSide(connector, self.core, self.requests, log_stats)
+        )
+        self._kv_transfer_params: dict[str, dict[str, Any]] = {}
 
     # -- requests ----------------------------------------------------------------------
 
@@ -293,6 +306,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._num_other_clients += 1
         if self.spec_decode_metrics_level != "none":
             request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
+        if self.connector is not None:
+            self.connector.on_new_request(request)
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
 
@@ -325,6 +340,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             request = self.requests[final.request_id]
             freeze(request, final)
             frozen.append(request)
+            if self._kv_connector is not None:
+                params = self._kv_connector.finished(request)
+                if params is not None:
+                    self._kv_transfer_params[request.request_id] = params
         return frozen
 
     def _forget(self, req_id: str) -> None:
@@ -335,6 +354,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._compiling.pop(req_id, None)
         self._always_full.discard(req_id)
         self._next_full.discard(req_id)
+        # An abort's kv_transfer_params go nowhere (vLLM's finish_requests drops them too).
+        self._kv_transfer_params.pop(req_id, None)
         if self._encoder_fields is not None:
             self._encoder_fields.forget(req_id)
         if request.client_index:
@@ -359,10 +380,20 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         return self.get_num_unfinished_requests() > 0
 
     def has_finished_requests(self) -> bool:
-        return self.core.has_finished_requests()
+        """Finished requests the next step reports, or (with a KV connector) whose blocks
+        the connector is still sending, as vLLM's."""
+        return self.core.has_finished_requests() or (
+            self._kv_connector is not None and self.core.num_held_kv_requests > 0
+        )
 
     def has_requests(self) -> bool:
-        return self.has_unfinished_requests() or self.has_finished_requests()
+        """Whether the engine must keep stepping: requests to serve or to report, or (with a
+        KV connector) its pending push work, as vLLM's."""
+        return (
+            self.has_unfinished_requests()
+            or self.has_finished_requests()
+            or (self.connector is not None and self.connector.has_pending_push_work())
+        )
 
     def get_request_counts(self) -> tuple[int, int]:
         num_running, num_waiting = self.core.get_request_counts()
@@ -400,7 +431,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         started = time.monotonic() if self._step_log is not None else 0.0
         if self._compiling:
             self._report_grammars()
-        core_out = self.core.schedule(throttle_prefills=throttle_prefills)
+        core_out = self.core.schedule(
+            throttle_prefills=throttle_prefills,
+            external_kv=None if self._kv_connector is None else self._kv_connector.matched_tokens,
+        )
         if self._kv_events is not None:
             self._kv_events.take(self.core.take_kv_events(), self.requests)
         req_ids: list[str] = core_out.req_ids
@@ -441,6 +475,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             output.has_structured_output_requests = True
             output.pending_structured_output_tokens = core_out.pending_structured_output_tokens
         self._watch_scheduled(core_out, new_ids, resumed_ids)
+        if self._kv_connector is not None:
+            self._kv_connector.admitted(output, core_out)
         if req_ids:
             self._core_steps[id(output)] = (output, core_out)
             if self._step_log is not None:
@@ -474,15 +510,19 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         admissions = new_ids + resumed_ids if self.use_v2_model_runner else new_ids
         all_tokens = self._admitted_tokens(core_out) if self.use_v2_model_runner else {}
         first_admissions = set(new_ids)
+        # A KV connector's tokens, one per admission (the step's last rows; none without).
+        external: list[int] = core_out.num_external_computed_tokens.tolist()
+        first_external_row = len(computed) - len(external)
         new_requests = []
         for req_id in admissions:
             i = admitted_at[req_id]
             request = self.requests[req_id]
             if req_id in first_admissions and request.prefill_stats is not None:
+                num_external = max(external[i - first_external_row], 0) if external else 0
                 request.prefill_stats.set(
                     num_prompt_tokens=request.num_prompt_tokens,
-                    num_local_cached_tokens=computed[i],
-                    num_external_cached_tokens=0,
+                    num_local_cached_tokens=computed[i] - num_external,
+                    num_external_cached_tokens=num_external,
                 )
             new_requests.append(
                 new_request_data(
@@ -624,8 +664,25 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 # Before the requests the output finished are let go.
                 self._kv_events.take(self.core.take_kv_events(), self.requests)
             if scheduler_output.scheduled_spec_decode_tokens:
-                spec_stats = self._observe_drafts(scheduler_output, mro.req_id_to_index, sampled)
+                # An output a preemption dropped (stale) counts no drafts; only a connector
+                # that hands KV off, or a reset that preempted, drops one.
+                delivered = (
+                    set(core_outputs.req_ids)
+                    if self.core.config.preemption_drops_in_flight_output or self._reset_preempted
+                    else None
+                )
+                spec_stats = self._observe_drafts(
+                    scheduler_output, mro.req_id_to_index, sampled, delivered
+                )
             self._emit(core_outputs, mro, outputs)
+        kv_connector_stats = None
+        if self._kv_connector is not None:
+            kv_connector_output = model_runner_output.kv_connector_output
+            if kv_connector_output:
+                self._kv_connector.runner_reported(kv_connector_output)
+            kv_connector_stats = self._kv_connector.stats(
+                kv_connector_output.kv_connector_stats if kv_connector_output else None
+            )
         if self._structured:
             self._fail_uncompiled_grammars(outputs)
         if self._encoder_fields is not None:
@@ -656,7 +713,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 else:
                     eco.finished_requests = finished_set
             self.finished_req_ids_dict.clear()
-        stats = self.make_stats(spec_stats)
+        stats = self.make_stats(spec_stats, kv_connector_stats)
         if stats is not None:
             eco = next(iter(engine_core_outputs.values()), None)
             if eco is None:
@@ -820,6 +877,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             output.finish_reason = _FINISH_REASON[status]
             output.stop_reason = core_outputs[i].stop_reason
             output.spec_decode_metrics = request.spec_decode_metrics
+            output.kv_transfer_params = self._kv_transfer_params.pop(req_id, None)
             if mro.pooler_output:
                 # A pooling request ends with its prompt, carrying the pooled output.
                 output.pooling_output = mro.pooler_output[mro.req_id_to_index[req_id]]
@@ -841,12 +899,17 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._next_full.discard(req_id)
 
     def _observe_drafts(
-        self, scheduler_output: SchedulerOutput, index: dict[str, int], sampled: list[Any]
+        self,
+        scheduler_output: SchedulerOutput,
+        index: dict[str, int],
+        sampled: list[Any],
+        delivered: set[str] | None = None,
     ) -> SpecDecodingStats | None:
         """The step's drafts and accepted drafts, as vLLM counts them: into the step's
         ``SpecDecodingStats`` (with ``log_stats``) and into each request's
         ``spec_decode_metrics`` (when the engine asks for per-request metrics). Requests
-        finished before the output arrived, and outputs without a token, count nothing."""
+        finished before the output arrived, outputs without a token, and outputs the core
+        did not deliver (when ``delivered`` names those it did) count nothing."""
         per_request = self.spec_decode_metrics_level != "none"
         if not (self.log_stats or per_request):
             return None
@@ -859,6 +922,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             request = self.requests.get(req_id)
             generated = len(sampled[index[req_id]])
             if request is None or not generated or not drafts:
+                continue
+            if delivered is not None and req_id not in delivered:
                 continue
             proposed = len(drafts) - invalid.get(req_id, 0)
             num_drafts.append(proposed)
@@ -941,7 +1006,13 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         )
         return GrammarOutput(structured_ids, bitmask, num_acceptable_drafts)
 
-    def make_stats(self, spec_decoding_stats: Any = None, *args: Any, **kwargs: Any) -> Any:
+    def make_stats(
+        self,
+        spec_decoding_stats: Any = None,
+        kv_connector_stats: Any = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
         """A ``SchedulerStats`` (with ``log_stats``): queue lengths, KV usage, the prefix
         cache's lookups since the last call, and the step's speculative decoding."""
         if not self.log_stats:
@@ -970,6 +1041,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             kv_cache_usage=self.core.get_kv_cache_usage(),
             prefix_cache_stats=prefix_stats,
             spec_decoding_stats=spec_decoding_stats,
+            connector_prefix_cache_stats=(
+                None if self._kv_connector is None else self._kv_connector.take_prefix_cache_stats()
+            ),
+            kv_connector_stats=kv_connector_stats.to_dict() if kv_connector_stats else None,
         )
 
     @property
@@ -1022,9 +1097,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         return int(self.core.prefill_cadence[1])
 
     def reset_connector_cache(self) -> bool:
-        """No KV connector is attached (they are refused): nothing to reset, a success, as
-        vLLM's scheduler answers without one."""
-        return True
+        """Reset the KV connector's cache (vLLM's); without a connector nothing to reset, a
+        success, as vLLM's scheduler answers."""
+        return True if self._kv_connector is None else self._kv_connector.reset_cache()
 
     @property
     def prefill_capacity_bound(self) -> bool:
@@ -1057,6 +1132,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 self.requests[req_id].record_event(EngineCoreEventType.PREEMPTED, timestamp)
                 self._preempted_by_reset.add(req_id)
                 self._next_full.add(req_id)
+        self._reset_preempted |= reset_running_requests
         done = self.core.reset_prefix_cache(reset_running_requests)
         if self._kv_events is not None:
             self._kv_events.take(self.core.take_kv_events(), self.requests)
@@ -1073,11 +1149,13 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         """Closes the KV event publisher and the step log, if one is kept (the core frees
         its memory with the object)."""
         self.kv_event_publisher.shutdown()
+        if self.connector is not None:
+            self.connector.shutdown()
         if self._step_log is not None:
             self._step_log.close()
 
-    def get_kv_connector(self) -> None:
-        return None
+    def get_kv_connector(self) -> Any:
+        return self.connector
 
     def get_ec_connector(self) -> None:
         return None

@@ -252,6 +252,15 @@ macro_rules! config_fields {
             /// Record the prefix cache's changes (blocks stored, reused, removed, all
             /// cleared) for ``take_kv_events``: vLLM's KV cache events.
             enable_kv_cache_events: Bool = false;
+            /// A KV connector serves this engine (vLLM's ``kv_transfer_config``): a waiting
+            /// request asks it, through ``schedule``'s external KV source, for tokens past its
+            /// prefix-cache hit, and a finished request keeps its KV blocks until
+            /// ``release_kv_blocks`` (the connector may still be sending them).
+            kv_connector: Bool = false;
+            /// A request the running loop preempts for KV drops the output of its steps in
+            /// flight, to be recomputed (vLLM's ``requires_kv_delivery``, a KV connector that
+            /// hands finished requests' KV off: a producer's), instead of delivering it.
+            preemption_drops_in_flight_output: Bool = false;
             /// ``"fcfs"``, or ``"priority"`` (lower value first, then arrival).
             policy: Policy = Policy::Fcfs;
             /// The most LoRA adapters the running requests may use together; a waiting
@@ -714,6 +723,17 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
             format!(
                 "must be False with the KV-cache groups {:?}: Mamba state cached at block boundaries \
                  (vLLM's mamba_cache_mode \"align\") is not built",
+                p.kv_cache_groups.to_text()
+            ),
+        ));
+    }
+    if p.kv_connector && p.kv_cache_groups.len() > 1 {
+        return Err(CoreError::config(
+            "kv_connector",
+            "True",
+            format!(
+                "must be False with the KV-cache groups {:?} (a KV connector over several groups is \
+                 not built)",
                 p.kv_cache_groups.to_text()
             ),
         ));

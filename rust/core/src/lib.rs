@@ -29,5 +29,7 @@ pub use limits::ListLimit;
 pub use mm_inputs::{MmInput, MmInputSpec};
 pub use request::{Grammar, Request, RequestStatus};
 pub use scheduler::step::Step;
-pub use scheduler::{NewRequest, PauseState, RequestEvent, RequestRef, RunnerOutput, Scheduler, SchedulerStats};
+pub use scheduler::{
+    ExternalKv, NewRequest, PauseState, RequestEvent, RequestRef, RunnerOutput, Scheduler, SchedulerStats,
+};
 pub use slab::Handle;

@@ -78,9 +78,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use llmsched_core::{
-    AttentionKind, BlockHash, ConfigParams, CoreError, Grammar, Handle, KvCacheGroups, KvEvent, MmInputSpec,
-    NewRequest, Policy, Request, RequestEvent, RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig,
-    Step,
+    AttentionKind, BlockHash, ConfigParams, CoreError, ExternalKv, Grammar, Handle, KvCacheGroups, KvEvent,
+    MmInputSpec, NewRequest, Policy, Request, RequestEvent, RequestRef, RequestStatus, RunnerOutput, Scheduler,
+    SchedulerConfig, Step,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError};
@@ -169,6 +169,9 @@ struct RawConfig {
     retention_sel: u8,
     /// 0, 1: text only; else multimodal inputs under an encoder budget (`derive_config`).
     mm_sel: u8,
+    /// A KV connector (one KV-cache group only): external loads, finished requests' blocks
+    /// held until the harness releases them.
+    kv_connector: bool,
 }
 
 /// The KV-cache groups of `groups_sel`: sliding-window groups beside full ones, in the
@@ -244,7 +247,13 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
     // Mostly every step may prefill; else a cadence of 2 to 4 executed steps.
     let d = prop_oneof![3 => Just(1i64), 1 => 2i64..=4];
     // Mostly one group; else a hybrid layout with a window of a few blocks.
-    let e = (prop_oneof![2 => Just(0u8), 1 => 1u8..=6], prop_oneof![1u32..=8, 1u32..=64], 0u8..3, 0u8..5);
+    let e = (
+        prop_oneof![2 => Just(0u8), 1 => 1u8..=6],
+        prop_oneof![1u32..=8, 1u32..=64],
+        0u8..3,
+        0u8..5,
+        prop::bool::weighted(0.25),
+    );
     (a, b, c, d, e).prop_map(|(a, b, max_loras, prefill_schedule_interval, e)| RawConfig {
         block_size_log2: a.0,
         model_blocks: a.1,
@@ -276,6 +285,7 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
         window: e.1,
         retention_sel: e.2,
         mm_sel: e.3,
+        kv_connector: e.4,
     })
 }
 
@@ -381,6 +391,11 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
     if r.groups_sel > 0 {
         // EAGLE's block drop over several groups is not built (lookahead hashes are).
         p.eagle_block_drop = false;
+    }
+    if r.kv_connector && p.kv_cache_groups.len() == 1 {
+        p.kv_connector = true;
+        // A producer's connector: a request preempted for KV drops its output in flight.
+        p.preemption_drops_in_flight_output = r.adaptive;
     }
     if p.kv_cache_groups.has_mamba() {
         // Mamba groups run without prefix caching (vLLM's mamba_cache_mode "none").
@@ -661,6 +676,11 @@ struct Coverage {
     encoder_set_aside: u64,
     /// Requests a multi-module drafter's prefill lookahead left nothing in a step.
     lookahead_set_aside: u64,
+    /// With a KV connector: requests set aside as it could not tell, tokens it loaded,
+    /// finished requests' blocks held and released.
+    connector_set_aside: u64,
+    external_tokens: u64,
+    held_released: u64,
     encoded: u64,
     evicted: u64,
     /// KV cache events: blocks stored, lookups reported, blocks removed, caches cleared.
@@ -701,6 +721,45 @@ struct Harness {
     cached_by_events: HashMap<u32, (BlockHash, u32)>,
     /// The requests that asked for their prefix hits to be reported.
     reporting_hits: HashSet<String>,
+    /// With a KV connector: its answers, and the finished requests whose blocks it holds.
+    connector: FuzzConnector,
+    held: Vec<Arc<str>>,
+}
+
+/// A KV connector's answers, at random: now and then it cannot tell (None), says more
+/// tokens than the request has, or fewer than none; usually some tokens past the hit.
+struct FuzzConnector {
+    rng: Rng,
+    /// The requests it could not answer for in the current step.
+    unknown: Vec<String>,
+}
+
+impl ExternalKv for FuzzConnector {
+    fn num_new_matched_tokens(&mut self, request: &Request, num_local_computed: i64) -> Option<i64> {
+        let n = request.num_tokens();
+        let answer = match self.rng.below(10) {
+            0 => None,
+            1 => Some(-1 - self.rng.below(4) as i64),
+            2 => Some(n + self.rng.below(3) as i64),
+            3 | 4 => Some(0),
+            _ => Some(self.rng.below((n - num_local_computed).max(0) as u64 + 1) as i64),
+        };
+        if answer.is_none() {
+            self.unknown.push(request.id().to_string());
+        }
+        answer
+    }
+}
+
+/// The tokens a KV connector loaded for row `i` (its admissions are the step's last rows),
+/// -1 for a request that asked none, 0 for a row the waiting loop did not admit.
+fn external_tokens_of_row(step: &Step, i: usize) -> i64 {
+    let first_admitted = step.len() - step.external_computed_tokens.len();
+    if i >= first_admitted {
+        i64::from(step.external_computed_tokens[i - first_admitted])
+    } else {
+        0
+    }
 }
 
 macro_rules! invariants {
@@ -740,6 +799,8 @@ impl Harness {
             next_id: 0,
             cached_by_events: HashMap::new(),
             reporting_hits: HashSet::new(),
+            connector: FuzzConnector { rng: Rng(config_kv.1 as u64), unknown: Vec::new() },
+            held: Vec::new(),
         }
     }
 
@@ -973,7 +1034,14 @@ impl Harness {
     fn schedule(&mut self, rng: &mut Rng) -> Result<usize, TestCaseError> {
         let waiting_before = self.sched.waiting_ids();
         // Now and then a step the engine throttles (data-parallel prefill balancing).
-        let step = self.sched.schedule_throttled(rng.below(8) == 0);
+        let throttle = rng.below(8) == 0;
+        self.connector.unknown.clear();
+        let step = if self.cfg.kv_connector() {
+            self.release_some_held(rng);
+            self.sched.schedule_with(throttle, Some(&mut self.connector))
+        } else {
+            self.sched.schedule_throttled(throttle)
+        };
         // Before any request the step finishes leaves (a stored event names its request).
         self.check_kv_events("schedule")?;
         self.check_admission_order(&waiting_before, &step)?;
@@ -1105,6 +1173,10 @@ impl Harness {
                     continue;
                 }
             }
+            if self.connector.unknown.iter().any(|unknown| unknown.as_str() == &**id) {
+                self.cov.connector_set_aside += 1;
+                continue;
+            }
             if r.status() == RequestStatus::WaitingForStructuredOutputGrammar {
                 prop_assert!(
                     !matches!(r.grammar(), Some(Grammar::Compiled)),
@@ -1187,6 +1259,9 @@ impl Harness {
             prop_assert!(!t.reported, "{} reported finished twice", t.id);
             t.reported = true;
             prop_assert!(self.sched.request(*h).is_none(), "{id} is reported finished but still has its slot");
+            if self.sched.held_kv_blocks(id).is_some() {
+                self.held.push(id.clone());
+            }
             self.tables.remove(h);
         }
         for (h, _) in &step.preempted {
@@ -1291,13 +1366,16 @@ impl Harness {
             let tracked = self.by_handle.get(&h).map(|&t| &self.tracked[t]);
             let arrived = tracked.map_or(0, |t| t.arrived_computed);
             if arrived == 0 || req.num_preemptions() > 0 {
-                // A request that skips reading the prefix cache has no hit.
+                // A request that skips reading the prefix cache has no hit, and loads nothing
+                // from a connector; what a connector loads leaves a token to compute.
                 let skips = tracked.is_some_and(|t| t.skip_prefix_cache);
                 prop_assert!(!(skips && c > 0), "{id} skips reading the prefix cache but hit {c} tokens");
-                let bs = cfg.block_size();
+                let external = external_tokens_of_row(step, i).max(0);
+                prop_assert!(c < req.num_tokens(), "{id}: admitted with C = {c} = N");
+                let (hit, bs) = (c - external, cfg.block_size());
                 prop_assert!(
-                    c == 0 || (cfg.enable_prefix_caching() && c % bs == 0 && c < req.num_tokens()),
-                    "{id}: admitted with C = {c} (B = {bs}, N = {})",
+                    hit == 0 || (cfg.enable_prefix_caching() && hit % bs == 0),
+                    "{id}: admitted with a hit of {hit} tokens (B = {bs}, N = {}, {external} loaded)",
                     req.num_tokens()
                 );
             }
@@ -1367,7 +1445,14 @@ impl Harness {
             return Ok(());
         }
         let arrived = self.by_handle.get(&h).map_or(0, |&t| self.tracked[t].arrived_computed);
-        let from = if step.new_reqs.contains(&h) && arrived > 0 && req.num_preemptions() == 0 { 0 } else { c };
+        // Tokens a connector loaded past the hit hold their KV from the step on.
+        let external = external_tokens_of_row(step, i);
+        self.cov.external_tokens += external.max(0) as u64;
+        let from = if step.new_reqs.contains(&h) && arrived > 0 && req.num_preemptions() == 0 {
+            0
+        } else {
+            c - external.max(0)
+        };
         for (g, table) in self.tables[&h].iter().enumerate() {
             let window_start = match groups.kind(g) {
                 AttentionKind::SlidingWindow { window } => c - i64::from(window) + 1,
@@ -1966,7 +2051,13 @@ impl Harness {
             let stats_before = self.sched.stats().num_preemptions;
             let n = self.schedule(&mut rng)?;
             let failed = self.grammars(&mut rng, 1)?;
-            if n == 0 && in_flight_before == 0 && self.sched.stats().num_preemptions == stats_before && failed == 0 {
+            if n == 0
+                && in_flight_before == 0
+                && self.sched.stats().num_preemptions == stats_before
+                && failed == 0
+                && self.connector.unknown.is_empty()
+                && self.sched.num_held_kv_requests() == 0
+            {
                 // Nothing scheduled, nothing in flight, nothing preempted: the
                 // next schedule() sees the same state. A livelock, found early.
                 prop_assert!(
@@ -1987,8 +2078,31 @@ impl Harness {
         Ok(iterations)
     }
 
+    /// Releases some of the held blocks of finished requests (a connector done sending),
+    /// checking a bad release changes nothing.
+    fn release_some_held(&mut self, rng: &mut Rng) {
+        if self.held.is_empty() {
+            return;
+        }
+        let free = self.sched.num_free_blocks();
+        assert!(self.sched.release_kv_blocks(&["never-added"]).is_err());
+        assert_eq!(self.sched.num_free_blocks(), free, "a refused release changed the pool");
+        let keep = rng.below(self.held.len() as u64 + 1) as usize;
+        let released: Vec<Arc<str>> = self.held.drain(keep..).collect();
+        let ids: Vec<&str> = released.iter().map(|id| &**id).collect();
+        self.sched.release_kv_blocks(&ids).expect("held blocks release");
+        self.cov.held_released += ids.len() as u64;
+    }
+
     fn finish(&mut self) -> Result<(), TestCaseError> {
         let (m, num_blocks) = (self.m(), self.cfg.num_gpu_blocks() as usize);
+        // The connector is done sending: whatever finished requests still hold goes back.
+        let held: Vec<Arc<str>> = std::mem::take(&mut self.held);
+        let ids: Vec<&str> = held.iter().map(|id| &**id).collect();
+        if !ids.is_empty() {
+            self.sched.release_kv_blocks(&ids).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+        prop_assert_eq!(self.sched.num_held_kv_requests(), 0, "finished requests hold blocks nobody released");
         for t in &self.tracked {
             prop_assert!(t.finished && t.reported, "{} did not finish exactly once: {t:?}", t.id);
             prop_assert!(t.delivered <= t.max_tokens, "{}: {} outputs > max_tokens", t.id, t.delivered);
@@ -2125,6 +2239,9 @@ fn coverage() {
                 image_mismatches,
                 encoder_set_aside,
                 lookahead_set_aside,
+                connector_set_aside,
+                external_tokens,
+                held_released,
                 encoded,
                 evicted
             );

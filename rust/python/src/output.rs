@@ -199,6 +199,13 @@ pub struct PySchedulerOutput {
     /// Each of those inputs' index among its request's ``mm_inputs``.
     #[pyo3(get)]
     pub encoder_input_ids: Py<PyArray1<i32>>,
+    /// With ``kv_connector``, one entry per request admitted from a waiting queue in this
+    /// step, in admission order (the last rows of ``req_ids``): the tokens past its
+    /// prefix-cache hit that the external KV source loads (counted in its
+    /// ``num_computed_tokens``), or -1 for a request that held computed tokens and asked
+    /// none. Empty without a connector.
+    #[pyo3(get)]
+    pub num_external_computed_tokens: Py<PyArray1<i32>>,
     /// The identifiers of the encoder outputs evicted from the encoder cache since the
     /// previous step: the runner frees them (vLLM's ``free_encoder_mm_hashes``).
     #[pyo3(get)]

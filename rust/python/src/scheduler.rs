@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llmsched_core::{
-    Handle, KvEvent, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, Step,
+    ExternalKv, Handle, KvEvent, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler,
+    SchedulerConfig, Step,
 };
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyMemoryError;
@@ -179,7 +180,7 @@ impl Inner {
             .collect::<PyResult<Vec<_>>>()?;
         let reported = self.unreported.len() - unreported.len();
         let finished_req_ids = new_list(py, finished)?.unbind();
-        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids, structured_output_rows, new_block_ids_to_zero, num_new_token_ids, new_token_ids, encoder_input_rows, encoder_input_ids] =
+        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids, structured_output_rows, new_block_ids_to_zero, num_new_token_ids, new_token_ids, encoder_input_rows, encoder_input_ids, num_external_computed_tokens] =
             step_columns(py, step)?;
         let columns = [
             &num_scheduled_tokens,
@@ -198,6 +199,7 @@ impl Inner {
             &new_token_ids,
             &encoder_input_rows,
             &encoder_input_ids,
+            &num_external_computed_tokens,
         ]
         .map(|column| column.clone_ref(py));
         let freed = step.freed_encoder_outputs.iter().map(|id| new_str(py, id)).collect::<PyResult<Vec<_>>>();
@@ -229,6 +231,7 @@ impl Inner {
             new_token_ids,
             encoder_input_rows,
             encoder_input_ids,
+            num_external_computed_tokens,
             freed_encoder_outputs,
             pending_structured_output_tokens: step.pending_structured_output_tokens,
             drafts_unused: step.drafts_unused,
@@ -264,7 +267,7 @@ struct Undelivered {
 }
 
 /// The per-step columns a `PySchedulerOutput` holds as numpy arrays.
-const NUM_COLUMNS: usize = 16;
+const NUM_COLUMNS: usize = 17;
 
 /// A step's columns, in `PySchedulerOutput`'s order.
 fn column_slots(step: &mut Step) -> [&mut Vec<i32>; NUM_COLUMNS] {
@@ -285,6 +288,7 @@ fn column_slots(step: &mut Step) -> [&mut Vec<i32>; NUM_COLUMNS] {
         &mut step.new_token_ids,
         &mut step.encoder_input_rows,
         &mut step.encoder_input_ids,
+        &mut step.external_computed_tokens,
     ]
 }
 
@@ -386,6 +390,35 @@ impl PyScheduler {
                 Err(internal_error(py, format!("internal error in llmsched (please report it): {reason}")))
             }
         }
+    }
+}
+
+/// A Python callable as the core's external KV source (see ``schedule``'s ``external_kv``).
+/// The first error it meets is kept for the caller to raise; from then on every request
+/// asked waits.
+struct PyExternalKv<'a, 'py> {
+    callable: &'a Bound<'py, PyAny>,
+    error: Option<PyErr>,
+}
+
+impl ExternalKv for PyExternalKv<'_, '_> {
+    fn num_new_matched_tokens(&mut self, request: &llmsched_core::Request, num_local_computed: i64) -> Option<i64> {
+        if self.error.is_some() {
+            return None;
+        }
+        let py = self.callable.py();
+        let answer = self.callable.call1((PyRequest::snapshot(request), num_local_computed)).and_then(|answer| {
+            if answer.is_none() {
+                Ok(None)
+            } else {
+                let field = format!("external_kv({:?}, {num_local_computed})", request.id());
+                int_value(py, &answer, &field.as_str(), request_error).map(Some)
+            }
+        });
+        answer.unwrap_or_else(|error| {
+            self.error = Some(error);
+            None
+        })
     }
 }
 
@@ -792,24 +825,60 @@ impl PyScheduler {
     /// ``throttle_prefills`` (vLLM's, for data-parallel prefill balancing): while a request
     /// decodes, the step carries no prefill, unless the waiting requests outgrew the last
     /// step that admitted (``prefill_schedule_interval`` holds prefill back the same way).
-    #[pyo3(signature = (*, throttle_prefills=None), text_signature = "(self, *, throttle_prefills=False)")]
+    ///
+    /// ``external_kv`` (with the config's ``kv_connector``): a KV connector's answer for a
+    /// waiting request with no computed tokens, asked where vLLM's waiting loop asks it:
+    /// called as ``external_kv(request, num_local_computed_tokens)`` with a ``Request``
+    /// snapshot and the tokens its prefix-cache hit covers, it returns how many tokens past
+    /// those the connector loads before the step runs, or None if it cannot tell yet (the
+    /// request waits this step). The GIL is held through such a step. Should it raise or
+    /// return something else, the request waits, the step is decided without it, and the
+    /// error is raised; the next ``schedule()`` returns that step.
+    #[pyo3(
+        signature = (*, throttle_prefills=None, external_kv=None),
+        text_signature = "(self, *, throttle_prefills=False, external_kv=None)"
+    )]
     fn schedule(
         &self,
         py: Python<'_>,
         throttle_prefills: Option<&Bound<'_, PyAny>>,
+        external_kv: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PySchedulerOutput>> {
         let throttle = match throttle_prefills {
             Some(v) => bool_value(py, v, &"throttle_prefills", request_error)?,
             None => false,
         };
+        let external_kv = external_kv.filter(|f| !f.is_none());
+        if let Some(f) = external_kv {
+            if !f.is_callable() {
+                return Err(request_error(py, format!("external_kv: must be callable, got {}", type_name(f))));
+            }
+        }
         self.with_inner(py, |inner| {
+            let mut source_error = None;
             let (mut step, texts) = match inner.undelivered.take() {
                 Some(Undelivered { step, texts }) => (step, Some(texts)),
                 None => {
                     let core = &mut inner.core;
-                    (py.detach(|| core.schedule_throttled(throttle)), None)
+                    match external_kv {
+                        // The connector is Python: the GIL stays held for this step.
+                        Some(callable) => {
+                            let mut source = PyExternalKv { callable, error: None };
+                            let step = core.schedule_with(throttle, Some(&mut source));
+                            source_error = source.error;
+                            (step, None)
+                        }
+                        None => (py.detach(|| core.schedule_throttled(throttle)), None),
+                    }
                 }
             };
+            if let Some(error) = source_error {
+                let texts =
+                    step.req_handles.iter().filter_map(|h| inner.core.request(*h).map(|r| (*h, r.id().clone())));
+                let texts = texts.collect();
+                inner.undelivered = Some(Undelivered { step, texts });
+                return Err(error);
+            }
             inner.build_output(py, self.uid, &mut step, texts.as_ref()).inspect_err(|_| {
                 let texts = texts.unwrap_or_else(|| {
                     let id = |h: &Handle| inner.core.request(*h).map(|r| (*h, r.id().clone()));
@@ -1107,6 +1176,48 @@ impl PyScheduler {
     /// plus the slots of outputs no request references, and the outputs it holds.
     fn encoder_cache_state(&self, py: Python<'_>) -> PyResult<(i64, i64, usize)> {
         self.with_inner(py, |inner| Ok(inner.core.encoder_cache_state()))
+    }
+
+    /// With ``kv_connector``: the blocks holding the computed tokens of the finished
+    /// request ``request_id``, whose blocks stay out of the pool until
+    /// ``release_kv_blocks`` (what a connector's ``request_finished`` is given), as a new
+    /// int32 array; None if it holds none.
+    fn held_kv_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+        let request_id = request_id
+            .cast::<PyString>()
+            .map_err(|_| request_error(py, format!("request_id: must be a str, got {}", type_name(request_id))))?;
+        let request_id = request_id.to_cow()?;
+        let blocks = self.with_inner(py, |inner| {
+            Ok(inner.core.held_kv_blocks(&request_id).map(|b| b.iter().map(|&id| id as i32).collect::<Vec<_>>()))
+        })?;
+        blocks.map(|b| crate::output::frozen(py, b)).transpose()
+    }
+
+    /// With ``kv_connector``: how many finished requests hold their KV blocks (until
+    /// ``release_kv_blocks``).
+    #[getter]
+    fn num_held_kv_requests(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_inner(py, |inner| Ok(inner.core.num_held_kv_requests()))
+    }
+
+    /// Return the held blocks of the finished requests ``request_ids`` to the pool (a
+    /// connector has sent them, or needs them no longer), each table tail first, in the
+    /// order given. ``InvalidRequestError``, changing nothing, if one holds none.
+    fn release_kv_blocks(&self, py: Python<'_>, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        if request_ids.is_instance_of::<PyString>() {
+            return Err(request_error(py, "request_ids: must be a list of str, got a str".into()));
+        }
+        let ids: Vec<String> = request_ids.extract().map_err(|_| {
+            request_error(py, format!("request_ids: must be a list of str, got {}", type_name(request_ids)))
+        })?;
+        self.with_inner(py, |inner| {
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            inner.core.release_kv_blocks(&ids).map_err(core_err)
+        })
     }
 
     /// A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no

@@ -16,6 +16,9 @@ pub struct SlotRequest<'a> {
     /// `h`: prefix-hit tokens found for a waiting request (0 in the running loop).
     pub num_new_computed_tokens: i64,
     pub new_computed_blocks: &'a [u32],
+    /// Tokens past the hit whose KV an external source (a KV connector) loads before the
+    /// step runs: computed as of the step, in new blocks.
+    pub num_external_computed_tokens: i64,
     /// `L`: KV slots reserved beyond `n` for a drafter.
     pub num_lookahead_tokens: i64,
     /// The waiting-loop admission gate: the whole sequence must fit now.
@@ -233,6 +236,7 @@ impl KvManager {
         debug_assert!(ask.num_new_tokens > 0 || ask.num_new_computed_tokens > 0);
         let watermark = self.watermark_for(request, &ask);
         if ask.num_new_computed_tokens == 0
+            && ask.num_external_computed_tokens == 0
             && ask.new_computed_blocks.is_empty()
             && !ask.full_sequence_must_fit
             && watermark == 0
@@ -300,10 +304,12 @@ impl KvManager {
     #[inline(never)]
     fn allocate_new_slots(&mut self, request: &mut Request, ask: &SlotRequest<'_>, watermark: usize) -> Option<usize> {
         if self.groups.is_some() {
+            debug_assert_eq!(ask.num_external_computed_tokens, 0, "refused by the config");
             return self.allocate_group_slots(request, ask, watermark);
         }
         let m = self.max_model_len;
-        let total_computed = (request.num_computed_tokens() + ask.num_new_computed_tokens).min(m);
+        let total_computed =
+            (request.num_computed_tokens() + ask.num_new_computed_tokens + ask.num_external_computed_tokens).min(m);
         let tokens_needing_slots =
             self.tokens_needing_slots(total_computed, ask.num_new_tokens, ask.num_lookahead_tokens);
         let hits = ask.new_computed_blocks;
@@ -400,6 +406,11 @@ impl KvManager {
             table.ids.clear();
             table.num_cached = 0;
         }
+    }
+
+    /// Releases blocks a finished request's table held (taken out of it earlier), tail first.
+    pub fn free_blocks(&mut self, blocks: Vec<u32>) {
+        self.pool.free_blocks(blocks.into_iter().rev());
     }
 
     /// Forgets every cached block; fails (false) while any block is in use.

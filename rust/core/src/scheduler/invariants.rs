@@ -122,6 +122,11 @@ impl Scheduler {
                 }
             }
         }
+        for table in self.held_kv_tables() {
+            for &block in table {
+                block_refs[block as usize] += 1;
+            }
+        }
         self.check_block_pool(&block_refs)?;
         let mut holders: FxHashMap<&str, Vec<Handle>> = FxHashMap::default();
         for (h, r) in self.requests.iter() {

@@ -6,6 +6,7 @@
 
 mod drafts;
 mod encoder_inputs;
+mod external_kv;
 mod grammar;
 mod invariants;
 mod running;
@@ -29,6 +30,7 @@ use crate::request::{stored, QueueKind, Request, RequestStatus};
 use crate::slab::{Handle, Slab};
 use step::{Budgets, Entry, EntryKind, Row, Step, StepBuilder, StepRecord, Undo};
 
+pub use external_kv::ExternalKv;
 pub use update::{RequestEvent, RunnerOutput};
 
 /// A request named in a call: by the handle `add_request` returned, or by its id.
@@ -79,6 +81,8 @@ pub struct Scheduler {
     /// a caller that mirrors requests reads their final state here, and records nobody
     /// takes never pile up.
     last_finished: Vec<Request>,
+    /// With a KV connector, the blocks of finished requests it may still be sending.
+    held_kv: external_kv::HeldKv,
     /// Requests preempted since the last step (one may finish before the step reports it).
     preempted_since_last_step: Vec<(Handle, Arc<str>)>,
     in_flight: VecDeque<StepRecord>,
@@ -174,6 +178,7 @@ impl Scheduler {
             encoder_mismatches: Vec::new(),
             finished_since_last_step: Vec::new(),
             last_finished: Vec::new(),
+            held_kv: external_kv::HeldKv::default(),
             preempted_since_last_step: Vec::new(),
             in_flight: VecDeque::new(),
             next_step_id: 1,
@@ -204,6 +209,14 @@ impl Scheduler {
         if self.ids.contains_key(new.request_id.as_str()) {
             return Err(CoreError::DuplicateRequest { request_id: new.request_id });
         }
+        if self.held_kv.contains_key(new.request_id.as_str()) {
+            return Err(CoreError::request(
+                "request_id",
+                format!("{:?}", new.request_id),
+                "a finished request of this id still holds KV blocks a connector may be sending \
+                 (release_kv_blocks first)",
+            ));
+        }
         let mut request = Request::from_new(new, &self.config)?;
         let id = request.id.clone();
         self.kv.update_block_hashes(&mut request);
@@ -232,6 +245,12 @@ impl Scheduler {
     /// prefill balancing): while a request decodes and the waiting requests did not outgrow
     /// the last prefill step, the step carries no prefill.
     pub fn schedule_throttled(&mut self, throttle_prefills: bool) -> Step {
+        self.schedule_with(throttle_prefills, None)
+    }
+
+    /// `schedule_throttled` with a KV connector's view of the waiting requests (see
+    /// [`ExternalKv`]); with `kv_connector` off, or with None, no tokens come from outside.
+    pub fn schedule_with(&mut self, throttle_prefills: bool, external_kv: Option<&mut dyn ExternalKv>) -> Step {
         let defer_prefills = self.defers_prefills(throttle_prefills);
         let cfg = &self.config;
         let num_eligible = self.running.len() + self.waiting.len() + self.kv_holding_waiting.len();
@@ -278,7 +297,8 @@ impl Scheduler {
         b.num_running_entries = b.rows.len();
         // No admissions in a step that preempted.
         if !b.preempted && !paused_all {
-            self.schedule_waiting(&mut b, &mut budgets);
+            let external_kv = external_kv.filter(|_| self.config.kv_connector());
+            self.schedule_waiting(&mut b, &mut budgets, external_kv);
             if !defer_prefills {
                 let (_, num_waiting) = self.get_request_counts();
                 self.prefill_capacity_bound = num_waiting > self.num_skipped_waiting;
@@ -541,7 +561,11 @@ impl Scheduler {
         if request.grammar.is_some() {
             self.num_structured_output -= 1;
         }
-        self.kv.free(&mut request);
+        if self.config.kv_connector() {
+            self.hold_kv_blocks(&mut request);
+        } else {
+            self.kv.free(&mut request);
+        }
         self.ids.remove(&*request.id);
         self.finished_since_last_step.push((handle, request.id.clone()));
         self.last_finished.push(request);
@@ -549,7 +573,8 @@ impl Scheduler {
 
     /// The final records of the requests the latest `update_from_output` or
     /// `finish_requests` call finished, in the order they finished (a request's status,
-    /// counters and tokens as they were when it finished; its blocks are freed); taking
+    /// counters and tokens as they were when it finished; its blocks are freed, or held
+    /// with a KV connector, see `held_kv_blocks`); taking
     /// them leaves none.
     pub fn take_last_finished(&mut self) -> Vec<Request> {
         std::mem::take(&mut self.last_finished)

@@ -164,6 +164,7 @@ impl Scheduler {
             num_new_tokens,
             num_new_computed_tokens: 0,
             new_computed_blocks: &[],
+            num_external_computed_tokens: 0,
             num_lookahead_tokens: self.config.num_lookahead_tokens(),
             full_sequence_must_fit: false,
             has_scheduled_reqs: true,
@@ -182,7 +183,7 @@ impl Scheduler {
             if let Some(position) = b.position(victim) {
                 self.uncommit(b, budgets, position);
             }
-            self.preempt(victim, false);
+            self.preempt(victim, self.config.preemption_drops_in_flight_output());
             b.preempted = true;
             if victim == handle {
                 return None;

@@ -232,6 +232,10 @@ pub struct Step {
     /// The identifiers of the encoder outputs evicted since the previous step: the runner
     /// frees them (vLLM's `free_encoder_mm_hashes`).
     pub freed_encoder_outputs: Vec<Arc<str>>,
+    /// With a KV connector, one entry per request the waiting loop admitted, in admission
+    /// order (the step's last rows): the tokens past its prefix-cache hit the connector
+    /// loads, or -1 for a request that held computed tokens and looked nothing up.
+    pub external_computed_tokens: Vec<i32>,
     pub new_reqs: Vec<Handle>,
     pub resumed_reqs: Vec<Handle>,
     /// Running requests scheduled in this step that the previous step did not schedule.

@@ -7,7 +7,7 @@ use crate::config::SchedulerConfig;
 use crate::kv::{CacheHit, SlotRequest};
 use crate::request::{QueueKind, Request, RequestStatus};
 use crate::scheduler::step::{Budgets, Entry, EntryKind, StepBuilder};
-use crate::scheduler::{PauseState, Scheduler};
+use crate::scheduler::{external_kv, ExternalKv, PauseState, Scheduler};
 use crate::slab::Handle;
 
 /// The config values the waiting loop reads for every request it considers.
@@ -60,6 +60,9 @@ struct PrefixHit {
     /// Every group's hit blocks, group after group.
     blocks: Vec<u32>,
     tokens: i64,
+    /// Tokens past the hit a KV connector loads (-1: the request held computed tokens, so
+    /// nothing was asked; 0 without a connector).
+    external: i64,
     num_computed: i64,
     shared_prefix_boundary: i64,
 }
@@ -108,7 +111,12 @@ struct SetAside {
 }
 
 impl Scheduler {
-    pub(super) fn schedule_waiting(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
+    pub(super) fn schedule_waiting(
+        &mut self,
+        b: &mut StepBuilder,
+        budgets: &mut Budgets,
+        mut external_kv: Option<&mut dyn ExternalKv>,
+    ) {
         let rules = AdmissionRules::new(&self.config, budgets);
         let mut set_aside = SetAside::default();
         let mut lora_slots = LoraSlots::new(&self.config);
@@ -136,8 +144,21 @@ impl Scheduler {
                     continue;
                 }
             }
-            let hit = self.look_up_prefix(request);
+            let mut hit = self.look_up_prefix(request);
             self.kv.report_reused_blocks(request, &hit.blocks);
+            if let Some(source) = external_kv.as_deref_mut() {
+                if request.num_computed_tokens() == 0 {
+                    let matched = source.num_new_matched_tokens(request, hit.tokens);
+                    let Some(external) = external_kv::external_tokens(request, hit.tokens, matched) else {
+                        self.set_aside(kind, &mut set_aside);
+                        continue;
+                    };
+                    hit.external = external;
+                    hit.num_computed += external;
+                } else {
+                    hit.external = -1;
+                }
+            }
             let prompt_left = hit.num_computed < request.num_tokens() - 1;
             if b.defer_prefills && prompt_left {
                 break;
@@ -211,6 +232,7 @@ impl Scheduler {
             looked_up,
             blocks: hit.blocks,
             tokens: hit.tokens,
+            external: 0,
             num_computed,
             shared_prefix_boundary: hit.shared_prefix_boundary,
         }
@@ -282,6 +304,7 @@ impl Scheduler {
             num_new_tokens: n,
             num_new_computed_tokens: hit.tokens,
             new_computed_blocks: &hit.blocks,
+            num_external_computed_tokens: hit.external.max(0),
             num_lookahead_tokens: rules.lookahead,
             full_sequence_must_fit: rules.reserve_full_isl,
             has_scheduled_reqs: !self.running.is_empty(),
@@ -306,6 +329,9 @@ impl Scheduler {
         let entry_kind = if request.status == RequestStatus::Preempted { EntryKind::Resumed } else { EntryKind::New };
         request.status = RequestStatus::Running;
         request.set_num_computed_tokens(hit.num_computed);
+        if self.config.kv_connector() {
+            b.step.external_computed_tokens.push(hit.external as i32);
+        }
         let num_spec = if pad { rules.k_spec } else { 0 };
         if pad {
             b.step.spec_token_ids.extend(std::iter::repeat_n(-1, rules.k_spec as usize));

@@ -1,0 +1,111 @@
+"""A KV connector for the parity matrix (imports vLLM): the same external hits on every side.
+
+:class:`ParityConnector` is a vLLM ``KVConnectorBase_V1`` whose scheduler side plays a
+store like vLLM's ``ExampleConnector``, without files: a request whose prompt the store
+"holds" (:func:`stored`, a rule on its tokens) can load every whole block of its prompt but
+the one holding its last token, synchronously; ``build_connector_meta`` lists, per step, the
+requests that load and the blocks they load into (plain data, compared field by field).
+It also sends the KV of some finished requests (:func:`sends`): ``request_finished`` keeps
+their blocks and returns their block ids as ``kv_transfer_params``, and the engine (the
+harness) reports them sent with the next runner output (:meth:`ParityConnector.take_sent`).
+vLLM's scheduler and the plug-in load it by ``kv_connector_module_path``; llmsched's own
+side asks :func:`matched_tokens` through ``schedule(external_kv=...)`` and holds the blocks
+of the requests :func:`sends` names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+)
+
+MODULE = __name__
+NAME = "ParityConnector"
+
+
+def stored(prompt: Any) -> bool:
+    """Whether the store holds ``prompt`` (about one prompt in three, by its tokens)."""
+    return (int(prompt[0]) + len(prompt)) % 3 == 0
+
+
+def matched_tokens(prompt: Any, block_size: int, num_local: int) -> int:
+    """Tokens past ``num_local`` the store loads for a request with ``prompt``: its whole
+    blocks before the last token's (``ExampleConnector``'s reach), or none."""
+    if not stored(prompt):
+        return 0
+    reach = (len(prompt) - 1) // block_size * block_size
+    return max(reach - num_local, 0)
+
+
+def sends(prompt: Any) -> bool:
+    """Whether a finished request's KV is sent before its blocks are freed (about one prompt
+    in three, none the store holds)."""
+    return not stored(prompt) and (int(prompt[-1]) + len(prompt)) % 2 == 0
+
+
+@dataclass
+class ParityConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
+    """The step's loads: ``(request id, blocks, tokens)`` per loading request."""
+
+    loads: list[tuple[str, list[int], int]] = field(default_factory=list)
+
+
+class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
+    """See the module's doc. The worker side does nothing (no engine runs the model)."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._block_size = vllm_config.cache_config.block_size
+        self._loading: dict[str, tuple[list[int], int]] = {}
+        self._sending: list[str] = []
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int, bool]:
+        return matched_tokens(
+            request.prompt_token_ids, self._block_size, num_computed_tokens
+        ), False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        if num_external_tokens > 0:
+            self._loading[request.request_id] = (
+                list(blocks.get_block_ids()[0]),
+                num_external_tokens,
+            )
+
+    def build_connector_meta(self, scheduler_output: Any) -> ParityConnectorMetadata:
+        meta = ParityConnectorMetadata(
+            [(req_id, blocks, tokens) for req_id, (blocks, tokens) in self._loading.items()]
+        )
+        self._loading.clear()
+        return meta
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        if not sends(request.prompt_token_ids):
+            return False, None
+        self._sending.append(request.request_id)
+        return True, {"sent_blocks": list(block_ids)}
+
+    def take_sent(self) -> list[str]:
+        """The requests whose KV has been sent since the last call (all those finished)."""
+        sent, self._sending = self._sending, []
+        return sent
+
+    # The worker side: nothing to move.
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        pass
+
+    def wait_for_save(self) -> None:
+        pass

@@ -1,0 +1,130 @@
+"""A KV connector's scheduler side through the binding: ``schedule(external_kv=...)`` (tokens
+a connector loads past the prefix-cache hit), a source that fails, and the held blocks of
+finished requests (``held_kv_blocks`` / ``release_kv_blocks``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from llmsched import InvalidRequestError, Request, Scheduler, SchedulerConfig
+
+from conftest import one_token_each
+
+
+def _scheduler(**overrides: Any) -> Scheduler:
+    config = {
+        "max_model_len": 256,
+        "block_size": 16,
+        "num_gpu_blocks": 64,
+        "max_num_batched_tokens": 512,
+        "kv_connector": True,
+        "async_scheduling": False,
+        **overrides,
+    }
+    return Scheduler(SchedulerConfig(**config))
+
+
+class _Store:
+    """Holds the first ``holds[id]`` tokens of a request; records every question."""
+
+    def __init__(self, holds: dict[str, Any]) -> None:
+        self.holds = holds
+        self.asked: list[tuple[str, int, int]] = []
+
+    def __call__(self, request: Request, num_local: int) -> Any:
+        self.asked.append((request.request_id, request.num_tokens, num_local))
+        held = self.holds.get(request.request_id, 0)
+        return held - num_local if isinstance(held, int) else held
+
+
+def test_loaded_tokens_are_computed_and_reported_per_admission() -> None:
+    sched = _scheduler()
+    sched.add_request("a", list(range(1, 101)), max_tokens=4)
+    sched.add_request("b", list(range(1001, 1041)), max_tokens=4)
+    store = _Store({"a": 64})
+    so = sched.schedule(external_kv=store)
+    assert so.num_computed_tokens.tolist() == [64, 0]
+    assert so.num_scheduled_tokens.tolist() == [36, 40]
+    assert so.num_external_computed_tokens.tolist() == [64, 0]
+    assert store.asked == [("a", 100, 0), ("b", 40, 0)]
+    sched.check_invariants()
+
+
+def test_without_a_source_nothing_is_loaded_and_without_the_flag_nothing_asked() -> None:
+    sched = _scheduler()
+    sched.add_request("a", list(range(1, 101)), max_tokens=4)
+    assert sched.schedule().num_external_computed_tokens.tolist() == [0]
+    off = _scheduler(kv_connector=False)
+    off.add_request("a", list(range(1, 101)), max_tokens=4)
+    store = _Store({"a": 64})
+    so = off.schedule(external_kv=store)
+    assert store.asked == [] and so.num_external_computed_tokens.tolist() == []
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ("lots", r"external_kv\(\"a\", 0\)"),
+        (1.5, "must be an integer"),
+        (RuntimeError("down"), "down"),
+    ],
+)
+def test_a_failing_source_is_raised_after_the_step_which_is_delivered_next(
+    answer: Any, message: str
+) -> None:
+    sched = _scheduler()
+    sched.add_request("a", list(range(1, 41)), max_tokens=4)
+    sched.add_request("b", list(range(1, 41)), max_tokens=4)
+
+    def source(request: Request, num_local: int) -> Any:
+        if request.request_id == "a":
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        return 0
+
+    with pytest.raises((InvalidRequestError, RuntimeError), match=message):
+        sched.schedule(external_kv=source)
+    # The step was decided without a, nor b, asked after the source failed: the next call
+    # delivers it (empty), both still waiting in order.
+    so = sched.schedule(external_kv=source)
+    assert list(so.req_ids) == [] and sched.current_step == 1
+    assert sched.waiting_request_ids() == ["a", "b"]
+    sched.check_invariants()
+
+
+def test_a_source_that_is_not_callable_is_refused_before_anything_changes() -> None:
+    sched = _scheduler()
+    sched.add_request("a", list(range(1, 41)), max_tokens=4)
+    with pytest.raises(InvalidRequestError, match="external_kv: must be callable"):
+        sched.schedule(external_kv=3)  # type: ignore[arg-type]
+    assert sched.current_step == 0
+
+
+def test_finished_requests_hold_their_blocks_until_released() -> None:
+    sched = _scheduler()
+    free = sched.num_free_blocks
+    sched.add_request("a", list(range(1, 41)), max_tokens=2)
+    for _ in range(2):
+        so = sched.schedule()
+        sched.update_from_output(so, one_token_each(so))
+    assert sched.take_finished_requests()[0].num_computed_tokens == 41
+    held = sched.held_kv_blocks("a")
+    assert held is not None and len(held) == 3
+    assert sched.num_free_blocks == free - 3
+    assert sched.held_kv_blocks("b") is None
+    with pytest.raises(InvalidRequestError, match="still holds KV blocks"):
+        sched.add_request("a", [1, 2], max_tokens=1)
+    for bad, field in [
+        ("a", "must be a list of str"),
+        (["a", "a"], "named twice"),
+        (["x"], "holds no"),
+    ]:
+        with pytest.raises(InvalidRequestError, match=field):
+            sched.release_kv_blocks(bad)
+        assert sched.num_free_blocks == free - 3
+    sched.release_kv_blocks(["a"])
+    assert sched.num_free_blocks == free
+    sched.check_invariants()

