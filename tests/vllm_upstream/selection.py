@@ -35,10 +35,10 @@ _FSM_ABORT_BY_HAND = (
     "scheduler.encoder_cache_mismatch_reqs; Request fields: num_computed_tokens (written),"
 )
 
-# The reason shared by the connector tests that do not pass yet.
+# The reason shared by the connector tests that load KV asynchronously.
 _ASYNC_KV = (
-    "KV connectors beyond synchronous loads, not served yet (asynchronous loads, "
-    "WAITING_FOR_REMOTE_KVS, failed-load recovery; the first failure of each not classified yet)"
+    "feature not served yet: asynchronous KV-connector loads (WAITING_FOR_REMOTE_KVS; the "
+    "plug-in raises UnsupportedConnectorUseError)"
 )
 
 #: The test files run, relative to the extracted sdist.
@@ -87,6 +87,7 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_kv_connector_honors_skip_reading_prefix_cache",
         "test_external_prefix_cache_metrics[False-False]",
         "test_external_prefix_cache_metrics[True-False]",
+        "test_has_sync_kv_loads[load_modes1-True]",
         # The prefill cadence and throttled steps.
         "test_local_prefill_interval_never_idles_the_model",
         "test_local_prefill_interval_defers_inflight_prefill_chunk",
@@ -253,7 +254,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "fields: num_preemptions, status"
         ),
         "test_prefix_cache_query_not_inflated_by_connector_defer": (
-            _ASYNC_KV + "; also scheduler.kv_cache_manager; Request fields: num_tokens"
+            "scheduler internal: scheduler.kv_cache_manager (patches its prefix_cache_stats); also "
+            "scheduler.kv_cache_manager; Request fields: num_tokens"
         ),
         "test_preemption_re_records_prefix_cache_query": (
             "scheduler internal: scheduler.kv_cache_manager; also scheduler._preempt_request, "
@@ -305,12 +307,12 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         ),
         "test_has_sync_kv_loads": _ASYNC_KV,
         "test_kv_connector_records_external_cache_hit_sources": (
-            _ASYNC_KV + "; also "
+            "patches scheduler internal scheduler.kv_cache_manager.allocate_slots; also "
             "scheduler.connector_prefix_cache_stats, scheduler.finished_recving_kv_req_ids, "
             "scheduler.kv_cache_manager, scheduler.kv_holding_waiting; Request fields: status"
         ),
         "test_kv_connector_basic": (
-            _ASYNC_KV + "; also "
+            "scheduler internal: scheduler.kv_cache_manager.block_pool; also "
             "scheduler.finished_recving_kv_req_ids, scheduler.kv_cache_manager, "
             "scheduler.kv_holding_waiting, scheduler.running; Request fields: status"
         ),
@@ -320,10 +322,13 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.running, scheduler.waiting; Request fields: status"
         ),
         "test_kv_connector_unable_to_allocate": (
-            _ASYNC_KV + "; also scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
+            "a runner output naming a request the step did not schedule (the plug-in refuses it: "
+            "OutputMismatchError); also scheduler.kv_cache_manager, scheduler.running, "
+            "scheduler.waiting"
         ),
         "test_kv_connector_handles_preemption": (
-            _ASYNC_KV + "; also "
+            "asynchronous KV loads (not served yet) or a runner output naming a request the step "
+            "did not schedule (the plug-in refuses it); also "
             "scheduler.finished_recving_kv_req_ids, scheduler.kv_cache_manager, "
             "scheduler.kv_holding_waiting, scheduler.running; Request fields: status"
         ),
@@ -338,7 +343,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             _FSM_ABORT_BY_HAND + " num_tokens, status, status (written)"
         ),
         "test_priority_scheduling_preemption_and_resumption_when_out_of_kv": (
-            _ASYNC_KV + "; also scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
+            "refused feature: a KV consumer connector with steps in flight (vLLM defers block "
+            "frees); also scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
         ),
         "test_chunked_prefill_disabled_for_encoder_decoder": (
             "encoder-decoder config only (SchedulerConfig); no scheduler"
@@ -388,7 +394,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.encoder_cache_manager"
         ),
         "test_prepend_skipped_requests_order": (
-            _ASYNC_KV + "; also "
+            "builds the requests' state by hand (Request.status written); also "
             "scheduler.kv_holding_waiting, scheduler.waiting; Request fields: status (written)"
         ),
         "test_remote_kv_promotion_drains_before_grammar_prefix": (
@@ -402,15 +408,16 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "fields: status (written)"
         ),
         "test_abort_request_waiting_for_remote_kvs": (
-            _ASYNC_KV + "; also "
+            "builds the requests' state by hand (Request.status written); also "
             "scheduler.finished_recving_kv_req_ids; Request fields: status, status (written)"
         ),
         "test_abort_request_finished_recving": (
-            _ASYNC_KV + "; also "
+            "builds the requests' state by hand (Request.status written); also "
             "scheduler.finished_recving_kv_req_ids; Request fields: status, status (written)"
         ),
         "test_delayed_kv_connector_free_keeps_scheduler_active": (
-            _ASYNC_KV + "; also scheduler.finished_req_ids; Request fields: status (written)"
+            "builds the scheduler's state by hand (scheduler.requests, scheduler.finished_req_ids "
+            "written); also scheduler.finished_req_ids; Request fields: status (written)"
         ),
         "test_scheduler_kv_connector_stats": (
             "KV connector stats (hand-built SchedulerOutput with kv_connector_output; "
@@ -526,21 +533,21 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "EC connector + multimodal helper; no scheduler"
         ),
         "test_async_load_reservation_prevents_wedge_e2e": (
-            _ASYNC_KV + "; also "
+            "scheduler internal: scheduler.kv_cache_manager (its groups' req_to_blocks); also "
             "scheduler.kv_cache_manager, scheduler.running; Request fields: num_computed_tokens, "
             "num_preemptions, status"
         ),
         "test_hybrid_per_group_hit_divergence_with_connector": (
-            _ASYNC_KV + "; also "
+            "refused feature: KV connectors beside several KV-cache groups; also "
             "scheduler.kv_cache_manager; Request fields: num_computed_tokens (written), num_tokens"
         ),
         "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs": (
-            _ASYNC_KV + "; also "
+            "refused feature: KV connectors beside several KV-cache groups; also "
             "scheduler.aux_output_connector, scheduler.kv_cache_manager; Request fields: "
             "num_computed_tokens (written)"
         ),
         "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy": (
-            _ASYNC_KV + "; also "
+            "refused feature: KV connectors beside several KV-cache groups; also "
             "scheduler.kv_cache_manager; Request fields: num_computed_tokens (written), num_tokens"
         ),
         "test_encoder_instance_defers_stop_until_prompt_is_consumed": (
@@ -594,7 +601,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
     },
     ASYNC_SCHEDULER_TESTS: {
         "test_connector_metadata_precedes_async_placeholder_advance": (
-            _ASYNC_KV + "; Request fields: num_output_placeholders"
+            "refused feature: a KV consumer connector with steps in flight (vLLM defers block "
+            "frees); Request fields: num_output_placeholders"
         ),
         "test_abort_request_when_structured_output_fsm_cannot_advance": (
             _FSM_ABORT_BY_HAND + " num_output_placeholders (written), num_tokens, status, status"
@@ -614,7 +622,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler.requires_kv_delivery"
         ),
         "test_kv_pressure_preempt_mid_handoff": (
-            _ASYNC_KV + "; also "
+            "writes scheduler internal scheduler.defer_block_free (a consumer with steps in flight "
+            "is refused); also "
             "scheduler.defer_block_free, scheduler.requires_kv_delivery; Request fields: "
             "is_finished, num_output_placeholders, num_output_tokens, status"
         ),
