@@ -7,7 +7,8 @@ the one holding its last token, synchronously; ``build_connector_meta`` lists, p
 requests that load and the blocks they load into (plain data, compared field by field).
 It also sends the KV of some finished requests (:func:`sends`): ``request_finished`` keeps
 their blocks and returns their block ids as ``kv_transfer_params``, and the engine (the
-harness) reports them sent with the next runner output (:meth:`ParityConnector.take_sent`).
+harness) reports them sent with the next runner output (:meth:`ParityConnector.take_sent`);
+each one sent becomes a KV event of the connector's (``take_events``).
 vLLM's scheduler and the plug-in load it by ``kv_connector_module_path``; llmsched's own
 side asks :func:`matched_tokens` through ``schedule(external_kv=...)`` and holds the blocks
 of the requests :func:`sends` names.
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm.distributed.kv_events import BlockRemoved
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -62,6 +64,7 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._block_size = vllm_config.cache_config.block_size
         self._loading: dict[str, tuple[list[int], int]] = {}
         self._sending: list[str] = []
+        self._events: list[Any] = []
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -93,7 +96,15 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def take_sent(self) -> list[str]:
         """The requests whose KV has been sent since the last call (all those finished)."""
         sent, self._sending = self._sending, []
+        self._events.extend(
+            BlockRemoved(block_hashes=[len(req_id)], medium="CPU") for req_id in sent
+        )
         return sent
+
+    def take_events(self) -> list[Any]:
+        """A KV event per request sent (published after the cache's own, in vLLM's order)."""
+        events, self._events = self._events, []
+        return events
 
     # The worker side: nothing to move.
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:

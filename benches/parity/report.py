@@ -211,10 +211,12 @@ core, kept out the same way. Beyond them, the plug-in:
   `request_finished` lets them go, at once or once the runner reports them sent. The
   plug-in calls the connector's `update_state_after_alloc` for each admission, builds the
   step's `kv_connector_metadata` (and `has_sync_kv_loads`), passes `kv_transfer_params`,
-  connector stats and its prefix-cache stats on, and, for a producer (vLLM's
+  connector stats and its prefix-cache stats on, publishes its KV events (`take_events`)
+  after the cache's, and, for a producer (vLLM's
   `requires_kv_delivery`), drops the output in flight of a request preempted for KV. The
-  `edge-kvconn` cases (a connector whose store holds a third of the prompts) compare every
-  field, the metadata included; `tests/vllm_engine/test_kv_transfer.py` has one engine
+  `edge-kvconn` cases (a connector whose store holds a third of the prompts and that sends
+  the KV of a third, with an event for each) compare every field, the metadata and the
+  events included; `tests/vllm_engine/test_kv_transfer.py` has one engine
   store prompts through vLLM's `ExampleConnector` and others load them, token-identical
   to an engine without a connector. Asynchronous loads (`WAITING_FOR_REMOTE_KVS`) and the
   runner's failed-load reports raise a clear error when they first come (not served yet);

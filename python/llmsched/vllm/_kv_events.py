@@ -36,13 +36,19 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request
 
-__all__ = ["KvEvents", "make_publisher"]
+__all__ = ["KvEvents", "make_publisher", "publish_events"]
 
 
 def make_publisher(kv_events_config: Any, data_parallel_index: int) -> Any:
     """The publisher vLLM's scheduler creates for an engine (a no-op one when events are
     off)."""
     return EventPublisherFactory.create(kv_events_config, data_parallel_index)
+
+
+def publish_events(publisher: Any, events: list[Any]) -> None:
+    """``events`` as one batch (none: nothing sent)."""
+    if events:
+        publisher.publish(KVEventBatch(ts=time.time(), events=events))
 
 
 class KvEvents:
@@ -84,11 +90,11 @@ class KvEvents:
                 self._stored_as.clear()
                 self._pending.append(AllBlocksCleared())
 
-    def publish(self, publisher: Any) -> None:
-        """Sends the events built since the last call as one batch (none: nothing)."""
-        if self._pending:
-            publisher.publish(KVEventBatch(ts=time.time(), events=self._pending))
-            self._pending = []
+    def publish(self, publisher: Any, connector_events: Sequence[Any] = ()) -> None:
+        """Sends the events built since the last call, then a KV connector's
+        (``take_events``), as one batch (none: nothing), as vLLM's scheduler does."""
+        events, self._pending = self._pending, []
+        publish_events(publisher, [*events, *connector_events])
 
     def _stored(
         self, request: Request, first_block: int, blocks: list[int], group: int

@@ -48,7 +48,7 @@ from llmsched.vllm._config import (
     read,
 )
 from llmsched.vllm._kv_connector import KvConnectorSide, make_connector
-from llmsched.vllm._kv_events import KvEvents, make_publisher
+from llmsched.vllm._kv_events import KvEvents, make_publisher, publish_events
 from llmsched.vllm._kv_layout import KVCacheLayout
 from llmsched.vllm._multimodal import EncoderFields, mm_inputs
 from llmsched.vllm._requests import attach, freeze, new_request_data
@@ -719,8 +719,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             if eco is None:
                 engine_core_outputs[0] = eco = EngineCoreOutputs()
             eco.scheduler_stats = stats
+        # A KV connector's events go out with the cache's, after them, as in vLLM.
+        connector_events = [] if self.connector is None else list(self.connector.take_events())
         if self._kv_events is not None:
-            self._kv_events.publish(self.kv_event_publisher)
+            self._kv_events.publish(self.kv_event_publisher, connector_events)
+        else:
+            publish_events(self.kv_event_publisher, connector_events)
         if self._step_log is not None and scheduler_output.total_num_scheduled_tokens:
             self._step_log.applied(
                 id(scheduler_output), time.monotonic() - started, not self.has_unfinished_requests()
