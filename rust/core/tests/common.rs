@@ -41,6 +41,16 @@ pub fn apply(sched: &mut Scheduler, step: &Step, tokens: &[i32], counts: &[i32])
     sched.update_from_output(step.step_id, &out).expect("output matches its step")
 }
 
+/// The runner's output for `step` applied (one token per entry that reaches the end of
+/// its known tokens), the invariants checked after.
+pub fn apply_one_token_each(sched: &mut Scheduler, step: &Step) {
+    let (t, c) = sample(sched, step, false);
+    if !step.is_empty() {
+        apply(sched, step, &t, &c);
+    }
+    sched.check_invariants().expect("invariants after update");
+}
+
 /// Every scheduled entry keeps C + n + s <= M and n >= 1.
 pub fn check_step(sched: &Scheduler, step: &Step) {
     let cfg = sched.config();
