@@ -830,9 +830,11 @@ class LlmschedSide:
             self.scheduler.release_kv_blocks(now)
 
     def _release_sent_blocks(self) -> None:
-        """The blocks of the requests whose KV was sent since the previous update."""
+        """The blocks of the requests whose KV was sent since the previous update, in the
+        order vLLM frees them: its runner reports them as a set (built as the vLLM side
+        builds it, so its order is the same in this process)."""
         if self._sent:
-            self.scheduler.release_kv_blocks(self._sent)
+            self.scheduler.release_kv_blocks(list(set(self._sent)))
         self._sent, self._sending_now = self._sending_now, []
 
     def schedule(self, throttle: bool = False) -> tuple[Any, dict[str, Any]]:
