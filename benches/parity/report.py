@@ -188,7 +188,8 @@ core, kept out the same way. Beyond them, the plug-in:
   config classes it reads is classified in `llmsched/vllm/_fields.py`: read, refused, or
   why it need not be); per request (the request finishes with `FinishReason.ERROR` and
   the reason, every other request goes on; vLLM's OpenAI server answers it with HTTP 400
-  and the reason), streaming input, repetition detection and KV transfer parameters;
+  and the reason), streaming input, repetition detection and KV transfer parameters
+  without a KV connector;
 - **serves structured output** with vLLM's rules, in the core: a request waits in
   `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`, passed over without blocking the others, until
   its grammar is compiled (the plug-in asks vLLM's structured-output manager before each

@@ -242,6 +242,15 @@ REQUEST_REFUSALS: dict[str, dict[str, Any]] = {
 }
 
 
+def test_kv_transfer_parameters_are_served_where_a_kv_connector_reads_them() -> None:
+    sched = build(reference(kv_connector=("ParityConnector", "benches.parity.connector")))
+    params = {"do_remote_decode": True}
+    sched.add_request(request("p", kv_transfer_params=params))
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"p": 10}
+    assert sched.requests["p"].kv_transfer_params == params
+
+
 @pytest.mark.parametrize("feature", sorted(REQUEST_REFUSALS))
 def test_a_request_asking_for_an_unsupported_feature_fails_alone(feature: str) -> None:
     sched = build(reference())

@@ -391,8 +391,10 @@ def num_hash_lookahead_tokens(vllm_config: Any) -> int:
     return int(read(vllm_config, "num_hash_lookahead_tokens"))
 
 
-def check_request(request: Any) -> str | None:
-    """Why llmsched cannot serve ``request`` (naming the feature), or None."""
+def check_request(request: Any, kv_connector: bool = False) -> str | None:
+    """Why llmsched cannot serve ``request`` (naming the feature), or None. Its KV transfer
+    parameters are for a KV connector: served with one (``kv_connector``), which reads
+    them."""
     params = request.sampling_params
     if request.prompt_embeds is not None or request.prompt_token_ids is None:
         return "llmsched.vllm does not support prompt embeddings"
@@ -400,6 +402,6 @@ def check_request(request: Any) -> str | None:
         return "llmsched.vllm does not support streaming-input (resumable) requests"
     if params is not None and params.repetition_detection is not None:
         return "llmsched.vllm does not support repetition detection"
-    if request.kv_transfer_params:
-        return "llmsched.vllm does not support KV transfer parameters"
+    if request.kv_transfer_params and not kv_connector:
+        return "llmsched.vllm does not support KV transfer parameters without a KV connector"
     return None

@@ -65,7 +65,7 @@ def _refusal(input_processor: Any, engine_request: Any) -> str | None:
     if not _is_llmsched(config.scheduler_config.scheduler_cls):
         return None
     request = Request.from_engine_core_request(engine_request, block_hasher=None)
-    return check_request(request)
+    return check_request(request, config.kv_transfer_config is not None)
 
 
 def register() -> None:

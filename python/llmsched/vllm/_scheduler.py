@@ -263,7 +263,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             raise llmsched.DuplicateRequestError(f"request_id={req_id!r}: already live")
         # A pooling request has no sampling parameters: it ends with its prompt.
         params = request.sampling_params or _NO_SAMPLING
-        reason = check_request(request)
+        reason = check_request(request, self.connector is not None)
         if reason is None:
             try:
                 self.core.add_request(
