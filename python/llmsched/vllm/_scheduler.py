@@ -511,7 +511,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         all_tokens = self._admitted_tokens(core_out) if self.use_v2_model_runner else {}
         first_admissions = set(new_ids)
         # A KV connector's tokens, one per admission (the step's last rows; none without).
-        external: list[int] = core_out.num_external_computed_tokens.tolist()
+        external: list[int] = (
+            [] if self._kv_connector is None else core_out.num_external_computed_tokens.tolist()
+        )
         first_external_row = len(computed) - len(external)
         new_requests = []
         for req_id in admissions:

@@ -393,6 +393,20 @@ impl PyScheduler {
     }
 }
 
+/// A ``request_id`` argument as the str it must be.
+fn request_id_arg<'a>(py: Python<'_>, request_id: &'a Bound<'_, PyAny>) -> PyResult<std::borrow::Cow<'a, str>> {
+    request_id
+        .cast::<PyString>()
+        .map_err(|_| request_error(py, format!("request_id: must be a str, got {}", type_name(request_id))))?
+        .to_cow()
+}
+
+/// The ids of the requests `step` scheduled, as they are now (kept with a step that is
+/// not delivered: its requests may finish before the next `schedule()` delivers it).
+fn step_texts(core: &Scheduler, step: &Step) -> StepTexts {
+    step.req_handles.iter().filter_map(|h| core.request(*h).map(|r| (*h, r.id().clone()))).collect()
+}
+
 /// A Python callable as the core's external KV source (see ``schedule``'s ``external_kv``).
 /// The first error it meets is kept for the caller to raise; from then on every request
 /// asked waits.
@@ -873,17 +887,12 @@ impl PyScheduler {
                 }
             };
             if let Some(error) = source_error {
-                let texts =
-                    step.req_handles.iter().filter_map(|h| inner.core.request(*h).map(|r| (*h, r.id().clone())));
-                let texts = texts.collect();
+                let texts = step_texts(&inner.core, &step);
                 inner.undelivered = Some(Undelivered { step, texts });
                 return Err(error);
             }
             inner.build_output(py, self.uid, &mut step, texts.as_ref()).inspect_err(|_| {
-                let texts = texts.unwrap_or_else(|| {
-                    let id = |h: &Handle| inner.core.request(*h).map(|r| (*h, r.id().clone()));
-                    step.req_handles.iter().filter_map(id).collect()
-                });
+                let texts = texts.unwrap_or_else(|| step_texts(&inner.core, &step));
                 inner.undelivered = Some(Undelivered { step, texts });
             })
         })
@@ -1139,10 +1148,7 @@ impl PyScheduler {
         request_id: &Bound<'_, PyAny>,
         compiled: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let id = request_id
-            .cast::<PyString>()
-            .map_err(|_| request_error(py, format!("request_id: must be a str, got {}", type_name(request_id))))?
-            .to_cow()?;
+        let id = request_id_arg(py, request_id)?;
         let compiled = bool_value(py, compiled, &"compiled", request_error)?;
         self.with_inner(py, |inner| inner.core.resolve_grammar(RequestRef::Id(&id), compiled).map_err(core_err))
     }
@@ -1187,10 +1193,7 @@ impl PyScheduler {
         py: Python<'py>,
         request_id: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
-        let request_id = request_id
-            .cast::<PyString>()
-            .map_err(|_| request_error(py, format!("request_id: must be a str, got {}", type_name(request_id))))?;
-        let request_id = request_id.to_cow()?;
+        let request_id = request_id_arg(py, request_id)?;
         let blocks = self.with_inner(py, |inner| {
             Ok(inner.core.held_kv_blocks(&request_id).map(|b| b.iter().map(|&id| id as i32).collect::<Vec<_>>()))
         })?;
@@ -1223,10 +1226,7 @@ impl PyScheduler {
     /// A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
     /// live request has that id.
     fn get_request(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<PyRequest> {
-        let request_id = request_id
-            .cast::<PyString>()
-            .map_err(|_| request_error(py, format!("request_id: must be a str, got {}", type_name(request_id))))?;
-        let request_id = request_id.to_cow()?;
+        let request_id = request_id_arg(py, request_id)?;
         self.with_inner(py, |inner| Ok(PyRequest::snapshot(inner.core.get_request(&request_id).map_err(core_err)?)))
     }
 
