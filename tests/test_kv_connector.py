@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from llmsched import InvalidRequestError, Request, Scheduler, SchedulerConfig
+from llmsched import InvalidRequestError, Request, RequestStatus, Scheduler, SchedulerConfig
 
 from conftest import one_token_each
 
@@ -128,3 +128,66 @@ def test_finished_requests_hold_their_blocks_until_released() -> None:
     sched.release_kv_blocks(["a"])
     assert sched.num_free_blocks == free
     sched.check_invariants()
+
+
+def test_an_async_load_waits_for_the_runners_report() -> None:
+    sched = _scheduler()
+    sched.add_request("a", list(range(1, 101)), max_tokens=4)
+    sched.add_request("b", list(range(1001, 1041)), max_tokens=4)
+    free = sched.num_free_blocks
+    so = sched.schedule(external_kv=lambda r, n: (64, True) if r.request_id == "a" else (0, False))
+    assert so.req_ids == ["b"]
+    assert so.kv_loads == [("a", 64, 0)]
+    a = sched.get_request("a")
+    assert a.status.name == "WAITING_FOR_REMOTE_KVS"
+    assert a.num_computed_tokens == 64 and len(a.block_ids) == 4
+    assert free - sched.num_free_blocks == 4 + 3
+    assert sched.kv_load_in_flight("a") and not sched.kv_load_in_flight("b")
+    sched.update_from_output(so, one_token_each(so))
+    sched.finish_kv_transfers(finished_recving=["a"])
+    so = sched.schedule(external_kv=lambda r, n: pytest.fail("a is not asked again"))
+    assert so.req_ids == ["b", "a"]
+    assert so.num_computed_tokens.tolist()[1] == 64
+    assert so.num_external_computed_tokens.tolist() == [-1]
+    assert so.kv_loads == []
+    sched.check_invariants()
+
+
+def test_an_aborted_load_keeps_its_blocks_until_reported() -> None:
+    sched = _scheduler()
+    sched.add_request("a", list(range(1, 101)), max_tokens=4)
+    free = sched.num_free_blocks
+    sched.schedule(external_kv=lambda r, n: (64, True))
+    sched.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    assert sched.kv_load_in_flight("a")
+    with pytest.raises(InvalidRequestError, match=r"request_ids\[0\].*in flight"):
+        sched.release_kv_blocks(["a"])
+    assert free - sched.num_free_blocks == 4
+    sched.finish_kv_transfers(["a"], None)
+    assert sched.num_free_blocks == free and sched.num_held_kv_requests == 0
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ((64,), "a tuple of 1"),
+        ((64, True, 1), "a tuple of 3"),
+        ((64, "yes"), r"\[1\]"),
+        (("64", True), "must be an integer"),
+    ],
+)
+def test_a_malformed_pair_is_refused_after_the_step(answer: Any, message: str) -> None:
+    sched = _scheduler()
+    sched.add_request("a", list(range(1, 41)), max_tokens=4)
+    with pytest.raises(InvalidRequestError, match=message):
+        sched.schedule(external_kv=lambda r, n: answer)
+    assert sched.get_request("a").status.name == "WAITING"
+    assert sched.schedule().req_ids == []  # the undelivered step, without a
+    sched.check_invariants()
+
+
+@pytest.mark.parametrize("bad", ["a", 3, [1]])
+def test_finish_kv_transfers_refuses_what_is_not_a_list_of_str(bad: Any) -> None:
+    sched = _scheduler()
+    with pytest.raises(InvalidRequestError, match="finished_sending: must be a list of str"):
+        sched.finish_kv_transfers(finished_sending=bad)

@@ -57,6 +57,7 @@ class StepOutput:
     encoder_input_ids: Any
     num_external_computed_tokens: Any
     freed_encoder_outputs: list[str]
+    kv_loads: list[tuple[str, int, int]]
     total_num_scheduled_tokens: int
     new_req_ids: list[str]
     resumed_req_ids: list[str]
@@ -105,6 +106,7 @@ def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> StepOutput
         encoder_input_ids=i32([]),
         num_external_computed_tokens=i32([]),
         freed_encoder_outputs=[],
+        kv_loads=[],
         total_num_scheduled_tokens=sum(r["n"] for r in reqs),
         new_req_ids=[r["id"] for r in admitted if not r.get("resumed")],
         resumed_req_ids=[r["id"] for r in admitted if r.get("resumed")],

@@ -9,6 +9,10 @@ It also sends the KV of some finished requests (:func:`sends`): ``request_finish
 their blocks and returns their block ids as ``kv_transfer_params``, and the engine (the
 harness) reports them sent with the next runner output (:meth:`ParityConnector.take_sent`);
 each one sent becomes a KV event of the connector's (``take_events``).
+:class:`AsyncParityConnector` loads half the prompts its store holds across steps
+(:func:`loads_async`), whole, as a P/D transfer does: the requests wait in
+``WAITING_FOR_REMOTE_KVS`` until the engine reports their loads received with the runner
+output of the step that started them (:meth:`ParityConnector.take_received`).
 vLLM's scheduler and the plug-in load it by ``kv_connector_module_path``; llmsched's own
 side asks :func:`matched_tokens` through ``schedule(external_kv=...)`` and holds the blocks
 of the requests :func:`sends` names.
@@ -34,13 +38,25 @@ def stored(prompt: Any) -> bool:
     return (int(prompt[0]) + len(prompt)) % 3 == 0
 
 
-def matched_tokens(prompt: Any, block_size: int, num_local: int) -> int:
-    """Tokens past ``num_local`` the store loads for a request with ``prompt``: its whole
-    blocks before the last token's (``ExampleConnector``'s reach), or none."""
+def loads_async(prompt: Any) -> bool:
+    """Whether an asynchronous store loads ``prompt`` across steps (half those it holds)."""
+    return stored(prompt) and (int(prompt[-1]) + len(prompt)) % 2 == 0
+
+
+def matched_tokens(
+    prompt: Any, block_size: int, num_local: int, async_loads: bool = False
+) -> tuple[int, bool]:
+    """Tokens past ``num_local`` the store loads for a request with ``prompt``, and whether
+    across steps: with ``async_loads``, every prompt token of those :func:`loads_async`
+    names (none left: no load); otherwise its whole blocks before the last token's
+    (``ExampleConnector``'s reach), or none."""
     if not stored(prompt):
-        return 0
+        return 0, False
+    if async_loads and loads_async(prompt):
+        tokens = max(len(prompt) - num_local, 0)
+        return tokens, tokens > 0
     reach = (len(prompt) - 1) // block_size * block_size
-    return max(reach - num_local, 0)
+    return max(reach - num_local, 0), False
 
 
 def sends(prompt: Any) -> bool:
@@ -64,21 +80,33 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._block_size = vllm_config.cache_config.block_size
         self._loading: dict[str, tuple[list[int], int]] = {}
         self._sending: list[str] = []
+        self._receiving: list[str] = []
+        self._loads_started: list[str] = []
+        self._answered_async: dict[str, bool] = {}
         self._events: list[Any] = []
+
+    async_loads = False
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int, bool]:
-        return matched_tokens(
-            request.prompt_token_ids, self._block_size, num_computed_tokens
-        ), False
+        tokens, load_async = matched_tokens(
+            request.prompt_token_ids, self._block_size, num_computed_tokens, self.async_loads
+        )
+        # The allocation that follows this answer (if any) starts the load it names.
+        self._answered_async[request.request_id] = load_async
+        return tokens, load_async
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        load_async = self._answered_async.pop(request.request_id, False)
         if num_external_tokens > 0:
             self._loading[request.request_id] = (
                 list(blocks.get_block_ids()[0]),
                 num_external_tokens,
             )
+            if load_async:
+                self._receiving.append(request.request_id)
+                self._loads_started.append(request.request_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> ParityConnectorMetadata:
         meta = ParityConnectorMetadata(
@@ -101,6 +129,16 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
         )
         return sent
 
+    def take_received(self) -> list[str]:
+        """The requests whose asynchronous loads are in since the last call (all started)."""
+        received, self._receiving = self._receiving, []
+        return received
+
+    def take_loads_started(self) -> list[str]:
+        """The requests whose loads across steps started since the last call, in order."""
+        started, self._loads_started = self._loads_started, []
+        return started
+
     def take_events(self) -> list[Any]:
         """A KV event per request sent (published after the cache's own, in vLLM's order)."""
         events, self._events = self._events, []
@@ -120,3 +158,9 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def wait_for_save(self) -> None:
         pass
+
+
+class AsyncParityConnector(ParityConnector):
+    """The parity connector with loads across steps (see the module's doc)."""
+
+    async_loads = True

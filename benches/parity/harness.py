@@ -150,6 +150,7 @@ STEP_KEYS = (
     "structured_output",
     "encoder_inputs",
     "freed_encoder_outputs",
+    "kv_loads",
     "outputs",
 )
 """What is compared at every step.
@@ -171,7 +172,9 @@ order (the rows of its bitmask), and whether one awaits an earlier step's output
 (``pending_structured_output_tokens``); ``encoder_inputs`` the images each request
 encodes in the step (``{req_id: [input index]}``, vLLM's ``scheduled_encoder_inputs``) and
 ``freed_encoder_outputs`` the encoder outputs evicted since the previous step, in eviction
-order (``free_encoder_mm_hashes``); ``outputs`` is what
+order (``free_encoder_mm_hashes``); ``kv_loads`` the requests whose KV connector loads
+started across steps in this step, in the waiting loop's order (they wait in
+``WAITING_FOR_REMOTE_KVS``); ``outputs`` is what
 ``update_from_output`` returned for this step: ``[(req_id, new_token_ids, finish_reason,
 stop_reason)]`` in order.
 """
@@ -389,6 +392,9 @@ class ParityConfig:
     """A KV connector serves the engine: :class:`benches.parity.connector.ParityConnector`
     (vLLM's side and the plug-in load it; llmsched's own side asks its rule), whose store
     holds about one prompt in three."""
+    kv_connector_async_loads: bool = False
+    """With ``kv_connector``: its :class:`benches.parity.connector.AsyncParityConnector`,
+    which loads half the prompts it holds across steps."""
     data_parallel_size: int = 1
     """vLLM's side only: a data-parallel rank of an MoE model (> 1), whose engine core keeps
     the prefill cadence: every step but each ``prefill_schedule_interval``-th is throttled
@@ -497,7 +503,12 @@ class ParityConfig:
             "pooling": self.pooling,
             "kv_events": self.kv_events,
             "kv_connector": (
-                ("ParityConnector", "benches.parity.connector") if self.kv_connector else None
+                (
+                    "AsyncParityConnector" if self.kv_connector_async_loads else "ParityConnector",
+                    "benches.parity.connector",
+                )
+                if self.kv_connector
+                else None
             ),
             **(
                 {
@@ -611,12 +622,21 @@ def deviation_triggers(config: ParityConfig, requests: Sequence[ParityRequest]) 
                     f"takes whole ({whole})"
                 )
     usable = config.num_gpu_blocks - 1
+    # With a connector and drafts, an asynchronous load leaves a speculative step's slots.
+    spec_step = 1 + k + config.drafter_kwargs().get("num_lookahead_tokens", 0) if k else 0
     for req in requests:
         needed = blocks_needed(req, config)
         if needed > usable:
             found.append(
                 f"{req.request_id} could outgrow the pool: {needed} blocks > {usable} usable"
             )
+        if config.kv_connector and k:
+            longest = min(req.prompt_len + req.max_tokens, config.max_model_len)
+            load = -(-longest // config.block_size) + -(-spec_step // config.block_size)
+            if load > usable:
+                found.append(
+                    f"{req.request_id}'s KV load could never start: {load} blocks > {usable}"
+                )
     if config.policy == "priority":
         first: dict[tuple[int, float], str] = {}
         for req in requests:
@@ -770,6 +790,9 @@ class LlmschedSide:
         self.prompts: dict[str, tuple[int, ...]] = {}
         self._sent: list[str] = []
         self._sending_now: list[str] = []
+        # The requests whose loads across steps the last step started: reported received
+        # with its output.
+        self._receiving: list[str] = []
 
     def add(self, req: ParityRequest) -> None:
         self.prompts[req.request_id] = req.prompt
@@ -808,11 +831,16 @@ class LlmschedSide:
     def has_requests(self) -> bool:
         return bool(self.scheduler.has_requests())
 
-    def _external_kv(self, request: Any, num_local: int) -> int:
+    def _external_kv(self, request: Any, num_local: int) -> tuple[int, bool]:
         """The parity connector's answer (its rule, as vLLM's side's connector applies it)."""
         from .connector import matched_tokens  # imports vLLM
 
-        return matched_tokens(request.prompt_token_ids, self.config.block_size, num_local)
+        return matched_tokens(
+            request.prompt_token_ids,
+            self.config.block_size,
+            num_local,
+            self.config.kv_connector_async_loads,
+        )
 
     def _release_finished_blocks(self, req_ids: Iterable[str], *, in_update: bool) -> None:
         """The parity connector's rule for the requests that just finished: blocks back at
@@ -825,16 +853,21 @@ class LlmschedSide:
         for rid in req_ids:
             if self.scheduler.held_kv_blocks(rid) is None:
                 continue
-            (sending if sends(self.prompts[rid]) else now).append(rid)
+            if sends(self.prompts[rid]):
+                sending.append(rid)
+            elif not self.scheduler.kv_load_in_flight(rid):
+                now.append(rid)
         if now:
             self.scheduler.release_kv_blocks(now)
 
-    def _release_sent_blocks(self) -> None:
-        """The blocks of the requests whose KV was sent since the previous update, in the
-        order vLLM frees them: its runner reports them as a set (built as the vLLM side
-        builds it, so its order is the same in this process)."""
-        if self._sent:
-            self.scheduler.release_kv_blocks(list(set(self._sent)))
+    def _report_transfers(self) -> None:
+        """The runner's report: the loads the step started are in, and the KV of the
+        requests sent since the previous update is sent, in the order vLLM reads them: its
+        runner reports them as sets (built as the vLLM side builds them, so their order is
+        the same in this process)."""
+        received = list(set(self._receiving)) if self._receiving else []
+        self.scheduler.finish_kv_transfers(received, list(set(self._sent)) if self._sent else [])
+        self._receiving = []
         self._sent, self._sending_now = self._sending_now, []
 
     def schedule(self, throttle: bool = False) -> tuple[Any, dict[str, Any]]:
@@ -842,6 +875,7 @@ class LlmschedSide:
             throttle_prefills=throttle,
             external_kv=self._external_kv if self.config.kv_connector else None,
         )
+        self._receiving.extend(req_id for req_id, _, _ in out.kv_loads)
         ids = list(out.req_ids)
         counts = [int(n) for n in out.num_scheduled_tokens]
         computed = [int(c) for c in out.num_computed_tokens]
@@ -882,6 +916,7 @@ class LlmschedSide:
                 out.encoder_input_ids.tolist(),
             ),
             "freed_encoder_outputs": list(out.freed_encoder_outputs),
+            "kv_loads": [req_id for req_id, _, _ in out.kv_loads],
         }
         summary["block_hashes"] = self.hash_labels.admitted(
             summary, lambda rid: self.scheduler.get_request(rid).block_hashes
@@ -905,7 +940,7 @@ class LlmschedSide:
             self._release_finished_blocks(
                 (row[0] for row in rows if row[2] is not None), in_update=True
             )
-            self._release_sent_blocks()
+            self._report_transfers()
         return failures_by_id(rows, _grammar_failure_row)
 
     def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
@@ -1150,6 +1185,9 @@ class VllmSide:
             rid: list(inputs) for rid, inputs in out.scheduled_encoder_inputs.items()
         }
         summary["freed_encoder_outputs"] = list(out.free_encoder_mm_hashes)
+        summary["kv_loads"] = (
+            self.scheduler.connector.take_loads_started() if self.config.kv_connector else []
+        )
         summary["block_hashes"] = self.hash_labels.admitted(summary, self.block_hashes)
         # Not compared (vLLM's side only): what the emulation of llmsched uncached.
         summary["uncached_blocks"] = 0 if self.uncache is None else self.uncache.take_count()
@@ -1168,8 +1206,11 @@ class VllmSide:
         if self.config.kv_connector:
             from vllm.v1.outputs import KVConnectorOutput
 
-            sent = self.scheduler.connector.take_sent()
-            output.kv_connector_output = KVConnectorOutput(finished_sending=set(sent) or None)
+            connector = self.scheduler.connector
+            sent, received = connector.take_sent(), connector.take_received()
+            output.kv_connector_output = KVConnectorOutput(
+                finished_sending=set(sent) or None, finished_recving=set(received) or None
+            )
         return output
 
     def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
@@ -1349,10 +1390,12 @@ def coverage(run: RunResult) -> dict[str, int]:
         "uncached_blocks": 0,
         "encoded_images": 0,
         "evicted_images": 0,
+        "kv_loads_started": 0,
     }
     for step in run.steps:
         counts["encoded_images"] += sum(len(i) for i in step["encoder_inputs"].values())
         counts["evicted_images"] += len(step["freed_encoder_outputs"])
+        counts["kv_loads_started"] += len(step["kv_loads"])
         counts["uncached_blocks"] += step.get("uncached_blocks", 0)
         counts["empty_steps"] += step["total_num_scheduled_tokens"] == 0
         counts["preemptions"] += len(step["preempted"])

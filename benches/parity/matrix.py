@@ -809,25 +809,41 @@ def edge_cases() -> list[Case]:
             )
         # A KV connector (the parity connector's store holds one prompt in three): loads
         # past the prefix hit, with prefix caching on and off, a roomy pool and KV pressure.
-        for workload, k, apc, pool in (
-            ("synthetic-conv", 0, True, 1),
-            ("synthetic-code", 1, False, 0),
-            ("synthetic-code", 3, True, 1),
+        # Its asynchronous variant loads half of those across steps (WAITING_FOR_REMOTE_KVS);
+        # in a pool a quarter tighter still, with a budget of 64 tokens that keeps prefills
+        # in flight for many steps, a load must leave them room.
+        for workload, k, apc, pool, loads in (
+            ("synthetic-conv", 0, True, "kv", "sync"),
+            ("synthetic-code", 1, False, "roomy", "sync"),
+            ("synthetic-code", 3, True, "kv", "sync"),
+            ("synthetic-conv", 0, True, "kv", "async"),
+            ("synthetic-code", 1, False, "roomy", "async"),
+            ("synthetic-code", 3, True, "kv", "async"),
+            ("synthetic-code", 3, True, "tightkv", "async"),
         ):
+            roomy, tight = _pool_sizes(workload)
             out.append(
                 Case(
                     workload,
                     ParityConfig(
-                        f"edge-kvconn-{mode}-K{k}-{'apc' if apc else 'noapc'}-fcfs-"
-                        f"{'kv' if pool else 'roomy'}",
+                        f"edge-kvconn{'' if loads == 'sync' else '-asyncload'}-{mode}-K{k}-"
+                        f"{'apc' if apc else 'noapc'}-fcfs-{pool}",
                         async_scheduling=a,
                         num_speculative_tokens=k,
                         enable_prefix_caching=apc,
                         policy="fcfs",
-                        num_gpu_blocks=_pool_sizes(workload)[pool],
+                        num_gpu_blocks={
+                            "roomy": roomy,
+                            "kv": tight,
+                            "tightkv": tight * 3 // 4,
+                        }[pool],
+                        **({"max_num_batched_tokens": 64} if pool == "tightkv" else {}),
                         kv_connector=True,
+                        kv_connector_async_loads=loads == "async",
                     ),
-                    output_factor=WORKLOADS[workload].pressure_output_factor if pool else 1,
+                    output_factor=WORKLOADS[workload].pressure_output_factor
+                    if pool != "roomy"
+                    else 1,
                 )
             )
         # Cache salts: requests share cached blocks only under the same salt.

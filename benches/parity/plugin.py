@@ -203,7 +203,7 @@ class VllmFieldSide(VllmSide):
         summary["requests_updated"] = None
         summary["queues"] = {
             queue: [r.request_id for r in getattr(self.scheduler, queue)]
-            for queue in ("running", "waiting")
+            for queue in ("running", "waiting", "kv_holding_waiting")
         }
         summary["grammar_output"] = None
         if out.pending_structured_output_tokens:

@@ -67,10 +67,14 @@ documented (or, for 2, that they cannot differ).
    again. *Harness:* out of reach (the runner returns at least one token for every step
    that reaches the end of a request's tokens). *Test:*
    `test_deviation_empty_decode_output_is_undone`.
-4. **`add_request` refuses a request whose KV could outgrow the whole pool.** *Why:* vLLM
-   admits it, and it preempts everything, then itself, forever. *Harness:* kept out
+4. **`add_request` refuses a request whose KV could outgrow the whole pool**, and, with a
+   KV connector and speculative decoding, one whose asynchronous load could not leave a
+   speculative step's blocks free beside its own even in an empty pool. *Why:* vLLM
+   admits it, and it preempts everything, then itself, forever; or its load never starts
+   and the waiting queue blocks behind it. *Harness:* kept out
    (matrix requests need at most half the usable blocks; fuzz pools hold the largest
-   request). *Test:* `test_deviation_requests_that_could_outgrow_the_pool_are_refused`.
+   request). *Test:* `test_deviation_requests_that_could_outgrow_the_pool_are_refused`,
+   `test_deviation_requests_whose_async_load_could_never_start_are_refused`.
 5. **`SchedulerConfig` refuses budgets that cannot fit an unsplittable step**: with
    `R = min(max_num_scheduled_tokens, max_num_batched_tokens -
    max_num_new_slots_for_drafting)`, `R < 1 + K` with `K > 0` (a padded decode), or, with
@@ -203,24 +207,34 @@ core, kept out the same way. Beyond them, the plug-in:
   difference remains, on a path vLLM logs as unexpected: a grammar that rejects the
   tokens of a request those same tokens stopped reports `FinishReason.ERROR` as vLLM does,
   but the `Request`'s final status stays the stop's (vLLM's becomes `FINISHED_ERROR`);
-- **serves KV connectors with synchronous loads** (`kv_transfer_config`), in the core: a
+- **serves KV connectors** (`kv_transfer_config`), in the core: a
   waiting request with no computed tokens asks the connector, after its prefix-cache
   lookup and where vLLM's waiting loop asks, how many tokens past the hit it loads
   (`get_num_new_matched_tokens`; none for a request that skips reading the cache, and a
-  request the connector cannot answer for waits); they count as computed, in new blocks;
-  a finished request's blocks stay out of the pool until the connector's
-  `request_finished` lets them go, at once or once the runner reports them sent. The
-  plug-in calls the connector's `update_state_after_alloc` for each admission, builds the
+  request the connector cannot answer for waits); they count as computed, in new blocks.
+  A load across steps takes the blocks of the loaded tokens (none for tokens to compute
+  or a drafter's lookahead) only if the requests still prefilling keep the blocks to
+  finish and a speculative step's more, kept out of the prefix cache until the runner
+  reports the load received (`finished_recving`); the request waits in
+  `WAITING_FOR_REMOTE_KVS` meanwhile, then from its loaded tokens (all but the last if
+  the load covered every one). A finished request's blocks stay out of the pool until the
+  connector's `request_finished` lets them go, at once or once the runner reports them
+  sent (an aborted load's, once it is reported received). The plug-in calls the
+  connector's `update_state_after_alloc` for each admission and each load started, in
+  the waiting loop's order, keeps the requests by KV-fetch stage for the stats, builds the
   step's `kv_connector_metadata` (and `has_sync_kv_loads`), passes `kv_transfer_params`,
   connector stats and its prefix-cache stats on, publishes its KV events (`take_events`)
   after the cache's, and, for a producer (vLLM's
   `requires_kv_delivery`), drops the output in flight of a request preempted for KV. The
   `edge-kvconn` cases (a connector whose store holds a third of the prompts and that sends
   the KV of a third, with an event for each) compare every field, the metadata and the
-  events included; `tests/vllm_engine/test_kv_transfer.py` has one engine
+  events included; the `edge-kvconn-asyncload` cases load half of the held prompts
+  whole, across steps, reported received with the output of the step that started them
+  (one in a pool tight enough that a load must wait for the prefills in flight);
+  `tests/vllm_engine/test_kv_transfer.py` has one engine
   store prompts through vLLM's `ExampleConnector` and others load them, token-identical
-  to an engine without a connector. Asynchronous loads (`WAITING_FOR_REMOTE_KVS`) and the
-  runner's failed-load reports raise a clear error when they first come (not served yet);
+  to an engine without a connector. The runner's failed-load reports raise a clear error
+  when they first come (not served yet);
 - **publishes KV cache events** (`kv_events_config`) as vLLM does: the core records what
   enters and leaves its prefix cache (blocks stored by an allocation or an output, evicted
   for reuse, uncached by an undone step, all cleared by a reset, and prefix hits for

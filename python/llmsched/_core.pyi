@@ -356,6 +356,14 @@ class SchedulerOutput:
         """The identifiers of the encoder outputs evicted from the encoder cache since the
         previous step: the runner frees them (vLLM's ``free_encoder_mm_hashes``)."""
     @property
+    def kv_loads(self) -> list[tuple[str, int, int]]:
+        """With ``kv_connector``, the asynchronous KV loads this step's waiting loop started,
+        in its order: ``(request_id, num_external_tokens, num_admitted_before)`` (the tokens
+        past its prefix-cache hit the connector loads; how many requests the loop admitted
+        before it, i.e. where it falls among ``num_external_computed_tokens``). Each request
+        waits in ``WAITING_FOR_REMOTE_KVS``, holding its blocks (``get_request``), until
+        ``finish_kv_transfers`` reports it received. Empty otherwise."""
+    @property
     def pending_structured_output_tokens(self) -> bool:
         """Async scheduling: one of those rows awaits an earlier step's output, so the step's
         bitmask can be built only once that output is applied (vLLM's
@@ -581,7 +589,7 @@ class Scheduler:
         self,
         *,
         throttle_prefills: bool = False,
-        external_kv: Callable[[Request, int], int | None] | None = None,
+        external_kv: Callable[[Request, int], int | tuple[int | None, bool] | None] | None = None,
     ) -> SchedulerOutput:
         """Decide the next step: which requests run and how many tokens each.
 
@@ -601,10 +609,13 @@ class Scheduler:
         waiting request with no computed tokens, asked where vLLM's waiting loop asks it:
         called as ``external_kv(request, num_local_computed_tokens)`` with a ``Request``
         snapshot and the tokens its prefix-cache hit covers, it returns how many tokens past
-        those the connector loads before the step runs, or None if it cannot tell yet (the
-        request waits this step). The GIL is held through such a step. Should it raise or
-        return something else, the request waits, the step is decided without it, and the
-        error is raised; the next ``schedule()`` returns that step."""
+        those the connector loads, or None if it cannot tell yet (the request waits this
+        step); or vLLM's pair ``(tokens or None, load_async)``. A load with ``load_async``
+        runs across steps: the request takes blocks for the loaded tokens and waits in
+        ``WAITING_FOR_REMOTE_KVS`` (``SchedulerOutput.kv_loads``) until
+        ``finish_kv_transfers`` reports it received. The GIL is held through such a step.
+        Should it raise or return something else, the request waits, the step is decided
+        without it, and the error is raised; the next ``schedule()`` returns that step."""
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: Any
     ) -> RequestOutputs:
@@ -685,7 +696,23 @@ class Scheduler:
     def release_kv_blocks(self, request_ids: Sequence[str]) -> None:
         """Return the held blocks of the finished requests ``request_ids`` to the pool (a
         connector has sent them, or needs them no longer), each table tail first, in the
-        order given. ``InvalidRequestError``, changing nothing, if one holds none."""
+        order given. ``InvalidRequestError``, changing nothing, if one holds none or its
+        load is in flight (``kv_load_in_flight``)."""
+    def finish_kv_transfers(
+        self,
+        finished_recving: Iterable[str] | None = None,
+        finished_sending: Iterable[str] | None = None,
+    ) -> None:
+        """The runner's report of finished KV transfers (vLLM's ``finished_recving`` and
+        ``finished_sending``): a request waiting for its asynchronous load
+        (``WAITING_FOR_REMOTE_KVS``) that is received is promoted by the next ``schedule()``;
+        a finished request's held blocks, received or sent, go back to the pool (received
+        ones first, each list in its order). Ids that name neither are ignored."""
+    def kv_load_in_flight(self, request_id: str) -> bool:
+        """Whether request ``request_id`` waits for an asynchronous KV load the runner has
+        not reported (``finish_kv_transfers``): live in ``WAITING_FOR_REMOTE_KVS``, or
+        finished while it was (its blocks are then held until the load is reported, and
+        ``release_kv_blocks`` refuses them)."""
     def get_request(self, request_id: str) -> Request:
         """A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
         live request has that id."""
@@ -776,8 +803,13 @@ class Scheduler:
         ``take_finished_requests``."""
     def running_request_ids(self) -> list[str]:
         """Running request ids, in running order."""
+    @property
+    def num_kv_holding_waiting(self) -> int:
+        """How many of ``waiting_request_ids()`` (the first ones) hold KV blocks, a KV load's
+        or computed tokens (vLLM's ``kv_holding_waiting``)."""
     def waiting_request_ids(self) -> list[str]:
-        """Waiting request ids, in the order the waiting loop would consider them."""
+        """Waiting request ids, in the order the waiting loop would consider them: those
+        holding KV blocks first (``num_kv_holding_waiting``)."""
     def free_block_queue(self) -> list[int]:
         """The free-block queue, head first (blocks are reused from the head)."""
     def check_invariants(self) -> None:

@@ -72,6 +72,9 @@ def test_a_different_decision_is_caught() -> None:
         # The emulation of llmsched's uncaching of an undone step (deviation below) fires.
         ("azure-code/sync-K3-apc-prio-kv", ("uncached_blocks",)),
         ("azure-code/async-K1-apc-prio-kv", ("uncached_blocks",)),
+        # A KV connector's loads across steps start, and some requests wait for them.
+        ("synthetic-conv/edge-kvconn-asyncload-sync-K0-apc-fcfs-kv", ("kv_loads_started",)),
+        ("synthetic-code/edge-kvconn-asyncload-async-K3-apc-fcfs-kv", ("kv_loads_started",)),
     ],
 )
 def test_the_matrix_reaches_the_rules(case_id: str, expected: tuple[str, ...]) -> None:
@@ -269,6 +272,43 @@ def test_deviation_requests_that_could_outgrow_the_pool_are_refused() -> None:
     vllm_side.add(request)
     assert vllm_side.has_requests()
     with pytest.raises(InvalidRequestError, match="could never finish"):
+        LlmschedSide(config).add(request)
+
+
+def test_deviation_requests_whose_async_load_could_never_start_are_refused() -> None:
+    """With a KV connector and speculative decoding, an asynchronous load must leave a
+    speculative step's blocks free beside the loaded ones; vLLM accepts a request whose load
+    cannot have both even in an empty pool, and its load never starts (the waiting queue
+    blocks behind it); llmsched's ``add_request`` refuses it."""
+    from benches.parity.connector import loads_async
+
+    from llmsched import InvalidRequestError
+
+    config = ParityConfig(
+        "deviation-pool-load",
+        False,
+        3,
+        False,
+        "fcfs",
+        num_gpu_blocks=3,
+        kv_connector=True,
+        kv_connector_async_loads=True,
+    )
+    prompt = (10, *range(100, 119))
+    assert loads_async(prompt)
+    request = ParityRequest("loaded", prompt, 4, arrival_step=0, arrival_time=0.0)
+    assert blocks_needed(request, config) <= config.num_gpu_blocks - 1
+    assert deviation_triggers(config, [request]) == [
+        "loaded's KV load could never start: 3 blocks > 2"
+    ]
+    vllm_side = VllmSide(config)
+    vllm_side.add(request)
+    for _ in range(10):
+        out, summary = vllm_side.schedule()
+        assert summary["scheduled"] == [] and summary["kv_loads"] == []
+        vllm_side.update(out, summary, {})
+    assert vllm_side.has_requests()
+    with pytest.raises(InvalidRequestError, match="the load could never start"):
         LlmschedSide(config).add(request)
 
 
@@ -607,8 +647,10 @@ def test_deviation_a_connector_answer_leaves_the_last_token_to_compute(
     that samples."""
     from benches.parity import connector
 
-    def every_token(prompt: Any, block_size: int, num_local: int) -> int:
-        return len(prompt) - num_local
+    def every_token(
+        prompt: Any, block_size: int, num_local: int, async_loads: bool = False
+    ) -> tuple[int, bool]:
+        return len(prompt) - num_local, False
 
     monkeypatch.setattr(connector, "matched_tokens", every_token)
     config = ParityConfig(

@@ -14,6 +14,11 @@ synchronously, before the step that computes the rest.
    scheduler.
 3. A third engine, without a connector, serves the same requests.
 
+Then, with :class:`tests.vllm_engine.async_example_connector.AsyncExampleConnector` (the
+same store, its loads across steps: requests wait in ``WAITING_FOR_REMOTE_KVS`` until the
+runner reports them received), the loading engines again, with the plug-in and with vLLM's
+scheduler.
+
 Prefix caching is off throughout, so every cached token is one the connector loaded: none
 in the storing engine (its store starts empty), all but the last block of each prompt in
 the loading ones. Each prompt's entry is its own, and the loading engines store nothing new:
@@ -57,9 +62,16 @@ WORKLOAD = ve.WorkloadSpec(
 )
 
 
-def _connector(store: Path, role: str) -> dict[str, Any]:
+def _connector(store: Path, role: str, *, async_loads: bool = False) -> dict[str, Any]:
+    if not async_loads:
+        return {
+            "kv_connector": "ExampleConnector",
+            "kv_role": role,
+            "kv_connector_extra_config": {"shared_storage_path": str(store)},
+        }
     return {
-        "kv_connector": "ExampleConnector",
+        "kv_connector": "AsyncExampleConnector",
+        "kv_connector_module_path": "tests.vllm_engine.async_example_connector",
         "kv_role": role,
         "kv_connector_extra_config": {"shared_storage_path": str(store)},
     }
@@ -78,11 +90,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(ve.write_model(tmp_path_factory.mktemp("llama")))
 
 
-@pytest.fixture(scope="module", params=["sync", "async"])
+@pytest.fixture(scope="module", params=["sync", "async", "async-loads"])
 def runs(
     request: pytest.FixtureRequest, model_dir: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, ve.RunResult]]:
     mode = request.param
+    # The storing engine: async scheduling in the "async" case; loads across steps after.
+    async_loads = mode == "async-loads"
     stored = ve.make_workload(WORKLOAD)
     root = tmp_path_factory.mktemp(f"kv-store-{mode}")
     base = ve.EngineSpec(
@@ -107,8 +121,9 @@ def runs(
     for name, scheduler in (("llmsched", ve.llmsched_scheduler_name(False)), ("vllm", None)):
         copy = root / name
         shutil.copytree(store, copy)
+        connector = _connector(copy, "kv_both", async_loads=async_loads)
         results[name] = _serve(
-            replace(base, scheduler_cls=scheduler, kv_transfer_config=_connector(copy, "kv_both")),
+            replace(base, scheduler_cls=scheduler, kv_transfer_config=connector),
             again,
             f"{name}-",
         )

@@ -9,7 +9,7 @@ preemptions) and passes: ``run.py`` fails if one of them fails. ``EXCLUDED`` map
 other test to the reason: the vLLM scheduler internal it reads or patches
 (``scheduler.kv_cache_manager``, ``scheduler.finished_req_ids``, ...), a ``Request`` field
 it writes to build a state by hand, the feature llmsched.vllm does not serve (KV
-connectors' asynchronous loads, encoder-cache connectors, multimodal encoder-only
+connectors' failed loads, encoder-cache connectors, multimodal encoder-only
 instances, context parallelism, KV-cache groups the plug-in does not build), the
 deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the plug-in.
 A key is a test function name (every parametrization) or ``name[params]`` (one
@@ -35,10 +35,11 @@ _FSM_ABORT_BY_HAND = (
     "scheduler.encoder_cache_mismatch_reqs; Request fields: num_computed_tokens (written),"
 )
 
-# The reason shared by the connector tests that load KV asynchronously.
-_ASYNC_KV = (
-    "feature not served yet: asynchronous KV-connector loads (WAITING_FOR_REMOTE_KVS; the "
-    "plug-in raises UnsupportedConnectorUseError)"
+# The reason shared by the connector tests that load KV asynchronously and read which
+# loads the scheduler saw finish.
+_FINISHED_RECVING = (
+    "scheduler internal: scheduler.finished_recving_kv_req_ids; also "
+    "scheduler.kv_holding_waiting, scheduler.running, scheduler.waiting; Request fields: status"
 )
 
 #: The test files run, relative to the extracted sdist.
@@ -87,7 +88,9 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_kv_connector_honors_skip_reading_prefix_cache",
         "test_external_prefix_cache_metrics[False-False]",
         "test_external_prefix_cache_metrics[True-False]",
-        "test_has_sync_kv_loads[load_modes1-True]",
+        "test_has_sync_kv_loads",
+        # KV connectors with asynchronous loads (WAITING_FOR_REMOTE_KVS).
+        "test_pause_new_drains_async_kv_loads",
         # The prefill cadence and throttled steps.
         "test_local_prefill_interval_never_idles_the_model",
         "test_local_prefill_interval_defers_inflight_prefill_chunk",
@@ -207,16 +210,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_encoder_only_prompt_longer_than_budget_is_chunked": (
             "refused feature: multimodal encoder-only instances (mm_encoder_only=True)"
         ),
-        "test_throttle_prefills_excludes_fully_transferred_remote_kv": (
-            _ASYNC_KV + "; also "
-            "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
-            "scheduler.running, scheduler.waiting; Request fields: status"
-        ),
-        "test_throttle_prefills_defers_remote_kv_resume_with_local_prefill": (
-            _ASYNC_KV + "; also "
-            "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
-            "scheduler.running, scheduler.waiting; Request fields: status"
-        ),
+        "test_throttle_prefills_excludes_fully_transferred_remote_kv": _FINISHED_RECVING,
+        "test_throttle_prefills_defers_remote_kv_resume_with_local_prefill": _FINISHED_RECVING,
         "test_same_step_duplicate_encoder_input_stays_cached": (
             "scheduler internal: scheduler.encoder_cache_manager"
         ),
@@ -299,13 +294,10 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_scheduler_stats_waiting_queues": (
             "scheduler internal: scheduler.deferred_waiting; Request fields: status (written)"
         ),
-        "test_pause_new_drains_async_kv_loads": (
-            _ASYNC_KV + "; also scheduler.waiting; Request fields: status"
-        ),
         "test_pause_new_ignores_streaming_session_waiting_for_input": (
-            "scheduler internal: scheduler.kv_holding_waiting"
+            "streaming-input (resumable) requests (refused by design); also "
+            "scheduler.kv_holding_waiting"
         ),
-        "test_has_sync_kv_loads": _ASYNC_KV,
         "test_kv_connector_records_external_cache_hit_sources": (
             "patches scheduler internal scheduler.kv_cache_manager.allocate_slots; also "
             "scheduler.connector_prefix_cache_stats, scheduler.finished_recving_kv_req_ids, "
@@ -316,11 +308,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.finished_recving_kv_req_ids, scheduler.kv_cache_manager, "
             "scheduler.kv_holding_waiting, scheduler.running; Request fields: status"
         ),
-        "test_external_prefix_cache_metrics": (
-            _ASYNC_KV + "; also "
-            "scheduler.finished_recving_kv_req_ids, scheduler.kv_holding_waiting, "
-            "scheduler.running, scheduler.waiting; Request fields: status"
-        ),
+        "test_external_prefix_cache_metrics": _FINISHED_RECVING,
         "test_kv_connector_unable_to_allocate": (
             "a runner output naming a request the step did not schedule (the plug-in refuses it: "
             "OutputMismatchError); also scheduler.kv_cache_manager, scheduler.running, "
@@ -398,9 +386,10 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.kv_holding_waiting, scheduler.waiting; Request fields: status (written)"
         ),
         "test_remote_kv_promotion_drains_before_grammar_prefix": (
-            "scheduler internal: scheduler.kv_holding_waiting; also "
+            "builds the requests' state by hand (Request.status WAITING_FOR_REMOTE_KVS set "
+            "before add_request; scheduler.connector replaced by a Mock); also "
             "scheduler._update_waiting_for_remote_kv, scheduler.finished_recving_kv_req_ids, "
-            "scheduler.waiting; Request fields: status (written)"
+            "scheduler.kv_holding_waiting, scheduler.waiting; Request fields: status (written)"
         ),
         "test_fcfs_mixed_blocked_types_remote_load_drains_first": (
             "scheduler internal: scheduler._update_waiting_for_remote_kv (KV connectors); also "
@@ -505,8 +494,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.max_num_encoder_input_tokens"
         ),
         "test_waiting_encoder_stall_kv_holder_keeps_drain_priority": (
-            "scheduler internal: scheduler.kv_holding_waiting; also writes "
-            "scheduler.max_num_encoder_input_tokens"
+            "writes scheduler.max_num_encoder_input_tokens (the plug-in's encoder budget is "
+            "its config's); also scheduler.kv_holding_waiting"
         ),
         "test_encoder_cache_retained_across_preemption_and_resume": (
             "scheduler internal: scheduler.encoder_cache_manager; Request fields: "

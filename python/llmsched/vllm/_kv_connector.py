@@ -1,18 +1,19 @@
 """The scheduler's side of a vLLM KV connector (``kv_transfer_config``), around the core.
 
 The core asks the connector, in its waiting loop, how many tokens past a request's prefix
-hit it loads (``get_num_new_matched_tokens``), and keeps a finished request's blocks out of
-the pool until they are released. Everything else is the connector's own work, called
-where vLLM's scheduler calls it: ``update_state_after_alloc`` for each request the step
-admitted, ``build_connector_meta`` on the finished ``SchedulerOutput``, ``request_finished``
-when a request finishes (its blocks released now unless the connector delays it),
-``update_connector_output`` with the runner's report (blocks released once sent), stats and
-events.
+hit it loads and whether across steps (``get_num_new_matched_tokens``); it holds a loading
+request in ``WAITING_FOR_REMOTE_KVS`` until the runner reports the load received, and keeps
+a finished request's blocks out of the pool until they are released. Everything else is the
+connector's own work, called where vLLM's scheduler calls it: ``update_state_after_alloc``
+for each request the step admitted or started loading, in the waiting loop's order,
+``build_connector_meta`` on the finished ``SchedulerOutput``, ``request_finished`` when a
+request finishes (its blocks released now unless the connector delays it or its load is in
+flight), ``update_connector_output`` with the runner's report (loads received, blocks
+released once sent), stats (the requests by KV-fetch stage among them) and events.
 
-Served: synchronous loads. Refused, with a clear error, where they would first be needed:
-asynchronous loads (``WAITING_FOR_REMOTE_KVS``), failed loads and invalid blocks reported by
-the runner; at start, a consumer connector with several steps in flight (vLLM defers
-block frees there).
+Served: synchronous and asynchronous loads. Refused, with a clear error, where they would
+first be needed: failed loads and invalid blocks reported by the runner; at start, a
+consumer connector with several steps in flight (vLLM defers block frees there).
 """
 
 from __future__ import annotations
@@ -24,8 +25,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.sched.output import KVConnectorBlockState, SchedulerOutput
-from vllm.v1.metrics.stats import PrefixCacheStats
-from vllm.v1.request import Request
+from vllm.v1.metrics.stats import (
+    KV_FETCH_COMPLETED_WAITING,
+    KV_FETCH_IN_PROGRESS,
+    KV_FETCH_STAGES,
+    KV_FETCH_WAITING_TO_START,
+    PrefixCacheStats,
+)
+from vllm.v1.request import Request, RequestStatus
 
 import llmsched
 from llmsched.vllm._requests import pinned
@@ -37,8 +44,8 @@ _HAS_SYNC_KV_LOADS = "has_sync_kv_loads" in SchedulerOutput.__dataclass_fields__
 
 
 class UnsupportedConnectorUseError(llmsched.LlmschedError, RuntimeError):
-    """The connector asked for something llmsched.vllm does not serve yet (an asynchronous
-    load, a failed load's recovery)."""
+    """The connector asked for something llmsched.vllm does not serve yet (a failed load's
+    recovery)."""
 
 
 def make_connector(vllm_config: Any, kv_cache_config: Any) -> Any:
@@ -65,47 +72,49 @@ class KvConnectorSide:
         self._core = core
         self._requests = requests
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        # With log_stats: the requests in a KV-fetch stage (vLLM's KV_FETCH_STAGES), by id.
+        self._fetch_stages: dict[str, str] | None = {} if log_stats else None
 
-    def matched_tokens(self, snapshot: llmsched.Request, num_local: int) -> int | None:
+    def on_new_request(self, request: Request) -> None:
+        """vLLM's ``on_new_request``; a P/D request that will load counts as waiting to
+        start its load from its arrival."""
+        self.connector.on_new_request(request)
+        params = request.kv_transfer_params
+        if params and params.get("do_remote_prefill"):
+            self._set_fetch_stage(request.request_id, KV_FETCH_WAITING_TO_START)
+
+    def matched_tokens(self, snapshot: llmsched.Request, num_local: int) -> tuple[int | None, bool]:
         """The core's question (``schedule(external_kv=...)``), put to the connector with
         vLLM's ``Request``, which reads the snapshot meanwhile (the core is busy)."""
         request = self._requests[snapshot.request_id]
         with pinned(request, snapshot):
             tokens, load_async = self.connector.get_num_new_matched_tokens(request, num_local)
-        if load_async and tokens and not request.skip_reading_prefix_cache:
-            raise UnsupportedConnectorUseError(
-                f"KV connector {type(self.connector).__name__} asked to load "
-                f"{tokens} tokens of request {request.request_id!r} asynchronously: "
-                "asynchronous KV loads (WAITING_FOR_REMOTE_KVS) are not served by llmsched.vllm yet"
-            )
-        return None if tokens is None else int(tokens)
+        if tokens is None:
+            return None, False
+        loads_async = load_async and tokens and not request.skip_reading_prefix_cache
+        stage = KV_FETCH_WAITING_TO_START if loads_async else None
+        self._set_fetch_stage(request.request_id, stage)
+        return int(tokens), bool(load_async)
 
     def admitted(self, output: Any, core_out: llmsched.SchedulerOutput) -> None:
-        """``update_state_after_alloc`` for each request the step admitted, in admission
-        order, and the connector's prefix-cache stats; then the step's connector metadata."""
+        """``update_state_after_alloc`` for each request the step admitted or started
+        loading, in the waiting loop's order, with the connector's prefix-cache stats; then
+        the step's connector metadata."""
         external: list[int] = core_out.num_external_computed_tokens.tolist()
+        loads: list[tuple[str, int, int]] = core_out.kv_loads
         req_ids: list[str] = core_out.req_ids
         first = len(req_ids) - len(external)
         computed: list[int] = core_out.num_computed_tokens.tolist()
-        for row, num_external in enumerate(external, first):
-            request = self._requests[req_ids[row]]
-            blocks = KVCacheBlocks((tuple(KVCacheBlock(b) for b in self._block_ids(req_ids[row])),))
-            self.connector.update_state_after_alloc(request, blocks, max(num_external, 0))
-            if self.prefix_cache_stats is not None and num_external >= 0:
-                num_local = computed[row] - num_external
-                queries = request.num_tokens - num_local
-                if queries:
-                    preempted = request.num_preemptions > 0
-                    self.prefix_cache_stats.record(
-                        num_tokens=queries,
-                        num_hits=num_external,
-                        preempted=preempted,
-                        hits_by_source=(
-                            self.connector.get_external_cache_hit_sources(request, num_external)
-                            if num_external and not preempted
-                            else None
-                        ),
-                    )
+        next_load = 0
+        for j, num_external in enumerate(external):
+            while next_load < len(loads) and loads[next_load][2] == j:
+                self._load_started(*loads[next_load][:2])
+                next_load += 1
+            req_id = req_ids[first + j]
+            self._allocated(req_id, computed[first + j], num_external)
+            self._set_fetch_stage(req_id, None)
+        for req_id, num_external, _ in loads[next_load:]:
+            self._load_started(req_id, num_external)
         if _HAS_SYNC_KV_LOADS:
             output.has_sync_kv_loads = any(n > 0 for n in external)
         output.kv_connector_block_state = KVConnectorBlockState(
@@ -116,39 +125,91 @@ class KvConnectorSide:
         output.kv_connector_metadata = self.connector.build_connector_meta(output)
         output.kv_connector_block_state = None
 
+    def _load_started(self, req_id: str, num_external: int) -> None:
+        """A request whose load runs across steps has its blocks: its prefill stats are its
+        lookup's (vLLM records them at the lookup), and the connector is told."""
+        request = self._requests[req_id]
+        num_computed = self._core.get_request(req_id).num_computed_tokens
+        if request.prefill_stats is not None and request.num_preemptions <= 0:
+            request.prefill_stats.set(
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_local_cached_tokens=num_computed - num_external,
+                num_external_cached_tokens=num_external,
+            )
+        self._allocated(req_id, num_computed, num_external)
+        self._set_fetch_stage(req_id, KV_FETCH_IN_PROGRESS)
+
+    def _allocated(self, req_id: str, num_computed: int, num_external: int) -> None:
+        """``update_state_after_alloc`` for a request given blocks in the waiting loop, and
+        its lookup in the connector's prefix-cache stats (none without a lookup: -1)."""
+        request = self._requests[req_id]
+        blocks = KVCacheBlocks((tuple(KVCacheBlock(b) for b in self._block_ids(req_id)),))
+        self.connector.update_state_after_alloc(request, blocks, max(num_external, 0))
+        if self.prefix_cache_stats is None or num_external < 0:
+            return
+        queries = request.num_tokens - (num_computed - num_external)
+        if queries:
+            preempted = request.num_preemptions > 0
+            self.prefix_cache_stats.record(
+                num_tokens=queries,
+                num_hits=num_external,
+                preempted=preempted,
+                hits_by_source=(
+                    self.connector.get_external_cache_hit_sources(request, num_external)
+                    if num_external and not preempted
+                    else None
+                ),
+            )
+
     def _block_ids(self, req_id: str) -> list[int]:
         return [int(b) for b in self._core.get_request(req_id).block_ids]
 
     def finished(self, request: Request) -> dict[str, Any] | None:
         """vLLM's ``request_finished`` for a request the core just finished: its blocks go
-        back to the pool now unless the connector is still sending them. Returns the
-        request's ``kv_transfer_params`` for its output."""
-        held = self._core.held_kv_blocks(request.request_id)
+        back to the pool now unless the connector is still sending them or its load is in
+        flight (then once the runner reports it). Returns the request's
+        ``kv_transfer_params`` for its output."""
+        req_id = request.request_id
+        self._set_fetch_stage(req_id, None)
+        held = self._core.held_kv_blocks(req_id)
         block_ids = [] if held is None else held.tolist()
         delay, params = self.connector.request_finished(request, block_ids)
-        if not delay and held is not None:
-            self._core.release_kv_blocks([request.request_id])
+        if not delay and held is not None and not self._core.kv_load_in_flight(req_id):
+            self._core.release_kv_blocks([req_id])
         return None if params is None else dict(params)
 
     def runner_reported(self, kv_connector_output: Any) -> None:
-        """The runner's connector report: the connector's own update, then the blocks of
-        finished requests that are now sent (or received) go back to the pool."""
+        """The runner's connector report: the connector's own update, then the loads
+        received (their requests are promoted by the next step) and the blocks of finished
+        requests received or sent go back to the pool."""
         if kv_connector_output.failed_recving or kv_connector_output.invalid_block_ids:
             raise UnsupportedConnectorUseError(
                 "the runner reported failed KV loads or invalid KV blocks: their recovery "
                 "(kv_load_failure_policy) is not served by llmsched.vllm yet"
             )
         self.connector.update_connector_output(kv_connector_output)
-        done = [
-            req_id
-            for req_id in (
-                *(kv_connector_output.finished_recving or ()),
-                *(kv_connector_output.finished_sending or ()),
-            )
-            if self._core.held_kv_blocks(req_id) is not None
-        ]
-        if done:
-            self._core.release_kv_blocks(done)
+        received = list(kv_connector_output.finished_recving or ())
+        for req_id in received:
+            request = self._requests.get(req_id)
+            if request is not None and request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self._set_fetch_stage(req_id, KV_FETCH_COMPLETED_WAITING)
+        self._core.finish_kv_transfers(received, list(kv_connector_output.finished_sending or ()))
+
+    def fetch_stage_counts(self) -> dict[str, int]:
+        """How many requests are in each KV-fetch stage (vLLM's
+        ``num_kv_fetch_reqs_by_stage``; zeros without ``log_stats``)."""
+        counts = dict.fromkeys(KV_FETCH_STAGES, 0)
+        for stage in (self._fetch_stages or {}).values():
+            counts[stage] += 1
+        return counts
+
+    def _set_fetch_stage(self, req_id: str, stage: str | None) -> None:
+        if self._fetch_stages is None:
+            return
+        if stage is None:
+            self._fetch_stages.pop(req_id, None)
+        else:
+            self._fetch_stages[req_id] = stage
 
     def take_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The connector's prefix-cache lookups since the last call (with ``log_stats``)."""

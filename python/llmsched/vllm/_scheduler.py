@@ -306,8 +306,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._num_other_clients += 1
         if self.spec_decode_metrics_level != "none":
             request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
-        if self.connector is not None:
-            self.connector.on_new_request(request)
+        if self._kv_connector is not None:
+            self._kv_connector.on_new_request(request)
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
 
@@ -414,13 +414,22 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
 
     @property
     def waiting(self) -> list[Request]:
-        """The waiting requests in the order the next step considers them, then the
-        refused ones (waiting for the next output to fail them): a new list on each
-        access."""
+        """The waiting requests that hold no KV blocks, in the order the next step considers
+        them, then the refused ones (waiting for the next output to fail them): a new list
+        on each access."""
         requests = self.requests
-        waiting = [requests[req_id] for req_id in self.core.waiting_request_ids()]
+        waiting_ids = self.core.waiting_request_ids()[self.core.num_kv_holding_waiting :]
+        waiting = [requests[req_id] for req_id in waiting_ids]
         waiting.extend(request for request, _ in self._refused.values())
         return waiting
+
+    @property
+    def kv_holding_waiting(self) -> list[Request]:
+        """The waiting requests that hold KV blocks (a KV connector's load in flight or
+        in), considered before the others: a new list on each access."""
+        requests = self.requests
+        waiting_ids = self.core.waiting_request_ids()[: self.core.num_kv_holding_waiting]
+        return [requests[req_id] for req_id in waiting_ids]
 
     # -- one step ----------------------------------------------------------------------
 
@@ -519,8 +528,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         for req_id in admissions:
             i = admitted_at[req_id]
             request = self.requests[req_id]
-            if req_id in first_admissions and request.prefill_stats is not None:
-                num_external = max(external[i - first_external_row], 0) if external else 0
+            # A request that looked nothing up (its load across steps is in: -1) keeps the
+            # stats of the lookup that started the load.
+            looked_up = not external or external[i - first_external_row] >= 0
+            if req_id in first_admissions and request.prefill_stats is not None and looked_up:
+                num_external = external[i - first_external_row] if external else 0
                 request.prefill_stats.set(
                     num_prompt_tokens=request.num_prompt_tokens,
                     num_local_cached_tokens=computed[i] - num_external,
@@ -1042,8 +1054,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             num_running_reqs=num_running,
             num_waiting_reqs=num_waiting - num_skipped,
             num_skipped_waiting_reqs=num_skipped,
-            # No KV connector, so no request is ever in a fetch stage.
-            num_kv_fetch_reqs_by_stage=dict.fromkeys(KV_FETCH_STAGES, 0),
+            num_kv_fetch_reqs_by_stage=(
+                dict.fromkeys(KV_FETCH_STAGES, 0)
+                if self._kv_connector is None
+                else self._kv_connector.fetch_stage_counts()
+            ),
             kv_cache_usage=self.core.get_kv_cache_usage(),
             prefix_cache_stats=prefix_stats,
             spec_decoding_stats=spec_decoding_stats,

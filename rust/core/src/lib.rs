@@ -28,8 +28,9 @@ pub use kv::{BlockHash, KvEvent, PrefixCacheStats};
 pub use limits::ListLimit;
 pub use mm_inputs::{MmInput, MmInputSpec};
 pub use request::{Grammar, Request, RequestStatus};
-pub use scheduler::step::Step;
+pub use scheduler::step::{KvLoad, Step};
 pub use scheduler::{
-    ExternalKv, NewRequest, PauseState, RequestEvent, RequestRef, RunnerOutput, Scheduler, SchedulerStats,
+    ExternalKv, ExternalMatch, NewRequest, PauseState, RequestEvent, RequestRef, RunnerOutput, Scheduler,
+    SchedulerStats,
 };
 pub use slab::Handle;

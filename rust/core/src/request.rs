@@ -221,6 +221,9 @@ pub struct Request {
     pub(crate) drop_stale_output: bool,
     /// A waiting loop set it aside (vLLM's `deferred_waiting`) and none has admitted it since.
     pub(crate) skipped_waiting: bool,
+    /// Its asynchronous KV load (WAITING_FOR_REMOTE_KVS) has finished: the next waiting loop
+    /// promotes it (vLLM's `finished_recving_kv_req_ids`).
+    pub(crate) kv_loaded: bool,
     /// `stop_token_ids` is not empty (the stop check reads it only then).
     has_stop_token_ids: bool,
     /// It has multimodal inputs (`mm`, in a cold line, is read only then).
@@ -403,6 +406,26 @@ impl Request {
                 ),
             ));
         }
+        // With a KV connector, an asynchronous load of it must also leave one speculative
+        // step's blocks free (vLLM's reservation), even in an empty pool: a request that
+        // cannot have both would wait for its load forever (vLLM never starts such a load).
+        let k = cfg.num_speculative_tokens();
+        if cfg.kv_connector() && k > 0 {
+            let bs = cfg.block_size();
+            let spec_step_blocks = (1 + k + cfg.num_lookahead_tokens() + bs - 1) / bs;
+            let load_blocks = cfg.max_blocks_per_request((prompt_len + new.max_tokens).min(m));
+            if load_blocks + spec_step_blocks > usable_blocks {
+                return Err(CoreError::request(
+                    "max_tokens",
+                    new.max_tokens,
+                    format!(
+                        "a KV connector's load of the request could take {load_blocks} KV blocks, and must \
+                         leave {spec_step_blocks} for a speculative step, but the pool has {usable_blocks} \
+                         usable blocks: the load could never start"
+                    ),
+                ));
+            }
+        }
         let lora_id = lora_id(new.lora_id, cfg)?;
         let priority = i32::try_from(new.priority)
             .map_err(|_| CoreError::request("priority", new.priority, "must fit in a 32-bit signed integer"))?;
@@ -438,6 +461,7 @@ impl Request {
             is_prefill_chunk: false,
             drop_stale_output: false,
             skipped_waiting: false,
+            kv_loaded: false,
             has_stop_token_ids: !stop_token_ids.is_empty(),
             has_mm_inputs: mm.is_some(),
             block_ids: Vec::new(),
@@ -462,6 +486,12 @@ impl Request {
             grammar: new.structured_output.then_some(Grammar::Compiling),
             report_reused_blocks: new.report_reused_blocks,
         })
+    }
+
+    /// Whether it holds KV blocks while waiting (vLLM's `_holds_kv_blocks`): computed
+    /// tokens, or a KV load in flight. Such a request waits in the queue drained first.
+    pub(crate) fn holds_kv_blocks(&self) -> bool {
+        self.num_computed_tokens() > 0 || self.status == RequestStatus::WaitingForRemoteKvs
     }
 
     /// `N`.

@@ -1,27 +1,31 @@
 //! A KV connector's scheduler side: tokens a connector loads past the prefix-cache hit
-//! (vLLM's `get_num_new_matched_tokens`, synchronous loads), and the blocks of finished
-//! requests held until released (`request_finished` asking for a delayed free).
+//! (vLLM's `get_num_new_matched_tokens`), synchronously or across steps (WAITING_FOR_REMOTE_KVS),
+//! and the blocks of finished requests held until released (`request_finished` asking for a
+//! delayed free).
 
 mod common;
 
 use common::*;
-use llmsched_core::{ExternalKv, Request, RequestStatus, Scheduler, Step};
+use llmsched_core::{ExternalKv, ExternalMatch, KvLoad, Request, RequestStatus, Scheduler, Step};
 
-/// A connector that holds the first `tokens` tokens of the requests it names, and records
-/// each question (request id, local hit).
+/// A connector that holds the first `tokens` tokens of the requests it names, loaded
+/// across steps for those in `remote`, and records each question (request id, local hit).
 #[derive(Default)]
 struct Store {
     holds: Vec<(&'static str, Option<i64>)>,
+    remote: Vec<&'static str>,
     asked: Vec<(String, i64)>,
 }
 
 impl ExternalKv for Store {
-    fn num_new_matched_tokens(&mut self, request: &Request, num_local_computed: i64) -> Option<i64> {
+    fn num_new_matched_tokens(&mut self, request: &Request, num_local_computed: i64) -> Option<ExternalMatch> {
         self.asked.push((request.id().to_string(), num_local_computed));
-        match self.holds.iter().find(|(id, _)| **id == **request.id()) {
-            Some(&(_, tokens)) => tokens.map(|t| t - num_local_computed),
-            None => Some(0),
-        }
+        let tokens = match self.holds.iter().find(|(id, _)| **id == **request.id()) {
+            Some(&(_, tokens)) => tokens? - num_local_computed,
+            None => 0,
+        };
+        let load_async = self.remote.iter().any(|id| **id == **request.id());
+        Some(ExternalMatch { tokens, load_async })
     }
 }
 
@@ -197,4 +201,212 @@ fn a_request_that_skips_reading_the_cache_never_waits_on_the_connector() {
     let step = step_with(&mut sched, &mut store);
     assert_eq!(step.num_scheduled_tokens, vec![100]);
     assert_eq!(step.external_computed_tokens, vec![0]);
+}
+
+fn ids(sched: &Scheduler, step: &Step) -> Vec<String> {
+    step.req_handles.iter().map(|&h| sched.request(h).unwrap().id().to_string()).collect()
+}
+
+fn status(sched: &Scheduler, id: &str) -> RequestStatus {
+    sched.get_request(id).unwrap().status()
+}
+
+#[test]
+fn an_async_load_holds_blocks_and_waits_until_the_runner_reports_it() {
+    let mut sched = connected(|p| p.enable_prefix_caching = true);
+    let mut store = Store { holds: vec![("a", Some(64))], remote: vec!["a"], ..Store::default() };
+    sched.add_request(request("a", 100, 4)).unwrap();
+    sched.add_request(request("b", 40, 4)).unwrap();
+    let free_before = sched.num_free_blocks();
+    let step = run(&mut sched, &mut store);
+    // a takes blocks for the 64 loaded tokens (4), none for the 36 to compute, and waits.
+    assert_eq!(ids(&sched, &step), vec!["b"]);
+    assert_eq!(step.kv_loads, vec![KvLoad { request_id: "a".into(), num_external_tokens: 64, num_admitted_before: 0 }]);
+    assert_eq!(step.external_computed_tokens, vec![0], "b, admitted after a's load started");
+    assert_eq!(free_before - sched.num_free_blocks(), 4 + 3);
+    assert_eq!(status(&sched, "a"), RequestStatus::WaitingForRemoteKvs);
+    assert_eq!(sched.get_request("a").unwrap().num_computed_tokens(), 64);
+    assert!(sched.kv_load_in_flight("a"));
+    // Not reported yet: a waits, asked nothing more.
+    let step = run(&mut sched, &mut store);
+    assert_eq!(ids(&sched, &step), vec!["b"]);
+    assert!(step.kv_loads.is_empty());
+    assert_eq!(store.asked.iter().filter(|(id, _)| id == "a").count(), 1);
+    sched.finish_kv_transfers(&["a"], &[]);
+    assert!(!sched.kv_load_in_flight("a"));
+    let step = step_with(&mut sched, &mut store);
+    // Promoted, admitted as a new request from C = 64; no second question.
+    assert_eq!(ids(&sched, &step), vec!["b", "a"]);
+    assert_eq!(step.num_computed_tokens[1], 64);
+    assert_eq!(step.num_scheduled_tokens[1], 36);
+    assert_eq!(step.external_computed_tokens, vec![-1]);
+    assert_eq!(step.new_reqs.len(), 1);
+    assert_eq!(store.asked.iter().filter(|(id, _)| id == "a").count(), 1);
+}
+
+#[test]
+fn loaded_blocks_enter_the_prefix_cache_only_once_the_load_is_in() {
+    let mut sched = connected(|p| p.enable_prefix_caching = true);
+    let mut store = Store { holds: vec![("a", Some(64))], remote: vec!["a"], ..Store::default() };
+    sched.add_request(request("a", 100, 4)).unwrap();
+    run(&mut sched, &mut store);
+    // Same prompt: while a's load is in flight, its blocks are no hit for b.
+    sched.add_request(request("b", 100, 4)).unwrap();
+    let step = run(&mut sched, &mut store);
+    assert_eq!(step.num_computed_tokens, vec![0]);
+    sched.finish_requests(Some(&["b"]), RequestStatus::FinishedAborted).unwrap();
+    sched.release_kv_blocks(&["b"]).unwrap();
+    sched.finish_kv_transfers(&["a"], &[]);
+    run(&mut sched, &mut store);
+    sched.add_request(request("c", 100, 4)).unwrap();
+    let step = run(&mut sched, &mut store);
+    // a's four loaded blocks (and the two it computed since) are hits now.
+    let c = step.num_computed_tokens[ids(&sched, &step).iter().position(|id| id == "c").unwrap()];
+    assert_eq!(c, 96);
+}
+
+#[test]
+fn a_load_of_every_token_computes_the_last_one_again() {
+    let mut sched = connected(|_| {});
+    let mut store =
+        Store { holds: vec![("a", Some(100)), ("b", Some(500))], remote: vec!["a", "b"], ..Store::default() };
+    sched.add_request(request("a", 100, 4)).unwrap();
+    sched.add_request(request("b", 40, 4)).unwrap();
+    let step = run(&mut sched, &mut store);
+    // An async answer may cover the whole prompt (kept within it).
+    assert_eq!(step.kv_loads.iter().map(|l| l.num_external_tokens).collect::<Vec<_>>(), vec![100, 40]);
+    sched.finish_kv_transfers(&["b", "a"], &[]);
+    let step = step_with(&mut sched, &mut store);
+    assert_eq!(step.num_computed_tokens, vec![99, 39]);
+    assert_eq!(step.num_scheduled_tokens, vec![1, 1]);
+}
+
+#[test]
+fn an_async_answer_of_no_token_is_no_load() {
+    let mut sched = connected(|_| {});
+    let mut store = Store { holds: vec![("a", Some(-3))], remote: vec!["a"], ..Store::default() };
+    sched.add_request(request("a", 40, 4)).unwrap();
+    let step = step_with(&mut sched, &mut store);
+    assert!(step.kv_loads.is_empty());
+    assert_eq!(step.num_scheduled_tokens, vec![40]);
+}
+
+#[test]
+fn a_preempted_request_that_loads_again_resumes() {
+    let mut sched = connected(|p| {
+        p.num_gpu_blocks = 10;
+        p.block_size = 16;
+    });
+    let mut store = Store::default();
+    sched.add_request(request("a", 64, 40)).unwrap();
+    sched.add_request(request("b", 64, 40)).unwrap();
+    // Both decode until the pool runs out and b is preempted.
+    let mut preempted = false;
+    for _ in 0..40 {
+        let step = run(&mut sched, &mut store);
+        if !step.preempted.is_empty() {
+            preempted = true;
+            break;
+        }
+    }
+    assert!(preempted, "the pool is small enough to preempt");
+    let victim = if status(&sched, "b") == RequestStatus::Preempted { "b" } else { "a" };
+    sched.finish_requests(Some(&[if victim == "a" { "b" } else { "a" }]), RequestStatus::FinishedAborted).unwrap();
+    for id in ["a", "b"] {
+        if sched.held_kv_blocks(id).is_some() {
+            sched.release_kv_blocks(&[id]).unwrap();
+        }
+    }
+    store.holds = vec![("a", Some(64)), ("b", Some(64))];
+    store.remote = vec!["a", "b"];
+    let step = run(&mut sched, &mut store);
+    assert_eq!(step.kv_loads.len(), 1);
+    assert_eq!(status(&sched, victim), RequestStatus::WaitingForRemoteKvs);
+    sched.finish_kv_transfers(&[victim], &[]);
+    let step = step_with(&mut sched, &mut store);
+    assert_eq!(step.resumed_reqs.len(), 1, "promoted back to PREEMPTED, so resumed");
+    assert_eq!(step.num_computed_tokens, vec![64]);
+}
+
+/// a (100 tokens) prefills in chunks of 32 beside b (80 tokens), whose 64 the connector
+/// loads across steps, in a pool of `usable` blocks of 16.
+fn prefill_beside_a_load(usable: i64) -> (Scheduler, Store, Step) {
+    let mut sched = connected(|p| {
+        p.num_gpu_blocks = usable + 1; // and the null block
+        p.max_num_seqs = 4;
+        p.max_num_batched_tokens = 64;
+        p.long_prefill_token_threshold = 32;
+    });
+    let mut store = Store { holds: vec![("b", Some(64))], remote: vec!["b"], ..Store::default() };
+    sched.add_request(request("a", 100, 4)).unwrap();
+    sched.add_request(request("b", 80, 4)).unwrap();
+    let step = run(&mut sched, &mut store);
+    (sched, store, step)
+}
+
+#[test]
+fn an_async_load_leaves_room_for_the_requests_still_prefilling() {
+    // a holds 2 blocks and needs 5 more to finish; b's load takes 4: 10 - 2 - 5 < 4.
+    let (mut sched, mut store, step) = prefill_beside_a_load(10);
+    assert_eq!(ids(&sched, &step), vec!["a"]);
+    assert!(step.kv_loads.is_empty());
+    assert_eq!(status(&sched, "b"), RequestStatus::Waiting);
+    // a gone, its reservation is too: the load starts.
+    sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap();
+    sched.release_kv_blocks(&["a"]).unwrap();
+    let step = run(&mut sched, &mut store);
+    assert_eq!(step.kv_loads.len(), 1);
+    // With one block more, 11 - 2 - 5 = 4 is room enough at once.
+    let (sched, _, step) = prefill_beside_a_load(11);
+    assert_eq!(step.kv_loads.len(), 1);
+    assert_eq!(status(&sched, "b"), RequestStatus::WaitingForRemoteKvs);
+}
+
+#[test]
+fn a_request_aborted_during_its_load_holds_its_blocks_until_the_load_is_reported() {
+    let mut sched = connected(|_| {});
+    let mut store = Store { holds: vec![("a", Some(64))], remote: vec!["a"], ..Store::default() };
+    let total = sched.num_free_blocks();
+    sched.add_request(request("a", 100, 4)).unwrap();
+    run(&mut sched, &mut store);
+    sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap();
+    sched.check_invariants().unwrap();
+    assert!(sched.kv_load_in_flight("a"));
+    assert_eq!(sched.held_kv_blocks("a").map(<[u32]>::len), Some(4));
+    // The caller cannot release them: the connector may still be writing them.
+    let err = sched.release_kv_blocks(&["a"]).unwrap_err().to_string();
+    assert!(err.contains("in flight"), "{err}");
+    assert_eq!(sched.num_free_blocks(), total - 4);
+    sched.finish_kv_transfers(&["a"], &[]);
+    assert_eq!(sched.num_free_blocks(), total);
+    assert!(!sched.kv_load_in_flight("a"));
+    sched.check_invariants().unwrap();
+}
+
+#[test]
+fn a_request_aborted_after_its_load_is_reported_frees_as_any_other() {
+    let mut sched = connected(|_| {});
+    let mut store = Store { holds: vec![("a", Some(64))], remote: vec!["a"], ..Store::default() };
+    let total = sched.num_free_blocks();
+    sched.add_request(request("a", 100, 4)).unwrap();
+    run(&mut sched, &mut store);
+    sched.finish_kv_transfers(&["a"], &[]);
+    sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap();
+    assert!(!sched.kv_load_in_flight("a"));
+    sched.release_kv_blocks(&["a"]).unwrap();
+    assert_eq!(sched.num_free_blocks(), total);
+}
+
+#[test]
+fn sent_blocks_of_finished_requests_are_released_by_the_transfer_report() {
+    let mut sched = connected(|_| {});
+    let mut store = Store::default();
+    let total = sched.num_free_blocks();
+    sched.add_request(request("a", 40, 1)).unwrap();
+    run(&mut sched, &mut store);
+    assert_eq!(sched.num_held_kv_requests(), 1);
+    // Unknown ids are ignored; a's are freed.
+    sched.finish_kv_transfers(&["zz"], &["a", "yy"]);
+    assert_eq!(sched.num_free_blocks(), total);
+    assert_eq!(sched.num_held_kv_requests(), 0);
 }

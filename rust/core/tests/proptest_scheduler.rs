@@ -78,9 +78,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use llmsched_core::{
-    AttentionKind, BlockHash, ConfigParams, CoreError, ExternalKv, Grammar, Handle, KvCacheGroups, KvEvent,
-    MmInputSpec, NewRequest, Policy, Request, RequestEvent, RequestRef, RequestStatus, RunnerOutput, Scheduler,
-    SchedulerConfig, Step,
+    AttentionKind, BlockHash, ConfigParams, CoreError, ExternalKv, ExternalMatch, Grammar, Handle, KvCacheGroups,
+    KvEvent, MmInputSpec, NewRequest, Policy, Request, RequestEvent, RequestRef, RequestStatus, RunnerOutput,
+    Scheduler, SchedulerConfig, Step,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError};
@@ -610,6 +610,8 @@ struct Tracked {
     reported: bool,
     /// Its images, `(identifier, length)`.
     images: Vec<(String, i64)>,
+    /// A KV load across steps started for it, not yet admitted since: the tokens loaded.
+    loading: Option<i64>,
 }
 
 /// The runner's model of one KV slot (a token position in a block).
@@ -681,6 +683,9 @@ struct Coverage {
     connector_set_aside: u64,
     external_tokens: u64,
     held_released: u64,
+    /// Asynchronous loads started, and reported in (live or finished requests).
+    loads_started: u64,
+    loads_reported: u64,
     encoded: u64,
     evicted: u64,
     /// KV cache events: blocks stored, lookups reported, blocks removed, caches cleared.
@@ -727,7 +732,8 @@ struct Harness {
 }
 
 /// A KV connector's answers, at random: now and then it cannot tell (None), says more
-/// tokens than the request has, or fewer than none; usually some tokens past the hit.
+/// tokens than the request has, or fewer than none; usually some tokens past the hit, a
+/// third of them loaded across steps.
 struct FuzzConnector {
     rng: Rng,
     /// The requests it could not answer for in the current step.
@@ -735,19 +741,20 @@ struct FuzzConnector {
 }
 
 impl ExternalKv for FuzzConnector {
-    fn num_new_matched_tokens(&mut self, request: &Request, num_local_computed: i64) -> Option<i64> {
+    fn num_new_matched_tokens(&mut self, request: &Request, num_local_computed: i64) -> Option<ExternalMatch> {
         let n = request.num_tokens();
-        let answer = match self.rng.below(10) {
+        let tokens = match self.rng.below(10) {
             0 => None,
             1 => Some(-1 - self.rng.below(4) as i64),
             2 => Some(n + self.rng.below(3) as i64),
             3 | 4 => Some(0),
             _ => Some(self.rng.below((n - num_local_computed).max(0) as u64 + 1) as i64),
         };
-        if answer.is_none() {
+        if tokens.is_none() {
             self.unknown.push(request.id().to_string());
         }
-        answer
+        let load_async = self.rng.below(3) == 0;
+        tokens.map(|tokens| ExternalMatch { tokens, load_async })
     }
 }
 
@@ -920,8 +927,16 @@ impl Harness {
             })
             .sum();
         let usable_blocks = self.cfg.num_gpu_blocks() - 1;
+        // A connector's asynchronous load holds the tokens it loads (every token the request
+        // may hold, at most) and must leave a speculative step's slots, 1 + K + L, free.
+        let k = self.k();
+        let load_fits = !self.cfg.kv_connector()
+            || k == 0
+            || ((len + r.max_tokens).min(m) + bs - 1) / bs + (1 + k + self.cfg.num_lookahead_tokens() + bs - 1) / bs
+                <= usable_blocks;
         len >= 1
             && len <= m - s
+            && load_fits
             && r.max_tokens >= 1
             && (0..len).contains(&r.num_computed_tokens)
             && blocks <= usable_blocks
@@ -971,6 +986,7 @@ impl Harness {
                     finished: false,
                     reported: false,
                     images,
+                    loading: None,
                 });
             }
             Err(e) => {
@@ -1038,7 +1054,16 @@ impl Harness {
         self.connector.unknown.clear();
         let step = if self.cfg.kv_connector() {
             self.release_some_held(rng);
-            self.sched.schedule_with(throttle, Some(&mut self.connector))
+            self.report_some_loads(rng);
+            let step = self.sched.schedule_with(throttle, Some(&mut self.connector));
+            for load in &step.kv_loads {
+                let r = self.sched.get_request(&load.request_id).expect("a load's request is live");
+                let loading = Some(r.num_computed_tokens());
+                if let Some(t) = self.tracked.iter_mut().find(|t| *t.id == *load.request_id) {
+                    t.loading = loading;
+                }
+            }
+            step
         } else {
             self.sched.schedule_throttled(throttle)
         };
@@ -1175,6 +1200,16 @@ impl Harness {
             }
             if self.connector.unknown.iter().any(|unknown| unknown.as_str() == &**id) {
                 self.cov.connector_set_aside += 1;
+                continue;
+            }
+            // Its KV load started in this step, or is still in flight.
+            if step.kv_loads.iter().any(|load| *load.request_id == **id) {
+                prop_assert_eq!(r.status(), RequestStatus::WaitingForRemoteKvs);
+                self.cov.loads_started += 1;
+                continue;
+            }
+            if r.status() == RequestStatus::WaitingForRemoteKvs {
+                prop_assert!(self.sched.kv_load_in_flight(id), "{} passed over with its load in", id);
                 continue;
             }
             if r.status() == RequestStatus::WaitingForStructuredOutputGrammar {
@@ -1365,7 +1400,17 @@ impl Harness {
             // (a request that arrived holding KV keeps its count instead).
             let tracked = self.by_handle.get(&h).map(|&t| &self.tracked[t]);
             let arrived = tracked.map_or(0, |t| t.arrived_computed);
-            if arrived == 0 || req.num_preemptions() > 0 {
+            if let Some(loaded) = tracked.and_then(|t| t.loading) {
+                // Its load across steps is in: it starts from what was loaded (all but the
+                // last token when the load covered every one).
+                prop_assert_eq!(c, loaded.min(req.num_tokens() - 1), "{}: admitted after its load", id);
+                // Unless that leaves it no computed token (a one-token prompt): then it is
+                // new again, and looks up and asks again.
+                let asked = external_tokens_of_row(step, i) >= 0;
+                prop_assert_eq!(asked, c == 0, "{}: asked again after its load", id);
+                let t = self.by_handle[&h];
+                self.tracked[t].loading = None;
+            } else if arrived == 0 || req.num_preemptions() > 0 {
                 // A request that skips reading the prefix cache has no hit, and loads nothing
                 // from a connector; what a connector loads leaves a token to compute.
                 let skips = tracked.is_some_and(|t| t.skip_prefix_cache);
@@ -2049,7 +2094,10 @@ impl Harness {
             self.grammars(&mut rng, 1)?;
             let in_flight_before = self.queue.len();
             let stats_before = self.sched.stats().num_preemptions;
+            let loads_in_flight = |h: &Self| h.tracked.iter().any(|t| h.sched.kv_load_in_flight(&t.id));
+            let mut loading = loads_in_flight(self);
             let n = self.schedule(&mut rng)?;
+            loading |= loads_in_flight(self);
             let failed = self.grammars(&mut rng, 1)?;
             if n == 0
                 && in_flight_before == 0
@@ -2057,6 +2105,7 @@ impl Harness {
                 && failed == 0
                 && self.connector.unknown.is_empty()
                 && self.sched.num_held_kv_requests() == 0
+                && !loading
             {
                 // Nothing scheduled, nothing in flight, nothing preempted: the
                 // next schedule() sees the same state. A livelock, found early.
@@ -2087,16 +2136,63 @@ impl Harness {
         let free = self.sched.num_free_blocks();
         assert!(self.sched.release_kv_blocks(&["never-added"]).is_err());
         assert_eq!(self.sched.num_free_blocks(), free, "a refused release changed the pool");
-        let keep = rng.below(self.held.len() as u64 + 1) as usize;
-        let released: Vec<Arc<str>> = self.held.drain(keep..).collect();
+        // Blocks a load may still be writing stay held until the load is reported.
+        if let Some(loading) = self.held.iter().find(|id| self.sched.kv_load_in_flight(id)) {
+            assert!(self.sched.release_kv_blocks(&[loading]).is_err());
+            assert_eq!(self.sched.num_free_blocks(), free, "a refused release changed the pool");
+        }
+        let (loading, mut ready): (Vec<Arc<str>>, Vec<Arc<str>>) =
+            std::mem::take(&mut self.held).into_iter().partition(|id| self.sched.kv_load_in_flight(id));
+        let keep = rng.below(ready.len() as u64 + 1) as usize;
+        let released: Vec<Arc<str>> = ready.drain(keep..).collect();
+        self.held = loading.into_iter().chain(ready).collect();
         let ids: Vec<&str> = released.iter().map(|id| &**id).collect();
-        self.sched.release_kv_blocks(&ids).expect("held blocks release");
+        // The connector's own release, or the runner reporting them sent.
+        if rng.below(2) == 0 {
+            self.sched.release_kv_blocks(&ids).expect("held blocks release");
+        } else {
+            self.sched.finish_kv_transfers(&[], &ids);
+        }
         self.cov.held_released += ids.len() as u64;
+    }
+
+    /// The runner reports some loads in flight done (each with probability 1/2): the
+    /// connector wrote their KV into the blocks the load took. A finished request's blocks
+    /// go back with the report.
+    fn report_some_loads(&mut self, rng: &mut Rng) {
+        let bs = self.cfg.block_size();
+        let mut received: Vec<String> = Vec::new();
+        for t in &self.tracked {
+            if t.loading.is_some() && self.sched.kv_load_in_flight(&t.id) && rng.below(2) == 0 {
+                received.push(t.id.clone());
+            }
+        }
+        for id in &received {
+            if let Ok(r) = self.sched.get_request(id) {
+                if self.kv_exact {
+                    let table = r.block_ids();
+                    for (pos, token) in r.all_token_ids().take(r.num_computed_tokens() as usize).enumerate() {
+                        self.kv[table[pos / bs as usize] as usize][pos % bs as usize] = Kv::Token(token);
+                    }
+                }
+            } else {
+                self.held.retain(|held| **held != **id);
+            }
+        }
+        let ids: Vec<&str> = received.iter().map(String::as_str).collect();
+        self.sched.finish_kv_transfers(&ids, &[]);
+        self.cov.loads_reported += ids.len() as u64;
     }
 
     fn finish(&mut self) -> Result<(), TestCaseError> {
         let (m, num_blocks) = (self.m(), self.cfg.num_gpu_blocks() as usize);
-        // The connector is done sending: whatever finished requests still hold goes back.
+        // The connector is done loading and sending: whatever finished requests still hold
+        // goes back.
+        let loading: Vec<String> =
+            self.tracked.iter().filter(|t| self.sched.kv_load_in_flight(&t.id)).map(|t| t.id.clone()).collect();
+        let loading: Vec<&str> = loading.iter().map(String::as_str).collect();
+        self.sched.finish_kv_transfers(&loading, &[]);
+        self.held.retain(|id| !loading.contains(&&**id));
         let held: Vec<Arc<str>> = std::mem::take(&mut self.held);
         let ids: Vec<&str> = held.iter().map(|id| &**id).collect();
         if !ids.is_empty() {
@@ -2242,6 +2338,8 @@ fn coverage() {
                 connector_set_aside,
                 external_tokens,
                 held_released,
+                loads_started,
+                loads_reported,
                 encoded,
                 evicted
             );

@@ -210,6 +210,14 @@ pub struct PySchedulerOutput {
     /// previous step: the runner frees them (vLLM's ``free_encoder_mm_hashes``).
     #[pyo3(get)]
     pub freed_encoder_outputs: Py<PyList>,
+    /// With ``kv_connector``, the asynchronous KV loads this step's waiting loop started,
+    /// in its order: ``(request_id, num_external_tokens, num_admitted_before)`` (the tokens
+    /// past its prefix-cache hit the connector loads; how many requests the loop admitted
+    /// before it, i.e. where it falls among ``num_external_computed_tokens``). Each request
+    /// waits in ``WAITING_FOR_REMOTE_KVS``, holding its blocks (``get_request``), until
+    /// ``finish_kv_transfers`` reports it received. Empty otherwise.
+    #[pyo3(get)]
+    pub kv_loads: Py<PyList>,
     /// Async scheduling: one of those rows awaits an earlier step's output, so the step's
     /// bitmask can be built only once that output is applied (vLLM's
     /// ``pending_structured_output_tokens``).

@@ -6,15 +6,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llmsched_core::{
-    ExternalKv, Handle, KvEvent, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput, Scheduler,
-    SchedulerConfig, Step,
+    ExternalKv, ExternalMatch, Handle, KvEvent, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput,
+    Scheduler, SchedulerConfig, Step,
 };
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyMemoryError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::config::PySchedulerConfig;
 use crate::convert::{
@@ -210,6 +210,20 @@ impl Inner {
                 return Err(error);
             }
         };
+        let loads = step
+            .kv_loads
+            .iter()
+            .map(|load| {
+                (new_str(py, &load.request_id)?, load.num_external_tokens, load.num_admitted_before).into_pyobject(py)
+            })
+            .collect::<PyResult<Vec<_>>>();
+        let kv_loads = match loads.and_then(|loads| new_list(py, loads)) {
+            Ok(list) => list.unbind(),
+            Err(error) => {
+                restore_columns(py, step, &columns);
+                return Err(error);
+            }
+        };
         let output = PySchedulerOutput {
             scheduler_uid: uid,
             step_id: step.step_id,
@@ -233,6 +247,7 @@ impl Inner {
             encoder_input_ids,
             num_external_computed_tokens,
             freed_encoder_outputs,
+            kv_loads,
             pending_structured_output_tokens: step.pending_structured_output_tokens,
             drafts_unused: step.drafts_unused,
             total_num_scheduled_tokens: step.total_num_scheduled_tokens,
@@ -407,6 +422,22 @@ fn step_texts(core: &Scheduler, step: &Step) -> StepTexts {
     step.req_handles.iter().filter_map(|h| core.request(*h).map(|r| (*h, r.id().clone()))).collect()
 }
 
+/// A list (any iterable but a str) of str argument named `field`; None is empty.
+fn str_list(py: Python<'_>, value: Option<&Bound<'_, PyAny>>, field: &str) -> PyResult<Vec<String>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(Vec::new());
+    };
+    let refuse = || request_error(py, format!("{field}: must be a list of str, got {}", type_name(value)));
+    if value.is_instance_of::<PyString>() {
+        return Err(refuse());
+    }
+    value
+        .try_iter()
+        .map_err(|_| refuse())?
+        .map(|item| item.and_then(|i| i.extract::<String>()).map_err(|_| refuse()))
+        .collect()
+}
+
 /// A Python callable as the core's external KV source (see ``schedule``'s ``external_kv``).
 /// The first error it meets is kept for the caller to raise; from then on every request
 /// asked waits.
@@ -416,18 +447,42 @@ struct PyExternalKv<'a, 'py> {
 }
 
 impl ExternalKv for PyExternalKv<'_, '_> {
-    fn num_new_matched_tokens(&mut self, request: &llmsched_core::Request, num_local_computed: i64) -> Option<i64> {
+    fn num_new_matched_tokens(
+        &mut self,
+        request: &llmsched_core::Request,
+        num_local_computed: i64,
+    ) -> Option<ExternalMatch> {
         if self.error.is_some() {
             return None;
         }
         let py = self.callable.py();
+        let field = || format!("external_kv({:?}, {num_local_computed})", request.id());
         let answer = self.callable.call1((PyRequest::snapshot(request), num_local_computed)).and_then(|answer| {
-            if answer.is_none() {
-                Ok(None)
-            } else {
-                let field = format!("external_kv({:?}, {num_local_computed})", request.id());
-                int_value(py, &answer, &field.as_str(), request_error).map(Some)
+            // vLLM's pair (tokens or None, whether the load runs across steps), or the tokens
+            // alone (a load done before the step runs).
+            let (tokens, load_async) = match answer.cast::<PyTuple>() {
+                Ok(pair) if pair.len() == 2 => {
+                    let load_async =
+                        bool_value(py, &pair.get_item(1)?, &format!("{}[1]", field()).as_str(), request_error)?;
+                    (pair.get_item(0)?, load_async)
+                }
+                Ok(_) => {
+                    return Err(request_error(
+                        py,
+                        format!(
+                            "{}: must return an int, None or a pair (int or None, bool), got a tuple of {}",
+                            field(),
+                            answer.len()?
+                        ),
+                    ))
+                }
+                Err(_) => (answer, false),
+            };
+            if tokens.is_none() {
+                return Ok(None);
             }
+            let tokens = int_value(py, &tokens, &field().as_str(), request_error)?;
+            Ok(Some(ExternalMatch { tokens, load_async }))
         });
         answer.unwrap_or_else(|error| {
             self.error = Some(error);
@@ -844,10 +899,13 @@ impl PyScheduler {
     /// waiting request with no computed tokens, asked where vLLM's waiting loop asks it:
     /// called as ``external_kv(request, num_local_computed_tokens)`` with a ``Request``
     /// snapshot and the tokens its prefix-cache hit covers, it returns how many tokens past
-    /// those the connector loads before the step runs, or None if it cannot tell yet (the
-    /// request waits this step). The GIL is held through such a step. Should it raise or
-    /// return something else, the request waits, the step is decided without it, and the
-    /// error is raised; the next ``schedule()`` returns that step.
+    /// those the connector loads, or None if it cannot tell yet (the request waits this
+    /// step); or vLLM's pair ``(tokens or None, load_async)``. A load with ``load_async``
+    /// runs across steps: the request takes blocks for the loaded tokens and waits in
+    /// ``WAITING_FOR_REMOTE_KVS`` (``SchedulerOutput.kv_loads``) until
+    /// ``finish_kv_transfers`` reports it received. The GIL is held through such a step.
+    /// Should it raise or return something else, the request waits, the step is decided
+    /// without it, and the error is raised; the next ``schedule()`` returns that step.
     #[pyo3(
         signature = (*, throttle_prefills=None, external_kv=None),
         text_signature = "(self, *, throttle_prefills=False, external_kv=None)"
@@ -1209,18 +1267,45 @@ impl PyScheduler {
 
     /// Return the held blocks of the finished requests ``request_ids`` to the pool (a
     /// connector has sent them, or needs them no longer), each table tail first, in the
-    /// order given. ``InvalidRequestError``, changing nothing, if one holds none.
+    /// order given. ``InvalidRequestError``, changing nothing, if one holds none or its
+    /// load is in flight (``kv_load_in_flight``).
     fn release_kv_blocks(&self, py: Python<'_>, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        if request_ids.is_instance_of::<PyString>() {
-            return Err(request_error(py, "request_ids: must be a list of str, got a str".into()));
-        }
-        let ids: Vec<String> = request_ids.extract().map_err(|_| {
-            request_error(py, format!("request_ids: must be a list of str, got {}", type_name(request_ids)))
-        })?;
+        let ids = str_list(py, Some(request_ids), "request_ids")?;
         self.with_inner(py, |inner| {
             let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
             inner.core.release_kv_blocks(&ids).map_err(core_err)
         })
+    }
+
+    /// The runner's report of finished KV transfers (vLLM's ``finished_recving`` and
+    /// ``finished_sending``): a request waiting for its asynchronous load
+    /// (``WAITING_FOR_REMOTE_KVS``) that is received is promoted by the next ``schedule()``;
+    /// a finished request's held blocks, received or sent, go back to the pool (received
+    /// ones first, each list in its order). Ids that name neither are ignored.
+    #[pyo3(signature = (finished_recving=None, finished_sending=None))]
+    fn finish_kv_transfers(
+        &self,
+        py: Python<'_>,
+        finished_recving: Option<&Bound<'_, PyAny>>,
+        finished_sending: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let received = str_list(py, finished_recving, "finished_recving")?;
+        let sent = str_list(py, finished_sending, "finished_sending")?;
+        self.with_inner(py, |inner| {
+            let received: Vec<&str> = received.iter().map(String::as_str).collect();
+            let sent: Vec<&str> = sent.iter().map(String::as_str).collect();
+            inner.core.finish_kv_transfers(&received, &sent);
+            Ok(())
+        })
+    }
+
+    /// Whether request ``request_id`` waits for an asynchronous KV load the runner has
+    /// not reported (``finish_kv_transfers``): live in ``WAITING_FOR_REMOTE_KVS``, or
+    /// finished while it was (its blocks are then held until the load is reported, and
+    /// ``release_kv_blocks`` refuses them).
+    fn kv_load_in_flight(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let request_id = request_id_arg(py, request_id)?;
+        self.with_inner(py, |inner| Ok(inner.core.kv_load_in_flight(&request_id)))
     }
 
     /// A snapshot of the live request ``request_id``; ``UnknownRequestError`` if no
@@ -1427,7 +1512,15 @@ impl PyScheduler {
         new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
     }
 
-    /// Waiting request ids, in the order the waiting loop would consider them.
+    /// How many of ``waiting_request_ids()`` (the first ones) hold KV blocks, a KV load's
+    /// or computed tokens (vLLM's ``kv_holding_waiting``).
+    #[getter]
+    fn num_kv_holding_waiting(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_inner(py, |inner| Ok(inner.core.num_kv_holding_waiting()))
+    }
+
+    /// Waiting request ids, in the order the waiting loop would consider them: those
+    /// holding KV blocks first (``num_kv_holding_waiting``).
     fn waiting_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let ids = self.with_inner(py, |inner| Ok(inner.core.waiting_ids()))?;
         new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)

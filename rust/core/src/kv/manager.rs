@@ -25,6 +25,12 @@ pub struct SlotRequest<'a> {
     pub full_sequence_must_fit: bool,
     /// Whether `running` is non-empty; only then does the watermark apply.
     pub has_scheduled_reqs: bool,
+    /// Free blocks the allocation must leave for others (an asynchronous KV load's
+    /// reservation, see `Scheduler::kv_load_reserved_blocks`).
+    pub reserved_blocks: usize,
+    /// The blocks stay out of the prefix cache for now: a connector is still loading their
+    /// KV (cached once it is in).
+    pub delay_caching: bool,
 }
 
 /// Prefix-cache lookups, recorded when a request is admitted (vLLM's
@@ -233,7 +239,9 @@ impl KvManager {
     // already holds the blocks it needs returns without a call.
     #[inline(always)]
     pub fn allocate_slots(&mut self, request: &mut Request, ask: SlotRequest<'_>) -> Option<usize> {
-        debug_assert!(ask.num_new_tokens > 0 || ask.num_new_computed_tokens > 0);
+        debug_assert!(
+            ask.num_new_tokens > 0 || ask.num_new_computed_tokens > 0 || ask.num_external_computed_tokens > 0
+        );
         let watermark = self.watermark_for(request, &ask);
         if ask.num_new_computed_tokens == 0
             && ask.num_external_computed_tokens == 0
@@ -320,7 +328,7 @@ impl KvManager {
                 return None;
             }
         }
-        if self.blocks_needed(request, tokens_needing_slots, hits) + watermark > free {
+        if self.blocks_needed(request, tokens_needing_slots, hits) + watermark + ask.reserved_blocks > free {
             return None;
         }
         if request.block_ids.capacity() == 0 {
@@ -339,8 +347,10 @@ impl KvManager {
         if missing > 0 {
             self.pool.get_new_blocks(missing as usize, &mut request.block_ids);
         }
-        // Cache what will be computed by this step's end, drafts excluded (capped at N).
-        self.cache_group_0_blocks(request, (total_computed + ask.num_new_tokens).min(request.num_tokens()));
+        if !ask.delay_caching {
+            // Cache what will be computed by this step's end, drafts excluded (capped at N).
+            self.cache_group_0_blocks(request, (total_computed + ask.num_new_tokens).min(request.num_tokens()));
+        }
         Some(first_new)
     }
 

@@ -11,17 +11,37 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use crate::error::{CoreError, CoreResult};
-use crate::request::Request;
+use crate::kv::manager::cdiv;
+use crate::request::{Request, RequestStatus};
 use crate::scheduler::Scheduler;
+use crate::slab::Handle;
+
+/// A KV connector's answer for a waiting request (vLLM's `get_num_new_matched_tokens`
+/// returns the pair).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExternalMatch {
+    /// Tokens past the local hit the connector loads.
+    pub tokens: i64,
+    /// The load runs across steps: the request waits in WAITING_FOR_REMOTE_KVS, holding its
+    /// blocks, until the runner reports it received (`finish_kv_transfers`).
+    pub load_async: bool,
+}
+
+impl ExternalMatch {
+    /// A load that is done before the step runs.
+    pub fn sync(tokens: i64) -> Self {
+        Self { tokens, load_async: false }
+    }
+}
 
 /// What a KV connector holds of waiting requests, asked once per admission attempt of a
 /// request with no computed tokens (new, or preempted), after its prefix-cache lookup.
 pub trait ExternalKv {
     /// vLLM's `get_num_new_matched_tokens(request, num_computed_tokens)`: how many tokens
     /// past the first `num_local_computed` (the prefix-cache hit, whole blocks) the
-    /// connector loads before the step runs. None when it cannot tell yet: the request is
-    /// set aside for this step, as vLLM does.
-    fn num_new_matched_tokens(&mut self, request: &Request, num_local_computed: i64) -> Option<i64>;
+    /// connector loads, and whether across steps. None when it cannot tell yet: the request
+    /// is set aside for this step, as vLLM does.
+    fn num_new_matched_tokens(&mut self, request: &Request, num_local_computed: i64) -> Option<ExternalMatch>;
 }
 
 /// A finished request's KV blocks, kept from the pool until the caller releases them.
@@ -32,6 +52,9 @@ pub(super) struct HeldBlocks {
     /// The leading blocks that hold computed tokens (`cdiv(C, block_size)`): the ones a
     /// connector sends.
     num_computed_blocks: usize,
+    /// It finished while its asynchronous load was in flight: the connector may still write
+    /// its blocks, which stay held until the load is reported (as vLLM delays their free).
+    load_in_flight: bool,
 }
 
 /// The finished requests whose blocks are held, by id.
@@ -40,15 +63,23 @@ pub(super) type HeldKv = FxHashMap<Arc<str>, HeldBlocks>;
 /// The tokens a waiting request starts with past its local hit of `num_local` tokens, from
 /// the connector's answer `matched`; None if the request waits (the connector cannot tell
 /// yet). A request that skips reading cached KV (prompt logprobs) loads none and never
-/// waits, though the connector was asked, as in vLLM. An answer is clamped to
-/// `[0, N - 1 - num_local]`: at least one token is left to compute, the one that samples.
+/// waits, though the connector was asked, as in vLLM. A synchronous answer is clamped to
+/// `[0, N - 1 - num_local]`: at least one token is left to compute, the one that samples
 /// (vLLM takes a negative answer as it is and asserts on one that leaves no token; see
-/// docs/parity.md.)
-pub(super) fn external_tokens(request: &Request, num_local: i64, matched: Option<i64>) -> Option<i64> {
+/// docs/parity.md). An asynchronous one may cover every token, as in vLLM (the last is
+/// computed again once the load is in, see `promote_loaded`); one of no token is no load.
+pub(super) fn external_tokens(
+    request: &Request,
+    num_local: i64,
+    matched: Option<ExternalMatch>,
+) -> Option<ExternalMatch> {
     if request.skip_reading_prefix_cache {
-        return Some(0);
+        return Some(ExternalMatch::sync(0));
     }
-    Some(matched?.clamp(0, (request.num_tokens() - 1 - num_local).max(0)))
+    let matched = matched?;
+    let last = if matched.load_async { request.num_tokens() } else { request.num_tokens() - 1 };
+    let tokens = matched.tokens.clamp(0, (last - num_local).max(0));
+    Some(ExternalMatch { tokens, load_async: matched.load_async && tokens > 0 })
 }
 
 impl Scheduler {
@@ -60,7 +91,7 @@ impl Scheduler {
         let blocks = std::mem::take(&mut request.block_ids);
         request.num_cached_blocks = 0;
         let num_computed_blocks = (((num_computed + block_size - 1) / block_size) as usize).min(blocks.len());
-        self.held_kv.insert(request.id.clone(), HeldBlocks { blocks, num_computed_blocks });
+        self.held_kv.insert(request.id.clone(), HeldBlocks { blocks, num_computed_blocks, load_in_flight: false });
     }
 
     /// The blocks holding the computed tokens of finished request `request_id`, whose blocks
@@ -71,15 +102,23 @@ impl Scheduler {
 
     /// Returns the held blocks of finished requests to the pool, tail first, each table in
     /// the order given (vLLM frees them once the connector has sent them). Fails, changing
-    /// nothing, if an id holds none.
+    /// nothing, if an id holds none or its load is in flight (`kv_load_in_flight`).
     pub fn release_kv_blocks(&mut self, request_ids: &[&str]) -> CoreResult<()> {
         let mut seen = rustc_hash::FxHashSet::default();
         for (i, &id) in request_ids.iter().enumerate() {
-            if !self.held_kv.contains_key(id) || !seen.insert(id) {
+            let Some(held) = self.held_kv.get(id).filter(|_| seen.insert(id)) else {
                 return Err(CoreError::request(
                     format!("request_ids[{i}]"),
                     format!("{id:?}"),
                     "holds no KV blocks: not a finished request whose blocks are held, or named twice",
+                ));
+            };
+            if held.load_in_flight {
+                return Err(CoreError::request(
+                    format!("request_ids[{i}]"),
+                    format!("{id:?}"),
+                    "finished while its KV load was in flight: its blocks go back once the load \
+                     is reported (finish_kv_transfers)",
                 ));
             }
         }
@@ -93,6 +132,81 @@ impl Scheduler {
     /// How many finished requests hold their blocks.
     pub fn num_held_kv_requests(&self) -> usize {
         self.held_kv.len()
+    }
+
+    /// Whether request `request_id` waits for an asynchronous KV load the runner has not
+    /// reported yet: live in WAITING_FOR_REMOTE_KVS, or finished while it was (its blocks
+    /// are then held until `finish_kv_transfers` reports the load, whatever the
+    /// connector says when it finishes).
+    pub fn kv_load_in_flight(&self, request_id: &str) -> bool {
+        match self.ids.get(request_id) {
+            Some(&h) => {
+                let request = &self.requests[h];
+                request.status == RequestStatus::WaitingForRemoteKvs && !request.kv_loaded
+            }
+            None => self.held_kv.get(request_id).is_some_and(|held| held.load_in_flight),
+        }
+    }
+
+    /// The runner's report of finished KV transfers (vLLM's `_update_from_kv_xfer_finished`):
+    /// a request in WAITING_FOR_REMOTE_KVS whose load is `received` is promoted by the next
+    /// waiting loop; a finished request's held blocks, received or `sent`, go back to the
+    /// pool (received ones first, each list in its order). An id that names neither is
+    /// ignored (vLLM asserts).
+    pub fn finish_kv_transfers(&mut self, received: &[&str], sent: &[&str]) {
+        for &id in received {
+            if let Some(&h) = self.ids.get(id) {
+                let request = &mut self.requests[h];
+                if request.status == RequestStatus::WaitingForRemoteKvs {
+                    request.kv_loaded = true;
+                }
+            } else if let Some(held) = self.held_kv.remove(id) {
+                self.kv.free_blocks(held.blocks);
+            }
+        }
+        for &id in sent {
+            if let Some(held) = self.held_kv.remove(id) {
+                self.kv.free_blocks(held.blocks);
+            }
+        }
+    }
+
+    /// A request finished while its load was in flight (see `kv_load_in_flight`).
+    pub(super) fn hold_until_loaded(&mut self, request_id: &str) {
+        if let Some(held) = self.held_kv.get_mut(request_id) {
+            held.load_in_flight = true;
+        }
+    }
+
+    /// A request whose asynchronous load is in: its loaded blocks enter the prefix cache,
+    /// and it waits as it did before the load (`C = N - 1` if the load covered every token:
+    /// the last one is computed again, to sample), vLLM's `_update_waiting_for_remote_kv`.
+    pub(super) fn promote_loaded(&mut self, handle: Handle) {
+        let request = &mut self.requests[handle];
+        let c = request.num_computed_tokens();
+        self.kv.cache_blocks(request, c);
+        if c == request.num_tokens() {
+            request.set_num_computed_tokens(c - 1);
+        }
+        request.kv_loaded = false;
+        request.status = if request.num_preemptions > 0 { RequestStatus::Preempted } else { RequestStatus::Waiting };
+    }
+
+    /// The blocks the requests still prefilling (chunks in progress, loads in flight) need
+    /// to hold their whole sequence, plus one speculative step's: an asynchronous load must
+    /// leave them free, so it never deadlocks the requests admitted before it (vLLM's
+    /// `_inflight_prefill_reserved_blocks() + _spec_decode_step_blocks`).
+    pub(super) fn kv_load_reserved_blocks(&self) -> usize {
+        let block_size = self.config.block_size();
+        let k = self.config.num_speculative_tokens();
+        // 1 + K + L slots a speculative step takes past the sequence.
+        let spec_step = if k > 0 { 1 + k + self.config.num_lookahead_tokens() } else { 0 };
+        let remaining = |h: &Handle| {
+            let request = &self.requests[*h];
+            let tokens = request.num_tokens().min(self.config.max_model_len()) + spec_step;
+            (cdiv(tokens, block_size) - request.block_ids.len() as i64).max(0) as usize
+        };
+        self.inflight_prefills.iter().map(remaining).sum::<usize>() + cdiv(spec_step, block_size) as usize
     }
 
     /// Every held block once per table that holds it (for the invariant checker).

@@ -127,6 +127,9 @@ impl Scheduler {
                 block_refs[block as usize] += 1;
             }
         }
+        if let Some(h) = self.inflight_prefills.iter().find(|&&h| self.requests.get(h).is_none()) {
+            return Err(broken(format!("a request no longer live ({h:?}) is counted as prefilling")));
+        }
         self.check_block_pool(&block_refs)?;
         let mut holders: FxHashMap<&str, Vec<Handle>> = FxHashMap::default();
         for (h, r) in self.requests.iter() {
@@ -241,13 +244,14 @@ impl Scheduler {
         };
         let expected_place = match r.status {
             RequestStatus::Running => "running",
-            RequestStatus::Waiting | RequestStatus::Preempted | RequestStatus::WaitingForStructuredOutputGrammar => {
-                match r.queued_in {
-                    Some(QueueKind::Waiting) => "waiting",
-                    Some(QueueKind::KvHolding) => "kv_holding_waiting",
-                    None => "nowhere",
-                }
-            }
+            RequestStatus::Waiting
+            | RequestStatus::Preempted
+            | RequestStatus::WaitingForStructuredOutputGrammar
+            | RequestStatus::WaitingForRemoteKvs => match r.queued_in {
+                Some(QueueKind::Waiting) => "waiting",
+                Some(QueueKind::KvHolding) => "kv_holding_waiting",
+                None => "nowhere",
+            },
             other => return Err(broken(format!("request {id:?} has status {other:?}, which llmsched never sets"))),
         };
         if where_ != expected_place {
@@ -286,7 +290,9 @@ impl Scheduler {
 
     /// What a request's status says of its blocks and counters: a running one's table
     /// covers `C` plus lookahead and, decoding with nothing in flight, `C = N - 1`; a
-    /// waiting one holds no block, a preempted one has `C = P = 0`.
+    /// waiting one holds no block unless a KV load gave it blocks covering `C` (in flight,
+    /// or in and not yet admitted), a preempted one has `P = 0` and `C = 0` but after
+    /// such a load.
     fn check_status_state(&self, r: &Request) -> CoreResult<()> {
         let cfg = &self.config;
         let (m, s, b) = (cfg.max_model_len(), cfg.num_sampled_tokens_per_step(), cfg.block_size());
@@ -325,10 +331,34 @@ impl Scheduler {
                 }
             }
             _ => {
-                if let Some((g, table)) = Self::tables(r).enumerate().find(|(_, t)| !t.is_empty()) {
+                // A KV load's blocks, held from its start to the request's admission (a
+                // load of a one-token prompt leaves C = 0 once in).
+                let loaded = !r.block_ids.is_empty();
+                if r.status == RequestStatus::WaitingForRemoteKvs && (!loaded || c == 0) {
+                    return Err(broken(format!(
+                        "request {id:?} waits for a KV load with C={c} and {} blocks",
+                        r.block_ids.len()
+                    )));
+                }
+                if loaded {
+                    if !cfg.kv_connector() || !self.inflight_prefills.contains(&self.ids[id]) {
+                        return Err(broken(format!("waiting request {id:?} holds blocks, but no KV load gave them")));
+                    }
+                    if (r.block_ids.len() as i64) * b < c {
+                        return Err(broken(format!(
+                            "request {id:?} loaded KV: its {} blocks cover less than C={c}",
+                            r.block_ids.len()
+                        )));
+                    }
+                    // (One left with C = 0 stays where it was until set aside.)
+                    let holding = r.queued_in == Some(QueueKind::KvHolding);
+                    if !holding && (c > 0 || r.status == RequestStatus::WaitingForRemoteKvs) {
+                        return Err(broken(format!("request {id:?} loaded KV (C={c}) but waits in the wrong queue")));
+                    }
+                } else if let Some((g, table)) = Self::tables(r).enumerate().find(|(_, t)| !t.is_empty()) {
                     return Err(broken(format!("waiting request {id:?} holds {} blocks in group {g}", table.len())));
                 }
-                if r.status == RequestStatus::Preempted && (c != 0 || p != 0) {
+                if r.status == RequestStatus::Preempted && ((c != 0 && !loaded) || p != 0) {
                     return Err(broken(format!("preempted request {id:?} has C={c}, P={p}")));
                 }
             }

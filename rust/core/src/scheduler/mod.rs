@@ -17,7 +17,7 @@ mod waiting;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::config::SchedulerConfig;
 use crate::encoder::EncoderCache;
@@ -30,7 +30,7 @@ use crate::request::{stored, QueueKind, Request, RequestStatus};
 use crate::slab::{Handle, Slab};
 use step::{Budgets, Entry, EntryKind, Row, Step, StepBuilder, StepRecord, Undo};
 
-pub use external_kv::ExternalKv;
+pub use external_kv::{ExternalKv, ExternalMatch};
 pub use update::{RequestEvent, RunnerOutput};
 
 /// A request named in a call: by the handle `add_request` returned, or by its id.
@@ -83,6 +83,10 @@ pub struct Scheduler {
     last_finished: Vec<Request>,
     /// With a KV connector, the blocks of finished requests it may still be sending.
     held_kv: external_kv::HeldKv,
+    /// With a KV connector, the requests still prefilling that the waiting loop admitted
+    /// (chunks to come, or a load in flight): what an asynchronous load must leave room
+    /// for (vLLM's `_inflight_prefills`).
+    inflight_prefills: FxHashSet<Handle>,
     /// Requests preempted since the last step (one may finish before the step reports it).
     preempted_since_last_step: Vec<(Handle, Arc<str>)>,
     in_flight: VecDeque<StepRecord>,
@@ -179,6 +183,7 @@ impl Scheduler {
             finished_since_last_step: Vec::new(),
             last_finished: Vec::new(),
             held_kv: external_kv::HeldKv::default(),
+            inflight_prefills: FxHashSet::default(),
             preempted_since_last_step: Vec::new(),
             in_flight: VecDeque::new(),
             next_step_id: 1,
@@ -507,6 +512,12 @@ impl Scheduler {
         if self.config.pipeline_parallel_size() > 1 && !self.config.async_scheduling() {
             self.write_new_token_ids(&mut step, &rows);
         }
+        if !self.inflight_prefills.is_empty() {
+            // A request leaves the set once a step schedules the rest of its prefill.
+            for row in rows.iter().filter(|r| !r.prefill_chunk) {
+                self.inflight_prefills.remove(&row.handle);
+            }
+        }
         if !rows.is_empty() {
             self.in_flight.push_back(StepRecord { step_id: step.step_id, entries: rows, has_prefill_chunk });
         }
@@ -518,6 +529,7 @@ impl Scheduler {
     /// Preempts a running request the caller has taken out of `running` (spec §3.2).
     fn preempt(&mut self, handle: Handle, drop_stale_output: bool) {
         self.release_encoder_inputs(handle);
+        self.inflight_prefills.remove(&handle);
         let request = &mut self.requests[handle];
         debug_assert_eq!(request.status, RequestStatus::Running);
         self.kv.free(request);
@@ -562,6 +574,7 @@ impl Scheduler {
             self.num_structured_output -= 1;
         }
         if self.config.kv_connector() {
+            self.inflight_prefills.remove(&handle);
             self.hold_kv_blocks(&mut request);
         } else {
             self.kv.free(&mut request);
@@ -621,9 +634,14 @@ impl Scheduler {
         for &h in &handles {
             let request = &mut self.requests[h];
             was_running |= request.status == RequestStatus::Running;
+            let load_in_flight = request.status == RequestStatus::WaitingForRemoteKvs && !request.kv_loaded;
             request.status = status;
-            finished.push((h, request.id.clone()));
+            let id = request.id.clone();
             self.release_finished(h);
+            if load_in_flight {
+                self.hold_until_loaded(&id);
+            }
+            finished.push((h, id));
         }
         if was_running {
             self.retain_running();
@@ -844,6 +862,12 @@ impl Scheduler {
     }
 
     /// Waiting requests in the order they would be considered.
+    /// How many of `waiting_ids` (the first ones) hold KV blocks: a load's, or computed
+    /// tokens (vLLM's `kv_holding_waiting`).
+    pub fn num_kv_holding_waiting(&self) -> usize {
+        self.kv_holding_waiting.len()
+    }
+
     pub fn waiting_ids(&self) -> Vec<Arc<str>> {
         let kv = self.kv_holding_waiting.live_handles(&self.requests);
         let waiting = self.waiting.live_handles(&self.requests);

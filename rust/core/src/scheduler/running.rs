@@ -168,6 +168,8 @@ impl Scheduler {
             num_lookahead_tokens: self.config.num_lookahead_tokens(),
             full_sequence_must_fit: false,
             has_scheduled_reqs: true,
+            reserved_blocks: 0,
+            delay_caching: false,
         };
         if let Some(first) = self.kv.allocate_beyond_held_blocks(&mut self.requests[handle], ask) {
             return Some(first);

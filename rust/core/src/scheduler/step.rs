@@ -178,6 +178,17 @@ impl StepBuilder {
     }
 }
 
+/// An asynchronous KV load a waiting loop started (see `Step::kv_loads`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvLoad {
+    pub request_id: Arc<str>,
+    /// The tokens past its prefix-cache hit the connector loads.
+    pub num_external_tokens: i32,
+    /// How many requests the loop admitted before it (where it falls among the step's
+    /// `external_computed_tokens`).
+    pub num_admitted_before: u32,
+}
+
 /// The columns of one step, aligned by request: running requests first, then
 /// admissions. Built here, moved into numpy by the binding.
 #[derive(Clone, Debug, Default)]
@@ -236,6 +247,9 @@ pub struct Step {
     /// order (the step's last rows): the tokens past its prefix-cache hit the connector
     /// loads, or -1 for a request that held computed tokens and looked nothing up.
     pub external_computed_tokens: Vec<i32>,
+    /// With a KV connector, the asynchronous loads the step's waiting loop started, in its
+    /// order (none is a row of the step: each request waits for its load).
+    pub kv_loads: Vec<KvLoad>,
     pub new_reqs: Vec<Handle>,
     pub resumed_reqs: Vec<Handle>,
     /// Running requests scheduled in this step that the previous step did not schedule.

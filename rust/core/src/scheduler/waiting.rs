@@ -6,7 +6,7 @@ use crate::capacity;
 use crate::config::SchedulerConfig;
 use crate::kv::{CacheHit, SlotRequest};
 use crate::request::{QueueKind, Request, RequestStatus};
-use crate::scheduler::step::{Budgets, Entry, EntryKind, StepBuilder};
+use crate::scheduler::step::{Budgets, Entry, EntryKind, KvLoad, StepBuilder};
 use crate::scheduler::{external_kv, ExternalKv, PauseState, Scheduler};
 use crate::slab::Handle;
 
@@ -124,11 +124,18 @@ impl Scheduler {
             let Some((kind, handle)) = self.next_waiting(rules.max_active) else {
                 break;
             };
-            if self.requests[handle].status == RequestStatus::WaitingForStructuredOutputGrammar
-                && !self.grammar_gate(handle)
-            {
-                self.set_aside(kind, &mut set_aside);
-                continue;
+            let status = self.requests[handle].status;
+            match status {
+                RequestStatus::WaitingForRemoteKvs if !self.requests[handle].kv_loaded => {
+                    self.set_aside(kind, &mut set_aside);
+                    continue;
+                }
+                RequestStatus::WaitingForRemoteKvs => self.promote_loaded(handle),
+                RequestStatus::WaitingForStructuredOutputGrammar if !self.grammar_gate(handle) => {
+                    self.set_aside(kind, &mut set_aside);
+                    continue;
+                }
+                _ => {}
             }
             let request = &self.requests[handle];
             // Output from before a preemption is still in flight: resuming now
@@ -146,6 +153,7 @@ impl Scheduler {
             }
             let mut hit = self.look_up_prefix(request);
             self.kv.report_reused_blocks(request, &hit.blocks);
+            let mut load_async = false;
             if let Some(source) = external_kv.as_deref_mut() {
                 if request.num_computed_tokens() == 0 {
                     let matched = source.num_new_matched_tokens(request, hit.tokens);
@@ -153,11 +161,20 @@ impl Scheduler {
                         self.set_aside(kind, &mut set_aside);
                         continue;
                     };
-                    hit.external = external;
-                    hit.num_computed += external;
+                    hit.external = external.tokens;
+                    hit.num_computed += external.tokens;
+                    load_async = external.load_async;
                 } else {
                     hit.external = -1;
                 }
+            }
+            if load_async {
+                // Blocks now, tokens once the load is in: it waits in the meantime.
+                if !self.start_kv_load(b, &rules, Candidate { kind, handle, hit }) {
+                    break;
+                }
+                self.set_aside(kind, &mut set_aside);
+                continue;
             }
             let prompt_left = hit.num_computed < request.num_tokens() - 1;
             if b.defer_prefills && prompt_left {
@@ -308,9 +325,14 @@ impl Scheduler {
             num_lookahead_tokens: rules.lookahead,
             full_sequence_must_fit: rules.reserve_full_isl,
             has_scheduled_reqs: !self.running.is_empty(),
+            reserved_blocks: 0,
+            delay_caching: false,
         };
         if self.kv.allocate_slots(&mut self.requests[handle], ask).is_none() {
             return false;
+        }
+        if self.config.kv_connector() && hit.num_computed + n < self.requests[handle].num_tokens() {
+            self.inflight_prefills.insert(handle);
         }
         if hit.looked_up {
             self.kv.record_prefix_cache_stats(&self.requests[handle], hit.tokens);
@@ -353,6 +375,44 @@ impl Scheduler {
         true
     }
 
+    /// Starts a request's asynchronous KV load: blocks for its hit and the loaded tokens,
+    /// none for tokens to compute and none for a drafter's lookahead, kept out of the
+    /// prefix cache until the load is in, and only if the requests still prefilling keep
+    /// room to finish. The request then waits in WAITING_FOR_REMOTE_KVS with `C` set to
+    /// what it will hold (vLLM's waiting loop with `load_kv_async`). False, changing
+    /// nothing, if the blocks cannot be allocated.
+    fn start_kv_load(&mut self, b: &mut StepBuilder, rules: &AdmissionRules, candidate: Candidate) -> bool {
+        let Candidate { handle, hit, .. } = candidate;
+        let ask = SlotRequest {
+            num_new_tokens: 0,
+            num_new_computed_tokens: hit.tokens,
+            new_computed_blocks: &hit.blocks,
+            num_external_computed_tokens: hit.external,
+            num_lookahead_tokens: 0,
+            full_sequence_must_fit: rules.reserve_full_isl,
+            has_scheduled_reqs: !self.running.is_empty(),
+            reserved_blocks: self.kv_load_reserved_blocks(),
+            delay_caching: true,
+        };
+        let request = &mut self.requests[handle];
+        if self.kv.allocate_slots(request, ask).is_none() {
+            return false;
+        }
+        request.shared_prefix_boundary = hit.shared_prefix_boundary;
+        if hit.looked_up {
+            self.kv.record_prefix_cache_stats(request, hit.tokens);
+        }
+        request.status = RequestStatus::WaitingForRemoteKvs;
+        request.set_num_computed_tokens(hit.num_computed);
+        b.step.kv_loads.push(KvLoad {
+            request_id: request.id().clone(),
+            num_external_tokens: hit.external as i32,
+            num_admitted_before: b.step.external_computed_tokens.len() as u32,
+        });
+        self.inflight_prefills.insert(handle);
+        true
+    }
+
     /// Takes the front request of `kind`'s queue out for this step.
     fn set_aside(&mut self, kind: QueueKind, set_aside: &mut SetAside) {
         let (queue, slab) = self.queue_with_slab(kind);
@@ -364,7 +424,7 @@ impl Scheduler {
             request.skipped_waiting = true;
             self.num_skipped_waiting += 1;
         }
-        if self.requests[handle].num_computed_tokens() > 0 {
+        if self.requests[handle].holds_kv_blocks() {
             set_aside.kv_holding.push(handle);
         } else {
             set_aside.waiting.push(handle);
@@ -377,8 +437,7 @@ impl Scheduler {
         self.waiting.prepend_all(&self.requests, &set_aside.waiting);
         for &h in set_aside.kv_holding.iter().chain(&set_aside.waiting) {
             let request = &mut self.requests[h];
-            request.queued_in =
-                Some(if request.num_computed_tokens() > 0 { QueueKind::KvHolding } else { QueueKind::Waiting });
+            request.queued_in = Some(if request.holds_kv_blocks() { QueueKind::KvHolding } else { QueueKind::Waiting });
         }
     }
 }
