@@ -67,9 +67,14 @@ def sends(prompt: Any) -> bool:
 
 @dataclass
 class ParityConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
-    """The step's loads: ``(request id, blocks, tokens)`` per loading request."""
+    """The step's loads: ``(request id, blocks, tokens)`` per loading request; and what the
+    connector read of the requests when the scheduler called it: per
+    ``update_state_after_alloc``, ``("alloc", id, num_computed_tokens, status, tokens)``, and
+    in ``build_connector_meta``, per scheduled request it was asked about,
+    ``("meta", id, num_computed_tokens, num_output_placeholders)``."""
 
     loads: list[tuple[str, list[int], int]] = field(default_factory=list)
+    seen: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
@@ -83,6 +88,10 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._receiving: list[str] = []
         self._loads_started: list[str] = []
         self._answered_async: dict[str, bool] = {}
+        # The requests it was asked about (every admitted one), and what it read since the
+        # last metadata.
+        self._asked: dict[str, Any] = {}
+        self._seen: list[tuple[Any, ...]] = []
         self._events: list[Any] = []
 
     async_loads = False
@@ -95,9 +104,19 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
         )
         # The allocation that follows this answer (if any) starts the load it names.
         self._answered_async[request.request_id] = load_async
+        self._asked[request.request_id] = request
         return tokens, load_async
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        self._seen.append(
+            (
+                "alloc",
+                request.request_id,
+                request.num_computed_tokens,
+                request.status.name,
+                num_external_tokens,
+            )
+        )
         load_async = self._answered_async.pop(request.request_id, False)
         if num_external_tokens > 0:
             self._loading[request.request_id] = (
@@ -109,13 +128,27 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._loads_started.append(request.request_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> ParityConnectorMetadata:
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self._asked.get(req_id)
+            if request is not None:
+                self._seen.append(
+                    (
+                        "meta",
+                        req_id,
+                        request.num_computed_tokens,
+                        request.num_output_placeholders,
+                    )
+                )
         meta = ParityConnectorMetadata(
-            [(req_id, blocks, tokens) for req_id, (blocks, tokens) in self._loading.items()]
+            [(req_id, blocks, tokens) for req_id, (blocks, tokens) in self._loading.items()],
+            self._seen,
         )
         self._loading.clear()
+        self._seen = []
         return meta
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        self._asked.pop(request.request_id, None)
         if not sends(request.prompt_token_ids):
             return False, None
         self._sending.append(request.request_id)

@@ -395,6 +395,10 @@ class ParityConfig:
     kv_connector_async_loads: bool = False
     """With ``kv_connector``: its :class:`benches.parity.connector.AsyncParityConnector`,
     which loads half the prompts it holds across steps."""
+    kv_role: str = "kv_producer"
+    """With ``kv_connector``, vLLM's ``kv_role``: a producer's connector hands KV off (a
+    request preempted for KV drops its output in flight), a consumer's loads into blocks (a
+    freed block waits for the steps in flight that may write it); ``kv_both`` does both."""
     data_parallel_size: int = 1
     """vLLM's side only: a data-parallel rank of an MoE model (> 1), whose engine core keeps
     the prefill cadence: every step but each ``prefill_schedule_interval``-th is throttled
@@ -476,8 +480,13 @@ class ParityConfig:
             "kv_cache_groups": self.kv_cache_groups,
             "prefix_cache_retention_interval": self.prefix_cache_retention_interval,
             "kv_connector": self.kv_connector,
-            # The parity connector is a producer: vLLM's requires_kv_delivery.
-            "preemption_drops_in_flight_output": self.kv_connector,
+            # vLLM's requires_kv_delivery (a producer's) and defer_block_free (a consumer's
+            # with steps in flight).
+            "preemption_drops_in_flight_output": self.kv_connector
+            and self.kv_role in ("kv_producer", "kv_both"),
+            "defer_block_free": self.kv_connector
+            and self.kv_role in ("kv_consumer", "kv_both")
+            and self.max_concurrent_batches() > 1,
         }
 
     def scheduler_kwargs(self) -> dict[str, Any]:
@@ -488,6 +497,7 @@ class ParityConfig:
         for derived in (
             "num_sampled_tokens_per_step",
             "preemption_drops_in_flight_output",
+            "defer_block_free",
             *self.drafter_kwargs(),
             *self.encoder_kwargs(),
         ):
@@ -510,6 +520,7 @@ class ParityConfig:
                 if self.kv_connector
                 else None
             ),
+            "kv_role": self.kv_role,
             **(
                 {
                     "image_side": self.image_side,

@@ -822,30 +822,38 @@ def edge_cases() -> list[Case]:
             ("synthetic-code", 3, True, "tightkv", "async"),
         ):
             roomy, tight = _pool_sizes(workload)
-            out.append(
-                Case(
-                    workload,
-                    ParityConfig(
-                        f"edge-kvconn{'' if loads == 'sync' else '-asyncload'}-{mode}-K{k}-"
-                        f"{'apc' if apc else 'noapc'}-fcfs-{pool}",
-                        async_scheduling=a,
-                        num_speculative_tokens=k,
-                        enable_prefix_caching=apc,
-                        policy="fcfs",
-                        num_gpu_blocks={
-                            "roomy": roomy,
-                            "kv": tight,
-                            "tightkv": tight * 3 // 4,
-                        }[pool],
-                        **({"max_num_batched_tokens": 64} if pool == "tightkv" else {}),
-                        kv_connector=True,
-                        kv_connector_async_loads=loads == "async",
-                    ),
-                    output_factor=WORKLOADS[workload].pressure_output_factor
-                    if pool != "roomy"
-                    else 1,
+            # A connector that also loads (kv_both, a decode instance's role), with steps in
+            # flight: a freed block waits for the steps that may still write it.
+            roles = ["kv_producer"]
+            if a and loads == "async" and pool != "roomy":
+                roles.append("kv_both")
+            for role in roles:
+                out.append(
+                    Case(
+                        workload,
+                        ParityConfig(
+                            f"edge-kvconn{'' if loads == 'sync' else '-asyncload'}"
+                            f"{'-both' if role == 'kv_both' else ''}-{mode}-K{k}-"
+                            f"{'apc' if apc else 'noapc'}-fcfs-{pool}",
+                            async_scheduling=a,
+                            num_speculative_tokens=k,
+                            enable_prefix_caching=apc,
+                            policy="fcfs",
+                            num_gpu_blocks={
+                                "roomy": roomy,
+                                "kv": tight,
+                                "tightkv": tight * 3 // 4,
+                            }[pool],
+                            **({"max_num_batched_tokens": 64} if pool == "tightkv" else {}),
+                            kv_connector=True,
+                            kv_connector_async_loads=loads == "async",
+                            kv_role=role,
+                        ),
+                        output_factor=WORKLOADS[workload].pressure_output_factor
+                        if pool != "roomy"
+                        else 1,
+                    )
                 )
-            )
         # Cache salts: requests share cached blocks only under the same salt.
         for workload in ("synthetic-conv", "mooncake-turns"):
             out.append(

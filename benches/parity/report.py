@@ -179,8 +179,8 @@ core, kept out the same way. Beyond them, the plug-in:
 - **refuses what llmsched does not implement**, naming the feature: at construction,
   multimodal encoder-only instances (disaggregated encoding), custom encoder cache
   managers, prompt embeddings, encoder-decoder models, diffusion
-  LLMs, sampling masks, routed-experts outputs, a KV consumer connector with steps in
-  flight, KV connectors beside several KV-cache groups, encoder-cache connectors,
+  LLMs, sampling masks, routed-experts outputs,
+  KV connectors beside several KV-cache groups, encoder-cache connectors,
   KV cache residency and MFU metrics, decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
@@ -219,7 +219,11 @@ core, kept out the same way. Beyond them, the plug-in:
   `WAITING_FOR_REMOTE_KVS` meanwhile, then from its loaded tokens (all but the last if
   the load covered every one). A finished request's blocks stay out of the pool until the
   connector's `request_finished` lets them go, at once or once the runner reports them
-  sent (an aborted load's, once it is reported received). The plug-in calls the
+  sent (an aborted load's, once it is reported received); with a connector that loads (a
+  consumer's) and steps in flight, a freed or preempted request's blocks go back only once
+  the steps that may still write them are applied, and a running request such a step
+  scheduled is not preempted for blocks it would not free (vLLM's `defer_block_free`).
+  The plug-in calls the
   connector's `update_state_after_alloc` for each admission and each load started, in
   the waiting loop's order, keeps the requests by KV-fetch stage for the stats, builds the
   step's `kv_connector_metadata` (and `has_sync_kv_loads`), passes `kv_transfer_params`,
@@ -230,7 +234,8 @@ core, kept out the same way. Beyond them, the plug-in:
   the KV of a third, with an event for each) compare every field, the metadata and the
   events included; the `edge-kvconn-asyncload` cases load half of the held prompts
   whole, across steps, reported received with the output of the step that started them
-  (one in a pool tight enough that a load must wait for the prefills in flight);
+  (one in a pool tight enough that a load must wait for the prefills in flight), and
+  the `-both` ones, with async scheduling, a connector that loads too (`kv_both`);
   `tests/vllm_engine/test_kv_transfer.py` has one engine
   store prompts through vLLM's `ExampleConnector` and others load them, token-identical
   to an engine without a connector. The runner's failed-load reports raise a clear error

@@ -115,6 +115,7 @@ class SchedulerConfig:
         enable_kv_cache_events: bool = False,
         kv_connector: bool = False,
         preemption_drops_in_flight_output: bool = False,
+        defer_block_free: bool = False,
         policy: str = "fcfs",
         max_loras: int = 0,
         max_num_encoder_input_tokens: int = 0,
@@ -210,6 +211,12 @@ class SchedulerConfig:
         """A request the running loop preempts for KV drops the output of its steps in
         flight, to be recomputed (vLLM's ``requires_kv_delivery``, a KV connector that
         hands finished requests' KV off: a producer's), instead of delivering it."""
+    @property
+    def defer_block_free(self) -> bool:
+        """With a KV connector that loads (a consumer's) and several steps in flight:
+        blocks a freed or preempted request held return to the pool only once every
+        step scheduled by then has its output applied, since a step in flight may
+        still write them while a load fills them again (vLLM's ``defer_block_free``)."""
     @property
     def policy(self) -> str:
         """``"fcfs"``, or ``"priority"`` (lower value first, then arrival)."""

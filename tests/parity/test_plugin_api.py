@@ -114,10 +114,6 @@ ENGINE_REFUSALS = {
         _set(s.vllm_config, "kv_transfer_config", _example_connector_config()),
         s.kv_cache_config.kv_cache_groups.append(_group(_sliding_spec())),
     ),
-    "KV consumer connectors with several steps in flight": lambda s: (
-        _set(s.vllm_config, "kv_transfer_config", _example_connector_config("kv_consumer")),
-        _set(s.vllm_config.scheduler_config, "async_scheduling", True),
-    ),
     "KV-cache groups other than full, sliding-window, chunked local attention and Mamba": (
         lambda s: s.kv_cache_config.kv_cache_groups.append(_group(_cross_attention_spec()))
     ),
@@ -158,6 +154,27 @@ def test_an_engine_asking_for_an_unsupported_feature_fails_at_start(feature: str
     ENGINE_REFUSALS[feature](sched)
     with pytest.raises(plugin.UnsupportedFeatureError, match=feature):
         build(sched)
+
+
+@pytest.mark.parametrize(
+    ("role", "async_scheduling", "defers"),
+    [
+        ("kv_consumer", True, True),
+        ("kv_both", True, True),
+        ("kv_consumer", False, False),
+        ("kv_producer", True, False),
+    ],
+)
+def test_a_consumer_with_steps_in_flight_defers_block_frees_as_vllm(
+    role: str, async_scheduling: bool, defers: bool
+) -> None:
+    """vLLM defers a freed request's blocks while a step in flight may write them when its
+    connector loads (a consumer) and several steps are in flight; the plug-in's core does
+    then too, and otherwise not."""
+    sched = reference(async_scheduling=async_scheduling)
+    sched.vllm_config = copy.copy(sched.vllm_config)
+    _set(sched.vllm_config, "kv_transfer_config", _example_connector_config(role))
+    assert build(sched).core.config.defer_block_free is defers
 
 
 def test_an_moe_models_data_parallel_rank_leaves_the_prefill_cadence_to_its_engine() -> None:

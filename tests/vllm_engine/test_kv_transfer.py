@@ -9,15 +9,15 @@ synchronously, before the step that computes the rest.
    scheduling in the ``async`` case, synchronous in ``sync``), serves :data:`NUM_STORED`
    requests: their prompts are stored.
 2. The store is copied twice, and two engines, each with its copy and the connector
-   ``kv_both`` (synchronous scheduling: the plug-in refuses a consumer with steps in flight),
-   serve the same prompts again under new ids: one with the plug-in, one with vLLM's own
-   scheduler.
+   ``kv_both`` (async scheduling as the storing engine: a consumer's freed blocks then wait
+   for the steps in flight), serve the same prompts again under new ids: one with the
+   plug-in, one with vLLM's own scheduler.
 3. A third engine, without a connector, serves the same requests.
 
 Then, with :class:`tests.vllm_engine.async_example_connector.AsyncExampleConnector` (the
 same store, its loads across steps: requests wait in ``WAITING_FOR_REMOTE_KVS`` until the
-runner reports them received), the loading engines again, with the plug-in and with vLLM's
-scheduler.
+runner reports them received), the loading engines again, with async scheduling, with the
+plug-in and with vLLM's scheduler.
 
 Prefix caching is off throughout, so every cached token is one the connector loaded: none
 in the storing engine (its store starts empty), all but the last block of each prompt in
@@ -95,7 +95,8 @@ def runs(
     request: pytest.FixtureRequest, model_dir: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, ve.RunResult]]:
     mode = request.param
-    # The storing engine: async scheduling in the "async" case; loads across steps after.
+    # The loading engines schedule asynchronously but in the "sync" case (the storing engine
+    # in the "async" one only); their loads run across steps in the "async-loads" one.
     async_loads = mode == "async-loads"
     stored = ve.make_workload(WORKLOAD)
     root = tmp_path_factory.mktemp(f"kv-store-{mode}")
@@ -118,15 +119,14 @@ def runs(
     )
     again = [replace(r, req_id=f"again-{r.req_id}") for r in stored]
     results = {}
-    for name, scheduler in (("llmsched", ve.llmsched_scheduler_name(False)), ("vllm", None)):
+    for name in ("llmsched", "vllm"):
         copy = root / name
         shutil.copytree(store, copy)
         connector = _connector(copy, "kv_both", async_loads=async_loads)
-        results[name] = _serve(
-            replace(base, scheduler_cls=scheduler, kv_transfer_config=connector),
-            again,
-            f"{name}-",
-        )
+        loading = replace(base, kv_transfer_config=connector, async_scheduling=mode != "sync")
+        if name == "llmsched":
+            loading = replace(loading, scheduler_cls=ve.llmsched_scheduler_name(mode != "sync"))
+        results[name] = _serve(loading, again, f"{name}-")
     results["no-connector"] = _serve(base, again, "plain-")
     results["first"] = first
     results["stored-files"] = sum(1 for _ in store.rglob("*.safetensors"))  # type: ignore[assignment]

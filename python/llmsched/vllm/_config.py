@@ -170,17 +170,6 @@ def check_engine_config(
             ),
         ),
         (
-            # vLLM defers block frees there (a load may land in a block a step in flight
-            # still writes); not built.
-            "KV consumer connectors with several steps in flight",
-            lambda: (
-                get("kv_transfer_config") is not None
-                and bool(get("kv_transfer_config.is_kv_consumer"))
-                and get("max_concurrent_batches") > 1,
-                f"is_kv_consumer with max_concurrent_batches={get('max_concurrent_batches')}",
-            ),
-        ),
-        (
             "custom encoder cache managers",
             lambda: (
                 get("ec_manager_config.encoder_cache_manager_cls") is not None,
@@ -362,6 +351,10 @@ def llmsched_config(
             # default) has a request preempted for KV drop its output in flight.
             preemption_drops_in_flight_output=kv_connector is not None
             and bool(kv_connector.requires_kv_delivery),
+            # A consumer's load can land in a block a step in flight still writes.
+            defer_block_free=kv_connector is not None
+            and bool(read(vllm_config, "kv_transfer_config.is_kv_consumer"))
+            and read(vllm_config, "max_concurrent_batches") > 1,
         )
     except llmsched.ConfigError as exc:
         raise llmsched.ConfigError(f"llmsched.vllm cannot schedule this engine: {exc}") from None

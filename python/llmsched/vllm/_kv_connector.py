@@ -11,9 +11,10 @@ request finishes (its blocks released now unless the connector delays it or its 
 flight), ``update_connector_output`` with the runner's report (loads received, blocks
 released once sent), stats (the requests by KV-fetch stage among them) and events.
 
-Served: synchronous and asynchronous loads. Refused, with a clear error, where they would
-first be needed: failed loads and invalid blocks reported by the runner; at start, a
-consumer connector with several steps in flight (vLLM defers block frees there).
+Served: synchronous and asynchronous loads; with several steps in flight, a consumer's
+freed blocks wait for the steps that may still write them (the core's ``defer_block_free``).
+Refused, with a clear error, where they would first be needed: failed loads and invalid
+blocks reported by the runner.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from vllm.v1.metrics.stats import (
 from vllm.v1.request import Request, RequestStatus
 
 import llmsched
-from llmsched.vllm._requests import pinned
+from llmsched.vllm._requests import as_during_step, pinned
 
 __all__ = ["KvConnectorSide", "UnsupportedConnectorUseError", "make_connector"]
 
@@ -99,19 +100,27 @@ class KvConnectorSide:
     def admitted(self, output: Any, core_out: llmsched.SchedulerOutput) -> None:
         """``update_state_after_alloc`` for each request the step admitted or started
         loading, in the waiting loop's order, with the connector's prefix-cache stats; then
-        the step's connector metadata."""
+        the step's connector metadata. Each call reads the requests as vLLM's scheduler has
+        them at that point of its step."""
         external: list[int] = core_out.num_external_computed_tokens.tolist()
         loads: list[tuple[str, int, int]] = core_out.kv_loads
         req_ids: list[str] = core_out.req_ids
         first = len(req_ids) - len(external)
         computed: list[int] = core_out.num_computed_tokens.tolist()
+        resumed = set(core_out.resumed_req_ids)
         next_load = 0
         for j, num_external in enumerate(external):
             while next_load < len(loads) and loads[next_load][2] == j:
                 self._load_started(*loads[next_load][:2])
                 next_load += 1
             req_id = req_ids[first + j]
-            self._allocated(req_id, computed[first + j], num_external)
+            # Admitted but not yet running: C as it was (0 after a lookup).
+            before = {
+                "num_computed_tokens": 0 if num_external >= 0 else computed[first + j],
+                "status": RequestStatus.PREEMPTED if req_id in resumed else RequestStatus.WAITING,
+            }
+            with as_during_step({self._requests[req_id]: before}):
+                self._allocated(req_id, computed[first + j], num_external)
             self._set_fetch_stage(req_id, None)
         for req_id, num_external, _ in loads[next_load:]:
             self._load_started(req_id, num_external)
@@ -122,12 +131,36 @@ class KvConnectorSide:
             resolve_block_ids=lambda req_id: (self._block_ids(req_id),),
             boundary_state_offloads={},
         )
-        output.kv_connector_metadata = self.connector.build_connector_meta(output)
+        # The step's requests before it advances them (vLLM builds the metadata first).
+        with as_during_step(self._before_advance(core_out, req_ids, computed)):
+            output.kv_connector_metadata = self.connector.build_connector_meta(output)
         output.kv_connector_block_state = None
+
+    def _before_advance(
+        self, core_out: llmsched.SchedulerOutput, req_ids: list[str], computed: list[int]
+    ) -> dict[Request, dict[str, Any]]:
+        """The fields the step advances, as they were before it, for each of its requests."""
+        requests = self._requests
+        if not self._core.config.async_scheduling:
+            return {
+                requests[req_id]: {"num_computed_tokens": c}
+                for req_id, c in zip(req_ids, computed, strict=True)
+            }
+        outputs: list[int] = core_out.num_output_tokens.tolist()
+        fields: dict[Request, dict[str, Any]] = {}
+        for req_id, c, num_outputs in zip(req_ids, computed, outputs, strict=True):
+            request = requests[req_id]
+            fields[request] = {
+                "num_computed_tokens": c,
+                # The step's num_output_tokens counts the placeholders before it.
+                "num_output_placeholders": lambda r=request, n=num_outputs: n - r.num_output_tokens,
+            }
+        return fields
 
     def _load_started(self, req_id: str, num_external: int) -> None:
         """A request whose load runs across steps has its blocks: its prefill stats are its
-        lookup's (vLLM records them at the lookup), and the connector is told."""
+        lookup's (vLLM records them at the lookup), and the connector is told, the request
+        read as vLLM has it then (waiting, no computed tokens yet)."""
         request = self._requests[req_id]
         num_computed = self._core.get_request(req_id).num_computed_tokens
         if request.prefill_stats is not None and request.num_preemptions <= 0:
@@ -136,7 +169,9 @@ class KvConnectorSide:
                 num_local_cached_tokens=num_computed - num_external,
                 num_external_cached_tokens=num_external,
             )
-        self._allocated(req_id, num_computed, num_external)
+        status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+        with as_during_step({request: {"num_computed_tokens": 0, "status": status}}):
+            self._allocated(req_id, num_computed, num_external)
         self._set_fetch_stage(req_id, KV_FETCH_IN_PROGRESS)
 
     def _allocated(self, req_id: str, num_computed: int, num_external: int) -> None:

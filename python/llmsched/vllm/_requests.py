@@ -21,14 +21,15 @@ from vllm.v1.utils import ConstantList
 
 import llmsched
 
-__all__ = ["LiveRequest", "attach", "freeze", "new_request_data", "pinned"]
+__all__ = ["LiveRequest", "as_during_step", "attach", "freeze", "new_request_data", "pinned"]
 
 # Where a LiveRequest finds its state, in its instance dict: the core while it is live,
-# the core's final record once it finished; and the computed tokens before the step being
-# built, while vLLM's NewRequestData reads them.
+# the core's final record once it finished; and, while vLLM's code reads the request at a
+# point of its scheduler's step that the core has passed, the fields as they were there
+# (by field name: see `as_during_step`).
 _CORE = "_llmsched_core"
 _FINAL = "_llmsched_final"
-_BEFORE_STEP = "_llmsched_computed_before_step"
+_DURING_STEP = "_llmsched_during_step"
 # Set while the engine's block hasher extends a request's hashes (it reads them itself).
 _HASHING = "_llmsched_hashing"
 
@@ -56,6 +57,10 @@ class _CoreField:
     def __get__(self, request: Request | None, owner: type | None = None) -> Any:
         if request is None:
             return self
+        during_step: dict[str, Any] | None = request.__dict__.get(_DURING_STEP)
+        if during_step is not None and self._name in during_step:
+            value = during_step[self._name]
+            return value() if callable(value) else value
         return self._read(_state(request))
 
     def __set__(self, request: Request, value: Any) -> None:
@@ -63,19 +68,6 @@ class _CoreField:
             f"Request.{self._name} of request {request.request_id!r} is kept by llmsched's "
             "scheduler core and cannot be set"
         )
-
-
-class _ComputedTokens(_CoreField):
-    """``num_computed_tokens``: the core's ``C``, except while :func:`new_request_data`
-    builds the request's ``NewRequestData`` (vLLM's scheduler builds it mid-step, before it
-    advances ``C`` by the step's tokens; the core has advanced it already)."""
-
-    def __get__(self, request: Request | None, owner: type | None = None) -> Any:
-        if request is not None:
-            before_step = request.__dict__.get(_BEFORE_STEP)
-            if before_step is not None:
-                return before_step
-        return super().__get__(request, owner)
 
 
 class _BlockHashes:
@@ -106,7 +98,7 @@ class LiveRequest(Request):  # type: ignore[misc]  # vLLM ships no stubs
     parameters, events, the prompt, metrics) stays what vLLM put there."""
 
     status = _CoreField(lambda s: RequestStatus(int(s.status)))
-    num_computed_tokens = _ComputedTokens(lambda s: s.num_computed_tokens)
+    num_computed_tokens = _CoreField(lambda s: s.num_computed_tokens)
     num_tokens = _CoreField(lambda s: s.num_tokens)
     num_tokens_with_spec = _CoreField(lambda s: s.num_tokens_with_spec)
     num_output_tokens = _CoreField(lambda s: s.num_tokens - s.num_prompt_tokens)
@@ -147,6 +139,23 @@ def pinned(request: Request, snapshot: llmsched.Request) -> Iterator[None]:
         del fields[_FINAL]
 
 
+@contextmanager
+def as_during_step(fields_by_request: dict[Request, dict[str, Any]]) -> Iterator[None]:
+    """While vLLM's code reads requests at a point of its scheduler's step that the core has
+    passed (a connector's ``update_state_after_alloc`` and ``build_connector_meta``, a
+    ``NewRequestData``), each request in ``fields_by_request`` reads the given fields (by
+    name: ``num_computed_tokens``, ``num_output_placeholders``, ``status``) as they were
+    there (a callable: the value it returns, worked out only if read); its other fields read
+    the core."""
+    for request, fields in fields_by_request.items():
+        request.__dict__[_DURING_STEP] = fields
+    try:
+        yield
+    finally:
+        for request in fields_by_request:
+            del request.__dict__[_DURING_STEP]
+
+
 def new_request_data(
     request: Request,
     block_ids: tuple[list[int], ...],
@@ -156,9 +165,5 @@ def new_request_data(
     """vLLM's ``NewRequestData.from_request`` for a request the step admits, read as vLLM's
     scheduler reads it: with ``num_computed_tokens``, the request's ``C`` before the step
     (what the runner starts from, and where multimodal inputs already covered end)."""
-    fields = request.__dict__
-    fields[_BEFORE_STEP] = num_computed_tokens
-    try:
+    with as_during_step({request: {"num_computed_tokens": num_computed_tokens}}):
         return NewRequestData.from_request(request, block_ids, prefill_token_ids)
-    finally:
-        del fields[_BEFORE_STEP]

@@ -261,6 +261,11 @@ macro_rules! config_fields {
             /// flight, to be recomputed (vLLM's ``requires_kv_delivery``, a KV connector that
             /// hands finished requests' KV off: a producer's), instead of delivering it.
             preemption_drops_in_flight_output: Bool = false;
+            /// With a KV connector that loads (a consumer's) and several steps in flight:
+            /// blocks a freed or preempted request held return to the pool only once every
+            /// step scheduled by then has its output applied, since a step in flight may
+            /// still write them while a load fills them again (vLLM's ``defer_block_free``).
+            defer_block_free: Bool = false;
             /// ``"fcfs"``, or ``"priority"`` (lower value first, then arrival).
             policy: Policy = Policy::Fcfs;
             /// The most LoRA adapters the running requests may use together; a waiting
@@ -725,6 +730,13 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
                  (vLLM's mamba_cache_mode \"align\") is not built",
                 p.kv_cache_groups.to_text()
             ),
+        ));
+    }
+    if p.defer_block_free && !p.kv_connector {
+        return Err(CoreError::config(
+            "defer_block_free",
+            "True",
+            "needs kv_connector: only a KV connector's loads can land in a block a step in flight writes",
         ));
     }
     if p.kv_connector && p.kv_cache_groups.len() > 1 {

@@ -256,6 +256,9 @@ pub struct Request {
     stop_token_ids: Box<[i32]>,
     /// Which waiting queue holds the request, if one does.
     pub(crate) queued_in: Option<QueueKind>,
+    /// With `defer_block_free`, the sequence number of the last step with tokens that
+    /// scheduled it (vLLM's `last_sched_seq`).
+    pub(crate) last_sched_seq: u64,
     pub(crate) id: Arc<str>,
     pub(crate) stop_reason: Option<i32>,
     /// Enters the first block's hash: requests share cached blocks only with the same salt.
@@ -479,6 +482,7 @@ impl Request {
             priority,
             num_preemptions: 0,
             arrival_time,
+            last_sched_seq: 0,
             stop_reason: None,
             cache_salt: new.cache_salt.map(|salt| salt.into_bytes().into_boxed_slice()),
             lora_id,

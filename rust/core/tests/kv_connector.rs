@@ -410,3 +410,109 @@ fn sent_blocks_of_finished_requests_are_released_by_the_transfer_report() {
     assert_eq!(sched.num_free_blocks(), total);
     assert_eq!(sched.num_held_kv_requests(), 0);
 }
+
+/// Applies `step`'s output: one token for each of its rows whose request is still live and
+/// samples (none for a request aborted since).
+fn apply_live(sched: &mut Scheduler, step: &Step) {
+    let counts: Vec<i32> =
+        step.req_handles.iter().map(|&h| sched.request(h).map_or(0, |r| i32::from(!r.is_prefill_chunk()))).collect();
+    let tokens = vec![7; counts.iter().sum::<i32>() as usize];
+    apply(sched, step, &tokens, &counts);
+    sched.check_invariants().unwrap();
+}
+
+fn consumer_in_flight(defer: bool) -> Scheduler {
+    connected(|p| {
+        p.async_scheduling = true;
+        p.defer_block_free = defer;
+    })
+}
+
+#[test]
+fn with_steps_in_flight_a_consumers_freed_blocks_wait_for_them() {
+    let mut sched = consumer_in_flight(true);
+    let mut store = Store::default();
+    let total = sched.num_free_blocks();
+    sched.add_request(request("a", 40, 8)).unwrap();
+    let first = step_with(&mut sched, &mut store);
+    let second = step_with(&mut sched, &mut store);
+    sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap();
+    sched.release_kv_blocks(&["a"]).unwrap();
+    // Both steps that scheduled a may still write its 3 blocks.
+    assert_eq!(sched.num_free_blocks(), total - 3);
+    sched.check_invariants().unwrap();
+    apply_live(&mut sched, &first);
+    assert_eq!(sched.num_free_blocks(), total - 3, "the second step is still in flight");
+    apply_live(&mut sched, &second);
+    assert_eq!(sched.num_free_blocks(), total);
+}
+
+#[test]
+fn without_the_flag_or_with_no_step_in_flight_blocks_are_freed_at_once() {
+    let mut sched = consumer_in_flight(false);
+    let mut store = Store::default();
+    let total = sched.num_free_blocks();
+    sched.add_request(request("a", 40, 8)).unwrap();
+    let first = step_with(&mut sched, &mut store);
+    sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap();
+    sched.release_kv_blocks(&["a"]).unwrap();
+    assert_eq!(sched.num_free_blocks(), total);
+    apply_live(&mut sched, &first);
+    // With the flag, a request whose steps are all applied frees at once too.
+    let mut sched = consumer_in_flight(true);
+    sched.add_request(request("b", 40, 8)).unwrap();
+    let first = step_with(&mut sched, &mut store);
+    apply_live(&mut sched, &first);
+    sched.finish_requests(Some(&["b"]), RequestStatus::FinishedAborted).unwrap();
+    sched.release_kv_blocks(&["b"]).unwrap();
+    assert_eq!(sched.num_free_blocks(), total);
+}
+
+/// Two requests decoding in a pool too small for both, async scheduling (a step in flight
+/// each time one is scheduled): the steps' ids and the requests each preempted.
+fn decode_into_a_full_pool(defer: bool) -> Vec<(usize, Vec<String>)> {
+    let mut sched = connected(|p| {
+        p.async_scheduling = true;
+        p.defer_block_free = defer;
+        p.num_gpu_blocks = 8;
+        p.max_num_seqs = 4;
+    });
+    let mut store = Store::default();
+    sched.add_request(request("a", 48, 64)).unwrap();
+    sched.add_request(request("b", 48, 64)).unwrap();
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut trace = Vec::new();
+    for _ in 0..60 {
+        let step = step_with(&mut sched, &mut store);
+        trace.push((step.len(), step.preempted.iter().map(|(_, id)| id.to_string()).collect()));
+        in_flight.push_back(step);
+        if in_flight.len() == 2 {
+            apply_live(&mut sched, &in_flight.pop_front().unwrap());
+        }
+    }
+    trace
+}
+
+#[test]
+fn a_request_whose_step_is_in_flight_is_not_preempted_for_blocks_it_would_not_free() {
+    let freeing = decode_into_a_full_pool(false);
+    let deferring = decode_into_a_full_pool(true);
+    let first = freeing.iter().position(|(_, preempted)| !preempted.is_empty()).expect("the pool runs out");
+    assert_eq!(freeing[..first], deferring[..first]);
+    // Preempting b would free nothing before its step in flight is applied: the step
+    // schedules a alone, and b goes only once its step is applied.
+    assert_eq!(deferring[first], (1, vec![]));
+    let later = deferring.iter().position(|(_, preempted)| !preempted.is_empty()).expect("b is preempted later");
+    assert!(later > first);
+}
+
+#[test]
+fn deferring_frees_needs_a_connector() {
+    let err = llmsched_core::SchedulerConfig::new(llmsched_core::ConfigParams {
+        defer_block_free: true,
+        ..Default::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("defer_block_free"), "{err}");
+}

@@ -396,6 +396,8 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         p.kv_connector = true;
         // A producer's connector: a request preempted for KV drops its output in flight.
         p.preemption_drops_in_flight_output = r.adaptive;
+        // A consumer's with steps in flight: freed blocks wait for those steps.
+        p.defer_block_free = !r.adaptive || p.async_scheduling;
     }
     if p.kv_cache_groups.has_mamba() {
         // Mamba groups run without prefix caching (vLLM's mamba_cache_mode "none").
@@ -641,6 +643,8 @@ struct Pending {
     counts: Vec<i32>,
     /// `row_of_entry`, when the runner reordered its rows.
     rows: Option<Vec<u32>>,
+    /// The blocks each entry's request writes in the step (its positions `C..C + n`).
+    writes: Vec<(Handle, Vec<u32>)>,
 }
 
 /// What a run exercised (printed by the ignored `coverage` test).
@@ -1154,7 +1158,8 @@ impl Harness {
         let counts = by_row.iter().map(|t| t.len() as i32).collect();
         let tokens = by_row.iter().flat_map(|t| t.iter().copied()).collect();
         self.cov.reordered_rows += rows.is_some() as u64;
-        self.queue.push_back(Pending { pending_kv, step, tokens, counts, rows });
+        let writes = self.blocks_written(&step)?;
+        self.queue.push_back(Pending { pending_kv, step, tokens, counts, rows, writes });
         self.cov.max_in_flight = self.cov.max_in_flight.max(self.queue.len() as u64);
         Ok(n)
     }
@@ -2154,6 +2159,33 @@ impl Harness {
             self.sched.finish_kv_transfers(&[], &ids);
         }
         self.cov.held_released += ids.len() as u64;
+    }
+
+    /// The blocks each entry of `step` writes. With `defer_block_free`, none of them is one
+    /// a step in flight writes for another request: a freed block returns to the pool only
+    /// once the steps that may write it are applied.
+    fn blocks_written(&self, step: &Step) -> Result<Vec<(Handle, Vec<u32>)>, TestCaseError> {
+        let bs = self.cfg.block_size();
+        let mut writes = Vec::with_capacity(step.len());
+        for (i, &h) in step.req_handles.iter().enumerate() {
+            let table = self.sched.request(h).expect("scheduled request is live").block_ids();
+            let (c, n) = (i64::from(step.num_computed_tokens[i]), i64::from(step.num_scheduled_tokens[i]));
+            let blocks: Vec<u32> = (c / bs..=(c + n - 1) / bs).filter_map(|b| table.get(b as usize).copied()).collect();
+            if self.cfg.defer_block_free() {
+                for pending in &self.queue {
+                    for (other, written) in &pending.writes {
+                        if let Some(block) = blocks.iter().find(|b| *other != h && written.contains(b)) {
+                            return Err(TestCaseError::fail(format!(
+                                "step {}: block {block} is written for {h:?} while step {} in flight writes it for {other:?}",
+                                step.step_id, pending.step.step_id
+                            )));
+                        }
+                    }
+                }
+            }
+            writes.push((h, blocks));
+        }
+        Ok(writes)
     }
 
     /// The runner reports some loads in flight done (each with probability 1/2): the

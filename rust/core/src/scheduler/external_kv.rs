@@ -55,6 +55,8 @@ pub(super) struct HeldBlocks {
     /// It finished while its asynchronous load was in flight: the connector may still write
     /// its blocks, which stay held until the load is reported (as vLLM delays their free).
     load_in_flight: bool,
+    /// The request's `last_sched_seq` (see `defer_block_free`).
+    last_sched_seq: u64,
 }
 
 /// The finished requests whose blocks are held, by id.
@@ -91,7 +93,10 @@ impl Scheduler {
         let blocks = std::mem::take(&mut request.block_ids);
         request.num_cached_blocks = 0;
         let num_computed_blocks = (((num_computed + block_size - 1) / block_size) as usize).min(blocks.len());
-        self.held_kv.insert(request.id.clone(), HeldBlocks { blocks, num_computed_blocks, load_in_flight: false });
+        self.held_kv.insert(
+            request.id.clone(),
+            HeldBlocks { blocks, num_computed_blocks, load_in_flight: false, last_sched_seq: request.last_sched_seq },
+        );
     }
 
     /// The blocks holding the computed tokens of finished request `request_id`, whose blocks
@@ -124,7 +129,7 @@ impl Scheduler {
         }
         for &id in request_ids {
             let held = self.held_kv.remove(id).expect("checked above");
-            self.kv.free_blocks(held.blocks);
+            self.free_held(held);
         }
         Ok(())
     }
@@ -132,6 +137,36 @@ impl Scheduler {
     /// How many finished requests hold their blocks.
     pub fn num_held_kv_requests(&self) -> usize {
         self.held_kv.len()
+    }
+
+    /// Returns the blocks of a finished request to the pool: now, or, with
+    /// `defer_block_free`, once the steps in flight that may still write them are applied
+    /// (vLLM's `_free_request_blocks`).
+    fn free_held(&mut self, held: HeldBlocks) {
+        if self.config.defer_block_free() && held.last_sched_seq > self.processed_step_seq {
+            self.deferred_frees.push_back((self.sched_step_seq, held.blocks));
+        } else {
+            self.kv.free_blocks(held.blocks);
+        }
+    }
+
+    /// A step with tokens has its output applied: the blocks whose frees waited for it go
+    /// back to the pool, oldest first, each table tail first (vLLM's `_drain_deferred_frees`).
+    pub(super) fn step_applied(&mut self) {
+        self.processed_step_seq += 1;
+        while let Some((fence, _)) = self.deferred_frees.front() {
+            if *fence > self.processed_step_seq {
+                break;
+            }
+            let (_, blocks) = self.deferred_frees.pop_front().expect("peeked");
+            self.kv.free_blocks(blocks);
+        }
+    }
+
+    /// Every block whose free waits for a step in flight, once per table (for the
+    /// invariant checker).
+    pub(super) fn deferred_free_tables(&self) -> impl Iterator<Item = &[u32]> {
+        self.deferred_frees.iter().map(|(_, blocks)| &blocks[..])
     }
 
     /// Whether request `request_id` waits for an asynchronous KV load the runner has not
@@ -161,12 +196,12 @@ impl Scheduler {
                     request.kv_loaded = true;
                 }
             } else if let Some(held) = self.held_kv.remove(id) {
-                self.kv.free_blocks(held.blocks);
+                self.free_held(held);
             }
         }
         for &id in sent {
             if let Some(held) = self.held_kv.remove(id) {
-                self.kv.free_blocks(held.blocks);
+                self.free_held(held);
             }
         }
     }

@@ -87,6 +87,12 @@ pub struct Scheduler {
     /// (chunks to come, or a load in flight): what an asynchronous load must leave room
     /// for (vLLM's `_inflight_prefills`).
     inflight_prefills: FxHashSet<Handle>,
+    /// With `defer_block_free`: the steps with tokens scheduled and those whose output is
+    /// applied (vLLM's `sched_step_seq`, `processed_step_seq`), and the blocks freed while a
+    /// step that may write them was in flight, each with the step that must be applied first.
+    sched_step_seq: u64,
+    processed_step_seq: u64,
+    deferred_frees: VecDeque<(u64, Vec<u32>)>,
     /// Requests preempted since the last step (one may finish before the step reports it).
     preempted_since_last_step: Vec<(Handle, Arc<str>)>,
     in_flight: VecDeque<StepRecord>,
@@ -184,6 +190,9 @@ impl Scheduler {
             last_finished: Vec::new(),
             held_kv: external_kv::HeldKv::default(),
             inflight_prefills: FxHashSet::default(),
+            sched_step_seq: 0,
+            processed_step_seq: 0,
+            deferred_frees: VecDeque::new(),
             preempted_since_last_step: Vec::new(),
             in_flight: VecDeque::new(),
             next_step_id: 1,
@@ -512,6 +521,12 @@ impl Scheduler {
         if self.config.pipeline_parallel_size() > 1 && !self.config.async_scheduling() {
             self.write_new_token_ids(&mut step, &rows);
         }
+        if self.config.defer_block_free() && !rows.is_empty() {
+            self.sched_step_seq += 1;
+            for row in &rows {
+                self.requests[row.handle].last_sched_seq = self.sched_step_seq;
+            }
+        }
         if !self.inflight_prefills.is_empty() {
             // A request leaves the set once a step schedules the rest of its prefill.
             for row in rows.iter().filter(|r| !r.prefill_chunk) {
@@ -532,7 +547,13 @@ impl Scheduler {
         self.inflight_prefills.remove(&handle);
         let request = &mut self.requests[handle];
         debug_assert_eq!(request.status, RequestStatus::Running);
-        self.kv.free(request);
+        if self.config.defer_block_free() && request.last_sched_seq > self.processed_step_seq {
+            let blocks = std::mem::take(&mut request.block_ids);
+            request.num_cached_blocks = 0;
+            self.deferred_frees.push_back((self.sched_step_seq, blocks));
+        } else {
+            self.kv.free(request);
+        }
         request.status = RequestStatus::Preempted;
         request.set_num_computed_tokens(0);
         request.spec_token_ids.clear();

@@ -149,7 +149,8 @@ impl Scheduler {
 
     /// Allocates for `handle` when its table must grow, preempting running requests (the
     /// victim's entry undone if it was already scheduled) until the allocation fits or
-    /// `handle` itself is the victim (None). `req_index` follows the removals.
+    /// `handle` itself is the victim (None), or, with `defer_block_free`, the victim's
+    /// blocks would wait for a step in flight (None). `req_index` follows the removals.
     #[inline(never)]
     fn allocate_growing(
         &mut self,
@@ -176,6 +177,10 @@ impl Scheduler {
         }
         loop {
             let victim = self.pick_victim(priority_policy);
+            // Its blocks would wait for a step in flight: preempting it frees nothing now.
+            if self.config.defer_block_free() && self.requests[victim].last_sched_seq > self.processed_step_seq {
+                return None;
+            }
             let victim_index = self.running.iter().position(|&h| h == victim).expect("victim is running");
             self.running.remove(victim_index);
             if victim_index < *req_index {

@@ -196,6 +196,9 @@ impl Scheduler {
         let record = self.locate_step(step_id)?;
         let row_offsets = self.validate_output(record, out)?;
         let record = self.in_flight.pop_front().expect("located");
+        if self.config.defer_block_free() {
+            self.step_applied();
+        }
         self.last_finished.clear();
         let consts = UpdateConsts {
             m: self.config.max_model_len(),
