@@ -191,3 +191,28 @@ def test_finish_kv_transfers_refuses_what_is_not_a_list_of_str(bad: Any) -> None
     sched = _scheduler()
     with pytest.raises(InvalidRequestError, match="finished_sending: must be a list of str"):
         sched.finish_kv_transfers(finished_sending=bad)
+
+
+def test_a_failed_load_is_recomputed_and_bad_reports_are_refused() -> None:
+    sched = _scheduler()
+    sched.add_request("a", list(range(1, 101)), max_tokens=4)
+    so = sched.schedule(external_kv=lambda r, n: (64, True))
+    blocks = list(sched.get_request("a").block_ids)
+    with pytest.raises(InvalidRequestError, match="invalid_block_ids: must be a collection"):
+        sched.fail_kv_loads(invalid_block_ids=["x"])
+    assert sched.fail_kv_loads(invalid_block_ids=[blocks[1]]) == []
+    assert sched.get_request("a").num_computed_tokens == 16
+    sched.update_from_output(so, one_token_each(so))
+    sched.finish_kv_transfers(["a"])
+    so = sched.schedule(external_kv=lambda r, n: pytest.fail("a keeps what loaded"))
+    assert so.num_computed_tokens.tolist() == [16] and so.num_scheduled_tokens.tolist() == [84]
+    sched.check_invariants()
+
+
+def test_under_the_fail_policy_the_failed_loads_are_named() -> None:
+    sched = _scheduler(recompute_kv_load_failures=False)
+    sched.add_request("a", list(range(1, 101)), max_tokens=4)
+    sched.schedule(external_kv=lambda r, n: (64, True))
+    assert sched.fail_kv_loads(["a", "unknown"]) == ["a"]
+    sched.finish_requests(["a"], RequestStatus.FINISHED_ERROR)
+    assert sched.kv_load_in_flight("a")

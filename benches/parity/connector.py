@@ -12,7 +12,9 @@ each one sent becomes a KV event of the connector's (``take_events``).
 :class:`AsyncParityConnector` loads half the prompts its store holds across steps
 (:func:`loads_async`), whole, as a P/D transfer does: the requests wait in
 ``WAITING_FOR_REMOTE_KVS`` until the engine reports their loads received with the runner
-output of the step that started them (:meth:`ParityConnector.take_received`).
+output of the step that started them (:meth:`ParityConnector.take_received`); some of those
+loads fail (:func:`load_failure`: a request's first load only), whole or from a block on,
+reported in the same output (:meth:`ParityConnector.take_failed`).
 vLLM's scheduler and the plug-in load it by ``kv_connector_module_path``; llmsched's own
 side asks :func:`matched_tokens` through ``schedule(external_kv=...)`` and holds the blocks
 of the requests :func:`sends` names.
@@ -41,6 +43,17 @@ def stored(prompt: Any) -> bool:
 def loads_async(prompt: Any) -> bool:
     """Whether an asynchronous store loads ``prompt`` across steps (half those it holds)."""
     return stored(prompt) and (int(prompt[-1]) + len(prompt)) % 2 == 0
+
+
+def load_failure(prompt: Any) -> str | None:
+    """How an asynchronous load of ``prompt`` fails: ``"whole"`` (``failed_recving``),
+    ``"block"`` (its middle block in ``invalid_block_ids``), or None (it loads)."""
+    return {0: "whole", 1: "block"}.get((int(prompt[0]) * 7 + len(prompt)) % 5)
+
+
+def failed_block(block_ids: list[int]) -> int:
+    """The block reported invalid when a load fails from a block on: its middle one."""
+    return block_ids[len(block_ids) // 2]
 
 
 def matched_tokens(
@@ -86,6 +99,9 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._loading: dict[str, tuple[list[int], int]] = {}
         self._sending: list[str] = []
         self._receiving: list[str] = []
+        self._failed: list[str] = []
+        self._invalid: list[int] = []
+        self._failed_once: set[str] = set()
         self._loads_started: list[str] = []
         self._answered_async: dict[str, bool] = {}
         # The requests it was asked about (every admitted one), and what it read since the
@@ -126,6 +142,16 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
             if load_async:
                 self._receiving.append(request.request_id)
                 self._loads_started.append(request.request_id)
+                # A request's first load fails by the rule; its next one loads.
+                failure = None
+                if request.request_id not in self._failed_once:
+                    failure = load_failure(request.prompt_token_ids)
+                if failure is not None:
+                    self._failed_once.add(request.request_id)
+                if failure == "whole":
+                    self._failed.append(request.request_id)
+                elif failure == "block":
+                    self._invalid.append(failed_block(list(blocks.get_block_ids()[0])))
 
     def build_connector_meta(self, scheduler_output: Any) -> ParityConnectorMetadata:
         for req_id in scheduler_output.num_scheduled_tokens:
@@ -166,6 +192,13 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
         """The requests whose asynchronous loads are in since the last call (all started)."""
         received, self._receiving = self._receiving, []
         return received
+
+    def take_failed(self) -> tuple[list[str], list[int]]:
+        """The loads that failed whole and the blocks of those that failed from a block on,
+        since the last call (reported with the same output as their loads)."""
+        failed, invalid = self._failed, self._invalid
+        self._failed, self._invalid = [], []
+        return failed, invalid
 
     def take_loads_started(self) -> list[str]:
         """The requests whose loads across steps started since the last call, in order."""

@@ -395,6 +395,8 @@ class ParityConfig:
     kv_connector_async_loads: bool = False
     """With ``kv_connector``: its :class:`benches.parity.connector.AsyncParityConnector`,
     which loads half the prompts it holds across steps."""
+    kv_load_failure_policy: str = "recompute"
+    """With ``kv_connector``, vLLM's: a failed load is recomputed, or fails its request."""
     kv_role: str = "kv_producer"
     """With ``kv_connector``, vLLM's ``kv_role``: a producer's connector hands KV off (a
     request preempted for KV drops its output in flight), a consumer's loads into blocks (a
@@ -484,6 +486,7 @@ class ParityConfig:
             # with steps in flight).
             "preemption_drops_in_flight_output": self.kv_connector
             and self.kv_role in ("kv_producer", "kv_both"),
+            "recompute_kv_load_failures": self.kv_load_failure_policy == "recompute",
             "defer_block_free": self.kv_connector
             and self.kv_role in ("kv_consumer", "kv_both")
             and self.max_concurrent_batches() > 1,
@@ -498,6 +501,7 @@ class ParityConfig:
             "num_sampled_tokens_per_step",
             "preemption_drops_in_flight_output",
             "defer_block_free",
+            "recompute_kv_load_failures",
             *self.drafter_kwargs(),
             *self.encoder_kwargs(),
         ):
@@ -521,6 +525,7 @@ class ParityConfig:
                 else None
             ),
             "kv_role": self.kv_role,
+            "kv_load_failure_policy": self.kv_load_failure_policy,
             **(
                 {
                     "image_side": self.image_side,
@@ -802,8 +807,12 @@ class LlmschedSide:
         self._sent: list[str] = []
         self._sending_now: list[str] = []
         # The requests whose loads across steps the last step started: reported received
-        # with its output.
+        # with its output; those that failed whole, and the blocks of those that failed from
+        # a block on.
         self._receiving: list[str] = []
+        self._failed: list[str] = []
+        self._invalid: list[int] = []
+        self._failed_once: set[str] = set()
 
     def add(self, req: ParityRequest) -> None:
         self.prompts[req.request_id] = req.prompt
@@ -871,6 +880,34 @@ class LlmschedSide:
         if now:
             self.scheduler.release_kv_blocks(now)
 
+    def _load_started(self, req_id: str) -> None:
+        """A load across steps started: the parity connector's rule for how it ends (a
+        request's first load only may fail)."""
+        from .connector import failed_block, load_failure  # imports vLLM
+
+        self._receiving.append(req_id)
+        if req_id in self._failed_once:
+            return
+        failure = load_failure(self.prompts[req_id])
+        if failure is not None:
+            self._failed_once.add(req_id)
+        if failure == "whole":
+            self._failed.append(req_id)
+        elif failure == "block":
+            blocks = [int(b) for b in self.scheduler.get_request(req_id).block_ids]
+            self._invalid.append(failed_block(blocks))
+
+    def _report_failed_loads(self) -> list[OutputRow]:
+        """The runner's report of the loads that failed (as vLLM's side builds its sets);
+        under the policy "fail", their requests finish with an error (as a set, as vLLM's)."""
+        if not self._failed and not self._invalid:
+            return []
+        failing = self.scheduler.fail_kv_loads(set(self._failed), set(self._invalid))
+        self._failed, self._invalid = [], []
+        status = self._llmsched.RequestStatus.FINISHED_ERROR
+        finished = self.scheduler.finish_requests(list(set(failing)), status) if failing else []
+        return [(rid, [], "error", None) for rid in finished]
+
     def _report_transfers(self) -> None:
         """The runner's report: the loads the step started are in, and the KV of the
         requests sent since the previous update is sent, in the order vLLM reads them: its
@@ -886,7 +923,8 @@ class LlmschedSide:
             throttle_prefills=throttle,
             external_kv=self._external_kv if self.config.kv_connector else None,
         )
-        self._receiving.extend(req_id for req_id, _, _ in out.kv_loads)
+        for req_id, _, _ in out.kv_loads:
+            self._load_started(req_id)
         ids = list(out.req_ids)
         counts = [int(n) for n in out.num_scheduled_tokens]
         computed = [int(c) for c in out.num_computed_tokens]
@@ -945,6 +983,8 @@ class LlmschedSide:
         rows: list[OutputRow] = [
             (o.request_id, list(o.new_token_ids), o.finish_reason, o.stop_reason) for o in outputs
         ]
+        if self.config.kv_connector:
+            rows.extend(self._report_failed_loads())
         # The engine reports the requests whose grammar failed, after the others.
         rows.extend((rid, [], "error", None) for rid in self.scheduler.finish_failed_grammars())
         if self.config.kv_connector:
@@ -1219,8 +1259,12 @@ class VllmSide:
 
             connector = self.scheduler.connector
             sent, received = connector.take_sent(), connector.take_received()
+            failed, invalid = connector.take_failed()
             output.kv_connector_output = KVConnectorOutput(
-                finished_sending=set(sent) or None, finished_recving=set(received) or None
+                finished_sending=set(sent) or None,
+                finished_recving=set(received) or None,
+                failed_recving=set(failed) or None,
+                invalid_block_ids=set(invalid) or None,
             )
         return output
 

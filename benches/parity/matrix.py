@@ -809,7 +809,8 @@ def edge_cases() -> list[Case]:
             )
         # A KV connector (the parity connector's store holds one prompt in three): loads
         # past the prefix hit, with prefix caching on and off, a roomy pool and KV pressure.
-        # Its asynchronous variant loads half of those across steps (WAITING_FOR_REMOTE_KVS);
+        # Its asynchronous variant loads half of those across steps (WAITING_FOR_REMOTE_KVS),
+        # two in five first loads failing (recomputed, or failing their requests);
         # in a pool a quarter tighter still, with a budget of 64 tokens that keeps prefills
         # in flight for many steps, a load must leave them room.
         for workload, k, apc, pool, loads in (
@@ -824,16 +825,20 @@ def edge_cases() -> list[Case]:
             roomy, tight = _pool_sizes(workload)
             # A connector that also loads (kv_both, a decode instance's role), with steps in
             # flight: a freed block waits for the steps that may still write it.
-            roles = ["kv_producer"]
+            variants = [("kv_producer", "recompute")]
             if a and loads == "async" and pool != "roomy":
-                roles.append("kv_both")
-            for role in roles:
+                variants.append(("kv_both", "recompute"))
+            if loads == "async" and k == 0:
+                # A failed load fails its request (vLLM's kv_load_failure_policy "fail").
+                variants.append(("kv_producer", "fail"))
+            for role, policy in variants:
                 out.append(
                     Case(
                         workload,
                         ParityConfig(
                             f"edge-kvconn{'' if loads == 'sync' else '-asyncload'}"
-                            f"{'-both' if role == 'kv_both' else ''}-{mode}-K{k}-"
+                            f"{'-both' if role == 'kv_both' else ''}"
+                            f"{'-failpolicy' if policy == 'fail' else ''}-{mode}-K{k}-"
                             f"{'apc' if apc else 'noapc'}-fcfs-{pool}",
                             async_scheduling=a,
                             num_speculative_tokens=k,
@@ -848,6 +853,7 @@ def edge_cases() -> list[Case]:
                             kv_connector=True,
                             kv_connector_async_loads=loads == "async",
                             kv_role=role,
+                            kv_load_failure_policy=policy,
                         ),
                         output_factor=WORKLOADS[workload].pressure_output_factor
                         if pool != "roomy"

@@ -235,11 +235,14 @@ core, kept out the same way. Beyond them, the plug-in:
   events included; the `edge-kvconn-asyncload` cases load half of the held prompts
   whole, across steps, reported received with the output of the step that started them
   (one in a pool tight enough that a load must wait for the prefills in flight), and
-  the `-both` ones, with async scheduling, a connector that loads too (`kv_both`);
+  the `-both` ones, with async scheduling, a connector that loads too (`kv_both`); two in
+  five first loads fail, whole (`failed_recving`) or from a block on (`invalid_block_ids`),
+  recomputed from the first failed block, or, in the `-failpolicy` cases, failing their
+  requests (`kv_load_failure_policy` `"fail"`);
   `tests/vllm_engine/test_kv_transfer.py` has one engine
   store prompts through vLLM's `ExampleConnector` and others load them, token-identical
-  to an engine without a connector. The runner's failed-load reports raise a clear error
-  when they first come (not served yet);
+  to an engine without a connector. A failed block of a synchronous load raises a clear
+  error when it is first reported (not served yet);
 - **publishes KV cache events** (`kv_events_config`) as vLLM does: the core records what
   enters and leaves its prefix cache (blocks stored by an allocation or an output, evicted
   for reuse, uncached by an undone step, all cleared by a reset, and prefix hits for

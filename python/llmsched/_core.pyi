@@ -116,6 +116,7 @@ class SchedulerConfig:
         kv_connector: bool = False,
         preemption_drops_in_flight_output: bool = False,
         defer_block_free: bool = False,
+        recompute_kv_load_failures: bool = True,
         policy: str = "fcfs",
         max_loras: int = 0,
         max_num_encoder_input_tokens: int = 0,
@@ -217,6 +218,12 @@ class SchedulerConfig:
         blocks a freed or preempted request held return to the pool only once every
         step scheduled by then has its output applied, since a step in flight may
         still write them while a load fills them again (vLLM's ``defer_block_free``)."""
+    @property
+    def recompute_kv_load_failures(self) -> bool:
+        """A KV connector's failed load (reported by the runner) is recomputed: the
+        request keeps the tokens before the first failed block and computes the rest
+        (vLLM's ``kv_load_failure_policy`` ``"recompute"``); False fails the request
+        (``"fail"``)."""
     @property
     def policy(self) -> str:
         """``"fcfs"``, or ``"priority"`` (lower value first, then arrival)."""
@@ -715,6 +722,20 @@ class Scheduler:
         (``WAITING_FOR_REMOTE_KVS``) that is received is promoted by the next ``schedule()``;
         a finished request's held blocks, received or sent, go back to the pool (received
         ones first, each list in its order). Ids that name neither are ignored."""
+    def fail_kv_loads(
+        self,
+        failed_recving: Iterable[str] | None = None,
+        invalid_block_ids: Iterable[int] | None = None,
+    ) -> list[str]:
+        """The runner's report of failed KV loads (vLLM's ``failed_recving`` and
+        ``invalid_block_ids``): a request waiting for its load whose load failed keeps the
+        tokens before its first failed block (none if it failed whole) and, once the load is
+        reported done (``finish_kv_transfers``), computes the rest. With the config's
+        ``recompute_kv_load_failures`` off, returns the ids of the requests whose load failed
+        instead: finish them with ``FINISHED_ERROR`` (vLLM's policy ``"fail"``). Ids that name
+        no request waiting for a load are ignored. ``InvalidRequestError``, changing
+        nothing, if a failed block holds a running request's tokens (a synchronous load's
+        failure: not served)."""
     def kv_load_in_flight(self, request_id: str) -> bool:
         """Whether request ``request_id`` waits for an asynchronous KV load the runner has
         not reported (``finish_kv_transfers``): live in ``WAITING_FOR_REMOTE_KVS``, or

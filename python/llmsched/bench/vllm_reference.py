@@ -275,6 +275,7 @@ def make_vllm_scheduler(
     kv_events: bool = False,
     kv_connector: tuple[str, str] | None = None,
     kv_role: str = "kv_producer",
+    kv_load_failure_policy: str = "recompute",
     kv_cache_groups: str = "full",
     prefix_cache_retention_interval: int | None = 0,
     data_parallel_size: int = 1,
@@ -300,7 +301,8 @@ def make_vllm_scheduler(
     off), ``pooling`` a pooling (embedding) model's runner (it samples no token),
     ``kv_events`` KV cache events on (vLLM's ``null`` publisher: a caller that wants them
     replaces ``kv_event_publisher``), ``kv_connector`` a KV connector's ``(class name,
-    module path)`` in ``kv_role`` (a consumer defers block frees with steps in flight),
+    module path)`` in ``kv_role`` (a consumer defers block frees with steps in flight) with
+    ``kv_load_failure_policy``,
     ``kv_cache_groups`` llmsched's field of that name
     (one KV-cache group per entry: ``FullAttentionSpec``, ``SlidingWindowSpec``,
     ``ChunkedLocalAttentionSpec`` or, for ``mamba``, a ``MambaSpec`` without prefix caching)
@@ -402,6 +404,7 @@ def make_vllm_scheduler(
             kv_connector=kv_connector[0],
             kv_connector_module_path=kv_connector[1],
             kv_role=kv_role,
+            kv_load_failure_policy=kv_load_failure_policy,
         ),
     )
 

@@ -351,6 +351,8 @@ def llmsched_config(
             # default) has a request preempted for KV drop its output in flight.
             preemption_drops_in_flight_output=kv_connector is not None
             and bool(kv_connector.requires_kv_delivery),
+            recompute_kv_load_failures=kv_connector is None
+            or read(vllm_config, "kv_transfer_config.kv_load_failure_policy") == "recompute",
             # A consumer's load can land in a block a step in flight still writes.
             defer_block_free=kv_connector is not None
             and bool(read(vllm_config, "kv_transfer_config.is_kv_consumer"))

@@ -12,9 +12,10 @@ flight), ``update_connector_output`` with the runner's report (loads received, b
 released once sent), stats (the requests by KV-fetch stage among them) and events.
 
 Served: synchronous and asynchronous loads; with several steps in flight, a consumer's
-freed blocks wait for the steps that may still write them (the core's ``defer_block_free``).
-Refused, with a clear error, where they would first be needed: failed loads and invalid
-blocks reported by the runner.
+freed blocks wait for the steps that may still write them (the core's ``defer_block_free``);
+an asynchronous load's failure, recomputed or failing its request (vLLM's
+``kv_load_failure_policy``). Refused, with a clear error, where it would first be needed: a
+failed block of a synchronous load.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ _HAS_SYNC_KV_LOADS = "has_sync_kv_loads" in SchedulerOutput.__dataclass_fields__
 
 
 class UnsupportedConnectorUseError(llmsched.LlmschedError, RuntimeError):
-    """The connector asked for something llmsched.vllm does not serve yet (a failed load's
-    recovery)."""
+    """The connector asked for something llmsched.vllm does not serve yet (the recovery of a
+    synchronous load's failure)."""
 
 
 def make_connector(vllm_config: Any, kv_cache_config: Any) -> Any:
@@ -213,15 +214,30 @@ class KvConnectorSide:
             self._core.release_kv_blocks([req_id])
         return None if params is None else dict(params)
 
+    def failed_loads(self, kv_connector_output: Any) -> bool:
+        """The runner's failed loads (``failed_recving``, ``invalid_block_ids``) in the core:
+        recomputed, or, under vLLM's ``kv_load_failure_policy`` ``"fail"``, their requests
+        finished with an error (True if any: the caller reports them). A failed block of a
+        request already running (a synchronous load) raises ``UnsupportedConnectorUseError``."""
+        failed = kv_connector_output.failed_recving
+        invalid = kv_connector_output.invalid_block_ids
+        if not failed and not invalid:
+            return False
+        try:
+            failing = self._core.fail_kv_loads(failed or (), invalid or ())
+        except llmsched.InvalidRequestError as exc:
+            raise UnsupportedConnectorUseError(f"llmsched.vllm: {exc}") from None
+        if not failing:
+            return False
+        # vLLM finishes them as a set.
+        self._core.finish_requests(list(set(failing)), int(RequestStatus.FINISHED_ERROR))
+        return True
+
     def runner_reported(self, kv_connector_output: Any) -> None:
-        """The runner's connector report: the connector's own update, then the loads
-        received (their requests are promoted by the next step) and the blocks of finished
-        requests received or sent go back to the pool."""
-        if kv_connector_output.failed_recving or kv_connector_output.invalid_block_ids:
-            raise UnsupportedConnectorUseError(
-                "the runner reported failed KV loads or invalid KV blocks: their recovery "
-                "(kv_load_failure_policy) is not served by llmsched.vllm yet"
-            )
+        """The runner's connector report (its failed loads handled first, by
+        :meth:`failed_loads`): the connector's own update, then the loads received (their
+        requests are promoted by the next step) and the blocks of finished requests received
+        or sent go back to the pool."""
         self.connector.update_connector_output(kv_connector_output)
         received = list(kv_connector_output.finished_recving or ())
         for req_id in received:

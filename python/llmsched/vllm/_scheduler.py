@@ -693,6 +693,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if self._kv_connector is not None:
             kv_connector_output = model_runner_output.kv_connector_output
             if kv_connector_output:
+                if self._kv_connector.failed_loads(kv_connector_output):
+                    self._report_failed(outputs, lambda _request: None)
                 self._kv_connector.runner_reported(kv_connector_output)
             kv_connector_stats = self._kv_connector.stats(
                 kv_connector_output.kv_connector_stats if kv_connector_output else None

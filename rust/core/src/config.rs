@@ -266,6 +266,11 @@ macro_rules! config_fields {
             /// step scheduled by then has its output applied, since a step in flight may
             /// still write them while a load fills them again (vLLM's ``defer_block_free``).
             defer_block_free: Bool = false;
+            /// A KV connector's failed load (reported by the runner) is recomputed: the
+            /// request keeps the tokens before the first failed block and computes the rest
+            /// (vLLM's ``kv_load_failure_policy`` ``"recompute"``); False fails the request
+            /// (``"fail"``).
+            recompute_kv_load_failures: Bool = true;
             /// ``"fcfs"``, or ``"priority"`` (lower value first, then arrival).
             policy: Policy = Policy::Fcfs;
             /// The most LoRA adapters the running requests may use together; a waiting

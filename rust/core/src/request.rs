@@ -224,6 +224,8 @@ pub struct Request {
     /// Its asynchronous KV load (WAITING_FOR_REMOTE_KVS) has finished: the next waiting loop
     /// promotes it (vLLM's `finished_recving_kv_req_ids`).
     pub(crate) kv_loaded: bool,
+    /// Its asynchronous KV load failed, all or from a block on (`C` keeps what loaded).
+    pub(crate) kv_load_failed: bool,
     /// `stop_token_ids` is not empty (the stop check reads it only then).
     has_stop_token_ids: bool,
     /// It has multimodal inputs (`mm`, in a cold line, is read only then).
@@ -465,6 +467,7 @@ impl Request {
             drop_stale_output: false,
             skipped_waiting: false,
             kv_loaded: false,
+            kv_load_failed: false,
             has_stop_token_ids: !stop_token_ids.is_empty(),
             has_mm_inputs: mm.is_some(),
             block_ids: Vec::new(),

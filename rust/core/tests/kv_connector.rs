@@ -516,3 +516,78 @@ fn deferring_frees_needs_a_connector() {
     .to_string();
     assert!(err.contains("defer_block_free"), "{err}");
 }
+
+/// a (100 tokens) loads 64 across steps; the step that started the load is applied.
+fn loading_a(f: impl FnOnce(&mut llmsched_core::ConfigParams)) -> (Scheduler, Store) {
+    let mut sched = connected(f);
+    let mut store = Store { holds: vec![("a", Some(64))], remote: vec!["a"], ..Store::default() };
+    sched.add_request(request("a", 100, 4)).unwrap();
+    run(&mut sched, &mut store);
+    (sched, store)
+}
+
+#[test]
+fn a_failed_load_is_recomputed_once_it_is_reported_done() {
+    let (mut sched, mut store) = loading_a(|_| {});
+    let total = sched.num_free_blocks() + 4;
+    assert_eq!(sched.fail_kv_loads(&["a", "nobody"], &[]).unwrap(), Vec::<std::sync::Arc<str>>::new());
+    sched.check_invariants().unwrap();
+    assert_eq!(sched.get_request("a").unwrap().num_computed_tokens(), 0);
+    assert_eq!(sched.get_request("a").unwrap().status(), RequestStatus::WaitingForRemoteKvs);
+    // Still waiting for the load to be reported done (its blocks may still be written).
+    let step = run(&mut sched, &mut store);
+    assert!(step.is_empty());
+    sched.finish_kv_transfers(&["a"], &[]);
+    // Its blocks went back; it looks up and asks again, this time loading nothing.
+    store.holds.clear();
+    let step = step_with(&mut sched, &mut store);
+    assert_eq!(step.num_scheduled_tokens, vec![100]);
+    assert_eq!(step.external_computed_tokens, vec![0]);
+    assert_eq!(store.asked.iter().filter(|(id, _)| id == "a").count(), 2);
+    assert_eq!(sched.num_free_blocks(), total - 7);
+}
+
+#[test]
+fn a_load_failed_from_a_block_on_keeps_the_tokens_before_it() {
+    let (mut sched, mut store) = loading_a(|_| {});
+    let blocks = sched.get_request("a").unwrap().block_ids().to_vec();
+    assert_eq!(blocks.len(), 4);
+    sched.fail_kv_loads(&[], &[blocks[2], 999]).unwrap();
+    assert_eq!(sched.get_request("a").unwrap().num_computed_tokens(), 32);
+    sched.finish_kv_transfers(&["a"], &[]);
+    let step = step_with(&mut sched, &mut store);
+    assert_eq!(step.num_computed_tokens, vec![32]);
+    assert_eq!(step.num_scheduled_tokens, vec![68]);
+    assert_eq!(step.external_computed_tokens, vec![-1], "it keeps what loaded and asks nothing");
+}
+
+#[test]
+fn under_the_fail_policy_the_failed_requests_are_named_for_the_caller_to_finish() {
+    let (mut sched, _) = loading_a(|p| p.recompute_kv_load_failures = false);
+    let total = sched.num_free_blocks() + 4;
+    let failed = sched.fail_kv_loads(&["a"], &[]).unwrap();
+    assert_eq!(failed.iter().map(|id| id.to_string()).collect::<Vec<_>>(), ["a"]);
+    // Failing, it keeps its count (vLLM resets it only to recompute).
+    assert_eq!(sched.get_request("a").unwrap().num_computed_tokens(), 64);
+    sched.finish_requests(Some(&["a"]), RequestStatus::FinishedError).unwrap();
+    // Held until the load is reported done.
+    assert!(sched.kv_load_in_flight("a"));
+    assert_eq!(sched.num_free_blocks(), total - 4);
+    sched.finish_kv_transfers(&["a"], &[]);
+    assert_eq!(sched.num_free_blocks(), total);
+    sched.check_invariants().unwrap();
+}
+
+#[test]
+fn a_failed_block_of_a_running_request_is_refused_changing_nothing() {
+    let mut sched = connected(|_| {});
+    let mut store = Store { holds: vec![("b", Some(64))], remote: vec!["b"], ..Store::default() };
+    sched.add_request(request("a", 40, 4)).unwrap();
+    sched.add_request(request("b", 100, 4)).unwrap();
+    run(&mut sched, &mut store);
+    let running = sched.get_request("a").unwrap().block_ids()[0];
+    let before = sched.debug_snapshot();
+    let err = sched.fail_kv_loads(&["b"], &[running]).unwrap_err().to_string();
+    assert!(err.contains("invalid_block_ids") && err.contains("not served"), "{err}");
+    assert_eq!(sched.debug_snapshot(), before);
+}

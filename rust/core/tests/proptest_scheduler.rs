@@ -690,6 +690,7 @@ struct Coverage {
     /// Asynchronous loads started, and reported in (live or finished requests).
     loads_started: u64,
     loads_reported: u64,
+    loads_failed: u64,
     encoded: u64,
     evicted: u64,
     /// KV cache events: blocks stored, lookups reported, blocks removed, caches cleared.
@@ -742,6 +743,9 @@ struct FuzzConnector {
     rng: Rng,
     /// The requests it could not answer for in the current step.
     unknown: Vec<String>,
+    /// Loads across steps it answered in the current step (one may not fit the pool beside
+    /// the prefills in flight now and fit next time, when the answer differs).
+    answered_async: usize,
 }
 
 impl ExternalKv for FuzzConnector {
@@ -758,6 +762,7 @@ impl ExternalKv for FuzzConnector {
             self.unknown.push(request.id().to_string());
         }
         let load_async = self.rng.below(3) == 0;
+        self.answered_async += usize::from(load_async && tokens.is_some());
         tokens.map(|tokens| ExternalMatch { tokens, load_async })
     }
 }
@@ -810,7 +815,7 @@ impl Harness {
             next_id: 0,
             cached_by_events: HashMap::new(),
             reporting_hits: HashSet::new(),
-            connector: FuzzConnector { rng: Rng(config_kv.1 as u64), unknown: Vec::new() },
+            connector: FuzzConnector { rng: Rng(config_kv.1 as u64), unknown: Vec::new(), answered_async: 0 },
             held: Vec::new(),
         }
     }
@@ -1056,6 +1061,7 @@ impl Harness {
         // Now and then a step the engine throttles (data-parallel prefill balancing).
         let throttle = rng.below(8) == 0;
         self.connector.unknown.clear();
+        self.connector.answered_async = 0;
         let step = if self.cfg.kv_connector() {
             self.release_some_held(rng);
             self.report_some_loads(rng);
@@ -2109,6 +2115,7 @@ impl Harness {
                 && self.sched.stats().num_preemptions == stats_before
                 && failed == 0
                 && self.connector.unknown.is_empty()
+                && self.connector.answered_async == 0
                 && self.sched.num_held_kv_requests() == 0
                 && !loading
             {
@@ -2193,9 +2200,39 @@ impl Harness {
     /// go back with the report.
     fn report_some_loads(&mut self, rng: &mut Rng) {
         let bs = self.cfg.block_size();
+        // Now and then a load fails: whole, or from one of its blocks on (recomputed).
+        for t in &mut self.tracked {
+            if t.loading.is_none() || !self.sched.kv_load_in_flight(&t.id) || rng.below(6) != 0 {
+                continue;
+            }
+            let Ok(r) = self.sched.get_request(&t.id) else { continue };
+            // A block it loads into (one a running request also holds is a prefix hit:
+            // failing it would fail that request's KV, which is not served).
+            let running: HashSet<u32> = self
+                .sched
+                .running_ids()
+                .iter()
+                .flat_map(|id| self.sched.get_request(id).expect("running").block_ids().to_vec())
+                .collect();
+            let blocks: Vec<u32> = r.block_ids().iter().copied().filter(|b| !running.contains(b)).collect();
+            let failed: Vec<String> = if blocks.is_empty() || rng.below(2) == 0 {
+                self.sched.fail_kv_loads(&[&t.id], &[]).expect("a load fails whole")
+            } else {
+                let block = blocks[rng.below(blocks.len() as u64) as usize];
+                self.sched.fail_kv_loads(&[], &[block]).expect("a load fails from a block on")
+            }
+            .iter()
+            .map(|id| id.to_string())
+            .collect();
+            assert!(failed.is_empty(), "the recompute policy fails no request");
+            let c = self.sched.get_request(&t.id).expect("live").num_computed_tokens();
+            // Nothing left: it is a new request again once the load is reported done.
+            t.loading = (c > 0).then_some(c);
+            self.cov.loads_failed += 1;
+        }
         let mut received: Vec<String> = Vec::new();
         for t in &self.tracked {
-            if t.loading.is_some() && self.sched.kv_load_in_flight(&t.id) && rng.below(2) == 0 {
+            if self.sched.kv_load_in_flight(&t.id) && rng.below(2) == 0 {
                 received.push(t.id.clone());
             }
         }
@@ -2372,6 +2409,7 @@ fn coverage() {
                 held_released,
                 loads_started,
                 loads_reported,
+                loads_failed,
                 encoded,
                 evicted
             );

@@ -1299,6 +1299,42 @@ impl PyScheduler {
         })
     }
 
+    /// The runner's report of failed KV loads (vLLM's ``failed_recving`` and
+    /// ``invalid_block_ids``): a request waiting for its load whose load failed keeps the
+    /// tokens before its first failed block (none if it failed whole) and, once the load is
+    /// reported done (``finish_kv_transfers``), computes the rest. With the config's
+    /// ``recompute_kv_load_failures`` off, returns the ids of the requests whose load failed
+    /// instead: finish them with ``FINISHED_ERROR`` (vLLM's policy ``"fail"``). Ids that name
+    /// no request waiting for a load are ignored. ``InvalidRequestError``, changing
+    /// nothing, if a failed block holds a running request's tokens (a synchronous load's
+    /// failure: not served).
+    #[pyo3(signature = (failed_recving=None, invalid_block_ids=None))]
+    fn fail_kv_loads(
+        &self,
+        py: Python<'_>,
+        failed_recving: Option<&Bound<'_, PyAny>>,
+        invalid_block_ids: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<String>> {
+        let failed = str_list(py, failed_recving, "failed_recving")?;
+        let blocks: Vec<u32> = match invalid_block_ids.filter(|v| !v.is_none()) {
+            None => Vec::new(),
+            Some(value) => value
+                .try_iter()
+                .and_then(|items| items.map(|item| item?.extract::<u32>()).collect::<PyResult<Vec<u32>>>())
+                .map_err(|_| {
+                    request_error(
+                        py,
+                        format!("invalid_block_ids: must be a collection of block ids (int), got {}", type_name(value)),
+                    )
+                })?,
+        };
+        self.with_inner(py, |inner| {
+            let failed: Vec<&str> = failed.iter().map(String::as_str).collect();
+            let ids = inner.core.fail_kv_loads(&failed, &blocks).map_err(core_err)?;
+            Ok(ids.iter().map(|id| id.to_string()).collect())
+        })
+    }
+
     /// Whether request ``request_id`` waits for an asynchronous KV load the runner has
     /// not reported (``finish_kv_transfers``): live in ``WAITING_FOR_REMOTE_KVS``, or
     /// finished while it was (its blocks are then held until the load is reported, and

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::error::{CoreError, CoreResult};
 use crate::kv::manager::cdiv;
@@ -206,6 +206,90 @@ impl Scheduler {
         }
     }
 
+    /// The runner's report of failed KV loads (vLLM's `failed_recving` and
+    /// `invalid_block_ids`): a request waiting for its load whose load failed keeps the
+    /// tokens before its first failed block (none if it failed whole) and, once the load is
+    /// reported done (`finish_kv_transfers`), computes the rest. With
+    /// `recompute_kv_load_failures` off, returns the ids of the requests whose load failed
+    /// instead: the caller finishes them with FINISHED_ERROR (vLLM's policy "fail"). Ids
+    /// that name no request waiting for a load are ignored. Fails, changing nothing, if a
+    /// failed block holds a running request's tokens (a synchronous load's failure: not
+    /// served).
+    pub fn fail_kv_loads(&mut self, failed: &[&str], invalid_blocks: &[u32]) -> CoreResult<Vec<Arc<str>>> {
+        let block_size = self.config.block_size();
+        let invalid: FxHashSet<u32> = invalid_blocks.iter().copied().collect();
+        if !invalid.is_empty() {
+            for &h in &self.running {
+                let request = &self.requests[h];
+                let num_computed_blocks = cdiv(request.num_computed_tokens(), block_size) as usize;
+                if let Some(&block) = request.block_ids[..num_computed_blocks.min(request.block_ids.len())]
+                    .iter()
+                    .find(|b| invalid.contains(b))
+                {
+                    return Err(CoreError::request(
+                        "invalid_block_ids",
+                        block,
+                        format!(
+                            "holds computed tokens of running request {:?}: recovering a synchronous \
+                             KV load's failure is not served",
+                            request.id()
+                        ),
+                    ));
+                }
+            }
+        }
+        let mut affected: Vec<Handle> = Vec::new();
+        for &id in failed {
+            if let Some(&h) = self.ids.get(id) {
+                if self.requests[h].status == RequestStatus::WaitingForRemoteKvs && !affected.contains(&h) {
+                    if self.config.recompute_kv_load_failures() {
+                        self.requests[h].set_num_computed_tokens(0);
+                    }
+                    affected.push(h);
+                }
+            }
+        }
+        if !invalid.is_empty() {
+            let loading: Vec<Handle> = self
+                .kv_holding_waiting
+                .live_handles(&self.requests)
+                .into_iter()
+                .filter(|&h| self.requests[h].status == RequestStatus::WaitingForRemoteKvs)
+                .collect();
+            // A failed block two loads share is recomputed by the first only (vLLM's rule):
+            // the other keeps its tokens but is affected still.
+            let mut marked: FxHashSet<u32> = FxHashSet::default();
+            for h in loading {
+                let request = &mut self.requests[h];
+                let num_computed_blocks = cdiv(request.num_computed_tokens(), block_size) as usize;
+                let mut is_affected = false;
+                let mut truncated = false;
+                for index in 0..num_computed_blocks.min(request.block_ids.len()) {
+                    let block = request.block_ids[index];
+                    if !invalid.contains(&block) {
+                        continue;
+                    }
+                    is_affected = true;
+                    if !marked.insert(block) || truncated {
+                        continue;
+                    }
+                    truncated = true;
+                    request.set_num_computed_tokens(index as i64 * block_size);
+                }
+                if is_affected && !affected.contains(&h) {
+                    affected.push(h);
+                }
+            }
+        }
+        if self.config.recompute_kv_load_failures() {
+            for &h in &affected {
+                self.requests[h].kv_load_failed = true;
+            }
+            return Ok(Vec::new());
+        }
+        Ok(affected.iter().map(|&h| self.requests[h].id.clone()).collect())
+    }
+
     /// A request finished while its load was in flight (see `kv_load_in_flight`).
     pub(super) fn hold_until_loaded(&mut self, request_id: &str) {
         if let Some(held) = self.held_kv.get_mut(request_id) {
@@ -219,11 +303,17 @@ impl Scheduler {
     pub(super) fn promote_loaded(&mut self, handle: Handle) {
         let request = &mut self.requests[handle];
         let c = request.num_computed_tokens();
-        self.kv.cache_blocks(request, c);
+        if request.kv_load_failed && c == 0 {
+            // Nothing loaded: its blocks go back (a new lookup may find a prefix again).
+            self.kv.free(request);
+        } else {
+            self.kv.cache_blocks(request, c);
+        }
         if c == request.num_tokens() {
             request.set_num_computed_tokens(c - 1);
         }
         request.kv_loaded = false;
+        request.kv_load_failed = false;
         request.status = if request.num_preemptions > 0 { RequestStatus::Preempted } else { RequestStatus::Waiting };
     }
 

@@ -334,7 +334,8 @@ impl Scheduler {
                 // A KV load's blocks, held from its start to the request's admission (a
                 // load of a one-token prompt leaves C = 0 once in).
                 let loaded = !r.block_ids.is_empty();
-                if r.status == RequestStatus::WaitingForRemoteKvs && (!loaded || c == 0) {
+                // (C = 0 once a load failed whole, until it is reported done.)
+                if r.status == RequestStatus::WaitingForRemoteKvs && (!loaded || (c == 0 && !r.kv_load_failed)) {
                     return Err(broken(format!(
                         "request {id:?} waits for a KV load with C={c} and {} blocks",
                         r.block_ids.len()
