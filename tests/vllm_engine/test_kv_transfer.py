@@ -17,7 +17,9 @@ synchronously, before the step that computes the rest.
 Then, with :class:`tests.vllm_engine.async_example_connector.AsyncExampleConnector` (the
 same store, its loads across steps: requests wait in ``WAITING_FOR_REMOTE_KVS`` until the
 runner reports them received), the loading engines again, with async scheduling, with the
-plug-in and with vLLM's scheduler.
+plug-in and with vLLM's scheduler; and once more with a third of those loads failing from
+their middle block on (``kv_load_failure_policy="recompute"``: the tokens from that block
+are computed again).
 
 Prefix caching is off throughout, so every cached token is one the connector loaded: none
 in the storing engine (its store starts empty), all but the last block of each prompt in
@@ -62,7 +64,9 @@ WORKLOAD = ve.WorkloadSpec(
 )
 
 
-def _connector(store: Path, role: str, *, async_loads: bool = False) -> dict[str, Any]:
+def _connector(
+    store: Path, role: str, *, async_loads: bool = False, fail_loads: bool = False
+) -> dict[str, Any]:
     if not async_loads:
         return {
             "kv_connector": "ExampleConnector",
@@ -73,8 +77,18 @@ def _connector(store: Path, role: str, *, async_loads: bool = False) -> dict[str
         "kv_connector": "AsyncExampleConnector",
         "kv_connector_module_path": "tests.vllm_engine.async_example_connector",
         "kv_role": role,
-        "kv_connector_extra_config": {"shared_storage_path": str(store)},
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"shared_storage_path": str(store), "fail_loads": fail_loads},
     }
+
+
+def _failed_loads(store: Path) -> set[str]:
+    """The requests whose loads failed, as the connector's worker listed them in ``store``."""
+    # Imported once the engines ran (importing vLLM warns, which is an error at collection).
+    from tests.vllm_engine.async_example_connector import FAILED_LOADS
+
+    log = store / FAILED_LOADS
+    return set(log.read_text().split()) if log.exists() else set()
 
 
 def _serve(spec: ve.EngineSpec, requests: list[ve.RequestSpec], tag: str) -> ve.RunResult:
@@ -90,14 +104,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(ve.write_model(tmp_path_factory.mktemp("llama")))
 
 
-@pytest.fixture(scope="module", params=["sync", "async", "async-loads"])
+@pytest.fixture(scope="module", params=["sync", "async", "async-loads", "failing-loads"])
 def runs(
     request: pytest.FixtureRequest, model_dir: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, ve.RunResult]]:
     mode = request.param
     # The loading engines schedule asynchronously but in the "sync" case (the storing engine
-    # in the "async" one only); their loads run across steps in the "async-loads" one.
-    async_loads = mode == "async-loads"
+    # in the "async" one only); their loads run across steps in the last two, a third of
+    # them failing from a block on in "failing-loads" (recomputed from there).
+    async_loads = mode in ("async-loads", "failing-loads")
     stored = ve.make_workload(WORKLOAD)
     root = tmp_path_factory.mktemp(f"kv-store-{mode}")
     base = ve.EngineSpec(
@@ -122,13 +137,18 @@ def runs(
     for name in ("llmsched", "vllm"):
         copy = root / name
         shutil.copytree(store, copy)
-        connector = _connector(copy, "kv_both", async_loads=async_loads)
+        connector = _connector(
+            copy, "kv_both", async_loads=async_loads, fail_loads=mode == "failing-loads"
+        )
         loading = replace(base, kv_transfer_config=connector, async_scheduling=mode != "sync")
         if name == "llmsched":
             loading = replace(loading, scheduler_cls=ve.llmsched_scheduler_name(mode != "sync"))
         results[name] = _serve(loading, again, f"{name}-")
     results["no-connector"] = _serve(base, again, "plain-")
     results["first"] = first
+    results["failed-loads"] = {  # type: ignore[assignment]
+        name: _failed_loads(root / name) for name in ("llmsched", "vllm")
+    }
     results["stored-files"] = sum(1 for _ in store.rglob("*.safetensors"))  # type: ignore[assignment]
     yield results
 
@@ -156,3 +176,18 @@ def test_cached_tokens_are_vllms_and_come_from_the_store(runs: dict[str, Any]) -
     assert len(loaded) >= NUM_STORED * 3 // 4, f"only {len(loaded)} prompts loaded"
     first_hits = [rid for rid, r in runs["first"].results.items() if r.num_cached_tokens]
     assert not first_hits, f"the storing engine found cached tokens: {first_hits[:5]}"
+
+
+def test_failed_loads_are_recomputed_from_their_first_failed_block(
+    runs: dict[str, Any], request: pytest.FixtureRequest
+) -> None:
+    """Where a third of the loads fail from a block on, the engine still gives every request
+    an engine's tokens without a connector (the test above): the scheduler computed those
+    tokens again."""
+    failed = runs["failed-loads"]
+    if request.node.callspec.params["runs"] == "failing-loads":
+        num_failed = len(failed["llmsched"])
+        assert num_failed >= NUM_STORED // 6, f"only {num_failed} loads failed"
+        assert num_failed == len(failed["vllm"]), "the same prompts' loads fail under vLLM's"
+    else:
+        assert not failed["llmsched"] and not failed["vllm"]
