@@ -143,11 +143,22 @@ impl Scheduler {
     /// `defer_block_free`, once the steps in flight that may still write them are applied
     /// (vLLM's `_free_request_blocks`).
     fn free_held(&mut self, held: HeldBlocks) {
-        if self.config.defer_block_free() && held.last_sched_seq > self.processed_step_seq {
-            self.deferred_frees.push_back((self.sched_step_seq, held.blocks));
+        if self.written_in_flight(held.last_sched_seq) {
+            self.defer_free(held.blocks);
         } else {
             self.kv.free_blocks(held.blocks);
         }
+    }
+
+    /// With `defer_block_free`, whether a step still in flight may write the blocks of a
+    /// request the step numbered `last_sched_seq` last scheduled.
+    pub(super) fn written_in_flight(&self, last_sched_seq: u64) -> bool {
+        self.config.defer_block_free() && last_sched_seq > self.processed_step_seq
+    }
+
+    /// Keeps `blocks` from the pool until every step scheduled so far is applied.
+    pub(super) fn defer_free(&mut self, blocks: Vec<u32>) {
+        self.deferred_frees.push_back((self.sched_step_seq, blocks));
     }
 
     /// A step with tokens has its output applied: the blocks whose frees waited for it go

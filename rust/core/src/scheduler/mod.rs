@@ -545,15 +545,16 @@ impl Scheduler {
     fn preempt(&mut self, handle: Handle, drop_stale_output: bool) {
         self.release_encoder_inputs(handle);
         self.inflight_prefills.remove(&handle);
-        let request = &mut self.requests[handle];
-        debug_assert_eq!(request.status, RequestStatus::Running);
-        if self.config.defer_block_free() && request.last_sched_seq > self.processed_step_seq {
+        debug_assert_eq!(self.requests[handle].status, RequestStatus::Running);
+        if self.written_in_flight(self.requests[handle].last_sched_seq) {
+            let request = &mut self.requests[handle];
             let blocks = std::mem::take(&mut request.block_ids);
             request.num_cached_blocks = 0;
-            self.deferred_frees.push_back((self.sched_step_seq, blocks));
+            self.defer_free(blocks);
         } else {
-            self.kv.free(request);
+            self.kv.free(&mut self.requests[handle]);
         }
+        let request = &mut self.requests[handle];
         request.status = RequestStatus::Preempted;
         request.set_num_computed_tokens(0);
         request.spec_token_ids.clear();

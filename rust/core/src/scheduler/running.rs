@@ -178,7 +178,7 @@ impl Scheduler {
         loop {
             let victim = self.pick_victim(priority_policy);
             // Its blocks would wait for a step in flight: preempting it frees nothing now.
-            if self.config.defer_block_free() && self.requests[victim].last_sched_seq > self.processed_step_seq {
+            if self.written_in_flight(self.requests[victim].last_sched_seq) {
                 return None;
             }
             let victim_index = self.running.iter().position(|&h| h == victim).expect("victim is running");
