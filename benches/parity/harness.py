@@ -79,7 +79,10 @@ refuses a case that does not), emulated on vLLM's side, or out of the runner's r
   cache, the free queue and every later prefix hit agree; it counts what it uncached);
 - ``update_draft_token_ids`` ignores requests that are not running: out of reach (drafts
   go only to the requests of the step just applied, running or finished; the llmsched
-  side checks that none is waiting).
+  side checks that none is waiting), and kept out for a streaming-input session whose
+  input stopped in that step (no drafts go to a request whose output stopped);
+- a session's input that would outgrow ``max_model_len`` is refused: kept out
+  (:func:`deviation_triggers`).
 
 So no step summary needs to be normalized for a deviation.
 """
@@ -109,6 +112,7 @@ __all__ = [
     "ParityRequest",
     "RunResult",
     "Runner",
+    "SessionInput",
     "UncacheUndoneSteps",
     "VllmSide",
     "blocks_needed",
@@ -234,6 +238,17 @@ def _hash(key: int, salt: int, position: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionInput:
+    """A later input of a streaming-input session (``ParityRequest.inputs``)."""
+
+    step: int
+    """Loop iteration at which the driver adds it."""
+    prompt: tuple[int, ...]
+    max_tokens: int
+    arrival_time: float
+
+
+@dataclass(frozen=True, slots=True)
 class ParityRequest:
     """One request of a parity workload, with its planted stops and its arrival."""
 
@@ -267,6 +282,15 @@ class ParityRequest:
     mm_inputs: tuple[tuple[str, int, int], ...] = ()
     """Its images: ``(identifier, offset, length)`` each, ``length`` placeholder tokens from
     ``offset`` on; images with one identifier share their encoder output."""
+    resumable: bool = False
+    """A streaming-input session (vLLM's resumable request): a stop ends its input, not the
+    request, which keeps its KV and goes on with its next input (none planted: only
+    ``max_tokens`` stops it)."""
+    inputs: tuple[SessionInput, ...] = ()
+    """A session's later inputs, in order."""
+    end_step: int | None = None
+    """Loop iteration at which the driver ends the session (an input that is not resumable),
+    after its last input."""
 
     @property
     def key(self) -> int:
@@ -275,6 +299,16 @@ class ParityRequest:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt)
+
+    @property
+    def longest(self) -> int:
+        """The most tokens it can reach: its prompt and output, and a session's later
+        inputs and their outputs (each input discards the last token before it)."""
+        return (
+            self.prompt_len
+            + self.max_tokens
+            + sum(len(i.prompt) + i.max_tokens for i in self.inputs)
+        )
 
 
 def target_token(req: ParityRequest, position: int) -> int:
@@ -546,9 +580,7 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
     mid-block; a chunked local group a chunk and the tokens in flight, plus a block for a
     chunk starting mid-block (each windowed group also the blocks of the drafter's lookahead
     slots); a Mamba group its state blocks, ``1 + K``."""
-    longest = min(
-        req.prompt_len + req.max_tokens + config.num_speculative_tokens, config.max_model_len
-    )
+    longest = min(req.longest + config.num_speculative_tokens, config.max_model_len)
     whole = -(-longest // config.block_size)
     steps_in_flight = 2 if config.async_scheduling else 1
     total = 0
@@ -641,6 +673,11 @@ def deviation_triggers(config: ParityConfig, requests: Sequence[ParityRequest]) 
     # With a connector and drafts, an asynchronous load leaves a speculative step's slots.
     spec_step = 1 + k + config.drafter_kwargs().get("num_lookahead_tokens", 0) if k else 0
     for req in requests:
+        if req.resumable and req.longest > config.max_model_len - 1:
+            found.append(
+                f"session {req.request_id} could outgrow max_model_len: {req.longest} tokens "
+                "(llmsched refuses or ends it, vLLM goes on)"
+            )
         needed = blocks_needed(req, config)
         if needed > usable:
             found.append(
@@ -671,9 +708,22 @@ def deviation_triggers(config: ParityConfig, requests: Sequence[ParityRequest]) 
 @dataclass(slots=True)
 class _RunnerState:
     known: int
+    prompt_len: int
+    """The request's prompt: a session's grows with each input it takes up."""
     computed: int = 0
     delivered: int = 0
     """Output tokens the scheduler delivered (a dropped stale output is not among them)."""
+    inputs: deque[tuple[int, ...]] = field(default_factory=deque)
+    """A session's later inputs added and not yet taken up, oldest first."""
+    waits_for_input: bool = False
+    """A session whose input stopped with no later input added yet."""
+
+    def take_up(self, prompt: tuple[int, ...]) -> None:
+        """A session's next input: its tokens are all it had but the last sampled one (whose
+        KV was never computed), then the input's."""
+        self.prompt_len += self.delivered - 1 + len(prompt)
+        self.delivered = 0
+        self.waits_for_input = False
 
 
 class RunnerError(AssertionError):
@@ -692,7 +742,16 @@ class Runner:
 
     def add(self, req: ParityRequest) -> None:
         self.requests[req.request_id] = req
-        self.state[req.request_id] = _RunnerState(known=req.prompt_len)
+        self.state[req.request_id] = _RunnerState(known=req.prompt_len, prompt_len=req.prompt_len)
+
+    def add_input(self, req_id: str, prompt: tuple[int, ...]) -> None:
+        """A session's next input, taken up now if the session waits for one, else at its
+        next stop (the engine's view of vLLM's streaming input)."""
+        state = self.state[req_id]
+        if state.waits_for_input:
+            state.take_up(prompt)
+        else:
+            state.inputs.append(prompt)
 
     def execute(
         self, summary: dict[str, Any]
@@ -715,7 +774,7 @@ class Runner:
                 # outputs it delivered (a preemption that dropped an output in flight
                 # takes that token back).
                 st.computed = computed_before[rid]
-                st.known = req.prompt_len + st.delivered
+                st.known = st.prompt_len + st.delivered
             st.computed += n - len(drafts)
             if st.computed < st.known:
                 if drafts:
@@ -764,6 +823,12 @@ class Runner:
             state = self.state.get(row[0])
             if state is not None:
                 state.delivered += len(row[1])
+                if row[2] is not None and self.requests[row[0]].resumable:
+                    # A session's input stopped: it goes on with its next input.
+                    if state.inputs:
+                        state.take_up(state.inputs.popleft())
+                    else:
+                        state.waits_for_input = True
 
     def _encode(self, summary: dict[str, Any]) -> None:
         """A GPU runner's encoder step: frees the evicted outputs, encodes the step's images,
@@ -841,6 +906,21 @@ class LlmschedSide:
             skip_reading_prefix_cache=req.skip_reading_prefix_cache,
             structured_output=req.grammar_at is not None,
             mm_inputs=req.mm_inputs,
+            resumable=req.resumable,
+        )
+
+    def add_input(self, req: ParityRequest, later: SessionInput | None) -> None:
+        """A session's next input (None: its end), added under its id."""
+        if later is None:
+            self.scheduler.add_request(req.request_id, [0], max_tokens=1)
+            return
+        self.scheduler.add_request(
+            req.request_id,
+            list(later.prompt),
+            max_tokens=later.max_tokens,
+            eos_token_id=EOS_TOKEN_ID,
+            arrival_time=later.arrival_time,
+            resumable=True,
         )
 
     def compile_grammar(self, req: ParityRequest) -> None:
@@ -1182,11 +1262,30 @@ class VllmSide:
                 "num_hash_lookahead_tokens", 0
             ),
             mm_inputs=req.mm_inputs,
+            resumable=req.resumable,
         )
         if request.structured_output_request is not None:
             from concurrent.futures import Future
 
             self.grammars[req.request_id] = request.structured_output_request.grammar = Future()
+        self.scheduler.add_request(request)
+
+    def add_input(self, req: ParityRequest, later: SessionInput | None) -> None:
+        """A session's next input (None: its end: an input that is not resumable, as vLLM's
+        engine sends once the input stream closes), added under its id."""
+        request = self.ref.make_vllm_request(
+            req.request_id,
+            (0,) if later is None else later.prompt,
+            max_tokens=1 if later is None else later.max_tokens,
+            eos_token_id=EOS_TOKEN_ID,
+            arrival_time=req.arrival_time if later is None else later.arrival_time,
+            block_size=self.config.block_size,
+            prefix_caching=self.config.enable_prefix_caching,
+            num_hash_lookahead_tokens=self.config.drafter_kwargs().get(
+                "num_hash_lookahead_tokens", 0
+            ),
+            resumable=later is not None,
+        )
         self.scheduler.add_request(request)
 
     def compile_grammar(self, req: ParityRequest) -> None:
@@ -1307,6 +1406,13 @@ def drive(
     for req in requests:
         if req.grammar_at is not None:
             grammars.setdefault(max(req.grammar_at, req.arrival_step), []).append(req)
+    # Sessions' later inputs, and their ends (None), by loop iteration.
+    inputs: dict[int, list[tuple[ParityRequest, SessionInput | None]]] = {}
+    for req in requests:
+        for later in req.inputs:
+            inputs.setdefault(later.step, []).append((req, later))
+        if req.end_step is not None:
+            inputs.setdefault(req.end_step, []).append((req, None))
     aborted: list[str] = []
     in_flight: deque[tuple[Any, dict[str, Any], dict[str, list[int]]]] = deque()
     iteration = 0
@@ -1320,7 +1426,17 @@ def drive(
                 aborted.extend(side.abort(rid))
             for req in grammars.pop(iteration, ()):
                 side.compile_grammar(req)
-            if not pending and not in_flight and not side.has_requests() and not grammars:
+            for req, later in inputs.pop(iteration, ()):
+                side.add_input(req, later)
+                if later is not None:
+                    runner.add_input(req.request_id, later.prompt)
+            if (
+                not pending
+                and not in_flight
+                and not side.has_requests()
+                and not grammars
+                and not inputs
+            ):
                 break
             if iteration >= MAX_LOOP_ITERATIONS:
                 raise RuntimeError(f"no end after {iteration} loop iterations")
@@ -1335,7 +1451,16 @@ def drive(
                 summary["outputs"] = side.update(out, summary, sampled)
                 runner.delivered(summary["outputs"])
                 if drafts is not None:
-                    side.update_draft_token_ids(*drafts)
+                    # Not for a request whose output stopped: finished, both schedulers drop
+                    # them; a session going on, vLLM would keep them for its next input and
+                    # llmsched drops them (a deliberate deviation, kept out here).
+                    stopped = {row[0] for row in summary["outputs"] if row[2] is not None}
+                    kept = [
+                        (rid, draft)
+                        for rid, draft in zip(*drafts, strict=True)
+                        if rid not in stopped
+                    ]
+                    side.update_draft_token_ids([r for r, _ in kept], [d for _, d in kept])
                 continue
             # Async or pipeline stages: a batch queue (of two, or one per stage), as
             # EngineCore.step_with_batch_queue: schedule whenever the scheduler has requests

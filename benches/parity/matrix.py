@@ -46,7 +46,13 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .harness import ParityConfig, ParityRequest, blocks_needed, unique_priority_keys
+from .harness import (
+    ParityConfig,
+    ParityRequest,
+    SessionInput,
+    blocks_needed,
+    unique_priority_keys,
+)
 
 if TYPE_CHECKING:
     from llmsched.sim.workload import RequestSpec
@@ -355,6 +361,9 @@ class Case:
     the requests carry: two requests in three hold one or two of them (round robin, so
     requests share images), and every fourth resends the previous request's prompt and
     images when they fit it (prefix hits through images)."""
+    sessions: bool = False
+    """One request in three is a streaming-input session with one to three later inputs
+    (see :func:`with_sessions`)."""
 
     @property
     def id(self) -> str:
@@ -385,6 +394,8 @@ class Case:
             out = [replace(r, report_reused_blocks=i % 2 == 0) for i, r in enumerate(out)]
         if self.images:
             out = with_images(out, self.images, self.config.image_side**2)
+        if self.sessions:
+            out = with_sessions(out, self.config)
         return out
 
 
@@ -417,6 +428,57 @@ def with_images(requests: list[ParityRequest], images: int, length: int) -> list
             inputs.append((identifier, offset, length))
             offset += length + 1 + i % 5
         out.append(replace(r, prompt=tuple(prompt), mm_inputs=tuple(inputs)))
+    return out
+
+
+def with_sessions(requests: list[ParityRequest], config: ParityConfig) -> list[ParityRequest]:
+    """``requests`` with one in three a streaming-input session: no planted stop (its
+    inputs end at ``max_tokens``), one to three later inputs (1 to 33 tokens, up to 12
+    outputs each), each added 1 to 30 or 40 to 120 loop iterations after the one before (so
+    some wait their turn behind a running input, and some find the session waiting), then
+    its end; one session in seven is aborted after its first input instead. A session stays
+    within ``max_model_len`` and half the usable pool, as :func:`build_requests` keeps every
+    request; under the priority policy its inputs keep its arrival time (vLLM re-keys a
+    queued request in place)."""
+    limit = min(
+        config.max_model_len - 1,
+        (config.num_gpu_blocks - 1) // 2 * config.block_size - config.num_speculative_tokens,
+    )
+    out = []
+    for i, r in enumerate(requests):
+        if i % 3 != 1:
+            out.append(r)
+            continue
+        rng = random.Random(zlib.crc32(r.request_id.encode()))
+        step, total, inputs = r.arrival_step, r.longest, []
+        for j in range(rng.randint(1, 3)):
+            # Soon (queued behind the running input) or late (the session waits for it).
+            step += rng.randint(1, 30) if rng.random() < 0.5 else rng.randint(40, 120)
+            length, max_tokens = rng.choice((1, 3, 7, 16, 33)), rng.randint(1, 12)
+            if total + length + max_tokens > limit:
+                break
+            total += length + max_tokens
+            prompt = tuple(rng.randrange(10, 32000) for _ in range(length))
+            arrival = r.arrival_time + (0 if config.policy == "priority" else j + 1)
+            inputs.append(SessionInput(step, prompt, max_tokens, arrival))
+        abort_step = end_step = None
+        if i % 7 == 1 and inputs:
+            abort_step = inputs[0].step + rng.randint(0, 20)
+            inputs = [later for later in inputs if later.step < abort_step]
+        else:
+            end_step = step + rng.randint(1, 30)
+        out.append(
+            replace(
+                r,
+                resumable=True,
+                eos_at=None,
+                stop_token_id=None,
+                stop_at=None,
+                abort_step=abort_step,
+                inputs=tuple(inputs),
+                end_step=end_step,
+            )
+        )
     return out
 
 
@@ -860,6 +922,34 @@ def edge_cases() -> list[Case]:
                         else 1,
                     )
                 )
+        # Streaming-input sessions among plain requests: inputs queued behind a running one
+        # and inputs to sessions waiting for them (holding runner slots: few of them), under
+        # KV pressure (sessions preempted, stopping while preempted), priority and drafts,
+        # and EAGLE's lookahead hashes (a kept hash covering a discarded token).
+        for k, policy, method, pool in (
+            (0, "fcfs", "ngram", "kv"),
+            (3, "priority", "ngram", "kv"),
+            (1, "fcfs", "eagle", "roomy"),
+        ):
+            roomy, tight = _pool_sizes("synthetic-chat")
+            out.append(
+                Case(
+                    "synthetic-chat",
+                    ParityConfig(
+                        f"edge-sessions-{mode}-K{k}{'-eagle' if method == 'eagle' else ''}"
+                        f"-apc-{policy[:4]}-{pool}",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=roomy if pool == "roomy" else tight,
+                        max_num_seqs=6,
+                        speculative_method=method,
+                    ),
+                    output_factor=2 if pool == "kv" else 1,
+                    sessions=True,
+                )
+            )
         # Cache salts: requests share cached blocks only under the same salt.
         for workload in ("synthetic-conv", "mooncake-turns"):
             out.append(

@@ -62,7 +62,7 @@ it constrains), asked for when vLLM's engine asks: right after the step, or, whe
 awaits an earlier step's tokens, right after that step's output; and the KV cache events
 ``update_from_output`` published (every field of each, the batch's timestamp left out)."""
 
-TOKEN_FIELDS = ("output_token_ids", "all_token_ids", "block_hashes")
+TOKEN_FIELDS = ("output_token_ids", "all_token_ids", "prompt_token_ids", "block_hashes")
 """The ``Request`` fields that hold every token so far, and the engine's hashes of the full
 blocks of those tokens."""
 
@@ -70,6 +70,8 @@ REQUEST_FIELDS = (
     *TOKEN_FIELDS,
     "status",
     "num_computed_tokens",
+    "num_prompt_tokens",
+    "max_tokens",
     "num_tokens",
     "num_tokens_with_spec",
     "num_output_tokens",

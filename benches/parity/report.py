@@ -36,7 +36,7 @@ COVERAGE_COLUMNS = (
 DEVIATIONS_MD = """\
 ## Deliberate deviations and how the harness treats them
 
-llmsched deliberately differs from vLLM 0.33.0 in the eleven ways below; each difference
+llmsched deliberately differs from vLLM 0.33.0 in the fourteen ways below; each difference
 fixes a crash, a livelock or wrong KV in vLLM, and none changes a decision vLLM gets right.
 The comparison is never loosened for them: every step of every case is compared in full and
 no step summary is normalized. Instead
@@ -156,6 +156,22 @@ documented (or, for 2, that they cannot differ).
    `ExampleConnector`, loads whole blocks before the last token). *Test:*
    `test_deviation_a_connector_answer_leaves_the_last_token_to_compute` (vLLM raises;
    llmsched schedules the last token).
+13. **A streaming-input session whose input stopped keeps no drafts.** An engine's drafter
+   proposes drafts for every request of the step, a session whose input just stopped too.
+   *Why:* vLLM keeps them on the waiting session (`num_tokens_with_spec` counts them)
+   until the drafter's next proposal replaces them, though they follow the sampled token
+   the session's next input discards; llmsched drops them, as it drops any waiting
+   request's. *Harness:* kept out (the engine loop gives no drafts to a request whose
+   output stopped). *Test:* `test_deviation_a_stopped_sessions_drafts_are_dropped` (vLLM's
+   session holds them, llmsched's none; the next step is the same).
+14. **A streaming-input session's input that would outgrow `max_model_len` is refused.**
+   *Why:* vLLM takes it and its waiting loop schedules the whole input, positions past
+   `max_model_len` (`C + n + s <= M` broken: the runner has no such position). llmsched's
+   `add_request` refuses it (`InvalidRequestError` naming `prompt_token_ids`), the session
+   unchanged, as it refuses a prompt past the model length; an input added while the
+   session runs, found too long when the session stops, ends the session with that stop.
+   *Harness:* kept out (`deviation_triggers`: every session stays within the model
+   length). *Test:* `test_deviation_a_session_input_past_the_model_length_is_refused`.
 """
 
 PLUGIN_MD = """\

@@ -543,6 +543,15 @@ class Request:
     @property
     def lora_id(self) -> int | None:
         """The LoRA adapter the request runs under, or None."""
+    @property
+    def resumable(self) -> bool:
+        """Whether it is a streaming-input session (``add_request(..., resumable=True)``)."""
+    @property
+    def num_queued_inputs(self) -> int:
+        """A session's inputs added but not taken up yet (the end of the session counts as one)."""
+    @property
+    def num_inputs_taken(self) -> int:
+        """A session's inputs taken up after its first."""
 
 @final
 class Scheduler:
@@ -572,7 +581,8 @@ class Scheduler:
         report_reused_blocks: bool = False,
         mm_inputs: Iterable[tuple[str, int, int] | tuple[str, int, int, Iterable[bool] | None]]
         | None = (),
-    ) -> None:
+        resumable: bool = False,
+    ) -> Literal["queued", "taken_up", "finished"] | None:
         """Queue a request. Copies the prompt into the scheduler.
 
         ``prompt_token_ids`` and ``stop_token_ids`` are iterables of ints or 1-D numpy
@@ -598,7 +608,22 @@ class Scheduler:
         with the same one share it), where its placeholders start in the prompt, how many
         there are, and which of them carry an embedding (one bool each; all when absent);
         only with an encoder budget (``max_num_encoder_input_tokens``), and each input
-        within it."""
+        within it.
+
+        ``resumable`` makes it a streaming-input session (vLLM's resumable requests): a stop
+        (its ``RequestOutput`` carries the stop's status, the input's finish reason) ends the
+        session's current input, not the request, which keeps the KV of its tokens but the
+        last sampled one and waits for its next input (``WAITING_FOR_STREAMING_REQ``, holding
+        one of ``max_num_seqs``' slots). The next input is an ``add_request`` under the same
+        id with ``resumable=True``: its prompt extends the session's tokens and its
+        ``max_tokens``, ``eos_token_id``, ``stop_token_ids`` and ``arrival_time`` replace the
+        session's (the rest is the session's); added while the session still runs, it is
+        taken up at the stop. One added without ``resumable`` ends the session: at its stop,
+        or at once (aborted) if it waits for input. Returns what an input did: ``"queued"``,
+        ``"taken_up"`` or ``"finished"`` (then ``take_finished_requests`` has its record);
+        None for a new request. An input that does not fit (the session's tokens past the
+        prompt limit, or KV past the pool) raises ``InvalidRequestError`` and changes
+        nothing; one that does not fit when taken up at a stop ends the session instead."""
     def schedule(
         self,
         *,
@@ -763,6 +788,11 @@ class Scheduler:
         """How many of the waiting requests a waiting loop set aside (a LoRA adapter past
         ``max_loras``, output from before a preemption still in flight, no token it could
         schedule) and none has admitted since: vLLM's ``num_skipped_waiting_reqs``."""
+    @property
+    def num_waiting_for_streaming_input(self) -> int:
+        """Streaming-input sessions waiting for their next input
+        (``WAITING_FOR_STREAMING_REQ``): counted as waiting, but not unfinished work, and each
+        holds one of ``max_num_seqs``' slots (vLLM's ``num_waiting_for_streaming_input``)."""
     def get_request_counts(self) -> tuple[int, int]:
         """``(running, waiting)``."""
     def get_kv_cache_usage(self) -> float:

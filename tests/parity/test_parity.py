@@ -7,6 +7,7 @@ engine loop, ``matrix`` for the workloads and configs.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import re
@@ -21,6 +22,7 @@ from benches.parity.harness import (
     ParityRequest,
     RunnerError,
     RunResult,
+    SessionInput,
     VllmSide,
     blocks_needed,
     compare,
@@ -82,6 +84,85 @@ def test_the_matrix_reaches_the_rules(case_id: str, expected: tuple[str, ...]) -
     case = case_by_id(case_id)
     counts = coverage(drive(VllmSide, case.config, case.requests()))
     assert all(counts[key] > 0 for key in expected), counts
+
+
+class _SessionPaths(VllmSide):
+    """vLLM's scheduler, counting which of its streaming-input paths a run takes."""
+
+    def __init__(self, config: ParityConfig, counts: dict[str, int]) -> None:
+        super().__init__(config)
+        from vllm.v1.request import RequestStatus
+
+        sched = self.scheduler
+        handle_stopped, update_as_session = (
+            sched._handle_stopped_request,
+            sched._update_request_as_session,
+        )
+        finish = sched.finish_requests
+
+        def handle_stopped_request(request: Any) -> bool:
+            if request.resumable:
+                queue = request.streaming_queue
+                path = "paused" if not queue else "ended" if queue[0] is None else "taken"
+                counts[f"stop_{path}"] += 1
+                # (the running ones leave `running` only after the loop over the outputs)
+                counts["stopped_preempted"] += request not in sched.running
+                counts["in_flight_dropped"] += request.num_in_flight_tokens > 0
+            return bool(handle_stopped(request))
+
+        def update_request_as_session(session: Any, update: Any) -> None:
+            waiting = session.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+            counts["taken_while_waiting"] += waiting
+            update_as_session(session, update)
+
+        def finish_requests(request_ids: Any, status: Any) -> Any:
+            ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
+            counts["ended_while_waiting"] += sum(
+                sched.requests[rid].status == RequestStatus.WAITING_FOR_STREAMING_REQ
+                for rid in ids
+                if rid in sched.requests
+            )
+            return finish(request_ids, status)
+
+        sched._handle_stopped_request = handle_stopped_request
+        sched._update_request_as_session = update_request_as_session
+        sched.finish_requests = finish_requests
+        self._counts = counts
+
+    def schedule(self, throttle: bool = False) -> tuple[Any, dict[str, Any]]:
+        out, summary = super().schedule(throttle)
+        sched = self.scheduler
+        held = sched.num_waiting_for_streaming_input
+        full = len(sched.running) + held >= sched.max_num_running_reqs
+        self._counts["slots_held_back_admission"] += bool(held and full and len(sched.waiting))
+        self._counts["sessions_preempted"] += sum(
+            sched.requests[rid].resumable for rid in summary["preempted"] if rid in sched.requests
+        )
+        return out, summary
+
+
+def test_the_session_cases_reach_every_session_path() -> None:
+    """The streaming-input cases take each path of vLLM's sessions (on vLLM's side; the
+    parity cases hold llmsched's identical): an input taken up at a stop and one taken up
+    by a session waiting for it, a session's end at its stop and while it waits, a stop of
+    output owed while preempted, work in flight dropped at a stop, sessions preempted, and
+    sessions waiting for input holding the runner slots a waiting request needs."""
+    counts: dict[str, int] = collections.Counter()
+    for case in CASES:
+        if case.sessions:
+            drive(functools.partial(_SessionPaths, counts=counts), case.config, case.requests())
+    expected = (
+        "stop_paused",
+        "stop_taken",
+        "stop_ended",
+        "taken_while_waiting",
+        "ended_while_waiting",
+        "stopped_preempted",
+        "in_flight_dropped",
+        "sessions_preempted",
+        "slots_held_back_admission",
+    )
+    assert all(counts[key] > 0 for key in expected), dict(counts)
 
 
 class _WatermarkWhileIdle(VllmSide):
@@ -258,6 +339,72 @@ def test_deviation_empty_decode_output_is_undone() -> None:
     assert scheduled["vllm"][:2] == scheduled["llmsched"][:2] == [[("a", 20)], [("a", 1)]]
     assert scheduled["vllm"][2] == []
     assert scheduled["llmsched"][2] == [("a", 1)]
+
+
+def _stopped_session(side: Any, max_tokens: int = 2) -> ParityRequest:
+    """A session ``s`` of 20 prompt tokens added to ``side`` and run (sync) until its first
+    input stops at ``max_tokens``, waiting for its next input."""
+    session = ParityRequest(
+        "s", tuple(range(10, 30)), max_tokens, arrival_step=0, arrival_time=0.0, resumable=True
+    )
+    side.add(session)
+    for token in range(100, 100 + max_tokens):
+        out, summary = side.schedule()
+        side.update(out, summary, {"s": [token]})
+    return session
+
+
+def test_deviation_a_stopped_sessions_drafts_are_dropped() -> None:
+    """Drafts proposed after a streaming-input session's input stopped (an engine's drafter
+    proposes for every request of the batch): vLLM keeps them on the waiting session
+    (``num_tokens_with_spec`` counts them) until the drafter's next proposal replaces them;
+    llmsched drops them, as it drops any waiting request's (they follow a token the next
+    input discards). The steps stay the same."""
+    config = ParityConfig(
+        "deviation-session-drafts", False, 2, False, "fcfs", num_gpu_blocks=64, max_model_len=256
+    )
+    kept, scheduled = {}, {}
+    for side in (VllmSide(config), LlmschedSide(config)):
+        session = _stopped_session(side)
+        if isinstance(side, LlmschedSide):
+            side.scheduler.update_draft_token_ids(["s"], [[7, 8]])
+            kept[side.name] = list(side.scheduler.get_request("s").spec_token_ids)
+        else:
+            side.update_draft_token_ids(["s"], [[7, 8]])
+            kept[side.name] = list(side.scheduler.requests["s"].spec_token_ids)
+        side.add_input(session, SessionInput(5, (40, 41, 42), 2, 1.0))
+        _, summary = side.schedule()
+        scheduled[side.name] = (summary["scheduled"], summary["spec_tokens"])
+    assert kept == {"vllm": [7, 8], "llmsched": []}
+    assert scheduled["vllm"] == scheduled["llmsched"] == ([("s", 3)], {})
+
+
+def test_deviation_a_session_input_past_the_model_length_is_refused() -> None:
+    """A streaming-input session's next input that brings it past ``max_model_len - 1``
+    tokens: vLLM takes it and schedules the whole input, positions past ``max_model_len``
+    (``C + n + s <= M`` broken: a runner has no such position); llmsched refuses the input
+    (``InvalidRequestError`` naming the prompt), the session unchanged (an input queued
+    behind a running one that would not fit ends the session at its stop)."""
+    import llmsched
+
+    config = ParityConfig(
+        "deviation-session-length", False, 0, False, "fcfs", num_gpu_blocks=64, max_model_len=64
+    )
+    too_long = SessionInput(5, tuple(range(200, 250)), 2, 1.0)
+    vllm_side = VllmSide(config)
+    session = _stopped_session(vllm_side)
+    vllm_side.add_input(session, too_long)
+    _, summary = vllm_side.schedule()
+    assert summary["scheduled"] == [("s", 50)]
+    assert summary["num_computed_tokens"]["s"] + 50 + 1 > config.max_model_len
+
+    ours = LlmschedSide(config)
+    _stopped_session(ours)
+    before = ours.scheduler.get_request("s")
+    with pytest.raises(llmsched.InvalidRequestError, match="prompt_token_ids"):
+        ours.add_input(session, too_long)
+    after = ours.scheduler.get_request("s")
+    assert (after.status, after.num_tokens) == (before.status, before.num_tokens)
 
 
 def test_deviation_requests_that_could_outgrow_the_pool_are_refused() -> None:

@@ -256,6 +256,10 @@ def test_a_hash_block_size_other_than_the_block_size_is_refused() -> None:
 
 REQUEST_REFUSALS: dict[str, dict[str, Any]] = {
     "KV transfer parameters": {"kv_transfer_params": {"do_remote_prefill": True}},
+    "structured output in streaming-input sessions": {
+        "resumable": True,
+        "structured_output_request": object(),
+    },
 }
 
 
@@ -299,6 +303,26 @@ def test_a_request_asking_for_an_unsupported_feature_fails_alone(feature: str) -
         tokens = [t for _, out in seen[rid] for t in out.new_token_ids]
         assert len(tokens) == 4 and seen[rid][-1][1].finish_reason == FinishReason.LENGTH
     assert not sched.has_request("bad") and not sched.has_requests()
+
+
+def test_a_session_input_the_core_refuses_ends_the_session_with_the_reason() -> None:
+    """A streaming-input session's next input that would outgrow ``max_model_len``: the
+    session ends with an error naming it (vLLM's front end would refuse the input, ending
+    the stream), its KV freed; the other requests go on."""
+    sched = build(reference())
+    free = sched.core.num_free_blocks
+    sched.add_request(request("s", max_tokens=2, resumable=True))
+    first = run_to_end(sched)
+    assert first["s"][-1][1].finish_reason == FinishReason.LENGTH
+    assert sched.requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ
+    assert sched.core.num_free_blocks < free and not sched.has_unfinished_requests()
+    sched.add_request(request("s", prompt_len=256, resumable=True))
+    sched.add_request(request("other"))
+    seen = run_to_end(sched)
+    ((_client, error),) = seen["s"]
+    assert error.finish_reason == FinishReason.ERROR and "prompt_token_ids" in error.error.message
+    assert seen["other"][-1][1].finish_reason == FinishReason.LENGTH
+    assert not sched.has_request("s") and sched.core.num_free_blocks == free
 
 
 class _RejectingGrammar:

@@ -49,6 +49,7 @@ FILES: tuple[str, ...] = (SCHEDULER_TESTS, ASYNC_SCHEDULER_TESTS)
 INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
     SCHEDULER_TESTS: (
         "test_get_num_unfinished_requests",
+        "test_pause_new_ignores_streaming_session_waiting_for_input",
         "test_scheduler_stats_route_to_existing_output_client",
         "test_schedule_prefills_gating",
         "test_long_prefill_threshold_ignored_when_alone",
@@ -142,6 +143,7 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         # A connector's metadata is built on the requests before the step advances them.
         "test_connector_metadata_precedes_async_placeholder_advance",
         "test_stop_by_max_tokens",
+        "test_resumable_request_handoff",
         "test_abort",
         "test_prefix_caching_for_multi_turn",
         # #53962's boundary: a request arriving with all but its last token computed, one
@@ -295,10 +297,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         ),
         "test_scheduler_stats_waiting_queues": (
             "scheduler internal: scheduler.deferred_waiting; Request fields: status (written)"
-        ),
-        "test_pause_new_ignores_streaming_session_waiting_for_input": (
-            "streaming-input (resumable) requests (refused by design); also "
-            "scheduler.kv_holding_waiting"
         ),
         "test_kv_connector_records_external_cache_hit_sources": (
             "patches scheduler internal scheduler.kv_cache_manager.allocate_slots; also "
@@ -613,10 +611,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "writes scheduler internal scheduler.defer_block_free; also "
             "scheduler.defer_block_free, scheduler.requires_kv_delivery; Request fields: "
             "is_finished, num_output_placeholders, num_output_tokens, status"
-        ),
-        "test_resumable_request_handoff": (
-            "streaming-input (resumable) requests (refused by design); PipelinedEngine reads "
-            "Request.output_token_ids / all_token_ids; Request fields: num_computed_tokens"
         ),
     },
 }

@@ -526,6 +526,7 @@ def make_vllm_request(
     report_reused_blocks: bool = False,
     num_hash_lookahead_tokens: int = 0,
     mm_inputs: Sequence[tuple[str, int, int]] = (),
+    resumable: bool = False,
 ) -> Any:
     """Build a vLLM ``Request`` for ``scheduler.add_request``.
 
@@ -547,6 +548,8 @@ def make_vllm_request(
     ``mm_inputs`` are its images, ``(identifier, offset, length)`` each: ``length``
     placeholder tokens from ``offset`` on (the prompt's tokens there are the caller's), an
     encoder output shared by identifier, and a stand-in of the image's data.
+    ``resumable`` makes it a streaming-input session, or the next input of the live session
+    of its id.
     """
     import torch
     from vllm.lora.request import LoRARequest
@@ -587,6 +590,7 @@ def make_vllm_request(
         lora_request=None
         if lora_id is None
         else LoRARequest(f"adapter-{lora_id}", lora_id, f"/adapters/{lora_id}"),
+        resumable=resumable,
         mm_features=[
             MultiModalFeatureSpec(
                 # A stand-in of the image's data, the same in every process (vLLM's

@@ -15,7 +15,8 @@ package only translates between vLLM's objects and the core's columns. Tested wi
 construction. LoRA adapters, structured output, drafters with a model, multimodal inputs,
 hybrid KV-cache groups (sliding window, chunked local attention, Mamba), pooling models, KV
 cache events, KV connectors (loads in the step or across steps, their failures, a consumer
-with steps in flight), data and pipeline parallelism are served with vLLM's rules. What it
+with steps in flight), streaming-input sessions, data and pipeline parallelism are served
+with vLLM's rules. What it
 does not support (prompt embeddings, encoder-cache connectors, KV connectors beside several
 KV-cache groups, encoder-decoder and diffusion models, context parallelism, and the others
 ``_fields`` lists as checked) is refused with :class:`UnsupportedFeatureError`, naming the

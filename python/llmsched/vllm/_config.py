@@ -393,8 +393,10 @@ def check_request(request: Any, kv_connector: bool = False) -> str | None:
     params = request.sampling_params
     if request.prompt_embeds is not None or request.prompt_token_ids is None:
         return "llmsched.vllm does not support prompt embeddings"
-    if request.resumable:
-        return "llmsched.vllm does not support streaming-input (resumable) requests"
+    if request.resumable and request.use_structured_output:
+        return "llmsched.vllm does not support structured output in streaming-input sessions"
+    if request.resumable and kv_connector:
+        return "llmsched.vllm does not support streaming-input sessions with a KV connector"
     if params is not None and params.repetition_detection is not None:
         return "llmsched.vllm does not support repetition detection"
     if request.kv_transfer_params and not kv_connector:

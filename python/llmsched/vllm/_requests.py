@@ -21,7 +21,15 @@ from vllm.v1.utils import ConstantList
 
 import llmsched
 
-__all__ = ["LiveRequest", "as_during_step", "attach", "freeze", "new_request_data", "pinned"]
+__all__ = [
+    "LiveRequest",
+    "as_during_step",
+    "attach",
+    "freeze",
+    "is_live",
+    "new_request_data",
+    "pinned",
+]
 
 # Where a LiveRequest finds its state, in its instance dict: the core while it is live,
 # the core's final record once it finished; and, while vLLM's code reads the request at a
@@ -125,6 +133,11 @@ def freeze(request: Request, final: llmsched.Request) -> None:
     fields = request.__dict__
     fields[_FINAL] = final
     fields.pop(_CORE, None)
+
+
+def is_live(request: Request) -> bool:
+    """Whether ``request`` still reads the core (it has not finished)."""
+    return _FINAL not in request.__dict__
 
 
 @contextmanager

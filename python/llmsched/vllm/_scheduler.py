@@ -51,7 +51,8 @@ from llmsched.vllm._kv_connector import KvConnectorSide, make_connector
 from llmsched.vllm._kv_events import KvEvents, make_publisher, publish_events
 from llmsched.vllm._kv_layout import KVCacheLayout
 from llmsched.vllm._multimodal import EncoderFields, mm_inputs
-from llmsched.vllm._requests import attach, freeze, new_request_data
+from llmsched.vllm._requests import attach, freeze, is_live, new_request_data
+from llmsched.vllm._sessions import Sessions
 
 __all__ = ["TESTED_VLLM_VERSIONS", "AsyncScheduler", "Scheduler"]
 
@@ -221,6 +222,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         )
         # Requests refused at add_request, reported as errors by the next update.
         self._refused: dict[str, tuple[Request, str]] = {}
+        # Streaming-input sessions whose input was refused (they finished with the error).
+        self._refused_inputs: dict[str, tuple[Request, str]] = {}
+        self._sessions = Sessions(self.core, hash_block_size or block_size, log_stats)
         # Structured output: the live requests that use it, and those whose grammar the
         # core has not been told about yet (polled before each step, while any is left).
         self._structured: set[str] = set()
@@ -257,23 +261,21 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     def add_request(self, request: Request) -> None:
         """Queue a vLLM request in the core. A request asking for a feature llmsched does
         not implement is refused: it finishes with an error at the next output, naming
-        the feature, and the engine goes on."""
+        the feature, and the engine goes on. Under the id of a live streaming-input session,
+        it is the session's next input (or, not resumable, its end)."""
         req_id = request.request_id
+        if req_id in self._sessions:
+            self._add_session_input(self.requests[req_id], request)
+            return
         if req_id in self.requests or req_id in self._refused:
             raise llmsched.DuplicateRequestError(f"request_id={req_id!r}: already live")
-        # A pooling request has no sampling parameters: it ends with its prompt.
-        params = request.sampling_params or _NO_SAMPLING
         reason = check_request(request, self.connector is not None)
         if reason is None:
             try:
                 self.core.add_request(
                     req_id,
                     request.prompt_token_ids,
-                    max_tokens=request.max_tokens,
-                    min_tokens=params.min_tokens,
-                    eos_token_id=params.eos_token_id,
-                    stop_token_ids=params.stop_token_ids or (),
-                    arrival_time=request.arrival_time,
+                    **self._core_arguments(request),
                     # A request that arrives with tokens computed (a disaggregated decode
                     # worker's: all but the last) waits with the KV holders.
                     num_computed_tokens=request.num_computed_tokens,
@@ -287,6 +289,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     structured_output=request.use_structured_output,
                     report_reused_blocks=getattr(request, "kv_cache_report_mode", None) == "full",
                     mm_inputs=mm_inputs(request),
+                    resumable=request.resumable,
                 )
             except llmsched.InvalidRequestError as exc:
                 reason = str(exc)
@@ -297,9 +300,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         attach(request, self.core)
         if self._step_log is not None:
             self._step_log.added += 1
+        if request.resumable:
+            self._sessions.started(request)
         if request.use_structured_output:
             self._structured.add(req_id)
             self._compiling[req_id] = request
+        params = request.sampling_params or _NO_SAMPLING
         if params.logprobs is not None or request.trace_headers or request.client_index:
             self._always_full.add(req_id)
         if request.client_index:
@@ -310,6 +316,43 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._kv_connector.on_new_request(request)
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
+
+    @staticmethod
+    def _core_arguments(request: Request) -> dict[str, Any]:
+        """What ends ``request``'s output, and when it arrived, as the core takes them (a
+        new request's and a session's input's)."""
+        # A pooling request has no sampling parameters: it ends with its prompt.
+        params = request.sampling_params or _NO_SAMPLING
+        return {
+            "max_tokens": request.max_tokens,
+            "min_tokens": params.min_tokens,
+            "eos_token_id": params.eos_token_id,
+            "stop_token_ids": params.stop_token_ids or (),
+            "arrival_time": request.arrival_time,
+        }
+
+    def _add_session_input(self, session: Request, request: Request) -> None:
+        """``request`` is an input of the live session ``session`` (vLLM's ``add_request`` of
+        an existing id). One the core refuses ends the session with the error at the next
+        output (vLLM refuses such an input before its scheduler; the session's stream ends)."""
+        req_id = request.request_id
+        reason = check_request(request, self.connector is not None)
+        if reason is None:
+            try:
+                answer = self._sessions.add_input(session, request, self._core_arguments(request))
+            except llmsched.InvalidRequestError as exc:
+                reason = str(exc)
+            else:
+                if answer == "finished":
+                    self._freeze_finished()
+                    self._forget(req_id)
+                elif answer == "taken_up" and (request.sampling_params or _NO_SAMPLING).logprobs:
+                    self._always_full.add(req_id)
+                return
+        self.core.finish_requests(req_id, int(RequestStatus.FINISHED_ERROR))
+        self._freeze_finished()
+        self._forget(req_id)
+        self._refused_inputs[req_id] = (session, reason)
 
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
@@ -354,6 +397,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._compiling.pop(req_id, None)
         self._always_full.discard(req_id)
         self._next_full.discard(req_id)
+        self._sessions.forget(req_id)
         # An abort's kv_transfer_params go nowhere (vLLM's finish_requests drops them too).
         self._kv_transfer_params.pop(req_id, None)
         if self._encoder_fields is not None:
@@ -678,11 +722,13 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 # Before the requests the output finished are let go.
                 self._kv_events.take(self.core.take_kv_events(), self.requests)
             if scheduler_output.scheduled_spec_decode_tokens:
-                # An output a preemption dropped (stale) counts no drafts; only a connector
-                # that hands KV off, or a reset that preempted, drops one.
+                # A dropped (stale) output counts no drafts; only a connector that hands KV
+                # off, a reset that preempted, or a session's stop drops one.
                 delivered = (
                     set(core_outputs.req_ids)
-                    if self.core.config.preemption_drops_in_flight_output or self._reset_preempted
+                    if self.core.config.preemption_drops_in_flight_output
+                    or self._reset_preempted
+                    or self._sessions
                     else None
                 )
                 spec_stats = self._observe_drafts(
@@ -717,6 +763,17 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             if self.finished_req_ids_dict is not None:
                 self.finished_req_ids_dict[request.client_index].add(req_id)
         self._refused.clear()
+        for req_id, (session, reason) in self._refused_inputs.items():
+            outputs[session.client_index].append(
+                EngineCoreOutput(
+                    request_id=req_id,
+                    new_token_ids=[],
+                    finish_reason=FinishReason.ERROR,
+                    stop_reason=reason,
+                    **_validation_error(reason),
+                )
+            )
+        self._refused_inputs.clear()
 
         engine_core_outputs = {
             client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
@@ -808,7 +865,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         else:
             outputs[0].extend(built)
         for i in full:
-            if statuses[i] >= _FIRST_FINISHED:
+            # A session's stop ends its input; the session goes on.
+            if statuses[i] >= _FIRST_FINISHED and not (
+                self._sessions and is_live(self.requests[out_ids[i]])
+            ):
                 self._forget(out_ids[i])
 
     def _advance_grammars(self, out_ids: list[str], built: list[EngineCoreOutput]) -> None:
@@ -913,6 +973,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             # vLLM's estimate_cached_tokens: the request's cached blocks, in tokens.
             prefill_stats.finalize(cached_blocks * self.block_size)
             output.prefill_stats = prefill_stats
+        if finished and self._sessions and is_live(request):
+            # A session's stop ends its input and the session takes up its next one, if
+            # added (after the logprobs above, read with the finished input's parameters).
+            self._sessions.catch_up(request)
         if self.log_stats:
             output.events = request.take_events()
         output.trace_headers = request.trace_headers

@@ -31,6 +31,6 @@ pub use request::{Grammar, Request, RequestStatus};
 pub use scheduler::step::{KvLoad, Step};
 pub use scheduler::{
     ExternalKv, ExternalMatch, NewRequest, PauseState, RequestEvent, RequestRef, RunnerOutput, Scheduler,
-    SchedulerStats,
+    SchedulerStats, SessionInputAdded,
 };
 pub use slab::Handle;

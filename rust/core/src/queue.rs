@@ -174,6 +174,17 @@ impl RequestQueue {
         Some(handle)
     }
 
+    /// Removes a live request from the middle now, its entry included (not lazily: it may
+    /// come back into this queue). The caller has cleared its `queued_in`. O(entries).
+    pub fn remove(&mut self, slab: &Slab, handle: Handle) {
+        match &mut self.entries {
+            Entries::Fcfs(deque) => deque.retain(|&h| h != handle),
+            Entries::Priority { heap, .. } => heap.retain(|e| e.handle != handle),
+        }
+        self.len -= 1;
+        self.sweep_if_needed(slab);
+    }
+
     /// Accounts for a request removed from the middle, after the caller has
     /// cleared its `queued_in` (which makes its entry dead).
     pub fn forget_one(&mut self, slab: &Slab) {

@@ -103,6 +103,10 @@ pub struct NewRequest {
     /// Its multimodal inputs (encoder inputs), in prompt order; only with an encoder
     /// budget (`max_num_encoder_input_tokens > 0`).
     pub mm_inputs: Vec<MmInputSpec>,
+    /// A streaming-input session (vLLM's `resumable`): a stop ends the current input, not
+    /// the request, which keeps its KV and goes on with the next input, added under the
+    /// same id (see `Scheduler::add_request`).
+    pub resumable: bool,
 }
 
 impl NewRequest {
@@ -123,6 +127,7 @@ impl NewRequest {
             structured_output: false,
             report_reused_blocks: false,
             mm_inputs: Vec::new(),
+            resumable: false,
         }
     }
 }
@@ -286,6 +291,123 @@ pub struct Request {
     pub(crate) next_decode_eligible_step: u64,
     /// Its multimodal inputs and the encoder outputs it references (None without inputs).
     pub(crate) mm: Option<Box<RequestInputs>>,
+    /// For a streaming-input session, its inputs still to come (None: not resumable).
+    pub(crate) session: Option<Box<Session>>,
+}
+
+/// A streaming-input session's inputs added while it was still on one (vLLM's
+/// `streaming_queue`), oldest first; None is the end of the session.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Session {
+    pub(crate) queued: std::collections::VecDeque<Option<SessionInput>>,
+    /// Inputs taken up so far (after the first).
+    pub(crate) num_inputs_taken: u32,
+}
+
+/// The next input of a streaming-input session, checked: its prompt extends the session's
+/// tokens, and its sampling limits replace the session's (vLLM's `StreamingUpdate`).
+#[derive(Clone, Debug)]
+pub(crate) struct SessionInput {
+    pub(crate) prompt_token_ids: Vec<i32>,
+    pub(crate) limits: StopLimits,
+    pub(crate) arrival_time: f64,
+}
+
+/// What ends a request's output, checked: `max_tokens`, its EOS token (`NO_TOKEN` for
+/// none) and its stop tokens.
+#[derive(Clone, Debug)]
+pub(crate) struct StopLimits {
+    max_tokens: i32,
+    eos_token_id: i32,
+    stop_token_ids: Box<[i32]>,
+}
+
+impl StopLimits {
+    /// `new`'s limits, each checked (the error names the field and the value).
+    fn of(new: &NewRequest) -> CoreResult<Self> {
+        if new.max_tokens < 1 || new.max_tokens > i32::MAX as i64 {
+            return Err(CoreError::request("max_tokens", new.max_tokens, format!("must be in [1, {}]", i32::MAX)));
+        }
+        if new.min_tokens < 0 || new.min_tokens > i32::MAX as i64 {
+            return Err(CoreError::request("min_tokens", new.min_tokens, format!("must be in [0, {}]", i32::MAX)));
+        }
+        if new.min_tokens > new.max_tokens {
+            return Err(CoreError::request(
+                "min_tokens",
+                new.min_tokens,
+                format!("must be at most max_tokens = {}", new.max_tokens),
+            ));
+        }
+        let eos_token_id = new.eos_token_id.map(|t| token_id("eos_token_id", t)).transpose()?;
+        ListLimit::stop_token_ids().check("stop_token_ids", new.stop_token_ids.len())?;
+        let stop_token_ids: Box<[i32]> = token_ids("stop_token_ids", &new.stop_token_ids)?.into();
+        Ok(Self { max_tokens: stored(new.max_tokens), eos_token_id: eos_token_id.unwrap_or(NO_TOKEN), stop_token_ids })
+    }
+
+    pub(crate) fn max_tokens(&self) -> i64 {
+        self.max_tokens.into()
+    }
+}
+
+/// A request of `num_tokens` tokens and `max_tokens` to come fits the pool: one whose KV
+/// could outgrow the whole pool would preempt everything, then itself, and recompute
+/// forever (vLLM refuses a pool smaller than `max_model_len` at startup instead).
+pub(crate) fn check_could_finish(num_tokens: i64, max_tokens: i64, cfg: &SchedulerConfig) -> CoreResult<()> {
+    let longest =
+        (num_tokens + max_tokens + cfg.num_speculative_tokens() + cfg.num_lookahead_tokens()).min(cfg.max_model_len());
+    let blocks_needed = cfg.max_blocks_per_request(longest);
+    let usable_blocks = cfg.num_gpu_blocks() - 1;
+    if blocks_needed > usable_blocks {
+        return Err(CoreError::request(
+            "max_tokens",
+            max_tokens,
+            format!(
+                "the request could grow to {longest} tokens ({blocks_needed} KV blocks of {} tokens, every \
+                 KV-cache group counted), but the pool has {usable_blocks} usable blocks: it could never finish",
+                cfg.block_size()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `new`'s arrival time, checked; now when it has none.
+fn arrival_time_of(new: &NewRequest) -> CoreResult<f64> {
+    match new.arrival_time {
+        Some(t) if t.is_finite() => Ok(t),
+        Some(t) => Err(CoreError::request("arrival_time", t, "must be a finite number")),
+        None => Ok(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)),
+    }
+}
+
+/// `new`'s prompt, checked: at least one token, each a token id, within `cfg`'s prompt limit.
+fn prompt_of(new: &NewRequest, cfg: &SchedulerConfig) -> CoreResult<Vec<i32>> {
+    if new.prompt_token_ids.is_empty() {
+        return Err(CoreError::request("prompt_token_ids", "[]", "a prompt needs at least one token"));
+    }
+    // A generating request needs room for one sampled token: N <= M - s.
+    cfg.prompt_limit().check("prompt_token_ids", new.prompt_token_ids.len())?;
+    token_ids("prompt_token_ids", &new.prompt_token_ids)
+}
+
+impl SessionInput {
+    /// The next input of a session, from `add_request`'s arguments under the session's id:
+    /// its prompt and sampling limits, checked. What it carries beyond those (adapter,
+    /// salt, priority) is the session's, as in vLLM; multimodal inputs are refused.
+    pub(crate) fn of(new: &NewRequest, cfg: &SchedulerConfig) -> CoreResult<Self> {
+        if !new.mm_inputs.is_empty() {
+            return Err(CoreError::request(
+                "mm_inputs",
+                format!("{} inputs", new.mm_inputs.len()),
+                "a streaming-input session's later inputs cannot carry multimodal inputs in llmsched",
+            ));
+        }
+        Ok(Self {
+            prompt_token_ids: prompt_of(new, cfg)?,
+            limits: StopLimits::of(new)?,
+            arrival_time: arrival_time_of(new)?,
+        })
+    }
 }
 
 /// The slot lines the running loop reads: the counters and status, the block table and
@@ -363,29 +485,9 @@ impl Request {
         if new.request_id.is_empty() {
             return Err(CoreError::request("request_id", "''", "must be a non-empty string"));
         }
-        let prompt_len = new.prompt_token_ids.len() as i64;
-        if prompt_len == 0 {
-            return Err(CoreError::request("prompt_token_ids", "[]", "a prompt needs at least one token"));
-        }
-        // A generating request needs room for one sampled token: N <= M - s.
-        cfg.prompt_limit().check("prompt_token_ids", new.prompt_token_ids.len())?;
-        let prompt = token_ids("prompt_token_ids", &new.prompt_token_ids)?;
-        if new.max_tokens < 1 || new.max_tokens > i32::MAX as i64 {
-            return Err(CoreError::request("max_tokens", new.max_tokens, format!("must be in [1, {}]", i32::MAX)));
-        }
-        if new.min_tokens < 0 || new.min_tokens > i32::MAX as i64 {
-            return Err(CoreError::request("min_tokens", new.min_tokens, format!("must be in [0, {}]", i32::MAX)));
-        }
-        if new.min_tokens > new.max_tokens {
-            return Err(CoreError::request(
-                "min_tokens",
-                new.min_tokens,
-                format!("must be at most max_tokens = {}", new.max_tokens),
-            ));
-        }
-        let eos_token_id = new.eos_token_id.map(|t| token_id("eos_token_id", t)).transpose()?;
-        ListLimit::stop_token_ids().check("stop_token_ids", new.stop_token_ids.len())?;
-        let stop_token_ids: Box<[i32]> = token_ids("stop_token_ids", &new.stop_token_ids)?.into();
+        let prompt = prompt_of(&new, cfg)?;
+        let prompt_len = prompt.len() as i64;
+        let limits = StopLimits::of(&new)?;
         if new.num_computed_tokens < 0 || new.num_computed_tokens >= prompt_len {
             return Err(CoreError::request(
                 "num_computed_tokens",
@@ -393,24 +495,7 @@ impl Request {
                 format!("must be in [0, len(prompt_token_ids)) = [0, {prompt_len}): the last prompt token is always computed"),
             ));
         }
-        // A request whose KV could outgrow the whole pool would preempt everything, then
-        // itself, and recompute forever: refuse it now (vLLM refuses a pool smaller than
-        // max_model_len at startup instead).
-        let longest = (prompt_len + new.max_tokens + cfg.num_speculative_tokens() + cfg.num_lookahead_tokens()).min(m);
-        let blocks_needed = cfg.max_blocks_per_request(longest);
-        let usable_blocks = cfg.num_gpu_blocks() - 1;
-        if blocks_needed > usable_blocks {
-            return Err(CoreError::request(
-                "max_tokens",
-                new.max_tokens,
-                format!(
-                    "the request could grow to {longest} tokens ({blocks_needed} KV blocks of {} tokens, \
-                     every KV-cache group counted), but the pool has {usable_blocks} usable blocks: it could \
-                     never finish",
-                    cfg.block_size()
-                ),
-            ));
-        }
+        check_could_finish(prompt_len, new.max_tokens, cfg)?;
         // With a KV connector, an asynchronous load of it must also leave one speculative
         // step's blocks free (vLLM's reservation), even in an empty pool: a request that
         // cannot have both would wait for its load forever (vLLM never starts such a load).
@@ -419,6 +504,7 @@ impl Request {
             let bs = cfg.block_size();
             let spec_step_blocks = (1 + k + cfg.num_lookahead_tokens() + bs - 1) / bs;
             let load_blocks = cfg.max_blocks_per_request((prompt_len + new.max_tokens).min(m));
+            let usable_blocks = cfg.num_gpu_blocks() - 1;
             if load_blocks + spec_step_blocks > usable_blocks {
                 return Err(CoreError::request(
                     "max_tokens",
@@ -434,11 +520,7 @@ impl Request {
         let lora_id = lora_id(new.lora_id, cfg)?;
         let priority = i32::try_from(new.priority)
             .map_err(|_| CoreError::request("priority", new.priority, "must fit in a 32-bit signed integer"))?;
-        let arrival_time = match new.arrival_time {
-            Some(t) if t.is_finite() => t,
-            Some(t) => return Err(CoreError::request("arrival_time", t, "must be a finite number")),
-            None => SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
-        };
+        let arrival_time = arrival_time_of(&new)?;
         let mm = if new.mm_inputs.is_empty() {
             None
         } else {
@@ -456,8 +538,8 @@ impl Request {
             num_stale_output_tokens: 0,
             num_prompt_tokens,
             num_output_tokens: 0,
-            max_tokens: stored(new.max_tokens),
-            eos_token_id: eos_token_id.unwrap_or(NO_TOKEN),
+            max_tokens: limits.max_tokens,
+            eos_token_id: limits.eos_token_id,
             status: if new.structured_output {
                 RequestStatus::WaitingForStructuredOutputGrammar
             } else {
@@ -468,7 +550,7 @@ impl Request {
             skipped_waiting: false,
             kv_loaded: false,
             kv_load_failed: false,
-            has_stop_token_ids: !stop_token_ids.is_empty(),
+            has_stop_token_ids: !limits.stop_token_ids.is_empty(),
             has_mm_inputs: mm.is_some(),
             block_ids: Vec::new(),
             extra_tables: Vec::new(),
@@ -479,7 +561,7 @@ impl Request {
             last_scheduled_step: 0,
             num_cached_blocks: 0,
             block_hashes: Vec::new(),
-            stop_token_ids,
+            stop_token_ids: limits.stop_token_ids,
             queued_in: None,
             id: Arc::from(new.request_id),
             priority,
@@ -492,7 +574,59 @@ impl Request {
             skip_reading_prefix_cache: new.skip_reading_prefix_cache,
             grammar: new.structured_output.then_some(Grammar::Compiling),
             report_reused_blocks: new.report_reused_blocks,
+            session: new.resumable.then(Box::default),
         })
+    }
+
+    /// Whether it is a streaming-input session (vLLM's `resumable`).
+    pub fn is_resumable(&self) -> bool {
+        self.session.is_some()
+    }
+
+    /// A session's inputs added but not taken up yet (the end of the session counts as
+    /// one); 0 for a request that is not a session.
+    pub fn num_queued_inputs(&self) -> usize {
+        self.session.as_ref().map_or(0, |s| s.queued.len())
+    }
+
+    /// A session's inputs taken up after its first.
+    pub fn num_inputs_taken(&self) -> u32 {
+        self.session.as_ref().map_or(0, |s| s.num_inputs_taken)
+    }
+
+    /// Takes up a session's next input (vLLM's `_update_request_as_session`): every output
+    /// token but the last sampled one (whose KV was never computed) joins the prompt, then
+    /// the input's tokens; its limits replace the request's; the block hashes past the
+    /// kept tokens go (a stale hash of a block the kept tokens fill stays, as in vLLM) and
+    /// the new tokens' are made by the caller. `C` stays: the caller has set it to the
+    /// tokens whose KV is kept.
+    pub(crate) fn take_session_input(&mut self, input: SessionInput, hash_block_size: usize) {
+        let keep_end = (self.num_tokens() - 1).max(0) as usize;
+        debug_assert!(keep_end as i64 >= self.num_computed_tokens());
+        let mut prompt = Vec::with_capacity(keep_end + input.prompt_token_ids.len());
+        prompt.extend(self.all_token_ids().take(keep_end));
+        prompt.extend_from_slice(&input.prompt_token_ids);
+        self.num_prompt_tokens = stored(prompt.len() as i64);
+        self.prompt_token_ids = prompt.into();
+        self.output = OutputTokens::default();
+        self.num_output_tokens = 0;
+        if let Some(kept_blocks) = keep_end.checked_div(hash_block_size) {
+            self.block_hashes.truncate(kept_blocks);
+        }
+        let StopLimits { max_tokens, eos_token_id, stop_token_ids } = input.limits;
+        self.max_tokens = max_tokens;
+        self.eos_token_id = eos_token_id;
+        self.has_stop_token_ids = !stop_token_ids.is_empty();
+        self.stop_token_ids = stop_token_ids;
+        self.arrival_time = input.arrival_time;
+        if let Some(session) = self.session.as_mut() {
+            session.num_inputs_taken += 1;
+        }
+    }
+
+    /// The session's tokens if it took up `input` now: `N - 1 + len(input)`.
+    pub(crate) fn num_tokens_after(&self, input: &SessionInput) -> i64 {
+        self.num_tokens() - 1 + input.prompt_token_ids.len() as i64
     }
 
     /// Whether it holds KV blocks while waiting (vLLM's `_holds_kv_blocks`): computed

@@ -596,6 +596,15 @@ pub struct PyRequest {
     /// The LoRA adapter the request runs under, or None.
     #[pyo3(get)]
     lora_id: Option<u32>,
+    /// Whether it is a streaming-input session (``add_request(..., resumable=True)``).
+    #[pyo3(get)]
+    resumable: bool,
+    /// A session's inputs added but not taken up yet (the end of the session counts as one).
+    #[pyo3(get)]
+    num_queued_inputs: usize,
+    /// A session's inputs taken up after its first.
+    #[pyo3(get)]
+    num_inputs_taken: u32,
 }
 
 impl PyRequest {
@@ -623,6 +632,9 @@ impl PyRequest {
             block_hashes: r.block_hashes().to_vec(),
             num_cached_blocks: r.num_cached_blocks(),
             lora_id: r.lora_id(),
+            resumable: r.is_resumable(),
+            num_queued_inputs: r.num_queued_inputs(),
+            num_inputs_taken: r.num_inputs_taken(),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use llmsched_core::{
     ExternalKv, ExternalMatch, Handle, KvEvent, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput,
-    Scheduler, SchedulerConfig, Step,
+    Scheduler, SchedulerConfig, SessionInputAdded, Step,
 };
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyMemoryError;
@@ -756,14 +756,29 @@ impl PyScheduler {
     /// there are, and which of them carry an embedding (one bool each; all when absent);
     /// only with an encoder budget (``max_num_encoder_input_tokens``), and each input
     /// within it.
+    ///
+    /// ``resumable`` makes it a streaming-input session (vLLM's resumable requests): a stop
+    /// (its ``RequestOutput`` carries the stop's status, the input's finish reason) ends the
+    /// session's current input, not the request, which keeps the KV of its tokens but the
+    /// last sampled one and waits for its next input (``WAITING_FOR_STREAMING_REQ``, holding
+    /// one of ``max_num_seqs``' slots). The next input is an ``add_request`` under the same
+    /// id with ``resumable=True``: its prompt extends the session's tokens and its
+    /// ``max_tokens``, ``eos_token_id``, ``stop_token_ids`` and ``arrival_time`` replace the
+    /// session's (the rest is the session's); added while the session still runs, it is
+    /// taken up at the stop. One added without ``resumable`` ends the session: at its stop,
+    /// or at once (aborted) if it waits for input. Returns what an input did: ``"queued"``,
+    /// ``"taken_up"`` or ``"finished"`` (then ``take_finished_requests`` has its record);
+    /// None for a new request. An input that does not fit (the session's tokens past the
+    /// prompt limit, or KV past the pool) raises ``InvalidRequestError`` and changes
+    /// nothing; one that does not fit when taken up at a stop ends the session instead.
     #[pyo3(signature = (request_id, prompt_token_ids, *, max_tokens, min_tokens=None, eos_token_id=None,
         stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None, cache_salt=None,
         lora_id=None, skip_reading_prefix_cache=None, structured_output=None, report_reused_blocks=None,
-        mm_inputs=None),
+        mm_inputs=None, resumable=None),
         text_signature = "(self, request_id, prompt_token_ids, *, max_tokens, min_tokens=0, eos_token_id=None, \
         stop_token_ids=(), arrival_time=None, num_computed_tokens=0, priority=0, cache_salt=None, \
         lora_id=None, skip_reading_prefix_cache=False, structured_output=False, report_reused_blocks=False, \
-        mm_inputs=())")]
+        mm_inputs=(), resumable=False)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &self,
@@ -783,7 +798,8 @@ impl PyScheduler {
         structured_output: Option<&Bound<'_, PyAny>>,
         report_reused_blocks: Option<&Bound<'_, PyAny>>,
         mm_inputs: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
+        resumable: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<&'static str>> {
         let id = request_id.cast::<PyString>().map_err(|_| {
             request_error(
                 py,
@@ -862,6 +878,10 @@ impl PyScheduler {
                 }
                 _ => Vec::new(),
             },
+            resumable: match resumable {
+                Some(v) => bool_value(py, v, &"resumable", request_error)?,
+                None => false,
+            },
         };
         // Keep an exact str: a subclass instance could carry state of its own.
         let py_id: Py<PyString> = if id.is_exact_instance_of::<PyString>() {
@@ -870,14 +890,24 @@ impl PyScheduler {
             new_str(py, &new.request_id)?.unbind()
         };
         self.with_inner(py, |inner| {
-            let handle = inner.core.add_request(new).map_err(core_err)?;
+            let finished_before = inner.core.finished_since_last_step().len();
+            let (handle, input) = inner.core.add_request_or_input(new).map_err(core_err)?;
+            if let Some(input) = input {
+                // An input of a live session: the session keeps its id object.
+                inner.retire_finished_since(finished_before);
+                return Ok(Some(match input {
+                    SessionInputAdded::Queued => "queued",
+                    SessionInputAdded::TakenUp => "taken_up",
+                    SessionInputAdded::Finished => "finished",
+                }));
+            }
             let index = handle.index as usize;
             if inner.py_ids.len() <= index {
                 inner.py_ids.resize_with(index + 1, || None);
             }
             inner.handle_by_address.insert(py_id.as_ptr() as usize, handle);
             inner.py_ids[index] = Some((handle.generation, py_id));
-            Ok(())
+            Ok(None)
         })
     }
 
@@ -1387,6 +1417,14 @@ impl PyScheduler {
     #[getter]
     fn num_skipped_waiting(&self, py: Python<'_>) -> PyResult<usize> {
         self.with_inner(py, |inner| Ok(inner.core.num_skipped_waiting()))
+    }
+
+    /// Streaming-input sessions waiting for their next input
+    /// (``WAITING_FOR_STREAMING_REQ``): counted as waiting, but not unfinished work, and each
+    /// holds one of ``max_num_seqs``' slots (vLLM's ``num_waiting_for_streaming_input``).
+    #[getter]
+    fn num_waiting_for_streaming_input(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_inner(py, |inner| Ok(inner.core.num_waiting_for_streaming_input()))
     }
 
     /// ``(running, waiting)``.

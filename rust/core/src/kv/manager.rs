@@ -121,6 +121,20 @@ impl KvManager {
         1.0 - self.pool.num_free_blocks() as f64 / usable
     }
 
+    /// Tokens per block hash (0 without prefix caching: no hashes are kept).
+    pub fn hash_block_size(&self) -> usize {
+        if self.enable_caching {
+            self.block_size as usize
+        } else {
+            0
+        }
+    }
+
+    /// Whether a block's hash covers tokens after the block (lookahead hashes).
+    pub fn hashes_look_ahead(&self) -> bool {
+        self.hash_lookahead > 0
+    }
+
     /// Hashes the full blocks of `request` not hashed yet, each once the lookahead tokens
     /// after it exist (no-op without caching).
     // Always inlined: every applied step calls it, and the early return is the common case.

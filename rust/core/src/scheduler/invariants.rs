@@ -71,6 +71,7 @@ impl Scheduler {
         let mut live = 0usize;
         let mut skipped = 0usize;
         let mut structured = 0usize;
+        let mut paused_sessions = 0usize;
         for (h, r) in self.requests.iter() {
             if r.status.is_finished() {
                 return Err(broken(format!("finished request {:?} still holds its record", r.id)));
@@ -93,6 +94,18 @@ impl Scheduler {
                     r.id, r.grammar
                 )));
             }
+            if r.status == RequestStatus::WaitingForStreamingReq {
+                paused_sessions += 1;
+                if !r.is_resumable() || !r.skipped_waiting || r.num_queued_inputs() > 0 {
+                    return Err(broken(format!(
+                        "request {:?} waits for streaming input, but resumable={}, skipped={}, {} inputs queued",
+                        r.id,
+                        r.is_resumable(),
+                        r.skipped_waiting,
+                        r.num_queued_inputs()
+                    )));
+                }
+            }
             self.check_live_request(h, r, &places, &in_flight)?;
             self.check_block_hashes(r)?;
             self.check_block_table(r, &mut block_refs)?;
@@ -104,6 +117,12 @@ impl Scheduler {
             return Err(broken(format!(
                 "num_skipped_waiting {} but {skipped} requests are marked skipped",
                 self.num_skipped_waiting
+            )));
+        }
+        if paused_sessions != self.num_waiting_for_streaming_input {
+            return Err(broken(format!(
+                "num_waiting_for_streaming_input {} but {paused_sessions} sessions wait for input",
+                self.num_waiting_for_streaming_input
             )));
         }
         if structured != self.num_structured_output {
@@ -247,7 +266,8 @@ impl Scheduler {
             RequestStatus::Waiting
             | RequestStatus::Preempted
             | RequestStatus::WaitingForStructuredOutputGrammar
-            | RequestStatus::WaitingForRemoteKvs => match r.queued_in {
+            | RequestStatus::WaitingForRemoteKvs
+            | RequestStatus::WaitingForStreamingReq => match r.queued_in {
                 Some(QueueKind::Waiting) => "waiting",
                 Some(QueueKind::KvHolding) => "kv_holding_waiting",
                 None => "nowhere",
@@ -342,7 +362,9 @@ impl Scheduler {
                     )));
                 }
                 if loaded {
-                    if !cfg.kv_connector() || !self.inflight_prefills.contains(&self.ids[id]) {
+                    // A stopped session keeps the KV of the tokens it keeps.
+                    let kept = r.is_resumable() && c > 0;
+                    if !kept && (!cfg.kv_connector() || !self.inflight_prefills.contains(&self.ids[id])) {
                         return Err(broken(format!("waiting request {id:?} holds blocks, but no KV load gave them")));
                     }
                     if (r.block_ids.len() as i64) * b < c {
@@ -386,7 +408,10 @@ impl Scheduler {
             )));
         }
         let mut scratch = Vec::new();
-        for i in full.saturating_sub(4)..full {
+        // A session's kept hash may cover the sampled token its last input discarded (vLLM
+        // keeps it; see `Scheduler::rehash_session`): with lookahead hashes, only counted.
+        let checked = if r.is_resumable() && lookahead > 0 { 0 } else { 4 };
+        for i in full.saturating_sub(checked)..full {
             let parent = if i == 0 { crate::kv::prefix::NONE_HASH } else { r.block_hashes[i - 1] };
             let salt = if i == 0 { r.cache_salt.as_deref() } else { None };
             let block: Vec<i32> = r.all_token_ids().skip(i * b).take(b + lookahead).collect();

@@ -10,6 +10,7 @@ mod external_kv;
 mod grammar;
 mod invariants;
 mod running;
+mod sessions;
 pub mod step;
 mod update;
 mod waiting;
@@ -31,6 +32,7 @@ use crate::slab::{Handle, Slab};
 use step::{Budgets, Entry, EntryKind, Row, Step, StepBuilder, StepRecord, Undo};
 
 pub use external_kv::{ExternalKv, ExternalMatch};
+pub use sessions::SessionInputAdded;
 pub use update::{RequestEvent, RunnerOutput};
 
 /// A request named in a call: by the handle `add_request` returned, or by its id.
@@ -61,6 +63,9 @@ pub struct Scheduler {
     /// Waiting requests a waiting loop set aside and none has admitted since (vLLM's
     /// `deferred_waiting`, reported apart from the other waiting requests).
     num_skipped_waiting: usize,
+    /// Paused streaming-input sessions (`WaitingForStreamingReq`): waiting, but each holds
+    /// a model-runner slot.
+    num_waiting_for_streaming_input: usize,
     /// Live requests that use structured output (while none does, steps skip the grammar
     /// rows' pass).
     num_structured_output: usize,
@@ -181,6 +186,7 @@ impl Scheduler {
             kv_holding_waiting: RequestQueue::new(QueueKind::KvHolding, policy),
             running: Vec::new(),
             num_skipped_waiting: 0,
+            num_waiting_for_streaming_input: 0,
             num_structured_output: 0,
             grammar_failures: Vec::new(),
             kv,
@@ -218,10 +224,17 @@ impl Scheduler {
         }
     }
 
-    /// Validates and queues a request; returns its handle.
+    /// Validates and queues a request; returns its handle. Under the id of a live
+    /// streaming-input session (`NewRequest::resumable`), it is the session's next input
+    /// instead ([`Self::add_session_input`]), and the session's handle is returned.
     pub fn add_request(&mut self, new: NewRequest) -> CoreResult<Handle> {
-        if self.ids.contains_key(new.request_id.as_str()) {
-            return Err(CoreError::DuplicateRequest { request_id: new.request_id });
+        self.add_request_or_input(new).map(|(handle, _)| handle)
+    }
+
+    /// `add_request`, saying what an input to a live session did (None for a new request).
+    pub fn add_request_or_input(&mut self, new: NewRequest) -> CoreResult<(Handle, Option<SessionInputAdded>)> {
+        if let Some(&handle) = self.ids.get(new.request_id.as_str()) {
+            return self.add_session_input(handle, new).map(|added| (handle, Some(added)));
         }
         if self.held_kv.contains_key(new.request_id.as_str()) {
             return Err(CoreError::request(
@@ -247,7 +260,7 @@ impl Scheduler {
         self.ids.insert(id, handle);
         let (queue, slab) = self.queue_with_slab(kind);
         queue.add(slab, handle);
-        Ok(handle)
+        Ok((handle, None))
     }
 
     /// One scheduling step (spec §3).
@@ -657,6 +670,9 @@ impl Scheduler {
             let request = &mut self.requests[h];
             was_running |= request.status == RequestStatus::Running;
             let load_in_flight = request.status == RequestStatus::WaitingForRemoteKvs && !request.kv_loaded;
+            if request.status == RequestStatus::WaitingForStreamingReq {
+                self.num_waiting_for_streaming_input -= 1;
+            }
             request.status = status;
             let id = request.id.clone();
             self.release_finished(h);
@@ -747,12 +763,14 @@ impl Scheduler {
         (self.running.len(), self.waiting.len() + self.kv_holding_waiting.len())
     }
 
-    /// Requests still to be served: what `schedule()` may schedule under the pause state.
+    /// Requests still to be served: what `schedule()` may schedule under the pause state
+    /// (a session paused for input is not).
     pub fn get_num_unfinished_requests(&self) -> usize {
         let (running, waiting) = self.get_request_counts();
+        let paused_sessions = self.num_waiting_for_streaming_input;
         match self.pause_state {
-            PauseState::Unpaused => running + waiting,
-            PauseState::PausedNew => running + self.kv_holding_waiting.len(),
+            PauseState::Unpaused => running + waiting - paused_sessions,
+            PauseState::PausedNew => running + self.kv_holding_waiting.len() - paused_sessions,
             PauseState::PausedAll => 0,
         }
     }
@@ -883,13 +901,13 @@ impl Scheduler {
         self.running.iter().map(|&h| self.requests[h].id.clone()).collect()
     }
 
-    /// Waiting requests in the order they would be considered.
     /// How many of `waiting_ids` (the first ones) hold KV blocks: a load's, or computed
     /// tokens (vLLM's `kv_holding_waiting`).
     pub fn num_kv_holding_waiting(&self) -> usize {
         self.kv_holding_waiting.len()
     }
 
+    /// Waiting requests in the order they would be considered.
     pub fn waiting_ids(&self) -> Vec<Arc<str>> {
         let kv = self.kv_holding_waiting.live_handles(&self.requests);
         let waiting = self.waiting.live_handles(&self.requests);

@@ -425,7 +425,8 @@ impl Scheduler {
         applied: Applied,
         on_event: &mut impl FnMut(RequestEvent),
     ) -> bool {
-        if applied.stopped {
+        // A streaming-input session's stop ends its input; the request goes on.
+        if applied.stopped && !(self.is_session(entry.handle) && self.continue_session(entry.handle)) {
             self.release_finished(entry.handle);
         }
         if applied.delivered > 0 || applied.stopped {

@@ -135,6 +135,10 @@ impl Scheduler {
                     self.set_aside(kind, &mut set_aside);
                     continue;
                 }
+                RequestStatus::WaitingForStreamingReq => {
+                    self.set_aside(kind, &mut set_aside);
+                    continue;
+                }
                 _ => {}
             }
             let request = &self.requests[handle];
@@ -151,6 +155,10 @@ impl Scheduler {
                     continue;
                 }
             }
+            if request.is_resumable() {
+                self.rehash_session(handle);
+            }
+            let request = &self.requests[handle];
             let mut hit = self.look_up_prefix(request);
             self.kv.report_reused_blocks(request, &hit.blocks);
             let mut load_async = false;
@@ -233,7 +241,8 @@ impl Scheduler {
         };
         let (queue, slab) = self.queue_with_slab(kind);
         let handle = queue.peek(slab)?;
-        if self.running.len() >= max_active {
+        // A session paused for input is not running but holds a model-runner slot.
+        if self.running.len() + self.num_waiting_for_streaming_input >= max_active {
             return None;
         }
         Some((kind, handle))
