@@ -5,8 +5,9 @@ plugin object. The plugin
 
 - makes the schedulers vLLM's test helpers instantiate llmsched's: for every test, the
   module-level names ``Scheduler`` and ``AsyncScheduler`` in vLLM's ``tests/v1/core/utils.py``
-  (``create_scheduler``) and in the test module itself (helpers such as the priority
-  scheduler factory call ``Scheduler(...)`` directly) are monkeypatched to
+  (``create_scheduler``), in ``test_scheduler.py`` (its priority scheduler factory, which
+  other test files import, calls ``Scheduler(...)`` directly) and in the test module itself
+  are monkeypatched to
   ``llmsched.vllm.Scheduler`` / ``llmsched.vllm.AsyncScheduler``. vLLM's files are not
   edited; an explicit ``scheduler_cls=`` argument is left alone;
 - gives vLLM a device type: with no GPU vLLM resolves to its unspecified platform, whose
@@ -30,8 +31,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-#: vLLM's test helper module whose ``create_scheduler`` builds the scheduler under test.
-UTILS_MODULE = "tests.v1.core.utils"
+#: vLLM's test helper modules whose factories build the scheduler under test: ``utils``'s
+#: ``create_scheduler``, and ``test_scheduler``'s priority factory, which other test files
+#: import.
+HELPER_MODULES = ("tests.v1.core.utils", "tests.v1.core.test_scheduler")
 #: The names that may hold vLLM's scheduler classes in a vLLM test or helper module.
 SCHEDULER_NAMES = ("Scheduler", "AsyncScheduler")
 
@@ -138,7 +141,7 @@ class UpstreamPlugin:
             "Scheduler": llmsched.vllm.Scheduler,
             "AsyncScheduler": llmsched.vllm.AsyncScheduler,
         }
-        modules = [importlib.import_module(UTILS_MODULE)]
+        modules = [importlib.import_module(name) for name in HELPER_MODULES]
         if request.node.module is not None:
             modules.append(request.node.module)
         for module in modules:

@@ -20,7 +20,8 @@ What it does:
    tokenizer (vLLM builds the model's multimodal processor to size the encoder budget; no
    weights). vLLM's ``ModelConfig`` takes an existing directory for a local model, so the
    hub is never asked (it is also set offline).
-3. Runs pytest on ``tests/v1/core/test_scheduler.py`` and ``test_async_scheduler.py`` with
+3. Runs pytest on ``selection.FILES`` (``tests/v1/core/test_scheduler.py``,
+   ``test_async_scheduler.py``, ``test_worker_slot_overflow.py``) with
    the extracted tree as rootdir and an empty ini file of its own (this repository's pytest
    configuration does not apply), and :class:`conftest.UpstreamPlugin` as a plugin: vLLM's
    helpers build ``llmsched.vllm.Scheduler`` / ``AsyncScheduler``, and the tests

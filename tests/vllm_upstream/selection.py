@@ -25,6 +25,7 @@ from __future__ import annotations
 
 SCHEDULER_TESTS = "tests/v1/core/test_scheduler.py"
 ASYNC_SCHEDULER_TESTS = "tests/v1/core/test_async_scheduler.py"
+WORKER_SLOT_TESTS = "tests/v1/core/test_worker_slot_overflow.py"
 
 # The reason shared by the test of that name in both files (their Request fields differ).
 _FSM_ABORT_BY_HAND = (
@@ -42,8 +43,10 @@ _FINISHED_RECVING = (
     "scheduler.kv_holding_waiting, scheduler.running, scheduler.waiting; Request fields: status"
 )
 
-#: The test files run, relative to the extracted sdist.
-FILES: tuple[str, ...] = (SCHEDULER_TESTS, ASYNC_SCHEDULER_TESTS)
+#: The test files run, relative to the extracted sdist. (tests/v1/core/'s other scheduler
+#: files, test_priority_scheduler_random.py and test_priority_preemption_bug.py, build a
+#: Qwen2.5-VL model config whose processor is not written offline.)
+FILES: tuple[str, ...] = (SCHEDULER_TESTS, ASYNC_SCHEDULER_TESTS, WORKER_SLOT_TESTS)
 
 #: Tests that use only the public interface; every one must pass.
 INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
@@ -149,6 +152,11 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         # #53962's boundary: a request arriving with all but its last token computed, one
         # token from max_model_len, is scheduled unpadded (ngram_gpu drafts).
         "test_no_spec_decode_padding_up_to_max_model_len",
+    ),
+    WORKER_SLOT_TESTS: (
+        "test_streaming_pause_does_not_over_admit_worker_slot",
+        "test_reset_prefix_cache_priority_does_not_over_admit_worker_slot",
+        "test_reset_prefix_cache_same_step_resume_purges_then_re_adds",
     ),
 }
 

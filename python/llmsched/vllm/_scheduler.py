@@ -1183,6 +1183,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         back before any)."""
         return int(self.core.prefill_cadence[1])
 
+    @property
+    def num_waiting_for_streaming_input(self) -> int:
+        """Streaming-input sessions waiting for their next input, each holding a runner slot
+        (vLLM's attribute of that name)."""
+        return int(self.core.num_waiting_for_streaming_input)
+
     def reset_connector_cache(self) -> bool:
         """Reset the KV connector's cache (vLLM's); without a connector nothing to reset, a
         success, as vLLM's scheduler answers."""
