@@ -103,6 +103,74 @@ def test_a_source_that_is_not_callable_is_refused_before_anything_changes() -> N
     assert sched.current_step == 0
 
 
+def _no_load(request: Request, num_local: int) -> int:
+    return 0
+
+
+def _out_of_blocks() -> Scheduler:
+    """Two running requests filling the pool: the next step needs a block for each."""
+    sched = _scheduler(num_gpu_blocks=5)
+    sched.add_request("a", list(range(1, 33)), max_tokens=8)
+    sched.add_request("b", list(range(101, 133)), max_tokens=8)
+    so = sched.schedule(external_kv=_no_load)
+    sched.update_from_output(so, one_token_each(so))
+    return sched
+
+
+@pytest.mark.parametrize("pending", [True, False])
+def test_pending_block_frees_hold_back_a_preemption(pending: bool) -> None:
+    sched = _out_of_blocks()
+    asked = []
+
+    def pending_block_frees() -> bool:
+        asked.append(True)
+        return pending
+
+    so = sched.schedule(external_kv=_no_load, pending_block_frees=pending_block_frees)
+    assert len(asked) == 1
+    # Transfers in flight will free blocks: nothing preempted (vLLM waits for them).
+    assert sorted(so.preempted_req_ids) == ([] if pending else ["b"])
+    assert list(so.req_ids) == ([] if pending else ["a"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"external_kv": _no_load, "pending_block_frees": 3},
+            "pending_block_frees: must be callable",
+        ),
+        ({"pending_block_frees": lambda: True}, "given with its external_kv"),
+    ],
+)
+def test_a_bad_pending_block_frees_is_refused_before_anything_changes(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    sched = _out_of_blocks()
+    with pytest.raises(InvalidRequestError, match=message):
+        sched.schedule(**kwargs)
+    assert sched.current_step == 1
+
+
+@pytest.mark.parametrize("answer", [RuntimeError("connector down"), "yes"])
+def test_a_failing_pending_block_frees_is_raised_after_the_step(answer: Any) -> None:
+    sched = _out_of_blocks()
+
+    def pending_block_frees() -> Any:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    with pytest.raises(
+        (InvalidRequestError, RuntimeError), match=r"connector down|pending_block_frees"
+    ):
+        sched.schedule(external_kv=_no_load, pending_block_frees=pending_block_frees)
+    # Decided as if no frees were pending (b preempted for a's block), delivered next.
+    so = sched.schedule()
+    assert sorted(so.preempted_req_ids) == ["b"] and list(so.req_ids) == ["a"]
+    sched.check_invariants()
+
+
 def test_finished_requests_hold_their_blocks_until_released() -> None:
     sched = _scheduler()
     free = sched.num_free_blocks

@@ -8,7 +8,9 @@ requests that load and the blocks they load into (plain data, compared field by 
 It also sends the KV of some finished requests (:func:`sends`): ``request_finished`` keeps
 their blocks and returns their block ids as ``kv_transfer_params``, and the engine (the
 harness) reports them sent with the next runner output (:meth:`ParityConnector.take_sent`);
-each one sent becomes a KV event of the connector's (``take_events``).
+each one sent becomes a KV event of the connector's (``take_events``). While some are being
+sent, it answers ``has_pending_block_frees`` true: the running loop preempts no request
+for blocks then.
 :class:`AsyncParityConnector` loads half the prompts its store holds across steps
 (:func:`loads_async`), whole, as a P/D transfer does: the requests wait in
 ``WAITING_FOR_REMOTE_KVS`` until the engine reports their loads received with the runner
@@ -179,6 +181,11 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
             return False, None
         self._sending.append(request.request_id)
         return True, {"sent_blocks": list(block_ids)}
+
+    def has_pending_block_frees(self) -> bool:
+        """Whether KV it is sending will give blocks back (at the next output): vLLM's running
+        loop then preempts no request for blocks."""
+        return bool(self._sending)
 
     def take_sent(self) -> list[str]:
         """The requests whose KV has been sent since the last call (all those finished)."""

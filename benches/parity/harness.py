@@ -1002,6 +1002,8 @@ class LlmschedSide:
         out = self.scheduler.schedule(
             throttle_prefills=throttle,
             external_kv=self._external_kv if self.config.kv_connector else None,
+            # The parity connector's rule: KV it is sending frees blocks at the next output.
+            pending_block_frees=(lambda: bool(self._sent)) if self.config.kv_connector else None,
         )
         for req_id, _, _ in out.kv_loads:
             self._load_started(req_id)

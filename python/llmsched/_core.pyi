@@ -629,6 +629,7 @@ class Scheduler:
         *,
         throttle_prefills: bool = False,
         external_kv: Callable[[Request, int], int | tuple[int | None, bool] | None] | None = None,
+        pending_block_frees: Callable[[], bool] | None = None,
     ) -> SchedulerOutput:
         """Decide the next step: which requests run and how many tokens each.
 
@@ -654,7 +655,14 @@ class Scheduler:
         ``WAITING_FOR_REMOTE_KVS`` (``SchedulerOutput.kv_loads``) until
         ``finish_kv_transfers`` reports it received. The GIL is held through such a step.
         Should it raise or return something else, the request waits, the step is decided
-        without it, and the error is raised; the next ``schedule()`` returns that step."""
+        without it, and the error is raised; the next ``schedule()`` returns that step.
+
+        ``pending_block_frees`` (with ``external_kv``): the connector's
+        ``has_pending_block_frees``, called with no argument where the running loop would
+        preempt a request for KV blocks: while it returns True (transfers in flight will give
+        blocks back), the loop preempts none and schedules no further running request, as
+        vLLM's. Should it raise or return something else, the step is decided as if it
+        returned False, and the error is raised as above."""
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: Any
     ) -> RequestOutputs:

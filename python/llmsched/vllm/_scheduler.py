@@ -487,6 +487,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         core_out = self.core.schedule(
             throttle_prefills=throttle_prefills,
             external_kv=None if self._kv_connector is None else self._kv_connector.matched_tokens,
+            pending_block_frees=None
+            if self._kv_connector is None
+            else self.connector.has_pending_block_frees,
         )
         if self._kv_events is not None:
             self._kv_events.take(self.core.take_kv_events(), self.requests)

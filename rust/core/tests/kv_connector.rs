@@ -15,6 +15,9 @@ struct Store {
     holds: Vec<(&'static str, Option<i64>)>,
     remote: Vec<&'static str>,
     asked: Vec<(String, i64)>,
+    /// Its answer to `has_pending_block_frees`, and how often it was asked.
+    pending_frees: bool,
+    asked_pending: usize,
 }
 
 impl ExternalKv for Store {
@@ -26,6 +29,11 @@ impl ExternalKv for Store {
         };
         let load_async = self.remote.iter().any(|id| **id == **request.id());
         Some(ExternalMatch { tokens, load_async })
+    }
+
+    fn has_pending_block_frees(&mut self) -> bool {
+        self.asked_pending += 1;
+        self.pending_frees
     }
 }
 
@@ -590,4 +598,28 @@ fn a_failed_block_of_a_running_request_is_refused_changing_nothing() {
     let err = sched.fail_kv_loads(&["b"], &[running]).unwrap_err().to_string();
     assert!(err.contains("invalid_block_ids") && err.contains("not served"), "{err}");
     assert_eq!(sched.debug_snapshot(), before);
+}
+
+#[test]
+fn pending_block_frees_hold_back_a_preemption_for_blocks() {
+    // Two requests fill the pool; the next decode step needs a block neither has.
+    let running = |pending_frees: bool| {
+        let mut sched = connected(|p| p.num_gpu_blocks = 5);
+        sched.add_request(request("a", 32, 8)).unwrap();
+        sched.add_request(request("b", 32, 8)).unwrap();
+        let mut store = Store { pending_frees, ..Store::default() };
+        run(&mut sched, &mut store);
+        assert_eq!(store.asked_pending, 0, "asked only when an allocation fails");
+        let step = step_with(&mut sched, &mut store);
+        (step, store.asked_pending)
+    };
+    // Transfers will free blocks: vLLM waits for them, preempting nothing.
+    let (step, asked) = running(true);
+    assert_eq!(asked, 1);
+    assert!(step.preempted.is_empty() && step.is_empty());
+    // None pending: the last running request is preempted for the first's block.
+    let (step, asked) = running(false);
+    assert_eq!(asked, 1);
+    assert_eq!(step.preempted.len(), 1);
+    assert_eq!(step.len(), 1);
 }

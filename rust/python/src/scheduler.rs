@@ -443,6 +443,8 @@ fn str_list(py: Python<'_>, value: Option<&Bound<'_, PyAny>>, field: &str) -> Py
 /// asked waits.
 struct PyExternalKv<'a, 'py> {
     callable: &'a Bound<'py, PyAny>,
+    /// The connector's `has_pending_block_frees`, if given.
+    pending_block_frees: Option<&'a Bound<'py, PyAny>>,
     error: Option<PyErr>,
 }
 
@@ -487,6 +489,19 @@ impl ExternalKv for PyExternalKv<'_, '_> {
         answer.unwrap_or_else(|error| {
             self.error = Some(error);
             None
+        })
+    }
+
+    fn has_pending_block_frees(&mut self) -> bool {
+        let Some(callable) = self.pending_block_frees.filter(|_| self.error.is_none()) else {
+            return false;
+        };
+        let py = callable.py();
+        let answer =
+            callable.call0().and_then(|answer| bool_value(py, &answer, &"pending_block_frees()", request_error));
+        answer.unwrap_or_else(|error| {
+            self.error = Some(error);
+            false
         })
     }
 }
@@ -936,15 +951,23 @@ impl PyScheduler {
     /// ``finish_kv_transfers`` reports it received. The GIL is held through such a step.
     /// Should it raise or return something else, the request waits, the step is decided
     /// without it, and the error is raised; the next ``schedule()`` returns that step.
+    ///
+    /// ``pending_block_frees`` (with ``external_kv``): the connector's
+    /// ``has_pending_block_frees``, called with no argument where the running loop would
+    /// preempt a request for KV blocks: while it returns True (transfers in flight will give
+    /// blocks back), the loop preempts none and schedules no further running request, as
+    /// vLLM's. Should it raise or return something else, the step is decided as if it
+    /// returned False, and the error is raised as above.
     #[pyo3(
-        signature = (*, throttle_prefills=None, external_kv=None),
-        text_signature = "(self, *, throttle_prefills=False, external_kv=None)"
+        signature = (*, throttle_prefills=None, external_kv=None, pending_block_frees=None),
+        text_signature = "(self, *, throttle_prefills=False, external_kv=None, pending_block_frees=None)"
     )]
     fn schedule(
         &self,
         py: Python<'_>,
         throttle_prefills: Option<&Bound<'_, PyAny>>,
         external_kv: Option<&Bound<'_, PyAny>>,
+        pending_block_frees: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PySchedulerOutput>> {
         let throttle = match throttle_prefills {
             Some(v) => bool_value(py, v, &"throttle_prefills", request_error)?,
@@ -956,6 +979,18 @@ impl PyScheduler {
                 return Err(request_error(py, format!("external_kv: must be callable, got {}", type_name(f))));
             }
         }
+        let pending_block_frees = pending_block_frees.filter(|f| !f.is_none());
+        if let Some(f) = pending_block_frees {
+            if !f.is_callable() {
+                return Err(request_error(py, format!("pending_block_frees: must be callable, got {}", type_name(f))));
+            }
+            if external_kv.is_none() {
+                return Err(request_error(
+                    py,
+                    "pending_block_frees: a KV connector's, given with its external_kv".into(),
+                ));
+            }
+        }
         self.with_inner(py, |inner| {
             let mut source_error = None;
             let (mut step, texts) = match inner.undelivered.take() {
@@ -965,7 +1000,7 @@ impl PyScheduler {
                     match external_kv {
                         // The connector is Python: the GIL stays held for this step.
                         Some(callable) => {
-                            let mut source = PyExternalKv { callable, error: None };
+                            let mut source = PyExternalKv { callable, pending_block_frees, error: None };
                             let step = core.schedule_with(throttle, Some(&mut source));
                             source_error = source.error;
                             (step, None)

@@ -42,6 +42,14 @@ pub trait ExternalKv {
     /// connector loads, and whether across steps. None when it cannot tell yet: the request
     /// is set aside for this step, as vLLM does.
     fn num_new_matched_tokens(&mut self, request: &Request, num_local_computed: i64) -> Option<ExternalMatch>;
+
+    /// vLLM's `has_pending_block_frees()`: whether transfers in flight will give blocks
+    /// back. Asked where the running loop would preempt a request for blocks: while it
+    /// answers true, the loop preempts none and stops there, as vLLM's. No by default (vLLM's
+    /// connectors but HiSparse's).
+    fn has_pending_block_frees(&mut self) -> bool {
+        false
+    }
 }
 
 /// A finished request's KV blocks, kept from the pool until the caller releases them.

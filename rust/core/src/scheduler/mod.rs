@@ -296,6 +296,7 @@ impl Scheduler {
             long_prefill_threshold,
         };
         let mut b = StepBuilder {
+            external_kv: external_kv.filter(|_| self.config.kv_connector()),
             step: Step {
                 step_id: self.next_step_id,
                 // Room for every draft slot and a new block per request: no regrowth in
@@ -324,7 +325,7 @@ impl Scheduler {
         b.num_running_entries = b.rows.len();
         // No admissions in a step that preempted.
         if !b.preempted && !paused_all {
-            let external_kv = external_kv.filter(|_| self.config.kv_connector());
+            let external_kv = b.external_kv.take();
             self.schedule_waiting(&mut b, &mut budgets, external_kv);
             if !defer_prefills {
                 let (_, num_waiting) = self.get_request_counts();

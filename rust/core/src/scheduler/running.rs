@@ -147,10 +147,13 @@ impl Scheduler {
         num_spec
     }
 
-    /// Allocates for `handle` when its table must grow, preempting running requests (the
-    /// victim's entry undone if it was already scheduled) until the allocation fits or
-    /// `handle` itself is the victim (None), or, with `defer_block_free`, the victim's
-    /// blocks would wait for a step in flight (None). `req_index` follows the removals.
+    /// Allocates `num_new_tokens` for `handle` when its table must grow, preempting running
+    /// requests (the victim's entry undone if it was already scheduled) until the
+    /// allocation fits or `handle` itself is the victim (None), or, with
+    /// `defer_block_free`, the victim's blocks would wait for a step in flight (None), or
+    /// the KV connector (`b.external_kv`) has transfers pending that will free blocks
+    /// (None: vLLM waits for them rather than preempt, its `has_pending_block_frees`).
+    /// `req_index` follows the removals.
     #[inline(never)]
     fn allocate_growing(
         &mut self,
@@ -176,6 +179,9 @@ impl Scheduler {
             return Some(first);
         }
         loop {
+            if b.external_kv.as_deref_mut().is_some_and(|connector| connector.has_pending_block_frees()) {
+                return None;
+            }
             let victim = self.pick_victim(priority_policy);
             // Its blocks would wait for a step in flight: preempting it frees nothing now.
             if self.written_in_flight(self.requests[victim].last_sched_seq) {

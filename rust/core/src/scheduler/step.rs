@@ -136,8 +136,10 @@ impl Budgets {
 /// The step the running and waiting loops build: each decision is written into the step
 /// (its row, its drafts and new blocks), and applied to its request, when it is made, so
 /// `schedule()` reads each scheduled request once.
-#[derive(Debug)]
-pub(crate) struct StepBuilder {
+pub(crate) struct StepBuilder<'k> {
+    /// With a KV connector, its view (taken by the waiting loop once the running loop is
+    /// done); here so that the running loop carries no argument for a rare question.
+    pub external_kv: Option<&'k mut (dyn crate::scheduler::ExternalKv + 'k)>,
     /// The step being built; its per-request columns stay empty until it is finished.
     pub step: Step,
     pub rows: Vec<Row>,
@@ -171,7 +173,7 @@ pub(crate) struct StepBuilder {
     pub encoder_inputs: Vec<(Handle, Vec<u32>)>,
 }
 
-impl StepBuilder {
+impl StepBuilder<'_> {
     /// The step position of `handle`'s entry, if it has one.
     pub fn position(&self, handle: Handle) -> Option<usize> {
         self.rows.iter().position(|row| row.handle == handle)
