@@ -82,7 +82,10 @@ refuses a case that does not), emulated on vLLM's side, or out of the runner's r
   side checks that none is waiting), and kept out for a streaming-input session whose
   input stopped in that step (no drafts go to a request whose output stopped);
 - a session's input that would outgrow ``max_model_len`` is refused: kept out
-  (:func:`deviation_triggers`).
+  (:func:`deviation_triggers`);
+- a waiting request wedged behind waiting KV holders (nothing runs, no blocks for it)
+  lets a holder behind it run: out of reach (something runs whenever a waiting request
+  cannot get blocks, or the holders wait for input).
 
 So no step summary needs to be normalized for a deviation.
 """

@@ -36,7 +36,7 @@ COVERAGE_COLUMNS = (
 DEVIATIONS_MD = """\
 ## Deliberate deviations and how the harness treats them
 
-llmsched deliberately differs from vLLM 0.33.0 in the fourteen ways below; each difference
+llmsched deliberately differs from vLLM 0.33.0 in the fifteen ways below; each difference
 fixes a crash, a livelock or wrong KV in vLLM, and none changes a decision vLLM gets right.
 The comparison is never loosened for them: every step of every case is compared in full and
 no step summary is normalized. Instead
@@ -172,6 +172,16 @@ documented (or, for 2, that they cannot differ).
    session runs, found too long when the session stops, ends the session with that stop.
    *Harness:* kept out (`deviation_triggers`: every session stays within the model
    length). *Test:* `test_deviation_a_session_input_past_the_model_length_is_refused`.
+15. **A waiting request wedged behind waiting KV holders lets them run.** When no block
+   can be found for a waiting request while nothing runs, only waiting requests that hold
+   blocks could ever free any: a streaming-input session that kept its KV and took up its
+   next input, or a request whose KV load is in. *Why:* vLLM's waiting loop stops at that
+   request every step, so if such a holder is behind it, nothing is scheduled again.
+   llmsched passes the request over, and the holder behind it runs. *Harness:* out of
+   reach of the compared cases (something runs whenever a waiting request cannot get
+   blocks there, or the holders wait for input). *Test:*
+   `test_deviation_a_request_wedged_behind_waiting_kv_holders_runs` (vLLM schedules
+   nothing, step after step; llmsched runs the session behind).
 """
 
 PLUGIN_MD = """\

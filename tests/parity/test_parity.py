@@ -407,6 +407,42 @@ def test_deviation_a_session_input_past_the_model_length_is_refused() -> None:
     assert (after.status, after.num_tokens) == (before.status, before.num_tokens)
 
 
+def test_deviation_a_request_wedged_behind_waiting_kv_holders_runs() -> None:
+    """Two streaming-input sessions keep 5 of 13 usable blocks each and take up their next
+    inputs: the first's needs 5 more blocks, the second's one; nothing runs. vLLM's waiting
+    loop stops at the first every step and never reaches the second, the only request that
+    could free blocks: nothing is ever scheduled again. llmsched passes the first over and
+    the second runs."""
+    config = ParityConfig(
+        "deviation-wedge",
+        False,
+        0,
+        False,
+        "fcfs",
+        num_gpu_blocks=14,
+        block_size=4,
+        max_model_len=64,
+        max_num_batched_tokens=64,
+        max_num_seqs=2,
+        enable_chunked_prefill=False,
+    )
+    first, second = (
+        ParityRequest(rid, tuple(range(10 + k, 30 + k)), 1, 0, float(k), resumable=True)
+        for k, rid in enumerate(("a", "b"))
+    )
+    scheduled = {}
+    for side in (VllmSide(config), LlmschedSide(config)):
+        side.add(first)
+        side.add(second)
+        out, summary = side.schedule()
+        side.update(out, summary, {"a": [100], "b": [101]})
+        side.add_input(first, SessionInput(1, tuple(range(200, 220)), 1, 2.0))
+        side.add_input(second, SessionInput(1, (300, 301, 302), 1, 3.0))
+        scheduled[side.name] = [side.schedule()[1]["scheduled"] for _ in range(3)]
+    assert scheduled["vllm"] == [[], [], []]
+    assert scheduled["llmsched"][0] == [("b", 3)]
+
+
 def test_deviation_requests_that_could_outgrow_the_pool_are_refused() -> None:
     """vLLM accepts a request whose KV could outgrow the whole pool (it would preempt
     everything, then itself, forever); llmsched's ``add_request`` refuses it."""

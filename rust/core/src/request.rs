@@ -371,6 +371,28 @@ pub(crate) fn check_could_finish(num_tokens: i64, max_tokens: i64, cfg: &Schedul
     Ok(())
 }
 
+/// Whether `cfg` serves streaming-input sessions: not for a pooling model (it samples
+/// nothing to stop an input; vLLM's front end refuses those too), nor with Mamba groups
+/// under async scheduling (a stop rolls `C` back past positions a step in flight may
+/// already have folded into the recurrent state, which cannot be rolled back).
+fn check_session_config(cfg: &SchedulerConfig) -> CoreResult<()> {
+    if cfg.num_sampled_tokens_per_step() == 0 {
+        return Err(CoreError::request(
+            "resumable",
+            true,
+            "a pooling model's requests cannot be streaming-input sessions",
+        ));
+    }
+    if cfg.async_scheduling() && cfg.kv_cache_groups().has_mamba() {
+        return Err(CoreError::request(
+            "resumable",
+            true,
+            "streaming-input sessions are not served with Mamba groups under async scheduling",
+        ));
+    }
+    Ok(())
+}
+
 /// `new`'s arrival time, checked; now when it has none.
 fn arrival_time_of(new: &NewRequest) -> CoreResult<f64> {
     match new.arrival_time {
@@ -516,6 +538,9 @@ impl Request {
                     ),
                 ));
             }
+        }
+        if new.resumable {
+            check_session_config(cfg)?;
         }
         let lora_id = lora_id(new.lora_id, cfg)?;
         let priority = i32::try_from(new.priority)

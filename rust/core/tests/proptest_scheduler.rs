@@ -13,9 +13,25 @@
 //! salts, LoRA adapters 1..=3, skipping the prefix cache, up to two images of a pool
 //! of four, now and then one reused at another size —, add a duplicate
 //! id, abort, abort all, schedule (now and then throttled), apply the oldest step in
-//! flight, sync drafts, reset the prefix cache), played against the core by a small
+//! flight, sync drafts, reset the prefix cache, add an input to a live streaming-input
+//! session), played against the core by a small
 //! deterministic
 //! runner; then a drain to completion with no new arrivals.
+//!
+//! Streaming-input sessions: about one added request in five is resumable. An input op
+//! adds, under a live session's id, its next input (a short prompt, new `max_tokens`,
+//! EOS and stop tokens), the end of the session (not resumable), or a bad input (empty,
+//! too long alone or for the session, `max_tokens` 0, `min_tokens > max_tokens`, an
+//! image): refused with the state unchanged, exactly when the documented rules say. The
+//! test keeps each session's inputs still queued and whether it waits for input; at a
+//! stop it predicts what the session does (waits for input, takes up the next input when
+//! it fits, or finishes) and checks it: the stop is not a finish, the session keeps the
+//! KV of its confirmed tokens (`C = N - s`, or `C - P` of stale output) and no draft or
+//! placeholder, its tokens become all but the last sampled one plus the input's prompt,
+//! it is admitted again from that `C`; a paused session holds a runner slot (an admitting
+//! step leaves `running + paused <= max_num_active_seqs`) and is not unfinished work
+//! (`get_num_unfinished_requests`). The drain ends every session (the end-of-session
+//! input, or an abort) first.
 //!
 //! The runner samples, for each entry of a step whose request is not a prefill
 //! chunk right after `schedule()`, `s * (1 + a)` tokens, `a` a random number of
@@ -80,7 +96,7 @@ use std::sync::Arc;
 use llmsched_core::{
     AttentionKind, BlockHash, ConfigParams, CoreError, ExternalKv, ExternalMatch, Grammar, Handle, KvCacheGroups,
     KvEvent, MmInputSpec, NewRequest, Policy, Request, RequestEvent, RequestRef, RequestStatus, RunnerOutput,
-    Scheduler, SchedulerConfig, Step,
+    Scheduler, SchedulerConfig, SessionInputAdded, Step,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError};
@@ -465,6 +481,8 @@ struct AddOp {
     lora: Option<u8>,
     /// Structured output: whether its grammar will compile.
     grammar: Option<bool>,
+    /// A streaming-input session (`NewRequest::resumable`).
+    session: bool,
     token_seed: u64,
 }
 
@@ -501,6 +519,16 @@ enum Op {
     Grammars {
         seed: u64,
     },
+    /// `add_request` of an input under a live session's id (now and then a live request's
+    /// that is not a session: a duplicate). `kind` (`input_of`): 0..=9 the next input, 10
+    /// and 11 the end of the session, 12..=15 a bad input.
+    Input {
+        pick: u16,
+        kind: u8,
+        len_raw: u16,
+        max_tokens_raw: u16,
+        seed: u64,
+    },
 }
 
 fn add_op() -> impl Strategy<Value = AddOp> {
@@ -518,6 +546,7 @@ fn add_op() -> impl Strategy<Value = AddOp> {
             prop::option::weighted(0.4, 1u8..=3),
             prop::bool::weighted(0.15),
             prop::option::weighted(0.2, prop::bool::weighted(0.8)),
+            prop::bool::weighted(0.2),
         ),
     )
         .prop_map(|(a, b)| AddOp {
@@ -538,6 +567,7 @@ fn add_op() -> impl Strategy<Value = AddOp> {
             lora: b.8,
             skip_prefix_cache: b.9,
             grammar: b.10,
+            session: b.11,
         })
 }
 
@@ -553,6 +583,9 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<bool>().prop_map(|reset_running| Op::ResetPrefixCache { reset_running }),
         2 => any::<u16>().prop_map(|pick| Op::Duplicate { pick }),
         4 => any::<u64>().prop_map(|seed| Op::Grammars { seed }),
+        10 => (any::<u16>(), 0u8..16, any::<u16>(), any::<u16>(), any::<u64>()).prop_map(
+            |(pick, kind, len_raw, max_tokens_raw, seed)| Op::Input { pick, kind, len_raw, max_tokens_raw, seed }
+        ),
     ]
 }
 
@@ -614,6 +647,41 @@ struct Tracked {
     images: Vec<(String, i64)>,
     /// A KV load across steps started for it, not yet admitted since: the tokens loaded.
     loading: Option<i64>,
+    /// A streaming-input session: what the test knows of it.
+    session: Option<SessionModel>,
+    /// The stop reason it carries: set by a stop on a stop id and, as vLLM's, kept through a
+    /// session's later inputs (a later stop on EOS or the length reports it again).
+    stop_reason: Option<i32>,
+    /// The tokens a session kept at each stop it went on from (its epochs: a step scheduled
+    /// in an earlier epoch computed KV for tokens past the kept ones that are gone).
+    epoch_kept: Vec<i64>,
+    /// The `C` a session kept when it took up its latest input, until it is admitted again.
+    resume_from: Option<i64>,
+}
+
+/// A streaming-input session as the test knows it.
+#[derive(Debug, Default)]
+struct SessionModel {
+    /// Inputs added and not taken up yet, oldest first; None is the end of the session.
+    queued: VecDeque<Option<InputModel>>,
+    /// Waiting for its next input (`WaitingForStreamingReq`).
+    paused: bool,
+}
+
+/// A session's next input: its prompt and the limits that replace the session's.
+#[derive(Clone, Debug)]
+struct InputModel {
+    prompt: Vec<i32>,
+    max_tokens: i64,
+    eos: Option<i32>,
+    stops: Vec<i32>,
+}
+
+/// What a session does at a stop, by the test's record of it.
+enum AtStop {
+    Finishes,
+    Pauses,
+    TakesUp(InputModel),
 }
 
 /// The runner's model of one KV slot (a token position in a block).
@@ -645,6 +713,8 @@ struct Pending {
     rows: Option<Vec<u32>>,
     /// The blocks each entry's request writes in the step (its positions `C..C + n`).
     writes: Vec<(Handle, Vec<u32>)>,
+    /// Each entry's request's epoch (`Tracked::epoch_kept`) when the step was scheduled.
+    epochs: Vec<usize>,
 }
 
 /// What a run exercised (printed by the ignored `coverage` test).
@@ -701,7 +771,36 @@ struct Coverage {
     /// Hybrid layouts: prefix-hit tokens, and table entries a sliding window nulled.
     hybrid_hit_tokens: u64,
     window_nulls: u64,
+    /// Streaming-input sessions: added; stops they went on from (waiting for input, or
+    /// taking up one queued); inputs queued, taken up when added, refused; sessions ended
+    /// at a stop (their end, or an input that did not fit), or while waiting; sessions
+    /// the waiting loop passed over while they waited for input; requests passed over for a
+    /// request behind them that held its KV and could run, nothing running (deviation 15).
+    sessions: u64,
+    session_pauses: u64,
+    inputs_taken_at_stop: u64,
+    inputs_queued: u64,
+    inputs_taken_when_added: u64,
+    inputs_refused: u64,
+    sessions_ended_at_stop: u64,
+    sessions_ended_while_paused: u64,
+    paused_set_aside: u64,
+    wedged_passed_over: u64,
     max_drain_ratio: f64,
+}
+
+/// What may explain deviation 15's passing over a waiting request in a step: nothing ran,
+/// and a request behind it held its KV and could run.
+struct Wedged {
+    nothing_ran: bool,
+    runnable_holders: Vec<Arc<str>>,
+}
+
+impl Wedged {
+    fn explains(&self, waiting_before: &[Arc<str>], id: &str) -> bool {
+        let mut behind = waiting_before.iter().skip_while(|w| &***w != id).skip(1);
+        self.nothing_ran && behind.any(|w| self.runnable_holders.contains(w))
+    }
 }
 
 struct Harness {
@@ -885,7 +984,7 @@ impl Harness {
             // One bit of the token seed: about half the requests ask for their hits.
             report_reused_blocks: op.token_seed & 1 == 1,
             mm_inputs: if self.cfg.multimodal() { images(op.token_seed >> 8, len) } else { Vec::new() },
-            resumable: false,
+            resumable: op.session,
         }
     }
 
@@ -907,7 +1006,32 @@ impl Harness {
         }
         let (m, s, bs) = (self.m(), self.s(), self.cfg.block_size());
         let len = r.prompt_token_ids.len() as i64;
-        let longest = (len + r.max_tokens + self.k() + self.cfg.num_lookahead_tokens()).min(m);
+        let usable_blocks = self.cfg.num_gpu_blocks() - 1;
+        // A connector's asynchronous load holds the tokens it loads (every token the request
+        // may hold, at most) and must leave a speculative step's slots, 1 + K + L, free.
+        let k = self.k();
+        let load_fits = !self.cfg.kv_connector()
+            || k == 0
+            || ((len + r.max_tokens).min(m) + bs - 1) / bs + (1 + k + self.cfg.num_lookahead_tokens() + bs - 1) / bs
+                <= usable_blocks;
+        // Sessions: not for a pooling model, nor with Mamba groups under async scheduling.
+        let session_served =
+            !r.resumable || (s > 0 && !(self.cfg.async_scheduling() && self.cfg.kv_cache_groups().has_mamba()));
+        len >= 1
+            && len <= m - s
+            && load_fits
+            && session_served
+            && r.max_tokens >= 1
+            && (0..len).contains(&r.num_computed_tokens)
+            && self.fits_pool(len, r.max_tokens)
+            && (r.lora_id.is_none() || self.cfg.max_loras() > 0)
+    }
+
+    /// Whether a request of `len` tokens and up to `max_tokens` more can hold its KV in the
+    /// pool (else it could never finish: refused).
+    fn fits_pool(&self, len: i64, max_tokens: i64) -> bool {
+        let (m, bs) = (self.m(), self.cfg.block_size());
+        let longest = (len + max_tokens + self.k() + self.cfg.num_lookahead_tokens()).min(m);
         let whole = (longest + bs - 1) / bs;
         // A sliding-window group holds at most the window before the next token and the
         // tokens in flight (one step's budget per step in flight), plus a block for a
@@ -936,21 +1060,7 @@ impl Harness {
                 }
             })
             .sum();
-        let usable_blocks = self.cfg.num_gpu_blocks() - 1;
-        // A connector's asynchronous load holds the tokens it loads (every token the request
-        // may hold, at most) and must leave a speculative step's slots, 1 + K + L, free.
-        let k = self.k();
-        let load_fits = !self.cfg.kv_connector()
-            || k == 0
-            || ((len + r.max_tokens).min(m) + bs - 1) / bs + (1 + k + self.cfg.num_lookahead_tokens() + bs - 1) / bs
-                <= usable_blocks;
-        len >= 1
-            && len <= m - s
-            && load_fits
-            && r.max_tokens >= 1
-            && (0..len).contains(&r.num_computed_tokens)
-            && blocks <= usable_blocks
-            && (r.lora_id.is_none() || self.cfg.max_loras() > 0)
+        blocks < self.cfg.num_gpu_blocks()
     }
 
     fn add(&mut self, op: &AddOp) -> Result<(), TestCaseError> {
@@ -968,6 +1078,7 @@ impl Harness {
         let skip_prefix_cache = request.skip_reading_prefix_cache;
         let grammar = op.grammar.map(|compiles| (compiles, false));
         let reports_hits = request.report_reused_blocks;
+        let session = request.resumable.then(SessionModel::default);
         let images: Vec<(String, i64)> =
             request.mm_inputs.iter().map(|input| (input.identifier.clone(), input.length)).collect();
         self.cov.images += request.mm_inputs.len() as u64;
@@ -977,6 +1088,7 @@ impl Harness {
                     self.reporting_hits.insert(id.clone());
                 }
                 self.cov.accepted += 1;
+                self.cov.sessions += u64::from(session.is_some());
                 prop_assert!(acceptable, "add_request accepted {id}, which breaks a documented rule");
                 prop_assert!(!self.by_handle.contains_key(&handle), "handle {handle:?} given twice");
                 self.by_handle.insert(handle, self.tracked.len());
@@ -997,6 +1109,10 @@ impl Harness {
                     reported: false,
                     images,
                     loading: None,
+                    session,
+                    epoch_kept: Vec::new(),
+                    stop_reason: None,
+                    resume_from: None,
                 });
             }
             Err(e) => {
@@ -1009,16 +1125,333 @@ impl Harness {
         Ok(())
     }
 
+    /// A request under a live request's id that is not a session: refused, whether it is
+    /// resumable or not (under a session's id it is an input, see `input`).
     fn duplicate(&mut self, pick: u16) -> Result<(), TestCaseError> {
-        let live: Vec<&Tracked> = self.live().collect();
+        let live: Vec<&Tracked> = self.live().filter(|t| t.session.is_none()).collect();
         if live.is_empty() {
             return Ok(());
         }
         let id = live[pick as usize % live.len()].id.clone();
         let before = self.sched.debug_snapshot();
-        let err = self.sched.add_request(NewRequest::new(id.clone(), vec![1, 2, 3], 1));
+        let resumable = pick >> 15 == 1;
+        let err = self.sched.add_request(NewRequest { resumable, ..NewRequest::new(id.clone(), vec![1, 2, 3], 1) });
         prop_assert!(matches!(err, Err(CoreError::DuplicateRequest { .. })), "duplicate {id}: {err:?}");
         prop_assert_eq!(self.sched.debug_snapshot(), before, "a refused duplicate changed the state");
+        Ok(())
+    }
+
+    /// The `Op::Input` of `kind` under `id`, for a request of `num_tokens` tokens now.
+    fn input_of(
+        &mut self,
+        id: &str,
+        (kind, len_raw, max_tokens_raw, seed): (u8, u16, u16, u64),
+        num_tokens: i64,
+    ) -> NewRequest {
+        let (m, s, bs) = (self.m(), self.s(), self.cfg.block_size());
+        let mut rng = Rng(seed);
+        let len = match kind {
+            12 => 0,
+            14 => m - s + 1,
+            // Fits alone, but not after the session's tokens now (nor at a later stop).
+            15 => (m - num_tokens + 1 + i64::from(len_raw % 2)).max(1),
+            _ if len_raw % 8 == 0 => i64::from(len_raw / 8) % (m - s).max(1) + 1,
+            _ => i64::from(len_raw) % (2 * bs) + 1,
+        };
+        let prompt: Vec<i64> = (0..len).map(|_| rng.below(VOCAB) as i64).collect();
+        let mut max_tokens =
+            if max_tokens_raw % 4 == 0 { i64::from(max_tokens_raw) % m + 1 } else { i64::from(max_tokens_raw) % 8 + 1 };
+        let mut min_tokens = (rng.below(2) as i64).min(max_tokens);
+        let mut mm_inputs = Vec::new();
+        if kind == 13 {
+            match rng.below(3) {
+                0 => max_tokens = 0,
+                1 => min_tokens = max_tokens + 1,
+                _ => mm_inputs.push(MmInputSpec { identifier: "img0".into(), offset: 0, length: 1, is_embed: None }),
+            }
+        }
+        let eos_token_id = (rng.below(2) == 0).then(|| rng.below(VOCAB) as i64);
+        let stop_token_ids = (0..rng.below(3)).map(|_| rng.below(VOCAB) as i64).collect();
+        if rng.below(2) == 0 {
+            self.clock += 1.0;
+        }
+        NewRequest {
+            min_tokens,
+            eos_token_id,
+            stop_token_ids,
+            arrival_time: Some(self.clock),
+            mm_inputs,
+            resumable: !matches!(kind, 10 | 11),
+            ..NewRequest::new(id, prompt, max_tokens)
+        }
+    }
+
+    /// `Op::Input`: an input under the id of a live session (now and then of a live request
+    /// that is not one: a duplicate).
+    fn input(&mut self, pick: u16, input: (u8, u16, u16, u64)) -> Result<(), TestCaseError> {
+        let live: Vec<usize> = (0..self.tracked.len()).filter(|&i| !self.tracked[i].finished).collect();
+        let sessions: Vec<usize> = live.iter().copied().filter(|&i| self.tracked[i].session.is_some()).collect();
+        let pool = if sessions.is_empty() || input.3 % 16 == 0 { &live } else { &sessions };
+        if pool.is_empty() {
+            return Ok(());
+        }
+        self.input_to(pool[pick as usize % pool.len()], input)
+    }
+
+    /// Adds the input `(kind, len_raw, max_tokens_raw, seed)` (see `Op::Input`) under the id
+    /// of the live request `idx`, and checks what it does by the rules: refused, changing
+    /// nothing, when the request is not a session, the input is bad, or it is taken up at
+    /// once and would not fit; else queued, taken up at once by a session waiting for input
+    /// (its end finishes that session, aborted).
+    fn input_to(&mut self, idx: usize, input: (u8, u16, u16, u64)) -> Result<(), TestCaseError> {
+        let (m, s) = (self.m(), self.s());
+        let (id, handle) = (self.tracked[idx].id.clone(), self.tracked[idx].handle);
+        let num_tokens = self.tracked[idx].tokens.len() as i64;
+        let new = self.input_of(&id, input, num_tokens);
+        let model = InputModel {
+            prompt: new.prompt_token_ids.iter().map(|&t| t as i32).collect(),
+            max_tokens: new.max_tokens,
+            eos: new.eos_token_id.map(|t| t as i32),
+            stops: new.stop_token_ids.iter().map(|&t| t as i32).collect(),
+        };
+        let len = model.prompt.len() as i64;
+        let valid_alone = (1..=m - s).contains(&len)
+            && new.max_tokens >= 1
+            && new.min_tokens <= new.max_tokens
+            && new.mm_inputs.is_empty();
+        let resumable = new.resumable;
+        let before = self.sched.debug_snapshot();
+        let waiting_for_input = self.sched.num_waiting_for_streaming_input();
+        let result = self.sched.add_request_or_input(new);
+        if tracing() {
+            eprintln!("input {id} kind {} ({len} tokens, resumable {resumable}): {result:?}", input.0);
+        }
+        let Some(session) = &self.tracked[idx].session else {
+            prop_assert!(
+                matches!(result, Err(CoreError::DuplicateRequest { .. })),
+                "an input to {}, not a session: {:?}",
+                id,
+                result
+            );
+            prop_assert_eq!(self.sched.debug_snapshot(), before, "a refused duplicate changed the state");
+            return Ok(());
+        };
+        let paused = session.paused;
+        // Taken up: all its tokens but the last sampled one, then the input's.
+        let tokens_after = num_tokens - s + len;
+        let expected = if !resumable {
+            Some(if paused { SessionInputAdded::Finished } else { SessionInputAdded::Queued })
+        } else if !valid_alone {
+            None
+        } else if !paused {
+            Some(SessionInputAdded::Queued)
+        } else if tokens_after <= m - s && self.fits_pool(tokens_after, model.max_tokens) {
+            Some(SessionInputAdded::TakenUp)
+        } else {
+            None
+        };
+        match (expected, result) {
+            (None, Err(_)) => {
+                self.cov.inputs_refused += 1;
+                prop_assert_eq!(self.sched.debug_snapshot(), before, "a refused input changed the state");
+            }
+            (Some(expected), Ok((h, Some(added)))) if expected == added => {
+                prop_assert_eq!(h, handle, "{}: an input returned another handle", id);
+                match added {
+                    SessionInputAdded::Queued => {
+                        self.cov.inputs_queued += 1;
+                        let session = self.tracked[idx].session.as_mut().expect("a session");
+                        session.queued.push_back(resumable.then_some(model));
+                    }
+                    SessionInputAdded::TakenUp => {
+                        self.cov.inputs_taken_when_added += 1;
+                        prop_assert_eq!(self.sched.num_waiting_for_streaming_input(), waiting_for_input - 1);
+                        self.take_up(idx, model)?;
+                    }
+                    SessionInputAdded::Finished => {
+                        self.cov.sessions_ended_while_paused += 1;
+                        self.tracked[idx].finished = true;
+                        prop_assert!(self.sched.get_request(&id).is_err(), "{} ended, but is still live", id);
+                        let last = self.sched.last_finished().iter().find(|r| **r.id() == *id).map(|r| r.status());
+                        prop_assert_eq!(last, Some(RequestStatus::FinishedAborted), "{}: how its end finished it", id);
+                    }
+                }
+            }
+            (expected, result) => prop_assert!(
+                false,
+                "{}: input kind {} ({} tokens, {} now, paused {}): expected {:?}, got {:?}",
+                id,
+                input.0,
+                len,
+                num_tokens,
+                paused,
+                expected,
+                result
+            ),
+        }
+        invariants!(self, "after an input");
+        Ok(())
+    }
+
+    /// The session `idx` takes up its next input (when added, or at a stop): its tokens but
+    /// the last sampled one, then the input's; the input's limits; the `C` it kept, from
+    /// which it is admitted again. Checked against the core's record.
+    fn take_up(&mut self, idx: usize, input: InputModel) -> Result<(), TestCaseError> {
+        let s = self.s() as usize;
+        let t = &mut self.tracked[idx];
+        let kept = t.tokens.len() - s;
+        t.tokens.truncate(kept);
+        t.tokens.extend_from_slice(&input.prompt);
+        t.prompt_len = t.tokens.len() as i64;
+        t.delivered = 0;
+        t.max_tokens = input.max_tokens;
+        t.eos = input.eos;
+        t.stops = input.stops;
+        t.arrived_computed = 0;
+        t.session.as_mut().expect("a session").paused = false;
+        let req = self
+            .sched
+            .request(t.handle)
+            .ok_or_else(|| TestCaseError::fail(format!("{}: took up an input, but is gone", t.id)))?;
+        prop_assert!(
+            req.all_token_ids().eq(t.tokens.iter().copied()),
+            "{}: tokens after taking up an input {:?}, expected {:?}",
+            t.id,
+            req.all_token_ids().collect::<Vec<_>>(),
+            t.tokens
+        );
+        prop_assert_eq!(req.num_prompt_tokens(), t.prompt_len, "{}: prompt after taking up an input", t.id);
+        prop_assert_eq!(req.num_output_tokens(), 0, "{}: outputs after taking up an input", t.id);
+        prop_assert_eq!(req.max_tokens(), t.max_tokens, "{}: max_tokens after taking up an input", t.id);
+        prop_assert_eq!(req.status(), RequestStatus::Waiting, "{}: status after taking up an input", t.id);
+        let c = req.num_computed_tokens();
+        prop_assert!(c < req.num_tokens(), "{}: C = {} after taking up an input", t.id, c);
+        t.resume_from = (c > 0).then_some(c);
+        Ok(())
+    }
+
+    /// What the request `idx` does at a stop, by the test's record: one that is not a
+    /// session finishes; a session takes up its next input if it fits (else finishes), or
+    /// finishes at its end, or waits for an input.
+    fn at_stop(&mut self, idx: usize) -> AtStop {
+        let (m, s) = (self.m(), self.s());
+        let kept = self.tracked[idx].tokens.len() as i64 - s;
+        let Some(session) = self.tracked[idx].session.as_mut() else { return AtStop::Finishes };
+        match session.queued.pop_front() {
+            None => AtStop::Pauses,
+            Some(None) => AtStop::Finishes,
+            Some(Some(input)) => {
+                let tokens_after = kept + input.prompt.len() as i64;
+                if tokens_after <= m - s && self.fits_pool(tokens_after, input.max_tokens) {
+                    AtStop::TakesUp(input)
+                } else {
+                    AtStop::Finishes
+                }
+            }
+        }
+    }
+
+    /// A stop the session `idx` goes on from (`next`: it waits for input, or takes up the
+    /// next one). `before`: its `(C, P, stale output tokens)` before the output. It keeps
+    /// the KV of its tokens whose output is in: all but the last sampled one, or, when the
+    /// stop is in output from before a preemption, `C - P` (what it recomputed since); no
+    /// draft, placeholder or slot of the input it finished.
+    fn session_goes_on(
+        &mut self,
+        idx: usize,
+        e: &RequestEvent,
+        next: AtStop,
+        before: (i64, i64, i64),
+    ) -> Result<(), TestCaseError> {
+        self.check_stop(idx, e)?;
+        let s = self.s();
+        let t = &self.tracked[idx];
+        let id = t.id.clone();
+        let req = self
+            .sched
+            .request(e.handle)
+            .ok_or_else(|| TestCaseError::fail(format!("{id}: a session stopped and was released, not going on")))?;
+        let kept = t.tokens.len() as i64 - s;
+        let (c_before, p_before, stale_before) = before;
+        let kept_kv = if stale_before > 0 { c_before - p_before } else { kept };
+        prop_assert_eq!(req.num_computed_tokens(), kept_kv, "{}: C after a stop the session goes on from", id);
+        prop_assert_eq!(req.num_output_placeholders(), 0, "{}: placeholders after a stop", id);
+        prop_assert!(req.spec_token_ids().is_empty(), "{}: drafts after a stop", id);
+        let (status, tokens_kept) = (req.status(), req.all_token_ids().eq(t.tokens.iter().copied()));
+        self.drafts_given.remove(&e.handle);
+        self.tracked[idx].epoch_kept.push(kept);
+        match next {
+            AtStop::Pauses => {
+                prop_assert_eq!(status, RequestStatus::WaitingForStreamingReq, "{}: status after a stop", id);
+                prop_assert!(tokens_kept, "{}: tokens after a stop", id);
+                self.tracked[idx].session.as_mut().expect("a session").paused = true;
+                self.cov.session_pauses += 1;
+            }
+            AtStop::TakesUp(input) => {
+                self.cov.inputs_taken_at_stop += 1;
+                self.take_up(idx, input)?;
+            }
+            AtStop::Finishes => unreachable!("a session that finishes does not go on"),
+        }
+        Ok(())
+    }
+
+    /// What the test knows of the sessions against the core: which wait for input, their
+    /// inputs queued, and the requests still to be served (those waiting for input are not).
+    fn check_sessions(&self, when: impl std::fmt::Debug) -> Result<(), TestCaseError> {
+        let (mut live, mut paused) = (0usize, 0usize);
+        for t in self.live() {
+            live += 1;
+            let Some(session) = &t.session else { continue };
+            let req = self
+                .sched
+                .request(t.handle)
+                .ok_or_else(|| TestCaseError::fail(format!("{when:?}: the live session {} has no slot", t.id)))?;
+            prop_assert_eq!(
+                req.status() == RequestStatus::WaitingForStreamingReq,
+                session.paused,
+                "{:?}: {} waits for input as {:?}",
+                when,
+                t.id,
+                req.status()
+            );
+            prop_assert_eq!(req.num_queued_inputs(), session.queued.len(), "{:?}: {}'s inputs queued", when, t.id);
+            paused += usize::from(session.paused);
+        }
+        prop_assert_eq!(self.sched.num_waiting_for_streaming_input(), paused, "{:?}: sessions waiting for input", when);
+        prop_assert_eq!(self.sched.get_num_unfinished_requests(), live - paused, "{:?}: unfinished requests", when);
+        Ok(())
+    }
+
+    /// Sessions waiting for input, by the test's record.
+    fn num_paused(&self) -> usize {
+        self.live().filter(|t| t.session.as_ref().is_some_and(|s| s.paused)).count()
+    }
+
+    /// Before the drain: ends every live session whose end is not queued yet, with up to two
+    /// more inputs and then the end of the session (an input that is not resumable) or, now
+    /// and then, an abort.
+    fn end_sessions(&mut self, rng: &mut Rng) -> Result<(), TestCaseError> {
+        for idx in 0..self.tracked.len() {
+            let t = &self.tracked[idx];
+            let Some(session) = &t.session else { continue };
+            if t.finished || session.queued.iter().any(Option::is_none) {
+                continue;
+            }
+            if rng.below(4) == 0 {
+                let id = t.id.clone();
+                self.abort(&[id])?;
+                continue;
+            }
+            for _ in 0..rng.below(3) {
+                if !self.tracked[idx].finished {
+                    self.input_to(idx, (rng.below(10) as u8, rng.next() as u16, rng.next() as u16, rng.next()))?;
+                }
+            }
+            if !self.tracked[idx].finished {
+                self.input_to(idx, (10, rng.next() as u16, 0, rng.next()))?;
+            }
+        }
         Ok(())
     }
 
@@ -1063,9 +1496,11 @@ impl Harness {
         let throttle = rng.below(8) == 0;
         self.connector.unknown.clear();
         self.connector.answered_async = 0;
+        let runnable_holders;
         let step = if self.cfg.kv_connector() {
             self.release_some_held(rng);
             self.report_some_loads(rng);
+            runnable_holders = self.runnable_kv_holders(&waiting_before);
             let step = self.sched.schedule_with(throttle, Some(&mut self.connector));
             for load in &step.kv_loads {
                 let r = self.sched.get_request(&load.request_id).expect("a load's request is live");
@@ -1076,11 +1511,26 @@ impl Harness {
             }
             step
         } else {
+            runnable_holders = self.runnable_kv_holders(&waiting_before);
             self.sched.schedule_throttled(throttle)
         };
+        // Wedged (deviation 15): nothing ran, and a request behind that held its KV could
+        // run (the requests the blocks could not be found for were passed over), or the
+        // waiting requests that held KV gave it back (preempted while waiting).
+        let nothing_ran = step.req_handles.iter().all(|h| step.new_reqs.contains(h) || step.resumed_reqs.contains(h));
+        let wedged = Wedged { nothing_ran, runnable_holders };
+        for (h, _) in &step.preempted {
+            // It computes its tokens again: not from a load, nor from a session's kept KV
+            // (unless this step started a load for it after the preemption).
+            let loading_now = self.sched.request(*h).is_some_and(|r| r.status() == RequestStatus::WaitingForRemoteKvs);
+            if let Some(&t) = self.by_handle.get(h).filter(|_| !loading_now) {
+                self.tracked[t].resume_from = None;
+                self.tracked[t].loading = None;
+            }
+        }
         // Before any request the step finishes leaves (a stored event names its request).
         self.check_kv_events("schedule")?;
-        self.check_admission_order(&waiting_before, &step)?;
+        self.check_admission_order(&waiting_before, &step, wedged)?;
         if self.cfg.multimodal() {
             self.check_encoder_inputs(&step)?;
         }
@@ -1113,6 +1563,19 @@ impl Harness {
             );
         }
         let pending_kv = self.check_step(&step)?;
+        // A session waiting for input holds a runner slot: a step that admits a request
+        // leaves room for every one.
+        if !step.new_reqs.is_empty() || !step.resumed_reqs.is_empty() {
+            let (running, paused) = (self.sched.get_request_counts().0, self.num_paused());
+            prop_assert!(
+                (running + paused) as i64 <= self.cfg.max_num_active_seqs(),
+                "step {}: {} running and {} sessions waiting for input > max_num_active_seqs = {}",
+                step.step_id,
+                running,
+                paused,
+                self.cfg.max_num_active_seqs()
+            );
+        }
         let n = step.len();
         if step.is_empty() {
             return Ok(0);
@@ -1166,9 +1629,34 @@ impl Harness {
         let tokens = by_row.iter().flat_map(|t| t.iter().copied()).collect();
         self.cov.reordered_rows += rows.is_some() as u64;
         let writes = self.blocks_written(&step)?;
-        self.queue.push_back(Pending { pending_kv, step, tokens, counts, rows, writes });
+        let epochs = step
+            .req_handles
+            .iter()
+            .map(|h| self.by_handle.get(h).map_or(0, |&t| self.tracked[t].epoch_kept.len()))
+            .collect();
+        self.queue.push_back(Pending { pending_kv, step, tokens, counts, rows, writes, epochs });
         self.cov.max_in_flight = self.cov.max_in_flight.max(self.queue.len() as u64);
         Ok(n)
+    }
+
+    /// The waiting requests (of `waiting`) that hold their KV and could run, what deviation
+    /// 15 lets run first: a session with its next input taken up, a request whose load is in
+    /// (waiting to be promoted, or promoted).
+    fn runnable_kv_holders(&self, waiting: &[Arc<str>]) -> Vec<Arc<str>> {
+        waiting
+            .iter()
+            .filter(|id| {
+                self.sched.get_request(id).is_ok_and(|r| {
+                    !r.block_ids().is_empty()
+                        && match r.status() {
+                            RequestStatus::WaitingForRemoteKvs => !self.sched.kv_load_in_flight(id),
+                            RequestStatus::Waiting | RequestStatus::Preempted => true,
+                            _ => false,
+                        }
+                })
+            })
+            .cloned()
+            .collect()
     }
 
     /// The waiting loop admits in waiting order and stops at the first request it cannot
@@ -1176,9 +1664,16 @@ impl Harness {
     /// waiting order, except that the loop passes over a preempted request whose output
     /// from before the preemption is still in flight (spec §3.3), and a request under an
     /// adapter the full LoRA set lacks (vLLM's `max_loras` rule: the set, once full, is the
-    /// running requests' adapters after the step). With one step in flight at a time
-    /// (vLLM's sync loop) and LoRA off there is none, and the admissions are a prefix.
-    fn check_admission_order(&mut self, waiting_before: &[Arc<str>], step: &Step) -> Result<(), TestCaseError> {
+    /// running requests' adapters after the step), and, `wedged`, requests the blocks could
+    /// not be found for while nothing ran and a waiting request held them (deviation 15).
+    /// With one step in flight at a time (vLLM's sync loop) and LoRA off there is none, and
+    /// the admissions are a prefix.
+    fn check_admission_order(
+        &mut self,
+        waiting_before: &[Arc<str>],
+        step: &Step,
+        wedged: Wedged,
+    ) -> Result<(), TestCaseError> {
         let admitted: Vec<&str> = step
             .req_handles
             .iter()
@@ -1214,6 +1709,16 @@ impl Harness {
                 self.cov.connector_set_aside += 1;
                 continue;
             }
+            let gave_back = step.preempted.iter().any(|(_, p)| **p == **id) && r.num_computed_tokens() == 0;
+            if wedged.explains(waiting_before, id) || (wedged.nothing_ran && gave_back) {
+                self.cov.wedged_passed_over += 1;
+                continue;
+            }
+            // A session waiting for its next input.
+            if r.status() == RequestStatus::WaitingForStreamingReq {
+                self.cov.paused_set_aside += 1;
+                continue;
+            }
             // Its KV load started in this step, or is still in flight.
             if step.kv_loads.iter().any(|load| *load.request_id == **id) {
                 prop_assert_eq!(r.status(), RequestStatus::WaitingForRemoteKvs);
@@ -1246,10 +1751,15 @@ impl Harness {
             }
             prop_assert!(
                 r.status() == RequestStatus::Preempted && r.num_stale_output_tokens() > 0 && !r.drop_stale_output(),
-                "{} passed over by the waiting loop as {:?} with {} tokens from before a preemption in flight",
+                "{} passed over by the waiting loop as {:?} with {} tokens from before a preemption in flight \
+                 (admitted {:?}, preempted {:?}, waiting before {:?}, runnable KV holders {:?})",
                 id,
                 r.status(),
-                r.num_stale_output_tokens()
+                r.num_stale_output_tokens(),
+                admitted,
+                step.preempted.iter().map(|p| p.1.to_string()).collect::<Vec<_>>(),
+                waiting_before,
+                wedged.runnable_holders
             );
         }
         Ok(())
@@ -1412,7 +1922,12 @@ impl Harness {
             // (a request that arrived holding KV keeps its count instead).
             let tracked = self.by_handle.get(&h).map(|&t| &self.tracked[t]);
             let arrived = tracked.map_or(0, |t| t.arrived_computed);
-            if let Some(loaded) = tracked.and_then(|t| t.loading) {
+            if let Some(kept) = tracked.and_then(|t| t.resume_from) {
+                // A session that took up an input is admitted again from the KV it kept.
+                prop_assert_eq!(c, kept, "{}: admitted again after taking up an input", id);
+                let t = self.by_handle[&h];
+                self.tracked[t].resume_from = None;
+            } else if let Some(loaded) = tracked.and_then(|t| t.loading) {
                 // Its load across steps is in: it starts from what was loaded (all but the
                 // last token when the load covered every one).
                 prop_assert_eq!(c, loaded.min(req.num_tokens() - 1), "{}: admitted after its load", id);
@@ -1705,6 +2220,17 @@ impl Harness {
     /// against the test's own records, then resolves the KV the step left pending.
     fn apply(&mut self) -> Result<bool, TestCaseError> {
         let Some(p) = self.queue.pop_front() else { return Ok(false) };
+        // Each live request's `(C, P, stale output tokens)` before the output: what a session
+        // that stops keeps.
+        let before: HashMap<Handle, (i64, i64, i64)> = p
+            .step
+            .req_handles
+            .iter()
+            .filter_map(|&h| {
+                let r = self.sched.request(h)?;
+                Some((h, (r.num_computed_tokens(), r.num_output_placeholders(), r.num_stale_output_tokens())))
+            })
+            .collect();
         let out =
             RunnerOutput { sampled_token_ids: &p.tokens, num_sampled: &p.counts, row_of_entry: p.rows.as_deref() };
         let events = match self.sched.update_from_output(p.step.step_id, &out) {
@@ -1723,7 +2249,7 @@ impl Harness {
         self.check_kv_events("update_from_output")?;
         let mut seen = HashSet::new();
         for e in &events {
-            self.check_event(&p, e, &row_offsets, &mut seen)?;
+            self.check_event(&p, e, &row_offsets, &mut seen, &before)?;
         }
         self.resolve_pending_kv(&p);
         // Requests without an event got no tokens.
@@ -1763,6 +2289,7 @@ impl Harness {
         e: &RequestEvent,
         row_offsets: &[usize],
         seen: &mut HashSet<Handle>,
+        before: &HashMap<Handle, (i64, i64, i64)>,
     ) -> Result<(), TestCaseError> {
         let (m, k) = (self.m(), self.k());
         let idx = *self.by_handle.get(&e.handle).ok_or_else(|| TestCaseError::fail("event for an unknown handle"))?;
@@ -1790,10 +2317,24 @@ impl Harness {
         {
             prop_assert!(false, "{}: output {} is a stop token ({}) but more followed", t.id, j, outputs[j]);
         }
+        let (num_tokens, num_output_tokens) = (t.tokens.len() as i64, t.tokens.len() as i64 - t.prompt_len);
+        prop_assert_eq!(t.delivered, num_output_tokens, "{}: delivered tokens vs the tokens held", t.id);
+        prop_assert!(e.status != RequestStatus::FinishedAborted);
+        prop_assert!(e.num_tokens > 0 || e.status.is_finished(), "{}: an empty, unfinished event", t.id);
+        prop_assert!(num_output_tokens <= t.max_tokens, "{}: outputs > max_tokens", t.id);
+        prop_assert!(num_tokens <= m, "{}: N > M", t.id);
+        // A session's stop ends its input: unless its end (or an input that does not fit)
+        // is next, it goes on.
+        if e.status.is_finished() {
+            match self.at_stop(idx) {
+                AtStop::Finishes => {}
+                next => return self.session_goes_on(idx, e, next, before.get(&e.handle).copied().unwrap_or_default()),
+            }
+        }
+        let t = &self.tracked[idx];
         // A finished request's record is freed at once (only its id waits for the next
         // step's report): what it ended with is the test's own record of its tokens.
         let req = self.sched.request(e.handle);
-        let (num_tokens, num_output_tokens) = (t.tokens.len() as i64, t.tokens.len() as i64 - t.prompt_len);
         if e.status.is_finished() {
             prop_assert!(req.is_none(), "{}: finished, but its record is kept", t.id);
             prop_assert!(
@@ -1807,24 +2348,28 @@ impl Harness {
             prop_assert!(req.all_token_ids().eq(t.tokens.iter().copied()), "{}: the request's tokens", t.id);
             prop_assert_eq!(e.status, req.status(), "{}: event status", t.id);
         }
-        prop_assert_eq!(t.delivered, num_output_tokens, "{}: delivered tokens vs the tokens held", t.id);
-        prop_assert!(e.status != RequestStatus::FinishedAborted);
-        prop_assert!(e.num_tokens > 0 || e.status.is_finished(), "{}: an empty, unfinished event", t.id);
-        prop_assert!(num_output_tokens <= t.max_tokens, "{}: outputs > max_tokens", t.id);
-        prop_assert!(num_tokens <= m, "{}: N > M", t.id);
         if e.status.is_finished() {
             self.check_finish(idx, e)?;
         }
         Ok(())
     }
 
-    /// A finishing event: the stop is the one `check_stop` gives on the last delivered
-    /// token (the EOS, a stop id as the stop reason, or the length cap).
+    /// A finishing event: its request is done, on the stop `check_stop` checks.
     fn check_finish(&mut self, idx: usize, e: &RequestEvent) -> Result<(), TestCaseError> {
-        let m = self.m();
-        let pooling = self.cfg.num_sampled_tokens_per_step() == 0;
         let t = &mut self.tracked[idx];
         t.finished = true;
+        if t.session.is_some() {
+            self.cov.sessions_ended_at_stop += 1;
+        }
+        self.check_stop(idx, e)
+    }
+
+    /// A stop (a finish, or the end of a session's input): the one `check_stop` gives on the
+    /// last delivered token (the EOS, a stop id as the stop reason, or the length cap).
+    fn check_stop(&mut self, idx: usize, e: &RequestEvent) -> Result<(), TestCaseError> {
+        let m = self.m();
+        let pooling = self.cfg.num_sampled_tokens_per_step() == 0;
+        let t = &self.tracked[idx];
         if e.status == RequestStatus::FinishedStopped {
             self.cov.finished_stop += 1;
         } else {
@@ -1841,7 +2386,7 @@ impl Harness {
                 e.num_tokens
             ),
             RequestStatus::FinishedStopped => prop_assert!(
-                (Some(last) == t.eos && e.stop_reason.is_none())
+                (Some(last) == t.eos && e.stop_reason == t.stop_reason)
                     || (Some(last) != t.eos && t.stops.contains(&last) && e.stop_reason == Some(last)),
                 "{}: stopped on {last} with reason {:?}",
                 t.id,
@@ -1857,6 +2402,9 @@ impl Harness {
                 num_output_tokens
             ),
             other => prop_assert!(false, "{}: finished as {other:?}", t.id),
+        }
+        if e.stop_reason.is_some() {
+            self.tracked[idx].stop_reason = e.stop_reason;
         }
         Ok(())
     }
@@ -1879,12 +2427,13 @@ impl Harness {
             );
             let count = p.counts[row] as i64;
             let rejected = if spec > 0 && count > 0 { spec - (count - s).max(0) } else { 0 };
-            let tokens = &self.tracked[self.by_handle[&h]].tokens;
-            *slot = if pos >= c + n - rejected || pos >= tokens.len() as i64 {
-                Kv::Garbage
-            } else {
-                Kv::Token(tokens[pos as usize])
-            };
+            let t = &self.tracked[self.by_handle[&h]];
+            let tokens = &t.tokens;
+            // A session that stopped since the step was scheduled kept only its tokens then
+            // (not the last sampled one): the KV past them is of tokens that are gone.
+            let known =
+                t.epoch_kept.get(p.epochs[i]).map_or(tokens.len() as i64, |&kept| kept.min(tokens.len() as i64));
+            *slot = if pos >= c + n - rejected || pos >= known { Kv::Garbage } else { Kv::Token(tokens[pos as usize]) };
         }
     }
 
@@ -2073,19 +2622,27 @@ impl Harness {
         let (m, k) = (self.m(), self.k());
         let d = self.depth.max(self.queue.len()) as u64;
         let live: Vec<&Tracked> = self.live().collect();
+        // A session's inputs still queued: each a request of at most `M` tokens to come.
+        let inputs: u64 =
+            live.iter().filter_map(|t| t.session.as_ref()).map(|s| s.queued.iter().flatten().count() as u64).sum();
         let fcfs: u64 =
             live.iter().map(|t| d * (((t.prompt_len + t.max_tokens).min(m) + k + 2) as u64 + d + 3)).sum::<u64>()
+                + inputs * d * ((m + k + 2) as u64 + d + 3)
                 + 4 * d
                 + 8;
         match self.cfg.policy() {
             Policy::Fcfs => fcfs,
-            Policy::Priority => fcfs * (live.len() as u64).max(1),
+            Policy::Priority => fcfs * (live.len() as u64 + inputs).max(1),
         }
     }
 
-    /// Runs to completion with no new arrivals, within `liveness_bound`.
+    /// Ends every session, then runs to completion with no new arrivals, within
+    /// `liveness_bound`. (A session waiting for input is not work `has_requests` counts: left
+    /// live, it would outlive the drain.)
     fn drain(&mut self, seed: u64) -> Result<u64, TestCaseError> {
         let mut rng = Rng(seed);
+        self.end_sessions(&mut rng)?;
+        self.check_sessions("the drain's start")?;
         let bound = self.liveness_bound();
         let mut iterations = 0u64;
         while self.sched.has_requests() || !self.queue.is_empty() {
@@ -2124,7 +2681,8 @@ impl Harness {
                 // next schedule() sees the same state. A livelock, found early.
                 prop_assert!(
                     !self.sched.has_requests(),
-                    "drain is stuck: nothing schedulable and nothing in flight\n{}",
+                    "drain is stuck: nothing schedulable and nothing in flight ({:?})\n{}",
+                    self.sched.check_invariants(),
                     self.sched.debug_snapshot()
                 );
             }
@@ -2134,6 +2692,7 @@ impl Harness {
                     self.drafts(&mut rng)?;
                 }
             }
+            self.check_sessions("the drain")?;
         }
         self.cov.drain_iterations += iterations;
         self.cov.max_drain_ratio = iterations as f64 / bound as f64;
@@ -2275,6 +2834,7 @@ impl Harness {
             prop_assert!(t.prompt_len + t.delivered <= m, "{}: {} tokens > M", t.id, t.prompt_len + t.delivered);
         }
         prop_assert_eq!(self.sched.num_free_blocks(), num_blocks - 1, "blocks still in use after the drain");
+        prop_assert_eq!(self.sched.num_waiting_for_streaming_input(), 0, "sessions wait for input after the drain");
         prop_assert!(!self.sched.has_requests());
         prop_assert_eq!(self.sched.get_request_counts(), (0, 0));
         prop_assert_eq!(self.sched.num_steps_in_flight(), 0);
@@ -2325,8 +2885,12 @@ fn run_case_with_coverage(case: &Case) -> Result<Coverage, TestCaseError> {
             Op::Grammars { seed } => {
                 h.grammars(&mut Rng(*seed), 2)?;
             }
+            Op::Input { pick, kind, len_raw, max_tokens_raw, seed } => {
+                h.input(*pick, (*kind, *len_raw, *max_tokens_raw, *seed))?;
+            }
         }
         h.check_kv_events(op)?;
+        h.check_sessions(op)?;
     }
     h.drain(case.drain_seed)?;
     h.check_kv_events("the drain")?;
@@ -2400,6 +2964,16 @@ fn coverage() {
                 blocks_removed,
                 hybrid_hit_tokens,
                 window_nulls,
+                sessions,
+                session_pauses,
+                inputs_taken_at_stop,
+                inputs_queued,
+                inputs_taken_when_added,
+                inputs_refused,
+                sessions_ended_at_stop,
+                sessions_ended_while_paused,
+                paused_set_aside,
+                wedged_passed_over,
                 caches_cleared,
                 images,
                 image_mismatches,
@@ -2743,6 +3317,7 @@ fn regression_a_windowed_group_holds_the_lookahead_slots_too() {
         lora: None,
         skip_prefix_cache: false,
         grammar: None,
+        session: false,
     };
     run_case(&Case { config, depth: 3, ops: vec![Op::Add(add)], drain_seed: 0 }).unwrap();
 }

@@ -241,3 +241,70 @@ fn a_session_recomputing_its_kv_rehashes_its_tokens_under_lookahead_hashes() {
     assert_eq!(rehashed, fresh);
     sched.check_invariants().unwrap();
 }
+
+#[test]
+fn a_session_wedged_behind_a_request_that_needs_its_blocks_runs_first() {
+    // One runner slot, 13 usable blocks of 4 tokens, no chunking: "big" (49 tokens, 13
+    // blocks; arriving with its first token computed, a disaggregated decode's, so it waits
+    // with the requests that hold KV) can run only in an empty pool.
+    let mut sched = Scheduler::new(config(|p| {
+        p.max_model_len = 50;
+        p.max_num_seqs = 1;
+        p.block_size = 4;
+        p.num_gpu_blocks = 14;
+        p.enable_chunked_prefill = false;
+        p.max_num_batched_tokens = 64;
+    }))
+    .unwrap();
+    sched.add_request(NewRequest { stop_token_ids: vec![27], ..session("s", 30, 40) }).unwrap();
+    let step = sched.schedule();
+    apply(&mut sched, &step, &[9], &[1]);
+    sched.add_request(NewRequest { num_computed_tokens: 1, ..request("big", 49, 1) }).unwrap();
+    sched.add_request(input("s", &[5, 6, 7], 2)).unwrap();
+    // s stops: it takes up its input and waits behind big, keeping 8 blocks big needs.
+    let step = sched.schedule();
+    assert_eq!(step.len(), 1);
+    apply(&mut sched, &step, &[27], &[1]);
+    assert_eq!(sched.waiting_ids().iter().map(|id| id.to_string()).collect::<Vec<_>>(), ["big", "s"]);
+    sched.check_invariants().unwrap();
+    // Nothing runs and big cannot fit: s, behind it, can run, and goes first (vLLM stops at
+    // big every step: nothing would ever run).
+    let step = sched.schedule();
+    check_step(&sched, &step);
+    assert_eq!(ids(&sched, &step.new_reqs), ["s"]);
+    assert_eq!((step.num_computed_tokens[0], step.num_scheduled_tokens[0]), (31, 3));
+    apply_one_token_each(&mut sched, &step);
+    run(&mut sched);
+    // Its input done, s waits for the next holding its KV: big waits for the client.
+    assert_eq!(status(&sched, "s"), RequestStatus::WaitingForStreamingReq);
+    assert!(sched.schedule().is_empty());
+    // The session ends: big runs.
+    sched.add_request(request("s", 1, 1)).unwrap();
+    let step = sched.schedule();
+    assert_eq!(ids(&sched, &step.new_reqs), ["big"]);
+}
+
+#[test]
+fn sessions_are_refused_where_they_cannot_be_served() {
+    // A pooling model samples nothing that could stop an input.
+    let mut pooling = Scheduler::new(config(|p| p.num_sampled_tokens_per_step = 0)).unwrap();
+    let err = pooling.add_request(session("s", 8, 1)).unwrap_err();
+    assert!(err.to_string().contains("resumable") && err.to_string().contains("pooling"), "{err}");
+    // Mamba state under async scheduling cannot roll back with the stop.
+    let mut mamba = Scheduler::new(config(|p| {
+        p.async_scheduling = true;
+        p.kv_cache_groups = llmsched_core::KvCacheGroups::parse("mamba,full").unwrap();
+    }))
+    .unwrap();
+    let err = mamba.add_request(session("s", 8, 1)).unwrap_err();
+    assert!(err.to_string().contains("Mamba"), "{err}");
+    assert_eq!(mamba.num_live_requests(), 0);
+    // Synchronous, it is served.
+    let mut sync = Scheduler::new(config(|p| {
+        p.kv_cache_groups = llmsched_core::KvCacheGroups::parse("mamba,full").unwrap();
+    }))
+    .unwrap();
+    sync.add_request(session("s", 8, 1)).unwrap();
+    run(&mut sync);
+    assert_eq!(status(&sync, "s"), RequestStatus::WaitingForStreamingReq);
+}

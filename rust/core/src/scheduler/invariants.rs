@@ -367,10 +367,16 @@ impl Scheduler {
                     if !kept && (!cfg.kv_connector() || !self.inflight_prefills.contains(&self.ids[id])) {
                         return Err(broken(format!("waiting request {id:?} holds blocks, but no KV load gave them")));
                     }
-                    if (r.block_ids.len() as i64) * b < c {
+                    // Each attention group's table covers `C` (a Mamba group's holds its state).
+                    let groups = cfg.kv_cache_groups();
+                    let attention =
+                        |g: usize| g >= groups.len() || groups.kind(g) != crate::config::AttentionKind::Mamba;
+                    if let Some((g, table)) =
+                        Self::tables(r).enumerate().find(|&(g, table)| attention(g) && (table.len() as i64) * b < c)
+                    {
                         return Err(broken(format!(
-                            "request {id:?} loaded KV: its {} blocks cover less than C={c}",
-                            r.block_ids.len()
+                            "request {id:?} holds KV while waiting: group {g}'s {} blocks cover less than C={c}",
+                            table.len()
                         )));
                     }
                     // (One left with C = 0 stays where it was until set aside.)

@@ -560,14 +560,7 @@ impl Scheduler {
         self.release_encoder_inputs(handle);
         self.inflight_prefills.remove(&handle);
         debug_assert_eq!(self.requests[handle].status, RequestStatus::Running);
-        if self.written_in_flight(self.requests[handle].last_sched_seq) {
-            let request = &mut self.requests[handle];
-            let blocks = std::mem::take(&mut request.block_ids);
-            request.num_cached_blocks = 0;
-            self.defer_free(blocks);
-        } else {
-            self.kv.free(&mut self.requests[handle]);
-        }
+        self.free_blocks_of(handle);
         let request = &mut self.requests[handle];
         request.status = RequestStatus::Preempted;
         request.set_num_computed_tokens(0);
@@ -583,6 +576,19 @@ impl Scheduler {
         self.waiting.prepend(&self.requests, handle);
         self.preempted_since_last_step.push((handle, id));
         self.stats.num_preemptions += 1;
+    }
+
+    /// Gives a live request's KV blocks back: now, or, with a step in flight that may write
+    /// them (`defer_block_free`), once that step is applied.
+    fn free_blocks_of(&mut self, handle: Handle) {
+        if self.written_in_flight(self.requests[handle].last_sched_seq) {
+            let request = &mut self.requests[handle];
+            let blocks = std::mem::take(&mut request.block_ids);
+            request.num_cached_blocks = 0;
+            self.defer_free(blocks);
+        } else {
+            self.kv.free(&mut self.requests[handle]);
+        }
     }
 
     /// Frees a request whose status is already a finished one: its KV blocks, its place in

@@ -207,7 +207,23 @@ impl Scheduler {
                         self.set_aside(kind, &mut set_aside);
                         continue;
                     }
-                    if !self.admit(b, budgets, &rules, Candidate { kind, handle, hit }, n, pad) {
+                    let candidate = Candidate { kind, handle, hit };
+                    // Where vLLM would wait forever (deviation 15): nothing runs, and waiting
+                    // requests hold the blocks. One behind that can run goes first; else those
+                    // set aside give their KV back.
+                    let mut admitted = self.admit(b, budgets, &rules, &candidate, n, pad);
+                    if !admitted && self.running.is_empty() {
+                        if self.runnable_kv_holder_behind(handle) {
+                            if plan.is_some() {
+                                self.release_encoder_inputs(handle);
+                            }
+                            self.set_aside(kind, &mut set_aside);
+                            continue;
+                        }
+                        admitted = self.release_set_aside_kv(&mut set_aside)
+                            && self.admit(b, budgets, &rules, &candidate, n, pad);
+                    }
+                    if !admitted {
                         if plan.is_some() {
                             self.release_encoder_inputs(handle);
                         }
@@ -316,11 +332,11 @@ impl Scheduler {
         b: &mut StepBuilder,
         budgets: &mut Budgets,
         rules: &AdmissionRules,
-        candidate: Candidate,
+        candidate: &Candidate,
         n: i64,
         pad: bool,
     ) -> bool {
-        let Candidate { kind, handle, hit } = candidate;
+        let Candidate { kind, handle, ref hit } = *candidate;
         if self.requests[handle].num_computed_tokens() == 0 {
             // Where a sliding-window group keeps blocks for hits (vLLM sets it at each lookup;
             // read only once admitted).
@@ -419,6 +435,53 @@ impl Scheduler {
             num_admitted_before: b.step.external_computed_tokens.len() as u32,
         });
         self.inflight_prefills.insert(handle);
+        true
+    }
+
+    /// Whether a request queued behind `candidate` (which the blocks cannot be found for)
+    /// holds its KV and can run: a session with its next input taken up, or a request whose
+    /// load is in. With nothing running, only such a request could free blocks, and vLLM's
+    /// loop, stopping at the candidate, never reaches it.
+    #[cold]
+    fn runnable_kv_holder_behind(&self, candidate: Handle) -> bool {
+        self.kv_holding_waiting
+            .live_handles(&self.requests)
+            .into_iter()
+            .any(|h| h != candidate && (self.holds_kv_to_run(h) || self.requests[h].kv_loaded))
+    }
+
+    /// Whether the waiting request `handle` holds KV blocks and can run (its load is in, or
+    /// a session's next input is taken up): not a load in flight, nor a session waiting for
+    /// input (its client may end it).
+    fn holds_kv_to_run(&self, handle: Handle) -> bool {
+        let r = &self.requests[handle];
+        !r.block_ids.is_empty() && matches!(r.status, RequestStatus::Waiting | RequestStatus::Preempted)
+    }
+
+    /// For a request the blocks cannot be found for while nothing runs and no holder behind
+    /// it can run: the requests set aside in this step that hold KV and could run (each needs
+    /// more than is free, or they would have run) give it back, as preempted, and compute it
+    /// again once admitted; they go back ahead of the other waiting requests. Without this
+    /// they would wait for each other forever. Returns whether one did.
+    #[cold]
+    fn release_set_aside_kv(&mut self, set_aside: &mut SetAside) -> bool {
+        let (holders, kept): (Vec<Handle>, Vec<Handle>) =
+            set_aside.kv_holding.iter().partition(|&&h| self.holds_kv_to_run(h));
+        if holders.is_empty() {
+            return false;
+        }
+        for &h in &holders {
+            self.free_blocks_of(h);
+            self.inflight_prefills.remove(&h);
+            let request = &mut self.requests[h];
+            request.set_num_computed_tokens(0);
+            request.num_preemptions += 1;
+            let id = request.id.clone();
+            self.preempted_since_last_step.push((h, id));
+            self.stats.num_preemptions += 1;
+        }
+        set_aside.kv_holding = kept;
+        set_aside.waiting.splice(0..0, holders);
         true
     }
 
