@@ -751,6 +751,37 @@ def test_logprobs_and_nan_counts_pass_through() -> None:
     assert all(lp is None for rid, lp, _ in ours if rid == "plain")
 
 
+def test_a_session_inputs_logprobs_follow_its_own_parameters_as_vllms() -> None:
+    """A streaming-input session without logprobs whose next input, queued while it runs,
+    asks for them: that input's outputs carry the runner's logprobs, the first input's none
+    (vLLM reads each output's logprobs with the parameters of the input it belongs to)."""
+    from vllm.v1.outputs import LogprobsLists
+
+    def drive(sched: Any) -> list[Any]:
+        sched.add_request(request("s", max_tokens=2, resumable=True))
+        trace = []
+        for step in range(5):
+            so = sched.schedule()
+            if step == 0:
+                params = SamplingParams(max_tokens=2, logprobs=1)
+                sched.add_request(
+                    request("s", prompt_len=3, resumable=True, sampling_params=params)
+                )
+            if not so.num_scheduled_tokens:
+                continue
+            mro = ref.vllm_runner_output(so, {rid: [11] for rid in so.num_scheduled_tokens})
+            rows = len(mro.req_ids)
+            mro.logprobs = LogprobsLists([[11, 12]] * rows, [[-0.5, -1.5]] * rows, [1] * rows, None)
+            for eco in sched.update_from_output(so, mro).values():
+                for o in eco.outputs:
+                    trace.append((o.new_logprobs is not None, o.finish_reason))
+        return trace
+
+    theirs, ours = drive(reference()), drive(build(reference()))
+    assert theirs == ours
+    assert [lp for lp, _ in ours] == [False, False, True, True, True]
+
+
 def test_per_request_spec_decode_metrics_match_vllms() -> None:
     """With ``per_request_spec_decode_metrics``, each request's draft acceptance reaches its
     final output, as vLLM records it."""

@@ -346,7 +346,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 if answer == "finished":
                     self._freeze_finished()
                     self._forget(req_id)
-                elif answer == "taken_up" and (request.sampling_params or _NO_SAMPLING).logprobs:
+                elif (request.sampling_params or _NO_SAMPLING).logprobs is not None:
+                    # Its outputs carry logprobs once it is taken up (now or at a stop).
                     self._always_full.add(req_id)
                 return
         self.core.finish_requests(req_id, int(RequestStatus.FINISHED_ERROR))

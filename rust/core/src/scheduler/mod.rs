@@ -226,7 +226,7 @@ impl Scheduler {
 
     /// Validates and queues a request; returns its handle. Under the id of a live
     /// streaming-input session (`NewRequest::resumable`), it is the session's next input
-    /// instead ([`Self::add_session_input`]), and the session's handle is returned.
+    /// instead (see `SessionInputAdded`), and the session's handle is returned.
     pub fn add_request(&mut self, new: NewRequest) -> CoreResult<Handle> {
         self.add_request_or_input(new).map(|(handle, _)| handle)
     }
