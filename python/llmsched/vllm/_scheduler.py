@@ -82,6 +82,17 @@ def _validation_error(message: str) -> dict[str, Any]:
     return {"error": RequestError(code="validation_error", message=message)}
 
 
+def _refusal(req_id: str, reason: str) -> EngineCoreOutput:
+    """The ERROR output of a request (or a session's input) refused, naming the reason."""
+    return EngineCoreOutput(
+        request_id=req_id,
+        new_token_ids=[],
+        finish_reason=FinishReason.ERROR,
+        stop_reason=reason,
+        **_validation_error(reason),
+    )
+
+
 def _spec_decoding_stats(k: int, num_drafts: list[int], num_accepted: list[int]) -> Any:
     """vLLM's ``SpecDecodingStats`` after ``observe_draft(num_drafts[i], num_accepted[i])``
     for every i, counted at once: per position, the drafts (and accepted drafts) that
@@ -755,28 +766,13 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._fail_encoder_mismatches(outputs)
         for req_id, (request, reason) in self._refused.items():
             request.status = RequestStatus.FINISHED_ERROR
-            outputs[request.client_index].append(
-                EngineCoreOutput(
-                    request_id=req_id,
-                    new_token_ids=[],
-                    finish_reason=FinishReason.ERROR,
-                    stop_reason=reason,
-                    **_validation_error(reason),
-                )
-            )
+            outputs[request.client_index].append(_refusal(req_id, reason))
             if self.finished_req_ids_dict is not None:
                 self.finished_req_ids_dict[request.client_index].add(req_id)
         self._refused.clear()
+        # (A session whose input was refused is already let go: _add_session_input.)
         for req_id, (session, reason) in self._refused_inputs.items():
-            outputs[session.client_index].append(
-                EngineCoreOutput(
-                    request_id=req_id,
-                    new_token_ids=[],
-                    finish_reason=FinishReason.ERROR,
-                    stop_reason=reason,
-                    **_validation_error(reason),
-                )
-            )
+            outputs[session.client_index].append(_refusal(req_id, reason))
         self._refused_inputs.clear()
 
         engine_core_outputs = {
