@@ -280,8 +280,8 @@ def test_one_scheduler_per_thread_runs_in_parallel_without_interference() -> Non
     assert [results[s] for s in range(4)] == serial
 
 
-def test_the_gil_is_released_while_a_call_works() -> None:
-    """A Python thread keeps running while check_invariants() works on a large state."""
+def _large_scheduler(num_waiting: int) -> Scheduler:
+    """16,384 running requests of 1,000 tokens, and ``num_waiting`` more waiting."""
     config = SchedulerConfig(
         max_model_len=4096,
         num_gpu_blocks=1_100_000,
@@ -290,29 +290,40 @@ def test_the_gil_is_released_while_a_call_works() -> None:
         async_scheduling=False,
     )
     sched = Scheduler(config)
-    for i in range(16384):
+    for i in range(16384 + num_waiting):
         sched.add_request(f"r{i}", list(range(1000)), max_tokens=8)
     sched.schedule()
-    stamps: list[float] = []
-    stop = threading.Event()
+    return sched
 
-    def spin() -> None:
-        while not stop.is_set():
-            stamps.append(time.perf_counter())
 
-    spinner = threading.Thread(target=spin, daemon=True)
-    spinner.start()
-    try:
-        time.sleep(0.02)
-        start = time.perf_counter()
-        sched.check_invariants()
-        end = time.perf_counter()
-    finally:
-        stop.set()
-        spinner.join(JOIN_TIMEOUT)
+def test_the_gil_is_released_while_a_call_works() -> None:
+    """A Python thread keeps running while check_invariants() works on a large state."""
+    # The call must last long enough to tell: the state grows until it takes 50 ms (a
+    # release build checks the first state in about 30 ms, a debug build in 230).
+    for num_waiting in (0, 16384, 65536):
+        sched = _large_scheduler(num_waiting)
+        stamps: list[float] = []
+        stop = threading.Event()
+
+        def spin(stamps: list[float] = stamps, stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                stamps.append(time.perf_counter())
+
+        spinner = threading.Thread(target=spin, daemon=True)
+        spinner.start()
+        try:
+            time.sleep(0.02)
+            start = time.perf_counter()
+            sched.check_invariants()
+            end = time.perf_counter()
+        finally:
+            stop.set()
+            spinner.join(JOIN_TIMEOUT)
+        if end - start > 0.05:
+            break
     # Were the GIL held during the call, the spinner could run only before it started (one
     # switch interval, 5 ms), not throughout. Count the 10 ms slots in which it ran.
-    assert end - start > 0.03, f"the call took only {(end - start) * 1000:.1f} ms"
+    assert end - start > 0.05, f"the call took only {(end - start) * 1000:.1f} ms"
     inside = [t for t in stamps if start + 0.01 < t < end - 0.001]
     slots = {int((t - start) * 100) for t in inside}
     assert len(slots) >= 0.25 * (end - start - 0.011) * 100, (len(slots), end - start)
