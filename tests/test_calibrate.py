@@ -29,7 +29,9 @@ TRUE_TERMS = {
     "decode_request_ms": 0.2,
     "first_decode_ms": 0.07,
     "decode_context_ms": 0.0004,
+    "kv_block_ms": 0.003,
     "add_request_ms": 0.5,
+    "wake_ms": 1.5,
     "scheduler_step_ms": 0.05,
     "scheduler_request_ms": 0.004,
     "scheduler_token_ms": 0.0002,
@@ -45,6 +47,7 @@ _TERM_OF = {
     "decode_requests": "decode_request_ms",
     "first_decodes": "first_decode_ms",
     "decode_context": "decode_context_ms",
+    "kv_blocks": "kv_block_ms",
 }
 
 
@@ -58,10 +61,11 @@ def _steps(num: int, seed: int, noise: float, start: float = 100.0) -> list[dict
     plug-in logs them: each step's ``t`` is the previous one's plus its engine time (its
     shape's cost and that of the requests added before the next step, which the next line
     counts) and the scheduler's own time (TRUE_TERMS' scheduler terms, split between the
-    two calls); after an idle step, the engine waits for work (a pause no term explains)."""
+    two calls); after an idle step, the engine waits for work (a pause no term explains),
+    and the step after the wait (or the log's first) costs ``wake_ms`` more."""
     rng = random.Random(seed)
     lines: list[dict[str, Any]] = []
-    t, added = start, 0
+    t, added, woke = start, 0, True
     for _ in range(num):
         prefills = rng.choice([0, 0, rng.randrange(1, 8)])
         shape = {
@@ -73,6 +77,7 @@ def _steps(num: int, seed: int, noise: float, start: float = 100.0) -> list[dict
             "decode_requests": (decode := rng.randrange(0, 64)),
             "first_decodes": rng.randrange(0, min(decode, 8) + 1),
             "decode_context": decode * rng.randrange(20, 1000),
+            "kv_blocks": rng.randrange(0, 4096),
         }
         idle = rng.random() < 0.05
         scheduled = shape["prefill_requests"] + decode
@@ -96,6 +101,8 @@ def _steps(num: int, seed: int, noise: float, start: float = 100.0) -> list[dict
         added = rng.choice([0, 0, 0, rng.randrange(1, 5)])
         ms = TRUE_TERMS["fixed_ms"] + TRUE_TERMS["add_request_ms"] * added
         ms += sum(TRUE_TERMS[_TERM_OF[name]] * count for name, count in shape.items())
+        ms += TRUE_TERMS["wake_ms"] * woke
+        woke = idle
         wait = rng.uniform(0.1, 5.0) if idle else 0.0
         t += ms / 1000.0 * (1 + rng.uniform(-noise, noise)) + schedule_s + update_s + wait
     return lines
@@ -206,7 +213,12 @@ def test_a_log_of_another_engine_configuration_is_refused(tmp_path: Path) -> Non
         (lambda h, s: [h, *s[:1], {**s[1], "idle": 0}, *s[2:]], ["line 3", "idle=0"]),
         (lambda h, s: [h, *s[:2], {**s[2], "t": 0.0}, *s[3:]], ["line 4", "earlier"]),
         (lambda h, s: [{**h, "format": "other/9"}, *s], ["line 1", "header"]),
-        (lambda h, s: [h, *s[:3]], ["2 timed steps", "fewer than"]),
+        (
+            lambda h, s: [{**h, "format": "llmsched-step-log/2"}, *s],
+            ["line 1", "llmsched-step-log/2 log", "log the engine again"],
+        ),
+        (lambda h, s: [h, {**s[0], "kv_blocks": None}, *s[1:]], ["line 2", "kv_blocks=None"]),
+        (lambda h, s: [h, *s[:3]], ["timed steps", "fewer than the 8"]),
     ],
 )
 def test_a_bad_log_is_one_line_naming_the_file_and_line(
@@ -237,8 +249,8 @@ def test_the_sweep_spans_the_engines_step_shapes_within_its_limits(
 ) -> None:
     """Every request fits ``max_model_len``, every phase's requests fit the pool together;
     prefills run from one block to the step budget, decode batches from one request to
-    ``max_num_seqs`` (or as many as the pool holds), and mixed phases add a prompt to
-    running decodes."""
+    ``max_num_seqs`` (or as many as the pool holds), decode batches share one prompt, and
+    mixed phases add a prompt to running decodes."""
     from llmsched.bench.calibrate import sweep_phases
 
     phases = sweep_phases(config)
@@ -248,12 +260,21 @@ def test_the_sweep_spans_the_engines_step_shapes_within_its_limits(
         assert phase.requests, phase.name
         for prompt, output, _ in phase.requests:
             assert prompt >= 1 and output >= 1 and prompt + output <= m, phase.name
-        held = sum(-(-(p + o) // bs) * bs for p, o, _ in phase.requests)
+        # Blocks each request fills; a shared prompt's full blocks held once.
+        held = bs * sum(-(-(p + o) // bs) for p, o, _ in phase.requests)
+        if phase.shared_prompt:
+            assert len({p for p, _, _ in phase.requests}) == 1, phase.name
+            held -= bs * (phase.requests[0][0] // bs) * (len(phase.requests) - 1)
         assert held <= usable, (phase.name, held, usable)
     prefills = [p.requests[0][0] for p in phases if len(p.requests) == 1 and p.requests[0][1] == 1]
     assert min(prefills) == bs
     assert max(prefills) == min(config.max_num_batched_tokens, m - 1)
     decodes = [p for p in phases if all(o > 1 for _, o, _ in p.requests)]
+    # Decode batches reading one prompt's blocks, at two contexts: KV in use apart from it.
+    shared = [p for p in decodes if p.shared_prompt]
+    assert len({p.requests[0][0] for p in shared}) == 2
+    assert min(len(p.requests) for p in shared) == 2
+    decodes = [p for p in decodes if not p.shared_prompt]
     assert min(len(p.requests) for p in decodes) == 1
     # The largest decode batch: max_num_seqs, or at least half of what the pool holds.
     largest = max(decodes, key=lambda p: len(p.requests))

@@ -12,7 +12,7 @@ from benches.parity.matrix import TRACES  # one setting for every suite: LLMSCHE
 
 from llmsched import SchedulerConfig
 from llmsched.cli import main
-from llmsched.sim.cost import CostModel
+from llmsched.sim.cost import TERMS, CostModel
 from llmsched.sim.simulate import check_workload, simulate
 from llmsched.sim.workload import (
     MOONCAKE_BLOCK_TOKENS,
@@ -83,6 +83,21 @@ def test_simulation_reports_every_request_and_consistent_figures() -> None:
     # Virtual time is the cost model's: no step is cheaper than its fixed cost.
     assert report.virtual_seconds >= report.num_steps * CostModel().fixed_ms / 1000 * 0.5
     json.loads(report.to_json())
+
+
+def test_a_step_costs_its_kv_blocks_in_use_and_an_idle_engine_its_wake_up() -> None:
+    """Only the KV blocks in use (1 ms each) and wake-ups (5 ms) charged: a request of a
+    30-token prompt and 5 outputs, alone, holds the blocks its ``C + n`` tokens fill at each
+    step (16-token blocks: 30, 31 and 32 tokens fill 2, then 33 and 34 fill 3): 12 ms, after
+    a 5 ms wake-up. A second one arriving long after wakes the engine again; the first's
+    blocks, back in the free queue, are not charged to it."""
+    terms = dict.fromkeys(TERMS, 0.0) | {"kv_block_ms": 1.0, "wake_ms": 5.0}
+    config = SchedulerConfig(max_model_len=256, block_size=16, num_gpu_blocks=64)
+    requests = [RequestSpec("a", 0.0, 30, 5, key=1), RequestSpec("b", 10.0, 30, 5, key=2)]
+    report = simulate(config, Workload("w", requests, "test"), cost=CostModel(**terms))
+    e2e, ttft = report.latencies["e2e"], report.latencies["ttft"]
+    assert e2e == pytest.approx([0.017, 0.017]) and ttft == pytest.approx([0.007, 0.007])
+    assert report.virtual_seconds == pytest.approx(10.017)
 
 
 def test_preemptions_are_reported_under_kv_pressure() -> None:

@@ -836,6 +836,10 @@ class Scheduler:
     def num_free_blocks(self) -> int:
         """KV blocks in the free queue (cached ones included: they are reusable)."""
     @property
+    def num_used_blocks(self) -> int:
+        """KV blocks held by requests (the null block and the free queue left out): the
+        distinct KV memory a step scheduled now reads, which ``llmsched.steps`` logs."""
+    @property
     def num_steps_in_flight(self) -> int:
         """Scheduled steps with requests whose output has not been applied yet."""
     def stats(self) -> dict[str, int]:

@@ -12,8 +12,13 @@ prefills otherwise (a prompt chunk, or the tokens a resumed request recomputes).
 counts what a step's cost grows with: the prefilling requests, those the runner sets up (new
 or resumed) and lets go (finished at the step before), the prefill tokens and the attention
 they compute (each chunk of ``n`` tokens after ``C`` computed ones attends to
-``n*C + n*(n+1)/2`` positions), the decode requests, those decoding for the first time, and
-the context the decode requests read (``C + n`` each).
+``n*C + n*(n+1)/2`` positions), the decode requests, those decoding for the first time, the
+context the decode requests read (``C + n`` each), and the KV blocks in use when the step
+runs (``Scheduler.num_used_blocks``): the distinct KV memory its attention reads. Requests
+that share a prefix read its blocks once per step from a cache; on a CPU engine a decode
+batch of 16 requests with one 900-token prefix steps in half the time of one with 16
+different prompts (``docs/fidelity.md``), so context counted per request misses what the
+memory counts.
 """
 
 from __future__ import annotations
@@ -26,12 +31,23 @@ import numpy as np
 
 from llmsched._core import SchedulerOutput
 
-__all__ = ["SCHEDULERS", "STEP_LOG_ENV", "STEP_LOG_FORMAT", "StepLog", "StepShape", "step_shape"]
+__all__ = [
+    "EMPTY_STEP",
+    "OLDER_STEP_LOG_FORMATS",
+    "SCHEDULERS",
+    "STEP_LOG_ENV",
+    "STEP_LOG_FORMAT",
+    "StepLog",
+    "StepShape",
+    "step_shape",
+]
 
 STEP_LOG_ENV = "LLMSCHED_STEP_LOG"
 """The environment variable that turns the plug-in's step log on: the file it appends to."""
-STEP_LOG_FORMAT = "llmsched-step-log/2"
+STEP_LOG_FORMAT = "llmsched-step-log/3"
 """The step log header's format marker."""
+OLDER_STEP_LOG_FORMATS = ("llmsched-step-log/1", "llmsched-step-log/2")
+"""Markers of the step log's earlier formats, which ``calibrate`` no longer reads."""
 SCHEDULERS = ("llmsched", "vllm")
 """The schedulers a step log can be written under: llmsched's plug-in, vLLM's own."""
 
@@ -47,13 +63,19 @@ class StepShape(NamedTuple):
     decode_requests: int
     first_decodes: int
     decode_context: int
+    kv_blocks: int
 
 
-def step_shape(so: SchedulerOutput) -> StepShape:
-    """The shape of a step the core decided, read from its columns."""
+EMPTY_STEP = StepShape(0, 0, 0, 0, 0, 0, 0, 0, 0)
+"""The shape of a step that schedules nothing."""
+
+
+def step_shape(so: SchedulerOutput, kv_blocks: int) -> StepShape:
+    """The shape of a step the core decided, read from its columns; ``kv_blocks`` is the
+    scheduler's ``num_used_blocks`` right after it decided the step."""
     n = so.num_scheduled_tokens.astype(np.int64)
     if len(n) == 0:
-        return StepShape(0, 0, 0, 0, 0, 0, 0, 0)
+        return EMPTY_STEP
     c = so.num_computed_tokens.astype(np.int64)
     decode = (n - so.num_spec_tokens) == 1
     prefill = ~decode
@@ -67,6 +89,7 @@ def step_shape(so: SchedulerOutput) -> StepShape:
         decode_requests=int(decode.sum()),
         first_decodes=int((so.num_output_tokens[decode] == 1).sum()),
         decode_context=int((c[decode] + n[decode]).sum()),
+        kv_blocks=kv_blocks,
     )
 
 

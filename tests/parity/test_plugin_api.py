@@ -1112,9 +1112,9 @@ def test_the_step_log_records_each_steps_shape_and_timing(
 ) -> None:
     """With LLMSCHED_STEP_LOG set, a header (the format llmsched calibrate reads, the
     scheduler, the engine's configuration) and a line per step that ran. vLLM's own scheduler
-    logged by calibrate's wrapper (the shape read from vLLM's SchedulerOutput) writes the
-    same lines on the same requests: the same shapes, requests added before each step, and
-    idle after the last; unset, no file."""
+    logged by calibrate's wrapper (the shape read from vLLM's SchedulerOutput, the KV blocks
+    in use from its pool) writes the same lines on the same requests: the same shapes,
+    requests added before each step, and idle after the last; unset, no file."""
     from llmsched.bench.step_log import LoggedScheduler
     from llmsched.steps import STEP_LOG_FORMAT, StepLog
 
@@ -1162,6 +1162,10 @@ def test_the_step_log_records_each_steps_shape_and_timing(
     )
     assert steps[1]["first_decodes"] == 3 and steps[1]["decode_context"] == 11 + 21 + 31
     assert steps[1]["prefill_tokens"] == 40 and steps[1]["new_requests"] == 1
+    # The KV blocks in use as each step runs: every running request's C + n tokens.
+    bs = config["block_size"]
+    assert steps[0]["kv_blocks"] == sum(-(-n // bs) for n in (10, 20, 30))
+    assert steps[1]["kv_blocks"] == sum(-(-(n + 1) // bs) for n in (10, 20, 30)) + -(-40 // bs)
     times = [s["t"] for s in steps]
     assert times == sorted(times) and all(s["schedule_s"] > 0 and s["update_s"] > 0 for s in steps)
 

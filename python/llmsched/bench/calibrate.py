@@ -13,10 +13,11 @@ Two sources of steps, one fit (:func:`llmsched.sim.calibrate.fit_cost_model`) an
   time for ``simulate --scheduler-cost``), is driven through a bounded series of phases
   (:func:`sweep_phases`) that give it steps of many shapes: prefills of one prompt from a
   block to the step budget, decode batches from one request to ``max_num_seqs`` at short,
-  middle and long contexts, and decode batches joined by a prompt (mixed steps), and
-  requests that arrive one a step while the others run; the whole series :data:`ROUNDS`
-  times. A progress bar counts the phases; ``--time-limit`` stops the sweep between two
-  phases (what was measured is fitted).
+  middle and long contexts, the same batches sharing one prompt (the KV blocks in use apart
+  from the context), decode batches joined by a prompt (mixed steps), and requests that
+  arrive one a step while the others run; each phase after an idle wait
+  (:data:`IDLE_SECONDS`), the whole series :data:`ROUNDS` times. A progress bar counts the
+  phases; ``--time-limit`` stops the sweep between two phases (what was measured is fitted).
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ DECODE_STEPS = 16
 #: Times the sweep runs its phases: a machine's speed wanders by tens of percent over
 #: seconds, and the fit takes the mean of what it sees.
 ROUNDS = 3
+#: Seconds the engine waits idle before each phase: its first step after a wait is slower
+#: (caches cold), and a served engine waits between requests (``wake_ms`` charges it). On
+#: the 2-core machine a request's TTFT after 20 ms idle is 2.4 ms, after 0.1 to 1.5 s 4.4 to
+#: 4.8 ms (``replay-engine`` of 12 requests that far apart): the cost levels off by then.
+IDLE_SECONDS = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +72,9 @@ class Phase:
 
     name: str
     requests: tuple[tuple[int, int, int], ...]
+    shared_prompt: bool = False
+    """Every request of the phase has one prompt (the longest's prefix): after the first,
+    prefix hits, and a decode batch that reads the prompt's KV blocks once."""
 
 
 def _grid(low: int, high: int) -> list[int]:
@@ -98,6 +107,19 @@ def sweep_phases(config: SchedulerConfig) -> list[Phase]:
                     tuple((prompt, DECODE_STEPS, 0) for _ in range(batch)),
                 )
             )
+    # The same batches reading one prompt's blocks: the KV in use apart from the context.
+    for context in sorted({max(bs, m // 2), max(bs, 3 * m // 4)}):
+        prompt = min(context, m - 1 - DECODE_STEPS)
+        # The prompt's blocks once; each request's last, partial block and its outputs.
+        most = min(config.max_num_seqs, (pool_tokens - prompt) // (2 * bs + DECODE_STEPS))
+        for batch in _grid(2, max(most, 2)):
+            phases.append(
+                Phase(
+                    f"decode shared {batch}x{prompt}",
+                    tuple((prompt, DECODE_STEPS, 0) for _ in range(batch)),
+                    shared_prompt=True,
+                )
+            )
     decoders = min(config.max_num_seqs - 1, pool_tokens // (2 * (bs + DECODE_STEPS + bs)))
     for batch in sorted({1, max(decoders, 1)}):
         for prompt in sorted({max(bs, budget // 4), budget}):
@@ -116,7 +138,7 @@ def sweep_phases(config: SchedulerConfig) -> list[Phase]:
             )
         )
     return [
-        Phase(f"{phase.name} (round {r + 1})", phase.requests)
+        Phase(f"{phase.name} (round {r + 1})", phase.requests, phase.shared_prompt)
         for r in range(ROUNDS)
         for phase in phases
     ]
@@ -151,17 +173,19 @@ def run_sweep(engine: Any, phases: list[Phase], time_limit: float, *, progress: 
             if time.monotonic() - started > time_limit:
                 break
             bar.update(task, description=phase.name)
-            # Random prompts: no prefix hit shortens a prefill the phase asks for. Drawn
-            # before the phase, so that the steps' times hold the engine's work only.
+            # Random prompts: no prefix hit shortens a prefill the phase asks for, but in a
+            # shared-prompt phase. Drawn before the phase, so that the steps' times hold the
+            # engine's work only.
             pending = []
             for i, (prompt_len, output_len, at_step) in enumerate(phase.requests):
-                rng = random.Random(f"{index}-{i}")
+                rng = random.Random(f"{index}" if phase.shared_prompt else f"{index}-{i}")
                 prompt = [rng.randrange(FIRST_PROMPT_TOKEN, vocab) for _ in range(prompt_len)]
                 params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
                 pending.append(
                     (at_step, f"{index}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
                 )
             pending.sort(key=lambda item: item[0])
+            time.sleep(IDLE_SECONDS)
             steps = 0
             while pending or llm.has_unfinished_requests():
                 while pending and pending[0][0] <= steps:

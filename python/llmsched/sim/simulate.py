@@ -44,10 +44,13 @@ class _TimedRunner:
         self.clock = 0.0
         self.step_end: dict[int, float] = {}
         self.on_execute: Callable[[SchedulerOutput, float, float], None] | None = None
+        self.scheduler: Scheduler | None = None
+        """The engine's scheduler: its KV blocks in use are part of a step's cost."""
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        assert self.scheduler is not None, "the engine's scheduler is set before a step"
         start = self.clock
-        self.clock += self.cost.step_seconds(so)
+        self.clock += self.cost.step_seconds(so, self.scheduler.num_used_blocks)
         self.step_end[so.step_id] = self.clock
         if self.on_execute is not None:
             self.on_execute(so, start, self.clock)
@@ -165,6 +168,7 @@ def simulate(
         timeline["waiting"].append(waiting)
 
     runner.on_execute = on_execute
+    runner.scheduler = scheduler
     interrupt = StopOnInterrupt()
     with interrupt.active(interruptible):
         bar = _Progress(len(specs), progress)
@@ -201,6 +205,9 @@ def _replay(
             next_arrival < len(specs)
             and specs[next_arrival].arrival_time * time_scale <= runner.clock
         ):
+            if not scheduler.has_requests() and not engine.num_steps_in_flight:
+                # An idle engine wakes up for the arrival: its next step starts cold.
+                runner.clock += runner.cost.wake_ms / 1000.0
             spec = specs[next_arrival]
             arrival = spec.arrival_time * time_scale
             times[spec.request_id] = RequestTimes(arrival, spec.prompt_len)

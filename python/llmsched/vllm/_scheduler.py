@@ -549,7 +549,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._core_steps[id(output)] = (output, core_out)
             if self._step_log is not None:
                 self._step_log.scheduled(
-                    id(output), started, time.monotonic() - started, step_shape(core_out)
+                    id(output),
+                    started,
+                    time.monotonic() - started,
+                    step_shape(core_out, self.core.num_used_blocks),
                 )
         return output
 

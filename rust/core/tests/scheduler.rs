@@ -516,3 +516,29 @@ fn tokens_after_a_stop_in_a_multi_token_output_are_not_delivered() {
     }
     sched.check_invariants().unwrap();
 }
+
+/// The blocks in use (what a step's attention reads, which the step log records) count a
+/// shared prompt's full blocks once, and not the cached blocks of finished requests.
+#[test]
+fn used_blocks_count_a_shared_prefix_once_and_no_free_cached_block() {
+    let mut sched = Scheduler::new(config(|p| p.enable_prefix_caching = true)).unwrap();
+    let usable = sched.config().num_gpu_blocks() as usize - 1;
+    // 40 tokens of 16-token blocks: 2 full, 1 partial.
+    sched.add_request(request("a", 40, 2)).unwrap();
+    let step = sched.schedule();
+    assert_eq!(sched.num_used_blocks(), 3);
+    apply_one_token_each(&mut sched, &step);
+    // The same prompt: its 2 full blocks hit, its partial block its own.
+    sched.add_request(request("b", 40, 2)).unwrap();
+    let step = sched.schedule();
+    assert_eq!(sched.num_used_blocks(), 3 + 1);
+    assert_eq!(sched.num_used_blocks() + sched.num_free_blocks(), usable);
+    apply_one_token_each(&mut sched, &step);
+    while sched.has_requests() {
+        let step = sched.schedule();
+        apply_one_token_each(&mut sched, &step);
+    }
+    // Finished: their full blocks stay cached in the free queue, not in use.
+    assert_eq!(sched.num_used_blocks(), 0);
+    assert_eq!(sched.num_free_blocks(), usable);
+}

@@ -1537,6 +1537,13 @@ impl PyScheduler {
         self.with_inner(py, |inner| Ok(inner.core.num_free_blocks()))
     }
 
+    /// KV blocks held by requests (the null block and the free queue left out): the
+    /// distinct KV memory a step scheduled now reads, which ``llmsched.steps`` logs.
+    #[getter]
+    fn num_used_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_inner(py, |inner| Ok(inner.core.num_used_blocks()))
+    }
+
     /// Scheduled steps with requests whose output has not been applied yet.
     #[getter]
     fn num_steps_in_flight(&self, py: Python<'_>) -> PyResult<usize> {

@@ -111,6 +111,12 @@ impl KvManager {
         self.pool.num_free_blocks()
     }
 
+    /// Blocks out of the free queue: the usable blocks (the null block left out) less the
+    /// free ones.
+    pub fn num_used_blocks(&self) -> usize {
+        self.pool.num_blocks() - 1 - self.pool.num_free_blocks()
+    }
+
     pub fn prefix_cache_stats(&self) -> &PrefixCacheStats {
         &self.stats
     }

@@ -871,6 +871,12 @@ impl Scheduler {
         self.kv.num_free_blocks()
     }
 
+    /// KV blocks held by requests (the null block and the free queue left out): the KV
+    /// memory a step started now reads.
+    pub fn num_used_blocks(&self) -> usize {
+        self.kv.num_used_blocks()
+    }
+
     pub fn num_steps_in_flight(&self) -> usize {
         self.in_flight.len()
     }
