@@ -60,8 +60,8 @@ DECODE_STEPS = 16
 ROUNDS = 3
 #: Seconds the engine waits idle before each phase: its first step after a wait is slower
 #: (caches cold), and a served engine waits between requests (``wake_ms`` charges it). On
-#: the 2-core machine a request's TTFT after 20 ms idle is 2.4 ms, after 0.1 to 1.5 s 4.4 to
-#: 4.8 ms (``replay-engine`` of 12 requests that far apart): the cost levels off by then.
+#: the 2-core machine a request's TTFT after 20 ms idle is 2.3 ms, after 0.1 to 1.5 s 4.2 to
+#: 4.4 ms (``docs/step-effects.md``): the cost levels off by 0.1 s.
 IDLE_SECONDS = 0.2
 
 
@@ -127,14 +127,19 @@ def sweep_phases(config: SchedulerConfig) -> list[Phase]:
             # Joins once the decoders' prompts are done: a step of decodes and a prefill.
             phases.append(Phase(f"mixed {batch}+{prompt}", (*decode, (prompt, 1, 2))))
     # Arrivals while the engine works: a request joins at every step, each prefilled
-    # beside the others' decodes, which end one step apart.
+    # beside the others' decodes, and decodes for as many steps as requests arrive, so the
+    # batch grows to all of them and then drains one a step: requests join and leave a
+    # running batch of every size up to max_num_seqs.
     prompt = max(bs, budget // 8)
-    arrivals = min(config.max_num_seqs, pool_tokens // (prompt + DECODE_STEPS + bs))
+    arrivals = min(config.max_num_seqs, m - 1 - prompt)
+    while arrivals > 1 and arrivals * (prompt + max(arrivals, DECODE_STEPS) + bs) > pool_tokens:
+        arrivals -= 1
     if arrivals > 1:
+        outputs = max(arrivals, DECODE_STEPS)
         phases.append(
             Phase(
                 f"arrivals {arrivals}x{prompt}",
-                tuple((prompt, DECODE_STEPS, step) for step in range(arrivals)),
+                tuple((prompt, outputs, step) for step in range(arrivals)),
             )
         )
     return [

@@ -11,13 +11,12 @@ interval to the next ``schedule()`` call less the scheduler's own time (the mode
 the engine's other work between the two calls, the requests it took in among it); an
 interval after which the engine was idle holds a wait for work, and is left out; the step
 after it is one the engine woke up for. The engine's terms of
-:class:`~llmsched.sim.cost.CostModel` (:data:`~llmsched.sim.cost.ENGINE_TERMS`: ``fixed_ms``,
-one per count of the shape, ``add_request_ms``, ``wake_ms``) are the non-negative
-least-squares fit (``scipy.optimize.nnls``) of those times to the shapes, the requests taken
-in and the wake-ups, each step weighed by its inverse (the fit minimises relative errors);
-the scheduler's terms
-(:data:`~llmsched.sim.cost.SCHEDULER_TERMS`), the same fit of every step's scheduler time to
-the requests and tokens it scheduled.
+:class:`~llmsched.sim.cost.CostModel` (:data:`~llmsched.sim.cost.ENGINE_TERMS`:
+``fixed_ms``, one per count of the shape, ``add_request_ms``, ``wake_ms``) are the
+non-negative least-squares fit (``scipy.optimize.nnls``) of those times to the shapes, the
+requests taken in and the wake-ups, each step weighed by its inverse (the fit minimises
+relative errors); the scheduler's terms (:data:`~llmsched.sim.cost.SCHEDULER_TERMS`), the
+same fit of every step's scheduler time to the requests and tokens it scheduled.
 """
 
 from __future__ import annotations

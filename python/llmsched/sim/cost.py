@@ -13,10 +13,12 @@ measures (``simulate --scheduler-cost`` swaps them in). It is charged in sequenc
 model's step, as a synchronous engine runs them (and a CPU engine, whose model runs on the
 scheduler's CPU); an asynchronous GPU engine overlaps the two, which this model does not
 (there it charges the scheduler's time once too often). Why these counts:
-``docs/fidelity.md`` measures them against the earlier linear form. The defaults are sized
-for an 8B-parameter model on one datacenter GPU (whose attention reads each request's
-context on its own: no term for the KV blocks in use); every term can be overridden, or
-taken from a cost-model file (:func:`load_cost_model`, which ``llmsched calibrate`` writes).
+``docs/fidelity.md`` measures the model against a real engine, and ``docs/step-effects.md``
+the two effects beyond a step's shape (KV blocks read once when requests share them, the
+slower first step after an idle wait). The defaults are sized for an 8B-parameter model on
+one datacenter GPU (whose attention reads each request's context on its own: no term for the
+KV blocks in use); every term can be overridden, or taken from a cost-model file
+(:func:`load_cost_model`, which ``llmsched calibrate`` writes).
 """
 
 from __future__ import annotations
