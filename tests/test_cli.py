@@ -473,6 +473,7 @@ COST_FILE = {
         "kv_block_ms": 0.002,
         "add_request_ms": 0.5,
         "wake_ms": 0.7,
+        "new_shape_ms": 0.9,
         "scheduler_step_ms": 0.03,
         "scheduler_request_ms": 0.001,
         "scheduler_token_ms": 0.0,

