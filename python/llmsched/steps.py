@@ -16,7 +16,7 @@ they compute (each chunk of ``n`` tokens after ``C`` computed ones attends to
 context the decode requests read (``C + n`` each), and the KV blocks in use when the step
 runs (``Scheduler.num_used_blocks``): the distinct KV memory its attention reads. Requests
 that share a prefix read its blocks once per step from a cache; on a CPU engine a decode
-batch of 16 requests with one 900-token prefix steps in half the time of one with 16
+batch of 16 requests with one 900-token prefix steps in half the time or less of one with 16
 different prompts (``docs/step-effects.md``), so context counted per request misses what the
 memory counts.
 """

