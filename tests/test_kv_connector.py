@@ -182,6 +182,9 @@ def test_finished_requests_hold_their_blocks_until_released() -> None:
     held = sched.held_kv_blocks("a")
     assert held is not None and len(held) == 3
     assert sched.num_free_blocks == free - 3
+    assert sched.held_kv_request_ids() == ["a"]
+    refs = sched.block_ref_counts()
+    assert [int(refs[b]) for b in held] == [1, 1, 1] and int(refs.sum()) == 3
     assert sched.held_kv_blocks("b") is None
     with pytest.raises(InvalidRequestError, match="still holds KV blocks"):
         sched.add_request("a", [1, 2], max_tokens=1)
@@ -195,6 +198,7 @@ def test_finished_requests_hold_their_blocks_until_released() -> None:
         assert sched.num_free_blocks == free - 3
     sched.release_kv_blocks(["a"])
     assert sched.num_free_blocks == free
+    assert sched.held_kv_request_ids() == [] and not sched.block_ref_counts().any()
     sched.check_invariants()
 
 

@@ -1055,3 +1055,43 @@ def test_report_reused_blocks_must_be_a_bool() -> None:
     with pytest.raises(InvalidRequestError, match="report_reused_blocks"):
         sched.add_request("a", [1, 2, 3], max_tokens=1, report_reused_blocks="yes")
     assert sched.get_request_counts() == (0, 0)
+
+
+def _tables_refs(sched: CheckedScheduler, req_ids: Sequence[str]) -> dict[int, int]:
+    """How many of the live requests' block tables hold each block (the null block left
+    out), counted from the tables."""
+    refs: dict[int, int] = defaultdict(int)
+    for req_id in req_ids:
+        for table in sched.get_request(req_id).group_block_ids:
+            for block in table:
+                refs[block] += block != 0
+    return {block: n for block, n in refs.items() if n}
+
+
+def test_block_ref_counts_count_the_tables_that_hold_each_block() -> None:
+    """``block_ref_counts`` gives each block the number of requests holding it (a shared
+    prefix twice); ``finished_since_last_step`` names a finished request until the next
+    step reports it."""
+    sched = apc(block_size=B)
+    sched.add_request("a", [*COMMON, 7], max_tokens=4)
+    sched.add_request("b", [*COMMON, 8], max_tokens=4)
+    sched.schedule()
+    shared = sched.get_request("a").block_ids[:3]
+    assert sched.get_request("b").block_ids[:3] == shared
+    assert sched.get_request("a").group_block_ids == [sched.get_request("a").block_ids]
+    refs = sched.block_ref_counts()
+    assert len(refs) == sched.config.num_gpu_blocks
+    held = {block: int(n) for block, n in enumerate(refs.tolist()) if n}
+    assert held == _tables_refs(sched, ["a", "b"])
+    assert [held[block] for block in shared] == [2, 2, 2]
+
+    assert sched.finished_since_last_step() == []
+    sched.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    assert sched.finished_since_last_step() == ["a"]
+    refs = sched.block_ref_counts()
+    assert {block: int(n) for block, n in enumerate(refs.tolist()) if n} == _tables_refs(
+        sched, ["b"]
+    )
+    assert [int(refs[block]) for block in shared] == [1, 1, 1]
+    so = sched.schedule()
+    assert so.finished_req_ids == ["a"] and sched.finished_since_last_step() == []

@@ -534,6 +534,10 @@ class Request:
     def block_ids(self) -> list[int]:
         """The request's KV block table (group 0's, with several KV-cache groups)."""
     @property
+    def group_block_ids(self) -> list[list[int]]:
+        """The request's KV block table in every KV-cache group, in the groups' order
+        (``block_ids`` first; the null block 0 where a sliding window let blocks go)."""
+    @property
     def block_hashes(self) -> list[int]:
         """One 128-bit hash per full block of the request's tokens (empty without
         prefix caching)."""
@@ -740,6 +744,9 @@ class Scheduler:
     def num_held_kv_requests(self) -> int:
         """With ``kv_connector``: how many finished requests hold their KV blocks (until
         ``release_kv_blocks``)."""
+    def held_kv_request_ids(self) -> list[str]:
+        """With ``kv_connector``: ids of the finished requests that hold their KV blocks,
+        sorted."""
     def release_kv_blocks(self, request_ids: Sequence[str]) -> None:
         """Return the held blocks of the finished requests ``request_ids`` to the pool (a
         connector has sent them, or needs them no longer), each table tail first, in the
@@ -880,6 +887,12 @@ class Scheduler:
     def waiting_request_ids(self) -> list[str]:
         """Waiting request ids, in the order the waiting loop would consider them: those
         holding KV blocks first (``num_kv_holding_waiting``)."""
+    def block_ref_counts(self) -> _Int32Array:
+        """Each KV block's reference count, by block id (the requests, and the finished
+        requests whose blocks a KV connector holds, that hold it), as a new int32 array."""
+    def finished_since_last_step(self) -> list[str]:
+        """Ids of the requests finished since the last ``schedule()``, in the order they
+        finished: what the next step reports (vLLM's ``finished_req_ids``)."""
     def free_block_queue(self) -> list[int]:
         """The free-block queue, head first (blocks are reused from the head)."""
     def check_invariants(self) -> None:

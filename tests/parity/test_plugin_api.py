@@ -272,20 +272,28 @@ def test_kv_transfer_parameters_are_served_where_a_kv_connector_reads_them() -> 
     assert sched.requests["p"].kv_transfer_params == params
 
 
-def test_a_failed_block_of_a_synchronous_load_is_refused_naming_it() -> None:
+@pytest.mark.parametrize("max_tokens", [4, 1], ids=["goes-on", "finished-by-the-step"])
+def test_a_failed_block_of_a_synchronous_load_is_refused_naming_it(max_tokens: int) -> None:
     """A synchronous load's failure (a running request's block reported invalid) is not
-    served: the plug-in says so, naming the block; an asynchronous load's is recovered."""
+    served: the plug-in says so, naming the block, before the step's output changes
+    anything, as vLLM handles failed loads first; also when that output would finish the
+    request (then nobody would be left to refuse). An asynchronous load's is recovered."""
     from vllm.v1.outputs import KVConnectorOutput
 
     sched = build(reference(kv_connector=("ParityConnector", "benches.parity.connector")))
-    sched.add_request(request("loads", prompt_len=41))  # a prompt the parity store holds
+    # A prompt the parity store holds.
+    sched.add_request(request("loads", prompt_len=41, max_tokens=max_tokens))
     so = sched.schedule()
     assert so.num_scheduled_tokens == {"loads": 41 - 40}  # 40 loaded: 10 blocks of 4
     block = so.scheduled_new_reqs[0].block_ids[0][0]
+    free = sched.core.num_free_blocks
     output = ref.vllm_runner_output(so, {"loads": [7]})
     output.kv_connector_output = KVConnectorOutput(invalid_block_ids={block})
     with pytest.raises(plugin.UnsupportedConnectorUseError, match=f"{block}.*synchronous"):
         sched.update_from_output(so, output)
+    assert [r.request_id for r in sched.running] == ["loads"]
+    assert sched.requests["loads"].num_output_tokens == 0
+    assert sched.core.num_free_blocks == free
 
 
 @pytest.mark.parametrize("feature", sorted(REQUEST_REFUSALS))
@@ -393,6 +401,65 @@ def test_a_grammar_that_fails_fails_only_its_request_as_in_vllm(
         sched.core.num_free_blocks == vllm_sched.kv_cache_manager.block_pool.get_num_free_blocks()
     )
     assert sched.get_kv_cache_usage() == 0.0
+
+
+def _kv_view(sched: Any, req_ids: list[str]) -> dict[str, Any]:
+    """What vLLM's KV-cache manager shows of the pool and the requests' tables (the same
+    reads on vLLM's manager and on the plug-in's view), and ``finished_req_ids``."""
+    kv = sched.kv_cache_manager
+    pool = kv.block_pool
+    group = kv.coordinator.single_type_managers[0]
+    return {
+        "free": (pool.get_num_free_blocks(), pool.free_block_queue.num_free_blocks),
+        "size": pool.num_gpu_blocks,
+        "refs": [block.ref_cnt for block in pool.blocks],
+        "tables": {
+            rid: [block.block_id for block in blocks]
+            for rid, blocks in group.req_to_blocks.items()
+            if blocks
+        },
+        "block_ids": {rid: kv.get_block_ids(rid) for rid in req_ids if rid in sched.requests},
+        "finished": set(sched.finished_req_ids),
+    }
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_the_kv_cache_view_reads_as_vllms_kv_cache_manager(async_scheduling: bool) -> None:
+    """``scheduler.kv_cache_manager`` (free blocks, each block's holders, the requests'
+    tables) and ``finished_req_ids`` read as vLLM's at every point of a run with shared
+    prefixes, an abort and finishes."""
+    prompt = list(range(1, 41))
+    requests = [
+        ("a", prompt, 5),
+        ("b", [*prompt[:32], 99, 98], 3),
+        ("c", list(range(100, 120)), 6),
+    ]
+    vllm_sched = reference(async_scheduling=async_scheduling)
+    sched = build(reference(async_scheduling=async_scheduling))
+    ids = [rid for rid, _, _ in requests]
+    for s in (vllm_sched, sched):
+        for rid, tokens, max_tokens in requests:
+            r = ref.make_vllm_request(rid, tokens, max_tokens=max_tokens, block_size=BLOCK)
+            s.add_request(r)
+    assert _kv_view(sched, ids) == _kv_view(vllm_sched, ids)
+    in_flight: list[tuple[Any, Any]] = []
+    for step in range(40):
+        if not vllm_sched.has_requests() and not in_flight:
+            break
+        if vllm_sched.has_requests():
+            in_flight.append((vllm_sched.schedule(), sched.schedule()))
+            assert _kv_view(sched, ids) == _kv_view(vllm_sched, ids), step
+        if async_scheduling and len(in_flight) < 2 and vllm_sched.has_requests():
+            continue
+        so_vllm, so = in_flight.pop(0)
+        sampled = {rid: [7] for rid in so_vllm.num_scheduled_tokens}
+        vllm_sched.update_from_output(so_vllm, ref.vllm_runner_output(so_vllm, sampled))
+        sched.update_from_output(so, ref.vllm_runner_output(so, sampled))
+        if step == 2:
+            for s in (vllm_sched, sched):
+                s.finish_requests(["c"], RequestStatus.FINISHED_ABORTED)
+        assert _kv_view(sched, ids) == _kv_view(vllm_sched, ids), step
+    assert not sched.has_requests() and not in_flight
 
 
 def test_prompt_logprobs_skip_reading_the_prefix_cache_as_in_vllm() -> None:

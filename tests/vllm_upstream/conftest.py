@@ -12,8 +12,9 @@ plugin object. The plugin
   edited; an explicit ``scheduler_cls=`` argument is left alone;
 - gives vLLM a device type: with no GPU vLLM resolves to its unspecified platform, whose
   empty device type ``DeviceConfig`` refuses. The scheduler never touches a device, so the
-  platform reports ``"cpu"`` (vLLM's CPU platform is not used: it turns async scheduling
-  off);
+  platform reports ``"cpu"`` and, as vLLM's CUDA and CPU platforms do, that it supports the
+  hybrid KV-cache manager (the connector tests enable it explicitly). vLLM's CPU platform
+  itself is not used: it turns async scheduling off;
 - applies ``selection.py``: excluded tests are deselected (their reasons are kept for the
   summary), and a test of a selected file that ``selection.py`` does not classify is an
   error, so that the lists stay exhaustive when vLLM's tests change;
@@ -28,15 +29,51 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 #: vLLM's test helper modules whose factories build the scheduler under test: ``utils``'s
 #: ``create_scheduler``, and ``test_scheduler``'s priority factory, which other test files
 #: import.
-HELPER_MODULES = ("tests.v1.core.utils", "tests.v1.core.test_scheduler")
+HELPER_MODULES = (
+    "tests.v1.core.utils",
+    "tests.v1.core.test_scheduler",
+    "tests.v1.kv_connector.unit.utils",
+    "tests.v1.kv_connector.unit.offloading_connector.utils",
+)
 #: The names that may hold vLLM's scheduler classes in a vLLM test or helper module.
 SCHEDULER_NAMES = ("Scheduler", "AsyncScheduler")
+#: The name of the connector tests' leak check, which reads vLLM's scheduler internals
+#: (``_inflight_prefills``, ``_kv_fetch_counts``, the KV manager's groups); replaced by
+#: :func:`assert_plugin_empty` wherever it is bound.
+LEAK_CHECK_NAME = "assert_scheduler_empty"
+
+
+def assert_plugin_empty(scheduler: Any) -> None:
+    """vLLM's ``assert_scheduler_empty`` (the connector tests' "no leaks" check), made
+    through what the plug-in shows and its core: no request known, queued, running, set
+    aside (vLLM's ``deferred_waiting``), finished and unreported, or holding blocks for a
+    connector; no request in a KV-fetch stage; no encoder output cached; every block but
+    the null block free with no holder; and the core's invariants hold."""
+    core = scheduler.core
+    assert len(scheduler.requests) == 0
+    assert len(scheduler.waiting) == 0
+    assert len(scheduler.kv_holding_waiting) == 0
+    assert core.num_skipped_waiting == 0
+    assert len(scheduler.running) == 0
+    assert len(scheduler.finished_req_ids) == 0
+    assert core.num_held_kv_requests == 0
+    if scheduler._kv_connector is not None:
+        assert not any(scheduler._kv_connector.fetch_stage_counts().values())
+    assert core.encoder_cache_state()[2] == 0
+    kv = scheduler.kv_cache_manager
+    for group in kv.coordinator.single_type_managers:
+        assert len(group.req_to_blocks) == 0
+        assert len(group.num_cached_block) == 0
+    assert kv.block_pool.free_block_queue.num_free_blocks == kv.block_pool.num_gpu_blocks - 1
+    assert all(block.ref_cnt == 0 for block in kv.block_pool.blocks)
+    core.check_invariants()
 
 
 def selection_key(nodeid: str) -> tuple[str, str]:
@@ -55,6 +92,8 @@ class Outcomes:
     skipped: list[str] = field(default_factory=list)
     excluded: dict[str, str] = field(default_factory=dict)
     unclassified: list[str] = field(default_factory=list)
+    no_scheduler: list[str] = field(default_factory=list)
+    """Tests that ran without building llmsched's scheduler (an included one fails)."""
 
 
 class UpstreamPlugin:
@@ -80,7 +119,8 @@ class UpstreamPlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
-        """Register vLLM's markers and give the unspecified platform a device type."""
+        """Register vLLM's markers; give the unspecified platform a device type and hybrid
+        KV-cache support."""
         config.addinivalue_line("markers", "cpu_test: vLLM's marker for CPU-only tests")
         config.addinivalue_line("markers", "slow_test: vLLM's marker for slow tests")
         config.addinivalue_line("markers", "skip_global_cleanup: vLLM's marker (no effect here)")
@@ -88,6 +128,7 @@ class UpstreamPlugin:
 
         if not current_platform.device_type:
             current_platform.device_type = "cpu"
+        current_platform.support_hybrid_kv_cache = lambda: True  # type: ignore[method-assign]
 
     # -- selection ---------------------------------------------------------------------
 
@@ -134,7 +175,9 @@ class UpstreamPlugin:
     def _llmsched_scheduler_classes(
         self, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     ) -> Iterator[None]:
-        """Point vLLM's test helpers and the test module at llmsched's scheduler classes."""
+        """Point vLLM's test helpers and the test module at llmsched's scheduler classes, and
+        count the schedulers the test builds: a test that builds none did not test the
+        plug-in, and ``selection.py`` must exclude it."""
         import llmsched.vllm
 
         replacement = {
@@ -148,7 +191,25 @@ class UpstreamPlugin:
             for name in SCHEDULER_NAMES:
                 if hasattr(module, name):
                     monkeypatch.setattr(module, name, replacement[name])
+            if hasattr(module, LEAK_CHECK_NAME):
+                monkeypatch.setattr(module, LEAK_CHECK_NAME, assert_plugin_empty)
+        built: list[object] = []
+        init = llmsched.vllm.Scheduler.__init__
+
+        def counting_init(scheduler: object, *args: object, **kwargs: object) -> None:
+            built.append(scheduler)
+            init(scheduler, *args, **kwargs)
+
+        monkeypatch.setattr(llmsched.vllm.Scheduler, "__init__", counting_init)
         yield
+        if not built and self._classify(request.node.nodeid)[0] != "excluded":
+            self.outcomes.no_scheduler.append(request.node.nodeid)
+            if not self.run_all:
+                pytest.fail(
+                    f"{request.node.nodeid} never built llmsched.vllm's scheduler: "
+                    "tests/vllm_upstream/selection.py must exclude it",
+                    pytrace=False,
+                )
 
     # -- outcomes ----------------------------------------------------------------------
 

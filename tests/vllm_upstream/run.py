@@ -11,8 +11,9 @@ What it does:
 
 1. Downloads vLLM 0.33.0's sdist from PyPI's file host (once; cached in
    ``~/.cache/llmsched/vllm-0.33.0-tests/``, or ``$LLMSCHED_VLLM_TESTS_CACHE``), checks its
-   SHA-256, and extracts only the test files the scheduler tests need (``tests/v1/core/``
-   and the helpers it imports). Nothing of vLLM's is copied into this repository.
+   SHA-256, and extracts only the test files the scheduler tests need (``tests/v1/core/``,
+   ``tests/v1/kv_connector/unit/`` and the helpers they import). Nothing of vLLM's is
+   copied into this repository.
 2. Writes the two models the tests name as local directories of those names in the
    extracted tree (the tests run from there): ``facebook/opt-125m``, its ``config.json``
    only (architecture, sizes, position limit; no weights, no tokenizer), and
@@ -21,11 +22,14 @@ What it does:
    weights). vLLM's ``ModelConfig`` takes an existing directory for a local model, so the
    hub is never asked (it is also set offline).
 3. Runs pytest on ``selection.FILES`` (``tests/v1/core/test_scheduler.py``,
-   ``test_async_scheduler.py``, ``test_worker_slot_overflow.py``) with
+   ``test_async_scheduler.py``, ``test_worker_slot_overflow.py``, and the KV-connector
+   unit tests that drive a scheduler: remote prefill and decode lifecycles, load failures,
+   invalid blocks, the offloading connector's scheduler tests) with
    the extracted tree as rootdir and an empty ini file of its own (this repository's pytest
    configuration does not apply), and :class:`conftest.UpstreamPlugin` as a plugin: vLLM's
    helpers build ``llmsched.vllm.Scheduler`` / ``AsyncScheduler``, and the tests
-   ``selection.py`` excludes are deselected.
+   ``selection.py`` excludes are deselected; an included test that builds no llmsched
+   scheduler fails (it would prove nothing).
 4. Prints a summary: included tests passed / failed, excluded tests with their reasons.
    The exit status is non-zero iff an included test fails (or a test is unclassified, or
    pytest itself fails).
@@ -57,8 +61,9 @@ SDIST_URL = (
 SDIST_SHA256 = "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112"
 
 #: What is extracted from the sdist (paths under its top directory): the test package
-#: markers, the core tests and the helpers they import. Not vLLM's top-level conftest.py:
-#: it imports the model-running stack, which the scheduler tests do not use.
+#: markers, the core and KV-connector unit tests and the helpers they import. Not vLLM's
+#: top-level conftest.py: it imports the model-running stack, which the scheduler tests do
+#: not use.
 EXTRACT_PREFIXES = (
     "tests/__init__.py",
     "tests/utils.py",
@@ -66,8 +71,7 @@ EXTRACT_PREFIXES = (
     "tests/v1/utils.py",
     "tests/v1/core/",
     "tests/v1/kv_connector/__init__.py",
-    "tests/v1/kv_connector/unit/__init__.py",
-    "tests/v1/kv_connector/unit/utils.py",
+    "tests/v1/kv_connector/unit/",
 )
 
 #: facebook/opt-125m's config as far as vLLM's config step reads it (architecture, sizes,
@@ -154,7 +158,9 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
     """Extract :data:`EXTRACT_PREFIXES` from the sdist into ``dest`` (replacing an older
     extraction); returns ``dest``."""
     marker = dest / ".extracted-from"
-    if marker.is_file() and marker.read_text() == SDIST_SHA256:
+    # What was extracted: the sdist and the prefixes (a new prefix extracts again).
+    extracted = "\n".join((SDIST_SHA256, *EXTRACT_PREFIXES))
+    if marker.is_file() and marker.read_text() == extracted:
         return dest
     if dest.exists():
         shutil.rmtree(dest)
@@ -169,7 +175,7 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
                 member.name = rel
                 members.append(member)
         tar.extractall(dest, members=members, filter="data")
-    marker.write_text(SDIST_SHA256)
+    marker.write_text(extracted)
     return dest
 
 
@@ -215,6 +221,9 @@ def summarize(plugin: object, run_all: bool, excluded: dict[str, str]) -> list[s
     if out.skipped:
         lines.append(f"skipped by vLLM's tests themselves ({len(out.skipped)}):")
         lines.extend(f"  {nodeid}" for nodeid in out.skipped)
+    if out.no_scheduler:
+        lines.append(f"never built llmsched.vllm's scheduler ({len(out.no_scheduler)}):")
+        lines.extend(f"  {nodeid}" for nodeid in out.no_scheduler)
     if out.unclassified:
         lines.append(f"unclassified in selection.py ({len(out.unclassified)}):")
         lines.extend(f"  {nodeid}" for nodeid in out.unclassified)

@@ -214,23 +214,30 @@ class KvConnectorSide:
             self._core.release_kv_blocks([req_id])
         return None if params is None else dict(params)
 
-    def failed_loads(self, kv_connector_output: Any) -> bool:
-        """The runner's failed loads (``failed_recving``, ``invalid_block_ids``) in the core:
-        recomputed, or, under vLLM's ``kv_load_failure_policy`` ``"fail"``, their requests
-        finished with an error (True if any: the caller reports them). A failed block of a
-        request already running (a synchronous load) raises ``UnsupportedConnectorUseError``."""
+    def failed_loads(self, kv_connector_output: Any) -> list[str]:
+        """The runner's failed loads (``failed_recving``, ``invalid_block_ids``) in the core,
+        before the step's output is applied, as vLLM handles them: recomputed, or, under
+        vLLM's ``kv_load_failure_policy`` ``"fail"``, returned (their ids, once each) for
+        :meth:`finish_failed_loads` once the output is applied. A failed block of a request
+        already running (a synchronous load) raises ``UnsupportedConnectorUseError``,
+        changing nothing."""
         failed = kv_connector_output.failed_recving
         invalid = kv_connector_output.invalid_block_ids
         if not failed and not invalid:
-            return False
+            return []
         try:
             failing = self._core.fail_kv_loads(failed or (), invalid or ())
         except llmsched.InvalidRequestError as exc:
             raise UnsupportedConnectorUseError(f"llmsched.vllm: {exc}") from None
+        # vLLM finishes them as a set.
+        return list(set(failing))
+
+    def finish_failed_loads(self, failing: list[str]) -> bool:
+        """Finish the requests :meth:`failed_loads` returned with an error (True if any: the
+        caller reports them)."""
         if not failing:
             return False
-        # vLLM finishes them as a set.
-        self._core.finish_requests(list(set(failing)), int(RequestStatus.FINISHED_ERROR))
+        self._core.finish_requests(failing, int(RequestStatus.FINISHED_ERROR))
         return True
 
     def runner_reported(self, kv_connector_output: Any) -> None:

@@ -1,28 +1,129 @@
-"""The KV-cache layout vLLM's engine reads from its scheduler outside ``SchedulerInterface``.
+"""The KV cache as vLLM's scheduler exposes it outside ``SchedulerInterface``: a read-only
+view of the core's pool.
 
-vLLM's ``EngineCore`` reads ``scheduler.kv_cache_manager.coordinator.single_type_managers``
-to learn each KV-cache group's block size and spec: the full-attention block size it
-reports to the front end (``vllm:cache_config_info``'s ``effective_attention_block_size``)
-and ``get_kv_cache_group_metadata``. llmsched keeps its KV pool in the core, so the plug-in
-answers those reads with this description of the one full-attention group it schedules
-(engines with any other layout are refused at start).
+vLLM's scheduler keeps a ``KVCacheManager`` at ``scheduler.kv_cache_manager``, and code
+outside the interface reads it: ``EngineCore`` reads ``coordinator.single_type_managers``
+to learn each KV-cache group's block size and spec (the full-attention block size it reports
+as ``vllm:cache_config_info``'s ``effective_attention_block_size``, and
+``get_kv_cache_group_metadata``); vLLM's connector tests and tools read the block pool (free
+blocks, reference counts) and the requests' block tables to check that nothing leaks.
+llmsched keeps its KV pool in the core, so the plug-in answers those reads with this view,
+each read asked of the core when it is made. It allocates, frees and caches nothing: a
+method of vLLM's manager that changes the cache is absent here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import llmsched
+
 __all__ = ["KVCacheLayout"]
 
 
-class KVGroupLayout:
-    """One KV-cache group as ``EngineCore`` reads it: its block size and spec."""
+class KVBlockView:
+    """One KV block as vLLM's ``KVCacheBlock`` shows it: its id and how many hold it (at
+    the time the view was made)."""
 
-    __slots__ = ("block_size", "kv_cache_spec")
+    __slots__ = ("block_id", "ref_cnt")
 
-    def __init__(self, block_size: int, kv_cache_spec: Any) -> None:
+    def __init__(self, block_id: int, ref_cnt: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = ref_cnt
+
+    @property
+    def is_null(self) -> bool:
+        """Block 0 is the null block, as in vLLM's pool."""
+        return self.block_id == 0
+
+    def __repr__(self) -> str:
+        return f"KVBlockView(block_id={self.block_id}, ref_cnt={self.ref_cnt})"
+
+
+class FreeBlockQueueView:
+    """vLLM's ``free_block_queue`` as far as it is counted."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: llmsched.Scheduler) -> None:
+        self._core = core
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks in the free queue, cached ones included (they are reusable)."""
+        return self._core.num_free_blocks
+
+
+class BlockPoolView:
+    """vLLM's ``BlockPool``: its size, its free blocks, each block's reference count."""
+
+    __slots__ = ("_core", "free_block_queue")
+
+    def __init__(self, core: llmsched.Scheduler) -> None:
+        self._core = core
+        self.free_block_queue = FreeBlockQueueView(core)
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        """Blocks in the pool, the null block included."""
+        return self._core.config.num_gpu_blocks
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks in the free queue."""
+        return self._core.num_free_blocks
+
+    def get_usage(self) -> float:
+        """The share of the pool's blocks in use, as vLLM computes it."""
+        return self._core.get_kv_cache_usage()
+
+    @property
+    def blocks(self) -> list[KVBlockView]:
+        """Every block, by id, with its reference count now: a new list on each access."""
+        return [
+            KVBlockView(block_id, ref_cnt)
+            for block_id, ref_cnt in enumerate(self._core.block_ref_counts().tolist())
+        ]
+
+
+class KVGroupView:
+    """One KV-cache group as vLLM's single-type manager shows it: its block size and spec,
+    and the block table of each request that holds blocks in it."""
+
+    __slots__ = ("_core", "_group", "block_size", "kv_cache_spec")
+
+    def __init__(
+        self, core: llmsched.Scheduler, group: int, block_size: int, kv_cache_spec: Any
+    ) -> None:
+        self._core = core
+        self._group = group
         self.block_size = block_size
         self.kv_cache_spec = kv_cache_spec
+
+    @property
+    def req_to_blocks(self) -> dict[str, list[KVBlockView]]:
+        """The blocks each request holds in this group, by request id: the live requests
+        with a non-empty table, and the finished ones a KV connector holds. A new dict on
+        each access."""
+        core = self._core
+        refs = core.block_ref_counts()
+        tables = {req_id: _block_table(core, req_id, self._group) for req_id in _holders(core)}
+        return {
+            req_id: [KVBlockView(block, int(refs[block])) for block in table]
+            for req_id, table in tables.items()
+            if table
+        }
+
+    @property
+    def num_cached_block(self) -> dict[str, int]:
+        """How many leading blocks of each live request's table are in the prefix cache,
+        by request id (group 0's count: the core registers a request's groups together)."""
+        core = self._core
+        counts = {}
+        for req_id in core.running_request_ids() + core.waiting_request_ids():
+            request = core.get_request(req_id)
+            if request.block_ids:
+                counts[req_id] = request.num_cached_blocks
+        return counts
 
 
 class KVCoordinatorLayout:
@@ -30,22 +131,57 @@ class KVCoordinatorLayout:
 
     __slots__ = ("single_type_managers",)
 
-    def __init__(self, groups: tuple[KVGroupLayout, ...]) -> None:
+    def __init__(self, groups: tuple[KVGroupView, ...]) -> None:
         self.single_type_managers = groups
 
 
 class KVCacheLayout:
-    """Stands where vLLM's scheduler keeps its ``KVCacheManager``, with only what the engine
-    reads of it: ``coordinator.single_type_managers``. Read-only; it allocates nothing."""
+    """Stands where vLLM's scheduler keeps its ``KVCacheManager``: the groups
+    (``coordinator.single_type_managers``), the pool (``block_pool``), the requests' block
+    ids (``get_block_ids``) and ``usage``. Read-only."""
 
-    __slots__ = ("coordinator",)
+    __slots__ = ("_core", "block_pool", "coordinator")
 
-    def __init__(self, kv_cache_config: Any) -> None:
+    def __init__(self, kv_cache_config: Any, core: llmsched.Scheduler) -> None:
+        self._core = core
+        self.block_pool = BlockPoolView(core)
         # A group's block size is its spec's, as in vLLM's own managers without context
         # parallelism.
         self.coordinator = KVCoordinatorLayout(
             tuple(
-                KVGroupLayout(group.kv_cache_spec.block_size, group.kv_cache_spec)
-                for group in kv_cache_config.kv_cache_groups
+                KVGroupView(core, group, spec.kv_cache_spec.block_size, spec.kv_cache_spec)
+                for group, spec in enumerate(kv_cache_config.kv_cache_groups)
             )
         )
+
+    @property
+    def usage(self) -> float:
+        """The share of the pool's blocks in use, as vLLM computes it."""
+        return self._core.get_kv_cache_usage()
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The blocks ``request_id`` holds, one list per KV-cache group (a finished
+        request's while a KV connector holds them; empty lists for any other)."""
+        return tuple(
+            _block_table(self._core, request_id, group)
+            for group in range(len(self.coordinator.single_type_managers))
+        )
+
+
+def _holders(core: llmsched.Scheduler) -> list[str]:
+    """The requests that may hold blocks: the live ones, then the finished ones whose
+    blocks a KV connector holds."""
+    return core.running_request_ids() + core.waiting_request_ids() + core.held_kv_request_ids()
+
+
+def _block_table(core: llmsched.Scheduler, request_id: str, group: int) -> list[int]:
+    """``request_id``'s block table in ``group`` (a held request's, group 0: the only one a
+    connector serves); empty if it holds none there."""
+    held = core.held_kv_blocks(request_id)
+    if held is not None:
+        return held.tolist() if group == 0 else []
+    try:
+        tables = core.get_request(request_id).group_block_ids
+    except llmsched.UnknownRequestError:
+        return []
+    return tables[group] if group < len(tables) else []

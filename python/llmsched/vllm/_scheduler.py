@@ -41,6 +41,7 @@ from vllm.v1.structured_output.utils import strip_speculative_padding
 import llmsched
 from llmsched.steps import STEP_LOG_ENV, StepLog, step_shape
 from llmsched.vllm._config import (
+    UnsupportedFeatureError,
     UnsupportedVersionError,
     check_engine_config,
     check_request,
@@ -178,12 +179,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         # scheduler side, None without; encoder-cache connectors are refused), and the KV
         # layout (its full-attention block size goes to vllm:cache_config_info).
         self.ec_connector = None
-        self.connector = connector = make_connector(vllm_config, kv_cache_config)
-        self.kv_cache_manager = KVCacheLayout(kv_cache_config)
+        self._connector = connector = make_connector(vllm_config, kv_cache_config)
         self._num_kv_groups = len(kv_cache_config.kv_cache_groups)
         self.core = llmsched.Scheduler(
             llmsched_config(vllm_config, kv_cache_config, block_size, mm_registry, connector)
         )
+        self.kv_cache_manager = KVCacheLayout(kv_cache_config, self.core)
         # KV cache events (kv_events_config), published as vLLM's scheduler publishes them.
         self.kv_event_publisher = make_publisher(
             read(vllm_config, "kv_events_config"),
@@ -458,8 +459,32 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     def get_kv_cache_usage(self) -> float:
         return self.core.get_kv_cache_usage()
 
+    @property
+    def connector(self) -> Any:
+        """The KV connector's scheduler side (None without ``kv_transfer_config``)."""
+        return self._connector
+
+    @connector.setter
+    def connector(self, connector: Any) -> None:
+        """Put another object in the connector's place (vLLM's tests put a mock there): the
+        plug-in calls it from then on. An engine built without a connector cannot gain one,
+        nor lose the one it has: the core was configured for it."""
+        if self._kv_connector is None or connector is None:
+            raise UnsupportedFeatureError(
+                "llmsched.vllm: scheduler.connector can only be replaced by another connector "
+                "in an engine built with kv_transfer_config"
+            )
+        self._connector = connector
+        self._kv_connector.connector = connector
+
     # vLLM's scheduler keeps its queues as attributes that tools and vLLM's tests read;
     # here they are views of the core's, rebuilt on each access.
+
+    @property
+    def finished_req_ids(self) -> set[str]:
+        """Ids of the requests finished since the last ``schedule()``, which it will
+        report: a new set on each access."""
+        return set(self.core.finished_since_last_step())
 
     @property
     def running(self) -> list[Request]:
@@ -726,6 +751,16 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         started = time.monotonic() if self._step_log is not None else 0.0
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         spec_stats = None
+        kv_connector_output = (
+            None if self._kv_connector is None else model_runner_output.kv_connector_output
+        )
+        # Failed KV loads first, as vLLM's update handles them (a synchronous load's failure
+        # raises here, before anything changes).
+        failed_loads = (
+            self._kv_connector.failed_loads(kv_connector_output)
+            if self._kv_connector is not None and kv_connector_output
+            else []
+        )
         if scheduler_output.total_num_scheduled_tokens:
             core_step = self._core_step(scheduler_output)
             mro = model_runner_output
@@ -755,10 +790,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._emit(core_outputs, mro, outputs)
         kv_connector_stats = None
         if self._kv_connector is not None:
-            kv_connector_output = model_runner_output.kv_connector_output
+            if self._kv_connector.finish_failed_loads(failed_loads):
+                self._report_failed(outputs, lambda _request: None)
             if kv_connector_output:
-                if self._kv_connector.failed_loads(kv_connector_output):
-                    self._report_failed(outputs, lambda _request: None)
                 self._kv_connector.runner_reported(kv_connector_output)
             kv_connector_stats = self._kv_connector.stats(
                 kv_connector_output.kv_connector_stats if kv_connector_output else None

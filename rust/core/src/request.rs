@@ -834,6 +834,10 @@ impl Request {
             g => self.extra_tables.get(g - 1).map_or(&[], |t| &t.ids),
         }
     }
+    /// How many block tables the request has: one per KV-cache group.
+    pub fn num_block_tables(&self) -> usize {
+        1 + self.extra_tables.len()
+    }
     /// Leading blocks of `block_ids` registered in the prefix cache.
     pub fn num_cached_blocks(&self) -> usize {
         self.num_cached_blocks

@@ -586,6 +586,10 @@ pub struct PyRequest {
     /// The request's KV block table (group 0's, with several KV-cache groups).
     #[pyo3(get)]
     block_ids: Vec<u32>,
+    /// The request's KV block table in every KV-cache group, in the groups' order
+    /// (``block_ids`` first; the null block 0 where a sliding window let blocks go).
+    #[pyo3(get)]
+    group_block_ids: Vec<Vec<u32>>,
     /// One 128-bit hash per full block of the request's tokens (empty without
     /// prefix caching).
     #[pyo3(get)]
@@ -629,6 +633,7 @@ impl PyRequest {
             arrival_time: r.arrival_time(),
             is_prefill_chunk: r.is_prefill_chunk(),
             block_ids: r.block_ids().to_vec(),
+            group_block_ids: (0..r.num_block_tables()).map(|g| r.group_block_ids(g).to_vec()).collect(),
             block_hashes: r.block_hashes().to_vec(),
             num_cached_blocks: r.num_cached_blocks(),
             lora_id: r.lora_id(),

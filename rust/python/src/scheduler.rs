@@ -9,7 +9,7 @@ use llmsched_core::{
     ExternalKv, ExternalMatch, Handle, KvEvent, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput,
     Scheduler, SchedulerConfig, SessionInputAdded, Step,
 };
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyMemoryError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -1330,6 +1330,13 @@ impl PyScheduler {
         self.with_inner(py, |inner| Ok(inner.core.num_held_kv_requests()))
     }
 
+    /// With ``kv_connector``: ids of the finished requests that hold their KV blocks,
+    /// sorted.
+    fn held_kv_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let ids = self.with_inner(py, |inner| Ok(inner.core.held_kv_request_ids()))?;
+        new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
+    }
+
     /// Return the held blocks of the finished requests ``request_ids`` to the pool (a
     /// connector has sent them, or needs them no longer), each table tail first, in the
     /// order given. ``InvalidRequestError``, changing nothing, if one holds none or its
@@ -1639,6 +1646,22 @@ impl PyScheduler {
     /// holding KV blocks first (``num_kv_holding_waiting``).
     fn waiting_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let ids = self.with_inner(py, |inner| Ok(inner.core.waiting_ids()))?;
+        new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
+    }
+
+    /// Each KV block's reference count, by block id (the requests, and the finished
+    /// requests whose blocks a KV connector holds, that hold it), as a new int32 array.
+    fn block_ref_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let counts = self.with_inner(py, |inner| Ok(inner.core.block_ref_counts()))?;
+        Ok(counts.into_iter().map(|count| count as i32).collect::<Vec<i32>>().into_pyarray(py))
+    }
+
+    /// Ids of the requests finished since the last ``schedule()``, in the order they
+    /// finished: what the next step reports (vLLM's ``finished_req_ids``).
+    fn finished_since_last_step<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let ids: Vec<Arc<str>> = self.with_inner(py, |inner| {
+            Ok(inner.core.finished_since_last_step().iter().map(|(_, id)| id.clone()).collect())
+        })?;
         new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
     }
 

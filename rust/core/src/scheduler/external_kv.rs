@@ -147,6 +147,13 @@ impl Scheduler {
         self.held_kv.len()
     }
 
+    /// Ids of the finished requests that hold their blocks, sorted.
+    pub fn held_kv_request_ids(&self) -> Vec<Arc<str>> {
+        let mut ids: Vec<Arc<str>> = self.held_kv.keys().cloned().collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// Returns the blocks of a finished request to the pool: now, or, with
     /// `defer_block_free`, once the steps in flight that may still write them are applied
     /// (vLLM's `_free_request_blocks`).

@@ -890,6 +890,13 @@ impl Scheduler {
         self.kv.pool().free_queue()
     }
 
+    /// Each block's reference count, by block id: the requests (and, with a KV connector,
+    /// the finished requests whose blocks are held) that hold it.
+    pub fn block_ref_counts(&self) -> Vec<u32> {
+        let pool = self.kv.pool();
+        (0..pool.num_blocks() as u32).map(|block| pool.ref_cnt(block)).collect()
+    }
+
     /// Blocks registered in the prefix cache.
     pub fn num_cached_blocks(&self) -> usize {
         self.kv.pool().num_cached_blocks()
