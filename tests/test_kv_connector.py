@@ -10,7 +10,7 @@ import pytest
 
 from llmsched import InvalidRequestError, Request, RequestStatus, Scheduler, SchedulerConfig
 
-from conftest import one_token_each
+from conftest import one_token_each, runner_output
 
 
 def _scheduler(**overrides: Any) -> Scheduler:
@@ -288,3 +288,70 @@ def test_under_the_fail_policy_the_failed_loads_are_named() -> None:
     assert sched.fail_kv_loads(["a", "unknown"]) == ["a"]
     sched.finish_requests(["a"], RequestStatus.FINISHED_ERROR)
     assert sched.kv_load_in_flight("a")
+
+
+def test_a_failed_block_of_a_synchronous_load_is_recomputed_and_its_output_dropped() -> None:
+    """vLLM's rule for a running request whose loaded (computed) blocks failed: it keeps
+    the tokens before its first failed block, the step's output for it is dropped (the
+    runner's token for it is not read, however many), and the next step computes the
+    rest; another request is unaffected."""
+    sched = _scheduler(enable_prefix_caching=True)
+    sched.add_request("a", list(range(1, 101)), max_tokens=4)
+    sched.add_request("b", list(range(1001, 1041)), max_tokens=4)
+    so = sched.schedule(external_kv=_Store({"a": 64}))
+    assert so.num_computed_tokens.tolist() == [64, 0]
+    blocks = list(sched.get_request("a").block_ids)
+    assert sched.fail_kv_loads(invalid_block_ids=[blocks[2]]) == []
+    assert sched.get_request("a").num_computed_tokens == 32
+    outputs = sched.update_from_output(so, runner_output(so, [[5, 6, 7], [9]]))
+    assert [o.request_id for o in outputs] == ["b"]
+    a = sched.get_request("a")
+    assert a.output_token_ids == [] and a.num_computed_tokens == 32
+    assert a.num_in_flight_tokens == 0 and a.status == RequestStatus.RUNNING
+    so = sched.schedule(external_kv=lambda r, n: pytest.fail("a runs: no new lookup"))
+    assert dict(zip(so.req_ids, so.num_scheduled_tokens.tolist(), strict=True)) == {
+        "a": 100 - 32,
+        "b": 1,
+    }
+    assert so.num_computed_tokens.tolist() == [32, 40]
+    sched.update_from_output(so, one_token_each(so))
+    assert sched.get_request("a").output_token_ids == [0]
+    sched.check_invariants()
+
+
+def test_a_failed_block_two_synchronous_loads_share_is_recomputed_by_the_first() -> None:
+    """Under the fail policy both requests are named, the first's failed blocks on leave
+    the prefix cache; a request that shares the failed block but does not recompute it
+    keeps its tokens before the step."""
+    sched = _scheduler(enable_prefix_caching=True, recompute_kv_load_failures=False)
+    prompt = list(range(1, 81))
+    sched.add_request("a", prompt, max_tokens=4)
+    sched.add_request("b", [*prompt[:64], 7, 8, 9], max_tokens=4)
+    so = sched.schedule(external_kv=_Store({"a": 64}))
+    assert so.num_computed_tokens.tolist() == [64, 64]  # b's prefix hit is a's loaded blocks
+    shared = list(sched.get_request("a").block_ids[:4])
+    assert list(sched.get_request("b").block_ids[:4]) == shared
+    assert sched.get_request("a").num_cached_blocks == 5  # its 80 tokens: 5 full blocks
+    assert sorted(sched.fail_kv_loads(invalid_block_ids=[shared[1]])) == ["a", "b"]
+    assert sched.get_request("a").num_computed_tokens == 16
+    assert sched.get_request("b").num_computed_tokens == 64
+    # a's blocks from the failed one on leave the prefix cache.
+    assert sched.get_request("a").num_cached_blocks == 1
+    assert sched.update_from_output(so, one_token_each(so)) == []
+    sched.finish_requests(["a", "b"], RequestStatus.FINISHED_ERROR)
+    assert sched.get_num_unfinished_requests() == 0
+    sched.check_invariants()
+
+
+def test_a_synchronous_load_failure_with_a_later_step_in_flight_is_refused() -> None:
+    sched = _scheduler(async_scheduling=True)
+    sched.add_request("a", list(range(1, 101)), max_tokens=4)
+    first = sched.schedule(external_kv=_Store({"a": 64}))
+    sched.schedule()
+    block = sched.get_request("a").block_ids[0]
+    before = sched.get_request("a").num_computed_tokens
+    with pytest.raises(InvalidRequestError, match="later step is in flight"):
+        sched.fail_kv_loads(invalid_block_ids=[block])
+    assert sched.get_request("a").num_computed_tokens == before
+    sched.update_from_output(first, one_token_each(first))
+    sched.check_invariants()

@@ -16,7 +16,9 @@ for blocks then.
 ``WAITING_FOR_REMOTE_KVS`` until the engine reports their loads received with the runner
 output of the step that started them (:meth:`ParityConnector.take_received`); some of those
 loads fail (:func:`load_failure`: a request's first load only), whole or from a block on,
-reported in the same output (:meth:`ParityConnector.take_failed`).
+reported in the same output (:meth:`ParityConnector.take_failed`). Under sync scheduling,
+some synchronous loads fail from a block on too (:func:`sync_load_fails`), reported with
+the output of the step that loaded.
 vLLM's scheduler and the plug-in load it by ``kv_connector_module_path``; llmsched's own
 side asks :func:`matched_tokens` through ``schedule(external_kv=...)`` and holds the blocks
 of the requests :func:`sends` names.
@@ -51,6 +53,13 @@ def load_failure(prompt: Any) -> str | None:
     """How an asynchronous load of ``prompt`` fails: ``"whole"`` (``failed_recving``),
     ``"block"`` (its middle block in ``invalid_block_ids``), or None (it loads)."""
     return {0: "whole", 1: "block"}.get((int(prompt[0]) * 7 + len(prompt)) % 5)
+
+
+def sync_load_fails(prompt: Any) -> bool:
+    """Whether a synchronous load of ``prompt`` fails from a block on (one in four; a
+    request's first load only, under sync scheduling only: with steps overlapping, a
+    synchronous load's failure is not served)."""
+    return (int(prompt[len(prompt) // 2]) + 5 * len(prompt)) % 4 == 0
 
 
 def failed_block(block_ids: list[int]) -> int:
@@ -98,6 +107,7 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self._block_size = vllm_config.cache_config.block_size
+        self._fails_sync_loads = not vllm_config.scheduler_config.async_scheduling
         self._loading: dict[str, tuple[list[int], int]] = {}
         self._sending: list[str] = []
         self._receiving: list[str] = []
@@ -154,6 +164,13 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
                     self._failed.append(request.request_id)
                 elif failure == "block":
                     self._invalid.append(failed_block(list(blocks.get_block_ids()[0])))
+            elif (
+                self._fails_sync_loads
+                and request.request_id not in self._failed_once
+                and sync_load_fails(request.prompt_token_ids)
+            ):
+                self._failed_once.add(request.request_id)
+                self._invalid.append(failed_block(list(blocks.get_block_ids()[0])))
 
     def build_connector_meta(self, scheduler_output: Any) -> ParityConnectorMetadata:
         for req_id in scheduler_output.num_scheduled_tokens:

@@ -778,6 +778,11 @@ class Runner:
                 # takes that token back).
                 st.computed = computed_before[rid]
                 st.known = st.prompt_len + st.delivered
+            elif sync and computed_before[rid] < st.computed:
+                # The scheduler took a running request back (a synchronous load's failed
+                # blocks): the output it had in flight was dropped, it recomputes from there.
+                st.computed = computed_before[rid]
+                st.known = st.prompt_len + st.delivered
             st.computed += n - len(drafts)
             if st.computed < st.known:
                 if drafts:
@@ -980,13 +985,31 @@ class LlmschedSide:
             blocks = [int(b) for b in self.scheduler.get_request(req_id).block_ids]
             self._invalid.append(failed_block(blocks))
 
-    def _report_failed_loads(self) -> list[OutputRow]:
-        """The runner's report of the loads that failed (as vLLM's side builds its sets);
-        under the policy "fail", their requests finish with an error (as a set, as vLLM's)."""
+    def _sync_load_done(self, req_id: str) -> None:
+        """A synchronous load was scheduled: the parity connector's rule for whether it
+        failed from a block on (a request's first load only; under sync scheduling only)."""
+        from .connector import failed_block, sync_load_fails  # imports vLLM
+
+        if req_id in self._failed_once or not sync_load_fails(self.prompts[req_id]):
+            return
+        self._failed_once.add(req_id)
+        self._invalid.append(
+            failed_block([int(b) for b in self.scheduler.get_request(req_id).block_ids])
+        )
+
+    def _report_failed_loads(self) -> list[str]:
+        """The runner's report of the loads that failed (as vLLM's side builds its sets),
+        before the step's output is applied, as vLLM takes it; returns the requests to
+        finish with an error once it is (under the policy "fail")."""
         if not self._failed and not self._invalid:
             return []
         failing = self.scheduler.fail_kv_loads(set(self._failed), set(self._invalid))
         self._failed, self._invalid = [], []
+        return list(failing)
+
+    def _fail_failed_loads(self, failing: list[str]) -> list[OutputRow]:
+        """The requests whose loads failed under the policy "fail" finish with an error (as a
+        set, as vLLM's)."""
         status = self._llmsched.RequestStatus.FINISHED_ERROR
         finished = self.scheduler.finish_requests(list(set(failing)), status) if failing else []
         return [(rid, [], "error", None) for rid in finished]
@@ -1010,6 +1033,12 @@ class LlmschedSide:
         )
         for req_id, _, _ in out.kv_loads:
             self._load_started(req_id)
+        if self.config.kv_connector and not self.config.async_scheduling:
+            external = [int(n) for n in out.num_external_computed_tokens]
+            first = len(out.req_ids) - len(external)
+            for j, num_external in enumerate(external):
+                if num_external > 0:
+                    self._sync_load_done(out.req_ids[first + j])
         ids = list(out.req_ids)
         counts = [int(n) for n in out.num_scheduled_tokens]
         computed = [int(c) for c in out.num_computed_tokens]
@@ -1064,12 +1093,13 @@ class LlmschedSide:
         runner_output = self._llmsched.ModelRunnerOutput.from_lists(
             ids, [sampled.get(rid, []) for rid in ids]
         )
+        failing = self._report_failed_loads() if self.config.kv_connector else []
         outputs = self.scheduler.update_from_output(out, runner_output)
         rows: list[OutputRow] = [
             (o.request_id, list(o.new_token_ids), o.finish_reason, o.stop_reason) for o in outputs
         ]
         if self.config.kv_connector:
-            rows.extend(self._report_failed_loads())
+            rows.extend(self._fail_failed_loads(failing))
         # The engine reports the requests whose grammar failed, after the others.
         rows.extend((rid, [], "error", None) for rid in self.scheduler.finish_failed_grammars())
         if self.config.kv_connector:

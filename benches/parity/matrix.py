@@ -871,6 +871,7 @@ def edge_cases() -> list[Case]:
             )
         # A KV connector (the parity connector's store holds one prompt in three): loads
         # past the prefix hit, with prefix caching on and off, a roomy pool and KV pressure.
+        # Under sync scheduling one in four first synchronous loads fails from a block on.
         # Its asynchronous variant loads half of those across steps (WAITING_FOR_REMOTE_KVS),
         # two in five first loads failing (recomputed, or failing their requests);
         # in a pool a quarter tighter still, with a budget of 64 tokens that keeps prefills
@@ -890,8 +891,9 @@ def edge_cases() -> list[Case]:
             variants = [("kv_producer", "recompute")]
             if a and loads == "async" and pool != "roomy":
                 variants.append(("kv_both", "recompute"))
-            if loads == "async" and k == 0:
-                # A failed load fails its request (vLLM's kv_load_failure_policy "fail").
+            if k == 0 and (loads == "async" or not a):
+                # A failed load fails its request (vLLM's kv_load_failure_policy "fail"):
+                # asynchronous loads', and synchronous ones' (under sync scheduling).
                 variants.append(("kv_producer", "fail"))
             for role, policy in variants:
                 out.append(

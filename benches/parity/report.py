@@ -264,11 +264,16 @@ core, kept out the same way. Beyond them, the plug-in:
   the `-both` ones, with async scheduling, a connector that loads too (`kv_both`); two in
   five first loads fail, whole (`failed_recving`) or from a block on (`invalid_block_ids`),
   recomputed from the first failed block, or, in the `-failpolicy` cases, failing their
-  requests (`kv_load_failure_policy` `"fail"`);
+  requests (`kv_load_failure_policy` `"fail"`); under sync scheduling, one in four first
+  synchronous loads fails from a block on too, reported with the output of the step that
+  loaded (its running request goes back to its first failed block, a block two requests
+  share recomputed by the first, and the step's output for it is dropped, or, under the
+  fail policy, it fails), handled before that output as in vLLM;
   `tests/vllm_engine/test_kv_transfer.py` has one engine
   store prompts through vLLM's `ExampleConnector` and others load them, token-identical
-  to an engine without a connector. A failed block of a synchronous load raises a clear
-  error when it is first reported (not served yet);
+  to an engine without a connector. A synchronous load's failure reported while a later
+  step is in flight too (overlapping async steps) is refused with a clear error (not
+  served yet);
 - **publishes KV cache events** (`kv_events_config`) as vLLM does: the core records what
   enters and leaves its prefix cache (blocks stored by an allocation or an output, evicted
   for reuse, uncached by an undone step, all cleared by a reset, and prefix hits for
@@ -364,7 +369,13 @@ core, kept out the same way. Beyond them, the plug-in:
   when accessed (nothing is written per step), and a finished request keeps its final
   state; setting one of them is an `AttributeError` (the core owns it). `block_hashes`
   (the engine's hashes) are brought up to the request's tokens by the engine's hasher when
-  read. The `running` and `waiting` queues are views of the core's. Events, prefill stats
+  read. The `running`, `waiting` and `kv_holding_waiting` queues and `finished_req_ids`
+  are views of the core's, and so is `kv_cache_manager`, read-only: the pool's size and
+  free blocks, each block's holders (`block_pool.blocks[i].ref_cnt`), each group's
+  request tables (`req_to_blocks`) and `get_block_ids`, read as vLLM's manager reads at
+  every step (`test_the_kv_cache_view_reads_as_vllms_kv_cache_manager`). A finished
+  request whose blocks a connector still sends stays in `requests` until they are freed,
+  as in vLLM. Events, prefill stats
   and per-request speculative-decoding metrics are filled as vLLM fills them;
 - **serves the prefill cadence** (`prefill_schedule_interval`) and throttled steps
   (`schedule(throttle_prefills=True)`) with vLLM's rule, in the core's loops;

@@ -768,14 +768,17 @@ class Scheduler:
         invalid_block_ids: Iterable[int] | None = None,
     ) -> list[str]:
         """The runner's report of failed KV loads (vLLM's ``failed_recving`` and
-        ``invalid_block_ids``): a request waiting for its load whose load failed keeps the
-        tokens before its first failed block (none if it failed whole) and, once the load is
-        reported done (``finish_kv_transfers``), computes the rest. With the config's
-        ``recompute_kv_load_failures`` off, returns the ids of the requests whose load failed
-        instead: finish them with ``FINISHED_ERROR`` (vLLM's policy ``"fail"``). Ids that name
-        no request waiting for a load are ignored. ``InvalidRequestError``, changing
-        nothing, if a failed block holds a running request's tokens (a synchronous load's
-        failure: not served)."""
+        ``invalid_block_ids``), given before the output of the oldest step in flight, as
+        vLLM takes it: a request waiting for its load whose load failed keeps the tokens
+        before its first failed block (none if it failed whole) and, once the load is
+        reported done (``finish_kv_transfers``), computes the rest; a running request whose
+        computed tokens lie in a failed block (a synchronous load's failure) keeps the
+        tokens before it, and that step's output for it is dropped. With the config's
+        ``recompute_kv_load_failures`` off, returns the ids of the affected requests
+        instead: finish them with ``FINISHED_ERROR`` once the step's output is applied
+        (vLLM's policy ``"fail"``). Ids that name no request waiting for a load are ignored.
+        ``InvalidRequestError``, changing nothing, if a synchronous load failed while a
+        later step is in flight too (not served)."""
     def kv_load_in_flight(self, request_id: str) -> bool:
         """Whether request ``request_id`` waits for an asynchronous KV load the runner has
         not reported (``finish_kv_transfers``): live in ``WAITING_FOR_REMOTE_KVS``, or

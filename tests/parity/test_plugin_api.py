@@ -272,28 +272,84 @@ def test_kv_transfer_parameters_are_served_where_a_kv_connector_reads_them() -> 
     assert sched.requests["p"].kv_transfer_params == params
 
 
+def test_the_connector_can_be_replaced_only_by_another_connector() -> None:
+    """vLLM's tests put a mock in ``scheduler.connector``: the plug-in calls it from then
+    on. An engine built without a connector cannot gain one, nor lose the one it has."""
+    from unittest.mock import MagicMock
+
+    sched = build(reference())
+    with pytest.raises(plugin.UnsupportedFeatureError, match=r"scheduler\.connector"):
+        sched.connector = MagicMock()
+    sched = build(reference(kv_connector=("ParityConnector", "benches.parity.connector")))
+    with pytest.raises(plugin.UnsupportedFeatureError, match=r"scheduler\.connector"):
+        sched.connector = None
+    mock = MagicMock()
+    mock.get_num_new_matched_tokens.return_value = (0, False)
+    mock.take_events.return_value = ()
+    mock.has_pending_push_work.return_value = False
+    sched.connector = mock
+    sched.add_request(request("a"))
+    sched.schedule()
+    assert sched.connector is mock
+    assert mock.get_num_new_matched_tokens.call_count == 1
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
 @pytest.mark.parametrize("max_tokens", [4, 1], ids=["goes-on", "finished-by-the-step"])
-def test_a_failed_block_of_a_synchronous_load_is_refused_naming_it(max_tokens: int) -> None:
-    """A synchronous load's failure (a running request's block reported invalid) is not
-    served: the plug-in says so, naming the block, before the step's output changes
-    anything, as vLLM handles failed loads first; also when that output would finish the
-    request (then nobody would be left to refuse). An asynchronous load's is recovered."""
+def test_a_failed_block_of_a_synchronous_load_is_handled_as_vllm_handles_it(
+    max_tokens: int, policy: str
+) -> None:
+    """A synchronous load's failure (a running request's loaded block reported invalid with
+    the step's output): the request goes back to its first failed block and that output is
+    dropped (recompute), or it fails (fail), before the output applies, as in vLLM; also
+    when the output would have finished it. Outputs and the request's fields equal vLLM's
+    at every step, and nothing leaks."""
     from vllm.v1.outputs import KVConnectorOutput
 
-    sched = build(reference(kv_connector=("ParityConnector", "benches.parity.connector")))
-    # A prompt the parity store holds.
-    sched.add_request(request("loads", prompt_len=41, max_tokens=max_tokens))
-    so = sched.schedule()
-    assert so.num_scheduled_tokens == {"loads": 41 - 40}  # 40 loaded: 10 blocks of 4
-    block = so.scheduled_new_reqs[0].block_ids[0][0]
-    free = sched.core.num_free_blocks
-    output = ref.vllm_runner_output(so, {"loads": [7]})
-    output.kv_connector_output = KVConnectorOutput(invalid_block_ids={block})
-    with pytest.raises(plugin.UnsupportedConnectorUseError, match=f"{block}.*synchronous"):
-        sched.update_from_output(so, output)
-    assert [r.request_id for r in sched.running] == ["loads"]
-    assert sched.requests["loads"].num_output_tokens == 0
-    assert sched.core.num_free_blocks == free
+    def drive(sched: Any) -> tuple[list[Any], Any]:
+        # A prompt the parity store holds: 40 tokens load (10 blocks of 4).
+        sched.add_request(request("loads", prompt_len=41, max_tokens=max_tokens))
+        sched.add_request(request("other", max_tokens=2))
+        seen = []
+        for step in range(12):
+            if not sched.has_requests():
+                break
+            so = sched.schedule()
+            output = ref.vllm_runner_output(so, {rid: [7] for rid in so.num_scheduled_tokens})
+            if step == 0:
+                assert so.num_scheduled_tokens["loads"] == 1
+                block = so.scheduled_new_reqs[0].block_ids[0][3]
+                output.kv_connector_output = KVConnectorOutput(invalid_block_ids={block})
+            outputs = sched.update_from_output(so, output)
+            loads = sched.requests.get("loads")
+            seen.append(
+                (
+                    dict(so.num_scheduled_tokens),
+                    [
+                        (o.request_id, o.new_token_ids, o.finish_reason)
+                        for eco in outputs.values()
+                        for o in eco.outputs
+                    ],
+                    None
+                    if loads is None
+                    else (loads.status, loads.num_computed_tokens, list(loads.output_token_ids)),
+                )
+            )
+        return seen, sched
+
+    config = {"kv_connector": ("ParityConnector", "benches.parity.connector")}
+    want, _ = drive(reference(**config, kv_load_failure_policy=policy))
+    got, sched = drive(build(reference(**config, kv_load_failure_policy=policy)))
+    assert got == want
+    # The failed block is the 4th: recompute goes back to 12 tokens; fail ends the request.
+    after_failure = want[0][2]
+    if policy == "recompute":
+        assert after_failure[:2] == (RequestStatus.RUNNING, 12)
+        assert want[1][0]["loads"] == 41 - 12
+    else:
+        assert ("loads", [], FinishReason.ERROR) in want[0][1]
+    assert not sched.has_unfinished_requests()
+    sched.core.check_invariants()
 
 
 @pytest.mark.parametrize("feature", sorted(REQUEST_REFUSALS))

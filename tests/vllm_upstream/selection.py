@@ -10,10 +10,10 @@ passes: ``run.py`` fails if one of them fails, or builds no llmsched scheduler.
 ``EXCLUDED`` maps every other test to the reason: the vLLM scheduler internal it reads or
 patches (``scheduler.deferred_waiting``, ``scheduler._kv_fetch_counts``, ...), a
 ``Request`` field it writes to build a state by hand, the feature llmsched.vllm does not
-serve (a synchronous KV load's failed blocks, KV connectors beside several KV-cache groups,
-encoder-cache connectors, multimodal encoder-only instances, context parallelism, KV-cache
-groups the plug-in does not build), the deliberate deviation of ``docs/parity.md`` it
-trips, or that it never builds the plug-in. The connector tests' leak check
+serve (KV connectors beside several KV-cache groups, encoder-cache connectors, multimodal
+encoder-only instances, context parallelism, KV-cache groups the plug-in does not build),
+the deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the
+plug-in. The connector tests' leak check
 (``assert_scheduler_empty``) is replaced by the plug-in's own (``conftest.py``).
 A key is a test function name (every parametrization) or ``name[params]`` (one
 parametrization; it wins over the name). A test of these files that is in neither list
@@ -68,15 +68,9 @@ _OUTGROWS_POOL = (
     "refuses such a pool at startup); the plug-in refuses such a request at add_request"
 )
 _HMA = "refused feature: KV connectors beside several KV-cache groups (HMA)"
-_SYNC_LOAD_FAILURE = (
-    "not served: a synchronous KV load's failed blocks (vLLM truncates the running request "
-    "to its first failed block and recomputes, or fails it); the plug-in refuses the report "
-    "with UnsupportedConnectorUseError before anything changes"
-)
-_HELD_IN_REQUESTS = (
-    "reads scheduler.requests while a finished request's blocks are being sent: vLLM keeps "
-    "the request there until they are freed, the plug-in lets it go when it finishes (its "
-    "blocks stay held in the core)"
+_BLOCK_HASH = (
+    "reads the hash of a block in vLLM's pool (kv_cache_manager.block_pool.blocks[i]"
+    ".block_hash): the core keeps its own hashes"
 )
 _RESET_FENCE = (
     "differs: reset_prefix_cache(reset_connector=True) with the offloading connector's "
@@ -229,12 +223,18 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_deferred_lookup_does_not_block_parked_load",
     ),
     REMOTE_DECODE_TESTS: (
+        "test_basic_lifecycle",
+        "test_abort_during_kv_transfer",
         "test_short_prompt_lifecycle",
         "test_prefix_cache_lifecycle",
     ),
-    LOAD_FAILURE_TESTS: ("test_failed_receive_completion_honors_failure_policy",),
-    INVALID_BLOCKS_TESTS: (),
-    ERROR_PROPAGATION_TESTS: (),
+    LOAD_FAILURE_TESTS: (
+        "test_failed_receive_completion_honors_failure_policy",
+        "test_sync_load_failure",
+        "test_sync_load_failure_with_shared_blocks",
+    ),
+    INVALID_BLOCKS_TESTS: ("test_sync_recompute_blocks_not_freed_for_running_requests",),
+    ERROR_PROPAGATION_TESTS: ("test_error_propagation_sync_load",),
     CACHE_POLLUTION_TESTS: (),
     CONNECTOR_OVERRIDE_TESTS: (),
     CONNECTOR_LIFECYCLE_TESTS: (),
@@ -701,10 +701,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
     },
     REMOTE_PREFILL_TESTS: {
         "test_basic_lifecycle": "scheduler internal: scheduler._kv_fetch_counts",
-        "test_no_spurious_prefix_caching": (
-            "reads the hash of a block in vLLM's pool "
-            "(kv_cache_manager.block_pool.blocks[i].block_hash); the core keeps the hashes"
-        ),
+        "test_no_spurious_prefix_caching": _BLOCK_HASH,
         "test_full_block_prompt": "scheduler internal: scheduler.finished_recving_kv_req_ids",
         "test_kv_fetch_stages_cleared_on_abort": "scheduler internal: scheduler._kv_fetch_counts",
         "test_p_side_chunked_prefill_mamba": _HMA,
@@ -712,27 +709,16 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_async_load_reserves_blocks_for_promotion_margin[different-block-sizes]": _HMA,
         "test_async_load_does_not_double_reserve_mamba_spec_blocks": _HMA,
     },
-    REMOTE_DECODE_TESTS: {
-        "test_basic_lifecycle": _HELD_IN_REQUESTS,
-        "test_abort_during_kv_transfer": _HELD_IN_REQUESTS,
-    },
     LOAD_FAILURE_TESTS: {
         "test_async_load_failure": "scheduler internal: scheduler.failed_recving_kv_req_ids",
-        "test_sync_load_failure": _SYNC_LOAD_FAILURE,
-        "test_sync_load_failure_with_shared_blocks": _SYNC_LOAD_FAILURE,
         "test_async_progressive_load_failure": "scheduler internal: scheduler.kv_holding_waiting as a vLLM RequestQueue (peek_request)",  # noqa: E501 (a test's name)
         "test_block_level_load_failure_fails_closed_with_multiple_groups": _HMA,
     },
     INVALID_BLOCKS_TESTS: {
-        "test_sync_recompute_blocks_not_freed_for_running_requests": _SYNC_LOAD_FAILURE,
-        "test_sync_fail_invalid_blocks_evicted": _SYNC_LOAD_FAILURE,
-        "test_async_recompute_blocks_not_cached_when_invalid": (
-            "reads the hash of a block in vLLM's pool "
-            "(kv_cache_manager.block_pool.blocks[i].block_hash); the core keeps the hashes"
-        ),
+        "test_sync_fail_invalid_blocks_evicted": _BLOCK_HASH,
+        "test_async_recompute_blocks_not_cached_when_invalid": _BLOCK_HASH,
     },
     ERROR_PROPAGATION_TESTS: {
-        "test_error_propagation_sync_load": _SYNC_LOAD_FAILURE,
         "test_error_propagation_async_load": "scheduler internal: scheduler.deferred_waiting",
     },
     CACHE_POLLUTION_TESTS: {

@@ -13,9 +13,11 @@ released once sent), stats (the requests by KV-fetch stage among them) and event
 
 Served: synchronous and asynchronous loads; with several steps in flight, a consumer's
 freed blocks wait for the steps that may still write them (the core's ``defer_block_free``);
-an asynchronous load's failure, recomputed or failing its request (vLLM's
+a load's failure, asynchronous or synchronous, recomputed or failing its request (vLLM's
 ``kv_load_failure_policy``). Refused, with a clear error, where it would first be needed: a
-failed block of a synchronous load.
+failed block of a synchronous load while a later step is in flight too (the runner reports
+a step's failed loads with its output, before the next step is scheduled, unless steps
+overlap).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ _HAS_SYNC_KV_LOADS = "has_sync_kv_loads" in SchedulerOutput.__dataclass_fields__
 
 class UnsupportedConnectorUseError(llmsched.LlmschedError, RuntimeError):
     """The connector asked for something llmsched.vllm does not serve yet (the recovery of a
-    synchronous load's failure)."""
+    synchronous load's failure while a later step is in flight)."""
 
 
 def make_connector(vllm_config: Any, kv_cache_config: Any) -> Any:
@@ -218,9 +220,10 @@ class KvConnectorSide:
         """The runner's failed loads (``failed_recving``, ``invalid_block_ids``) in the core,
         before the step's output is applied, as vLLM handles them: recomputed, or, under
         vLLM's ``kv_load_failure_policy`` ``"fail"``, returned (their ids, once each) for
-        :meth:`finish_failed_loads` once the output is applied. A failed block of a request
-        already running (a synchronous load) raises ``UnsupportedConnectorUseError``,
-        changing nothing."""
+        :meth:`finish_failed_loads` once the output is applied. A running request's failed
+        block (a synchronous load) takes it back to its first failed block and drops the
+        step's output for it; with a later step in flight it raises
+        ``UnsupportedConnectorUseError``, changing nothing."""
         failed = kv_connector_output.failed_recving
         invalid = kv_connector_output.invalid_block_ids
         if not failed and not invalid:

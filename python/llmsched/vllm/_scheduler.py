@@ -267,6 +267,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             else KvConnectorSide(connector, self.core, self.requests, log_stats)
         )
         self._kv_transfer_params: dict[str, dict[str, Any]] = {}
+        # Finished requests kept in `requests` while the core holds their blocks for the
+        # connector.
+        self._held_finished: set[str] = set()
 
     # -- requests ----------------------------------------------------------------------
 
@@ -403,8 +406,14 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         return frozen
 
     def _forget(self, req_id: str) -> None:
-        """Let a finished request go (its object keeps its final state)."""
-        request = self.requests.pop(req_id)
+        """Let a finished request go (its object keeps its final state). One whose blocks a
+        KV connector still holds stays in ``requests`` until they are released, as in
+        vLLM."""
+        if self._kv_connector is not None and self.core.held_kv_blocks(req_id) is not None:
+            request = self.requests[req_id]
+            self._held_finished.add(req_id)
+        else:
+            request = self.requests.pop(req_id)
         if self._structured:
             self._structured.discard(req_id)
             self._compiling.pop(req_id, None)
@@ -419,6 +428,14 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._num_other_clients -= 1
         if self.finished_req_ids_dict is not None:
             self.finished_req_ids_dict[request.client_index].add(req_id)
+
+    def _let_released_go(self) -> None:
+        """Drop from ``requests`` the finished requests whose held blocks were released."""
+        if self._held_finished:
+            released = [r for r in self._held_finished if self.core.held_kv_blocks(r) is None]
+            for req_id in released:
+                self._held_finished.discard(req_id)
+                del self.requests[req_id]
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self.requests or request_id in self._refused
@@ -794,6 +811,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 self._report_failed(outputs, lambda _request: None)
             if kv_connector_output:
                 self._kv_connector.runner_reported(kv_connector_output)
+                self._let_released_go()
             kv_connector_stats = self._kv_connector.stats(
                 kv_connector_output.kv_connector_stats if kv_connector_output else None
             )

@@ -229,7 +229,9 @@ pub struct Request {
     /// Its asynchronous KV load (WAITING_FOR_REMOTE_KVS) has finished: the next waiting loop
     /// promotes it (vLLM's `finished_recving_kv_req_ids`).
     pub(crate) kv_loaded: bool,
-    /// Its asynchronous KV load failed, all or from a block on (`C` keeps what loaded).
+    /// Its KV load failed, all or from a block on: an asynchronous one (`C` keeps what
+    /// loaded), or, running, a synchronous one (`C` went back to its first failed block;
+    /// until it is scheduled again).
     pub(crate) kv_load_failed: bool,
     /// `stop_token_ids` is not empty (the stop check reads it only then).
     has_stop_token_ids: bool,

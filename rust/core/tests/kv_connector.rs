@@ -587,17 +587,35 @@ fn under_the_fail_policy_the_failed_requests_are_named_for_the_caller_to_finish(
 }
 
 #[test]
-fn a_failed_block_of_a_running_request_is_refused_changing_nothing() {
-    let mut sched = connected(|_| {});
-    let mut store = Store { holds: vec![("b", Some(64))], remote: vec!["b"], ..Store::default() };
+fn a_failed_block_of_a_running_request_with_a_later_step_in_flight_is_refused_changing_nothing() {
+    let mut sched = connected(|p| p.async_scheduling = true);
+    let mut store = Store { holds: vec![("a", Some(32)), ("b", Some(64))], remote: vec!["b"], ..Store::default() };
     sched.add_request(request("a", 40, 4)).unwrap();
     sched.add_request(request("b", 100, 4)).unwrap();
-    run(&mut sched, &mut store);
-    let running = sched.get_request("a").unwrap().block_ids()[0];
+    step_with(&mut sched, &mut store);
+    step_with(&mut sched, &mut store);
+    let loaded = sched.get_request("a").unwrap().block_ids()[0];
     let before = sched.debug_snapshot();
-    let err = sched.fail_kv_loads(&["b"], &[running]).unwrap_err().to_string();
+    let err = sched.fail_kv_loads(&["b"], &[loaded]).unwrap_err().to_string();
     assert!(err.contains("invalid_block_ids") && err.contains("not served"), "{err}");
     assert_eq!(sched.debug_snapshot(), before);
+}
+
+#[test]
+fn a_failed_block_of_a_synchronous_load_truncates_its_request_and_drops_its_output() {
+    let mut sched = connected(|_| {});
+    let mut store = Store { holds: vec![("a", Some(64))], ..Store::default() };
+    sched.add_request(request("a", 100, 4)).unwrap();
+    let step = step_with(&mut sched, &mut store);
+    let failed = sched.get_request("a").unwrap().block_ids()[1];
+    assert_eq!(sched.fail_kv_loads(&[], &[failed]).unwrap(), Vec::<std::sync::Arc<str>>::new());
+    assert_eq!(sched.get_request("a").unwrap().num_computed_tokens(), 16);
+    apply_one_token_each(&mut sched, &step);
+    let a = sched.get_request("a").unwrap();
+    assert_eq!((a.num_computed_tokens(), a.output_token_ids().count()), (16, 0));
+    let step = step_with(&mut sched, &mut store);
+    assert_eq!(step.num_scheduled_tokens, vec![100 - 16]);
+    sched.check_invariants().unwrap();
 }
 
 #[test]

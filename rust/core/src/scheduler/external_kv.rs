@@ -70,6 +70,18 @@ pub(super) struct HeldBlocks {
 /// The finished requests whose blocks are held, by id.
 pub(super) type HeldKv = FxHashMap<Arc<str>, HeldBlocks>;
 
+/// A running request a synchronous load's failure affects (see `fail_kv_loads`).
+struct SyncLoadFailure {
+    handle: Handle,
+    /// `C` from now on: the tokens before its first failed block, or, if another request
+    /// recomputes each of its failed blocks, those before the step.
+    num_computed_tokens: i64,
+    /// Its tokens in the step whose output is dropped.
+    num_scheduled_tokens: i64,
+    /// The index of the first failed block it recomputes, if any.
+    first_failed_block: Option<usize>,
+}
+
 /// The tokens a waiting request starts with past its local hit of `num_local` tokens, from
 /// the connector's answer `matched`; None if the request waits (the connector cannot tell
 /// yet). A request that skips reading cached KV (prompt logprobs) loads none and never
@@ -233,37 +245,27 @@ impl Scheduler {
     }
 
     /// The runner's report of failed KV loads (vLLM's `failed_recving` and
-    /// `invalid_block_ids`): a request waiting for its load whose load failed keeps the
-    /// tokens before its first failed block (none if it failed whole) and, once the load is
-    /// reported done (`finish_kv_transfers`), computes the rest. With
-    /// `recompute_kv_load_failures` off, returns the ids of the requests whose load failed
-    /// instead: the caller finishes them with FINISHED_ERROR (vLLM's policy "fail"). Ids
-    /// that name no request waiting for a load are ignored. Fails, changing nothing, if a
-    /// failed block holds a running request's tokens (a synchronous load's failure: not
-    /// served).
+    /// `invalid_block_ids`), taken before the output of the oldest step in flight is
+    /// applied, as vLLM takes it:
+    /// - a request waiting for its load whose load failed keeps the tokens before its first
+    ///   failed block (none if it failed whole) and, once the load is reported done
+    ///   (`finish_kv_transfers`), computes the rest;
+    /// - a running request whose computed tokens (before that step) lie in a failed block
+    ///   (a synchronous load's failure) keeps the tokens before its first failed block, and
+    ///   the step's output for it is dropped: its next step computes the rest. A failed
+    ///   block two requests share is recomputed by the first only; the other keeps its
+    ///   tokens before the step (vLLM's rule).
+    ///
+    /// With `recompute_kv_load_failures` off, returns the ids of the affected requests
+    /// instead (their failed blocks, and those after them, leave the prefix cache): the
+    /// caller finishes them with FINISHED_ERROR once the step's output is applied (vLLM's
+    /// policy "fail"). Ids that name no request waiting for a load are ignored. Fails,
+    /// changing nothing, if a synchronous load failed while a later step is in flight too
+    /// (not served).
     pub fn fail_kv_loads(&mut self, failed: &[&str], invalid_blocks: &[u32]) -> CoreResult<Vec<Arc<str>>> {
         let block_size = self.config.block_size();
         let invalid: FxHashSet<u32> = invalid_blocks.iter().copied().collect();
-        if !invalid.is_empty() {
-            for &h in &self.running {
-                let request = &self.requests[h];
-                let num_computed_blocks = cdiv(request.num_computed_tokens(), block_size) as usize;
-                if let Some(&block) = request.block_ids[..num_computed_blocks.min(request.block_ids.len())]
-                    .iter()
-                    .find(|b| invalid.contains(b))
-                {
-                    return Err(CoreError::request(
-                        "invalid_block_ids",
-                        block,
-                        format!(
-                            "holds computed tokens of running request {:?}: recovering a synchronous \
-                             KV load's failure is not served",
-                            request.id()
-                        ),
-                    ));
-                }
-            }
-        }
+        let sync_failures = if invalid.is_empty() { Vec::new() } else { self.sync_load_failures(&invalid)? };
         let mut affected: Vec<Handle> = Vec::new();
         for &id in failed {
             if let Some(&h) = self.ids.get(id) {
@@ -307,13 +309,83 @@ impl Scheduler {
                 }
             }
         }
-        if self.config.recompute_kv_load_failures() {
+        let recompute = self.config.recompute_kv_load_failures();
+        if recompute {
             for &h in &affected {
                 self.requests[h].kv_load_failed = true;
             }
+        }
+        for failure in sync_failures {
+            let request = &mut self.requests[failure.handle];
+            request.set_num_computed_tokens(failure.num_computed_tokens);
+            // The step's output for it is dropped, as a stale one is (`kv_load_failed` says
+            // so; vLLM's `drop_stale_output` is left as it is).
+            request.set_num_stale_output_tokens(failure.num_scheduled_tokens);
+            request.kv_load_failed = true;
+            if let Some(first) = failure.first_failed_block.filter(|_| !recompute) {
+                self.kv.uncache_from(request, first);
+            }
+            if !affected.contains(&failure.handle) {
+                affected.push(failure.handle);
+            }
+        }
+        if recompute {
             return Ok(Vec::new());
         }
         Ok(affected.iter().map(|&h| self.requests[h].id.clone()).collect())
+    }
+
+    /// The running requests whose computed tokens before the oldest step in flight lie in
+    /// a failed block, in running order, and what each keeps (vLLM's
+    /// `_update_requests_with_invalid_blocks` over its running requests). Changes nothing.
+    fn sync_load_failures(&self, invalid: &FxHashSet<u32>) -> CoreResult<Vec<SyncLoadFailure>> {
+        let block_size = self.config.block_size();
+        let scheduled: FxHashMap<Handle, i64> = self
+            .in_flight
+            .front()
+            .map(|step| step.entries.iter().map(|e| (e.handle, e.num_new_tokens())).collect())
+            .unwrap_or_default();
+        let mut marked: FxHashSet<u32> = FxHashSet::default();
+        let mut failures = Vec::new();
+        for &h in &self.running {
+            let request = &self.requests[h];
+            let n = scheduled.get(&h).copied().unwrap_or(0);
+            let computed_before = request.num_computed_tokens() - n;
+            let num_computed_blocks = (cdiv(computed_before, block_size) as usize).min(request.block_ids.len());
+            let mut first_failed_block = None;
+            let mut is_affected = false;
+            for (index, block) in request.block_ids[..num_computed_blocks].iter().enumerate() {
+                if !invalid.contains(block) {
+                    continue;
+                }
+                is_affected = true;
+                if marked.insert(*block) && first_failed_block.is_none() {
+                    first_failed_block = Some(index);
+                }
+            }
+            if !is_affected {
+                continue;
+            }
+            if self.in_flight.len() > 1 || request.num_stale_output_tokens() != 0 {
+                let block = request.block_ids[..num_computed_blocks].iter().find(|b| invalid.contains(b));
+                return Err(CoreError::request(
+                    "invalid_block_ids",
+                    block.copied().unwrap_or_default(),
+                    format!(
+                        "holds computed tokens of running request {:?} while a later step is in flight: \
+                         recovering a synchronous KV load's failure then is not served",
+                        request.id()
+                    ),
+                ));
+            }
+            failures.push(SyncLoadFailure {
+                handle: h,
+                num_computed_tokens: first_failed_block.map_or(computed_before, |i| i as i64 * block_size),
+                num_scheduled_tokens: n,
+                first_failed_block,
+            });
+        }
+        Ok(failures)
     }
 
     /// A request finished while its load was in flight (see `kv_load_in_flight`).

@@ -343,7 +343,8 @@ impl Scheduler {
                         )));
                     }
                 }
-                if self.in_flight.is_empty() && s == 1 && !r.is_prefill_chunk && c != n - 1 {
+                // (A synchronous load's failure takes C back until the request is scheduled.)
+                if self.in_flight.is_empty() && s == 1 && !r.is_prefill_chunk && !r.kv_load_failed && c != n - 1 {
                     return Err(broken(format!(
                         "request {id:?}: nothing in flight, decoding, but C={c} != N - 1 = {}",
                         n - 1

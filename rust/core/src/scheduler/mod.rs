@@ -409,6 +409,8 @@ impl Scheduler {
         request.set_num_in_flight_tokens(request.num_in_flight_tokens() + e.num_new_tokens);
         request.is_prefill_chunk =
             request.num_computed_tokens() < request.num_tokens() + request.num_output_placeholders();
+        // A running request recomputing a synchronous load's failed blocks is scheduled.
+        request.kv_load_failed = false;
         b.has_prefill_chunk |= request.is_prefill_chunk;
         if !SYNC_FCFS && config.async_scheduling() && !request.is_prefill_chunk {
             // The step's outputs (sampled tokens and drafts) are placeholders until it returns.
@@ -564,6 +566,7 @@ impl Scheduler {
         let request = &mut self.requests[handle];
         request.status = RequestStatus::Preempted;
         request.set_num_computed_tokens(0);
+        request.kv_load_failed = false;
         request.spec_token_ids.clear();
         request.drop_stale_output =
             drop_stale_output || (request.drop_stale_output && request.num_stale_output_tokens() > 0);

@@ -139,7 +139,11 @@ impl Scheduler {
                 };
                 let count = out.num_sampled[row] as i64;
                 let most = entry.max_returned_tokens(s);
-                if count > most {
+                // An output the update drops (a stale one, a failed load's) is not read.
+                let dropped = self.requests.get(entry.handle).is_some_and(|r| {
+                    (r.drop_stale_output || r.kv_load_failed) && r.num_stale_output_tokens() >= entry.num_new_tokens()
+                });
+                if count > most && !dropped {
                     let name = self.requests.get(entry.handle).map(|r| r.id.to_string()).unwrap_or_default();
                     return Err(CoreError::mismatch(format!(
                         "request {name:?}: the runner returned {count} tokens but step {} allows at most {most} \
@@ -332,7 +336,9 @@ impl Scheduler {
         if stale {
             request.set_num_stale_output_tokens(request.num_stale_output_tokens() - entry.num_new_tokens());
         }
-        if !PLAIN && stale && request.drop_stale_output {
+        // Dropped: stale output of a request preempted since, or output of a step whose
+        // synchronous load failed (the request recomputes).
+        if !PLAIN && stale && (request.drop_stale_output || request.kv_load_failed) {
             return None;
         }
 
