@@ -216,8 +216,11 @@ def test_an_async_load_waits_for_the_runners_report() -> None:
     assert free - sched.num_free_blocks == 4 + 3
     assert sched.kv_load_in_flight("a") and not sched.kv_load_in_flight("b")
     sched.update_from_output(so, one_token_each(so))
+    assert sched.kv_loads_reported() == ([], [])
     sched.finish_kv_transfers(finished_recving=["a"])
+    assert sched.kv_loads_reported() == (["a"], [])
     so = sched.schedule(external_kv=lambda r, n: pytest.fail("a is not asked again"))
+    assert sched.kv_loads_reported() == ([], [])
     assert so.req_ids == ["b", "a"]
     assert so.num_computed_tokens.tolist()[1] == 64
     assert so.num_external_computed_tokens.tolist() == [-1]
@@ -274,8 +277,10 @@ def test_a_failed_load_is_recomputed_and_bad_reports_are_refused() -> None:
         sched.fail_kv_loads(invalid_block_ids=["x"])
     assert sched.fail_kv_loads(invalid_block_ids=[blocks[1]]) == []
     assert sched.get_request("a").num_computed_tokens == 16
+    assert sched.kv_loads_reported() == ([], ["a"])
     sched.update_from_output(so, one_token_each(so))
     sched.finish_kv_transfers(["a"])
+    assert sched.kv_loads_reported() == (["a"], ["a"])
     so = sched.schedule(external_kv=lambda r, n: pytest.fail("a keeps what loaded"))
     assert so.num_computed_tokens.tolist() == [16] and so.num_scheduled_tokens.tolist() == [84]
     sched.check_invariants()

@@ -369,8 +369,9 @@ core, kept out the same way. Beyond them, the plug-in:
   when accessed (nothing is written per step), and a finished request keeps its final
   state; setting one of them is an `AttributeError` (the core owns it). `block_hashes`
   (the engine's hashes) are brought up to the request's tokens by the engine's hasher when
-  read. The `running`, `waiting` and `kv_holding_waiting` queues and `finished_req_ids`
-  are views of the core's, and so is `kv_cache_manager`, read-only: the pool's size and
+  read. The `running`, `waiting` and `kv_holding_waiting` queues, `finished_req_ids` and
+  the loads reported (`finished_recving_kv_req_ids`, `failed_recving_kv_req_ids`) are
+  views of the core's, and so is `kv_cache_manager`, read-only: the pool's size and
   free blocks, each block's holders (`block_pool.blocks[i].ref_cnt`), each group's
   request tables (`req_to_blocks`) and `get_block_ids`, read as vLLM's manager reads at
   every step (`test_the_kv_cache_view_reads_as_vllms_kv_cache_manager`). A finished

@@ -744,6 +744,12 @@ class Scheduler:
     def num_held_kv_requests(self) -> int:
         """With ``kv_connector``: how many finished requests hold their KV blocks (until
         ``release_kv_blocks``)."""
+    def kv_loads_reported(self) -> tuple[list[str], list[str]]:
+        """With ``kv_connector``: ``(received, failed)``, the ids of the requests waiting for an
+        asynchronous KV load that the runner reported received (vLLM's
+        ``finished_recving_kv_req_ids``), and of those whose load failed and is to be
+        recomputed (``failed_recving_kv_req_ids``), in waiting order: the next step promotes
+        them."""
     def held_kv_request_ids(self) -> list[str]:
         """With ``kv_connector``: ids of the finished requests that hold their KV blocks,
         sorted."""

@@ -53,9 +53,10 @@ LEAK_CHECK_NAME = "assert_scheduler_empty"
 def assert_plugin_empty(scheduler: Any) -> None:
     """vLLM's ``assert_scheduler_empty`` (the connector tests' "no leaks" check), made
     through what the plug-in shows and its core: no request known, queued, running, set
-    aside (vLLM's ``deferred_waiting``), finished and unreported, or holding blocks for a
-    connector; no request in a KV-fetch stage; no encoder output cached; every block but
-    the null block free with no holder; and the core's invariants hold."""
+    aside (vLLM's ``deferred_waiting``), finished and unreported, with a load reported and
+    not taken up, or holding blocks for a connector; no request in a KV-fetch stage; no
+    encoder output cached; every block but the null block free with no holder; and the
+    core's invariants hold."""
     core = scheduler.core
     assert len(scheduler.requests) == 0
     assert len(scheduler.waiting) == 0
@@ -63,6 +64,7 @@ def assert_plugin_empty(scheduler: Any) -> None:
     assert core.num_skipped_waiting == 0
     assert len(scheduler.running) == 0
     assert len(scheduler.finished_req_ids) == 0
+    assert len(scheduler.finished_recving_kv_req_ids) == 0
     assert core.num_held_kv_requests == 0
     if scheduler._kv_connector is not None:
         assert not any(scheduler._kv_connector.fetch_stage_counts().values())

@@ -50,12 +50,6 @@ _FSM_ABORT_BY_HAND = (
     "scheduler.encoder_cache_mismatch_reqs; Request fields: num_computed_tokens (written),"
 )
 
-# The reason shared by the connector tests that load KV asynchronously and read which
-# loads the scheduler saw finish.
-_FINISHED_RECVING = (
-    "scheduler internal: scheduler.finished_recving_kv_req_ids; also "
-    "scheduler.kv_holding_waiting, scheduler.running, scheduler.waiting; Request fields: status"
-)
 
 # The reasons shared by many of the KV-connector tests.
 _NO_SCHEDULER = (
@@ -100,12 +94,15 @@ FILES: tuple[str, ...] = (
 #: Tests that use only the public interface; every one must pass.
 INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
     SCHEDULER_TESTS: (
-        # Read the plug-in's view of its KV pool (kv_cache_manager) and finished_req_ids.
+        # Read the plug-in's view of its KV pool (kv_cache_manager), finished_req_ids and
+        # the loads reported (finished_recving_kv_req_ids, failed_recving_kv_req_ids).
         "test_async_load_reservation_prevents_wedge_e2e",
         "test_kv_cache_release_after_keep_pause_preserves_requests",
         "test_memory_leak",
         "test_spec_decode_padding_skipped_with_prefill_in_batch",
-        "test_kv_connector_basic[False]",
+        "test_kv_connector_basic",
+        "test_throttle_prefills_excludes_fully_transferred_remote_kv",
+        "test_throttle_prefills_defers_remote_kv_resume_with_local_prefill",
         "test_get_num_unfinished_requests",
         "test_pause_new_ignores_streaming_session_waiting_for_input",
         "test_scheduler_stats_route_to_existing_output_client",
@@ -145,8 +142,7 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         # KV connectors with synchronous loads (a mock connector's external hits).
         "test_spec_decode_padding_resumed_request_without_running_requests",
         "test_kv_connector_honors_skip_reading_prefix_cache",
-        "test_external_prefix_cache_metrics[False-False]",
-        "test_external_prefix_cache_metrics[True-False]",
+        "test_external_prefix_cache_metrics",
         "test_has_sync_kv_loads",
         # KV connectors with asynchronous loads (WAITING_FOR_REMOTE_KVS).
         "test_pause_new_drains_async_kv_loads",
@@ -214,6 +210,7 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_reset_prefix_cache_same_step_resume_purges_then_re_adds",
     ),
     REMOTE_PREFILL_TESTS: (
+        "test_full_block_prompt",
         "test_interleaved_lifecycle",
         "test_cannot_schedule_after_recv",
         "test_cannot_recv",
@@ -230,6 +227,7 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
     ),
     LOAD_FAILURE_TESTS: (
         "test_failed_receive_completion_honors_failure_policy",
+        "test_async_load_failure",
         "test_sync_load_failure",
         "test_sync_load_failure_with_shared_blocks",
     ),
@@ -317,8 +315,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_encoder_only_prompt_longer_than_budget_is_chunked": (
             "refused feature: multimodal encoder-only instances (mm_encoder_only=True)"
         ),
-        "test_throttle_prefills_excludes_fully_transferred_remote_kv": _FINISHED_RECVING,
-        "test_throttle_prefills_defers_remote_kv_resume_with_local_prefill": _FINISHED_RECVING,
         "test_same_step_duplicate_encoder_input_stays_cached": (
             "scheduler internal: scheduler.encoder_cache_manager"
         ),
@@ -398,12 +394,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.connector_prefix_cache_stats, scheduler.finished_recving_kv_req_ids, "
             "scheduler.kv_cache_manager, scheduler.kv_holding_waiting; Request fields: status"
         ),
-        "test_kv_connector_basic": (
-            "scheduler internal: scheduler.kv_cache_manager.block_pool; also "
-            "scheduler.finished_recving_kv_req_ids, scheduler.kv_cache_manager, "
-            "scheduler.kv_holding_waiting, scheduler.running; Request fields: status"
-        ),
-        "test_external_prefix_cache_metrics": _FINISHED_RECVING,
         "test_kv_connector_unable_to_allocate": (
             "a runner output naming a request the step did not schedule (the plug-in refuses it: "
             "OutputMismatchError); also scheduler.kv_cache_manager, scheduler.running, "
@@ -702,7 +692,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
     REMOTE_PREFILL_TESTS: {
         "test_basic_lifecycle": "scheduler internal: scheduler._kv_fetch_counts",
         "test_no_spurious_prefix_caching": _BLOCK_HASH,
-        "test_full_block_prompt": "scheduler internal: scheduler.finished_recving_kv_req_ids",
         "test_kv_fetch_stages_cleared_on_abort": "scheduler internal: scheduler._kv_fetch_counts",
         "test_p_side_chunked_prefill_mamba": _HMA,
         "test_async_load_reserves_blocks_for_promotion_margin[multiple-groups]": _HMA,
@@ -710,7 +699,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_async_load_does_not_double_reserve_mamba_spec_blocks": _HMA,
     },
     LOAD_FAILURE_TESTS: {
-        "test_async_load_failure": "scheduler internal: scheduler.failed_recving_kv_req_ids",
         "test_async_progressive_load_failure": "scheduler internal: scheduler.kv_holding_waiting as a vLLM RequestQueue (peek_request)",  # noqa: E501 (a test's name)
         "test_block_level_load_failure_fails_closed_with_multiple_groups": _HMA,
     },

@@ -498,6 +498,19 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     # here they are views of the core's, rebuilt on each access.
 
     @property
+    def finished_recving_kv_req_ids(self) -> set[str]:
+        """The requests whose asynchronous KV load the runner reported received, which the
+        next step promotes: a new set on each access."""
+        return set(self.core.kv_loads_reported()[0])
+
+    @property
+    def failed_recving_kv_req_ids(self) -> set[str]:
+        """The requests whose asynchronous KV load failed and is to be recomputed (vLLM's
+        policy "recompute"), promoted by the step after the load is reported: a new set on
+        each access."""
+        return set(self.core.kv_loads_reported()[1])
+
+    @property
     def finished_req_ids(self) -> set[str]:
         """Ids of the requests finished since the last ``schedule()``, which it will
         report: a new set on each access."""

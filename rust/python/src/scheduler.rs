@@ -1330,6 +1330,17 @@ impl PyScheduler {
         self.with_inner(py, |inner| Ok(inner.core.num_held_kv_requests()))
     }
 
+    /// With ``kv_connector``: ``(received, failed)``, the ids of the requests waiting for an
+    /// asynchronous KV load that the runner reported received (vLLM's
+    /// ``finished_recving_kv_req_ids``), and of those whose load failed and is to be
+    /// recomputed (``failed_recving_kv_req_ids``), in waiting order: the next step promotes
+    /// them.
+    fn kv_loads_reported<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
+        let (received, failed) = self.with_inner(py, |inner| Ok(inner.core.kv_loads_reported()))?;
+        let list = |ids: Vec<Arc<str>>| new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?);
+        Ok((list(received)?, list(failed)?))
+    }
+
     /// With ``kv_connector``: ids of the finished requests that hold their KV blocks,
     /// sorted.
     fn held_kv_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {

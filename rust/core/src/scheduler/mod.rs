@@ -930,6 +930,28 @@ impl Scheduler {
         self.kv_holding_waiting.len()
     }
 
+    /// The requests waiting for an asynchronous KV load that the runner reported received
+    /// (vLLM's `finished_recving_kv_req_ids`), and those whose load failed and is to be
+    /// recomputed (`failed_recving_kv_req_ids`), in waiting order: the next waiting loop
+    /// promotes them.
+    pub fn kv_loads_reported(&self) -> (Vec<Arc<str>>, Vec<Arc<str>>) {
+        let mut received = Vec::new();
+        let mut failed = Vec::new();
+        for h in self.kv_holding_waiting.live_handles(&self.requests) {
+            let request = &self.requests[h];
+            if request.status != RequestStatus::WaitingForRemoteKvs {
+                continue;
+            }
+            if request.kv_loaded {
+                received.push(request.id.clone());
+            }
+            if request.kv_load_failed {
+                failed.push(request.id.clone());
+            }
+        }
+        (received, failed)
+    }
+
     /// Waiting requests in the order they would be considered.
     pub fn waiting_ids(&self) -> Vec<Arc<str>> {
         let kv = self.kv_holding_waiting.live_handles(&self.requests);
