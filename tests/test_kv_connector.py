@@ -183,8 +183,14 @@ def test_finished_requests_hold_their_blocks_until_released() -> None:
     assert held is not None and len(held) == 3
     assert sched.num_free_blocks == free - 3
     assert sched.held_kv_request_ids() == ["a"]
-    refs = sched.block_ref_counts()
-    assert [int(refs[b]) for b in held] == [1, 1, 1] and int(refs.sum()) == 3
+    refs = [sched.block_ref_count(b) for b in range(64)]
+    assert [refs[b] for b in held] == [1, 1, 1] and sum(refs) == 3
+    # Its 41 tokens: two full blocks, cached, and a partial one.
+    cached = [sched.cached_block_hash(int(b)) is not None for b in held]
+    assert cached == [True, True, False]
+    for bad in (64, -1, "x"):
+        with pytest.raises(InvalidRequestError, match="block_id"):
+            sched.block_ref_count(bad)
     assert sched.held_kv_blocks("b") is None
     with pytest.raises(InvalidRequestError, match="still holds KV blocks"):
         sched.add_request("a", [1, 2], max_tokens=1)
@@ -198,7 +204,7 @@ def test_finished_requests_hold_their_blocks_until_released() -> None:
         assert sched.num_free_blocks == free - 3
     sched.release_kv_blocks(["a"])
     assert sched.num_free_blocks == free
-    assert sched.held_kv_request_ids() == [] and not sched.block_ref_counts().any()
+    assert sched.held_kv_request_ids() == [] and not any(map(sched.block_ref_count, range(64)))
     sched.check_invariants()
 
 

@@ -1068,30 +1068,34 @@ def _tables_refs(sched: CheckedScheduler, req_ids: Sequence[str]) -> dict[int, i
     return {block: n for block, n in refs.items() if n}
 
 
-def test_block_ref_counts_count_the_tables_that_hold_each_block() -> None:
-    """``block_ref_counts`` gives each block the number of requests holding it (a shared
-    prefix twice); ``finished_since_last_step`` names a finished request until the next
-    step reports it."""
+def test_block_ref_count_counts_the_tables_that_hold_each_block() -> None:
+    """``block_ref_count`` gives each block the number of requests holding it (a shared
+    prefix twice), ``cached_block_hash`` the hash a full block is cached under (the one its
+    request's ``block_hashes`` gives it); ``finished_since_last_step`` names a finished
+    request until the next step reports it."""
     sched = apc(block_size=B)
     sched.add_request("a", [*COMMON, 7], max_tokens=4)
     sched.add_request("b", [*COMMON, 8], max_tokens=4)
     sched.schedule()
-    shared = sched.get_request("a").block_ids[:3]
+    a = sched.get_request("a")
+    shared = a.block_ids[:3]
     assert sched.get_request("b").block_ids[:3] == shared
-    assert sched.get_request("a").group_block_ids == [sched.get_request("a").block_ids]
-    refs = sched.block_ref_counts()
-    assert len(refs) == sched.config.num_gpu_blocks
-    held = {block: int(n) for block, n in enumerate(refs.tolist()) if n}
-    assert held == _tables_refs(sched, ["a", "b"])
-    assert [held[block] for block in shared] == [2, 2, 2]
+    assert a.group_block_ids == [a.block_ids]
+    num_blocks = sched.config.num_gpu_blocks
+
+    def held() -> dict[int, int]:
+        counts = {block: sched.block_ref_count(block) for block in range(num_blocks)}
+        return {block: n for block, n in counts.items() if n}
+
+    assert held() == _tables_refs(sched, ["a", "b"])
+    assert [sched.block_ref_count(block) for block in shared] == [2, 2, 2]
+    assert [sched.cached_block_hash(block) for block in shared] == a.block_hashes[:3]
+    assert sched.cached_block_hash(a.block_ids[3]) is None  # a's last block is not full
 
     assert sched.finished_since_last_step() == []
     sched.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
     assert sched.finished_since_last_step() == ["a"]
-    refs = sched.block_ref_counts()
-    assert {block: int(n) for block, n in enumerate(refs.tolist()) if n} == _tables_refs(
-        sched, ["b"]
-    )
-    assert [int(refs[block]) for block in shared] == [1, 1, 1]
+    assert held() == _tables_refs(sched, ["b"])
+    assert [sched.block_ref_count(block) for block in shared] == [1, 1, 1]
     so = sched.schedule()
     assert so.finished_req_ids == ["a"] and sched.finished_since_last_step() == []

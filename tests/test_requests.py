@@ -203,6 +203,12 @@ def test_lora_adapters_reach_the_step_and_the_request() -> None:
     assert sched.get_request("b").lora_id == 3 and sched.get_request("d").lora_id is None
     # "b" was set aside: a skipped waiting request (vLLM's count) until admitted.
     assert (sched.get_request_counts(), sched.num_skipped_waiting) == ((3, 1), 1)
+    assert sched.skipped_waiting_request_ids() == ["b"]
     for bad in (0, -1, 2**31):
         with pytest.raises(InvalidRequestError, match=f"lora_id={bad}"):
             sched.add_request("x", [1], max_tokens=1, lora_id=bad)
+    # Once adapter 7's requests are gone, "b" is admitted: none is set aside.
+    sched.update_from_output(out, one_token_each(out))
+    sched.finish_requests(["a", "c"], RequestStatus.FINISHED_ABORTED)
+    assert "b" in sched.schedule().req_ids
+    assert sched.skipped_waiting_request_ids() == [] and sched.num_skipped_waiting == 0

@@ -10,8 +10,10 @@ data, counts, drafts, finished and preempted ids, and the rest) and of the retur
 ``EngineCoreOutputs`` (every ``EngineCoreOutput`` field, the scheduler stats) is recorded
 for comparison; so are the ``Request`` objects' scheduling fields (:data:`REQUEST_FIELDS`)
 of every request the step names, after the step and after its output, the order of the
-``running`` and ``waiting`` queues, and the requests the scheduler knows (``requests``,
-``finished_req_ids``). The token lists (:data:`TOKEN_FIELDS`; their lengths are
+``running`` and ``waiting`` queues, and the requests the scheduler knows (``requests``),
+sets aside (``deferred_waiting``), will report finished (``finished_req_ids``), and whose
+asynchronous loads were reported (``finished_recving_kv_req_ids``,
+``failed_recving_kv_req_ids``). The token lists (:data:`TOKEN_FIELDS`; their lengths are
 fields too) are recorded when a request leaves the running queue (preempted, finished): each
 step recording them would cost the square of a request's length.
 
@@ -208,9 +210,17 @@ class VllmFieldSide(VllmSide):
             queue: [r.request_id for r in getattr(self.scheduler, queue)]
             for queue in ("running", "waiting", "kv_holding_waiting")
         }
-        # The requests it knows: live ones, and finished ones whose blocks a connector sends.
-        summary["queues"]["requests"] = sorted(self.scheduler.requests)
-        summary["queues"]["finished_req_ids"] = sorted(self.scheduler.finished_req_ids)
+        # The requests it knows: live ones, and finished ones whose blocks a connector sends;
+        # and which are set aside, finished to report, loaded or failed to load.
+        sched = self.scheduler
+        summary["queues"]["requests"] = sorted(sched.requests)
+        summary["queues"]["deferred_waiting"] = sorted(r.request_id for r in sched.deferred_waiting)
+        for name in (
+            "finished_req_ids",
+            "finished_recving_kv_req_ids",
+            "failed_recving_kv_req_ids",
+        ):
+            summary["queues"][name] = sorted(getattr(sched, name))
         summary["grammar_output"] = None
         if out.pending_structured_output_tokens:
             self._awaiting_bitmask = (out, summary)

@@ -369,15 +369,17 @@ core, kept out the same way. Beyond them, the plug-in:
   when accessed (nothing is written per step), and a finished request keeps its final
   state; setting one of them is an `AttributeError` (the core owns it). `block_hashes`
   (the engine's hashes) are brought up to the request's tokens by the engine's hasher when
-  read. The `running`, `waiting` and `kv_holding_waiting` queues, `finished_req_ids` and
-  the loads reported (`finished_recving_kv_req_ids`, `failed_recving_kv_req_ids`) are
-  views of the core's, and so is `kv_cache_manager`, read-only: the pool's size and
-  free blocks, each block's holders (`block_pool.blocks[i].ref_cnt`), each group's
-  request tables (`req_to_blocks`) and `get_block_ids`, read as vLLM's manager reads at
-  every step (`test_the_kv_cache_view_reads_as_vllms_kv_cache_manager`). A finished
-  request whose blocks a connector still sends stays in `requests` until they are freed,
-  as in vLLM. Events, prefill stats
-  and per-request speculative-decoding metrics are filled as vLLM fills them;
+  read. The `running`, `waiting` and `kv_holding_waiting` queues (with `peek_request`),
+  `deferred_waiting`, `finished_req_ids` and the loads reported
+  (`finished_recving_kv_req_ids`, `failed_recving_kv_req_ids`) are views of the core's,
+  and so is `kv_cache_manager`, read-only: the pool's size and free blocks, each block's
+  holders and cache hash (`block_pool.blocks[i]`: `ref_cnt`, `block_hash`, llmsched's
+  own hash), each group's request tables (`req_to_blocks`)
+  and `get_block_ids`, read as vLLM's manager reads at every step
+  (`test_the_kv_cache_view_reads_as_vllms_kv_cache_manager`). A finished request whose
+  blocks a connector still sends stays in `requests` until they are freed, as in vLLM.
+  Events, prefill stats and per-request speculative-decoding metrics are filled as vLLM
+  fills them;
 - **serves the prefill cadence** (`prefill_schedule_interval`) and throttled steps
   (`schedule(throttle_prefills=True)`) with vLLM's rule, in the core's loops;
 - **serves data parallelism**: a dense model's ranks are independent engines, each with

@@ -896,9 +896,16 @@ class Scheduler:
     def waiting_request_ids(self) -> list[str]:
         """Waiting request ids, in the order the waiting loop would consider them: those
         holding KV blocks first (``num_kv_holding_waiting``)."""
-    def block_ref_counts(self) -> _Int32Array:
-        """Each KV block's reference count, by block id (the requests, and the finished
-        requests whose blocks a KV connector holds, that hold it), as a new int32 array."""
+    def skipped_waiting_request_ids(self) -> list[str]:
+        """Ids of the waiting requests a waiting loop set aside and none has admitted since
+        (vLLM's ``deferred_waiting``; ``num_skipped_waiting`` of them), in waiting order."""
+    def block_ref_count(self, block_id: int) -> int:
+        """How many hold KV block ``block_id`` now (requests, and finished requests whose
+        blocks a KV connector holds); ``InvalidRequestError`` if the pool has no such block."""
+    def cached_block_hash(self, block_id: int) -> int | None:
+        """The hash KV block ``block_id`` is in the prefix cache under now (llmsched's 128-bit
+        hash, as in ``Request.block_hashes``), or None if it is not cached;
+        ``InvalidRequestError`` if the pool has no such block."""
     def finished_since_last_step(self) -> list[str]:
         """Ids of the requests finished since the last ``schedule()``, in the order they
         finished: what the next step reports (vLLM's ``finished_req_ids``)."""

@@ -469,6 +469,8 @@ def _kv_view(sched: Any, req_ids: list[str]) -> dict[str, Any]:
         "free": (pool.get_num_free_blocks(), pool.free_block_queue.num_free_blocks),
         "size": pool.num_gpu_blocks,
         "refs": [block.ref_cnt for block in pool.blocks],
+        # Which blocks are in the prefix cache (the hashes themselves are each side's own).
+        "cached": [block.block_hash is not None for block in pool.blocks],
         "tables": {
             rid: [block.block_id for block in blocks]
             for rid, blocks in group.req_to_blocks.items()
@@ -481,9 +483,9 @@ def _kv_view(sched: Any, req_ids: list[str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_the_kv_cache_view_reads_as_vllms_kv_cache_manager(async_scheduling: bool) -> None:
-    """``scheduler.kv_cache_manager`` (free blocks, each block's holders, the requests'
-    tables) and ``finished_req_ids`` read as vLLM's at every point of a run with shared
-    prefixes, an abort and finishes."""
+    """``scheduler.kv_cache_manager`` (free blocks, each block's holders and whether it is
+    cached, the requests' tables) and ``finished_req_ids`` read as vLLM's at every point of
+    a run with shared prefixes, an abort and finishes."""
     prompt = list(range(1, 41))
     requests = [
         ("a", prompt, 5),

@@ -62,10 +62,6 @@ _OUTGROWS_POOL = (
     "refuses such a pool at startup); the plug-in refuses such a request at add_request"
 )
 _HMA = "refused feature: KV connectors beside several KV-cache groups (HMA)"
-_BLOCK_HASH = (
-    "reads the hash of a block in vLLM's pool (kv_cache_manager.block_pool.blocks[i]"
-    ".block_hash): the core keeps its own hashes"
-)
 _RESET_FENCE = (
     "differs: reset_prefix_cache(reset_connector=True) with the offloading connector's "
     "stores in flight (its cache-reset fence; not investigated yet)"
@@ -95,12 +91,14 @@ FILES: tuple[str, ...] = (
 INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
     SCHEDULER_TESTS: (
         # Read the plug-in's view of its KV pool (kv_cache_manager), finished_req_ids and
-        # the loads reported (finished_recving_kv_req_ids, failed_recving_kv_req_ids).
+        # the loads reported (finished_recving_kv_req_ids, failed_recving_kv_req_ids), the
+        # requests set aside (deferred_waiting) and peek_request on the waiting queues.
         "test_async_load_reservation_prevents_wedge_e2e",
         "test_kv_cache_release_after_keep_pause_preserves_requests",
         "test_memory_leak",
         "test_spec_decode_padding_skipped_with_prefill_in_batch",
         "test_kv_connector_basic",
+        "test_schedule_skip_tokenizer_init_structured_output_request",
         "test_throttle_prefills_excludes_fully_transferred_remote_kv",
         "test_throttle_prefills_defers_remote_kv_resume_with_local_prefill",
         "test_get_num_unfinished_requests",
@@ -228,11 +226,18 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
     LOAD_FAILURE_TESTS: (
         "test_failed_receive_completion_honors_failure_policy",
         "test_async_load_failure",
+        "test_async_progressive_load_failure",
         "test_sync_load_failure",
         "test_sync_load_failure_with_shared_blocks",
     ),
-    INVALID_BLOCKS_TESTS: ("test_sync_recompute_blocks_not_freed_for_running_requests",),
-    ERROR_PROPAGATION_TESTS: ("test_error_propagation_sync_load",),
+    INVALID_BLOCKS_TESTS: (
+        "test_sync_recompute_blocks_not_freed_for_running_requests",
+        "test_sync_fail_invalid_blocks_evicted",
+    ),
+    ERROR_PROPAGATION_TESTS: (
+        "test_error_propagation_sync_load",
+        "test_error_propagation_async_load",
+    ),
     CACHE_POLLUTION_TESTS: (),
     CONNECTOR_OVERRIDE_TESTS: (),
     CONNECTOR_LIFECYCLE_TESTS: (),
@@ -404,9 +409,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "did not schedule (the plug-in refuses it); also "
             "scheduler.finished_recving_kv_req_ids, scheduler.kv_cache_manager, "
             "scheduler.kv_holding_waiting, scheduler.running; Request fields: status"
-        ),
-        "test_schedule_skip_tokenizer_init_structured_output_request": (
-            "scheduler internal: scheduler.deferred_waiting"
         ),
         "test_abort_request_when_structured_output_fsm_cannot_advance": (
             _FSM_ABORT_BY_HAND + " num_tokens, status, status (written)"
@@ -691,7 +693,9 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
     },
     REMOTE_PREFILL_TESTS: {
         "test_basic_lifecycle": "scheduler internal: scheduler._kv_fetch_counts",
-        "test_no_spurious_prefix_caching": _BLOCK_HASH,
+        "test_no_spurious_prefix_caching": (
+            "reads a private field of vLLM's KVCacheBlock (block_pool.blocks[i]._block_hash)"
+        ),
         "test_kv_fetch_stages_cleared_on_abort": "scheduler internal: scheduler._kv_fetch_counts",
         "test_p_side_chunked_prefill_mamba": _HMA,
         "test_async_load_reserves_blocks_for_promotion_margin[multiple-groups]": _HMA,
@@ -699,15 +703,12 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_async_load_does_not_double_reserve_mamba_spec_blocks": _HMA,
     },
     LOAD_FAILURE_TESTS: {
-        "test_async_progressive_load_failure": "scheduler internal: scheduler.kv_holding_waiting as a vLLM RequestQueue (peek_request)",  # noqa: E501 (a test's name)
         "test_block_level_load_failure_fails_closed_with_multiple_groups": _HMA,
     },
     INVALID_BLOCKS_TESTS: {
-        "test_sync_fail_invalid_blocks_evicted": _BLOCK_HASH,
-        "test_async_recompute_blocks_not_cached_when_invalid": _BLOCK_HASH,
-    },
-    ERROR_PROPAGATION_TESTS: {
-        "test_error_propagation_async_load": "scheduler internal: scheduler.deferred_waiting",
+        "test_async_recompute_blocks_not_cached_when_invalid": (
+            "patches scheduler internal scheduler.kv_cache_manager.evict_blocks (a spy)"
+        ),
     },
     CACHE_POLLUTION_TESTS: {
         "test_invalid_blocks_evicted_prevents_cache_pollution": "writes vLLM's prefix cache by hand (scheduler.kv_cache_manager.cache_blocks)",  # noqa: E501 (a test's name)

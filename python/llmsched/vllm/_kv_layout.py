@@ -22,14 +22,25 @@ __all__ = ["KVCacheLayout"]
 
 
 class KVBlockView:
-    """One KV block as vLLM's ``KVCacheBlock`` shows it: its id and how many hold it (at
-    the time the view was made)."""
+    """One KV block as vLLM's ``KVCacheBlock`` shows it: its id, how many hold it, and the
+    hash it is in the prefix cache under (llmsched's own 128-bit hash, not vLLM's; None if
+    it is not cached), each read from the core when accessed, as vLLM's block is live."""
 
-    __slots__ = ("block_id", "ref_cnt")
+    __slots__ = ("_core", "block_id")
 
-    def __init__(self, block_id: int, ref_cnt: int) -> None:
+    def __init__(self, core: llmsched.Scheduler, block_id: int) -> None:
+        self._core = core
         self.block_id = block_id
-        self.ref_cnt = ref_cnt
+
+    @property
+    def ref_cnt(self) -> int:
+        """How many hold the block now."""
+        return self._core.block_ref_count(self.block_id)
+
+    @property
+    def block_hash(self) -> int | None:
+        """The hash the block is in the prefix cache under now, or None."""
+        return self._core.cached_block_hash(self.block_id)
 
     @property
     def is_null(self) -> bool:
@@ -78,11 +89,9 @@ class BlockPoolView:
 
     @property
     def blocks(self) -> list[KVBlockView]:
-        """Every block, by id, with its reference count now: a new list on each access."""
-        return [
-            KVBlockView(block_id, ref_cnt)
-            for block_id, ref_cnt in enumerate(self._core.block_ref_counts().tolist())
-        ]
+        """Every block, by id: a new list on each access, of views that read the core."""
+        core = self._core
+        return [KVBlockView(core, block_id) for block_id in range(core.config.num_gpu_blocks)]
 
 
 class KVGroupView:
@@ -105,10 +114,9 @@ class KVGroupView:
         with a non-empty table, and the finished ones a KV connector holds. A new dict on
         each access."""
         core = self._core
-        refs = core.block_ref_counts()
         tables = {req_id: _block_table(core, req_id, self._group) for req_id in _holders(core)}
         return {
-            req_id: [KVBlockView(block, int(refs[block])) for block in table]
+            req_id: [KVBlockView(core, block) for block in table]
             for req_id, table in tables.items()
             if table
         }

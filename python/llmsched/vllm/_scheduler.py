@@ -132,6 +132,18 @@ def _block_rows(core_out: llmsched.SchedulerOutput, num_groups: int) -> dict[int
     return block_rows
 
 
+class WaitingQueueView(list[Request]):
+    """A waiting queue as the plug-in shows it: the requests in the order the next step
+    considers them, with vLLM's ``RequestQueue.peek_request``. A snapshot: changing it
+    changes nothing."""
+
+    def peek_request(self) -> Request:
+        """The request the next step considers first."""
+        if not self:
+            raise IndexError("peek from an empty queue")
+        return self[0]
+
+
 class _RunnerRows:
     """vLLM's runner output as the core reads it: the ids, and one token list per id."""
 
@@ -498,6 +510,13 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     # here they are views of the core's, rebuilt on each access.
 
     @property
+    def deferred_waiting(self) -> set[Request]:
+        """The waiting requests a waiting loop set aside and none has admitted since: a new
+        set on each access."""
+        requests = self.requests
+        return {requests[req_id] for req_id in self.core.skipped_waiting_request_ids()}
+
+    @property
     def finished_recving_kv_req_ids(self) -> set[str]:
         """The requests whose asynchronous KV load the runner reported received, which the
         next step promotes: a new set on each access."""
@@ -524,23 +543,23 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         return [requests[req_id] for req_id in self.core.running_request_ids()]
 
     @property
-    def waiting(self) -> list[Request]:
+    def waiting(self) -> WaitingQueueView:
         """The waiting requests that hold no KV blocks, in the order the next step considers
         them, then the refused ones (waiting for the next output to fail them): a new list
         on each access."""
         requests = self.requests
         waiting_ids = self.core.waiting_request_ids()[self.core.num_kv_holding_waiting :]
-        waiting = [requests[req_id] for req_id in waiting_ids]
+        waiting = WaitingQueueView(requests[req_id] for req_id in waiting_ids)
         waiting.extend(request for request, _ in self._refused.values())
         return waiting
 
     @property
-    def kv_holding_waiting(self) -> list[Request]:
+    def kv_holding_waiting(self) -> WaitingQueueView:
         """The waiting requests that hold KV blocks (a KV connector's load in flight or
         in), considered before the others: a new list on each access."""
         requests = self.requests
         waiting_ids = self.core.waiting_request_ids()[: self.core.num_kv_holding_waiting]
-        return [requests[req_id] for req_id in waiting_ids]
+        return WaitingQueueView(requests[req_id] for req_id in waiting_ids)
 
     # -- one step ----------------------------------------------------------------------
 

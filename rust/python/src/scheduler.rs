@@ -9,7 +9,7 @@ use llmsched_core::{
     ExternalKv, ExternalMatch, Handle, KvEvent, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput,
     Scheduler, SchedulerConfig, SessionInputAdded, Step,
 };
-use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyMemoryError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -710,6 +710,19 @@ fn runner_rows(py: Python<'_>, step_ids: &StepIds, runner_ids: &Bound<'_, PyAny>
         }
     }
     Ok(Some(rows))
+}
+
+/// A block id argument: a non-negative int.
+fn block_id_arg(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<u32> {
+    value.extract::<u32>().map_err(|_| {
+        request_error(
+            py,
+            format!(
+                "block_id: must be a block id (an int >= 0), got {}",
+                value.repr().map_or_else(|_| type_name(value), |r| r.to_string())
+            ),
+        )
+    })
 }
 
 #[pymethods]
@@ -1663,11 +1676,21 @@ impl PyScheduler {
         new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
     }
 
-    /// Each KV block's reference count, by block id (the requests, and the finished
-    /// requests whose blocks a KV connector holds, that hold it), as a new int32 array.
-    fn block_ref_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let counts = self.with_inner(py, |inner| Ok(inner.core.block_ref_counts()))?;
-        Ok(counts.into_iter().map(|count| count as i32).collect::<Vec<i32>>().into_pyarray(py))
+    /// How many hold KV block ``block_id`` now (requests, and finished requests whose
+    /// blocks a KV connector holds); ``InvalidRequestError`` if the pool has no such block.
+    fn block_ref_count(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let block = block_id_arg(py, block_id)?;
+        self.with_inner(py, |inner| Ok(inner.core.block_ref_count(block)))?
+            .ok_or_else(|| request_error(py, format!("block_id={block}: the pool has no such block")))
+    }
+
+    /// The hash KV block ``block_id`` is in the prefix cache under now (llmsched's 128-bit
+    /// hash, as in ``Request.block_hashes``), or None if it is not cached;
+    /// ``InvalidRequestError`` if the pool has no such block.
+    fn cached_block_hash(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<Option<u128>> {
+        let block = block_id_arg(py, block_id)?;
+        self.with_inner(py, |inner| Ok(inner.core.block_ref_count(block).map(|_| inner.core.cached_block_hash(block))))?
+            .ok_or_else(|| request_error(py, format!("block_id={block}: the pool has no such block")))
     }
 
     /// Ids of the requests finished since the last ``schedule()``, in the order they
@@ -1676,6 +1699,13 @@ impl PyScheduler {
         let ids: Vec<Arc<str>> = self.with_inner(py, |inner| {
             Ok(inner.core.finished_since_last_step().iter().map(|(_, id)| id.clone()).collect())
         })?;
+        new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
+    }
+
+    /// Ids of the waiting requests a waiting loop set aside and none has admitted since
+    /// (vLLM's ``deferred_waiting``; ``num_skipped_waiting`` of them), in waiting order.
+    fn skipped_waiting_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let ids = self.with_inner(py, |inner| Ok(inner.core.skipped_waiting_ids()))?;
         new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
     }
 

@@ -893,11 +893,11 @@ impl Scheduler {
         self.kv.pool().free_queue()
     }
 
-    /// Each block's reference count, by block id: the requests (and, with a KV connector,
-    /// the finished requests whose blocks are held) that hold it.
-    pub fn block_ref_counts(&self) -> Vec<u32> {
+    /// How many hold `block` (requests, and finished requests whose blocks are held);
+    /// None if the pool has no such block.
+    pub fn block_ref_count(&self, block: u32) -> Option<u32> {
         let pool = self.kv.pool();
-        (0..pool.num_blocks() as u32).map(|block| pool.ref_cnt(block)).collect()
+        ((block as usize) < pool.num_blocks()).then(|| pool.ref_cnt(block))
     }
 
     /// Blocks registered in the prefix cache.
@@ -957,5 +957,17 @@ impl Scheduler {
         let kv = self.kv_holding_waiting.live_handles(&self.requests);
         let waiting = self.waiting.live_handles(&self.requests);
         kv.into_iter().chain(waiting).map(|h| self.requests[h].id.clone()).collect()
+    }
+
+    /// The waiting requests a waiting loop set aside and none has admitted since (vLLM's
+    /// `deferred_waiting`; `num_skipped_waiting` of them), in waiting order.
+    pub fn skipped_waiting_ids(&self) -> Vec<Arc<str>> {
+        let kv = self.kv_holding_waiting.live_handles(&self.requests);
+        let waiting = self.waiting.live_handles(&self.requests);
+        kv.into_iter()
+            .chain(waiting)
+            .filter(|&h| self.requests[h].skipped_waiting)
+            .map(|h| self.requests[h].id.clone())
+            .collect()
     }
 }
