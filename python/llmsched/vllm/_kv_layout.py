@@ -127,7 +127,7 @@ class KVGroupView:
         by request id (group 0's count: the core registers a request's groups together)."""
         core = self._core
         counts = {}
-        for req_id in core.running_request_ids() + core.waiting_request_ids():
+        for req_id in _live(core):
             request = core.get_request(req_id)
             if request.block_ids:
                 counts[req_id] = request.num_cached_blocks
@@ -176,10 +176,15 @@ class KVCacheLayout:
         )
 
 
+def _live(core: llmsched.Scheduler) -> list[str]:
+    """The live requests: running, then waiting."""
+    return core.running_request_ids() + core.waiting_request_ids()
+
+
 def _holders(core: llmsched.Scheduler) -> list[str]:
     """The requests that may hold blocks: the live ones, then the finished ones whose
     blocks a KV connector holds."""
-    return core.running_request_ids() + core.waiting_request_ids() + core.held_kv_request_ids()
+    return _live(core) + core.held_kv_request_ids()
 
 
 def _block_table(core: llmsched.Scheduler, request_id: str, group: int) -> list[int]:
