@@ -272,6 +272,26 @@ def test_kv_transfer_parameters_are_served_where_a_kv_connector_reads_them() -> 
     assert sched.requests["p"].kv_transfer_params == params
 
 
+@pytest.mark.parametrize("connector_resets", [True, False])
+def test_a_prefix_cache_reset_resets_the_connectors_cache_when_asked(
+    connector_resets: bool,
+) -> None:
+    """``reset_prefix_cache(reset_connector=True)`` resets the connector's cache too and
+    fails if that fails, as vLLM's; without ``reset_connector`` the connector is left."""
+    from unittest.mock import MagicMock
+
+    want = reference(kv_connector=("ParityConnector", "benches.parity.connector"))
+    sched = build(reference(kv_connector=("ParityConnector", "benches.parity.connector")))
+    for s in (want, sched):
+        s.connector = MagicMock(wraps=s.connector)
+        s.connector.reset_cache.return_value = connector_resets
+    assert sched.reset_prefix_cache() is want.reset_prefix_cache() is True
+    assert sched.connector.reset_cache.call_count == want.connector.reset_cache.call_count == 0
+    got = sched.reset_prefix_cache(reset_connector=True)
+    assert got is want.reset_prefix_cache(reset_connector=True) is connector_resets
+    assert sched.connector.reset_cache.call_count == want.connector.reset_cache.call_count == 1
+
+
 def test_the_connector_can_be_replaced_only_by_another_connector() -> None:
     """vLLM's tests put a mock in ``scheduler.connector``: the plug-in calls it from then
     on. An engine built without a connector cannot gain one, nor lose the one it has."""

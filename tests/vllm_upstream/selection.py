@@ -62,10 +62,6 @@ _OUTGROWS_POOL = (
     "refuses such a pool at startup); the plug-in refuses such a request at add_request"
 )
 _HMA = "refused feature: KV connectors beside several KV-cache groups (HMA)"
-_RESET_FENCE = (
-    "differs: reset_prefix_cache(reset_connector=True) with the offloading connector's "
-    "stores in flight (its cache-reset fence; not investigated yet)"
-)
 
 #: The test files run, relative to the extracted sdist. (tests/v1/core/'s other scheduler
 #: files, test_priority_scheduler_random.py and test_priority_preemption_bug.py, build a
@@ -242,6 +238,9 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
     CONNECTOR_OVERRIDE_TESTS: (),
     CONNECTOR_LIFECYCLE_TESTS: (),
     OFFLOADING_SCHEDULER_TESTS: (
+        "test_cache_reset_holds_promotions_until_flushed_jobs_report",
+        "test_cache_reset_fence_ignores_reports_of_other_jobs",
+        "test_cache_reset_fence_held_too_long_warns_on_idle_steps",
         "test_cache_reset_without_in_flight_jobs_holds_nothing",
         "test_has_pending_push_work_does_not_open_the_step_region",
         "test_take_events_drains_the_manager_inside_the_region",
@@ -758,9 +757,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_eagle_partial_lookup_after_recurrent_group_tightens_hit": _NO_SCHEDULER,
         "test_eagle_partial_tail_round_trip_serves_mamba_checkpoint": _NO_SCHEDULER,
         "test_eagle_partial_tail_store_needs_offload_load": _NO_SCHEDULER,
-        "test_cache_reset_holds_promotions_until_flushed_jobs_report": _RESET_FENCE,
-        "test_cache_reset_fence_ignores_reports_of_other_jobs": _RESET_FENCE,
-        "test_cache_reset_fence_held_too_long_warns_on_idle_steps": _RESET_FENCE,
         "test_scheduler_reports_allocation_failure": _OUTGROWS_POOL,
         "test_final_sampled_token_does_not_complete_an_offloaded_block": _OUTGROWS_POOL,
         "test_abort_queued_request_does_not_build_store_job": _OUTGROWS_POOL,

@@ -1305,7 +1305,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self, reset_running_requests: bool = False, reset_connector: bool = False
     ) -> bool:
         """Forget every cached prefix (with ``reset_running_requests``, preempt the running
-        requests first). False while blocks are in use."""
+        requests first); with ``reset_connector``, reset the KV connector's cache too, as
+        vLLM's. False while blocks are in use, or if the connector's reset fails."""
         if reset_running_requests and self.log_stats:
             timestamp = time.monotonic()
             for req_id in self.core.running_request_ids():
@@ -1319,6 +1320,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if reset_running_requests and not done:
             raise RuntimeError("the prefix cache could not be reset after preempting every request")
         self._prefix_cache_reset |= done
+        if reset_connector:
+            done = self.reset_connector_cache() and done
         return done
 
     def reset_encoder_cache(self) -> None:
