@@ -30,6 +30,11 @@ pub fn new_list<'py, T>(py: Python<'py>, items: Vec<Bound<'py, T>>) -> PyResult<
     }
 }
 
+/// A new list of new strs holding `texts`, in order.
+pub fn new_str_list<'py>(py: Python<'py>, texts: &[impl AsRef<str>]) -> PyResult<Bound<'py, PyList>> {
+    new_list(py, texts.iter().map(|text| new_str(py, text.as_ref())).collect::<PyResult<_>>()?)
+}
+
 /// A new int holding `value`.
 pub fn new_int(py: Python<'_>, value: u32) -> PyResult<Bound<'_, PyInt>> {
     // SAFETY: the GIL is held; the call returns a new reference or NULL with an exception set.

@@ -23,7 +23,7 @@ use crate::convert::{
 };
 use crate::errors::{config_error, core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
 use crate::ids::{IdBatch, StepIds};
-use crate::objects::{new_int, new_list, new_str};
+use crate::objects::{new_int, new_list, new_str, new_str_list};
 use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput};
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
@@ -1350,15 +1350,14 @@ impl PyScheduler {
     /// them.
     fn kv_loads_reported<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
         let (received, failed) = self.with_inner(py, |inner| Ok(inner.core.kv_loads_reported()))?;
-        let list = |ids: Vec<Arc<str>>| new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?);
-        Ok((list(received)?, list(failed)?))
+        Ok((new_str_list(py, &received)?, new_str_list(py, &failed)?))
     }
 
     /// With ``kv_connector``: ids of the finished requests that hold their KV blocks,
     /// sorted.
     fn held_kv_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let ids = self.with_inner(py, |inner| Ok(inner.core.held_kv_request_ids()))?;
-        new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
+        new_str_list(py, &ids)
     }
 
     /// Return the held blocks of the finished requests ``request_ids`` to the pool (a
@@ -1659,7 +1658,7 @@ impl PyScheduler {
     /// Running request ids, in running order.
     fn running_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let ids = self.with_inner(py, |inner| Ok(inner.core.running_ids()))?;
-        new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
+        new_str_list(py, &ids)
     }
 
     /// How many of ``waiting_request_ids()`` (the first ones) hold KV blocks, a KV load's
@@ -1673,7 +1672,7 @@ impl PyScheduler {
     /// holding KV blocks first (``num_kv_holding_waiting``).
     fn waiting_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let ids = self.with_inner(py, |inner| Ok(inner.core.waiting_ids()))?;
-        new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
+        new_str_list(py, &ids)
     }
 
     /// How many hold KV block ``block_id`` now (requests, and finished requests whose
@@ -1699,14 +1698,14 @@ impl PyScheduler {
         let ids: Vec<Arc<str>> = self.with_inner(py, |inner| {
             Ok(inner.core.finished_since_last_step().iter().map(|(_, id)| id.clone()).collect())
         })?;
-        new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
+        new_str_list(py, &ids)
     }
 
     /// Ids of the waiting requests a waiting loop set aside and none has admitted since
     /// (vLLM's ``deferred_waiting``; ``num_skipped_waiting`` of them), in waiting order.
     fn skipped_waiting_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let ids = self.with_inner(py, |inner| Ok(inner.core.skipped_waiting_ids()))?;
-        new_list(py, ids.iter().map(|id| new_str(py, id)).collect::<PyResult<_>>()?)
+        new_str_list(py, &ids)
     }
 
     /// The free-block queue, head first (blocks are reused from the head).
