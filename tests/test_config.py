@@ -119,3 +119,31 @@ def test_scheduler_shares_its_config_object() -> None:
     assert Scheduler(cfg).config is cfg
     with pytest.raises(ConfigError, match="config"):
         Scheduler({"max_model_len": 512})  # type: ignore[arg-type]
+
+
+def test_reconfigure_takes_a_new_config_before_the_first_request_only() -> None:
+    """``reconfigure`` (vLLM's engines and tests set a scheduler's budgets and flags after
+    building it): the new config rules every step from then on; once a request was added,
+    or a step scheduled, it is refused and nothing changes."""
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4))
+    sched.set_pause_state(1)
+    one_seq = sched.config.replace(max_num_seqs=1)
+    sched.reconfigure(one_seq)
+    assert sched.config is one_seq
+    assert sched.pause_state == 1  # kept
+    sched.set_pause_state(0)
+    for req_id in ("a", "b"):
+        sched.add_request(req_id, [1, 2, 3], max_tokens=2)
+    assert list(sched.schedule().req_ids) == ["a"]  # max_num_seqs=1 holds
+    with pytest.raises(ConfigError, match="before the scheduler's first request"):
+        sched.reconfigure(SchedulerConfig())
+    assert sched.config is one_seq
+    assert sched.get_request_counts() == (1, 1)
+
+    stepped = Scheduler(SchedulerConfig())
+    stepped.schedule()
+    with pytest.raises(ConfigError, match="before the scheduler's first request"):
+        stepped.reconfigure(SchedulerConfig(max_num_seqs=1))
+    assert stepped.config.max_num_seqs == 128
+    with pytest.raises(ConfigError, match="config: must be a SchedulerConfig"):
+        Scheduler(SchedulerConfig()).reconfigure({"max_num_seqs": 1})  # type: ignore[arg-type]

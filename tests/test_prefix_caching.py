@@ -1099,3 +1099,33 @@ def test_block_ref_count_counts_the_tables_that_hold_each_block() -> None:
     assert [sched.block_ref_count(block) for block in shared] == [1, 1, 1]
     so = sched.schedule()
     assert so.finished_req_ids == ["a"] and sched.finished_since_last_step() == []
+
+
+def test_probe_prefix_cache_finds_what_an_admission_finds_and_changes_nothing() -> None:
+    """``probe_prefix_cache`` (vLLM's ``get_computed_blocks`` for a request not added): the
+    hit of a prompt under the same keys is what the request then gets at admission; another
+    salt or adapter, or skipping the cache, finds nothing; the probe records no stats and
+    no events and touches no block."""
+    sched = apc(block_size=B, enable_kv_cache_events=True, max_loras=2)
+    _add(sched, "a", [*COMMON, 7], max_tokens=1, cache_salt="s", lora_id=1)
+    apply(sched, sched.schedule(), {"a": [5]})
+    sched.take_kv_events()
+    state = (_prefix_stats(sched), sched.num_free_blocks, sched.free_block_queue())
+    prompt = [*COMMON, 8]
+    block_ids, num_tokens, boundary = sched.probe_prefix_cache(prompt, cache_salt="s", lora_id=1)
+    assert (len(block_ids), num_tokens, boundary) == (1, 3 * B, 0)
+    assert sched.probe_prefix_cache(prompt, cache_salt="t", lora_id=1)[1] == 0
+    assert sched.probe_prefix_cache(prompt, cache_salt="s")[1] == 0
+    skipped = sched.probe_prefix_cache(
+        prompt, cache_salt="s", lora_id=1, skip_reading_prefix_cache=True
+    )
+    assert skipped == ([[]], 0, 0)
+    assert (_prefix_stats(sched), sched.num_free_blocks, sched.free_block_queue()) == state
+    assert sched.take_kv_events() == []
+    with pytest.raises(InvalidRequestError, match="lora_id"):
+        sched.probe_prefix_cache(prompt, lora_id="x")
+
+    _add(sched, "b", prompt, cache_salt="s", lora_id=1)
+    so = sched.schedule()
+    assert computed(so)["b"] == num_tokens
+    assert blocks(so, "b")[:3] == block_ids[0]

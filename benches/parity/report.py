@@ -376,7 +376,15 @@ core, kept out the same way. Beyond them, the plug-in:
   holders and cache hash (`block_pool.blocks[i]`: `ref_cnt`, `block_hash`, llmsched's
   own hash), each group's request tables (`req_to_blocks`)
   and `get_block_ids`, read as vLLM's manager reads at every step
-  (`test_the_kv_cache_view_reads_as_vllms_kv_cache_manager`). A finished request whose
+  (`test_the_kv_cache_view_reads_as_vllms_kv_cache_manager`); its `prefix_cache_stats`
+  accumulate live until the step's stats take them, and `get_computed_blocks` probes the
+  cache with a request never added (the core's `probe_prefix_cache`), as vLLM's manager
+  answers (`test_prefix_cache_stats_probes_and_extra_runner_rows_read_as_vllms`). The
+  settings vLLM keeps as scheduler attributes (`defer_block_free`,
+  `max_num_encoder_input_tokens`, `num_prefill_lookahead`) can be set on a built
+  scheduler before its first request (the core's `reconfigure`), and are refused after.
+  A runner output that lists requests the step did not schedule is read by request id, as
+  vLLM reads it (those rows are ignored). A finished request whose
   blocks a connector still sends stays in `requests` until they are freed, as in vLLM.
   Events, prefill stats and per-request speculative-decoding metrics are filled as vLLM
   fills them;

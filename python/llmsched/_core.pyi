@@ -565,7 +565,12 @@ class Scheduler:
     def __new__(cls, config: SchedulerConfig) -> Scheduler: ...
     @property
     def config(self) -> SchedulerConfig:
-        """The configuration the scheduler was built with."""
+        """The scheduler's configuration (the one it was built with, or set by ``reconfigure``)."""
+    def reconfigure(self, config: SchedulerConfig) -> None:
+        """Take ``config`` in place of the one the scheduler was built with, as if built with
+        it. Only before the scheduler's first request and ``schedule()`` call: after,
+        ``ConfigError``, changing nothing (a config holds for every step of a request). The
+        decode stagger and pause state set since building are kept."""
     def add_request(
         self,
         request_id: str,
@@ -906,6 +911,23 @@ class Scheduler:
         """The hash KV block ``block_id`` is in the prefix cache under now (llmsched's 128-bit
         hash, as in ``Request.block_hashes``), or None if it is not cached;
         ``InvalidRequestError`` if the pool has no such block."""
+    def probe_prefix_cache(
+        self,
+        prompt_token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        cache_salt: str | None = None,
+        lora_id: int | None = None,
+        mm_inputs: Iterable[tuple[str, int, int] | tuple[str, int, int, Iterable[bool] | None]]
+        | None = None,
+        skip_reading_prefix_cache: bool = False,
+    ) -> tuple[list[list[int]], int, int]:
+        """The prefix-cache hit a request with this prompt and these keys would find now, were
+        it added (vLLM's ``KVCacheManager.get_computed_blocks`` for a request not added):
+        ``(block_ids, num_tokens, shared_prefix_boundary)``: the hit's blocks, one list per
+        KV-cache group, the tokens they hold (none with ``skip_reading_prefix_cache``), and
+        where the prefix a full-attention group cached past the hit ends (0 if none). The
+        arguments are read as ``add_request`` reads them. Changes nothing: no request is
+        added, and no stats or events are recorded."""
     def finished_since_last_step(self) -> list[str]:
         """Ids of the requests finished since the last ``schedule()``, in the order they
         finished: what the next step reports (vLLM's ``finished_req_ids``)."""

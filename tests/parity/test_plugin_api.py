@@ -540,6 +540,97 @@ def test_the_kv_cache_view_reads_as_vllms_kv_cache_manager(async_scheduling: boo
     assert not sched.has_requests() and not in_flight
 
 
+def _stats_fields(stats: Any) -> tuple[Any, ...]:
+    return (
+        stats.reset,
+        stats.requests,
+        stats.queries,
+        stats.hits,
+        stats.preempted_requests,
+        stats.preempted_queries,
+        stats.preempted_hits,
+    )
+
+
+def test_prefix_cache_stats_probes_and_extra_runner_rows_read_as_vllms() -> None:
+    """With more requests than run at once: the runner's output lists every request, those
+    the step did not schedule too (vLLM reads its rows by request id and ignores those);
+    ``kv_cache_manager.prefix_cache_stats`` accumulates live until the step's stats take it
+    (the one taken keeps its counts), and ``get_computed_blocks`` probes the cache with a
+    request never added, both as vLLM's manager at every point."""
+    prompt = list(range(1, 41))
+    requests = [(f"r{i}", [*prompt[: 16 + 8 * i], 90 + i], 3 + i % 2) for i in range(5)]
+    vllm_sched = reference(max_num_seqs=2)
+    sched = build(reference(max_num_seqs=2))
+    probe = ref.make_vllm_request("probe", [*prompt, 7], max_tokens=1, block_size=BLOCK)
+
+    def view(s: Any, taken: Any) -> tuple[Any, ...]:
+        kv = s.kv_cache_manager
+        return (
+            _stats_fields(kv.prefix_cache_stats),
+            None if taken is None else _stats_fields(taken),
+            kv.get_computed_blocks(probe)[1:],
+        )
+
+    for s in (vllm_sched, sched):
+        for rid, tokens, max_tokens in requests:
+            s.add_request(
+                ref.make_vllm_request(rid, tokens, max_tokens=max_tokens, block_size=BLOCK)
+            )
+    all_ids = [rid for rid, _, _ in requests]
+    # Each side's accumulator of the step before, read again after the next step's lookups.
+    previous: dict[int, Any] = {id(vllm_sched): None, id(sched): None}
+    for step in range(30):
+        if not vllm_sched.has_requests():
+            break
+        views = []
+        for s in (vllm_sched, sched):
+            so = s.schedule()
+            taken = s.kv_cache_manager.prefix_cache_stats
+            earlier = previous[id(s)]
+            previous[id(s)] = taken
+            sampled = {rid: [7] for rid in so.num_scheduled_tokens}
+            runner = ref.vllm_runner_output(so, sampled)
+            listed = [*runner.req_ids, *(r for r in all_ids if r not in sampled)]
+            runner.req_ids = listed
+            runner.req_id_to_index = {rid: i for i, rid in enumerate(listed)}
+            runner.sampled_token_ids = [sampled.get(rid, [3]) for rid in listed]
+            ecos = s.update_from_output(so, runner)
+            outputs = sorted(
+                (o.request_id, o.new_token_ids, o.finish_reason)
+                for eco in ecos.values()
+                for o in eco.outputs
+            )
+            views.append(
+                (
+                    dict(so.num_scheduled_tokens),
+                    outputs,
+                    view(s, taken),
+                    None if earlier is None else _stats_fields(earlier),
+                )
+            )
+        assert views[1] == views[0], step
+    assert not sched.has_requests()
+
+
+def test_settings_vllm_keeps_as_attributes_can_be_set_before_the_first_request_only() -> None:
+    """``defer_block_free``, ``max_num_encoder_input_tokens`` and ``num_prefill_lookahead``
+    (attributes of vLLM's scheduler that its engine and tests set): the core takes them
+    as a new config, checked as any config, before the first request; refused after,
+    changing nothing."""
+    sched = build(reference())
+    assert (sched.defer_block_free, sched.requires_kv_delivery) == (False, False)
+    with pytest.raises(llmsched.ConfigError, match="defer_block_free=True: needs kv_connector"):
+        sched.defer_block_free = True
+    with pytest.raises(llmsched.ConfigError, match="encoder_cache_size=0"):
+        sched.max_num_encoder_input_tokens = 100
+    assert (sched.defer_block_free, sched.max_num_encoder_input_tokens) == (False, 0)
+    sched.add_request(request("a"))
+    with pytest.raises(llmsched.ConfigError, match="before the scheduler's first request"):
+        sched.num_prefill_lookahead = 0
+    assert run_to_end(sched)["a"][-1][1].finish_reason == FinishReason.LENGTH
+
+
 def test_prompt_logprobs_skip_reading_the_prefix_cache_as_in_vllm() -> None:
     """A request asking for prompt logprobs (vLLM's engine sets its
     ``skip_reading_prefix_cache``) is admitted with no prefix hit while its twin without

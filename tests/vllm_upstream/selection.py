@@ -62,6 +62,15 @@ _OUTGROWS_POOL = (
     "refuses such a pool at startup); the plug-in refuses such a request at add_request"
 )
 _HMA = "refused feature: KV connectors beside several KV-cache groups (HMA)"
+_PREFILL_LOOKAHEAD_ALONE = (
+    "sets scheduler.num_prefill_lookahead (a drafter's prefill lookahead) on an engine "
+    "without a drafter, which llmsched's config refuses (ConfigError); also replaces "
+    "scheduler.encoder_cache_manager with vLLM's own"
+)
+_EC_PARAMS = (
+    "refused feature: encoder-cache connectors (ec_transfer_config is set): the "
+    "parametrizations with an ec_consumer; the others run"
+)
 
 #: The test files run, relative to the extracted sdist. (tests/v1/core/'s other scheduler
 #: files, test_priority_scheduler_random.py and test_priority_preemption_bug.py, build a
@@ -185,6 +194,24 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_cpu_encoder_input_updates_wait_for_completed_prefill",
         "test_cpu_encoder_input_updates_resume_and_abort",
         "test_cpu_encoder_input_updates_preserve_shm_handles",
+        # The prefix cache's stats accumulator (kv_cache_manager.prefix_cache_stats, live).
+        "test_prefix_cache_query_not_inflated_by_connector_defer",
+        "test_prefix_cache_stats_not_recorded_when_caching_disabled",
+        # Probes of the prefix cache with a request never added
+        # (kv_cache_manager.get_computed_blocks): blocks cached when a request finishes,
+        # never the tokens of a step in flight.
+        "test_finished_spec_request_caches_completed_blocks",
+        "test_async_output_does_not_cache_inflight_tokens",
+        # A runner output listing requests the step did not schedule (vLLM reads its rows
+        # by request id, and so does the plug-in); the encoder-cache connector's
+        # parametrizations stay out (refused feature).
+        "test_kv_connector_unable_to_allocate[False-None]",
+        "test_kv_connector_handles_preemption[False-None-False-False]",
+        "test_kv_connector_handles_preemption[False-None-False-True]",
+        "test_kv_connector_handles_preemption[False-None-True-False]",
+        "test_kv_connector_handles_preemption[False-None-True-True]",
+        "test_priority_scheduling_preemption_and_resumption_when_out_of_kv[False-None-False]",
+        "test_priority_scheduling_preemption_and_resumption_when_out_of_kv[False-None-True]",
     ),
     ASYNC_SCHEDULER_TESTS: (
         "test_prefix_caching_for_prefill_dedup",
@@ -197,6 +224,11 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         # #53962's boundary: a request arriving with all but its last token computed, one
         # token from max_model_len, is scheduled unpadded (ngram_gpu drafts).
         "test_no_spec_decode_padding_up_to_max_model_len",
+        # requires_kv_delivery and defer_block_free, which the plug-in shows from the core's
+        # config; defer_block_free set on the built scheduler before its first request
+        # (the core takes it as a new config then).
+        "test_requires_kv_delivery_defaults_to_producer_role",
+        "test_kv_pressure_preempt_mid_handoff",
     ),
     WORKER_SLOT_TESTS: (
         "test_streaming_pause_does_not_over_admit_worker_slot",
@@ -293,14 +325,10 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "connector)"
         ),
         "test_scheduler_publishes_lookahead_blocks_at_allocation": (
-            "scheduler internal: scheduler.kv_cache_manager"
-        ),
-        "test_finished_spec_request_caches_completed_blocks": (
-            "scheduler internal: scheduler.kv_cache_manager; Request fields: all_token_ids, "
-            "is_finished, num_output_placeholders"
-        ),
-        "test_async_output_does_not_cache_inflight_tokens": (
-            "scheduler internal: scheduler.kv_cache_manager"
+            "hashes its requests' blocks with a lookahead hasher (get_request_block_hasher(..., "
+            "1)) on a scheduler configured without hash lookahead (no EAGLE drafter): vLLM's "
+            "cache follows the request's hasher, llmsched's core hashes blocks itself, by its "
+            "config's num_hash_lookahead_tokens (0 here)"
         ),
         "test_streaming_lookahead_hashes_follow_recomputed_kv": (
             "hybrid KV cache (Qwen3-Next model, mamba groups); kv_cache_manager and block-hash "
@@ -355,19 +383,12 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler.kv_cache_manager; also scheduler.running; Request "
             "fields: num_preemptions, status"
         ),
-        "test_prefix_cache_query_not_inflated_by_connector_defer": (
-            "scheduler internal: scheduler.kv_cache_manager (patches its prefix_cache_stats); also "
-            "scheduler.kv_cache_manager; Request fields: num_tokens"
-        ),
         "test_preemption_re_records_prefix_cache_query": (
             "scheduler internal: scheduler.kv_cache_manager; also scheduler._preempt_request, "
             "scheduler.running; Request fields: status"
         ),
         "test_preemption_processes_stale_aux_output": (
             "scheduler internal: scheduler._preempt_request; also scheduler.aux_output_connector"
-        ),
-        "test_prefix_cache_stats_not_recorded_when_caching_disabled": (
-            "scheduler internal: scheduler.kv_cache_manager"
         ),
         "test_prefix_cache_stats_counted_once_for_retried_then_scheduled_request": (
             "scheduler internal: scheduler.kv_cache_manager"
@@ -398,25 +419,12 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.connector_prefix_cache_stats, scheduler.finished_recving_kv_req_ids, "
             "scheduler.kv_cache_manager, scheduler.kv_holding_waiting; Request fields: status"
         ),
-        "test_kv_connector_unable_to_allocate": (
-            "a runner output naming a request the step did not schedule (the plug-in refuses it: "
-            "OutputMismatchError); also scheduler.kv_cache_manager, scheduler.running, "
-            "scheduler.waiting"
-        ),
-        "test_kv_connector_handles_preemption": (
-            "asynchronous KV loads (not served yet) or a runner output naming a request the step "
-            "did not schedule (the plug-in refuses it); also "
-            "scheduler.finished_recving_kv_req_ids, scheduler.kv_cache_manager, "
-            "scheduler.kv_holding_waiting, scheduler.running; Request fields: status"
-        ),
+        "test_kv_connector_unable_to_allocate": _EC_PARAMS,
+        "test_kv_connector_handles_preemption": _EC_PARAMS,
         "test_abort_request_when_structured_output_fsm_cannot_advance": (
             _FSM_ABORT_BY_HAND + " num_tokens, status, status (written)"
         ),
-        "test_priority_scheduling_preemption_and_resumption_when_out_of_kv": (
-            "scheduler internal: scheduler.kv_cache_manager.block_pool / refused feature: "
-            "encoder-cache connectors (ec_transfer_config is set); also scheduler.running, "
-            "scheduler.waiting"
-        ),
+        "test_priority_scheduling_preemption_and_resumption_when_out_of_kv": _EC_PARAMS,
         "test_chunked_prefill_disabled_for_encoder_decoder": (
             "encoder-decoder config only (SchedulerConfig); no scheduler"
         ),
@@ -555,14 +563,9 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler.encoder_cache_manager, "
             "scheduler.encoder_cache_mismatch_reqs; Request fields: status"
         ),
-        "test_drafter_lookahead_encoder_cache_cap_makes_progress": (
-            "scheduler internal: scheduler.encoder_cache_manager; also writes "
-            "scheduler.max_num_encoder_input_tokens, scheduler.num_prefill_lookahead; Request "
-            "fields: num_computed_tokens"
-        ),
+        "test_drafter_lookahead_encoder_cache_cap_makes_progress": _PREFILL_LOOKAHEAD_ALONE,
         "test_drafter_lookahead_encoder_cache_cap_respects_token_budget": (
-            "scheduler internal: scheduler.encoder_cache_manager; also writes "
-            "scheduler.max_num_encoder_input_tokens, scheduler.num_prefill_lookahead"
+            _PREFILL_LOOKAHEAD_ALONE
         ),
         "test_free_encoder_inputs_unchanged_without_spec_decode": (
             "scheduler internal: scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; "
@@ -680,14 +683,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "pipeline parallelism emulated through scheduler internals (sets scheduler.pp_size, "
             "scheduler.use_pp; wraps scheduler._preempt_request); also scheduler.running; "
             "Request fields: is_finished, num_computed_tokens, num_output_tokens, output_token_ids"
-        ),
-        "test_requires_kv_delivery_defaults_to_producer_role": (
-            "scheduler internal: scheduler.requires_kv_delivery"
-        ),
-        "test_kv_pressure_preempt_mid_handoff": (
-            "writes scheduler internal scheduler.defer_block_free; also "
-            "scheduler.defer_block_free, scheduler.requires_kv_delivery; Request fields: "
-            "is_finished, num_output_placeholders, num_output_tokens, status"
         ),
     },
     REMOTE_PREFILL_TESTS: {

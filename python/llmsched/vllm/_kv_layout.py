@@ -16,9 +16,26 @@ from __future__ import annotations
 
 from typing import Any
 
-import llmsched
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.metrics.stats import PrefixCacheStats
 
-__all__ = ["KVCacheLayout"]
+import llmsched
+from llmsched.vllm._multimodal import mm_inputs
+
+__all__ = ["KVCacheLayout", "prefix_cache_keys"]
+
+
+def prefix_cache_keys(request: Any) -> dict[str, Any]:
+    """What of a vLLM ``Request`` its prefix-cache lookups depend on past its tokens, as
+    the core's ``add_request`` and ``probe_prefix_cache`` take it: the keys its block hashes
+    cover (cache salt, LoRA adapter, multimodal inputs), and whether it reads the cache."""
+    return {
+        "cache_salt": request.cache_salt,
+        "lora_id": None if request.lora_request is None else request.lora_request.lora_int_id,
+        "mm_inputs": mm_inputs(request),
+        # vLLM's engine sets it for prompt logprobs (every position computed).
+        "skip_reading_prefix_cache": request.skip_reading_prefix_cache,
+    }
 
 
 class KVBlockView:
@@ -134,6 +151,60 @@ class KVGroupView:
         return counts
 
 
+#: vLLM's ``PrefixCacheStats`` fields, each with the core's counter of it (``stats()``).
+_PREFIX_COUNTERS = {
+    "requests": "prefix_cache_requests",
+    "queries": "prefix_cache_queries",
+    "hits": "prefix_cache_hits",
+    "preempted_requests": "prefix_cache_preempted_requests",
+    "preempted_queries": "prefix_cache_preempted_queries",
+    "preempted_hits": "prefix_cache_preempted_hits",
+}
+
+
+def _counter(field: str) -> Any:
+    def read(self: PrefixCacheStatsView) -> int:
+        return self.counts()[field]
+
+    return property(read, doc=f"``{field}`` since this accumulator was started.")
+
+
+class PrefixCacheStatsView:
+    """vLLM's ``PrefixCacheStats`` as its ``KVCacheManager`` accumulates it: the prefix
+    cache's lookups since the accumulator was started, read from the core's counters when
+    accessed, until ``make_prefix_cache_stats`` takes it and starts another (it then keeps
+    what it had, as vLLM's does). ``reset``: the prefix cache was reset meanwhile."""
+
+    __slots__ = ("_core", "_since", "_taken", "reset")
+
+    def __init__(self, core: llmsched.Scheduler, since: dict[str, int]) -> None:
+        self._core = core
+        self._since = since
+        self._taken: dict[str, int] | None = None
+        self.reset = False
+
+    def counts(self) -> dict[str, int]:
+        """Every field's count, by field name."""
+        if self._taken is not None:
+            return self._taken
+        return self._counts_at(self._core.stats())
+
+    def _counts_at(self, counters: dict[str, int]) -> dict[str, int]:
+        return {field: counters[key] - self._since[key] for field, key in _PREFIX_COUNTERS.items()}
+
+    def take(self, counters: dict[str, int]) -> PrefixCacheStats:
+        """Freeze the counts at ``counters`` (the core's now); they as vLLM's object."""
+        self._taken = self._counts_at(counters)
+        return PrefixCacheStats(reset=self.reset, **self._taken)
+
+    requests = _counter("requests")
+    queries = _counter("queries")
+    hits = _counter("hits")
+    preempted_requests = _counter("preempted_requests")
+    preempted_queries = _counter("preempted_queries")
+    preempted_hits = _counter("preempted_hits")
+
+
 class KVCoordinatorLayout:
     """The groups, in ``kv_cache_config.kv_cache_groups`` order."""
 
@@ -146,12 +217,18 @@ class KVCoordinatorLayout:
 class KVCacheLayout:
     """Stands where vLLM's scheduler keeps its ``KVCacheManager``: the groups
     (``coordinator.single_type_managers``), the pool (``block_pool``), the requests' block
-    ids (``get_block_ids``) and ``usage``. Read-only."""
+    ids (``get_block_ids``), ``usage`` and the prefix cache's stats (with ``log_stats``).
+    Read-only, but for the stats' accumulator, which the scheduler's ``make_stats`` takes."""
 
-    __slots__ = ("_core", "block_pool", "coordinator")
+    __slots__ = ("_core", "_prefix_cache_stats", "block_pool", "coordinator")
 
-    def __init__(self, kv_cache_config: Any, core: llmsched.Scheduler) -> None:
+    def __init__(self, kv_cache_config: Any, core: llmsched.Scheduler, log_stats: bool) -> None:
         self._core = core
+        self._prefix_cache_stats = (
+            PrefixCacheStatsView(core, dict.fromkeys(_PREFIX_COUNTERS.values(), 0))
+            if log_stats
+            else None
+        )
         self.block_pool = BlockPoolView(core)
         # A group's block size is its spec's, as in vLLM's own managers without context
         # parallelism.
@@ -166,6 +243,33 @@ class KVCacheLayout:
     def usage(self) -> float:
         """The share of the pool's blocks in use, as vLLM computes it."""
         return self._core.get_kv_cache_usage()
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStatsView | None:
+        """The prefix cache's lookups since the last ``make_prefix_cache_stats()``, live
+        (None without ``log_stats``)."""
+        return self._prefix_cache_stats
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The prefix cache's lookups since the last call, as vLLM's object, and a new
+        accumulator for the next (None without ``log_stats``)."""
+        stats = self._prefix_cache_stats
+        if stats is None:
+            return None
+        counters = self._core.stats()
+        self._prefix_cache_stats = PrefixCacheStatsView(self._core, counters)
+        return stats.take(counters)
+
+    def get_computed_blocks(self, request: Any) -> tuple[KVCacheBlocks, int, int]:
+        """The prefix-cache hit ``request`` (a vLLM ``Request``, added or not) would find
+        now, as vLLM's manager answers: its blocks per group, the tokens they hold, and the
+        ``shared_prefix_boundary``. Looks only: nothing is allocated or recorded."""
+        block_ids, num_tokens, boundary = self._core.probe_prefix_cache(
+            list(request.all_token_ids), **prefix_cache_keys(request)
+        )
+        core = self._core
+        blocks = tuple([KVBlockView(core, block) for block in ids] for ids in block_ids)
+        return KVCacheBlocks(blocks), num_tokens, boundary
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The blocks ``request_id`` holds, one list per KV-cache group (a finished

@@ -30,7 +30,6 @@ from vllm.v1.core.sched.output import (
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.metrics.stats import (
     KV_FETCH_STAGES,
-    PrefixCacheStats,
     RequestSpecDecodeMetrics,
     SchedulerStats,
 )
@@ -50,8 +49,8 @@ from llmsched.vllm._config import (
 )
 from llmsched.vllm._kv_connector import KvConnectorSide, make_connector
 from llmsched.vllm._kv_events import KvEvents, make_publisher, publish_events
-from llmsched.vllm._kv_layout import KVCacheLayout
-from llmsched.vllm._multimodal import EncoderFields, mm_inputs
+from llmsched.vllm._kv_layout import KVCacheLayout, prefix_cache_keys
+from llmsched.vllm._multimodal import EncoderFields
 from llmsched.vllm._requests import attach, freeze, is_live, new_request_data
 from llmsched.vllm._sessions import Sessions
 
@@ -155,6 +154,12 @@ class _RunnerRows:
         self.num_sampled = None
 
 
+def _scheduled_rows(scheduled: dict[str, int], req_ids: list[str], rows: list[Any]) -> _RunnerRows:
+    """The runner's rows of the requests a step scheduled, in the runner's order."""
+    kept = [i for i, req_id in enumerate(req_ids) if req_id in scheduled]
+    return _RunnerRows([req_ids[i] for i in kept], [rows[i] for i in kept])
+
+
 class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stubs
     """vLLM's scheduler slot filled by llmsched (``--scheduler-cls llmsched.vllm.Scheduler``).
 
@@ -196,7 +201,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.core = llmsched.Scheduler(
             llmsched_config(vllm_config, kv_cache_config, block_size, mm_registry, connector)
         )
-        self.kv_cache_manager = KVCacheLayout(kv_cache_config, self.core)
+        self.kv_cache_manager = KVCacheLayout(kv_cache_config, self.core, log_stats)
         # KV cache events (kv_events_config), published as vLLM's scheduler publishes them.
         self.kv_event_publisher = make_publisher(
             read(vllm_config, "kv_events_config"),
@@ -264,8 +269,6 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._always_full: set[str] = set()
         self._next_full: set[str] = set()
         self._num_other_clients = 0
-        self._prefix_stats_seen = {key: 0 for key in _PREFIX_STAT_KEYS}
-        self._prefix_cache_reset = False
         # Requests reset_prefix_cache preempted (their event is recorded there).
         self._preempted_by_reset: set[str] = set()
         # Whether a reset ever preempted running requests (their outputs in flight are
@@ -307,15 +310,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     # worker's: all but the last) waits with the KV holders.
                     num_computed_tokens=request.num_computed_tokens,
                     priority=request.priority,
-                    cache_salt=request.cache_salt,
-                    lora_id=None
-                    if request.lora_request is None
-                    else request.lora_request.lora_int_id,
-                    # vLLM's engine sets it for prompt logprobs (every position computed).
-                    skip_reading_prefix_cache=request.skip_reading_prefix_cache,
+                    **prefix_cache_keys(request),
                     structured_output=request.use_structured_output,
                     report_reused_blocks=getattr(request, "kv_cache_report_mode", None) == "full",
-                    mm_inputs=mm_inputs(request),
                     resumable=request.resumable,
                 )
             except llmsched.InvalidRequestError as exc:
@@ -816,9 +813,15 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             mro = model_runner_output
             runner_ids: list[str] = mro.req_ids
             sampled = mro.sampled_token_ids or [[] for _ in runner_ids]
+            rows = _RunnerRows(runner_ids, sampled)
+            if len(runner_ids) > len(scheduler_output.num_scheduled_tokens):
+                # vLLM reads the runner's rows by request id, so a row of a request the
+                # step did not schedule is ignored, as there (the core still refuses an
+                # output that misses one it did schedule).
+                rows = _scheduled_rows(scheduler_output.num_scheduled_tokens, runner_ids, sampled)
             # vLLM's rows go to the core as they are: it flattens them without a Python
             # object per token. An output the core refuses raises here, changing nothing.
-            core_outputs = self.core.update_from_output(core_step, _RunnerRows(runner_ids, sampled))
+            core_outputs = self.core.update_from_output(core_step, rows)
             del self._core_steps[id(scheduler_output)]
             self._freeze_finished()
             if self._kv_events is not None:
@@ -1189,19 +1192,6 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         cache's lookups since the last call, and the step's speculative decoding."""
         if not self.log_stats:
             return None
-        counters = self.core.stats()
-        delta = {key: counters[key] - self._prefix_stats_seen[key] for key in _PREFIX_STAT_KEYS}
-        self._prefix_stats_seen = {key: counters[key] for key in _PREFIX_STAT_KEYS}
-        prefix_stats = PrefixCacheStats(
-            reset=self._prefix_cache_reset,
-            requests=delta["prefix_cache_requests"],
-            queries=delta["prefix_cache_queries"],
-            hits=delta["prefix_cache_hits"],
-            preempted_requests=delta["prefix_cache_preempted_requests"],
-            preempted_queries=delta["prefix_cache_preempted_queries"],
-            preempted_hits=delta["prefix_cache_preempted_hits"],
-        )
-        self._prefix_cache_reset = False
         num_running, num_waiting = self.get_request_counts()
         num_skipped = self.core.num_skipped_waiting
         return SchedulerStats(
@@ -1214,7 +1204,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 else self._kv_connector.fetch_stage_counts()
             ),
             kv_cache_usage=self.core.get_kv_cache_usage(),
-            prefix_cache_stats=prefix_stats,
+            prefix_cache_stats=self.kv_cache_manager.make_prefix_cache_stats(),
             spec_decoding_stats=spec_decoding_stats,
             connector_prefix_cache_stats=(
                 None if self._kv_connector is None else self._kv_connector.take_prefix_cache_stats()
@@ -1242,11 +1232,47 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         ``max_num_seqs``."""
         return int(self.core.config.max_num_seqs)
 
+    # Settings vLLM's scheduler keeps as attributes, which an engine (or vLLM's tests) may
+    # set after building it: the core takes them as a new config, before its first request
+    # and step only (ConfigError after, nothing changed).
+
+    def _reconfigure(self, **changes: Any) -> None:
+        self.core.reconfigure(self.core.config.replace(**changes))
+
     @property
     def max_num_encoder_input_tokens(self) -> int:
         """A step's encoder compute budget, in embeddings (vLLM's attribute of that name: 0
         for a model without multimodal inputs)."""
         return int(self.core.config.max_num_encoder_input_tokens)
+
+    @max_num_encoder_input_tokens.setter
+    def max_num_encoder_input_tokens(self, value: int) -> None:
+        self._reconfigure(max_num_encoder_input_tokens=value)
+
+    @property
+    def num_prefill_lookahead(self) -> int:
+        """Prompt tokens past a chunk the drafter reads (vLLM's attribute of that name)."""
+        return int(self.core.config.num_prefill_lookahead_tokens)
+
+    @num_prefill_lookahead.setter
+    def num_prefill_lookahead(self, value: int) -> None:
+        self._reconfigure(num_prefill_lookahead_tokens=value)
+
+    @property
+    def defer_block_free(self) -> bool:
+        """Whether freed blocks wait for the steps in flight that may still write them
+        (vLLM's attribute of that name: a KV consumer's, with several steps in flight)."""
+        return bool(self.core.config.defer_block_free)
+
+    @defer_block_free.setter
+    def defer_block_free(self, value: bool) -> None:
+        self._reconfigure(defer_block_free=value)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """Whether the KV connector hands finished requests' KV off, so that a request
+        preempted for KV drops its output in flight (vLLM's attribute of that name)."""
+        return bool(self.core.config.preemption_drops_in_flight_output)
 
     @property
     def max_num_scheduled_tokens(self) -> int:
@@ -1320,7 +1346,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._kv_events.take(self.core.take_kv_events(), self.requests)
         if reset_running_requests and not done:
             raise RuntimeError("the prefix cache could not be reset after preempting every request")
-        self._prefix_cache_reset |= done
+        stats = self.kv_cache_manager.prefix_cache_stats
+        if done and stats is not None:
+            stats.reset = True
         if reset_connector:
             done = self.reset_connector_cache() and done
         return done
@@ -1351,13 +1379,3 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
 class AsyncScheduler(Scheduler):
     """The same scheduler, named for engines with ``async_scheduling`` on
     (``--async-scheduling --scheduler-cls llmsched.vllm.AsyncScheduler``)."""
-
-
-_PREFIX_STAT_KEYS = (
-    "prefix_cache_requests",
-    "prefix_cache_queries",
-    "prefix_cache_hits",
-    "prefix_cache_preempted_requests",
-    "prefix_cache_preempted_queries",
-    "prefix_cache_preempted_hits",
-)

@@ -24,7 +24,7 @@ mod slab;
 
 pub use config::{AttentionKind, ConfigParams, KvCacheGroups, Policy, SchedulerConfig};
 pub use error::{CoreError, CoreResult};
-pub use kv::{BlockHash, KvEvent, PrefixCacheStats};
+pub use kv::{BlockHash, CacheHit, KvEvent, PrefixCacheStats};
 pub use limits::ListLimit;
 pub use mm_inputs::{MmInput, MmInputSpec};
 pub use request::{Grammar, Request, RequestStatus};

@@ -343,7 +343,8 @@ fn restore_columns(py: Python<'_>, step: &mut Step, arrays: &[Py<PyArray1<i32>>]
 /// serialized; the GIL is released while a call works.
 #[pyclass(frozen, module = "llmsched", name = "Scheduler")]
 pub struct PyScheduler {
-    config: Py<PySchedulerConfig>,
+    /// Set at build, and by `reconfigure` before the first request.
+    config: Mutex<Py<PySchedulerConfig>>,
     uid: u64,
     inner: Mutex<Inner>,
     /// `thread_token()` of the thread inside a call, 0 if none. A call builds
@@ -354,6 +355,11 @@ pub struct PyScheduler {
 }
 
 impl PyScheduler {
+    /// The scheduler's config now.
+    fn current_config(&self) -> Arc<SchedulerConfig> {
+        self.config.lock().unwrap_or_else(|e| e.into_inner()).get().inner.clone()
+    }
+
     /// Runs one of the core's `finish_*` calls that fail requests the engine reports
     /// (grammars, encoder mismatches) and returns the ids it finished, retired as finished.
     fn finish_failed<'py>(
@@ -712,6 +718,42 @@ fn runner_rows(py: Python<'_>, step_ids: &StepIds, runner_ids: &Bound<'_, PyAny>
     Ok(Some(rows))
 }
 
+/// A request's ``cache_salt`` argument: a str, or None.
+fn cache_salt_arg(py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
+    match value {
+        Some(v) if !v.is_none() => Ok(Some(
+            v.cast::<PyString>()
+                .map_err(|_| request_error(py, format!("cache_salt: must be a str or None, got {}", type_name(v))))?
+                .to_cow()?
+                .into_owned(),
+        )),
+        _ => Ok(None),
+    }
+}
+
+/// A request's ``lora_id`` argument: an int, or None.
+fn lora_id_arg(py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<i64>> {
+    match value {
+        Some(v) if !v.is_none() => Ok(Some(int_value(py, v, &"lora_id", request_error)?)),
+        _ => Ok(None),
+    }
+}
+
+/// A request's ``mm_inputs`` argument, within the config's limits (none for None).
+fn mm_inputs_arg(
+    py: Python<'_>,
+    config: &SchedulerConfig,
+    value: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<llmsched_core::MmInputSpec>> {
+    match value {
+        Some(v) if !v.is_none() => {
+            let limits = (&config.mm_input_limit("inputs"), &config.mm_input_limit("flags"));
+            mm_input_list(py, v, limits, request_error)
+        }
+        _ => Ok(Vec::new()),
+    }
+}
+
 /// A block id argument: a non-negative int.
 fn block_id_arg(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<u32> {
     value.extract::<u32>().map_err(|_| {
@@ -737,7 +779,7 @@ impl PyScheduler {
         })?;
         let core = Scheduler::new(config.get().inner.clone()).map_err(core_err)?;
         Ok(Self {
-            config: config.unbind(),
+            config: Mutex::new(config.unbind()),
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             inner: Mutex::new(Inner {
                 core,
@@ -752,10 +794,29 @@ impl PyScheduler {
         })
     }
 
-    /// The configuration the scheduler was built with.
+    /// The scheduler's configuration (the one it was built with, or set by ``reconfigure``).
     #[getter]
     fn config(&self, py: Python<'_>) -> Py<PySchedulerConfig> {
-        self.config.clone_ref(py)
+        self.config.lock().unwrap_or_else(|e| e.into_inner()).clone_ref(py)
+    }
+
+    /// Take ``config`` in place of the one the scheduler was built with, as if built with
+    /// it. Only before the scheduler's first request and ``schedule()`` call: after,
+    /// ``ConfigError``, changing nothing (a config holds for every step of a request). The
+    /// decode stagger and pause state set since building are kept.
+    fn reconfigure(&self, py: Python<'_>, config: Bound<'_, PyAny>) -> PyResult<()> {
+        let config = config.cast_into::<PySchedulerConfig>().map_err(|e| {
+            crate::errors::config_error(
+                py,
+                format!("config: must be a SchedulerConfig, got {}", type_name(e.into_inner().as_any())),
+            )
+        })?;
+        let inner_config = config.get().inner.clone();
+        self.with_inner(py, |inner| {
+            py.detach(|| inner.core.reconfigure(inner_config)).map_err(core_err)?;
+            *self.config.lock().unwrap_or_else(|e| e.into_inner()) = config.unbind();
+            Ok(())
+        })
     }
 
     /// Queue a request. Copies the prompt into the scheduler.
@@ -851,7 +912,7 @@ impl PyScheduler {
                 prompt_token_ids,
                 &"prompt_token_ids",
                 request_error,
-                &self.config.get().inner.prompt_limit(),
+                &self.current_config().prompt_limit(),
             )?,
             max_tokens: int_value(py, max_tokens, &"max_tokens", request_error)?,
             min_tokens: optional_int(min_tokens, "min_tokens", 0)?,
@@ -871,21 +932,8 @@ impl PyScheduler {
             },
             num_computed_tokens: optional_int(num_computed_tokens, "num_computed_tokens", 0)?,
             priority: optional_int(priority, "priority", 0)?,
-            cache_salt: match cache_salt {
-                Some(v) if !v.is_none() => Some(
-                    v.cast::<PyString>()
-                        .map_err(|_| {
-                            request_error(py, format!("cache_salt: must be a str or None, got {}", type_name(v)))
-                        })?
-                        .to_cow()?
-                        .into_owned(),
-                ),
-                _ => None,
-            },
-            lora_id: match lora_id {
-                Some(v) if !v.is_none() => Some(int_value(py, v, &"lora_id", request_error)?),
-                _ => None,
-            },
+            cache_salt: cache_salt_arg(py, cache_salt)?,
+            lora_id: lora_id_arg(py, lora_id)?,
             skip_reading_prefix_cache: match skip_reading_prefix_cache {
                 Some(v) => bool_value(py, v, &"skip_reading_prefix_cache", request_error)?,
                 None => false,
@@ -898,14 +946,7 @@ impl PyScheduler {
                 Some(v) => bool_value(py, v, &"report_reused_blocks", request_error)?,
                 None => false,
             },
-            mm_inputs: match mm_inputs {
-                Some(v) if !v.is_none() => {
-                    let cfg = &self.config.get().inner;
-                    let limits = (&cfg.mm_input_limit("inputs"), &cfg.mm_input_limit("flags"));
-                    mm_input_list(py, v, limits, request_error)?
-                }
-                _ => Vec::new(),
-            },
+            mm_inputs: mm_inputs_arg(py, &self.current_config(), mm_inputs)?,
             resumable: match resumable {
                 Some(v) => bool_value(py, v, &"resumable", request_error)?,
                 None => false,
@@ -1147,7 +1188,7 @@ impl PyScheduler {
         draft_token_ids: &Bound<'_, PyAny>,
         num_draft_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let config = self.config.get().inner.clone();
+        let config = self.current_config();
         // Read under the lock: how many requests can be named depends on the live ones.
         self.with_inner(py, |inner| {
             let rows_limit = inner.core.draft_requests_limit();
@@ -1690,6 +1731,47 @@ impl PyScheduler {
         let block = block_id_arg(py, block_id)?;
         self.with_inner(py, |inner| Ok(inner.core.block_ref_count(block).map(|_| inner.core.cached_block_hash(block))))?
             .ok_or_else(|| request_error(py, format!("block_id={block}: the pool has no such block")))
+    }
+
+    /// The prefix-cache hit a request with this prompt and these keys would find now, were
+    /// it added (vLLM's ``KVCacheManager.get_computed_blocks`` for a request not added):
+    /// ``(block_ids, num_tokens, shared_prefix_boundary)``: the hit's blocks, one list per
+    /// KV-cache group, the tokens they hold (none with ``skip_reading_prefix_cache``), and
+    /// where the prefix a full-attention group cached past the hit ends (0 if none). The arguments are read
+    /// as ``add_request`` reads them. Changes nothing: no request is added, and no stats
+    /// or events are recorded.
+    #[pyo3(signature = (prompt_token_ids, *, cache_salt=None, lora_id=None, mm_inputs=None,
+                        skip_reading_prefix_cache=None), text_signature = "(self, prompt_token_ids, *, cache_salt=None, lora_id=None, mm_inputs=None, skip_reading_prefix_cache=False)")]
+    fn probe_prefix_cache<'py>(
+        &self,
+        py: Python<'py>,
+        prompt_token_ids: &Bound<'py, PyAny>,
+        cache_salt: Option<&Bound<'py, PyAny>>,
+        lora_id: Option<&Bound<'py, PyAny>>,
+        mm_inputs: Option<&Bound<'py, PyAny>>,
+        skip_reading_prefix_cache: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyList>, i64, i64)> {
+        let config = self.current_config();
+        let prompt = token_list(py, prompt_token_ids, &"prompt_token_ids", request_error, &config.prompt_limit())?;
+        let mut new = NewRequest::new("probe", prompt, 1);
+        new.cache_salt = cache_salt_arg(py, cache_salt)?;
+        new.lora_id = lora_id_arg(py, lora_id)?;
+        new.mm_inputs = mm_inputs_arg(py, &config, mm_inputs)?;
+        new.skip_reading_prefix_cache = match skip_reading_prefix_cache {
+            Some(v) => bool_value(py, v, &"skip_reading_prefix_cache", request_error)?,
+            None => false,
+        };
+        let num_groups = config.kv_cache_groups().len().max(1);
+        let hit = self.with_inner(py, |inner| inner.core.probe_prefix_cache(new).map_err(core_err))?;
+        let per_group = hit.blocks.len() / num_groups;
+        let groups = PyList::empty(py);
+        for run in hit.blocks.chunks(per_group.max(1)).take(num_groups) {
+            groups.append(PyList::new(py, run)?)?;
+        }
+        while groups.len() < num_groups {
+            groups.append(PyList::empty(py))?;
+        }
+        Ok((groups, hit.tokens, hit.shared_prefix_boundary))
     }
 
     /// Ids of the requests finished since the last ``schedule()``, in the order they

@@ -217,6 +217,30 @@ impl Scheduler {
         &self.config
     }
 
+    /// Takes `config` in place of the one the scheduler was built with, as if built with it
+    /// (an engine, or vLLM's tests, may set a scheduler's budgets and flags after building
+    /// it). Only before it has taken a request or a `schedule()` call: refused after,
+    /// changing nothing, as a config must hold for every step of a request. The decode
+    /// stagger and pause state set since building are kept.
+    pub fn reconfigure(&mut self, config: Arc<SchedulerConfig>) -> CoreResult<()> {
+        let fresh = self.stats.num_steps == 0
+            && self.ids.is_empty()
+            && self.finished_since_last_step.is_empty()
+            && self.held_kv.is_empty();
+        if !fresh {
+            return Err(CoreError::config(
+                "config",
+                "a new config",
+                "can be set only before the scheduler's first request and step",
+            ));
+        }
+        let mut rebuilt = Scheduler::new(config)?;
+        rebuilt.decode_stagger = self.decode_stagger;
+        rebuilt.pause_state = self.pause_state;
+        *self = rebuilt;
+        Ok(())
+    }
+
     pub(crate) fn queue_with_slab(&mut self, kind: QueueKind) -> (&mut RequestQueue, &Slab) {
         match kind {
             QueueKind::Waiting => (&mut self.waiting, &self.requests),
@@ -864,6 +888,20 @@ impl Scheduler {
 
     pub fn prefix_cache_stats(&self) -> &crate::kv::PrefixCacheStats {
         self.kv.prefix_cache_stats()
+    }
+
+    /// The prefix-cache hit a request like `new` would find now, were it added (vLLM's
+    /// `KVCacheManager.get_computed_blocks`): its blocks, one run per group, and the tokens
+    /// they hold; none with `skip_reading_prefix_cache`. `new` is validated as
+    /// `add_request` validates it, and is not added: nothing changes, and no stats or
+    /// events are recorded.
+    pub fn probe_prefix_cache(&mut self, new: NewRequest) -> CoreResult<crate::kv::CacheHit> {
+        let mut request = Request::from_new(new, &self.config)?;
+        if request.skip_reading_prefix_cache {
+            return Ok(crate::kv::CacheHit::default());
+        }
+        self.kv.update_block_hashes(&mut request);
+        Ok(self.kv.get_computed_blocks(&request))
     }
 
     pub fn kv_cache_usage(&self) -> f64 {
