@@ -208,6 +208,36 @@ def test_finished_requests_hold_their_blocks_until_released() -> None:
     sched.check_invariants()
 
 
+def test_over_several_groups_a_finished_request_holds_every_groups_table() -> None:
+    """A sliding window (32 tokens) beside full attention: a load fills both tables, the
+    window's with null blocks where the loaded tokens left it behind; once finished, each
+    group's table is held (``held_kv_blocks(request_id, group)``) until released, and a
+    failed block cannot be traced to a request there (refused, nothing changed)."""
+    sched = _scheduler(kv_cache_groups="sliding_window:32,full")
+    free = sched.num_free_blocks
+    sched.add_request("a", list(range(1, 101)), max_tokens=2)
+    so = sched.schedule(external_kv=_Store({"a": 96}))
+    assert so.num_external_computed_tokens.tolist() == [96]
+    window, full = sched.get_request("a").group_block_ids
+    assert window[:4] == [0, 0, 0, 0] and 0 not in window[4:] and len(window) == 7
+    assert len(full) == 7 and 0 not in full
+    with pytest.raises(InvalidRequestError, match="several KV-cache groups"):
+        sched.fail_kv_loads([], [full[0]])
+    assert sched.get_request("a").num_computed_tokens == 100  # unchanged
+    sched.update_from_output(so, one_token_each(so))
+    so = sched.schedule()
+    sched.update_from_output(so, one_token_each(so))
+    assert sched.take_finished_requests()[0].num_computed_tokens == 101
+    held_window, held_full = (sched.held_kv_blocks("a", g) for g in (0, 1))
+    assert held_window is not None and held_full is not None
+    assert held_window.tolist()[:4] == [0, 0, 0, 0] and len(held_full) == 7
+    assert sched.held_kv_blocks("a", 2) is None
+    assert sched.num_free_blocks == free - 3 - 7
+    sched.release_kv_blocks(["a"])
+    assert sched.num_free_blocks == free
+    sched.check_invariants()
+
+
 def test_an_async_load_waits_for_the_runners_report() -> None:
     sched = _scheduler()
     sched.add_request("a", list(range(1, 101)), max_tokens=4)

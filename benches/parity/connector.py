@@ -33,6 +33,7 @@ from vllm.distributed.kv_events import BlockRemoved
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
+    SupportsHMA,
 )
 
 MODULE = __name__
@@ -49,17 +50,21 @@ def loads_async(prompt: Any) -> bool:
     return stored(prompt) and (int(prompt[-1]) + len(prompt)) % 2 == 0
 
 
-def load_failure(prompt: Any) -> str | None:
+def load_failure(prompt: Any, num_groups: int = 1) -> str | None:
     """How an asynchronous load of ``prompt`` fails: ``"whole"`` (``failed_recving``),
-    ``"block"`` (its middle block in ``invalid_block_ids``), or None (it loads)."""
-    return {0: "whole", 1: "block"}.get((int(prompt[0]) * 7 + len(prompt)) % 5)
+    ``"block"`` (its middle block in ``invalid_block_ids``), or None (it loads). Over
+    several KV-cache groups a block id names one group's block, and a load fails whole
+    (vLLM takes failed loads by request then)."""
+    failure = {0: "whole", 1: "block"}.get((int(prompt[0]) * 7 + len(prompt)) % 5)
+    return "whole" if failure == "block" and num_groups > 1 else failure
 
 
-def sync_load_fails(prompt: Any) -> bool:
+def sync_load_fails(prompt: Any, num_groups: int = 1) -> bool:
     """Whether a synchronous load of ``prompt`` fails from a block on (one in four; a
     request's first load only, under sync scheduling only: with steps overlapping, a
-    synchronous load's failure is not served)."""
-    return (int(prompt[len(prompt) // 2]) + 5 * len(prompt)) % 4 == 0
+    synchronous load's failure is not served; one KV-cache group only, see
+    :func:`load_failure`)."""
+    return num_groups == 1 and (int(prompt[len(prompt) // 2]) + 5 * len(prompt)) % 4 == 0
 
 
 def failed_block(block_ids: list[int]) -> int:
@@ -91,24 +96,28 @@ def sends(prompt: Any) -> bool:
 
 @dataclass
 class ParityConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
-    """The step's loads: ``(request id, blocks, tokens)`` per loading request; and what the
+    """The step's loads: ``(request id, blocks per KV-cache group, tokens)`` per loading
+    request; and what the
     connector read of the requests when the scheduler called it: per
     ``update_state_after_alloc``, ``("alloc", id, num_computed_tokens, status, tokens)``, and
     in ``build_connector_meta``, per scheduled request it was asked about,
     ``("meta", id, num_computed_tokens, num_output_placeholders)``."""
 
-    loads: list[tuple[str, list[int], int]] = field(default_factory=list)
+    loads: list[tuple[str, list[list[int]], int]] = field(default_factory=list)
     seen: list[tuple[Any, ...]] = field(default_factory=list)
 
 
-class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
-    """See the module's doc. The worker side does nothing (no engine runs the model)."""
+class ParityConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
+    """See the module's doc. The worker side does nothing (no engine runs the model). It
+    serves several KV-cache groups (``SupportsHMA``): what it loads and sends is every
+    group's blocks."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self._block_size = vllm_config.cache_config.block_size
+        self._num_groups = 1 if kv_cache_config is None else len(kv_cache_config.kv_cache_groups)
         self._fails_sync_loads = not vllm_config.scheduler_config.async_scheduling
-        self._loading: dict[str, tuple[list[int], int]] = {}
+        self._loading: dict[str, tuple[list[list[int]], int]] = {}
         self._sending: list[str] = []
         self._receiving: list[str] = []
         self._failed: list[str] = []
@@ -148,7 +157,7 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
         load_async = self._answered_async.pop(request.request_id, False)
         if num_external_tokens > 0:
             self._loading[request.request_id] = (
-                list(blocks.get_block_ids()[0]),
+                [list(group) for group in blocks.get_block_ids()],
                 num_external_tokens,
             )
             if load_async:
@@ -157,7 +166,7 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 # A request's first load fails by the rule; its next one loads.
                 failure = None
                 if request.request_id not in self._failed_once:
-                    failure = load_failure(request.prompt_token_ids)
+                    failure = load_failure(request.prompt_token_ids, self._num_groups)
                 if failure is not None:
                     self._failed_once.add(request.request_id)
                 if failure == "whole":
@@ -167,7 +176,7 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
             elif (
                 self._fails_sync_loads
                 and request.request_id not in self._failed_once
-                and sync_load_fails(request.prompt_token_ids)
+                and sync_load_fails(request.prompt_token_ids, self._num_groups)
             ):
                 self._failed_once.add(request.request_id)
                 self._invalid.append(failed_block(list(blocks.get_block_ids()[0])))
@@ -193,11 +202,16 @@ class ParityConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return meta
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, Any]:
         self._asked.pop(request.request_id, None)
         if not sends(request.prompt_token_ids):
             return False, None
         self._sending.append(request.request_id)
-        return True, {"sent_blocks": list(block_ids)}
+        return True, {"sent_blocks": [list(group) for group in block_ids]}
 
     def has_pending_block_frees(self) -> bool:
         """Whether KV it is sending will give blocks back (at the next output): vLLM's running

@@ -886,6 +886,7 @@ class LlmschedSide:
         self._failed: list[str] = []
         self._invalid: list[int] = []
         self._failed_once: set[str] = set()
+        self._num_groups = len(config.kv_cache_groups.split(","))
 
     def add(self, req: ParityRequest) -> None:
         self.prompts[req.request_id] = req.prompt
@@ -976,7 +977,7 @@ class LlmschedSide:
         self._receiving.append(req_id)
         if req_id in self._failed_once:
             return
-        failure = load_failure(self.prompts[req_id])
+        failure = load_failure(self.prompts[req_id], self._num_groups)
         if failure is not None:
             self._failed_once.add(req_id)
         if failure == "whole":
@@ -990,7 +991,9 @@ class LlmschedSide:
         failed from a block on (a request's first load only; under sync scheduling only)."""
         from .connector import failed_block, sync_load_fails  # imports vLLM
 
-        if req_id in self._failed_once or not sync_load_fails(self.prompts[req_id]):
+        if req_id in self._failed_once or not sync_load_fails(
+            self.prompts[req_id], self._num_groups
+        ):
             return
         self._failed_once.add(req_id)
         self._invalid.append(

@@ -924,6 +924,41 @@ def edge_cases() -> list[Case]:
                         else 1,
                     )
                 )
+        # A KV connector over a hybrid model's groups (sliding windows beside full
+        # attention, the connector SupportsHMA): its tokens past the hybrid hit loaded into
+        # every group (null blocks where a window left them behind), synchronously and
+        # across steps, under KV pressure; a finished request's blocks behind a window freed
+        # before the connector is handed its tables; loads that fail, fail whole (a block id
+        # names one group's block, so vLLM takes failed loads by request), recomputed or
+        # failing their requests; with steps in flight, a consumer's frees deferred.
+        hybrid_connectors = [
+            ("sliding_window:64,full", "sync", "kv_producer", "recompute"),
+            ("full,sliding_window:32,sliding_window:32", "async", "kv_producer", "recompute"),
+            ("sliding_window:64,full", "async", "kv_producer", "fail"),
+        ]
+        if a:
+            hybrid_connectors.append(("full,sliding_window:32", "async", "kv_both", "recompute"))
+        for groups, loads, role, policy in hybrid_connectors:
+            out.append(
+                _hybrid_case(
+                    "synthetic-code",
+                    ParityConfig(
+                        f"edge-kvconn-hybrid{'' if loads == 'sync' else '-asyncload'}"
+                        f"{'-both' if role == 'kv_both' else ''}"
+                        f"{'-failpolicy' if policy == 'fail' else ''}-{mode}-K0-apc-fcfs-kv",
+                        async_scheduling=a,
+                        num_speculative_tokens=0,
+                        enable_prefix_caching=True,
+                        policy="fcfs",
+                        num_gpu_blocks=0,
+                        kv_cache_groups=groups,
+                        kv_connector=True,
+                        kv_connector_async_loads=loads == "async",
+                        kv_role=role,
+                        kv_load_failure_policy=policy,
+                    ),
+                )
+            )
         # Streaming-input sessions among plain requests: inputs queued behind a running one
         # and inputs to sessions waiting for them (holding runner slots: few of them), under
         # KV pressure (sessions preempted, stopping while preempted), priority and drafts,

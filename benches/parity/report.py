@@ -206,7 +206,7 @@ core, kept out the same way. Beyond them, the plug-in:
   multimodal encoder-only instances (disaggregated encoding), custom encoder cache
   managers, prompt embeddings, encoder-decoder models, diffusion
   LLMs, sampling masks, routed-experts outputs,
-  KV connectors beside several KV-cache groups, encoder-cache connectors,
+  KV connectors beside Mamba layers, encoder-cache connectors,
   KV cache residency and MFU metrics, decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
@@ -268,7 +268,18 @@ core, kept out the same way. Beyond them, the plug-in:
   synchronous loads fails from a block on too, reported with the output of the step that
   loaded (its running request goes back to its first failed block, a block two requests
   share recomputed by the first, and the step's output for it is dropped, or, under the
-  fail policy, it fails), handled before that output as in vLLM;
+  fail policy, it fails), handled before that output as in vLLM. Over a hybrid model's
+  KV-cache groups the connector (`SupportsHMA`) is handed every group's blocks: its tokens
+  fill each group's table past the hybrid hit (null blocks where a window left them
+  behind), a finished request's blocks behind a window go back before it is handed the
+  tables (`request_finished_all_groups`), a consumer's deferred frees return each
+  request's blocks in one run, last group first, as vLLM's, and block-level load failures
+  (`invalid_block_ids`) are refused, as vLLM refuses them there (loads fail by request);
+  the `edge-kvconn-hybrid` cases (a sliding window beside full attention, two windows
+  after it, synchronous and asynchronous loads, the fail policy, `kv_both` with steps in
+  flight) compare every field. As in vLLM, a request whose load brought every token
+  computes the last one again, and where the loaded tokens moved a chunked local group's
+  chunk (or a one-token window) past it, that position's block is already the null block;
   `tests/vllm_engine/test_kv_transfer.py` has one engine
   store prompts through vLLM's `ExampleConnector` and others load them, token-identical
   to an engine without a connector. A synchronous load's failure reported while a later

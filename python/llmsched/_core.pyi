@@ -740,11 +740,11 @@ class Scheduler:
     def encoder_cache_state(self) -> tuple[int, int, int]:
         """The encoder cache: ``(free, freeable, cached)``: its free embedding slots, those
         plus the slots of outputs no request references, and the outputs it holds."""
-    def held_kv_blocks(self, request_id: str) -> _Int32Array | None:
-        """With ``kv_connector``: the blocks holding the computed tokens of the finished
-        request ``request_id``, whose blocks stay out of the pool until
-        ``release_kv_blocks`` (what a connector's ``request_finished`` is given), as a new
-        int32 array; None if it holds none."""
+    def held_kv_blocks(self, request_id: str, group: int = 0) -> _Int32Array | None:
+        """With ``kv_connector``: the blocks of KV-cache group ``group`` holding the computed
+        tokens of the finished request ``request_id``, whose blocks stay out of the pool until
+        ``release_kv_blocks`` (what a connector's ``request_finished`` is given, a list per
+        group), as a new int32 array; None if it holds none, or there is no such group."""
     @property
     def num_held_kv_requests(self) -> int:
         """With ``kv_connector``: how many finished requests hold their KV blocks (until
@@ -789,7 +789,9 @@ class Scheduler:
         instead: finish them with ``FINISHED_ERROR`` once the step's output is applied
         (vLLM's policy ``"fail"``). Ids that name no request waiting for a load are ignored.
         ``InvalidRequestError``, changing nothing, if a synchronous load failed while a
-        later step is in flight too (not served)."""
+        later step is in flight too (not served), or for any ``invalid_block_ids`` with
+        several KV-cache groups (a block id cannot be traced to requests there: loads fail
+        by request, as in vLLM)."""
     def kv_load_in_flight(self, request_id: str) -> bool:
         """Whether request ``request_id`` waits for an asynchronous KV load the runner has
         not reported (``finish_kv_transfers``): live in ``WAITING_FOR_REMOTE_KVS``, or

@@ -110,9 +110,9 @@ def _example_connector_config(role: str = "kv_both") -> Any:
 
 
 ENGINE_REFUSALS = {
-    "KV connectors beside several KV-cache groups": lambda s: (
+    "KV connectors beside Mamba layers": lambda s: (
         _set(s.vllm_config, "kv_transfer_config", _example_connector_config()),
-        s.kv_cache_config.kv_cache_groups.append(_group(_sliding_spec())),
+        s.kv_cache_config.kv_cache_groups.append(_group(_mamba_spec())),
     ),
     "KV-cache groups other than full, sliding-window, chunked local attention and Mamba": (
         lambda s: s.kv_cache_config.kv_cache_groups.append(_group(_cross_attention_spec()))
@@ -312,6 +312,35 @@ def test_the_connector_can_be_replaced_only_by_another_connector() -> None:
     sched.schedule()
     assert sched.connector is mock
     assert mock.get_num_new_matched_tokens.call_count == 1
+
+
+def test_a_connector_over_several_kv_cache_groups_serves_them_all_or_is_refused() -> None:
+    """Over a sliding window and full attention: a connector that serves one group only
+    (not ``SupportsHMA``, as vLLM's ``ExampleConnector``) is refused at start (vLLM's engine
+    turns its hybrid cache off for it); one that serves them all is handed every group's
+    blocks. A failed block (``invalid_block_ids``) cannot be traced to requests there, and
+    is refused as vLLM refuses it, changing nothing."""
+    from vllm.v1.outputs import KVConnectorOutput
+
+    groups = "sliding_window:32,full"
+    example = reference(kv_cache_groups=groups)
+    _set(example.vllm_config, "kv_transfer_config", _example_connector_config())
+    with pytest.raises(plugin.UnsupportedFeatureError, match="ExampleConnector serves one"):
+        build(example)
+    connector = ("ParityConnector", "benches.parity.connector")
+    sched = build(reference(kv_cache_groups=groups, kv_connector=connector))
+    sched.add_request(request("a", prompt_len=40, max_tokens=2))
+    so = sched.schedule()
+    tables = sched.kv_cache_manager.get_block_ids("a")
+    assert [len(t) for t in tables] == [40 // BLOCK] * 2
+    runner = ref.vllm_runner_output(so, {"a": [7]})
+    runner.kv_connector_output = KVConnectorOutput(invalid_block_ids={tables[1][0]})
+    with pytest.raises(plugin.UnsupportedConnectorUseError, match="several KV-cache groups"):
+        sched.update_from_output(so, runner)
+    runner.kv_connector_output = None
+    sched.update_from_output(so, runner)
+    assert sched.requests["a"].num_output_tokens == 1
+    assert run_to_end(sched)["a"][-1][1].finish_reason == FinishReason.LENGTH
 
 
 @pytest.mark.parametrize("policy", ["recompute", "fail"])

@@ -10,7 +10,7 @@ passes: ``run.py`` fails if one of them fails, or builds no llmsched scheduler.
 ``EXCLUDED`` maps every other test to the reason: the vLLM scheduler internal it reads or
 patches (``scheduler.deferred_waiting``, ``scheduler._kv_fetch_counts``, ...), a
 ``Request`` field it writes to build a state by hand, the feature llmsched.vllm does not
-serve (KV connectors beside several KV-cache groups, encoder-cache connectors, multimodal
+serve (KV connectors beside Mamba layers, encoder-cache connectors, multimodal
 encoder-only instances, context parallelism, KV-cache groups the plug-in does not build),
 the deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the
 plug-in. The connector tests' leak check
@@ -61,7 +61,11 @@ _OUTGROWS_POOL = (
     "the test's pool of a few hundred tokens, smaller than max_model_len (vLLM's engine "
     "refuses such a pool at startup); the plug-in refuses such a request at add_request"
 )
-_HMA = "refused feature: KV connectors beside several KV-cache groups (HMA)"
+_MAMBA_CONNECTOR = "refused feature: KV connectors beside Mamba layers"
+_HASH_BLOCK_SIZE = (
+    "refused feature: a hash block size other than the block size (KV-cache groups of "
+    "different block sizes)"
+)
 _PREFILL_LOOKAHEAD_ALONE = (
     "sets scheduler.num_prefill_lookahead (a drafter's prefill lookahead) on an engine "
     "without a drafter, which llmsched's config refuses (ConfigError); also replaces "
@@ -243,6 +247,9 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_async_load_reserves_blocks_for_inflight",
         "test_async_loads_both_admitted_when_pool_fits",
         "test_async_load_reserves_blocks_for_promotion_margin[single-group]",
+        # A KV connector over several KV-cache groups (a sliding window beside full
+        # attention).
+        "test_async_load_reserves_blocks_for_promotion_margin[multiple-groups]",
         "test_deferred_lookup_does_not_block_parked_load",
     ),
     REMOTE_DECODE_TESTS: (
@@ -286,6 +293,8 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "TestEagle::test_sw_lookup_inflates_query_max",
         "TestEagle::test_sw_lookup_requires_extra_window_block",
         "TestEagle::test_sw_lookup_w_plus_one_hits_returns_w_blocks",
+        "TestEagle::test_eagle_verified_prevents_double_pop",
+        "TestEagle::test_non_eagle_tighten_clears_eagle_verified",
     ),
 }
 
@@ -608,16 +617,16 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "EC connector + multimodal helper; no scheduler"
         ),
         "test_hybrid_per_group_hit_divergence_with_connector": (
-            "refused feature: KV connectors beside several KV-cache groups; also "
+            "refused feature: KV connectors beside Mamba layers; also "
             "scheduler.kv_cache_manager; Request fields: num_computed_tokens (written), num_tokens"
         ),
         "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs": (
-            "refused feature: KV connectors beside several KV-cache groups; also "
+            "refused feature: KV connectors beside Mamba layers; also "
             "scheduler.aux_output_connector, scheduler.kv_cache_manager; Request fields: "
             "num_computed_tokens (written)"
         ),
         "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy": (
-            "refused feature: KV connectors beside several KV-cache groups; also "
+            "refused feature: KV connectors beside Mamba layers; also "
             "scheduler.kv_cache_manager; Request fields: num_computed_tokens (written), num_tokens"
         ),
         "test_encoder_instance_defers_stop_until_prompt_is_consumed": (
@@ -691,13 +700,17 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "reads a private field of vLLM's KVCacheBlock (block_pool.blocks[i]._block_hash)"
         ),
         "test_kv_fetch_stages_cleared_on_abort": "scheduler internal: scheduler._kv_fetch_counts",
-        "test_p_side_chunked_prefill_mamba": _HMA,
-        "test_async_load_reserves_blocks_for_promotion_margin[multiple-groups]": _HMA,
-        "test_async_load_reserves_blocks_for_promotion_margin[different-block-sizes]": _HMA,
-        "test_async_load_does_not_double_reserve_mamba_spec_blocks": _HMA,
+        "test_p_side_chunked_prefill_mamba": _MAMBA_CONNECTOR,
+        "test_async_load_reserves_blocks_for_promotion_margin[different-block-sizes]": (
+            _HASH_BLOCK_SIZE
+        ),
+        "test_async_load_does_not_double_reserve_mamba_spec_blocks": _MAMBA_CONNECTOR,
     },
     LOAD_FAILURE_TESTS: {
-        "test_block_level_load_failure_fails_closed_with_multiple_groups": _HMA,
+        "test_block_level_load_failure_fails_closed_with_multiple_groups": (
+            "calls scheduler internal scheduler._handle_invalid_blocks (the plug-in, as "
+            "vLLM, refuses a block-level load failure over several groups)"
+        ),
     },
     INVALID_BLOCKS_TESTS: {
         "test_async_recompute_blocks_not_cached_when_invalid": (
@@ -739,7 +752,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_invalid_max_load_tokens_is_ignored": _NO_SCHEDULER,
         "test_recurrent_group_unhashed_block_does_not_truncate_load_boundary": _NO_SCHEDULER,
         "test_external_cache_hit_sources_preserve_partial_tail_origin": _NO_SCHEDULER,
-        "test_external_cache_hit_sources_reconcile_different_group_chunk_sizes": _HMA,
+        "test_external_cache_hit_sources_reconcile_different_group_chunk_sizes": _HASH_BLOCK_SIZE,
         "test_external_cache_hit_sources_range_boundaries": _NO_SCHEDULER,
         "test_external_cache_hit_sources_recurrent_only_state": _NO_SCHEDULER,
         "test_external_cache_hit_sources_use_loaded_attention_ranges": _NO_SCHEDULER,
@@ -771,9 +784,9 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_on_request_finished_fires_after_final_block_store": _OUTGROWS_POOL,
         "test_concurrent_lookups_of_the_same_prefix": _OUTGROWS_POOL,
         "test_abort_loading_requests": _OUTGROWS_POOL,
-        "test_two_groups_full_and_sliding_window": _HMA,
-        "test_sliding_window_chunk_with_null_block_is_not_stored": _HMA,
-        "test_two_groups_different_block_sizes": _HMA,
+        "test_two_groups_full_and_sliding_window": _OUTGROWS_POOL,
+        "test_sliding_window_chunk_with_null_block_is_not_stored": _OUTGROWS_POOL,
+        "test_two_groups_different_block_sizes": _HASH_BLOCK_SIZE,
         "test_scan_behavior_declared_for_every_lookup_result": _NO_SCHEDULER,
         "test_sliding_window_unaligned_initial_run": _NO_SCHEDULER,
         "TestMaximalPrefixLookup::test_all_hit": _NO_SCHEDULER,
@@ -804,7 +817,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "TestSlidingWindowLookup::test_retry_with_full_window_still_defers": _NO_SCHEDULER,
         "TestSlidingWindowLookup::test_hit_pending_counts_as_hit": _NO_SCHEDULER,
         "TestSlidingWindowLookup::test_hit_pending_does_not_break_streak": _NO_SCHEDULER,
-        "test_swa_load_does_not_wait_for_unusable_pending_suffix": _HMA,
+        "test_swa_load_does_not_wait_for_unusable_pending_suffix": _OUTGROWS_POOL,
         "test_sliding_window_demand_is_store_reachable": _NO_SCHEDULER,
         "test_request_level_policy_stores_all_blocks": _OUTGROWS_POOL,
         "test_fence_at_update_state_after_alloc": _OUTGROWS_POOL,
@@ -818,16 +831,14 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_pending_transfer_defers_prefix_lookup": _NO_SCHEDULER,
         "test_prefix_cache_reset_preserves_same_step_offload_reload": _OUTGROWS_POOL,
         "test_async_preempt_readmit_before_transfer_output_is_deferred": _OUTGROWS_POOL,
-        "test_swa_alignment_skip": _HMA,
-        "test_request_level_supply_covers_consumer_demand[True-cold]": _HMA,
-        "test_request_level_supply_covers_consumer_demand[True-gpu_warm]": _HMA,
-        "test_request_level_supply_covers_consumer_demand[True-primary_warm]": _HMA,
+        "test_swa_alignment_skip": _HASH_BLOCK_SIZE,
+        "test_request_level_supply_covers_consumer_demand[True-cold]": _HASH_BLOCK_SIZE,
+        "test_request_level_supply_covers_consumer_demand[True-gpu_warm]": _HASH_BLOCK_SIZE,
+        "test_request_level_supply_covers_consumer_demand[True-primary_warm]": _HASH_BLOCK_SIZE,
         "test_stale_sliding_window_block_after_prepare_store_failure": _OUTGROWS_POOL,
         "test_skip_reading_prefix_cache": _OUTGROWS_POOL,
         "test_max_load_tokens_limits_external_load": _OUTGROWS_POOL,
-        "TestEagle::test_eagle_verified_prevents_double_pop": _HMA,
-        "TestEagle::test_non_eagle_tighten_clears_eagle_verified": _HMA,
-        "TestEagle::test_full_attn_store_excludes_trailing_decode_block": _HMA,
+        "TestEagle::test_full_attn_store_excludes_trailing_decode_block": _OUTGROWS_POOL,
         "TestEagle::test_sw_store_excludes_trailing_decode_block": _OUTGROWS_POOL,
         "TestEagle::test_single_block_stored_at_end_of_prefill": _OUTGROWS_POOL,
         "TestEagle::test_multichunk_store_no_interior_holes": (
@@ -835,18 +846,21 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "every running request), which the plug-in refuses (OutputMismatchError); vLLM's "
             "GPU runner never returns one"
         ),
-        "TestEagle::test_chunked_prefill_uses_final_swa_store_horizon": _HMA,
-        "TestEagle::test_active_decode_does_not_advance_swa_final_horizon": _HMA,
+        "TestEagle::test_chunked_prefill_uses_final_swa_store_horizon": _HASH_BLOCK_SIZE,
+        "TestEagle::test_active_decode_does_not_advance_swa_final_horizon": _HASH_BLOCK_SIZE,
         "TestEagle::test_dcp_abort_reconsiders_final_swa_tail": _NO_SCHEDULER,
-        "TestEagle::test_full_attn_store_then_load": _HMA,
+        "TestEagle::test_full_attn_store_then_load": _OUTGROWS_POOL,
         "test_request_finished_with_pending_stores_populates_fence": _OUTGROWS_POOL,
         "test_multiple_in_flight_stores_all_flushed_by_fence": _OUTGROWS_POOL,
-        "test_request_finished_mixed_full_attn_and_sliding_window": _HMA,
+        "test_request_finished_mixed_full_attn_and_sliding_window": _OUTGROWS_POOL,
         "test_chunked_local_attention_reports_its_chunk_window": _NO_SCHEDULER,
         "test_reachable_block_mask_chunk_to_block_index_conversion": _NO_SCHEDULER,
-        "test_retention_interval_sparsifies_swa_stores": _HMA,
-        "test_retention_interval_zero_stores_only_replay_boundary": _HMA,
-        "TestSharedGroupMTPOffload::test_no_annotation_marks_no_groups": _HMA,
+        "test_retention_interval_sparsifies_swa_stores": _HASH_BLOCK_SIZE,
+        "test_retention_interval_zero_stores_only_replay_boundary": _HASH_BLOCK_SIZE,
+        "TestSharedGroupMTPOffload::test_no_annotation_marks_no_groups": (
+            "refused feature: EAGLE's block drop over several KV-cache groups "
+            "(eagle_block_drop beside a sliding window)"
+        ),
         "TestMambaHybridOffloadServing::test_shared_group_mtp_serves_like_non_speculative": _NO_SCHEDULER,  # noqa: E501 (a test's name)
         "TestMambaHybridOffloadServing::test_annotated_eagle_group_does_not_starve_coarse_sibling": _NO_SCHEDULER,  # noqa: E501 (a test's name)
     },

@@ -163,10 +163,11 @@ def check_engine_config(
             ),
         ),
         (
-            "KV connectors beside several KV-cache groups",
+            "KV connectors beside Mamba layers",
             lambda: (
-                get("kv_transfer_config") is not None and len(kv_cache_config.kv_cache_groups) > 1,
-                f"kv_transfer_config with {len(kv_cache_config.kv_cache_groups)} KV-cache groups",
+                get("kv_transfer_config") is not None
+                and bool(read(kv_cache_config, "has_mamba_layers")),
+                "kv_transfer_config with Mamba KV-cache groups",
             ),
         ),
         (

@@ -14,10 +14,14 @@ released once sent), stats (the requests by KV-fetch stage among them) and event
 Served: synchronous and asynchronous loads; with several steps in flight, a consumer's
 freed blocks wait for the steps that may still write them (the core's ``defer_block_free``);
 a load's failure, asynchronous or synchronous, recomputed or failing its request (vLLM's
-``kv_load_failure_policy``). Refused, with a clear error, where it would first be needed: a
-failed block of a synchronous load while a later step is in flight too (the runner reports
-a step's failed loads with its output, before the next step is scheduled, unless steps
-overlap).
+``kv_load_failure_policy``); several KV-cache groups (sliding window or chunked local
+attention beside full attention) with a connector that serves them all (vLLM's
+``SupportsHMA``: it is handed a block list per group), where loads fail by request only.
+Refused, with a clear error, where it would first be needed: a failed block of a
+synchronous load while a later step is in flight too (the runner reports a step's failed
+loads with its output, before the next step is scheduled, unless steps overlap), and a
+failed block over several groups (a block id cannot be traced to requests there; vLLM
+refuses it too); at start, a connector serving one group beside several, and Mamba layers.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, SupportsHMA
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.sched.output import KVConnectorBlockState, SchedulerOutput
@@ -39,6 +43,7 @@ from vllm.v1.metrics.stats import (
 from vllm.v1.request import Request, RequestStatus
 
 import llmsched
+from llmsched.vllm._config import UnsupportedFeatureError
 from llmsched.vllm._requests import as_during_step, pinned
 
 __all__ = ["KvConnectorSide", "UnsupportedConnectorUseError", "make_connector"]
@@ -57,9 +62,17 @@ def make_connector(vllm_config: Any, kv_cache_config: Any) -> Any:
     without ``kv_transfer_config``)."""
     if vllm_config.kv_transfer_config is None:
         return None
-    return KVConnectorFactory.create_connector(
+    connector = KVConnectorFactory.create_connector(
         config=vllm_config, role=KVConnectorRole.SCHEDULER, kv_cache_config=kv_cache_config
     )
+    num_groups = len(kv_cache_config.kv_cache_groups)
+    if num_groups > 1 and not isinstance(connector, SupportsHMA):
+        # vLLM's engine turns its hybrid KV cache off for such a connector (one group).
+        raise UnsupportedFeatureError(
+            f"llmsched.vllm: the KV connector {type(connector).__name__} serves one KV-cache "
+            f"group (it is not SupportsHMA), and this engine has {num_groups}"
+        )
+    return connector
 
 
 class KvConnectorSide:
@@ -74,6 +87,7 @@ class KvConnectorSide:
     ) -> None:
         self.connector = connector
         self._core = core
+        self._num_groups = len(core.config.kv_cache_groups.split(","))
         self._requests = requests
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         # With log_stats: the requests in a KV-fetch stage (vLLM's KV_FETCH_STAGES), by id.
@@ -131,7 +145,7 @@ class KvConnectorSide:
             output.has_sync_kv_loads = any(n > 0 for n in external)
         output.kv_connector_block_state = KVConnectorBlockState(
             req_ids=set(output.num_scheduled_tokens),
-            resolve_block_ids=lambda req_id: (self._block_ids(req_id),),
+            resolve_block_ids=self._block_ids,
             boundary_state_offloads={},
         )
         # The step's requests before it advances them (vLLM builds the metadata first).
@@ -181,7 +195,9 @@ class KvConnectorSide:
         """``update_state_after_alloc`` for a request given blocks in the waiting loop, and
         its lookup in the connector's prefix-cache stats (none without a lookup: -1)."""
         request = self._requests[req_id]
-        blocks = KVCacheBlocks((tuple(KVCacheBlock(b) for b in self._block_ids(req_id)),))
+        blocks = KVCacheBlocks(
+            tuple(tuple(KVCacheBlock(b) for b in table) for table in self._block_ids(req_id))
+        )
         self.connector.update_state_after_alloc(request, blocks, max(num_external, 0))
         if self.prefix_cache_stats is None or num_external < 0:
             return
@@ -199,8 +215,9 @@ class KvConnectorSide:
                 ),
             )
 
-    def _block_ids(self, req_id: str) -> list[int]:
-        return [int(b) for b in self._core.get_request(req_id).block_ids]
+    def _block_ids(self, req_id: str) -> tuple[list[int], ...]:
+        """A live request's block tables, one per KV-cache group."""
+        return tuple(self._core.get_request(req_id).group_block_ids)
 
     def finished(self, request: Request) -> dict[str, Any] | None:
         """vLLM's ``request_finished`` for a request the core just finished: its blocks go
@@ -209,10 +226,15 @@ class KvConnectorSide:
         ``kv_transfer_params`` for its output."""
         req_id = request.request_id
         self._set_fetch_stage(req_id, None)
-        held = self._core.held_kv_blocks(req_id)
-        block_ids = [] if held is None else held.tolist()
-        delay, params = self.connector.request_finished(request, block_ids)
-        if not delay and held is not None and not self._core.kv_load_in_flight(req_id):
+        tables = [self._core.held_kv_blocks(req_id, g) for g in range(self._num_groups)]
+        held = tables[0] is not None
+        block_ids = tuple([] if table is None else table.tolist() for table in tables)
+        if isinstance(self.connector, SupportsHMA):
+            delay, params = self.connector.request_finished_all_groups(request, block_ids)
+        else:
+            # (Refused at start beside several groups, as vLLM turns its hybrid cache off.)
+            delay, params = self.connector.request_finished(request, block_ids[0])
+        if not delay and held and not self._core.kv_load_in_flight(req_id):
             self._core.release_kv_blocks([req_id])
         return None if params is None else dict(params)
 

@@ -292,11 +292,12 @@ def _holders(core: llmsched.Scheduler) -> list[str]:
 
 
 def _block_table(core: llmsched.Scheduler, request_id: str, group: int) -> list[int]:
-    """``request_id``'s block table in ``group`` (a held request's, group 0: the only one a
-    connector serves); empty if it holds none there."""
-    held = core.held_kv_blocks(request_id)
+    """``request_id``'s block table in ``group`` (a held request's: the blocks a connector
+    sends); empty if it holds none there."""
+    held = core.held_kv_blocks(request_id, group)
     if held is not None:
-        return held.tolist() if group == 0 else []
+        held_table: list[int] = held.tolist()
+        return held_table
     try:
         tables = core.get_request(request_id).group_block_ids
     except llmsched.UnknownRequestError:

@@ -744,12 +744,12 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
             "needs kv_connector: only a KV connector's loads can land in a block a step in flight writes",
         ));
     }
-    if p.kv_connector && p.kv_cache_groups.len() > 1 {
+    if p.kv_connector && p.kv_cache_groups.has_mamba() {
         return Err(CoreError::config(
             "kv_connector",
             "True",
             format!(
-                "must be False with the KV-cache groups {:?} (a KV connector over several groups is \
+                "must be False with the KV-cache groups {:?} (a KV connector beside Mamba groups is \
                  not built)",
                 p.kv_cache_groups.to_text()
             ),

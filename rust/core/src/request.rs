@@ -526,7 +526,10 @@ impl Request {
         let k = cfg.num_speculative_tokens();
         if cfg.kv_connector() && k > 0 {
             let bs = cfg.block_size();
-            let spec_step_blocks = (1 + k + cfg.num_lookahead_tokens() + bs - 1) / bs;
+            // A speculative step's blocks in every group (Mamba groups, which hold no tokens,
+            // never beside a connector).
+            let groups = cfg.kv_cache_groups().len() as i64;
+            let spec_step_blocks = groups * ((1 + k + cfg.num_lookahead_tokens() + bs - 1) / bs);
             let load_blocks = cfg.max_blocks_per_request((prompt_len + new.max_tokens).min(m));
             let usable_blocks = cfg.num_gpu_blocks() - 1;
             if load_blocks + spec_step_blocks > usable_blocks {

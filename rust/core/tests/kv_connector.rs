@@ -158,7 +158,7 @@ fn a_finished_request_holds_its_blocks_until_released() {
     assert_eq!(finished.len(), 1);
     assert_eq!(finished[0].status(), RequestStatus::FinishedLengthCapped);
     // 41 computed tokens: 3 blocks hold them, all 3 still out of the pool.
-    assert_eq!(sched.held_kv_blocks("a").map(<[u32]>::len), Some(3));
+    assert_eq!(sched.held_kv_blocks("a", 0).map(<[u32]>::len), Some(3));
     assert_eq!(sched.num_free_blocks(), total - 3);
     // The id cannot be reused while its blocks are held.
     let err = sched.add_request(request("a", 10, 1)).unwrap_err().to_string();
@@ -168,7 +168,7 @@ fn a_finished_request_holds_its_blocks_until_released() {
     assert_eq!(sched.num_free_blocks(), total - 3);
     sched.release_kv_blocks(&["a"]).unwrap();
     assert_eq!(sched.num_free_blocks(), total);
-    assert_eq!(sched.held_kv_blocks("a"), None);
+    assert_eq!(sched.held_kv_blocks("a", 0), None);
     sched.check_invariants().unwrap();
     sched.add_request(request("a", 10, 1)).unwrap();
 }
@@ -188,15 +188,67 @@ fn an_aborted_request_holds_its_blocks_too() {
 }
 
 #[test]
-fn a_connector_over_several_groups_is_refused() {
+fn a_connector_beside_mamba_groups_is_refused() {
     let err = llmsched_core::SchedulerConfig::new(llmsched_core::ConfigParams {
         kv_connector: true,
-        kv_cache_groups: llmsched_core::KvCacheGroups::parse("full,sliding_window:32").unwrap(),
+        enable_prefix_caching: false,
+        kv_cache_groups: llmsched_core::KvCacheGroups::parse("full,mamba").unwrap(),
         ..Default::default()
     })
     .unwrap_err()
     .to_string();
-    assert!(err.contains("kv_connector"), "{err}");
+    assert!(err.contains("kv_connector") && err.contains("Mamba"), "{err}");
+}
+
+#[test]
+fn a_load_over_a_sliding_window_and_full_attention_fills_every_groups_table() {
+    // Window of 32 tokens (2 blocks); the store holds 96 of a 100-token prompt.
+    let mut sched = connected(|p| {
+        p.kv_cache_groups = llmsched_core::KvCacheGroups::parse("sliding_window:32,full").unwrap();
+    });
+    let mut store = Store { holds: vec![("a", Some(96))], ..Store::default() };
+    let total = sched.num_free_blocks();
+    sched.add_request(request("a", 100, 2)).unwrap();
+    let step = step_with(&mut sched, &mut store);
+    assert_eq!(step.external_computed_tokens, vec![96]);
+    assert_eq!(step.num_scheduled_tokens, vec![4]);
+    let a = sched.get_request("a").unwrap();
+    // The window's group: nulls where the 96 loaded tokens left blocks behind it (the next
+    // token attends to tokens 65..96: blocks 4 and 5), then one block for the 4 computed.
+    let window = a.group_block_ids(0).to_vec();
+    assert_eq!(window.len(), 7);
+    assert!(window[..4].iter().all(|&b| b == 0), "{window:?}");
+    assert!(window[4..].iter().all(|&b| b != 0), "{window:?}");
+    assert_eq!(a.group_block_ids(1).len(), 7);
+    assert_eq!(sched.num_free_blocks(), total - 10);
+    apply_one_token_each(&mut sched, &step);
+    run(&mut sched, &mut store);
+    // Finished with 101 tokens computed: the window's table holds blocks 4 to 6 (tokens
+    // 70..101 and the next), and a held table per group holds the computed tokens' blocks.
+    assert_eq!(sched.take_last_finished().len(), 1);
+    let held_window = sched.held_kv_blocks("a", 0).unwrap().to_vec();
+    assert_eq!(held_window.iter().filter(|&&b| b != 0).count(), 3, "{held_window:?}");
+    assert_eq!(sched.held_kv_blocks("a", 1).map(<[u32]>::len), Some(7));
+    assert_eq!(sched.held_kv_blocks("a", 2), None);
+    sched.check_invariants().unwrap();
+    sched.release_kv_blocks(&["a"]).unwrap();
+    assert_eq!(sched.num_free_blocks(), total);
+}
+
+#[test]
+fn a_failed_block_cannot_be_traced_over_several_groups() {
+    let mut sched = connected(|p| {
+        p.kv_cache_groups = llmsched_core::KvCacheGroups::parse("full,sliding_window:32").unwrap();
+    });
+    let mut store = Store { holds: vec![("a", Some(48))], ..Store::default() };
+    sched.add_request(request("a", 64, 4)).unwrap();
+    step_with(&mut sched, &mut store);
+    let block = sched.get_request("a").unwrap().group_block_ids(0)[0];
+    let before = sched.get_request("a").unwrap().num_computed_tokens();
+    let err = sched.fail_kv_loads(&[], &[block]).unwrap_err().to_string();
+    assert!(err.contains("invalid_block_ids") && err.contains("several KV-cache groups"), "{err}");
+    assert_eq!(sched.get_request("a").unwrap().num_computed_tokens(), before);
+    sched.check_invariants().unwrap();
 }
 
 #[test]
@@ -321,7 +373,7 @@ fn a_preempted_request_that_loads_again_resumes() {
     let victim = if status(&sched, "b") == RequestStatus::Preempted { "b" } else { "a" };
     sched.finish_requests(Some(&[if victim == "a" { "b" } else { "a" }]), RequestStatus::FinishedAborted).unwrap();
     for id in ["a", "b"] {
-        if sched.held_kv_blocks(id).is_some() {
+        if sched.held_kv_blocks(id, 0).is_some() {
             sched.release_kv_blocks(&[id]).unwrap();
         }
     }
@@ -380,7 +432,7 @@ fn a_request_aborted_during_its_load_holds_its_blocks_until_the_load_is_reported
     sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap();
     sched.check_invariants().unwrap();
     assert!(sched.kv_load_in_flight("a"));
-    assert_eq!(sched.held_kv_blocks("a").map(<[u32]>::len), Some(4));
+    assert_eq!(sched.held_kv_blocks("a", 0).map(<[u32]>::len), Some(4));
     // The caller cannot release them: the connector may still be writing them.
     let err = sched.release_kv_blocks(&["a"]).unwrap_err().to_string();
     assert!(err.contains("in flight"), "{err}");

@@ -408,7 +408,7 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         // EAGLE's block drop over several groups is not built (lookahead hashes are).
         p.eagle_block_drop = false;
     }
-    if r.kv_connector && p.kv_cache_groups.len() == 1 {
+    if r.kv_connector && !p.kv_cache_groups.has_mamba() {
         p.kv_connector = true;
         // A producer's connector: a request preempted for KV drops its output in flight.
         p.preemption_drops_in_flight_output = r.adaptive;
@@ -647,6 +647,10 @@ struct Tracked {
     images: Vec<(String, i64)>,
     /// A KV load across steps started for it, not yet admitted since: the tokens loaded.
     loading: Option<i64>,
+    /// Admitted by this step after a load of every token: it computes the last one again,
+    /// whose block a window or chunk the loaded tokens moved past has already given back
+    /// (vLLM's behaviour: the null block takes that position's KV).
+    recomputes_after_whole_load: bool,
     /// A streaming-input session: what the test knows of it.
     session: Option<SessionModel>,
     /// The stop reason it carries: set by a stop on a stop id and, as vLLM's, kept through a
@@ -1010,9 +1014,11 @@ impl Harness {
         // A connector's asynchronous load holds the tokens it loads (every token the request
         // may hold, at most) and must leave a speculative step's slots, 1 + K + L, free.
         let k = self.k();
+        let groups = self.cfg.kv_cache_groups().len() as i64;
         let load_fits = !self.cfg.kv_connector()
             || k == 0
-            || ((len + r.max_tokens).min(m) + bs - 1) / bs + (1 + k + self.cfg.num_lookahead_tokens() + bs - 1) / bs
+            || self.blocks_over_groups((len + r.max_tokens).min(m))
+                + groups * ((1 + k + self.cfg.num_lookahead_tokens() + bs - 1) / bs)
                 <= usable_blocks;
         // Sessions: not for a pooling model, nor with Mamba groups under async scheduling.
         let session_served =
@@ -1030,17 +1036,21 @@ impl Harness {
     /// Whether a request of `len` tokens and up to `max_tokens` more can hold its KV in the
     /// pool (else it could never finish: refused).
     fn fits_pool(&self, len: i64, max_tokens: i64) -> bool {
+        let longest = (len + max_tokens + self.k() + self.cfg.num_lookahead_tokens()).min(self.m());
+        self.blocks_over_groups(longest) < self.cfg.num_gpu_blocks()
+    }
+
+    /// The most blocks a request of `tokens` tokens holds over every group at once.
+    fn blocks_over_groups(&self, tokens: i64) -> i64 {
         let (m, bs) = (self.m(), self.cfg.block_size());
-        let longest = (len + max_tokens + self.k() + self.cfg.num_lookahead_tokens()).min(m);
-        let whole = (longest + bs - 1) / bs;
+        let whole = (tokens + bs - 1) / bs;
         // A sliding-window group holds at most the window before the next token and the
         // tokens in flight (one step's budget per step in flight), plus a block for a
         // window starting mid-block.
         let stages = self.cfg.pipeline_parallel_size();
         let steps_in_flight = if self.cfg.async_scheduling() && stages == 1 { 2 } else { stages };
         let lookahead_blocks = (self.cfg.num_lookahead_tokens() + bs - 1) / bs;
-        let blocks: i64 = self
-            .cfg
+        self.cfg
             .kv_cache_groups()
             .iter()
             .map(|kind| match kind {
@@ -1059,8 +1069,7 @@ impl Harness {
                     whole.min((held + bs - 1) / bs + i64::from(i64::from(chunk) % bs != 0) + lookahead_blocks)
                 }
             })
-            .sum();
-        blocks < self.cfg.num_gpu_blocks()
+            .sum()
     }
 
     fn add(&mut self, op: &AddOp) -> Result<(), TestCaseError> {
@@ -1109,6 +1118,7 @@ impl Harness {
                     reported: false,
                     images,
                     loading: None,
+                    recomputes_after_whole_load: false,
                     session,
                     epoch_kept: Vec::new(),
                     stop_reason: None,
@@ -1816,7 +1826,7 @@ impl Harness {
             prop_assert!(!t.reported, "{} reported finished twice", t.id);
             t.reported = true;
             prop_assert!(self.sched.request(*h).is_none(), "{id} is reported finished but still has its slot");
-            if self.sched.held_kv_blocks(id).is_some() {
+            if self.sched.held_kv_blocks(id, 0).is_some() {
                 self.held.push(id.clone());
             }
             self.tables.remove(h);
@@ -1937,6 +1947,7 @@ impl Harness {
                 prop_assert_eq!(asked, c == 0, "{}: asked again after its load", id);
                 let t = self.by_handle[&h];
                 self.tracked[t].loading = None;
+                self.tracked[t].recomputes_after_whole_load = loaded >= req.num_tokens();
             } else if arrived == 0 || req.num_preemptions() > 0 {
                 // A request that skips reading the prefix cache has no hit, and loads nothing
                 // from a connector; what a connector loads leaves a token to compute.
@@ -2017,6 +2028,8 @@ impl Harness {
             return Ok(());
         }
         let arrived = self.by_handle.get(&h).map_or(0, |&t| self.tracked[t].arrived_computed);
+        let recomputes_after_whole_load =
+            self.by_handle.get(&h).is_some_and(|&t| std::mem::take(&mut self.tracked[t].recomputes_after_whole_load));
         // Tokens a connector loaded past the hit hold their KV from the step on.
         let external = external_tokens_of_row(step, i);
         self.cov.external_tokens += external.max(0) as u64;
@@ -2041,10 +2054,11 @@ impl Harness {
             for pos in from..c + n {
                 let (block, slot) = (table[(pos / bs) as usize] as u32, (pos % bs) as usize);
                 if block == 0 {
-                    // An arrival's computed tokens behind the window are never loaded.
+                    // An arrival's computed tokens behind the window are never loaded; the
+                    // last token recomputed after a load of every token may fall behind it.
                     let block_end = (pos / bs + 1) * bs;
                     prop_assert!(
-                        block_end <= window_start && pos < c,
+                        (block_end <= window_start && pos < c) || (recomputes_after_whole_load && pos == c),
                         "{id}: group {g} writes position {pos} into the null block"
                     );
                     continue;
@@ -2775,7 +2789,9 @@ impl Harness {
                 .flat_map(|id| self.sched.get_request(id).expect("running").block_ids().to_vec())
                 .collect();
             let blocks: Vec<u32> = r.block_ids().iter().copied().filter(|b| !running.contains(b)).collect();
-            let failed: Vec<String> = if blocks.is_empty() || rng.below(2) == 0 {
+            // Over several groups a block id names one group's block: loads fail whole.
+            let whole = blocks.is_empty() || self.cfg.kv_cache_groups().len() > 1;
+            let failed: Vec<String> = if whole || rng.below(2) == 0 {
                 self.sched.fail_kv_loads(&[&t.id], &[]).expect("a load fails whole")
             } else {
                 let block = blocks[rng.below(blocks.len() as u64) as usize];
@@ -2799,9 +2815,15 @@ impl Harness {
         for id in &received {
             if let Ok(r) = self.sched.get_request(id) {
                 if self.kv_exact {
-                    let table = r.block_ids();
-                    for (pos, token) in r.all_token_ids().take(r.num_computed_tokens() as usize).enumerate() {
-                        self.kv[table[pos / bs as usize] as usize][pos % bs as usize] = Kv::Token(token);
+                    // Every group's table (a window's null blocks hold nothing).
+                    for g in 0..self.cfg.kv_cache_groups().len() {
+                        let table = r.group_block_ids(g);
+                        for (pos, token) in r.all_token_ids().take(r.num_computed_tokens() as usize).enumerate() {
+                            let block = table[pos / bs as usize] as usize;
+                            if block != 0 {
+                                self.kv[block][pos % bs as usize] = Kv::Token(token);
+                            }
+                        }
                     }
                 }
             } else {

@@ -1361,18 +1361,20 @@ impl PyScheduler {
         self.with_inner(py, |inner| Ok(inner.core.encoder_cache_state()))
     }
 
-    /// With ``kv_connector``: the blocks holding the computed tokens of the finished
-    /// request ``request_id``, whose blocks stay out of the pool until
-    /// ``release_kv_blocks`` (what a connector's ``request_finished`` is given), as a new
-    /// int32 array; None if it holds none.
+    /// With ``kv_connector``: the blocks of KV-cache group ``group`` holding the computed
+    /// tokens of the finished request ``request_id``, whose blocks stay out of the pool until
+    /// ``release_kv_blocks`` (what a connector's ``request_finished`` is given, a list per
+    /// group), as a new int32 array; None if it holds none, or there is no such group.
+    #[pyo3(signature = (request_id, group=0))]
     fn held_kv_blocks<'py>(
         &self,
         py: Python<'py>,
         request_id: &Bound<'py, PyAny>,
+        group: usize,
     ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
         let request_id = request_id_arg(py, request_id)?;
         let blocks = self.with_inner(py, |inner| {
-            Ok(inner.core.held_kv_blocks(&request_id).map(|b| b.iter().map(|&id| id as i32).collect::<Vec<_>>()))
+            Ok(inner.core.held_kv_blocks(&request_id, group).map(|b| b.iter().map(|&id| id as i32).collect::<Vec<_>>()))
         })?;
         blocks.map(|b| crate::output::frozen(py, b)).transpose()
     }
@@ -1446,7 +1448,9 @@ impl PyScheduler {
     /// instead: finish them with ``FINISHED_ERROR`` once the step's output is applied
     /// (vLLM's policy ``"fail"``). Ids that name no request waiting for a load are ignored.
     /// ``InvalidRequestError``, changing nothing, if a synchronous load failed while a
-    /// later step is in flight too (not served).
+    /// later step is in flight too (not served), or for any ``invalid_block_ids`` with
+    /// several KV-cache groups (a block id cannot be traced to requests there: loads fail
+    /// by request, as in vLLM).
     #[pyo3(signature = (failed_recving=None, invalid_block_ids=None))]
     fn fail_kv_loads(
         &self,

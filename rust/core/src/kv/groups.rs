@@ -234,6 +234,19 @@ impl KvManager {
         new + evictable
     }
 
+    /// Blocks `request` still needs, over every group, to hold `num_tokens` tokens from
+    /// its computed ones, under the whole-sequence gate's cap (vLLM's
+    /// `_request_remaining_blocks` with the hybrid coordinator).
+    pub(crate) fn remaining_blocks_in_groups(&self, request: &Request, num_tokens: i64) -> usize {
+        let groups = self.groups.as_ref().expect("several groups");
+        self.blocks_needed_in_all(groups, request, &[], (num_tokens, request.num_computed_tokens()), true)
+    }
+
+    /// KV-cache groups whose blocks hold tokens (all but Mamba's).
+    pub(crate) fn num_token_groups(&self) -> usize {
+        self.groups.as_ref().map_or(1, |g| g.kinds.iter().filter(|&&k| k != AttentionKind::Mamba).count())
+    }
+
     fn blocks_needed_in_all(
         &self,
         groups: &Groups,
@@ -275,7 +288,10 @@ impl KvManager {
         let (b, m) = (self.block_size, self.max_model_len);
         let hits = ask.new_computed_blocks;
         let local_computed = request.num_computed_tokens() + ask.num_new_computed_tokens;
-        let total_computed = local_computed.min(m);
+        // A KV connector's tokens past the local hit (vLLM's `num_external_computed_tokens`).
+        let external = ask.num_external_computed_tokens;
+        let computed = local_computed + external;
+        let total_computed = computed.min(m);
         if request.extra_tables.len() + 1 < groups.len() {
             request.extra_tables.resize_with(groups.len() - 1, Default::default);
         }
@@ -293,8 +309,8 @@ impl KvManager {
         for g in 0..groups.len() {
             self.remove_skipped_blocks(groups.kinds[g], request, g, processed);
         }
-        let needed = self.blocks_needed_in_all(groups, request, hits, (tokens_needing_slots, local_computed), false);
-        if needed + watermark > self.pool.num_free_blocks() {
+        let needed = self.blocks_needed_in_all(groups, request, hits, (tokens_needing_slots, computed), false);
+        if needed + watermark + ask.reserved_blocks > self.pool.num_free_blocks() {
             return None;
         }
         // A request without blocks takes its hits, and null blocks for what its computed
@@ -306,13 +322,29 @@ impl KvManager {
                 debug_assert!(hits.is_empty(), "a hit for a request that holds blocks");
                 continue;
             }
-            let skipped = (num_skipped_tokens(groups.kinds[g], local_computed) / b) as usize;
+            let skipped = (num_skipped_tokens(groups.kinds[g], computed) / b) as usize;
             let group_hits = Self::hits_of(hits, g, groups.len());
             let kept = &group_hits[skipped.min(group_hits.len())..];
             ids.resize(skipped, NULL_BLOCK);
             ids.extend_from_slice(kept);
             *num_cached = ids.len();
             self.pool.touch(kept);
+        }
+        if external > 0 {
+            // Blocks for the connector's tokens within each group's window, every group's
+            // after every group's hits are touched (vLLM's `allocate_external_computed_blocks`).
+            for g in 0..groups.len() {
+                let kind = groups.kinds[g];
+                let skipped = num_skipped_tokens(kind, computed);
+                if kind == AttentionKind::Mamba || (skipped > 0 && (computed - skipped).min(external) <= 0) {
+                    continue;
+                }
+                let (ids, _, _) = table(request, g);
+                let required = cdiv(computed, b) as usize;
+                if required > ids.len() {
+                    self.pool.get_new_blocks(required - ids.len(), ids);
+                }
+            }
         }
         let mut first_new_in_group_0 = 0;
         for g in 0..groups.len() {
@@ -337,7 +369,7 @@ impl KvManager {
                 }
             }
         }
-        if self.enable_caching() {
+        if self.enable_caching() && !ask.delay_caching {
             for g in 0..groups.len() {
                 self.cache_group_blocks(
                     groups,
@@ -372,6 +404,19 @@ impl KvManager {
             })
             .min()
             .unwrap_or(0)
+    }
+
+    /// Frees every group's blocks wholly behind the window of the next token after
+    /// `processed` tokens (vLLM frees them when a request finishes under a KV connector,
+    /// before the connector is handed the tables). No-op with one group.
+    pub(crate) fn remove_skipped_blocks_in_groups(&mut self, request: &mut Request, processed: i64) {
+        let Some(groups) = self.groups.take() else { return };
+        // A request never allocated for has no tables past group 0's.
+        let num_tables = groups.len().min(1 + request.extra_tables.len());
+        for (g, &kind) in groups.kinds[..num_tables].iter().enumerate() {
+            self.remove_skipped_blocks(kind, request, g, processed);
+        }
+        self.groups = Some(groups);
     }
 
     /// Frees group `g`'s blocks wholly behind the window of the next token after

@@ -332,7 +332,6 @@ impl KvManager {
     #[inline(never)]
     fn allocate_new_slots(&mut self, request: &mut Request, ask: &SlotRequest<'_>, watermark: usize) -> Option<usize> {
         if self.groups.is_some() {
-            debug_assert_eq!(ask.num_external_computed_tokens, 0, "refused by the config");
             return self.allocate_group_slots(request, ask, watermark);
         }
         let m = self.max_model_len;
@@ -438,9 +437,30 @@ impl KvManager {
         }
     }
 
-    /// Releases blocks a finished request's table held (taken out of it earlier), tail first.
+    /// Takes a request's block tables out of it, group by group (group 0's first): its
+    /// blocks stay held, by the caller now, until `free_tables`.
+    pub fn take_tables(&self, request: &mut Request) -> Vec<Vec<u32>> {
+        let mut tables = Vec::with_capacity(1 + request.extra_tables.len());
+        tables.push(std::mem::take(&mut request.block_ids));
+        request.num_cached_blocks = 0;
+        for table in &mut request.extra_tables {
+            tables.push(std::mem::take(&mut table.ids));
+            table.num_cached = 0;
+        }
+        tables
+    }
+
+    /// Releases blocks taken out of a request's tables, as one run, tail first.
     pub fn free_blocks(&mut self, blocks: Vec<u32>) {
         self.pool.free_blocks(blocks.into_iter().rev());
+    }
+
+    /// Releases tables taken out of a request (`take_tables`) as `free` releases them:
+    /// group by group, each tail first.
+    pub fn free_tables(&mut self, tables: Vec<Vec<u32>>) {
+        for table in tables {
+            self.pool.free_blocks(table.into_iter().rev());
+        }
     }
 
     /// Forgets every cached block; fails (false) while any block is in use.

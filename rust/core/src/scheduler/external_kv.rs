@@ -55,10 +55,11 @@ pub trait ExternalKv {
 /// A finished request's KV blocks, kept from the pool until the caller releases them.
 #[derive(Debug)]
 pub(super) struct HeldBlocks {
-    /// The request's whole block table, in table order.
-    blocks: Vec<u32>,
-    /// The leading blocks that hold computed tokens (`cdiv(C, block_size)`): the ones a
-    /// connector sends.
+    /// The request's whole block tables, one per KV-cache group (group 0's first), each in
+    /// table order (a sliding window's blocks it left behind are null).
+    tables: Vec<Vec<u32>>,
+    /// The leading blocks of each table that hold computed tokens (`cdiv(C, block_size)`):
+    /// the ones a connector sends.
     num_computed_blocks: usize,
     /// It finished while its asynchronous load was in flight: the connector may still write
     /// its blocks, which stay held until the load is reported (as vLLM delays their free).
@@ -108,21 +109,25 @@ impl Scheduler {
     /// Keeps a finished request's blocks from the pool (called instead of freeing them
     /// when a connector serves the engine).
     pub(super) fn hold_kv_blocks(&mut self, request: &mut Request) {
-        let block_size = self.config.block_size();
-        let num_computed = request.num_computed_tokens();
-        let blocks = std::mem::take(&mut request.block_ids);
-        request.num_cached_blocks = 0;
-        let num_computed_blocks = (((num_computed + block_size - 1) / block_size) as usize).min(blocks.len());
+        // Blocks a window left behind go back first: the connector is not handed them.
+        let processed = (request.num_computed_tokens() - request.num_in_flight_tokens()).max(0);
+        self.kv.remove_skipped_blocks_in_groups(request, processed);
+        let num_computed_blocks = cdiv(request.num_computed_tokens(), self.config.block_size()) as usize;
+        let tables = self.kv.take_tables(request);
         self.held_kv.insert(
             request.id.clone(),
-            HeldBlocks { blocks, num_computed_blocks, load_in_flight: false, last_sched_seq: request.last_sched_seq },
+            HeldBlocks { tables, num_computed_blocks, load_in_flight: false, last_sched_seq: request.last_sched_seq },
         );
     }
 
-    /// The blocks holding the computed tokens of finished request `request_id`, whose blocks
-    /// are held (what vLLM hands its connector's `request_finished`); None if none are.
-    pub fn held_kv_blocks(&self, request_id: &str) -> Option<&[u32]> {
-        self.held_kv.get(request_id).map(|held| &held.blocks[..held.num_computed_blocks])
+    /// The blocks of KV-cache group `group` holding the computed tokens of finished request
+    /// `request_id`, whose blocks are held (what vLLM hands its connector's
+    /// `request_finished`, a list per group); None if none are held, or there is no such
+    /// group.
+    pub fn held_kv_blocks(&self, request_id: &str, group: usize) -> Option<&[u32]> {
+        let held = self.held_kv.get(request_id)?;
+        let table = held.tables.get(group)?;
+        Some(&table[..held.num_computed_blocks.min(table.len())])
     }
 
     /// Returns the held blocks of finished requests to the pool, tail first, each table in
@@ -171,21 +176,23 @@ impl Scheduler {
     /// (vLLM's `_free_request_blocks`).
     fn free_held(&mut self, held: HeldBlocks) {
         if self.written_in_flight(held.last_sched_seq) {
-            self.defer_free(held.blocks);
+            self.defer_free(held.tables);
         } else {
-            self.kv.free_blocks(held.blocks);
+            self.kv.free_tables(held.tables);
         }
+    }
+
+    /// Keeps a request's block `tables` from the pool until every step scheduled so far is
+    /// applied; then they go back in one run, the last group's tail first (vLLM's
+    /// `pop_blocks_for_free`, then `free_blocks(reversed(blocks))`).
+    pub(super) fn defer_free(&mut self, tables: Vec<Vec<u32>>) {
+        self.deferred_frees.push_back((self.sched_step_seq, tables.concat()));
     }
 
     /// With `defer_block_free`, whether a step still in flight may write the blocks of a
     /// request the step numbered `last_sched_seq` last scheduled.
     pub(super) fn written_in_flight(&self, last_sched_seq: u64) -> bool {
         self.config.defer_block_free() && last_sched_seq > self.processed_step_seq
-    }
-
-    /// Keeps `blocks` from the pool until every step scheduled so far is applied.
-    pub(super) fn defer_free(&mut self, blocks: Vec<u32>) {
-        self.deferred_frees.push_back((self.sched_step_seq, blocks));
     }
 
     /// A step with tokens has its output applied: the blocks whose frees waited for it go
@@ -201,7 +208,7 @@ impl Scheduler {
         }
     }
 
-    /// Every block whose free waits for a step in flight, once per table (for the
+    /// Every block whose free waits for a step in flight, once per request (for the
     /// invariant checker).
     pub(super) fn deferred_free_tables(&self) -> impl Iterator<Item = &[u32]> {
         self.deferred_frees.iter().map(|(_, blocks)| &blocks[..])
@@ -263,6 +270,16 @@ impl Scheduler {
     /// changing nothing, if a synchronous load failed while a later step is in flight too
     /// (not served).
     pub fn fail_kv_loads(&mut self, failed: &[&str], invalid_blocks: &[u32]) -> CoreResult<Vec<Arc<str>>> {
+        if let (Some(&block), true) = (invalid_blocks.first(), self.config.kv_cache_groups().len() > 1) {
+            // A block id is a block of one group's table: with several, it cannot be traced
+            // back to the requests whose load failed (vLLM refuses it too).
+            return Err(CoreError::request(
+                "invalid_block_ids",
+                block,
+                "cannot be traced to requests with several KV-cache groups: a connector reports \
+                 failed loads by request (failed_recving) then",
+            ));
+        }
         let block_size = self.config.block_size();
         let invalid: FxHashSet<u32> = invalid_blocks.iter().copied().collect();
         let sync_failures = if invalid.is_empty() { Vec::new() } else { self.sync_load_failures(&invalid)? };
@@ -424,16 +441,21 @@ impl Scheduler {
         let k = self.config.num_speculative_tokens();
         // 1 + K + L slots a speculative step takes past the sequence.
         let spec_step = if k > 0 { 1 + k + self.config.num_lookahead_tokens() } else { 0 };
+        let several_groups = self.config.kv_cache_groups().len() > 1;
         let remaining = |h: &Handle| {
             let request = &self.requests[*h];
             let tokens = request.num_tokens().min(self.config.max_model_len()) + spec_step;
+            if several_groups {
+                return self.kv.remaining_blocks_in_groups(request, tokens);
+            }
             (cdiv(tokens, block_size) - request.block_ids.len() as i64).max(0) as usize
         };
-        self.inflight_prefills.iter().map(remaining).sum::<usize>() + cdiv(spec_step, block_size) as usize
+        let spec_step_blocks = self.kv.num_token_groups() * cdiv(spec_step, block_size) as usize;
+        self.inflight_prefills.iter().map(remaining).sum::<usize>() + spec_step_blocks
     }
 
     /// Every held block once per table that holds it (for the invariant checker).
     pub(super) fn held_kv_tables(&self) -> impl Iterator<Item = &[u32]> {
-        self.held_kv.values().map(|held| &held.blocks[..])
+        self.held_kv.values().flat_map(|held| held.tables.iter().map(|t| &t[..]))
     }
 }

@@ -609,10 +609,8 @@ impl Scheduler {
     /// them (`defer_block_free`), once that step is applied.
     fn free_blocks_of(&mut self, handle: Handle) {
         if self.written_in_flight(self.requests[handle].last_sched_seq) {
-            let request = &mut self.requests[handle];
-            let blocks = std::mem::take(&mut request.block_ids);
-            request.num_cached_blocks = 0;
-            self.defer_free(blocks);
+            let tables = self.kv.take_tables(&mut self.requests[handle]);
+            self.defer_free(tables);
         } else {
             self.kv.free(&mut self.requests[handle]);
         }
