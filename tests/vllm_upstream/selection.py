@@ -71,6 +71,11 @@ _PREFILL_LOOKAHEAD_ALONE = (
     "without a drafter, which llmsched's config refuses (ConfigError); also replaces "
     "scheduler.encoder_cache_manager with vLLM's own"
 )
+_NO_ENCODER_BUDGET = (
+    "sets max_num_encoder_input_tokens = 0 on a multimodal model: an encoder budget that can "
+    "hold no image, which llmsched's config refuses (ConfigError: a request with an image "
+    "could never run; vLLM lets it wait)"
+)
 _EC_PARAMS = (
     "refused feature: encoder-cache connectors (ec_transfer_config is set): the "
     "parametrizations with an ec_consumer; the others run"
@@ -312,18 +317,21 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler.observability_config"
         ),
         "test_routed_experts_prompt_start_at_prompt_end": (
-            "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector"
+            "scheduler internal: scheduler.aux_output_connector (routed-experts outputs, a "
+            "refused feature); also kv_cache_manager.block_pool.hash_block_size"
         ),
         "test_routed_experts_hashes_follow_scheduled_tokens": (
-            "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector; "
-            "Request fields: is_finished, num_computed_tokens, num_tokens"
+            "scheduler internal: scheduler.aux_output_connector (routed-experts outputs, a "
+            "refused feature); also kv_cache_manager.block_pool.hash_block_size; Request fields: "
+            "is_finished, num_computed_tokens, num_tokens"
         ),
         "test_prefix_hit_is_capped_at_retained_auxiliary_outputs": (
-            "scheduler internal: scheduler.kv_cache_manager / refused feature: KV connectors "
-            "(kv_transfer_config is set); also scheduler.aux_output_connector"
+            "scheduler internal: scheduler.aux_output_connector (routed-experts outputs, a "
+            "refused feature); also kv_cache_manager.block_pool.hash_block_size"
         ),
         "test_evicted_blocks_release_their_auxiliary_outputs_past_capacity": (
-            "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector"
+            "scheduler internal: scheduler.aux_output_connector (routed-experts outputs, a "
+            "refused feature); also kv_cache_manager.block_pool.hash_block_size"
         ),
         "test_finish_request": (
             "scheduler internal: scheduler.aux_output_connector (a mock that expects "
@@ -345,8 +353,10 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.num_hash_lookahead_tokens, scheduler.running"
         ),
         "test_max_loras_counts_running_request_skipped_for_encoder_budget": (
-            "scheduler internal: scheduler.encoder_cache_manager, "
-            "scheduler.max_num_encoder_input_tokens; Request fields: status"
+            "gives a model without multimodal inputs an encoder budget "
+            "(max_num_encoder_input_tokens) and replaces scheduler.encoder_cache_manager with "
+            "vLLM's own; the plug-in's encoder budget and cache are the core's (refused: "
+            "ConfigError); Request fields: status"
         ),
         "test_cached_request_data_resumed_all_token_ids_mrv1_only": (
             "scheduler internal: scheduler.prev_step_scheduled_req_ids; also "
@@ -389,25 +399,28 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "max_num_batched_tokens=1024 < max_model_len=2048 is refused (ConfigError)"
         ),
         "test_pending_hisparse_reclamation_defers_preemption": (
-            "scheduler internal: scheduler.kv_cache_manager; also scheduler.running; Request "
-            "fields: num_preemptions, status"
+            "patches scheduler internal kv_cache_manager.allocate_slots (the plug-in's view "
+            "allocates nothing); also scheduler.running; Request fields: num_preemptions, status"
         ),
         "test_preemption_re_records_prefix_cache_query": (
-            "scheduler internal: scheduler.kv_cache_manager; also scheduler._preempt_request, "
-            "scheduler.running; Request fields: status"
+            "calls scheduler internal scheduler._preempt_request (after taking the request out of "
+            "scheduler.running by hand); Request fields: status"
         ),
         "test_preemption_processes_stale_aux_output": (
             "scheduler internal: scheduler._preempt_request; also scheduler.aux_output_connector"
         ),
         "test_prefix_cache_stats_counted_once_for_retried_then_scheduled_request": (
-            "scheduler internal: scheduler.kv_cache_manager"
+            "patches scheduler internal kv_cache_manager.allocate_slots (the plug-in's view "
+            "allocates nothing)"
         ),
         "test_scheduler_reset_prefix_cache": (
-            "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector, "
-            "scheduler.running, scheduler.waiting"
+            "scheduler internal: scheduler.aux_output_connector (routed-experts outputs, a "
+            "refused feature); also scheduler.running, scheduler.waiting; Request fields: "
+            "num_in_flight_tokens (written)"
         ),
         "test_aux_output_reset_follows_kv_reset_result": (
-            "scheduler internal: scheduler.kv_cache_manager; also scheduler.aux_output_connector"
+            "scheduler internal: scheduler.aux_output_connector (routed-experts outputs, a "
+            "refused feature); also patches kv_cache_manager.reset_prefix_cache"
         ),
         "test_kv_cache_release_rejects_nonresident_memory": (
             "EngineCore sleep internals (object.__new__(EngineCore), mocked executor); the "
@@ -580,18 +593,9 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; "
             "Request fields: num_computed_tokens (written)"
         ),
-        "test_waiting_encoder_stall_does_not_starve_later_requests": (
-            "writes scheduler.max_num_encoder_input_tokens (the plug-in's encoder budget is its "
-            "config's)"
-        ),
-        "test_waiting_encoder_stall_is_counted_as_deferred": (
-            "scheduler internal: scheduler.deferred_waiting; also writes "
-            "scheduler.max_num_encoder_input_tokens"
-        ),
-        "test_waiting_encoder_stall_kv_holder_keeps_drain_priority": (
-            "writes scheduler.max_num_encoder_input_tokens (the plug-in's encoder budget is "
-            "its config's); also scheduler.kv_holding_waiting"
-        ),
+        "test_waiting_encoder_stall_does_not_starve_later_requests": _NO_ENCODER_BUDGET,
+        "test_waiting_encoder_stall_is_counted_as_deferred": _NO_ENCODER_BUDGET,
+        "test_waiting_encoder_stall_kv_holder_keeps_drain_priority": _NO_ENCODER_BUDGET,
         "test_encoder_cache_retained_across_preemption_and_resume": (
             "scheduler internal: scheduler.encoder_cache_manager; Request fields: "
             "num_computed_tokens (written)"
@@ -675,7 +679,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "append_output_token_ids, num_output_placeholders (written)"
         ),
         "test_cpu_encoder_input_updates_restore_after_kv_load_failure": (
-            "scheduler internal: scheduler.kv_cache_manager; Request fields: num_computed_tokens"
+            "reports invalid_block_ids without a KV connector (the plug-in reads the runner's KV "
+            "connector report only when the engine has one); Request fields: num_computed_tokens"
         ),
     },
     ASYNC_SCHEDULER_TESTS: {
