@@ -196,7 +196,8 @@ impl Scheduler {
     }
 
     /// A step with tokens has its output applied: the blocks whose frees waited for it go
-    /// back to the pool, oldest first, each table tail first (vLLM's `_drain_deferred_frees`).
+    /// back to the pool, oldest first, each request's in one run, tail first (vLLM's
+    /// `_drain_deferred_frees`).
     pub(super) fn step_applied(&mut self) {
         self.processed_step_seq += 1;
         while let Some((fence, _)) = self.deferred_frees.front() {
@@ -268,7 +269,8 @@ impl Scheduler {
     /// caller finishes them with FINISHED_ERROR once the step's output is applied (vLLM's
     /// policy "fail"). Ids that name no request waiting for a load are ignored. Fails,
     /// changing nothing, if a synchronous load failed while a later step is in flight too
-    /// (not served).
+    /// (not served), or for any failed block with several KV-cache groups (a block id
+    /// cannot be traced to requests there; loads fail by request, as in vLLM).
     pub fn fail_kv_loads(&mut self, failed: &[&str], invalid_blocks: &[u32]) -> CoreResult<Vec<Arc<str>>> {
         if let (Some(&block), true) = (invalid_blocks.first(), self.config.kv_cache_groups().len() > 1) {
             // A block id is a block of one group's table: with several, it cannot be traced
