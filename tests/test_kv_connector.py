@@ -232,6 +232,9 @@ def test_over_several_groups_a_finished_request_holds_every_groups_table() -> No
     assert held_window is not None and held_full is not None
     assert held_window.tolist()[:4] == [0, 0, 0, 0] and len(held_full) == 7
     assert sched.held_kv_blocks("a", 2) is None
+    for bad, message in [(-1, "group=-1: must be a KV-cache group"), ("x", "group='x'")]:
+        with pytest.raises(InvalidRequestError, match=message):
+            sched.held_kv_blocks("a", bad)
     assert sched.num_free_blocks == free - 3 - 7
     sched.release_kv_blocks(["a"])
     assert sched.num_free_blocks == free

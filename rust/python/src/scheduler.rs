@@ -1365,14 +1365,22 @@ impl PyScheduler {
     /// tokens of the finished request ``request_id``, whose blocks stay out of the pool until
     /// ``release_kv_blocks`` (what a connector's ``request_finished`` is given, a list per
     /// group), as a new int32 array; None if it holds none, or there is no such group.
-    #[pyo3(signature = (request_id, group=0))]
+    #[pyo3(signature = (request_id, group=None), text_signature = "(self, request_id, group=0)")]
     fn held_kv_blocks<'py>(
         &self,
         py: Python<'py>,
         request_id: &Bound<'py, PyAny>,
-        group: usize,
+        group: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
         let request_id = request_id_arg(py, request_id)?;
+        let group = match group {
+            Some(value) => {
+                let g = int_value(py, value, &"group", request_error)?;
+                usize::try_from(g)
+                    .map_err(|_| request_error(py, format!("group={g}: must be a KV-cache group index (>= 0)")))?
+            }
+            None => 0,
+        };
         let blocks = self.with_inner(py, |inner| {
             Ok(inner.core.held_kv_blocks(&request_id, group).map(|b| b.iter().map(|&id| id as i32).collect::<Vec<_>>()))
         })?;
