@@ -84,10 +84,11 @@ class KvConnectorSide:
         core: llmsched.Scheduler,
         requests: dict[str, Request],
         log_stats: bool,
+        num_groups: int,
     ) -> None:
         self.connector = connector
         self._core = core
-        self._num_groups = len(core.config.kv_cache_groups.split(","))
+        self._num_groups = num_groups
         self._requests = requests
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         # With log_stats: the requests in a KV-fetch stage (vLLM's KV_FETCH_STAGES), by id.

@@ -279,7 +279,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._kv_connector = (
             None
             if connector is None
-            else KvConnectorSide(connector, self.core, self.requests, log_stats)
+            else KvConnectorSide(
+                connector, self.core, self.requests, log_stats, self._num_kv_groups
+            )
         )
         self._kv_transfer_params: dict[str, dict[str, Any]] = {}
         # Finished requests kept in `requests` while the core holds their blocks for the

@@ -731,6 +731,11 @@ fn cache_salt_arg(py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<
     }
 }
 
+/// A request's flag argument (``field``): a bool, False when absent.
+fn flag_arg(py: Python<'_>, value: Option<&Bound<'_, PyAny>>, field: &'static str) -> PyResult<bool> {
+    value.map_or(Ok(false), |v| bool_value(py, v, &field, request_error))
+}
+
 /// A request's ``lora_id`` argument: an int, or None.
 fn lora_id_arg(py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<i64>> {
     match value {
@@ -905,6 +910,7 @@ impl PyScheduler {
                 _ => Ok(default),
             }
         };
+        let config = self.current_config();
         let new = NewRequest {
             request_id: id.to_cow()?.into_owned(),
             prompt_token_ids: token_list(
@@ -912,7 +918,7 @@ impl PyScheduler {
                 prompt_token_ids,
                 &"prompt_token_ids",
                 request_error,
-                &self.current_config().prompt_limit(),
+                &config.prompt_limit(),
             )?,
             max_tokens: int_value(py, max_tokens, &"max_tokens", request_error)?,
             min_tokens: optional_int(min_tokens, "min_tokens", 0)?,
@@ -934,23 +940,11 @@ impl PyScheduler {
             priority: optional_int(priority, "priority", 0)?,
             cache_salt: cache_salt_arg(py, cache_salt)?,
             lora_id: lora_id_arg(py, lora_id)?,
-            skip_reading_prefix_cache: match skip_reading_prefix_cache {
-                Some(v) => bool_value(py, v, &"skip_reading_prefix_cache", request_error)?,
-                None => false,
-            },
-            structured_output: match structured_output {
-                Some(v) => bool_value(py, v, &"structured_output", request_error)?,
-                None => false,
-            },
-            report_reused_blocks: match report_reused_blocks {
-                Some(v) => bool_value(py, v, &"report_reused_blocks", request_error)?,
-                None => false,
-            },
-            mm_inputs: mm_inputs_arg(py, &self.current_config(), mm_inputs)?,
-            resumable: match resumable {
-                Some(v) => bool_value(py, v, &"resumable", request_error)?,
-                None => false,
-            },
+            skip_reading_prefix_cache: flag_arg(py, skip_reading_prefix_cache, "skip_reading_prefix_cache")?,
+            structured_output: flag_arg(py, structured_output, "structured_output")?,
+            report_reused_blocks: flag_arg(py, report_reused_blocks, "report_reused_blocks")?,
+            mm_inputs: mm_inputs_arg(py, &config, mm_inputs)?,
+            resumable: flag_arg(py, resumable, "resumable")?,
         };
         // Keep an exact str: a subclass instance could carry state of its own.
         let py_id: Py<PyString> = if id.is_exact_instance_of::<PyString>() {
@@ -1749,9 +1743,9 @@ impl PyScheduler {
     /// it added (vLLM's ``KVCacheManager.get_computed_blocks`` for a request not added):
     /// ``(block_ids, num_tokens, shared_prefix_boundary)``: the hit's blocks, one list per
     /// KV-cache group, the tokens they hold (none with ``skip_reading_prefix_cache``), and
-    /// where the prefix a full-attention group cached past the hit ends (0 if none). The arguments are read
-    /// as ``add_request`` reads them. Changes nothing: no request is added, and no stats
-    /// or events are recorded.
+    /// where the prefix a full-attention group cached past the hit ends (0 if none). The
+    /// arguments are read as ``add_request`` reads them. Changes nothing: no request is
+    /// added, and no stats or events are recorded.
     #[pyo3(signature = (prompt_token_ids, *, cache_salt=None, lora_id=None, mm_inputs=None,
                         skip_reading_prefix_cache=None), text_signature = "(self, prompt_token_ids, *, cache_salt=None, lora_id=None, mm_inputs=None, skip_reading_prefix_cache=False)")]
     fn probe_prefix_cache<'py>(
@@ -1769,19 +1763,14 @@ impl PyScheduler {
         new.cache_salt = cache_salt_arg(py, cache_salt)?;
         new.lora_id = lora_id_arg(py, lora_id)?;
         new.mm_inputs = mm_inputs_arg(py, &config, mm_inputs)?;
-        new.skip_reading_prefix_cache = match skip_reading_prefix_cache {
-            Some(v) => bool_value(py, v, &"skip_reading_prefix_cache", request_error)?,
-            None => false,
-        };
-        let num_groups = config.kv_cache_groups().len().max(1);
+        new.skip_reading_prefix_cache = flag_arg(py, skip_reading_prefix_cache, "skip_reading_prefix_cache")?;
         let hit = self.with_inner(py, |inner| inner.core.probe_prefix_cache(new).map_err(core_err))?;
+        // The hit's blocks are one run of the same length per group, group after group.
+        let num_groups = config.kv_cache_groups().len();
         let per_group = hit.blocks.len() / num_groups;
         let groups = PyList::empty(py);
-        for run in hit.blocks.chunks(per_group.max(1)).take(num_groups) {
-            groups.append(PyList::new(py, run)?)?;
-        }
-        while groups.len() < num_groups {
-            groups.append(PyList::empty(py))?;
+        for g in 0..num_groups {
+            groups.append(PyList::new(py, &hit.blocks[g * per_group..(g + 1) * per_group])?)?;
         }
         Ok((groups, hit.tokens, hit.shared_prefix_boundary))
     }
