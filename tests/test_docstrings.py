@@ -24,11 +24,12 @@ STUB = Path(llmsched.__file__).with_name("_core.pyi")
 
 
 def stub_docstrings() -> dict[str, str | None]:
-    """``Class`` and ``Class.member`` -> the stub's docstring (None if it has none)."""
+    """``Class`` and ``Class.member`` -> the stub's docstring (None if it has none). A
+    private class is the stub's own (a protocol for type checkers), not the extension's."""
     tree = ast.parse(STUB.read_text())
     out: dict[str, str | None] = {}
     for node in tree.body:
-        if isinstance(node, ast.ClassDef):
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
             out[node.name] = ast.get_docstring(node)
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and (

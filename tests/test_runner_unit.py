@@ -55,6 +55,8 @@ class StepOutput:
     new_token_ids: Any
     encoder_input_rows: Any
     encoder_input_ids: Any
+    external_encoder_input_rows: Any
+    external_encoder_input_ids: Any
     num_external_computed_tokens: Any
     freed_encoder_outputs: list[str]
     kv_loads: list[tuple[str, int, int]]
@@ -104,6 +106,8 @@ def make_so(*reqs: dict[str, Any], finished: tuple[str, ...] = ()) -> StepOutput
         new_token_ids=i32([]),
         encoder_input_rows=i32([]),
         encoder_input_ids=i32([]),
+        external_encoder_input_rows=i32([]),
+        external_encoder_input_ids=i32([]),
         num_external_computed_tokens=i32([]),
         freed_encoder_outputs=[],
         kv_loads=[],

@@ -36,8 +36,9 @@ COVERAGE_COLUMNS = (
 DEVIATIONS_MD = """\
 ## Deliberate deviations and how the harness treats them
 
-llmsched deliberately differs from vLLM 0.33.0 in the fifteen ways below; each difference
-fixes a crash, a livelock or wrong KV in vLLM, and none changes a decision vLLM gets right.
+llmsched deliberately differs from vLLM 0.33.0 in the sixteen ways below; each difference
+fixes a crash, a livelock, a leak or wrong KV in vLLM, and none changes a decision vLLM
+gets right.
 The comparison is never loosened for them: every step of every case is compared in full and
 no step summary is normalized. Instead
 each deviation is *kept out* of the compared cases (`harness.deviation_triggers` lists
@@ -182,6 +183,16 @@ documented (or, for 2, that they cannot differ).
    blocks there, or the holders wait for input). *Test:*
    `test_deviation_a_request_wedged_behind_waiting_kv_holders_runs` (vLLM schedules
    nothing, step after step; llmsched runs the session behind).
+16. **An encoder-cache connector's delayed free is not honoured.** When an encoder-cache
+   connector's `request_finished` asks to delay freeing a finished request's KV blocks, the
+   plug-in frees them at once and logs a warning. *Why:* vLLM holds them until a KV
+   connector reports them sent, which no KV connector does for a request it did not delay
+   itself (nor can, without one): the blocks never come back. The encoder outputs such a
+   connector may still be sending stay in the encoder cache after the request ends either
+   way. *Harness:* out of reach (the compared cases' connectors never delay). *Test:*
+   `test_deviation_an_encoder_connectors_delayed_free_is_not_honoured` (vLLM keeps the
+   requests and their blocks for good; the plug-in's outputs are vLLM's, and its pool is
+   whole).
 """
 
 PLUGIN_MD = """\
@@ -206,7 +217,7 @@ core, kept out the same way. Beyond them, the plug-in:
   multimodal encoder-only instances (disaggregated encoding), custom encoder cache
   managers, prompt embeddings, encoder-decoder models, diffusion
   LLMs, sampling masks, routed-experts outputs,
-  KV connectors beside Mamba layers, encoder-cache connectors,
+  KV connectors beside Mamba layers,
   KV cache residency and MFU metrics, decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
@@ -285,6 +296,22 @@ core, kept out the same way. Beyond them, the plug-in:
   to an engine without a connector. A synchronous load's failure reported while a later
   step is in flight too (overlapping async steps) is refused with a clear error (not
   served yet);
+- **serves encoder-cache connectors** (`ec_transfer_config`: disaggregated encoding), in
+  the core: both loops ask the connector, before counting a request's tokens, whether its
+  encoder outputs are ready (`ensure_cache_available`; a request whose outputs are in
+  transit is passed over), and, for an input a chunk needs that is not in the encoder
+  cache, once the cache has room for it and the step's encoder budget could encode it,
+  whether the connector has its output (`has_cache_item`): then it is loaded, taking its
+  room in the cache but none of the budget. The plug-in calls `update_state_after_alloc`
+  for each input a step encodes or loads (request by request, the encoded ones first),
+  builds the step's `ec_connector_metadata`, calls `update_state_after_free` for each
+  input a request's tokens passed, fails the requests the connector can no longer serve
+  (`take_unavailable_requests`), and passes the runner's report, stats and
+  `ec_transfer_params` on, as vLLM does, with `has_pending_push_work` keeping the engine
+  stepping. `tests/parity/test_plugin_ec_connector.py` compares the steps, the metadata,
+  the outputs and the encoder cache with vLLM's, with vLLM's `ECExampleConnector`
+  holding some images and requests whose outputs are in transit; a connector's delayed
+  free is deviation 16;
 - **publishes KV cache events** (`kv_events_config`) as vLLM does: the core records what
   enters and leaves its prefix cache (blocks stored by an allocation or an output, evicted
   for reuse, uncached by an undone step, all cleared by a reset, and prefix hits for

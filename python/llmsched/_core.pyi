@@ -7,7 +7,7 @@ names from ``llmsched``, not from here.
 """
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Final, Literal, TypeAlias, final, overload
+from typing import Any, Final, Literal, Protocol, TypeAlias, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -114,6 +114,7 @@ class SchedulerConfig:
         enable_prefix_caching: bool = True,
         enable_kv_cache_events: bool = False,
         kv_connector: bool = False,
+        ec_connector: bool = False,
         preemption_drops_in_flight_output: bool = False,
         defer_block_free: bool = False,
         recompute_kv_load_failures: bool = True,
@@ -207,6 +208,14 @@ class SchedulerConfig:
         request asks it, through ``schedule``'s external KV source, for tokens past its
         prefix-cache hit, and a finished request keeps its KV blocks until
         ``release_kv_blocks`` (the connector may still be sending them)."""
+    @property
+    def ec_connector(self) -> bool:
+        """An encoder-cache connector serves this engine (vLLM's
+        ``ec_transfer_config``): the loops ask it, through ``schedule``'s external
+        encoder source, which inputs' encoder outputs it loads instead of the encoder
+        computing them, and pass over a request whose outputs are still in transit;
+        the inputs a request's computed tokens pass are reported for it
+        (``take_passed_encoder_inputs``)."""
     @property
     def preemption_drops_in_flight_output(self) -> bool:
         """A request the running loop preempts for KV drops the output of its steps in
@@ -357,6 +366,14 @@ class SchedulerOutput:
         multimodal inputs."""
     @property
     def encoder_input_ids(self) -> _Int32Array:
+        """Each of those inputs' index among its request's ``mm_inputs``."""
+    @property
+    def external_encoder_input_rows(self) -> _Int32Array:
+        """With ``ec_connector``, the multimodal inputs whose encoder outputs the connector
+        loads for the step instead of the encoder computing them (``has_cache_item``), in
+        the same layout: each one's row, rows ascending. Empty otherwise."""
+    @property
+    def external_encoder_input_ids(self) -> _Int32Array:
         """Each of those inputs' index among its request's ``mm_inputs``."""
     @property
     def num_external_computed_tokens(self) -> _Int32Array:
@@ -557,6 +574,13 @@ class Request:
     def num_inputs_taken(self) -> int:
         """A session's inputs taken up after its first."""
 
+class _ExternalEncoderSource(Protocol):
+    """What ``Scheduler.schedule``'s ``external_encoder`` is asked (vLLM's
+    ``ECConnectorBase`` names)."""
+
+    def has_cache_item(self, identifier: str, /) -> bool: ...
+    def ensure_cache_available(self, request: Request, num_computed_tokens: int, /) -> bool: ...
+
 @final
 class Scheduler:
     """The request scheduler. Thread-safe: calls from several threads are
@@ -639,6 +663,7 @@ class Scheduler:
         throttle_prefills: bool = False,
         external_kv: Callable[[Request, int], int | tuple[int | None, bool] | None] | None = None,
         pending_block_frees: Callable[[], bool] | None = None,
+        external_encoder: _ExternalEncoderSource | None = None,
     ) -> SchedulerOutput:
         """Decide the next step: which requests run and how many tokens each.
 
@@ -671,7 +696,20 @@ class Scheduler:
         preempt a request for KV blocks: while it returns True (transfers in flight will give
         blocks back), the loop preempts none and schedules no further running request, as
         vLLM's. Should it raise or return something else, the step is decided as if it
-        returned False, and the error is raised as above."""
+        returned False, and the error is raised as above.
+
+        ``external_encoder`` (with the config's ``ec_connector``): an encoder-cache
+        connector, asked only about requests with multimodal inputs, where vLLM's loops ask
+        it: ``external_encoder.ensure_cache_available(request, num_computed_tokens)`` before
+        a request's tokens are counted (with a ``Request`` snapshot; False: its encoder
+        outputs are in transit, and the request is passed over in this step), and
+        ``external_encoder.has_cache_item(identifier)`` for an input a chunk needs that is
+        not in the encoder cache, once the cache has room for it (True: the connector loads
+        its output, ``SchedulerOutput.external_encoder_input_rows``, and the encoder compute
+        budget is not charged). Each returns a bool. The GIL is held through such a step.
+        Should either raise or return something else, from then on in the step every input
+        is encoded and every request asked is passed over, and the error is raised as
+        above."""
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: Any
     ) -> RequestOutputs:
@@ -740,6 +778,18 @@ class Scheduler:
     def encoder_cache_state(self) -> tuple[int, int, int]:
         """The encoder cache: ``(free, freeable, cached)``: its free embedding slots, those
         plus the slots of outputs no request references, and the outputs it holds."""
+    def encoder_cache_contents(
+        self,
+    ) -> tuple[list[tuple[str, int, list[str]]], list[str]]:
+        """The encoder cache's outputs (a new list): ``(identifier, num_embeds, request_ids)``
+        for each, by identifier, with the ids of the requests that reference it (none: it
+        is kept until its room is needed); and the identifiers of those no request
+        references, oldest (first evicted) first."""
+    def take_passed_encoder_inputs(self) -> list[tuple[str, int]]:
+        """With ``ec_connector``: the multimodal inputs whose encoder outputs a request's
+        computed tokens passed (so the request no longer references them) since the last
+        call, as ``(request_id, input_index)`` in that order: what vLLM tells its connector
+        with ``update_state_after_free``. Empty without."""
     def held_kv_blocks(self, request_id: str, group: int = 0) -> _Int32Array | None:
         """With ``kv_connector``: the blocks of KV-cache group ``group`` holding the computed
         tokens of the finished request ``request_id``, whose blocks stay out of the pool until

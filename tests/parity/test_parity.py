@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import functools
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -241,9 +242,11 @@ def test_the_matrix_and_the_fuzz_keep_out_of_the_deviations() -> None:
 
 def test_the_report_names_every_deviation_test() -> None:
     """docs/parity.md's "Deliberate deviations" section (``report.DEVIATIONS_MD``) names
-    the tests below, and only tests that exist."""
+    the tests below and the plug-in's (``test_plugin_*.py``), and only tests that exist."""
     named = set(re.findall(r"`(test_deviation_\w+)`", DEVIATIONS_MD))
     defined = {name for name in globals() if name.startswith("test_deviation_")}
+    for module in Path(__file__).parent.glob("test_plugin*.py"):
+        defined.update(re.findall(r"^def (test_deviation_\w+)", module.read_text(), re.M))
     assert named == defined
 
 

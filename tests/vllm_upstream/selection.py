@@ -10,8 +10,8 @@ passes: ``run.py`` fails if one of them fails, or builds no llmsched scheduler.
 ``EXCLUDED`` maps every other test to the reason: the vLLM scheduler internal it reads or
 patches (``scheduler.deferred_waiting``, ``scheduler._kv_fetch_counts``, ...), a
 ``Request`` field it writes to build a state by hand, the feature llmsched.vllm does not
-serve (KV connectors beside Mamba layers, encoder-cache connectors, multimodal
-encoder-only instances, context parallelism, KV-cache groups the plug-in does not build),
+serve (KV connectors beside Mamba layers, multimodal encoder-only instances, context
+parallelism, KV-cache groups the plug-in does not build),
 the deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the
 plug-in. The connector tests' leak check
 (``assert_scheduler_empty``) is replaced by the plug-in's own (``conftest.py``).
@@ -76,9 +76,9 @@ _NO_ENCODER_BUDGET = (
     "hold no image, which llmsched's config refuses (ConfigError: a request with an image "
     "could never run; vLLM lets it wait)"
 )
-_EC_PARAMS = (
-    "refused feature: encoder-cache connectors (ec_transfer_config is set): the "
-    "parametrizations with an ec_consumer; the others run"
+_PREFIX_REPLAY = (
+    "sets scheduler.prefix_replay_tokens: the bounded replay of a sliding-window prefix hit "
+    "(DeepSeek V4's), which llmsched does not build"
 )
 
 #: The test files run, relative to the extracted sdist. (tests/v1/core/'s other scheduler
@@ -212,15 +212,24 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_finished_spec_request_caches_completed_blocks",
         "test_async_output_does_not_cache_inflight_tokens",
         # A runner output listing requests the step did not schedule (vLLM reads its rows
-        # by request id, and so does the plug-in); the encoder-cache connector's
-        # parametrizations stay out (refused feature).
-        "test_kv_connector_unable_to_allocate[False-None]",
-        "test_kv_connector_handles_preemption[False-None-False-False]",
-        "test_kv_connector_handles_preemption[False-None-False-True]",
-        "test_kv_connector_handles_preemption[False-None-True-False]",
-        "test_kv_connector_handles_preemption[False-None-True-True]",
-        "test_priority_scheduling_preemption_and_resumption_when_out_of_kv[False-None-False]",
-        "test_priority_scheduling_preemption_and_resumption_when_out_of_kv[False-None-True]",
+        # by request id, and so does the plug-in), with and without an encoder-cache
+        # connector.
+        "test_kv_connector_unable_to_allocate",
+        "test_kv_connector_handles_preemption",
+        "test_priority_scheduling_preemption_and_resumption_when_out_of_kv",
+        # Encoder-cache connectors (an ec_consumer, vLLM's ECExampleConnector, often with
+        # its answers mocked): outputs loaded instead of encoded, requests whose outputs
+        # are in transit passed over in both loops, the runner's report; the encoder
+        # cache read through the plug-in's view (encoder_cache_manager.cached).
+        "test_ec_connector_text_only_request",
+        "test_ec_connector_cache_hit_external_load",
+        "test_ec_connector_cache_miss_computes_locally",
+        "test_ec_connector_with_partial_cache_hit_multi_round",
+        "test_ec_connector_unable_to_allocate",
+        "test_ec_connector_update_connector_output_called",
+        "test_ec_connector_ensure_cache_available_defers_request",
+        "test_ec_connector_defers_running_request_for_async_reload",
+        "test_ec_connector_waits_for_embeddings_in_prefix_replay[0-False-False]",
     ),
     ASYNC_SCHEDULER_TESTS: (
         "test_prefix_caching_for_prefill_dedup",
@@ -441,12 +450,9 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.connector_prefix_cache_stats, scheduler.finished_recving_kv_req_ids, "
             "scheduler.kv_cache_manager, scheduler.kv_holding_waiting; Request fields: status"
         ),
-        "test_kv_connector_unable_to_allocate": _EC_PARAMS,
-        "test_kv_connector_handles_preemption": _EC_PARAMS,
         "test_abort_request_when_structured_output_fsm_cannot_advance": (
             _FSM_ABORT_BY_HAND + " num_tokens, status, status (written)"
         ),
-        "test_priority_scheduling_preemption_and_resumption_when_out_of_kv": _EC_PARAMS,
         "test_chunked_prefill_disabled_for_encoder_decoder": (
             "encoder-decoder config only (SchedulerConfig); no scheduler"
         ),
@@ -461,38 +467,16 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.max_num_encoder_input_tokens, scheduler.num_prefill_lookahead, "
             "scheduler.use_eagle"
         ),
-        "test_ec_connector_text_only_request": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
-            "scheduler.encoder_cache_manager"
-        ),
-        "test_ec_connector_cache_hit_external_load": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
-            "scheduler.encoder_cache_manager"
-        ),
-        "test_ec_connector_cache_miss_computes_locally": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
-            "scheduler.encoder_cache_manager"
-        ),
-        "test_ec_connector_with_partial_cache_hit_multi_round": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
-            "scheduler.encoder_cache_manager"
-        ),
         "test_ec_connector_schedule_multiple_requests": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
-            "scheduler.encoder_cache_manager"
-        ),
-        "test_ec_connector_unable_to_allocate": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
-            "scheduler.kv_cache_manager, scheduler.running, scheduler.waiting"
+            "writes the encoder cache by hand (scheduler.encoder_cache_manager.allocate)"
         ),
         "test_priority_scheduling_ec_connector_preemption_and_resumption": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
-            "scheduler.encoder_cache_manager, scheduler.kv_cache_manager, scheduler.running, "
-            "scheduler.waiting"
+            "its runner output gives a request two tokens in a step that scheduled one "
+            "without drafts, which the plug-in refuses (OutputMismatchError); vLLM's runner "
+            "never returns one"
         ),
         "test_ec_connector_allocate_encoder_tokens_with_external_load": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
-            "scheduler.encoder_cache_manager"
+            "replaces scheduler.encoder_cache_manager with vLLM's own (a smaller cache)"
         ),
         "test_prepend_skipped_requests_order": (
             "builds the requests' state by hand (Request.status written); also "
@@ -526,11 +510,9 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.connector)"
         ),
         "test_scheduler_ec_connector_stats": (
-            "EC connector stats (hand-built SchedulerOutput with ec_connector_output; "
-            "scheduler.ec_connector)"
-        ),
-        "test_ec_connector_update_connector_output_called": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set)"
+            "puts a mock in scheduler.ec_connector on a scheduler built without an "
+            "encoder-cache connector (refused: the core was configured without one); "
+            "hand-built SchedulerOutput"
         ),
         "test_variable_length_cross_attn_block_allocation": (
             "refused feature: KV-cache groups other than full attention and sliding window "
@@ -561,13 +543,13 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "Request fields: num_computed_tokens (written), num_output_placeholders (written)"
         ),
         "test_free_encoder_inputs_notifies_the_ec_connector": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
-            "scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; "
-            "Request fields: num_computed_tokens (written)"
+            "scheduler internal: scheduler._free_encoder_inputs; writes the encoder cache by "
+            "hand (scheduler.encoder_cache_manager.allocate); Request fields: "
+            "num_computed_tokens (written)"
         ),
         "test_unavailable_encoder_input_fails_the_request_as_retryable": (
-            "sets scheduler.ec_connector to a mock (encoder-cache connectors are refused); "
-            "Request fields: status"
+            "puts a mock in scheduler.ec_connector on a scheduler built without an "
+            "encoder-cache connector (refused: the core was configured without one)"
         ),
         "test_encoder_cache_accepts_matching_embed_count": (
             "scheduler internal: scheduler.encoder_cache_manager, "
@@ -604,19 +586,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler.encoder_cache_manager; Request fields: "
             "num_computed_tokens (written)"
         ),
-        "test_ec_connector_ensure_cache_available_defers_request": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
-            "scheduler.encoder_cache_manager, scheduler.kv_cache_manager"
-        ),
-        "test_ec_connector_waits_for_embeddings_in_prefix_replay": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
-            "scheduler.encoder_cache_manager, scheduler.kv_cache_manager, "
-            "scheduler.prefix_replay_group_ids, scheduler.prefix_replay_tokens; Request fields: "
-            "num_computed_tokens"
-        ),
-        "test_ec_connector_defers_running_request_for_async_reload": (
-            "refused feature: encoder-cache connectors (ec_transfer_config is set)"
-        ),
+        "test_ec_connector_waits_for_embeddings_in_prefix_replay": _PREFIX_REPLAY
+        + "; the parametrization without replay runs",
         "test_ec_connector_pending_prefetch_only_checks_future_mm_features": (
             "EC connector + multimodal helper; no scheduler"
         ),
@@ -644,8 +615,7 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "fields: num_output_tokens, status"
         ),
         "test_encoder_input_skipped_when_connector_already_has_the_item": (
-            "refused feature: multimodal encoder-only instances (mm_encoder_only=True) / "
-            "refused feature: encoder-cache connectors (ec_transfer_config is set); also "
+            "refused feature: multimodal encoder-only instances (mm_encoder_only=True); also "
             "scheduler.encoder_cache_manager, scheduler.max_num_encoder_input_tokens"
         ),
         "test_update_draft_token_ids_strips_ngram_padding": (

@@ -178,10 +178,6 @@ def check_engine_config(
             ),
         ),
         (
-            "encoder-cache connectors",
-            lambda: (get("ec_transfer_config") is not None, "ec_transfer_config is set"),
-        ),
-        (
             "KV cache residency metrics",
             lambda: (get("observability_config.kv_cache_metrics"), "kv_cache_metrics=True"),
         ),
@@ -297,12 +293,14 @@ def llmsched_config(
     block_size: int,
     mm_registry: Any = None,
     kv_connector: Any = None,
+    ec_connector: bool = False,
 ) -> llmsched.SchedulerConfig:
     """vLLM -> llmsched: llmsched's config for the engine vLLM configured: the same budgets
     and policy (:data:`SHARED_FIELDS`), the KV pool vLLM sized (``kv_cache_config.num_blocks``
     blocks, block 0 the null block), the same drafts, LoRA adapters and encoder budget
     (``mm_registry``: the engine's multimodal registry, vLLM's default if None), and the
-    engine's KV connector's part (``kv_connector``: its scheduler side, None without)."""
+    engine's KV connector's part (``kv_connector``: its scheduler side, None without) and
+    whether an encoder-cache connector serves it (``ec_connector``)."""
     shared = {name: convert(read(vllm_config, path)) for name, path, convert in SHARED_FIELDS}
     # vLLM runs each data-parallel rank of a dense model as an independent engine whose
     # config says data_parallel_size=1; an MoE model's ranks step in lockstep, and their
@@ -348,6 +346,7 @@ def llmsched_config(
             encoder_cache_size=encoder_cache_size,
             num_prefill_lookahead_tokens=read(vllm_config, "num_prefill_lookahead_tokens"),
             kv_connector=kv_connector is not None,
+            ec_connector=ec_connector,
             # A connector that hands KV off (vLLM's requires_kv_delivery, a producer's by
             # default) has a request preempted for KV drop its output in flight.
             preemption_drops_in_flight_output=kv_connector is not None

@@ -9,13 +9,14 @@ shipping vLLM's tensors to its workers, not about scheduling.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from vllm.v1.core.sched.output import SchedulerOutput
 
 import llmsched
 
-__all__ = ["EncoderFields", "mm_inputs"]
+__all__ = ["EncoderCacheView", "EncoderFields", "mm_inputs"]
 
 try:
     from vllm.v1.core.sched.output import ScheduledEncoderInputStats
@@ -126,3 +127,41 @@ class EncoderFields:
                     updates.setdefault(req_id, {})[i] = None
                     held.remove(i)
         return updates
+
+
+class EncoderCacheView:
+    """The core's encoder cache as vLLM's scheduler shows its ``EncoderCacheManager``
+    (``scheduler.encoder_cache_manager``): read-only, each attribute read from the core when
+    accessed (a new object each time)."""
+
+    def __init__(self, core: llmsched.Scheduler) -> None:
+        self._core = core
+
+    @property
+    def cache_size(self) -> int:
+        """The cache's size, in embeddings."""
+        return self._core.config.encoder_cache_size
+
+    @property
+    def num_free_slots(self) -> int:
+        return self._core.encoder_cache_state()[0]
+
+    @property
+    def num_freeable_slots(self) -> int:
+        """Free slots plus those of outputs no request references."""
+        return self._core.encoder_cache_state()[1]
+
+    @property
+    def cached(self) -> dict[str, set[str]]:
+        """Each cached output's identifier, with the ids of the requests that reference it
+        (none: it stays until its room is needed)."""
+        entries, _ = self._core.encoder_cache_contents()
+        return {identifier: set(holders) for identifier, _, holders in entries}
+
+    @property
+    def freeable(self) -> OrderedDict[str, int]:
+        """The outputs no request references, oldest (first evicted) first, with their
+        embeddings."""
+        entries, freeable = self._core.encoder_cache_contents()
+        num_embeds = {identifier: n for identifier, n, _ in entries}
+        return OrderedDict((identifier, num_embeds[identifier]) for identifier in freeable)

@@ -47,10 +47,11 @@ from llmsched.vllm._config import (
     llmsched_config,
     read,
 )
+from llmsched.vllm._ec_connector import EcConnectorSide, make_ec_connector
 from llmsched.vllm._kv_connector import KvConnectorSide, make_connector
 from llmsched.vllm._kv_events import KvEvents, make_publisher, publish_events
 from llmsched.vllm._kv_layout import KVCacheLayout, prefix_cache_keys
-from llmsched.vllm._multimodal import EncoderFields
+from llmsched.vllm._multimodal import EncoderCacheView, EncoderFields
 from llmsched.vllm._requests import attach, freeze, is_live, new_request_data
 from llmsched.vllm._sessions import Sessions
 
@@ -192,16 +193,24 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.structured_output_manager = structured_output_manager
         self.block_size = block_size
         self.log_stats = log_stats
-        # What EngineCore reads outside the interface: the connectors (the KV connector's
-        # scheduler side, None without; encoder-cache connectors are refused), and the KV
-        # layout (its full-attention block size goes to vllm:cache_config_info).
-        self.ec_connector = None
+        # What EngineCore reads outside the interface: the connectors' scheduler sides (None
+        # without), and the KV layout (its full-attention block size goes to
+        # vllm:cache_config_info).
         self._connector = connector = make_connector(vllm_config, kv_cache_config)
+        ec_connector = make_ec_connector(vllm_config)
         self._num_kv_groups = len(kv_cache_config.kv_cache_groups)
         self.core = llmsched.Scheduler(
-            llmsched_config(vllm_config, kv_cache_config, block_size, mm_registry, connector)
+            llmsched_config(
+                vllm_config,
+                kv_cache_config,
+                block_size,
+                mm_registry,
+                connector,
+                ec_connector=ec_connector is not None,
+            )
         )
         self.kv_cache_manager = KVCacheLayout(kv_cache_config, self.core, log_stats)
+        self.encoder_cache_manager = EncoderCacheView(self.core)
         # KV cache events (kv_events_config), published as vLLM's scheduler publishes them.
         self.kv_event_publisher = make_publisher(
             read(vllm_config, "kv_events_config"),
@@ -283,7 +292,15 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 connector, self.core, self.requests, log_stats, self._num_kv_groups
             )
         )
-        self._kv_transfer_params: dict[str, dict[str, Any]] = {}
+        # An encoder-cache connector (ec_transfer_config).
+        self._ec_connector = (
+            None
+            if ec_connector is None
+            else EcConnectorSide(ec_connector, self.core, self.requests)
+        )
+        # The requests the latest call finished: their connectors' kv_transfer_params and
+        # ec_transfer_params, for their final outputs (by output field).
+        self._transfer_params: dict[str, dict[str, dict[str, Any]]] = {}
         # Finished requests kept in `requests` while the core holds their blocks for the
         # connector.
         self._held_finished: set[str] = set()
@@ -410,10 +427,14 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             request = self.requests[final.request_id]
             freeze(request, final)
             frozen.append(request)
+            params: dict[str, dict[str, Any] | None] = {}
             if self._kv_connector is not None:
-                params = self._kv_connector.finished(request)
-                if params is not None:
-                    self._kv_transfer_params[request.request_id] = params
+                params["kv_transfer_params"] = self._kv_connector.finished(request)
+            if self._ec_connector is not None:
+                params["ec_transfer_params"] = self._ec_connector.finished(request)
+            given = {field: value for field, value in params.items() if value is not None}
+            if given:
+                self._transfer_params[request.request_id] = given
         return frozen
 
     def _forget(self, req_id: str) -> None:
@@ -431,8 +452,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._always_full.discard(req_id)
         self._next_full.discard(req_id)
         self._sessions.forget(req_id)
-        # An abort's kv_transfer_params go nowhere (vLLM's finish_requests drops them too).
-        self._kv_transfer_params.pop(req_id, None)
+        # An abort's transfer params go nowhere (vLLM's finish_requests drops them too).
+        self._transfer_params.pop(req_id, None)
         if self._encoder_fields is not None:
             self._encoder_fields.forget(req_id)
         if request.client_index:
@@ -473,11 +494,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
 
     def has_requests(self) -> bool:
         """Whether the engine must keep stepping: requests to serve or to report, or (with a
-        KV connector) its pending push work, as vLLM's."""
+        KV or an encoder-cache connector) its pending push work, as vLLM's."""
         return (
             self.has_unfinished_requests()
             or self.has_finished_requests()
             or (self.connector is not None and self.connector.has_pending_push_work())
+            or (self.ec_connector is not None and self.ec_connector.has_pending_push_work())
         )
 
     def get_request_counts(self) -> tuple[int, int]:
@@ -504,6 +526,23 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             )
         self._connector = connector
         self._kv_connector.connector = connector
+
+    @property
+    def ec_connector(self) -> Any:
+        """The encoder-cache connector's scheduler side (None without
+        ``ec_transfer_config``)."""
+        return None if self._ec_connector is None else self._ec_connector.connector
+
+    @ec_connector.setter
+    def ec_connector(self, connector: Any) -> None:
+        """Put another object in the encoder-cache connector's place, as for
+        :attr:`connector`."""
+        if self._ec_connector is None or connector is None:
+            raise UnsupportedFeatureError(
+                "llmsched.vllm: scheduler.ec_connector can only be replaced by another "
+                "connector in an engine built with ec_transfer_config"
+            )
+        self._ec_connector.connector = connector
 
     # vLLM's scheduler keeps its queues as attributes that tools and vLLM's tests read;
     # here they are views of the core's, rebuilt on each access.
@@ -575,6 +614,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             pending_block_frees=None
             if self._kv_connector is None
             else self.connector.has_pending_block_frees,
+            external_encoder=self._ec_connector,
         )
         if self._kv_events is not None:
             self._kv_events.take(self.core.take_kv_events(), self.requests)
@@ -618,6 +658,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._watch_scheduled(core_out, new_ids, resumed_ids)
         if self._kv_connector is not None:
             self._kv_connector.admitted(output, core_out)
+        if self._ec_connector is not None:
+            self._ec_connector.scheduled(output, core_out)
         if req_ids:
             self._core_steps[id(output)] = (output, core_out)
             if self._step_log is not None:
@@ -825,6 +867,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             # object per token. An output the core refuses raises here, changing nothing.
             core_outputs = self.core.update_from_output(core_step, rows)
             del self._core_steps[id(scheduler_output)]
+            if self._ec_connector is not None:
+                # Before the requests the output finished are told so, as in vLLM.
+                self._ec_connector.passed_inputs()
             self._freeze_finished()
             if self._kv_events is not None:
                 # Before the requests the output finished are let go.
@@ -857,6 +902,16 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._fail_uncompiled_grammars(outputs)
         if self._encoder_fields is not None:
             self._fail_encoder_mismatches(outputs)
+        ec_connector_stats = None
+        if self._ec_connector is not None:
+            # After the KV connector's report, as vLLM's update goes.
+            if self._ec_connector.fail_unavailable():
+                self._report_failed(outputs, lambda _request: None)
+            ec_connector_output = model_runner_output.ec_connector_output
+            self._ec_connector.runner_reported(ec_connector_output)
+            ec_connector_stats = self._ec_connector.stats(
+                ec_connector_output.ec_connector_stats if ec_connector_output else None
+            )
         for req_id, (request, reason) in self._refused.items():
             request.status = RequestStatus.FINISHED_ERROR
             outputs[request.client_index].append(_refusal(req_id, reason))
@@ -879,7 +934,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 else:
                     eco.finished_requests = finished_set
             self.finished_req_ids_dict.clear()
-        stats = self.make_stats(spec_stats, kv_connector_stats)
+        stats = self.make_stats(spec_stats, kv_connector_stats, ec_connector_stats)
         if stats is not None:
             eco = next(iter(engine_core_outputs.values()), None)
             if eco is None:
@@ -1050,7 +1105,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             output.finish_reason = _FINISH_REASON[status]
             output.stop_reason = core_outputs[i].stop_reason
             output.spec_decode_metrics = request.spec_decode_metrics
-            output.kv_transfer_params = self._kv_transfer_params.pop(req_id, None)
+            for field, params in self._transfer_params.pop(req_id, {}).items():
+                setattr(output, field, params)
             if mro.pooler_output:
                 # A pooling request ends with its prompt, carrying the pooled output.
                 output.pooling_output = mro.pooler_output[mro.req_id_to_index[req_id]]
@@ -1187,6 +1243,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self,
         spec_decoding_stats: Any = None,
         kv_connector_stats: Any = None,
+        ec_connector_stats: Any = None,
         *args: Any,
         **kwargs: Any,
     ) -> Any:
@@ -1212,6 +1269,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 None if self._kv_connector is None else self._kv_connector.take_prefix_cache_stats()
             ),
             kv_connector_stats=kv_connector_stats.to_dict() if kv_connector_stats else None,
+            ec_connector_stats=ec_connector_stats.data if ec_connector_stats else None,
         )
 
     @property
@@ -1363,16 +1421,17 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         """Closes the KV event publisher and the step log, if one is kept (the core frees
         its memory with the object)."""
         self.kv_event_publisher.shutdown()
-        if self.connector is not None:
-            self.connector.shutdown()
+        for connector in (self.connector, self.ec_connector):
+            if connector is not None:
+                connector.shutdown()
         if self._step_log is not None:
             self._step_log.close()
 
     def get_kv_connector(self) -> Any:
         return self.connector
 
-    def get_ec_connector(self) -> None:
-        return None
+    def get_ec_connector(self) -> Any:
+        return self.ec_connector
 
     def get_kv_event_publisher_config(self) -> Any:
         return self.kv_event_publisher.get_publisher_config()

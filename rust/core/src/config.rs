@@ -257,6 +257,13 @@ macro_rules! config_fields {
             /// prefix-cache hit, and a finished request keeps its KV blocks until
             /// ``release_kv_blocks`` (the connector may still be sending them).
             kv_connector: Bool = false;
+            /// An encoder-cache connector serves this engine (vLLM's
+            /// ``ec_transfer_config``): the loops ask it, through ``schedule``'s external
+            /// encoder source, which inputs' encoder outputs it loads instead of the encoder
+            /// computing them, and pass over a request whose outputs are still in transit;
+            /// the inputs a request's computed tokens pass are reported for it
+            /// (``take_passed_encoder_inputs``).
+            ec_connector: Bool = false;
             /// A request the running loop preempts for KV drops the output of its steps in
             /// flight, to be recomputed (vLLM's ``requires_kv_delivery``, a KV connector that
             /// hands finished requests' KV off: a producer's), instead of delivering it.

@@ -43,10 +43,14 @@ pub(crate) struct EncoderCache {
     /// Outputs cached for an encoding a preemption undid in the step being built: not
     /// computed (evicting one frees nothing in the runner).
     orphans: Vec<Arc<str>>,
+    /// With an encoder-cache connector: each input a request's computed tokens passed
+    /// since the last call, as `(request id, input index)` (vLLM tells its connector with
+    /// `update_state_after_free`); None without.
+    passed: Option<Vec<(Arc<str>, u32)>>,
 }
 
 impl EncoderCache {
-    pub fn new(cache_size: i64) -> Self {
+    pub fn new(cache_size: i64, records_passed: bool) -> Self {
         Self {
             cache_size,
             num_free_slots: cache_size,
@@ -56,13 +60,14 @@ impl EncoderCache {
             next_freeable: 0,
             freed: Vec::new(),
             orphans: Vec::new(),
+            passed: records_passed.then(Vec::new),
         }
     }
 
     /// Forgets every output (vLLM's `reset`, on a weight update). Requests' references are
     /// the caller's to clear.
     pub fn reset(&mut self) {
-        *self = Self::new(self.cache_size);
+        *self = Self::new(self.cache_size, self.passed.is_some());
     }
 
     /// The embeddings the output cached under `identifier` holds, if there is one.
@@ -156,6 +161,19 @@ impl EncoderCache {
         }
     }
 
+    /// `release` of input `i`, which `request_id`'s computed tokens have passed.
+    pub fn release_passed(&mut self, handle: Handle, request_id: &Arc<str>, mm: &mut RequestInputs, i: usize) {
+        self.release(handle, mm, i);
+        if let Some(passed) = &mut self.passed {
+            passed.push((request_id.clone(), i as u32));
+        }
+    }
+
+    /// The inputs passed since the last call (see `passed`), taken.
+    pub fn take_passed(&mut self) -> Vec<(Arc<str>, u32)> {
+        self.passed.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
     /// Drops every reference of `handle` (finished, preempted, or not admitted after all).
     pub fn release_all(&mut self, handle: Handle, mm: &mut RequestInputs) {
         while let Some(&i) = mm.referenced.first() {
@@ -208,6 +226,16 @@ impl EncoderCache {
 
     pub fn num_cached(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Every cached output: its identifier, embeddings and referencing requests.
+    pub fn entries(&self) -> impl Iterator<Item = (&Arc<str>, i64, &[Handle])> {
+        self.entries.iter().map(|(identifier, e)| (identifier, e.num_embeds, e.holders.as_slice()))
+    }
+
+    /// The outputs no request references, oldest (first evicted) first.
+    pub fn freeable(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.freeable.values()
     }
 }
 

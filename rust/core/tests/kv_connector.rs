@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use llmsched_core::{ExternalKv, ExternalMatch, KvLoad, Request, RequestStatus, Scheduler, Step};
+use llmsched_core::{Connectors, ExternalKv, ExternalMatch, KvLoad, Request, RequestStatus, Scheduler, Step};
 
 /// A connector that holds the first `tokens` tokens of the requests it names, loaded
 /// across steps for those in `remote`, and records each question (request id, local hit).
@@ -49,7 +49,7 @@ fn connected(f: impl FnOnce(&mut llmsched_core::ConfigParams)) -> Scheduler {
 }
 
 fn step_with(sched: &mut Scheduler, store: &mut Store) -> Step {
-    let step = sched.schedule_with(false, Some(store));
+    let step = sched.schedule_with(false, Connectors { kv: Some(store), encoder: None });
     check_step(sched, &step);
     step
 }

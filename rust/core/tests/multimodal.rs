@@ -5,7 +5,9 @@
 mod common;
 
 use common::*;
-use llmsched_core::{ConfigParams, MmInputSpec, NewRequest, RequestStatus, Scheduler, Step};
+use llmsched_core::{
+    ConfigParams, Connectors, ExternalEncoderCache, MmInputSpec, NewRequest, Request, RequestStatus, Scheduler, Step,
+};
 
 fn mm(budget: i64, cache: i64, f: impl FnOnce(&mut ConfigParams)) -> Scheduler {
     Scheduler::new(config(|p| {
@@ -344,4 +346,136 @@ fn an_image_whose_encoding_request_is_preempted_in_its_step_is_encoded_for_the_n
     // Step 2: a reaches "x" at 28 and encodes it, b's chunk [8, 16) finds it cached, c's
     // decode preempts a: "x" is encoded for b.
     preempt_the_encoder(20, 15, (36, 28), (16, 8, 3), (4, 4));
+}
+
+// ---------------------------------------------------------------------------
+// An encoder-cache connector (vLLM's ECConnectorBase, scheduler side).
+// ---------------------------------------------------------------------------
+
+/// An encoder-cache connector that has the outputs of `has` and the requests of
+/// `in_transit` still loading; records every question.
+#[derive(Default)]
+struct EcStore {
+    has: Vec<&'static str>,
+    in_transit: Vec<&'static str>,
+    asked_items: Vec<String>,
+    asked_ready: Vec<(String, i64)>,
+}
+
+impl ExternalEncoderCache for EcStore {
+    fn has_cache_item(&mut self, identifier: &str) -> bool {
+        self.asked_items.push(identifier.to_string());
+        self.has.contains(&identifier)
+    }
+
+    fn ensure_cache_available(&mut self, request: &Request, num_computed_tokens: i64) -> bool {
+        self.asked_ready.push((request.id().to_string(), num_computed_tokens));
+        !self.in_transit.contains(&&**request.id())
+    }
+}
+
+fn ec_step(sched: &mut Scheduler, store: &mut EcStore) -> Step {
+    let step = sched.schedule_with(false, Connectors { kv: None, encoder: Some(store) });
+    check_step(sched, &step);
+    apply_one_token_each(sched, &step);
+    step
+}
+
+/// The step's rows by request id.
+fn ids(sched: &Scheduler, step: &Step) -> Vec<String> {
+    step.req_handles.iter().map(|&h| sched.request(h).unwrap().id().to_string()).collect()
+}
+
+/// The step's loaded inputs as (row, input) pairs.
+fn loaded(step: &Step) -> Vec<(i32, i32)> {
+    step.external_encoder_input_rows.iter().copied().zip(step.external_encoder_input_ids.iter().copied()).collect()
+}
+
+#[test]
+fn a_loaded_output_takes_cache_room_but_no_compute_budget() {
+    // As a_chunk_stops_before_an_image_the_budget_cannot_encode, but the connector has x:
+    // loaded, it leaves the whole budget to b's image.
+    let mut sched = mm(100, 200, |p| p.ec_connector = true);
+    sched.add_request(with_images("a", 100, vec![image("x", 10, 80)])).unwrap();
+    sched.add_request(with_images("b", 100, vec![image("y", 30, 40)])).unwrap();
+    let mut store = EcStore { has: vec!["x"], ..EcStore::default() };
+    let step = ec_step(&mut sched, &mut store);
+    assert_eq!(step.num_scheduled_tokens, vec![100, 100]);
+    assert_eq!(encoded(&step), vec![(1, 0)]);
+    assert_eq!(loaded(&step), vec![(0, 0)]);
+    assert_eq!(store.asked_items, ["x", "y"]);
+    // Both outputs take their room in the cache (freeable: both prompts passed them).
+    assert_eq!(sched.encoder_cache_state(), (80, 200, 2));
+}
+
+#[test]
+fn a_loaded_output_is_shared_and_asked_about_once_per_step() {
+    let mut sched = mm(100, 200, |p| p.ec_connector = true);
+    sched.add_request(with_images("a", 100, vec![image("x", 10, 80)])).unwrap();
+    sched.add_request(with_images("b", 90, vec![image("x", 5, 80)])).unwrap();
+    let mut store = EcStore { has: vec!["x"], ..EcStore::default() };
+    let step = ec_step(&mut sched, &mut store);
+    assert_eq!(step.num_scheduled_tokens, vec![100, 90]);
+    assert_eq!((encoded(&step), loaded(&step)), (vec![], vec![(0, 0)]));
+    assert_eq!(store.asked_items, ["x"]);
+    // Cached now: a later request finds it there, and the connector is not asked.
+    sched.add_request(with_images("c", 90, vec![image("x", 0, 80)])).unwrap();
+    let step = ec_step(&mut sched, &mut store);
+    assert_eq!((encoded(&step), loaded(&step)), (vec![], vec![]));
+    assert_eq!(store.asked_items, ["x"]);
+}
+
+#[test]
+fn a_request_whose_outputs_are_in_transit_is_passed_over_in_both_loops() {
+    let mut sched = mm(100, 200, |p| {
+        p.ec_connector = true;
+        p.max_num_batched_tokens = 40;
+    });
+    sched.add_request(with_images("a", 100, vec![image("x", 10, 20)])).unwrap();
+    let mut store = EcStore::default();
+    let step = ec_step(&mut sched, &mut store);
+    assert_eq!(step.num_scheduled_tokens, vec![40]);
+    assert_eq!(store.asked_ready, [("a".to_string(), 0)]);
+    sched.add_request(with_images("c", 20, vec![image("y", 0, 8)])).unwrap();
+    sched.add_request(request("d", 10, 4)).unwrap();
+    store.in_transit = vec!["a", "c"];
+    let step = ec_step(&mut sched, &mut store);
+    // a (running, asked with its computed tokens) and c (waiting) are passed over; d, with
+    // no image, is never asked about and runs.
+    assert_eq!(ids(&sched, &step), ["d"]);
+    assert_eq!(store.asked_ready[1..], [("a".to_string(), 40), ("c".to_string(), 0)]);
+    assert_eq!(sched.waiting_ids(), [std::sync::Arc::from("c")]);
+    store.in_transit.clear();
+    let step = ec_step(&mut sched, &mut store);
+    assert_eq!(ids(&sched, &step), ["a"]);
+}
+
+#[test]
+fn without_the_flag_the_connector_is_never_asked() {
+    let mut sched = mm(100, 200, |_| {});
+    sched.add_request(with_images("a", 100, vec![image("x", 10, 80)])).unwrap();
+    let mut store = EcStore { has: vec!["x"], in_transit: vec!["a"], ..EcStore::default() };
+    let step = ec_step(&mut sched, &mut store);
+    assert_eq!((encoded(&step), loaded(&step)), (vec![(0, 0)], vec![]));
+    assert!(store.asked_items.is_empty() && store.asked_ready.is_empty());
+}
+
+#[test]
+fn the_inputs_a_request_passed_are_reported_once_with_the_flag() {
+    for flag in [true, false] {
+        let mut sched = mm(100, 100, |p| {
+            p.max_num_batched_tokens = 40;
+            p.ec_connector = flag;
+        });
+        sched.add_request(with_images("a", 100, vec![image("x", 10, 50)])).unwrap();
+        let mut store = EcStore::default();
+        ec_step(&mut sched, &mut store);
+        assert!(sched.take_passed_encoder_inputs().is_empty());
+        // [40, 80) passes x's end at 60.
+        ec_step(&mut sched, &mut store);
+        let passed: Vec<(String, u32)> =
+            sched.take_passed_encoder_inputs().into_iter().map(|(id, i)| (id.to_string(), i)).collect();
+        assert_eq!(passed, if flag { vec![("a".to_string(), 0)] } else { vec![] });
+        assert!(sched.take_passed_encoder_inputs().is_empty());
+    }
 }

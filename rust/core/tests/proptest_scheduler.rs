@@ -94,9 +94,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use llmsched_core::{
-    AttentionKind, BlockHash, ConfigParams, CoreError, ExternalKv, ExternalMatch, Grammar, Handle, KvCacheGroups,
-    KvEvent, MmInputSpec, NewRequest, Policy, Request, RequestEvent, RequestRef, RequestStatus, RunnerOutput,
-    Scheduler, SchedulerConfig, SessionInputAdded, Step,
+    AttentionKind, BlockHash, ConfigParams, Connectors, CoreError, ExternalEncoderCache, ExternalKv, ExternalMatch,
+    Grammar, Handle, KvCacheGroups, KvEvent, MmInputSpec, NewRequest, Policy, Request, RequestEvent, RequestRef,
+    RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, SessionInputAdded, Step,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError};
@@ -188,6 +188,9 @@ struct RawConfig {
     /// A KV connector (one KV-cache group only): external loads, finished requests' blocks
     /// held until the harness releases them.
     kv_connector: bool,
+    /// With multimodal inputs, an encoder-cache connector: encoder outputs loaded instead
+    /// of encoded, requests passed over while theirs are in transit.
+    ec_connector: bool,
 }
 
 /// The KV-cache groups of `groups_sel`: sliding-window groups beside full ones, in the
@@ -269,6 +272,7 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
         0u8..3,
         0u8..5,
         prop::bool::weighted(0.25),
+        any::<bool>(),
     );
     (a, b, c, d, e).prop_map(|(a, b, max_loras, prefill_schedule_interval, e)| RawConfig {
         block_size_log2: a.0,
@@ -302,6 +306,7 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
         retention_sel: e.2,
         mm_sel: e.3,
         kv_connector: e.4,
+        ec_connector: e.5,
     })
 }
 
@@ -394,6 +399,7 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         p.max_num_encoder_input_tokens = budget;
         p.encoder_cache_size = cache;
         p.disable_chunked_mm_input = r.adaptive;
+        p.ec_connector = r.ec_connector;
     }
     if lookahead > 0 {
         // A drafter with lookahead slots reads the prompt ahead: one token (EAGLE-like) or,
@@ -767,6 +773,10 @@ struct Coverage {
     loads_failed: u64,
     encoded: u64,
     evicted: u64,
+    /// With an encoder-cache connector: outputs loaded, requests passed over while theirs
+    /// were in transit.
+    ec_loaded: u64,
+    ec_in_transit: u64,
     /// KV cache events: blocks stored, lookups reported, blocks removed, caches cleared.
     blocks_stored: u64,
     hits_reported: u64,
@@ -837,6 +847,38 @@ struct Harness {
     /// With a KV connector: its answers, and the finished requests whose blocks it holds.
     connector: FuzzConnector,
     held: Vec<Arc<str>>,
+    /// With an encoder-cache connector: its answers.
+    ec: FuzzEncoderConnector,
+}
+
+/// An encoder-cache connector's answers, at random: it has half of the outputs asked for,
+/// and a fifth of the requests asked about have outputs in transit (none once the drain
+/// starts: every transfer ends).
+struct FuzzEncoderConnector {
+    rng: Rng,
+    draining: bool,
+    /// The requests it said were in transit in the current step.
+    in_transit: Vec<String>,
+    /// The identifiers it said it has in the current step.
+    has: Vec<String>,
+}
+
+impl ExternalEncoderCache for FuzzEncoderConnector {
+    fn has_cache_item(&mut self, identifier: &str) -> bool {
+        let has = self.rng.below(2) == 0;
+        if has {
+            self.has.push(identifier.to_string());
+        }
+        has
+    }
+
+    fn ensure_cache_available(&mut self, request: &Request, _num_computed_tokens: i64) -> bool {
+        let ready = self.draining || self.rng.below(5) != 0;
+        if !ready {
+            self.in_transit.push(request.id().to_string());
+        }
+        ready
+    }
 }
 
 /// A KV connector's answers, at random: now and then it cannot tell (None), says more
@@ -920,6 +962,12 @@ impl Harness {
             reporting_hits: HashSet::new(),
             connector: FuzzConnector { rng: Rng(config_kv.1 as u64), unknown: Vec::new(), answered_async: 0 },
             held: Vec::new(),
+            ec: FuzzEncoderConnector {
+                rng: Rng(config_kv.0 as u64 + 7),
+                draining: false,
+                in_transit: Vec::new(),
+                has: Vec::new(),
+            },
         }
     }
 
@@ -1473,13 +1521,37 @@ impl Harness {
             prop_assert!(self.encoder_outputs.remove(&**identifier), "evicted {identifier:?}, never encoded");
         }
         let mut encoded_rows: Vec<(i32, i32)> = Vec::new();
+        let mut compute = 0;
         for (&row, &input) in step.encoder_input_rows.iter().zip(&step.encoder_input_ids) {
             prop_assert!(!encoded_rows.contains(&(row, input)), "input {input} of row {row} encoded twice");
             encoded_rows.push((row, input));
             let r = self.sched.request(step.req_handles[row as usize]).expect("live");
-            let identifier = &r.mm_inputs()[input as usize].identifier;
-            self.encoder_outputs.insert(identifier.to_string());
+            let input = &r.mm_inputs()[input as usize];
+            compute += input.num_embeds();
+            self.encoder_outputs.insert(input.identifier.to_string());
             self.cov.encoded += 1;
+        }
+        // Loaded by the encoder-cache connector: outputs it said it has, never encoded too.
+        for (&row, &input) in step.external_encoder_input_rows.iter().zip(&step.external_encoder_input_ids) {
+            prop_assert!(!encoded_rows.contains(&(row, input)), "input {input} of row {row} encoded and loaded");
+            encoded_rows.push((row, input));
+            let r = self.sched.request(step.req_handles[row as usize]).expect("live");
+            let identifier = &r.mm_inputs()[input as usize].identifier;
+            prop_assert!(self.ec.has.iter().any(|has| **has == **identifier), "{identifier:?} loaded, not offered");
+            self.encoder_outputs.insert(identifier.to_string());
+            self.cov.ec_loaded += 1;
+        }
+        // The connector's loads take none of the compute budget.
+        let budget = self.cfg.max_num_encoder_input_tokens();
+        prop_assert!(compute <= budget, "{compute} embeddings encoded in a step, budget {budget}");
+        // A request whose outputs are in transit is not scheduled.
+        for (i, &h) in step.req_handles.iter().enumerate() {
+            let id = self.sched.request(h).expect("live").id();
+            prop_assert!(
+                !self.ec.in_transit.iter().any(|t| **t == **id),
+                "{id} scheduled for {} tokens with its encoder outputs in transit",
+                step.num_scheduled_tokens[i]
+            );
         }
         self.cov.evicted += step.freed_encoder_outputs.len() as u64;
         for (i, &h) in step.req_handles.iter().enumerate() {
@@ -1506,12 +1578,16 @@ impl Harness {
         let throttle = rng.below(8) == 0;
         self.connector.unknown.clear();
         self.connector.answered_async = 0;
+        self.ec.in_transit.clear();
+        self.ec.has.clear();
+        let with_encoder = self.cfg.ec_connector();
         let runnable_holders;
         let step = if self.cfg.kv_connector() {
             self.release_some_held(rng);
             self.report_some_loads(rng);
             runnable_holders = self.runnable_kv_holders(&waiting_before);
-            let step = self.sched.schedule_with(throttle, Some(&mut self.connector));
+            let encoder = with_encoder.then_some(&mut self.ec as &mut dyn ExternalEncoderCache);
+            let step = self.sched.schedule_with(throttle, Connectors { kv: Some(&mut self.connector), encoder });
             for load in &step.kv_loads {
                 let r = self.sched.get_request(&load.request_id).expect("a load's request is live");
                 let loading = Some(r.num_computed_tokens());
@@ -1522,7 +1598,8 @@ impl Harness {
             step
         } else {
             runnable_holders = self.runnable_kv_holders(&waiting_before);
-            self.sched.schedule_throttled(throttle)
+            let encoder = with_encoder.then_some(&mut self.ec as &mut dyn ExternalEncoderCache);
+            self.sched.schedule_with(throttle, Connectors { kv: None, encoder })
         };
         // Wedged (deviation 15): nothing ran, and a request behind that held its KV could
         // run (the requests the blocks could not be found for were passed over), or the
@@ -1717,6 +1794,10 @@ impl Harness {
             }
             if self.connector.unknown.iter().any(|unknown| unknown.as_str() == &**id) {
                 self.cov.connector_set_aside += 1;
+                continue;
+            }
+            if self.ec.in_transit.iter().any(|t| t.as_str() == &**id) {
+                self.cov.ec_in_transit += 1;
                 continue;
             }
             let gave_back = step.preempted.iter().any(|(_, p)| **p == **id) && r.num_computed_tokens() == 0;
@@ -2657,6 +2738,7 @@ impl Harness {
         let mut rng = Rng(seed);
         self.end_sessions(&mut rng)?;
         self.check_sessions("the drain's start")?;
+        self.ec.draining = true;
         let bound = self.liveness_bound();
         let mut iterations = 0u64;
         while self.sched.has_requests() || !self.queue.is_empty() {
@@ -2688,6 +2770,7 @@ impl Harness {
                 && failed == 0
                 && self.connector.unknown.is_empty()
                 && self.connector.answered_async == 0
+                && self.ec.in_transit.is_empty()
                 && self.sched.num_held_kv_requests() == 0
                 && !loading
             {
@@ -3008,7 +3091,9 @@ fn coverage() {
                 loads_reported,
                 loads_failed,
                 encoded,
-                evicted
+                evicted,
+                ec_loaded,
+                ec_in_transit
             );
             total.max_in_flight = total.max_in_flight.max(c.max_in_flight);
         }

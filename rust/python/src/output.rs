@@ -199,6 +199,14 @@ pub struct PySchedulerOutput {
     /// Each of those inputs' index among its request's ``mm_inputs``.
     #[pyo3(get)]
     pub encoder_input_ids: Py<PyArray1<i32>>,
+    /// With ``ec_connector``, the multimodal inputs whose encoder outputs the connector
+    /// loads for the step instead of the encoder computing them (``has_cache_item``), in
+    /// the same layout: each one's row, rows ascending. Empty otherwise.
+    #[pyo3(get)]
+    pub external_encoder_input_rows: Py<PyArray1<i32>>,
+    /// Each of those inputs' index among its request's ``mm_inputs``.
+    #[pyo3(get)]
+    pub external_encoder_input_ids: Py<PyArray1<i32>>,
     /// With ``kv_connector``, one entry per request admitted from a waiting queue in this
     /// step, in admission order (the last rows of ``req_ids``): the tokens past its
     /// prefix-cache hit that the external KV source loads (counted in its

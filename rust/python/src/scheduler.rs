@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llmsched_core::{
-    ExternalKv, ExternalMatch, Handle, KvEvent, ListLimit, NewRequest, RequestRef, RequestStatus, RunnerOutput,
-    Scheduler, SchedulerConfig, SessionInputAdded, Step,
+    Connectors, ExternalEncoderCache, ExternalKv, ExternalMatch, Handle, KvEvent, ListLimit, NewRequest, RequestRef,
+    RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, SessionInputAdded, Step,
 };
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyMemoryError;
@@ -180,7 +180,7 @@ impl Inner {
             .collect::<PyResult<Vec<_>>>()?;
         let reported = self.unreported.len() - unreported.len();
         let finished_req_ids = new_list(py, finished)?.unbind();
-        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids, structured_output_rows, new_block_ids_to_zero, num_new_token_ids, new_token_ids, encoder_input_rows, encoder_input_ids, num_external_computed_tokens] =
+        let [num_scheduled_tokens, num_computed_tokens, num_spec_tokens, spec_token_ids, num_output_tokens, num_block_ids, block_ids, num_all_token_ids, all_token_ids, lora_ids, structured_output_rows, new_block_ids_to_zero, num_new_token_ids, new_token_ids, encoder_input_rows, encoder_input_ids, external_encoder_input_rows, external_encoder_input_ids, num_external_computed_tokens] =
             step_columns(py, step)?;
         let columns = [
             &num_scheduled_tokens,
@@ -199,6 +199,8 @@ impl Inner {
             &new_token_ids,
             &encoder_input_rows,
             &encoder_input_ids,
+            &external_encoder_input_rows,
+            &external_encoder_input_ids,
             &num_external_computed_tokens,
         ]
         .map(|column| column.clone_ref(py));
@@ -245,6 +247,8 @@ impl Inner {
             new_token_ids,
             encoder_input_rows,
             encoder_input_ids,
+            external_encoder_input_rows,
+            external_encoder_input_ids,
             num_external_computed_tokens,
             freed_encoder_outputs,
             kv_loads,
@@ -282,7 +286,7 @@ struct Undelivered {
 }
 
 /// The per-step columns a `PySchedulerOutput` holds as numpy arrays.
-const NUM_COLUMNS: usize = 17;
+const NUM_COLUMNS: usize = 19;
 
 /// A step's columns, in `PySchedulerOutput`'s order.
 fn column_slots(step: &mut Step) -> [&mut Vec<i32>; NUM_COLUMNS] {
@@ -303,6 +307,8 @@ fn column_slots(step: &mut Step) -> [&mut Vec<i32>; NUM_COLUMNS] {
         &mut step.new_token_ids,
         &mut step.encoder_input_rows,
         &mut step.encoder_input_ids,
+        &mut step.external_encoder_input_rows,
+        &mut step.external_encoder_input_ids,
         &mut step.external_computed_tokens,
     ]
 }
@@ -509,6 +515,53 @@ impl ExternalKv for PyExternalKv<'_, '_> {
             self.error = Some(error);
             false
         })
+    }
+}
+
+/// `encoder_cache_contents`' answer (see there).
+type EncoderCacheContents = (Vec<(String, i64, Vec<String>)>, Vec<String>);
+
+/// A Python object as the core's external encoder source (see ``schedule``'s
+/// ``external_encoder``). The first error it meets is kept for the caller to raise; from
+/// then on every output is encoded and every request asked is passed over.
+struct PyExternalEncoder<'a, 'py> {
+    source: &'a Bound<'py, PyAny>,
+    error: Option<PyErr>,
+}
+
+impl<'py> PyExternalEncoder<'_, 'py> {
+    fn ask(&mut self, field: &dyn Fn() -> String, call: impl FnOnce() -> PyResult<Bound<'py, PyAny>>) -> Option<bool> {
+        if self.error.is_some() {
+            return None;
+        }
+        let py = self.source.py();
+        match call().and_then(|answer| bool_value(py, &answer, &field().as_str(), request_error)) {
+            Ok(answer) => Some(answer),
+            Err(error) => {
+                self.error = Some(error);
+                None
+            }
+        }
+    }
+}
+
+impl ExternalEncoderCache for PyExternalEncoder<'_, '_> {
+    fn has_cache_item(&mut self, identifier: &str) -> bool {
+        let source = self.source;
+        let field = || format!("external_encoder.has_cache_item({identifier:?})");
+        self.ask(&field, || source.call_method1(intern!(source.py(), "has_cache_item"), (identifier,))).unwrap_or(false)
+    }
+
+    fn ensure_cache_available(&mut self, request: &llmsched_core::Request, num_computed_tokens: i64) -> bool {
+        let source = self.source;
+        let field = || format!("external_encoder.ensure_cache_available({:?}, {num_computed_tokens})", request.id());
+        self.ask(&field, || {
+            source.call_method1(
+                intern!(source.py(), "ensure_cache_available"),
+                (PyRequest::snapshot(request), num_computed_tokens),
+            )
+        })
+        .unwrap_or(false)
     }
 }
 
@@ -1006,9 +1059,22 @@ impl PyScheduler {
     /// blocks back), the loop preempts none and schedules no further running request, as
     /// vLLM's. Should it raise or return something else, the step is decided as if it
     /// returned False, and the error is raised as above.
+    ///
+    /// ``external_encoder`` (with the config's ``ec_connector``): an encoder-cache
+    /// connector, asked only about requests with multimodal inputs, where vLLM's loops ask
+    /// it: ``external_encoder.ensure_cache_available(request, num_computed_tokens)`` before
+    /// a request's tokens are counted (with a ``Request`` snapshot; False: its encoder
+    /// outputs are in transit, and the request is passed over in this step), and
+    /// ``external_encoder.has_cache_item(identifier)`` for an input a chunk needs that is
+    /// not in the encoder cache, once the cache has room for it (True: the connector loads
+    /// its output, ``SchedulerOutput.external_encoder_input_rows``, and the encoder compute
+    /// budget is not charged). Each returns a bool. The GIL is held through such a step.
+    /// Should either raise or return something else, from then on in the step every input
+    /// is encoded and every request asked is passed over, and the error is raised as
+    /// above.
     #[pyo3(
-        signature = (*, throttle_prefills=None, external_kv=None, pending_block_frees=None),
-        text_signature = "(self, *, throttle_prefills=False, external_kv=None, pending_block_frees=None)"
+        signature = (*, throttle_prefills=None, external_kv=None, pending_block_frees=None, external_encoder=None),
+        text_signature = "(self, *, throttle_prefills=False, external_kv=None, pending_block_frees=None, external_encoder=None)"
     )]
     fn schedule(
         &self,
@@ -1016,6 +1082,7 @@ impl PyScheduler {
         throttle_prefills: Option<&Bound<'_, PyAny>>,
         external_kv: Option<&Bound<'_, PyAny>>,
         pending_block_frees: Option<&Bound<'_, PyAny>>,
+        external_encoder: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PySchedulerOutput>> {
         let throttle = match throttle_prefills {
             Some(v) => bool_value(py, v, &"throttle_prefills", request_error)?,
@@ -1039,21 +1106,27 @@ impl PyScheduler {
                 ));
             }
         }
+        let external_encoder = external_encoder.filter(|source| !source.is_none());
         self.with_inner(py, |inner| {
             let mut source_error = None;
             let (mut step, texts) = match inner.undelivered.take() {
                 Some(Undelivered { step, texts }) => (step, Some(texts)),
                 None => {
                     let core = &mut inner.core;
-                    match external_kv {
-                        // The connector is Python: the GIL stays held for this step.
-                        Some(callable) => {
-                            let mut source = PyExternalKv { callable, pending_block_frees, error: None };
-                            let step = core.schedule_with(throttle, Some(&mut source));
-                            source_error = source.error;
-                            (step, None)
-                        }
-                        None => (py.detach(|| core.schedule_throttled(throttle)), None),
+                    if external_kv.is_none() && external_encoder.is_none() {
+                        (py.detach(|| core.schedule_throttled(throttle)), None)
+                    } else {
+                        // A connector is Python: the GIL stays held for this step.
+                        let mut kv =
+                            external_kv.map(|callable| PyExternalKv { callable, pending_block_frees, error: None });
+                        let mut encoder = external_encoder.map(|source| PyExternalEncoder { source, error: None });
+                        let connectors = Connectors {
+                            kv: kv.as_mut().map(|kv| kv as &mut dyn ExternalKv),
+                            encoder: encoder.as_mut().map(|encoder| encoder as &mut dyn ExternalEncoderCache),
+                        };
+                        let step = core.schedule_with(throttle, connectors);
+                        source_error = kv.and_then(|kv| kv.error).or(encoder.and_then(|encoder| encoder.error));
+                        (step, None)
                     }
                 }
             };
@@ -1353,6 +1426,33 @@ impl PyScheduler {
     /// plus the slots of outputs no request references, and the outputs it holds.
     fn encoder_cache_state(&self, py: Python<'_>) -> PyResult<(i64, i64, usize)> {
         self.with_inner(py, |inner| Ok(inner.core.encoder_cache_state()))
+    }
+
+    /// The encoder cache's outputs (a new list): ``(identifier, num_embeds, request_ids)``
+    /// for each, by identifier, with the ids of the requests that reference it (none: it
+    /// is kept until its room is needed); and the identifiers of those no request
+    /// references, oldest (first evicted) first.
+    fn encoder_cache_contents(&self, py: Python<'_>) -> PyResult<EncoderCacheContents> {
+        self.with_inner(py, |inner| {
+            let (entries, freeable) = inner.core.encoder_cache_contents();
+            let entries = entries
+                .into_iter()
+                .map(|(identifier, num_embeds, holders)| {
+                    (identifier.to_string(), num_embeds, holders.iter().map(|id| id.to_string()).collect())
+                })
+                .collect();
+            Ok((entries, freeable.iter().map(|id| id.to_string()).collect()))
+        })
+    }
+
+    /// With ``ec_connector``: the multimodal inputs whose encoder outputs a request's
+    /// computed tokens passed (so the request no longer references them) since the last
+    /// call, as ``(request_id, input_index)`` in that order: what vLLM tells its connector
+    /// with ``update_state_after_free``. Empty without.
+    fn take_passed_encoder_inputs(&self, py: Python<'_>) -> PyResult<Vec<(String, u32)>> {
+        self.with_inner(py, |inner| {
+            Ok(inner.core.take_passed_encoder_inputs().into_iter().map(|(id, i)| (id.to_string(), i)).collect())
+        })
     }
 
     /// With ``kv_connector``: the blocks of KV-cache group ``group`` holding the computed

@@ -8,18 +8,27 @@ use std::sync::Arc;
 use crate::mm_inputs::inputs_in_window;
 use crate::request::RequestStatus;
 use crate::scheduler::step::StepBuilder;
-use crate::scheduler::{RequestRef, Scheduler};
+use crate::scheduler::{ExternalEncoderCache, RequestRef, Scheduler};
 use crate::slab::Handle;
+
+/// `Scheduler::encoder_cache_contents`: each output's identifier, embeddings and
+/// referencing requests' ids; the unreferenced identifiers, oldest first.
+type EncoderCacheContents = (Vec<(Arc<str>, i64, Vec<Arc<str>>)>, Vec<Arc<str>>);
 
 /// The encoder inputs a chunk of one request needs encoded in its step.
 #[derive(Debug, Default)]
 pub(super) struct EncoderPlan {
     /// Inputs to encode, ascending (each takes its embeddings of the compute budget).
     inputs: Vec<u32>,
-    /// Inputs whose identifier an earlier input of the plan encodes (shared output).
+    /// Inputs whose outputs the encoder-cache connector loads, ascending.
+    external: Vec<u32>,
+    /// Inputs whose identifier an earlier input of the plan encodes or loads (shared
+    /// output).
     duplicates: Vec<u32>,
-    /// The compute budget the inputs take.
-    num_embeds: i64,
+    /// The compute budget the inputs to encode take.
+    compute_embeds: i64,
+    /// The encoder cache's room the inputs to encode or load take.
+    cache_embeds: i64,
 }
 
 impl Scheduler {
@@ -28,8 +37,16 @@ impl Scheduler {
     /// with its effects on the cache: inputs found cached are referenced now, and outputs
     /// evicted for room stay evicted). An input whose cached output holds another count of
     /// embeddings than the request's (an identifier reused for other content) schedules
-    /// nothing and queues the request to be failed (`finish_encoder_mismatches`).
-    pub(super) fn plan_encoder_inputs(&mut self, handle: Handle, c: i64, n: i64, budget: i64) -> (i64, EncoderPlan) {
+    /// nothing and queues the request to be failed (`finish_encoder_mismatches`). With an
+    /// encoder-cache connector (`ec`), an input it has is loaded rather than encoded.
+    pub(super) fn plan_encoder_inputs(
+        &mut self,
+        handle: Handle,
+        c: i64,
+        n: i64,
+        budget: i64,
+        mut ec: Option<&mut (dyn ExternalEncoderCache + '_)>,
+    ) -> (i64, EncoderPlan) {
         let mut plan = EncoderPlan::default();
         let shift = self.config.num_prefill_lookahead_tokens();
         let no_chunking = self.config.disable_chunked_mm_input();
@@ -50,8 +67,9 @@ impl Scheduler {
                 break;
             }
             // An input of the plan with this identifier, else the cache's output of it.
-            let planned =
-                plan.inputs.iter().map(|&j| &mm.inputs[j as usize]).find(|j| j.identifier == input.identifier);
+            let planned = (plan.inputs.iter().chain(&plan.external))
+                .map(|&j| &mm.inputs[j as usize])
+                .find(|j| j.identifier == input.identifier);
             let known = match planned {
                 Some(earlier) => Some((earlier.num_embeds(), true)),
                 None => self.encoder.cached_num_embeds(&input.identifier).map(|embeds| (embeds, false)),
@@ -70,7 +88,7 @@ impl Scheduler {
             if self.encoder.check_and_reference(handle, mm, i) {
                 continue;
             }
-            if !self.encoder.can_allocate(num_embeds, budget - plan.num_embeds, plan.num_embeds) {
+            if !self.encoder.can_allocate(num_embeds, budget - plan.compute_embeds, plan.cache_embeds) {
                 // Encoded whole or not at all: stop before it; a prefix hit past its start
                 // leaves nothing to schedule.
                 n = if c < start { n.min(start - c) } else { 0 };
@@ -81,7 +99,12 @@ impl Scheduler {
             if mm.inputs[i].embeds_between(first, last) == 0 {
                 continue;
             }
-            plan.num_embeds += num_embeds;
+            plan.cache_embeds += num_embeds;
+            if ec.as_deref_mut().is_some_and(|ec| ec.has_cache_item(&mm.inputs[i].identifier)) {
+                plan.external.push(i as u32);
+                continue;
+            }
+            plan.compute_embeds += num_embeds;
             plan.inputs.push(i as u32);
         }
         (n, plan)
@@ -91,15 +114,18 @@ impl Scheduler {
     /// budget taken, the inputs recorded for the step.
     pub(super) fn commit_encoder_plan(&mut self, b: &mut StepBuilder, handle: Handle, plan: EncoderPlan) {
         let Some(mm) = self.requests[handle].mm.as_deref_mut() else { return };
-        for &i in &plan.inputs {
+        for &i in plan.inputs.iter().chain(&plan.external) {
             self.encoder.allocate(handle, mm, i as usize);
         }
         for &i in &plan.duplicates {
             self.encoder.check_and_reference(handle, mm, i as usize);
         }
+        b.encoder_budget -= plan.compute_embeds;
         if !plan.inputs.is_empty() {
-            b.encoder_budget -= plan.num_embeds;
             b.encoder_inputs.push((handle, plan.inputs));
+        }
+        if !plan.external.is_empty() {
+            b.external_encoder_inputs.push((handle, plan.external));
         }
     }
 
@@ -109,12 +135,16 @@ impl Scheduler {
     /// yet: the step encodes each for a row that needs it, or forgets it (`settle_orphans`).
     /// Their budget stays taken. (vLLM gives the budget back and leaves the outputs cached
     /// as if computed: a chunk that found one there misses it in the runner.)
+    /// The connector's loads for `handle` are undone the same way: the connector is told
+    /// of no load for a request the step does not run.
     pub(super) fn uncommit_encoder_inputs(&mut self, b: &mut StepBuilder, handle: Handle) {
-        let Some(at) = b.encoder_inputs.iter().position(|(h, _)| *h == handle) else { return };
-        let (_, inputs) = b.encoder_inputs.remove(at);
-        let mm = self.requests[handle].mm.as_deref().expect("a request with encoder inputs has them");
-        for i in inputs {
-            self.encoder.orphan(mm.inputs[i as usize].identifier.clone());
+        for planned in [&mut b.encoder_inputs, &mut b.external_encoder_inputs] {
+            let Some(at) = planned.iter().position(|(h, _)| *h == handle) else { continue };
+            let (_, inputs) = planned.remove(at);
+            let mm = self.requests[handle].mm.as_deref().expect("a request with encoder inputs has them");
+            for i in inputs {
+                self.encoder.orphan(mm.inputs[i as usize].identifier.clone());
+            }
         }
     }
 
@@ -163,21 +193,26 @@ impl Scheduler {
 
     /// The step's inputs to encode as columns: for each, its row and its index among its
     /// request's inputs, rows ascending; and the outputs evicted since the previous step.
+    /// Likewise the inputs the encoder-cache connector loads.
     pub(super) fn write_encoder_columns(&mut self, b: &mut StepBuilder) {
         self.settle_orphans(b);
         let step = &mut b.step;
-        let mut by_row: Vec<(usize, &Vec<u32>)> = b
-            .encoder_inputs
-            .iter()
-            .map(|(h, inputs)| {
-                (b.rows.iter().position(|r| r.handle == *h).expect("a planned request has a row"), inputs)
-            })
-            .collect();
-        by_row.sort_unstable_by_key(|&(row, _)| row);
-        for (row, inputs) in by_row {
-            for &i in inputs {
-                step.encoder_input_rows.push(row as i32);
-                step.encoder_input_ids.push(i as i32);
+        for (planned, rows, ids) in [
+            (&b.encoder_inputs, &mut step.encoder_input_rows, &mut step.encoder_input_ids),
+            (&b.external_encoder_inputs, &mut step.external_encoder_input_rows, &mut step.external_encoder_input_ids),
+        ] {
+            let mut by_row: Vec<(usize, &Vec<u32>)> = planned
+                .iter()
+                .map(|(h, inputs)| {
+                    (b.rows.iter().position(|r| r.handle == *h).expect("a planned request has a row"), inputs)
+                })
+                .collect();
+            by_row.sort_unstable_by_key(|&(row, _)| row);
+            for (row, inputs) in by_row {
+                for &i in inputs {
+                    rows.push(row as i32);
+                    ids.push(i as i32);
+                }
             }
         }
         step.freed_encoder_outputs = self.encoder.take_freed();
@@ -212,5 +247,29 @@ impl Scheduler {
     pub fn encoder_cache_state(&self) -> (i64, i64, usize) {
         let (free, freeable) = self.encoder.slots();
         (free, freeable, self.encoder.num_cached())
+    }
+
+    /// The encoder cache's outputs, by identifier (ascending): each with its embeddings and
+    /// the ids of the requests that reference it; and the unreferenced ones, oldest (first
+    /// evicted) first.
+    pub fn encoder_cache_contents(&self) -> EncoderCacheContents {
+        let mut entries: Vec<_> = self
+            .encoder
+            .entries()
+            .map(|(identifier, num_embeds, holders)| {
+                let ids = holders.iter().map(|&h| self.requests[h].id.clone()).collect();
+                (identifier.clone(), num_embeds, ids)
+            })
+            .collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        (entries, self.encoder.freeable().cloned().collect())
+    }
+
+    /// With `ec_connector`: the inputs whose encoder outputs a request's computed tokens
+    /// passed (its reference dropped) since the last call, as `(request id, input index)`
+    /// in that order (vLLM tells its connector each with `update_state_after_free`). Empty
+    /// without.
+    pub fn take_passed_encoder_inputs(&mut self) -> Vec<(Arc<str>, u32)> {
+        self.encoder.take_passed()
     }
 }

@@ -6,6 +6,7 @@
 
 mod drafts;
 mod encoder_inputs;
+mod external_encoder;
 mod external_kv;
 mod grammar;
 mod invariants;
@@ -31,9 +32,19 @@ use crate::request::{stored, QueueKind, Request, RequestStatus};
 use crate::slab::{Handle, Slab};
 use step::{Budgets, Entry, EntryKind, Row, Step, StepBuilder, StepRecord, Undo};
 
+pub use external_encoder::ExternalEncoderCache;
 pub use external_kv::{ExternalKv, ExternalMatch};
 pub use sessions::SessionInputAdded;
 pub use update::{RequestEvent, RunnerOutput};
+
+/// The connectors a step asks, the caller's objects (see each trait); none by default.
+#[derive(Default)]
+pub struct Connectors<'a> {
+    /// A KV connector's view of the waiting requests (asked with `kv_connector`).
+    pub kv: Option<&'a mut dyn ExternalKv>,
+    /// An encoder-cache connector (asked with `ec_connector`).
+    pub encoder: Option<&'a mut dyn ExternalEncoderCache>,
+}
 
 /// A request named in a call: by the handle `add_request` returned, or by its id.
 #[derive(Clone, Copy, Debug)]
@@ -190,7 +201,7 @@ impl Scheduler {
             num_structured_output: 0,
             grammar_failures: Vec::new(),
             kv,
-            encoder: EncoderCache::new(config.encoder_cache_size()),
+            encoder: EncoderCache::new(config.encoder_cache_size(), config.ec_connector()),
             encoder_mismatches: Vec::new(),
             finished_since_last_step: Vec::new(),
             last_finished: Vec::new(),
@@ -296,12 +307,12 @@ impl Scheduler {
     /// prefill balancing): while a request decodes and the waiting requests did not outgrow
     /// the last prefill step, the step carries no prefill.
     pub fn schedule_throttled(&mut self, throttle_prefills: bool) -> Step {
-        self.schedule_with(throttle_prefills, None)
+        self.schedule_with(throttle_prefills, Connectors::default())
     }
 
-    /// `schedule_throttled` with a KV connector's view of the waiting requests (see
-    /// [`ExternalKv`]); with `kv_connector` off, or with None, no tokens come from outside.
-    pub fn schedule_with(&mut self, throttle_prefills: bool, external_kv: Option<&mut dyn ExternalKv>) -> Step {
+    /// `schedule_throttled` with the engine's connectors (see [`Connectors`]); a connector
+    /// whose config flag is off (`kv_connector`, `ec_connector`) is not asked.
+    pub fn schedule_with(&mut self, throttle_prefills: bool, connectors: Connectors<'_>) -> Step {
         let defer_prefills = self.defers_prefills(throttle_prefills);
         let cfg = &self.config;
         let num_eligible = self.running.len() + self.waiting.len() + self.kv_holding_waiting.len();
@@ -320,7 +331,8 @@ impl Scheduler {
             long_prefill_threshold,
         };
         let mut b = StepBuilder {
-            external_kv: external_kv.filter(|_| self.config.kv_connector()),
+            external_kv: connectors.kv.filter(|_| self.config.kv_connector()),
+            external_encoder: connectors.encoder.filter(|_| self.config.ec_connector()),
             step: Step {
                 step_id: self.next_step_id,
                 // Room for every draft slot and a new block per request: no regrowth in
@@ -343,6 +355,7 @@ impl Scheduler {
             preempted: false,
             encoder_budget: cfg.max_num_encoder_input_tokens(),
             encoder_inputs: Vec::new(),
+            external_encoder_inputs: Vec::new(),
         };
         self.next_step_id += 1;
         self.schedule_running(&mut b, &mut budgets);

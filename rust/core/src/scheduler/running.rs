@@ -66,13 +66,22 @@ impl Scheduler {
                 req_index += 1;
                 continue;
             }
+            // Its encoder outputs are still in transit to the encoder-cache connector.
+            if !SIMPLE
+                && request.has_mm_inputs
+                && b.external_encoder.as_deref_mut().is_some_and(|ec| !ec.ensure_cache_available(request, c - p))
+            {
+                req_index += 1;
+                continue;
+            }
             // n = N + len(S) + P - C
             let n = request.num_tokens_with_spec() + p - c;
             let n = if SIMPLE { n } else { local.cap_long_prefill(n) };
             let n = n.min(local.request_budget()).min(capacity::room(c, m, s));
             // A chunk stops before an input it cannot have encoded in this step.
             let (n, plan, request) = if !SIMPLE && request.has_mm_inputs && n > 0 {
-                let (n, plan) = self.plan_encoder_inputs(handle, c, n, b.encoder_budget);
+                let (n, plan) =
+                    self.plan_encoder_inputs(handle, c, n, b.encoder_budget, b.external_encoder.as_deref_mut());
                 (n, Some(plan), &mut self.requests[handle])
             } else {
                 (n, None, request)

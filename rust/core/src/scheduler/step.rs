@@ -140,6 +140,8 @@ pub(crate) struct StepBuilder<'k> {
     /// With a KV connector, its view (taken by the waiting loop once the running loop is
     /// done); here so that the running loop carries no argument for a rare question.
     pub external_kv: Option<&'k mut (dyn crate::scheduler::ExternalKv + 'k)>,
+    /// With an encoder-cache connector, its view (asked by both loops).
+    pub external_encoder: Option<&'k mut (dyn crate::scheduler::ExternalEncoderCache + 'k)>,
     /// The step being built; its per-request columns stay empty until it is finished.
     pub step: Step,
     pub rows: Vec<Row>,
@@ -171,6 +173,9 @@ pub(crate) struct StepBuilder<'k> {
     pub encoder_budget: i64,
     /// The scheduled requests' inputs to encode, by request.
     pub encoder_inputs: Vec<(Handle, Vec<u32>)>,
+    /// The scheduled requests' inputs whose outputs the encoder-cache connector loads, by
+    /// request.
+    pub external_encoder_inputs: Vec<(Handle, Vec<u32>)>,
 }
 
 impl StepBuilder<'_> {
@@ -242,6 +247,10 @@ pub struct Step {
     /// rows ascending. Empty without multimodal inputs.
     pub encoder_input_rows: Vec<i32>,
     pub encoder_input_ids: Vec<i32>,
+    /// With an encoder-cache connector, the inputs whose outputs it loads for the step
+    /// instead of the encoder computing them, in the same layout; empty without.
+    pub external_encoder_input_rows: Vec<i32>,
+    pub external_encoder_input_ids: Vec<i32>,
     /// The identifiers of the encoder outputs evicted since the previous step: the runner
     /// frees them (vLLM's `free_encoder_mm_hashes`).
     pub freed_encoder_outputs: Vec<Arc<str>>,

@@ -461,7 +461,7 @@ impl Scheduler {
         let passed: Vec<u32> =
             mm.referenced.iter().copied().filter(|&i| mm.inputs[i as usize].end() <= confirmed).collect();
         for i in passed {
-            encoder.release(handle, mm, i as usize);
+            encoder.release_passed(handle, &request.id, mm, i as usize);
         }
     }
 }

@@ -176,6 +176,15 @@ impl Scheduler {
                     hit.external = -1;
                 }
             }
+            // Its encoder outputs are still in transit to the encoder-cache connector.
+            if request.has_mm_inputs
+                && b.external_encoder
+                    .as_deref_mut()
+                    .is_some_and(|ec| !ec.ensure_cache_available(request, hit.num_computed))
+            {
+                self.set_aside(kind, &mut set_aside);
+                continue;
+            }
             if load_async {
                 // Blocks now, tokens once the load is in: it waits in the meantime.
                 if !self.start_kv_load(b, &rules, Candidate { kind, handle, hit }) {
@@ -192,7 +201,13 @@ impl Scheduler {
                 Admission::Tokens { n, pad } => {
                     // A chunk stops before an input it cannot have encoded in this step.
                     let (n, plan) = if request.has_mm_inputs {
-                        let (n, plan) = self.plan_encoder_inputs(handle, hit.num_computed, n, b.encoder_budget);
+                        let (n, plan) = self.plan_encoder_inputs(
+                            handle,
+                            hit.num_computed,
+                            n,
+                            b.encoder_budget,
+                            b.external_encoder.as_deref_mut(),
+                        );
                         (n, Some(plan))
                     } else {
                         (n, None)
