@@ -176,7 +176,9 @@ documented (or, for 2, that they cannot differ).
 15. **A waiting request wedged behind waiting KV holders lets them run.** When no block
    can be found for a waiting request while nothing runs, only waiting requests that hold
    blocks could ever free any: a streaming-input session that kept its KV and took up its
-   next input, or a request whose KV load is in. *Why:* vLLM's waiting loop stops at that
+   next input, or a request whose KV load is in (one whose load brought its only prompt
+   token has nothing computed, and waits among the other requests with its blocks, as in
+   vLLM). *Why:* vLLM's waiting loop stops at that
    request every step, so if such a holder is behind it, nothing is scheduled again.
    llmsched passes the request over, and the holder behind it runs. *Harness:* out of
    reach of the compared cases (something runs whenever a waiting request cannot get

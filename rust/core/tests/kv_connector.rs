@@ -693,3 +693,38 @@ fn pending_block_frees_hold_back_a_preemption_for_blocks() {
     assert_eq!(step.preempted.len(), 1);
     assert_eq!(step.len(), 1);
 }
+
+#[test]
+fn a_one_token_load_queued_with_its_blocks_gives_them_back_when_they_wedge_the_queue() {
+    // Deviation 15, found by the fuzz: a load of a one-token prompt leaves nothing computed
+    // (the last token is computed again), so the request queues among the other waiting
+    // requests, holding its block. Set aside (its connector cannot tell yet), its block is
+    // the one the preempted request ahead needs, with nothing running: it gives it back.
+    let mut sched = connected(|p| {
+        p.block_size = 2;
+        p.num_gpu_blocks = 6;
+        p.max_model_len = 10;
+        p.max_num_seqs = 4;
+        p.max_num_batched_tokens = 16;
+        p.async_scheduling = false;
+        p.enable_prefix_caching = false;
+    });
+    let mut store = Store { holds: vec![("x", Some(1))], remote: vec!["x"], ..Store::default() };
+    sched.add_request(request("big", 8, 2)).unwrap();
+    sched.add_request(request("x", 1, 1)).unwrap();
+    let step = run(&mut sched, &mut store);
+    assert_eq!((ids(&sched, &step), step.kv_loads.len()), (vec!["big".to_string()], 1));
+    assert_eq!(sched.num_free_blocks(), 0);
+    sched.finish_kv_transfers(&["x"], &[]);
+    store.holds = vec![("x", None)];
+    // big's ninth token needs a fifth block, x holds the last free one: big preempts itself.
+    let step = run(&mut sched, &mut store);
+    assert!(step.is_empty() && status(&sched, "big") == RequestStatus::Preempted);
+    // x, promoted with nothing computed, is asked again and set aside; big cannot be admitted
+    // beside x's block, and nothing runs: x gives its block back, and big runs.
+    let step = step_with(&mut sched, &mut store);
+    assert_eq!(ids(&sched, &step), vec!["big"]);
+    let x = sched.get_request("x").unwrap();
+    assert!(x.block_ids().is_empty() && x.num_preemptions() == 1);
+    assert_eq!(sched.waiting_ids(), [std::sync::Arc::from("x")]);
+}

@@ -456,13 +456,15 @@ impl Scheduler {
     /// Whether a request queued behind `candidate` (which the blocks cannot be found for)
     /// holds its KV and can run: a session with its next input taken up, or a request whose
     /// load is in. With nothing running, only such a request could free blocks, and vLLM's
-    /// loop, stopping at the candidate, never reaches it.
+    /// loop, stopping at the candidate, never reaches it. (A request whose load brought its
+    /// only prompt token holds its blocks with nothing computed: it queues among the
+    /// others, as in vLLM, and counts while they are served.)
     #[cold]
     fn runnable_kv_holder_behind(&self, candidate: Handle) -> bool {
-        self.kv_holding_waiting
-            .live_handles(&self.requests)
-            .into_iter()
-            .any(|h| h != candidate && (self.holds_kv_to_run(h) || self.requests[h].kv_loaded))
+        let runnable = |h: Handle| h != candidate && (self.holds_kv_to_run(h) || self.requests[h].kv_loaded);
+        let waiting_served = self.pause_state == PauseState::Unpaused;
+        self.kv_holding_waiting.live_handles(&self.requests).into_iter().any(runnable)
+            || (waiting_served && self.waiting.live_handles(&self.requests).into_iter().any(runnable))
     }
 
     /// Whether the waiting request `handle` holds KV blocks and can run (its load is in, or
@@ -480,8 +482,12 @@ impl Scheduler {
     /// they would wait for each other forever. Returns whether one did.
     #[cold]
     fn release_set_aside_kv(&mut self, set_aside: &mut SetAside) -> bool {
-        let (holders, kept): (Vec<Handle>, Vec<Handle>) =
-            set_aside.kv_holding.iter().partition(|&&h| self.holds_kv_to_run(h));
+        let mut holders = Vec::new();
+        for list in [&mut set_aside.kv_holding, &mut set_aside.waiting] {
+            let (held, kept): (Vec<Handle>, Vec<Handle>) = list.iter().partition(|&&h| self.holds_kv_to_run(h));
+            holders.extend(held);
+            *list = kept;
+        }
         if holders.is_empty() {
             return false;
         }
@@ -495,7 +501,6 @@ impl Scheduler {
             self.preempted_since_last_step.push((h, id));
             self.stats.num_preemptions += 1;
         }
-        set_aside.kv_holding = kept;
         set_aside.waiting.splice(0..0, holders);
         true
     }
