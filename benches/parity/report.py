@@ -38,7 +38,7 @@ DEVIATIONS_MD = """\
 
 llmsched deliberately differs from vLLM 0.33.0 in the sixteen ways below; each difference
 fixes a crash, a livelock, a leak or wrong KV in vLLM, and none changes a decision vLLM
-gets right.
+gets right but for one, said in 11.
 The comparison is never loosened for them: every step of every case is compared in full and
 no step summary is normalized. Instead
 each deviation is *kept out* of the compared cases (`harness.deviation_triggers` lists
@@ -143,9 +143,13 @@ documented (or, for 2, that they cannot differ).
    schedules its chunk without encoding it, and the runner has no embeddings for it (later
    steps too, until the output is evicted). llmsched encodes the image in that step for
    the first request whose chunk needs it, or, if none does, forgets the output; its budget
-   stays taken. *Harness:* out of reach of the compared cases (a preempted request never had
-   an image to encode in the step there); the harness's runner checks every image a chunk
-   needs. *Test:* `an_image_whose_encoding_request_is_preempted_in_its_step_is_encoded_for_the_next`
+   stays taken. An output an encoder-cache connector was to load for the preempted request
+   is undone the same way, and the connector is not told of that load: there vLLM is not
+   wrong (the connector loads the output, which later requests find), while llmsched
+   encodes it for a request of the step that needs it, or forgets it. *Harness:* out of
+   reach of the compared cases (a preempted request never had an image to encode in the
+   step there); the harness's runner checks every image a chunk needs. *Test:*
+   `an_image_whose_encoding_request_is_preempted_in_its_step_is_encoded_for_the_next`
    (rust/core/tests/multimodal.rs: the image is encoded for the request that needs it,
    whether it found the output before or after the preemption).
 12. **A KV connector's answer is kept within the prompt.** The tokens a connector says it
