@@ -165,10 +165,11 @@ def random_images(count: int, seed: int, sides: tuple[int, int] = (16, 96)) -> l
     return images
 
 
-def open_llava_engine(spec: ve.EngineSpec) -> ve.SwappableEngine:
+def open_llava_engine(spec: ve.EngineSpec, **engine_args: Any) -> ve.SwappableEngine:
     """The engine of ``spec`` (its scheduler, mode, token budget, KV blocks, prefix caching)
     serving the llava folder ``spec.model``, tokenizer loaded, one image per prompt at most,
-    as a :class:`vllm_engine.SwappableEngine`.
+    as a :class:`vllm_engine.SwappableEngine`; ``engine_args`` are more of vLLM's
+    ``EngineArgs`` (``ec_transfer_config``, say).
 
     vLLM derives the encoder compute budget and the encoder cache size from the token budget
     and the image size (``MultiModalBudget``: each ``max(max_num_batched_tokens, largest
@@ -206,6 +207,7 @@ def open_llava_engine(spec: ve.EngineSpec) -> ve.SwappableEngine:
         max_logprobs=spec.max_logprobs,
         limit_mm_per_prompt={"image": 1},
         disable_log_stats=True,
+        **engine_args,
     )
     llm = LLMEngine.from_engine_args(args)
     label = name if isinstance(name, str) else f"{name.__module__}.{name.__qualname__}"

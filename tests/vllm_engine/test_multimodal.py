@@ -195,6 +195,9 @@ class MMRun:
     """Per call, each scheduled request's (computed tokens before, tokens scheduled)."""
     identifiers: dict[tuple[str, int], str] = field(default_factory=dict)
     """The multimodal hash of every input scheduled for encoding."""
+    loads: list[tuple[str, ...]] = field(default_factory=list)
+    """Per call, the encoder outputs an encoder-cache connector loads (multimodal hashes,
+    sorted; none without one)."""
     preemptions: int = 0
 
     @property
@@ -209,8 +212,8 @@ class MMRun:
 
 
 class EncoderRecorder(ve.TimedScheduler):
-    """``TimedScheduler`` that also records each step's encoder inputs, freed encoder outputs
-    and chunks (by workload id)."""
+    """``TimedScheduler`` that also records each step's encoder inputs, freed encoder outputs,
+    chunks (by workload id) and an encoder-cache connector's loads."""
 
     def __init__(self, inner: Any, workload_id: Callable[[str], str]) -> None:
         super().__init__(inner)
@@ -219,6 +222,7 @@ class EncoderRecorder(ve.TimedScheduler):
         self.freed: list[tuple[str, ...]] = []
         self.chunks: list[dict[str, tuple[int, int]]] = []
         self.identifiers: dict[tuple[str, int], str] = {}
+        self.loads: list[tuple[str, ...]] = []
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         """The inner ``schedule``, timed and recorded."""
@@ -232,6 +236,8 @@ class EncoderRecorder(ve.TimedScheduler):
                 self.identifiers[key] = feature.identifier
         self.encoder_inputs.append(tuple(sorted(inputs)))
         self.freed.append(tuple(sorted(out.free_encoder_mm_hashes or ())))
+        loads = getattr(out.ec_connector_metadata, "mm_datas", ())
+        self.loads.append(tuple(sorted(m.mm_hash for m in loads)))
         starts = {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
         starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
@@ -307,6 +313,7 @@ def serve(
         freed=recorder.freed,
         chunks=recorder.chunks,
         identifiers=recorder.identifiers,
+        loads=recorder.loads,
         preemptions=recorder.preemptions,
     )
 
