@@ -124,3 +124,20 @@ def test_without_the_flag_the_source_is_never_asked() -> None:
     assert so.encoder_input_rows.tolist() == [0] and so.external_encoder_input_rows.tolist() == []
     assert store.asked_items == [] and store.asked_ready == []
     assert sched.take_passed_encoder_inputs() == []
+
+
+class _NotCallable:
+    """Has the names, not the methods."""
+
+    has_cache_item = True
+    ensure_cache_available = True
+
+
+@pytest.mark.parametrize("source", [object(), _NotCallable()], ids=["bare", "not-callable"])
+def test_a_source_without_the_methods_is_refused_before_anything_changes(source: Any) -> None:
+    sched = _scheduler()
+    _add(sched, "a", 100, ("x", 10, 80))
+    with pytest.raises(InvalidRequestError, match="external_encoder: must have a method"):
+        sched.schedule(external_encoder=source)
+    # Nothing was decided: the next step admits a.
+    assert sched.schedule(external_encoder=_Store()).req_ids == ["a"]

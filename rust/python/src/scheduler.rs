@@ -1069,9 +1069,9 @@ impl PyScheduler {
     /// not in the encoder cache, once the cache has room for it (True: the connector loads
     /// its output, ``SchedulerOutput.external_encoder_input_rows``, and the encoder compute
     /// budget is not charged). Each returns a bool. The GIL is held through such a step.
-    /// Should either raise or return something else, from then on in the step every input
-    /// is encoded and every request asked is passed over, and the error is raised as
-    /// above.
+    /// A source without those methods is refused before anything changes. Should either
+    /// raise or return something else, from then on in the step every input is encoded and
+    /// every request asked is passed over, and the error is raised as above.
     #[pyo3(
         signature = (*, throttle_prefills=None, external_kv=None, pending_block_frees=None, external_encoder=None),
         text_signature = "(self, *, throttle_prefills=False, external_kv=None, pending_block_frees=None, external_encoder=None)"
@@ -1107,6 +1107,16 @@ impl PyScheduler {
             }
         }
         let external_encoder = external_encoder.filter(|source| !source.is_none());
+        if let Some(source) = external_encoder {
+            for method in ["has_cache_item", "ensure_cache_available"] {
+                if !source.getattr(method).is_ok_and(|m| m.is_callable()) {
+                    return Err(request_error(
+                        py,
+                        format!("external_encoder: must have a method {method}, got {}", type_name(source)),
+                    ));
+                }
+            }
+        }
         self.with_inner(py, |inner| {
             let mut source_error = None;
             let (mut step, texts) = match inner.undelivered.take() {
