@@ -14,8 +14,9 @@ use crate::request::Request;
 pub trait ExternalEncoderCache {
     /// vLLM's `has_cache_item(identifier)`: whether the connector can load the encoder
     /// output of `identifier`. Asked for an input a chunk needs that is not in the local
-    /// cache, once the cache has room for it: a loaded output takes its room in the cache
-    /// but none of the step's encoder compute budget.
+    /// cache, once the cache has room for it and the step's encoder budget could encode it
+    /// (vLLM checks both first): a loaded output then takes its room in the cache but none
+    /// of that budget.
     fn has_cache_item(&mut self, identifier: &str) -> bool;
 
     /// vLLM's `ensure_cache_available(request, num_computed_tokens)`: whether the outputs
