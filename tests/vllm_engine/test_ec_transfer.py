@@ -24,14 +24,13 @@ import pytest
 from tests.vllm_engine import requires
 from tests.vllm_engine.llava_model import open_llava_engine, random_images, write_llava_model
 from tests.vllm_engine.test_multimodal import (
-    MAX_MODEL_LEN,
     NUM_COLD_IMAGES,
-    NUM_GPU_BLOCKS,
     NUM_HOT_IMAGES,
     SPEC,
     WIDE_BUDGET,
     MMRequest,
     MMRun,
+    engine_spec,
     make_workload,
     serve,
 )
@@ -54,16 +53,7 @@ def _config(role: str, storage: Path) -> Any:
 
 
 def _spec(model: str, scheduler_cls: str, async_scheduling: bool) -> ve.EngineSpec:
-    return ve.EngineSpec(
-        model=model,
-        scheduler_cls=scheduler_cls,
-        async_scheduling=async_scheduling,
-        max_num_seqs=32,
-        max_num_batched_tokens=WIDE_BUDGET,
-        max_model_len=MAX_MODEL_LEN,
-        num_gpu_blocks=NUM_GPU_BLOCKS,
-        enable_prefix_caching=True,
-    )
+    return engine_spec(model, scheduler_cls, async_scheduling, WIDE_BUDGET)
 
 
 @dataclass

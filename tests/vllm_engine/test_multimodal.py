@@ -358,6 +358,23 @@ def images() -> list[Any]:
 _OUTCOMES: dict[str, Outcome] = {}
 
 
+def engine_spec(
+    model: str, scheduler_cls: str, async_scheduling: bool, budget: int
+) -> ve.EngineSpec:
+    """The llava engine of a case: only the scheduler, the mode and the token budget differ
+    (``test_ec_transfer.py`` serves its engines with it too)."""
+    return ve.EngineSpec(
+        model=model,
+        scheduler_cls=scheduler_cls,
+        async_scheduling=async_scheduling,
+        max_num_seqs=32,
+        max_num_batched_tokens=budget,
+        max_model_len=MAX_MODEL_LEN,
+        num_gpu_blocks=NUM_GPU_BLOCKS,
+        enable_prefix_caching=True,
+    )
+
+
 #: The cases: scheduling mode and token budget.
 CASES = {
     "sync": (False, NARROW_BUDGET),
@@ -373,15 +390,8 @@ def outcome(request: pytest.FixtureRequest, model_dir: str, images: list[Any]) -
     name = request.param
     if name not in _OUTCOMES:
         async_scheduling, budget = CASES[name]
-        spec = ve.EngineSpec(
-            model=model_dir,
-            scheduler_cls=ve.candidate_scheduler_name(async_scheduling),
-            async_scheduling=async_scheduling,
-            max_num_seqs=32,
-            max_num_batched_tokens=budget,
-            max_model_len=MAX_MODEL_LEN,
-            num_gpu_blocks=NUM_GPU_BLOCKS,
-            enable_prefix_caching=True,
+        spec = engine_spec(
+            model_dir, ve.candidate_scheduler_name(async_scheduling), async_scheduling, budget
         )
         requests = make_workload()
         engine = open_llava_engine(spec)

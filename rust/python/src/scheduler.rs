@@ -1066,9 +1066,9 @@ impl PyScheduler {
     /// a request's tokens are counted (with a ``Request`` snapshot; False: its encoder
     /// outputs are in transit, and the request is passed over in this step), and
     /// ``external_encoder.has_cache_item(identifier)`` for an input a chunk needs that is
-    /// not in the encoder cache, once the cache has room for it (True: the connector loads
-    /// its output, ``SchedulerOutput.external_encoder_input_rows``, and the encoder compute
-    /// budget is not charged). Each returns a bool. The GIL is held through such a step.
+    /// not in the encoder cache, once the cache has room for it and the step's encoder
+    /// budget could encode it (True: the connector loads its output,
+    /// ``SchedulerOutput.external_encoder_input_rows``, and the budget is not charged). Each returns a bool. The GIL is held through such a step.
     /// A source without those methods is refused before anything changes. Should either
     /// raise or return something else, from then on in the step every input is encoded and
     /// every request asked is passed over, and the error is raised as above.
