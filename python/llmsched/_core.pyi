@@ -706,10 +706,11 @@ class Scheduler:
         ``external_encoder.has_cache_item(identifier)`` for an input a chunk needs that is
         not in the encoder cache, once the cache has room for it and the step's encoder
         budget could encode it (True: the connector loads its output,
-        ``SchedulerOutput.external_encoder_input_rows``, and the budget is not charged). Each returns a bool. The GIL is held through such a step.
-        A source without those methods is refused before anything changes. Should either
-        raise or return something else, from then on in the step every input is encoded and
-        every request asked is passed over, and the error is raised as above."""
+        ``SchedulerOutput.external_encoder_input_rows``, and the budget is not charged).
+        Each returns a bool. The GIL is held through such a step. A source without those
+        methods is refused before anything changes. Should either raise or return something
+        else, from then on in the step every input is encoded and every request asked is
+        passed over, and the error is raised as above."""
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: Any
     ) -> RequestOutputs:
