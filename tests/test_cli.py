@@ -278,7 +278,7 @@ def test_plots_of_two_workloads_share_a_folder(tmp_path: Path) -> None:
 def test_ctrl_c_prints_a_partial_report_and_exits_130(tmp_path: Path) -> None:
     out = tmp_path / "partial.json"
     process = subprocess.Popen(
-        [str(SCRIPT), "simulate", "--num-requests", "5000", "--json", str(out)],
+        [str(SCRIPT), "simulate", "--num-requests", "200000", "--json", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -286,17 +286,17 @@ def test_ctrl_c_prints_a_partial_report_and_exits_130(tmp_path: Path) -> None:
     assert process.stdout is not None
     # The header is printed once the workload is checked, as the replay starts.
     header = process.stdout.readline() + process.stdout.readline()
-    assert "5,000 requests" in header
+    assert "200,000 requests" in header
     time.sleep(1.0)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
-    assert "of 5,000 (partial" in stdout and "TTFT" in stdout
+    assert "of 200,000 (partial" in stdout and "TTFT" in stdout
     assert "partial report" in stdout
     report = json.loads(out.read_text())
-    assert report["partial"] is True and report["num_requests"] == 5000
-    assert report["num_finished"] < 5000
+    assert report["partial"] is True and report["num_requests"] == 200_000
+    assert report["num_finished"] < 200_000
 
 
 def test_ctrl_c_in_a_terminal_stops_bench_with_one_line() -> None:

@@ -6,7 +6,7 @@ Signatures are written here and checked against the compiled module by ``mypy.st
 names from ``llmsched``, not from here.
 """
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Literal, Protocol, TypeAlias, final, overload
 
 import numpy as np
@@ -23,6 +23,8 @@ _KvEvent: TypeAlias = (
 )
 
 __all__ = [
+    "COST_TERMS",
+    "MOONCAKE_BLOCK_TOKENS",
     "REQUEST_STATUSES",
     "ConfigError",
     "DuplicateRequestError",
@@ -32,6 +34,7 @@ __all__ = [
     "LlmschedError",
     "OutputMismatchError",
     "ReentrantCallError",
+    "Replay",
     "Request",
     "RequestOutput",
     "RequestOutputs",
@@ -40,12 +43,17 @@ __all__ = [
     "SchedulerOutput",
     "UnknownRequestError",
     "__version__",
+    "prompt_token_ids",
 ]
 
 __version__: Final[str]
 REQUEST_STATUSES: Final[tuple[tuple[str, int, str | None], ...]]
 """Every request status as ``(name, value, finish reason)``, in value order: the
 declaration ``llmsched.RequestStatus`` is checked against."""
+COST_TERMS: Final[tuple[str, ...]]
+"""The step-cost model's terms, in the core's order (``llmsched.sim.cost.TERMS``)."""
+MOONCAKE_BLOCK_TOKENS: Final[int]
+"""Tokens per ``hash_ids`` block of a Mooncake trace's prompt."""
 
 class LlmschedError(Exception):
     """Base class of every error llmsched raises on purpose."""
@@ -941,9 +949,10 @@ class Scheduler:
         lookup of a request added with ``report_reused_blocks`` hit its first ``num_blocks``
         blocks, one tuple per group), ``("removed", block_id, group)`` (evicted, or its KV
         will never be computed) and ``("cleared",)`` (``reset_prefix_cache``). ``schedule``,
-        ``update_from_output`` and ``reset_prefix_cache`` make them; always empty unless the
-        config's ``enable_kv_cache_events``. Take them before the requests they name are let
-        go: a request finished by ``update_from_output`` is still reachable then through
+        ``update_from_output`` and
+        ``reset_prefix_cache`` make them; always empty unless the config's
+        ``enable_kv_cache_events``. Take them before the requests they name are let go: a
+        request finished by ``update_from_output`` is still reachable then through
         ``take_finished_requests``."""
     def running_request_ids(self) -> list[str]:
         """Running request ids, in running order."""
@@ -995,3 +1004,69 @@ class Scheduler:
         Raises ``InvariantError`` naming the first broken one."""
     def debug_snapshot(self) -> str:
         """A deterministic dump of the whole state, for equality checks in tests."""
+
+def prompt_token_ids(
+    key: int, prompt_len: int, prefix_blocks: Sequence[int], vocab_size: int
+) -> _Int32Array: ...
+
+@final
+class Replay:
+    """A workload replayed in virtual time through the scheduler, a runner without a model
+    and a step-cost model: the engine loop behind ``llmsched simulate`` (``llmsched.sim``
+    builds it; see ``llmsched.sim.simulate``). The requests are columns in arrival order:
+    ids, arrival times (virtual seconds), prompt and output lengths, the keys seeding
+    their prompts, and their Mooncake prefix blocks (``num_prefix_blocks`` per request,
+    flat in ``prefix_blocks``). ``cost`` maps every name of ``COST_TERMS`` to its
+    milliseconds."""
+
+    def __new__(
+        cls,
+        config: SchedulerConfig,
+        cost: Mapping[str, float],
+        request_ids: Sequence[str],
+        arrival_times: Sequence[float] | npt.NDArray[np.float64],
+        prompt_lens: Sequence[int],
+        output_lens: Sequence[int],
+        keys: Sequence[int],
+        num_prefix_blocks: Sequence[int],
+        prefix_blocks: Sequence[int],
+        *,
+        seed: int = 0,
+        vocab_size: int = 32000,
+        acceptance_rate: float = 0.7,
+        check_invariants: bool = False,
+    ) -> Replay: ...
+    def run(self, seconds: float) -> bool:
+        """Replays for about ``seconds`` of wall time (at least one engine step), or to the
+        end, with the GIL released; returns whether the replay is done. After an error the
+        replay cannot go on (every later ``run`` raises ``InternalError``); what it did
+        until then can still be read."""
+    @property
+    def done(self) -> bool:
+        """Whether every request has arrived and finished, and no step is in flight."""
+    @property
+    def clock(self) -> float:
+        """The virtual clock, in seconds."""
+    @property
+    def num_arrived(self) -> int:
+        """Requests that have arrived: the workload's first ones."""
+    @property
+    def num_finished(self) -> int:
+        """Requests finished."""
+    @property
+    def num_steps(self) -> int:
+        """Steps scheduled, empty ones included."""
+    @property
+    def scheduler_seconds(self) -> float:
+        """Wall seconds spent in the scheduler's ``schedule`` and ``update_from_output``."""
+    def stats(self) -> dict[str, int]:
+        """The scheduler's counters, as ``Scheduler.stats()`` gives them."""
+    def times(self) -> dict[str, Any]:
+        """Each request's times so far, in the workload's order, as new arrays (a copy):
+        ``scheduled``, ``first_token`` and ``finished`` (virtual seconds, NaN for what has
+        not happened), ``num_output``, ``preemptions`` (int64), and ``finish_reason`` (a
+        list: vLLM's finish reason, or None while unfinished)."""
+    def timeline(self) -> dict[str, npt.NDArray[Any]]:
+        """The scheduler's state at each step as it started (empty steps included), as new
+        arrays (a copy): ``time`` (virtual seconds), ``kv_usage`` (a fraction of the pool),
+        ``running`` and ``waiting`` (requests)."""

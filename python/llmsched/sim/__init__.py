@@ -11,7 +11,8 @@ only the model's tokens and the GPU's step times are simulated:
 - :class:`Workload` and its loaders: the Azure and Mooncake trace formats and synthetic
   presets fitted to them (``workload``);
 - :func:`simulate` replays a workload in virtual time under a :class:`CostModel` and reports
-  latencies, throughput and KV use (``simulate``);
+  latencies, throughput and KV use (``simulate``); the replay runs in the core, and the
+  tests hold it against :class:`Engine` and :class:`SimulatedModelRunner`;
 - :func:`check_scheduler_output` checks one step from its arrays alone, for tests (``checks``).
 """
 

@@ -22,6 +22,10 @@ sized for an 8B-parameter model on one datacenter GPU (whose attention reads eac
 request's context on its own: no term for the KV blocks in use; its kernels set up at
 start: none for a new batch shape); every term can be overridden, or taken from a
 cost-model file (:func:`load_cost_model`, which ``llmsched calibrate`` writes).
+
+The formula is computed by the core's replay (``rust/core/src/replay/cost.rs``, which
+also reads the shape from each step); :class:`CostModel` holds the terms it is given,
+named and ordered as the core's ``COST_TERMS``.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from llmsched._checks import Range
-from llmsched._core import SchedulerConfig, SchedulerOutput
-from llmsched.steps import StepShape, step_shape
+from llmsched._core import COST_TERMS, SchedulerConfig
+from llmsched.steps import StepShape
 
 __all__ = [
     "COST_TERM",
@@ -111,34 +115,6 @@ class CostModel:
         for f in fields(self):
             COST_TERM.check(f.name, getattr(self, f.name))
 
-    def step_seconds(self, so: SchedulerOutput, kv_blocks: int, shapes_run: ShapesRun) -> float:
-        """The duration of the step ``so`` (``kv_blocks`` in use as it runs) on an engine
-        that has run ``shapes_run`` (which then holds this step's too): the model's step and
-        the scheduler's time."""
-        if len(so.num_scheduled_tokens) == 0:
-            return 0.0
-        shape = step_shape(so, kv_blocks)
-        ms = self.shape_ms(shape) + self.scheduler_ms(shape)
-        if shapes_run.first_run(shape):
-            ms += self.new_shape_ms
-        return ms / 1000.0
-
-    def shape_ms(self, shape: StepShape) -> float:
-        """The engine's cost of a step of ``shape`` (the scheduler's left out), in ms."""
-        charged: float = sum(
-            getattr(self, term) * count for term, count in zip(SHAPE_TERMS, shape, strict=True)
-        )
-        return self.fixed_ms + charged
-
-    def scheduler_ms(self, shape: StepShape) -> float:
-        """The scheduler's own time in a step of ``shape``, in milliseconds."""
-        requests, tokens = scheduled_counts(shape)
-        return (
-            self.scheduler_step_ms
-            + self.scheduler_request_ms * requests
-            + self.scheduler_token_ms * tokens
-        )
-
     def with_scheduler_of(self, other: CostModel) -> CostModel:
         """This engine's model under the scheduler ``other`` was measured with."""
         return replace(self, **{term: getattr(other, term) for term in SCHEDULER_TERMS})
@@ -192,6 +168,8 @@ ENGINE_TERMS: tuple[str, ...] = (
 """The engine's terms (its time between two scheduler calls), in the fit's order."""
 SCHEDULER_TERMS: tuple[str, ...] = TERMS[len(ENGINE_TERMS) :]
 """The scheduler's own time: per step, per request and per token scheduled."""
+if TERMS != COST_TERMS:
+    raise ImportError(f"CostModel's terms must be the core's, in its order: {COST_TERMS}")
 if TERMS[: len(ENGINE_TERMS)] != ENGINE_TERMS or SCHEDULER_TERMS != (
     "scheduler_step_ms",
     "scheduler_request_ms",

@@ -11,7 +11,6 @@ import numpy as np
 
 from llmsched._core import SchedulerConfig
 from llmsched.sim.cost import CostModel
-from llmsched.sim.engine import Engine
 from llmsched.sim.workload import Workload
 
 __all__ = ["RequestMetrics", "RequestTimes", "SimulationReport", "build_report", "request_metrics"]
@@ -227,13 +226,16 @@ def build_report(
     config: SchedulerConfig,
     workload: Workload,
     cost: CostModel,
-    engine: Engine,
-    times: dict[str, RequestTimes],
+    records: list[RequestTimes],
     timeline: dict[str, list[float]],
+    *,
+    stats: dict[str, int],
+    num_steps: int,
+    scheduler_seconds: float,
     wall: float,
 ) -> SimulationReport:
-    stats = engine.scheduler.stats()
-    records = list(times.values())
+    """The report of a replay: its requests' times (those that arrived), the scheduler's
+    state at each step (``timeline``) and counters (``stats``, ``Scheduler.stats()``'s)."""
     metrics = request_metrics(records)
     usage = np.asarray(timeline["kv_usage"] or [0.0])
     queries = stats["prefix_cache_queries"] + stats["prefix_cache_preempted_queries"]
@@ -250,8 +252,8 @@ def build_report(
         finish_reasons=metrics.finish_reasons,
         virtual_seconds=metrics.span,
         wall_seconds=wall,
-        scheduler_seconds=engine.scheduler_seconds,
-        num_steps=engine.num_steps,
+        scheduler_seconds=scheduler_seconds,
+        num_steps=num_steps,
         prompt_tokens=metrics.prompt_tokens,
         output_tokens=metrics.output_tokens,
         throughput=metrics.throughput,

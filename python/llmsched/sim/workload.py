@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llmsched._checks import COUNT, SEED, Range
-from llmsched.sim._hashing import GOLDEN, finalize64
+from llmsched._core import MOONCAKE_BLOCK_TOKENS, prompt_token_ids
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -48,8 +48,7 @@ __all__ = [
     "synthetic",
 ]
 
-MOONCAKE_BLOCK_TOKENS = 512
-"""Tokens per ``hash_ids`` entry of the Mooncake trace."""
+_U64 = (1 << 64) - 1
 
 TIMESTAMP = Range(0)
 """A Mooncake timestamp (milliseconds from the trace's start)."""
@@ -59,14 +58,6 @@ HASH_ID = Range(0, integer=True)
 class WorkloadError(ValueError):
     """A workload that cannot be replayed: a bad trace row (named by file and line), a bad
     argument, or a request the configuration could never serve."""
-
-
-def _tokens(key: int, count: int, vocab_size: int) -> npt.NDArray[np.int32]:
-    """``count`` tokens in ``[1, vocab_size)`` determined by ``key``."""
-    base = np.uint64((key * int(GOLDEN)) & 0xFFFF_FFFF_FFFF_FFFF)
-    index = np.arange(count, dtype=np.uint64)
-    values = finalize64(index + base) % np.uint64(vocab_size - 1)
-    return (values + np.uint64(1)).astype(np.int32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,18 +76,13 @@ class RequestSpec:
     """Where the request comes from, for error messages: ``"conv.csv, line 12"``."""
 
     def prompt_token_ids(self, vocab_size: int = 32000) -> npt.NDArray[np.int32]:
-        if not self.prefix_blocks:
-            return _tokens(self.key, self.prompt_len, vocab_size)
-        blocks = [
-            _tokens((0x4D6F_6F6E << 32) + block_id, MOONCAKE_BLOCK_TOKENS, vocab_size)
-            for block_id in self.prefix_blocks
-        ]
-        shared = np.concatenate(blocks)
-        if len(shared) >= self.prompt_len:
-            return shared[: self.prompt_len]
-        # The rest of the prompt is the request's own.
-        own = _tokens(self.key, self.prompt_len - len(shared), vocab_size)
-        return np.concatenate([shared, own])
+        """The prompt: ``prompt_len`` tokens in ``[1, vocab_size)`` of the request's own
+        ``key``, or, with ``prefix_blocks``, block ``i`` the tokens of block id
+        ``prefix_blocks[i]`` (requests naming a block share its tokens) and the rest its
+        own; the core builds the same prompt when it replays the request."""
+        return prompt_token_ids(
+            self.key & _U64, self.prompt_len, [b & _U64 for b in self.prefix_blocks], vocab_size
+        )
 
 
 @dataclass(frozen=True, slots=True)

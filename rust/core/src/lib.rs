@@ -18,6 +18,7 @@ pub mod mm_inputs;
 mod output_tokens;
 pub mod prefetch;
 mod queue;
+pub mod replay;
 pub mod request;
 pub mod scheduler;
 mod slab;

@@ -13,6 +13,7 @@ mod errors;
 mod ids;
 mod objects;
 mod output;
+mod replay;
 mod scheduler;
 
 use pyo3::prelude::*;
@@ -25,6 +26,8 @@ mod _core {
     use crate::config::PySchedulerConfig;
     #[pymodule_export]
     use crate::output::{PyRequest, PyRequestOutput, PyRequestOutputs, PySchedulerOutput};
+    #[pymodule_export]
+    use crate::replay::{prompt_token_ids, PyReplay};
     #[pymodule_export]
     use crate::scheduler::PyScheduler;
 
@@ -42,6 +45,8 @@ mod _core {
         m.add("ReentrantCallError", e.reentrant_call.clone_ref(py))?;
         m.add("InternalError", e.internal.clone_ref(py))?;
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("MOONCAKE_BLOCK_TOKENS", llmsched_core::replay::tokens::MOONCAKE_BLOCK_TOKENS)?;
+        m.add("COST_TERMS", pyo3::types::PyTuple::new(py, llmsched_core::replay::cost::StepCost::TERMS)?)?;
         m.add("REQUEST_STATUSES", crate::output::request_statuses(py)?)?;
         crate::config::install_signature(py, py.get_type::<PySchedulerConfig>().as_any())?;
         Ok(())

@@ -1755,18 +1755,7 @@ impl PyScheduler {
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (stats, prefix) =
             self.with_inner(py, |inner| Ok((inner.core.stats().clone(), inner.core.prefix_cache_stats().clone())))?;
-        let dict = PyDict::new(py);
-        dict.set_item("num_steps", stats.num_steps)?;
-        dict.set_item("num_preemptions", stats.num_preemptions)?;
-        dict.set_item("num_draft_tokens", stats.num_draft_tokens)?;
-        dict.set_item("num_accepted_tokens", stats.num_accepted_tokens)?;
-        dict.set_item("prefix_cache_requests", prefix.requests)?;
-        dict.set_item("prefix_cache_queries", prefix.queries)?;
-        dict.set_item("prefix_cache_hits", prefix.hits)?;
-        dict.set_item("prefix_cache_preempted_requests", prefix.preempted_requests)?;
-        dict.set_item("prefix_cache_preempted_queries", prefix.preempted_queries)?;
-        dict.set_item("prefix_cache_preempted_hits", prefix.preempted_hits)?;
-        Ok(dict)
+        stats_dict(py, &stats, &prefix)
     }
 
     /// Forget every cached prefix block. With ``reset_running_requests``, first
@@ -1939,4 +1928,24 @@ fn _assert_traits() {
     fn sync<T: Sync + Send>() {}
     sync::<PyScheduler>();
     let _ = |a: &PyReadonlyArray1<i32>| a.len();
+}
+
+/// The scheduler's counters as ``Scheduler.stats()`` (and ``Replay.stats()``) give them.
+pub fn stats_dict<'py>(
+    py: Python<'py>,
+    stats: &llmsched_core::SchedulerStats,
+    prefix: &llmsched_core::PrefixCacheStats,
+) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("num_steps", stats.num_steps)?;
+    dict.set_item("num_preemptions", stats.num_preemptions)?;
+    dict.set_item("num_draft_tokens", stats.num_draft_tokens)?;
+    dict.set_item("num_accepted_tokens", stats.num_accepted_tokens)?;
+    dict.set_item("prefix_cache_requests", prefix.requests)?;
+    dict.set_item("prefix_cache_queries", prefix.queries)?;
+    dict.set_item("prefix_cache_hits", prefix.hits)?;
+    dict.set_item("prefix_cache_preempted_requests", prefix.preempted_requests)?;
+    dict.set_item("prefix_cache_preempted_queries", prefix.preempted_queries)?;
+    dict.set_item("prefix_cache_preempted_hits", prefix.preempted_hits)?;
+    Ok(dict)
 }

@@ -1,0 +1,166 @@
+//! What a simulated step costs: the step's shape (what it asks of the model) and the
+//! cost model's terms per count of it. `llmsched.sim.cost` documents each term and
+//! `llmsched.steps` the shape; `llmsched calibrate` fits the terms to a real engine.
+
+use rustc_hash::FxHashSet;
+
+use crate::scheduler::step::Step;
+
+/// What a step asks of the model, in the counts the cost model charges for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepShape {
+    pub prefill_requests: i64,
+    /// Requests the runner sets up: new or resumed.
+    pub new_requests: i64,
+    /// Requests the runner lets go: finished since the step before.
+    pub finished_requests: i64,
+    pub prefill_tokens: i64,
+    /// Positions the prefill tokens attend to: a chunk of `n` after `C` computed, `n*C + n*(n+1)/2`.
+    pub prefill_attention: i64,
+    pub decode_requests: i64,
+    /// Decode requests with one output token so far (their first decode).
+    pub first_decodes: i64,
+    /// Context the decode requests read, `C + n` each.
+    pub decode_context: i64,
+    /// KV blocks in use as the step runs.
+    pub kv_blocks: i64,
+}
+
+impl StepShape {
+    /// The shape of `step`, with `kv_blocks` in use right after it was decided. A request
+    /// decodes when it is scheduled one token beyond its draft slots, and prefills otherwise.
+    pub fn of(step: &Step, kv_blocks: usize) -> Self {
+        let mut shape = Self {
+            new_requests: (step.new_reqs.len() + step.resumed_reqs.len()) as i64,
+            finished_requests: step.finished.len() as i64,
+            kv_blocks: kv_blocks as i64,
+            ..Self::default()
+        };
+        for i in 0..step.len() {
+            let n = i64::from(step.num_scheduled_tokens[i]);
+            let c = i64::from(step.num_computed_tokens[i]);
+            if n - i64::from(step.num_spec_tokens[i]) == 1 {
+                shape.decode_requests += 1;
+                shape.first_decodes += i64::from(step.num_output_tokens[i] == 1);
+                shape.decode_context += c + n;
+            } else {
+                shape.prefill_requests += 1;
+                shape.prefill_tokens += n;
+                shape.prefill_attention += n * c + n * (n + 1) / 2;
+            }
+        }
+        shape
+    }
+
+    /// The counts in the order of the cost model's terms after `fixed_ms`.
+    fn counts(&self) -> [i64; 9] {
+        [
+            self.prefill_requests,
+            self.new_requests,
+            self.finished_requests,
+            self.prefill_tokens,
+            self.prefill_attention,
+            self.decode_requests,
+            self.first_decodes,
+            self.decode_context,
+            self.kv_blocks,
+        ]
+    }
+
+    /// The requests and tokens the step schedules (a decode: one token): its batch shape.
+    pub fn scheduled(&self) -> (i64, i64) {
+        (self.prefill_requests + self.decode_requests, self.prefill_tokens + self.decode_requests)
+    }
+}
+
+/// The cost model's terms, in milliseconds, in the order of [`StepCost::TERMS`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepCost {
+    pub terms: [f64; StepCost::TERMS.len()],
+}
+
+impl StepCost {
+    /// The terms' names: `fixed_ms`, one per count of [`StepShape`] in its order, the
+    /// engine's per-arrival, wake-up and new-shape terms, then the scheduler's own time
+    /// per step, per request and per token scheduled (`llmsched.sim.cost.TERMS`).
+    pub const TERMS: [&'static str; 16] = [
+        "fixed_ms",
+        "prefill_request_ms",
+        "new_request_ms",
+        "finished_request_ms",
+        "prefill_token_ms",
+        "prefill_attention_ms",
+        "decode_request_ms",
+        "first_decode_ms",
+        "decode_context_ms",
+        "kv_block_ms",
+        "add_request_ms",
+        "wake_ms",
+        "new_shape_ms",
+        "scheduler_step_ms",
+        "scheduler_request_ms",
+        "scheduler_token_ms",
+    ];
+    const ADD_REQUEST: usize = 10;
+    const WAKE: usize = 11;
+    const NEW_SHAPE: usize = 12;
+    const SCHEDULER: usize = 13;
+
+    /// The engine's work to take in one arriving request, in seconds.
+    pub fn add_request_seconds(&self) -> f64 {
+        self.terms[Self::ADD_REQUEST] / 1000.0
+    }
+
+    /// An idle engine's wake-up for an arrival, in seconds.
+    pub fn wake_seconds(&self) -> f64 {
+        self.terms[Self::WAKE] / 1000.0
+    }
+
+    /// The engine's cost of a step of `shape`, the scheduler's left out, in ms.
+    pub fn shape_ms(&self, shape: &StepShape) -> f64 {
+        let charged: f64 = shape.counts().iter().zip(&self.terms[1..]).map(|(&count, term)| term * count as f64).sum();
+        self.terms[0] + charged
+    }
+
+    /// The scheduler's own time in a step of `shape`, in ms.
+    pub fn scheduler_ms(&self, shape: &StepShape) -> f64 {
+        let (requests, tokens) = shape.scheduled();
+        let [step, request, token] = [0, 1, 2].map(|i| self.terms[Self::SCHEDULER + i]);
+        step + request * requests as f64 + token * tokens as f64
+    }
+
+    /// The duration of a step of `shape` on an engine that has run `shapes_run` (which
+    /// then holds this step's shape too), in seconds; an empty step costs nothing.
+    pub fn step_seconds(&self, shape: &StepShape, shapes_run: &mut ShapesRun) -> f64 {
+        let (requests, _) = shape.scheduled();
+        if requests == 0 {
+            return 0.0;
+        }
+        let mut ms = self.shape_ms(shape) + self.scheduler_ms(shape);
+        if shapes_run.first_run(shape) {
+            ms += self.terms[Self::NEW_SHAPE];
+        }
+        ms / 1000.0
+    }
+}
+
+/// The batch shapes an engine has run (requests and tokens scheduled): a step of a shape
+/// not run before costs `new_shape_ms` more. The engine is taken as warmed up with every
+/// one-request step of 1 to `min(max_num_batched_tokens, max_model_len - 1)` tokens
+/// (`llmsched.sim.cost.warm_up_token_counts`).
+#[derive(Clone, Debug, Default)]
+pub struct ShapesRun {
+    seen: FxHashSet<(i64, i64)>,
+}
+
+impl ShapesRun {
+    pub fn warmed_up(max_num_batched_tokens: i64, max_model_len: i64) -> Self {
+        let last = max_num_batched_tokens.min(max_model_len - 1);
+        Self { seen: (1..=last).map(|n| (1, n)).collect() }
+    }
+
+    /// Whether a step of `shape` is the first of its batch shape; it has run from now on.
+    pub fn first_run(&mut self, shape: &StepShape) -> bool {
+        self.seen.insert(shape.scheduled())
+    }
+}
