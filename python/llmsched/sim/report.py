@@ -152,12 +152,14 @@ class SimulationReport:
                     f"{self.spec_decode['draft_tokens']:,.0f} drafts",
                 )
             )
+        wall = f"wall {self.wall_seconds:.3g} s"
+        if self.clock == "virtual" and self.wall_seconds > 0:
+            wall += f" ({self.virtual_seconds / self.wall_seconds:,.0f}x real time)"
         rows.append(
             (
                 "scheduler CPU",
                 f"{self.scheduler_seconds:.2f} s "
-                f"({1e6 * self.scheduler_seconds / max(self.num_steps, 1):.1f} us/step), "
-                f"wall {self.wall_seconds:.1f} s",
+                f"({1e6 * self.scheduler_seconds / max(self.num_steps, 1):.1f} us/step), {wall}",
             )
         )
         return rows
