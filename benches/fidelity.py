@@ -259,7 +259,8 @@ def _markdown(fit: dict[str, Any], summary: dict[str, Any], rows: list[dict[str,
         f"`simulate` ran each prediction {summary['simulate_speed'][0]:,.0f}x to "
         f"{summary['simulate_speed'][1]:,.0f}x faster than the engine's real time (the "
         "replay's virtual seconds over its wall seconds, the process's start left out): "
-        "this engine's steps take milliseconds, and a simulated step costs about 0.2 ms.",
+        "this engine's steps take milliseconds, and the core replays a simulated step in "
+        "microseconds.",
         "",
         "| trace | load | metric | measured | predicted | error | engine spread | "
         "error, calibrated just before |",
