@@ -18,7 +18,7 @@ from llmsched.sim.drafts import Drafts
 from llmsched.sim.engine import Engine
 from llmsched.sim.runner import SimulatedModelRunner
 from llmsched.sim.workload import Workload
-from llmsched.steps import step_shape
+from llmsched.steps import StepShape
 
 
 @dataclass
@@ -40,6 +40,25 @@ class ReferenceReplay:
     )
     num_steps: int = 0
     stats: dict[str, int] = field(default_factory=dict)
+
+
+def step_shape(so: SchedulerOutput, kv_blocks: int) -> StepShape:
+    """A step's shape, written out from its definition (``llmsched.steps``)."""
+    n = so.num_scheduled_tokens.astype(np.int64)
+    c = so.num_computed_tokens.astype(np.int64)
+    decode = (n - so.num_spec_tokens) == 1
+    n_p, c_p = n[~decode], c[~decode]
+    return StepShape(
+        prefill_requests=int((~decode).sum()),
+        new_requests=len(so.new_req_ids) + len(so.resumed_req_ids),
+        finished_requests=len(so.finished_req_ids),
+        prefill_tokens=int(n_p.sum()),
+        prefill_attention=int((n_p * c_p + n_p * (n_p + 1) // 2).sum()),
+        decode_requests=int(decode.sum()),
+        first_decodes=int((so.num_output_tokens[decode] == 1).sum()),
+        decode_context=int((c[decode] + n[decode]).sum()),
+        kv_blocks=kv_blocks,
+    )
 
 
 def step_ms(

@@ -44,6 +44,7 @@ __all__ = [
     "UnknownRequestError",
     "__version__",
     "prompt_token_ids",
+    "step_shape",
 ]
 
 __version__: Final[str]
@@ -1005,6 +1006,15 @@ class Scheduler:
     def debug_snapshot(self) -> str:
         """A deterministic dump of the whole state, for equality checks in tests."""
 
+def step_shape(
+    num_scheduled_tokens: _Int32Array,
+    num_computed_tokens: _Int32Array,
+    num_spec_tokens: _Int32Array,
+    num_output_tokens: _Int32Array,
+    new_requests: int,
+    finished_requests: int,
+    kv_blocks: int,
+) -> dict[str, int]: ...
 def prompt_token_ids(
     key: int, prompt_len: int, prefix_blocks: Sequence[int], vocab_size: int
 ) -> _Int32Array: ...
@@ -1017,7 +1027,9 @@ class Replay:
     ids, arrival times (virtual seconds), prompt and output lengths, the keys seeding
     their prompts, and their Mooncake prefix blocks (``num_prefix_blocks`` per request,
     flat in ``prefix_blocks``). ``cost`` maps every name of ``COST_TERMS`` to its
-    milliseconds."""
+    milliseconds. The engine is taken as warmed up with a one-request step of every token
+    count up to ``warm_up_tokens``: a step of another batch shape costs ``new_shape_ms``
+    the first time."""
 
     def __new__(
         cls,
@@ -1035,6 +1047,7 @@ class Replay:
         vocab_size: int = 32000,
         acceptance_rate: float = 0.7,
         check_invariants: bool = False,
+        warm_up_tokens: int = 0,
     ) -> Replay: ...
     def run(self, seconds: float) -> bool:
         """Replays for about ``seconds`` of wall time (at least one engine step), or to the

@@ -27,9 +27,8 @@ import json
 import weakref
 from typing import IO, Any, NamedTuple
 
-import numpy as np
-
 from llmsched._core import SchedulerOutput
+from llmsched._core import step_shape as _step_shape
 
 __all__ = [
     "EMPTY_STEP",
@@ -71,25 +70,19 @@ EMPTY_STEP = StepShape(0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
 def step_shape(so: SchedulerOutput, kv_blocks: int) -> StepShape:
-    """The shape of a step the core decided, read from its columns; ``kv_blocks`` is the
-    scheduler's ``num_used_blocks`` right after it decided the step."""
-    n = so.num_scheduled_tokens.astype(np.int64)
-    if len(n) == 0:
-        return EMPTY_STEP
-    c = so.num_computed_tokens.astype(np.int64)
-    decode = (n - so.num_spec_tokens) == 1
-    prefill = ~decode
-    n_p, c_p = n[prefill], c[prefill]
+    """The shape of a step the core decided, read from its columns by the core (the
+    reading its replay charges); ``kv_blocks`` is the scheduler's ``num_used_blocks``
+    right after it decided the step."""
     return StepShape(
-        prefill_requests=int(prefill.sum()),
-        new_requests=len(so.new_req_ids) + len(so.resumed_req_ids),
-        finished_requests=len(so.finished_req_ids),
-        prefill_tokens=int(n_p.sum()),
-        prefill_attention=int((n_p * c_p + n_p * (n_p + 1) // 2).sum()),
-        decode_requests=int(decode.sum()),
-        first_decodes=int((so.num_output_tokens[decode] == 1).sum()),
-        decode_context=int((c[decode] + n[decode]).sum()),
-        kv_blocks=kv_blocks,
+        **_step_shape(
+            so.num_scheduled_tokens,
+            so.num_computed_tokens,
+            so.num_spec_tokens,
+            so.num_output_tokens,
+            len(so.new_req_ids) + len(so.resumed_req_ids),
+            len(so.finished_req_ids),
+            kv_blocks,
+        )
     )
 
 

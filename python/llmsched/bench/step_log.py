@@ -10,8 +10,13 @@ which ``simulate --scheduler-cost`` charges to predict what switching schedulers
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
+from llmsched._core import step_shape as _step_shape
 from llmsched.steps import StepLog, StepShape
 
 __all__ = ["LoggedScheduler", "vllm_step_shape"]
@@ -19,34 +24,29 @@ __all__ = ["LoggedScheduler", "vllm_step_shape"]
 
 def vllm_step_shape(so: Any, kv_blocks: int) -> StepShape:
     """The shape of a step (:class:`~llmsched.steps.StepShape`) read from vLLM's
-    ``SchedulerOutput``: a request decodes when it is scheduled one token beyond its drafts;
+    ``SchedulerOutput``, its columns read by the core as the plug-in's are (a request decodes
+    when it is scheduled one token beyond its drafts);
     ``kv_blocks``, the blocks vLLM's pool holds for requests as the step runs."""
     cached = so.scheduled_cached_reqs
     computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
     computed.update({new.req_id: new.num_computed_tokens for new in so.scheduled_new_reqs})
     outputs = dict(zip(cached.req_ids, cached.num_output_tokens, strict=True))
     drafts = so.scheduled_spec_decode_tokens
-    prefill = decode = first = prefill_tokens = attention = context = 0
-    for req_id, n in so.num_scheduled_tokens.items():
-        c = computed[req_id]
-        if n - len(drafts.get(req_id, ())) == 1:
-            decode += 1
-            first += outputs.get(req_id) == 1
-            context += c + n
-        else:
-            prefill += 1
-            prefill_tokens += n
-            attention += n * c + n * (n + 1) // 2
+    scheduled = so.num_scheduled_tokens
+
+    def column(values: Iterable[int]) -> npt.NDArray[np.int32]:
+        return np.fromiter(values, dtype=np.int32, count=len(scheduled))
+
     return StepShape(
-        prefill_requests=prefill,
-        new_requests=len(so.scheduled_new_reqs) + len(cached.resumed_req_ids),
-        finished_requests=len(so.finished_req_ids),
-        prefill_tokens=prefill_tokens,
-        prefill_attention=attention,
-        decode_requests=decode,
-        first_decodes=first,
-        decode_context=context,
-        kv_blocks=kv_blocks,
+        **_step_shape(
+            column(scheduled.values()),
+            column(computed[r] for r in scheduled),
+            column(len(drafts.get(r, ())) for r in scheduled),
+            column(outputs.get(r, 0) for r in scheduled),
+            len(so.scheduled_new_reqs) + len(cached.resumed_req_ids),
+            len(so.finished_req_ids),
+            kv_blocks,
+        )
     )
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from llmsched._checks import Range
 from llmsched._cli import StopOnInterrupt
 from llmsched._core import InvalidRequestError, Replay, Scheduler, SchedulerConfig
-from llmsched.sim.cost import CostModel
+from llmsched.sim.cost import CostModel, warm_up_token_counts
 from llmsched.sim.report import RequestTimes, SimulationReport, build_report
 from llmsched.sim.workload import RequestSpec, Workload, WorkloadError, fit_to_max_model_len
 from llmsched.status import RequestStatus
@@ -188,6 +188,7 @@ def _replay_of(
 ) -> Replay:
     """The core's replay of ``specs`` (in arrival order), as columns."""
     blocks = [block for spec in specs for block in spec.prefix_blocks]
+    warm = warm_up_token_counts(config.max_num_batched_tokens, config.max_model_len)
     return Replay(
         config,
         asdict(cost),
@@ -202,4 +203,5 @@ def _replay_of(
         vocab_size=VOCAB_SIZE,
         acceptance_rate=acceptance_rate,
         check_invariants=check_invariants,
+        warm_up_tokens=len(warm),
     )

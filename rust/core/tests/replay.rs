@@ -8,8 +8,9 @@ use llmsched_core::replay::tokens::TokenModel;
 use llmsched_core::replay::{Replay, ReplayOptions, ReplayRequest};
 use std::time::Duration;
 
+/// Warmed up with every one-request step the tests' configs can schedule.
 const OPTIONS: ReplayOptions =
-    ReplayOptions { seed: 0, vocab_size: 32000, acceptance_rate: 0.7, check_invariants: true };
+    ReplayOptions { seed: 0, vocab_size: 32000, acceptance_rate: 0.7, check_invariants: true, warm_up_tokens: 4095 };
 
 fn cost(terms: &[(&str, f64)]) -> StepCost {
     let mut cost = StepCost { terms: [0.0; StepCost::TERMS.len()] };
@@ -81,6 +82,11 @@ fn a_batch_shape_costs_more_the_first_time_only_and_one_request_shapes_are_warm(
     let mut alone = alone.unwrap();
     run(&mut alone);
     assert!(close(alone.times()[0].finished, 0.003));
+    // Not warmed up, the engine has not run those one-request shapes either: (1, 8) and (1, 1).
+    let cold = ReplayOptions { warm_up_tokens: 0, ..OPTIONS };
+    let mut cold = Replay::new(common::config(|_| {}), cost, vec![request("c", 0.0, 8, 3)], cold).unwrap();
+    run(&mut cold);
+    assert!(close(cold.times()[0].finished, 0.023));
 }
 
 #[test]

@@ -27,7 +27,7 @@ mod _core {
     #[pymodule_export]
     use crate::output::{PyRequest, PyRequestOutput, PyRequestOutputs, PySchedulerOutput};
     #[pymodule_export]
-    use crate::replay::{prompt_token_ids, PyReplay};
+    use crate::replay::{prompt_token_ids, step_shape, PyReplay};
     #[pymodule_export]
     use crate::scheduler::PyScheduler;
 

@@ -6,10 +6,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use llmsched_core::replay::cost::StepCost;
+use llmsched_core::replay::cost::{StepColumns, StepCost, StepShape};
 use llmsched_core::replay::tokens::prompt_tokens;
 use llmsched_core::replay::{Replay, ReplayOptions, ReplayRequest};
-use numpy::{IntoPyArray, PyArray1};
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyList};
@@ -30,7 +30,9 @@ struct Inner {
 /// ids, arrival times (virtual seconds), prompt and output lengths, the keys seeding
 /// their prompts, and their Mooncake prefix blocks (``num_prefix_blocks`` per request,
 /// flat in ``prefix_blocks``). ``cost`` maps every name of ``COST_TERMS`` to its
-/// milliseconds.
+/// milliseconds. The engine is taken as warmed up with a one-request step of every token
+/// count up to ``warm_up_tokens``: a step of another batch shape costs ``new_shape_ms``
+/// the first time.
 #[pyclass(frozen, module = "llmsched._core", name = "Replay")]
 pub struct PyReplay {
     inner: Mutex<Inner>,
@@ -78,7 +80,7 @@ impl PyReplay {
     #[pyo3(signature = (
         config, cost, request_ids, arrival_times, prompt_lens, output_lens, keys,
         num_prefix_blocks, prefix_blocks, *, seed=0, vocab_size=32000, acceptance_rate=0.7,
-        check_invariants=false,
+        check_invariants=false, warm_up_tokens=0,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -96,6 +98,7 @@ impl PyReplay {
         vocab_size: u32,
         acceptance_rate: f64,
         check_invariants: bool,
+        warm_up_tokens: i64,
     ) -> PyResult<Self> {
         let config = config.cast_into::<PySchedulerConfig>().map_err(|e| {
             config_error(py, format!("config: must be a SchedulerConfig, got {}", e.into_inner().get_type()))
@@ -123,7 +126,7 @@ impl PyReplay {
                 prefix_blocks: blocks.by_ref().take(num_prefix_blocks[i]).collect(),
             })
             .collect();
-        let options = ReplayOptions { seed, vocab_size, acceptance_rate, check_invariants };
+        let options = ReplayOptions { seed, vocab_size, acceptance_rate, check_invariants, warm_up_tokens };
         let replay = Replay::new(config.get().inner.clone(), cost, requests, options).map_err(core_err)?;
         Ok(Self { inner: Mutex::new(Inner { replay, broken: None }) })
     }
@@ -251,4 +254,42 @@ pub fn prompt_token_ids(
     }
     let tokens = prompt_tokens(key, prompt_len, &prefix_blocks, vocab_size);
     Ok(tokens.into_iter().map(|t| t as i32).collect::<Vec<i32>>().into_pyarray(py))
+}
+
+/// The shape of a step (``llmsched.steps.StepShape``'s fields, by name): what it asks of
+/// the model, read from its columns (one entry per scheduled request: ``int32`` arrays),
+/// the requests it sets up (new or resumed) and lets go (finished), and the KV blocks in
+/// use as it runs. The same reading as the replay's (``Replay``); nothing is copied.
+#[pyfunction]
+#[pyo3(signature = (
+    num_scheduled_tokens, num_computed_tokens, num_spec_tokens, num_output_tokens,
+    new_requests, finished_requests, kv_blocks,
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn step_shape<'py>(
+    py: Python<'py>,
+    num_scheduled_tokens: PyReadonlyArray1<'py, i32>,
+    num_computed_tokens: PyReadonlyArray1<'py, i32>,
+    num_spec_tokens: PyReadonlyArray1<'py, i32>,
+    num_output_tokens: PyReadonlyArray1<'py, i32>,
+    new_requests: usize,
+    finished_requests: usize,
+    kv_blocks: usize,
+) -> PyResult<Bound<'py, PyDict>> {
+    fn slice<'a>(py: Python<'_>, name: &str, array: &'a PyReadonlyArray1<'_, i32>) -> PyResult<&'a [i32]> {
+        array.as_slice().map_err(|_| request_error(py, format!("{name}: must be a contiguous int32 array")))
+    }
+    let columns = StepColumns {
+        num_scheduled_tokens: slice(py, "num_scheduled_tokens", &num_scheduled_tokens)?,
+        num_computed_tokens: slice(py, "num_computed_tokens", &num_computed_tokens)?,
+        num_spec_tokens: slice(py, "num_spec_tokens", &num_spec_tokens)?,
+        num_output_tokens: slice(py, "num_output_tokens", &num_output_tokens)?,
+    };
+    let shape = StepShape::from_columns(columns, new_requests, finished_requests, kv_blocks)
+        .ok_or_else(|| request_error(py, "the step's columns differ in length".into()))?;
+    let dict = PyDict::new(py);
+    for (name, count) in shape.named() {
+        dict.set_item(name, count)?;
+    }
+    Ok(dict)
 }

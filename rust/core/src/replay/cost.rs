@@ -27,21 +27,45 @@ pub struct StepShape {
 }
 
 impl StepShape {
-    /// The shape of `step`, with `kv_blocks` in use right after it was decided. A request
-    /// decodes when it is scheduled one token beyond its draft slots, and prefills otherwise.
+    /// The shape of `step`, with `kv_blocks` in use right after it was decided.
     pub fn of(step: &Step, kv_blocks: usize) -> Self {
+        let columns = StepColumns {
+            num_scheduled_tokens: &step.num_scheduled_tokens,
+            num_computed_tokens: &step.num_computed_tokens,
+            num_spec_tokens: &step.num_spec_tokens,
+            num_output_tokens: &step.num_output_tokens,
+        };
+        Self::from_columns(columns, step.new_reqs.len() + step.resumed_reqs.len(), step.finished.len(), kv_blocks)
+            .expect("a step's columns are aligned")
+    }
+
+    /// The shape of a step given by its columns (one entry per scheduled request), the
+    /// requests it sets up (new or resumed) and lets go (finished), and `kv_blocks` in use.
+    /// A request decodes when it is scheduled one token beyond its draft slots, and
+    /// prefills otherwise. `None` when the columns differ in length.
+    pub fn from_columns(
+        columns: StepColumns<'_>,
+        new_requests: usize,
+        finished_requests: usize,
+        kv_blocks: usize,
+    ) -> Option<Self> {
+        let StepColumns { num_scheduled_tokens, num_computed_tokens, num_spec_tokens, num_output_tokens } = columns;
+        let len = num_scheduled_tokens.len();
+        if [num_computed_tokens.len(), num_spec_tokens.len(), num_output_tokens.len()] != [len; 3] {
+            return None;
+        }
         let mut shape = Self {
-            new_requests: (step.new_reqs.len() + step.resumed_reqs.len()) as i64,
-            finished_requests: step.finished.len() as i64,
+            new_requests: new_requests as i64,
+            finished_requests: finished_requests as i64,
             kv_blocks: kv_blocks as i64,
             ..Self::default()
         };
-        for i in 0..step.len() {
-            let n = i64::from(step.num_scheduled_tokens[i]);
-            let c = i64::from(step.num_computed_tokens[i]);
-            if n - i64::from(step.num_spec_tokens[i]) == 1 {
+        for i in 0..len {
+            let n = i64::from(num_scheduled_tokens[i]);
+            let c = i64::from(num_computed_tokens[i]);
+            if n - i64::from(num_spec_tokens[i]) == 1 {
                 shape.decode_requests += 1;
-                shape.first_decodes += i64::from(step.num_output_tokens[i] == 1);
+                shape.first_decodes += i64::from(num_output_tokens[i] == 1);
                 shape.decode_context += c + n;
             } else {
                 shape.prefill_requests += 1;
@@ -49,7 +73,24 @@ impl StepShape {
                 shape.prefill_attention += n * c + n * (n + 1) / 2;
             }
         }
-        shape
+        Some(shape)
+    }
+
+    /// The counts by name, in the order of [`StepShape`]'s fields.
+    pub fn named(&self) -> [(&'static str, i64); 9] {
+        let names = [
+            "prefill_requests",
+            "new_requests",
+            "finished_requests",
+            "prefill_tokens",
+            "prefill_attention",
+            "decode_requests",
+            "first_decodes",
+            "decode_context",
+            "kv_blocks",
+        ];
+        let counts = self.counts();
+        std::array::from_fn(|i| (names[i], counts[i]))
     }
 
     /// The counts in the order of the cost model's terms after `fixed_ms`.
@@ -71,6 +112,15 @@ impl StepShape {
     pub fn scheduled(&self) -> (i64, i64) {
         (self.prefill_requests + self.decode_requests, self.prefill_tokens + self.decode_requests)
     }
+}
+
+/// A step's columns, one entry per scheduled request (as [`Step`] holds them).
+#[derive(Clone, Copy, Debug)]
+pub struct StepColumns<'a> {
+    pub num_scheduled_tokens: &'a [i32],
+    pub num_computed_tokens: &'a [i32],
+    pub num_spec_tokens: &'a [i32],
+    pub num_output_tokens: &'a [i32],
 }
 
 /// The cost model's terms, in milliseconds, in the order of [`StepCost::TERMS`].
@@ -146,17 +196,16 @@ impl StepCost {
 
 /// The batch shapes an engine has run (requests and tokens scheduled): a step of a shape
 /// not run before costs `new_shape_ms` more. The engine is taken as warmed up with every
-/// one-request step of 1 to `min(max_num_batched_tokens, max_model_len - 1)` tokens
-/// (`llmsched.sim.cost.warm_up_token_counts`).
+/// one-request step of 1 to `warm_up_tokens` tokens (what `llmsched calibrate` and
+/// `replay-engine` run first: `llmsched.sim.cost.warm_up_token_counts`).
 #[derive(Clone, Debug, Default)]
 pub struct ShapesRun {
     seen: FxHashSet<(i64, i64)>,
 }
 
 impl ShapesRun {
-    pub fn warmed_up(max_num_batched_tokens: i64, max_model_len: i64) -> Self {
-        let last = max_num_batched_tokens.min(max_model_len - 1);
-        Self { seen: (1..=last).map(|n| (1, n)).collect() }
+    pub fn warmed_up(warm_up_tokens: i64) -> Self {
+        Self { seen: (1..=warm_up_tokens).map(|n| (1, n)).collect() }
     }
 
     /// Whether a step of `shape` is the first of its batch shape; it has run from now on.

@@ -62,6 +62,9 @@ pub struct ReplayOptions {
     pub acceptance_rate: f64,
     /// Check the scheduler's invariants after every `schedule` and every update.
     pub check_invariants: bool,
+    /// The engine is warmed up with a one-request step of every token count up to this
+    /// ([`ShapesRun`]).
+    pub warm_up_tokens: i64,
 }
 
 /// What happened to one request, in virtual seconds (NaN for what has not happened).
@@ -165,7 +168,7 @@ impl Replay {
             status: None,
         };
         Ok(Self {
-            shapes_run: ShapesRun::warmed_up(config.max_num_batched_tokens(), config.max_model_len()),
+            shapes_run: ShapesRun::warmed_up(options.warm_up_tokens),
             scheduler,
             cost,
             tokens,
