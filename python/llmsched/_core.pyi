@@ -23,6 +23,7 @@ _KvEvent: TypeAlias = (
 )
 
 __all__ = [
+    "BATCH_QUEUE_SIZE",
     "COST_TERMS",
     "MOONCAKE_BLOCK_TOKENS",
     "REQUEST_STATUSES",
@@ -51,6 +52,8 @@ __version__: Final[str]
 REQUEST_STATUSES: Final[tuple[tuple[str, int, str | None], ...]]
 """Every request status as ``(name, value, finish reason)``, in value order: the
 declaration ``llmsched.RequestStatus`` is checked against."""
+BATCH_QUEUE_SIZE: Final[int]
+"""Steps in flight under async scheduling in the core's replay (vLLM's batch queue)."""
 COST_TERMS: Final[tuple[str, ...]]
 """The step-cost model's terms, in the core's order (``llmsched.sim.cost.TERMS``)."""
 MOONCAKE_BLOCK_TOKENS: Final[int]

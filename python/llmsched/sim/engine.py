@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from llmsched import _core
 from llmsched._core import (
     ConfigError,
     DuplicateRequestError,
@@ -34,8 +35,9 @@ from llmsched.status import RequestStatus
 
 __all__ = ["BATCH_QUEUE_SIZE", "Engine", "ModelRunner"]
 
-BATCH_QUEUE_SIZE = 2
-"""Steps in flight under async scheduling (vLLM's batch queue without pipeline parallelism)."""
+BATCH_QUEUE_SIZE: int = _core.BATCH_QUEUE_SIZE
+"""Steps in flight under async scheduling (vLLM's batch queue without pipeline parallelism),
+as the core's replay keeps them."""
 
 _MAX_IDLE_STEPS = 3
 """``run`` gives up after this many consecutive steps that schedule nothing while nothing is

@@ -115,3 +115,12 @@ pub fn reentrant_call_error(py: Python<'_>, message: String) -> PyErr {
 pub fn internal_error(py: Python<'_>, message: String) -> PyErr {
     raise(py, |e| &e.internal, message)
 }
+
+/// What a caught panic says (its message, or "panic"), for the `InternalError` it becomes.
+pub fn panic_reason(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
+}

@@ -15,7 +15,7 @@ use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyList};
 
 use crate::config::PySchedulerConfig;
-use crate::errors::{config_error, core_err, internal_error, request_error};
+use crate::errors::{config_error, core_err, internal_error, panic_reason, request_error};
 use crate::scheduler::stats_dict;
 
 struct Inner {
@@ -62,11 +62,7 @@ impl PyReplay {
         match catch_unwind(AssertUnwindSafe(|| f(&guard.replay))) {
             Ok(result) => result,
             Err(payload) => {
-                let reason = payload
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "panic".into());
+                let reason = panic_reason(payload.as_ref());
                 guard.broken = Some(reason.clone());
                 Err(internal_error(py, format!("internal error in llmsched (please report it): {reason}")))
             }
@@ -152,11 +148,7 @@ impl PyReplay {
                 Err(core_err(error))
             }
             Err(payload) => {
-                let reason = payload
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "panic".into());
+                let reason = panic_reason(payload.as_ref());
                 guard.broken = Some(reason.clone());
                 Err(internal_error(py, format!("internal error in llmsched (please report it): {reason}")))
             }

@@ -21,7 +21,9 @@ use crate::convert::{
     bool_value, float_value, for_each_bounded, int32_items, int_value, mm_input_list, push, reserved, token_list,
     type_name, Indexed,
 };
-use crate::errors::{config_error, core_err, internal_error, mismatch_error, reentrant_call_error, request_error};
+use crate::errors::{
+    config_error, core_err, internal_error, mismatch_error, panic_reason, reentrant_call_error, request_error,
+};
 use crate::ids::{IdBatch, StepIds};
 use crate::objects::{new_int, new_list, new_str, new_str_list};
 use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput};
@@ -408,11 +410,7 @@ impl PyScheduler {
         match catch_unwind(AssertUnwindSafe(|| f(&mut guard))) {
             Ok(result) => result,
             Err(payload) => {
-                let reason = payload
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "panic".into());
+                let reason = panic_reason(payload.as_ref());
                 guard.broken = Some(reason.clone());
                 Err(internal_error(py, format!("internal error in llmsched (please report it): {reason}")))
             }
