@@ -138,6 +138,14 @@ def test_the_core_replays_as_the_python_engine_loop_does(
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_replays_agree_on_a_pooling_model(async_scheduling: bool) -> None:
+    """``num_sampled_tokens_per_step=0``: requests sample nothing and finish once their
+    prompt is computed."""
+    cfg = config(async_scheduling=async_scheduling, num_sampled_tokens_per_step=0)
+    assert_replays_agree(cfg, workload(20, 4, shared=True))
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
 def test_the_replays_agree_under_preemption(async_scheduling: bool) -> None:
     """A pool of 160 blocks for up to 8 requests of up to 1,240 tokens: requests are
     preempted and resumed."""
@@ -242,6 +250,22 @@ def test_bad_replay_arguments_name_what_is_wrong() -> None:
         Replay(cfg, cost, *columns)
     with pytest.raises(InvalidRequestError, match="acceptance_rate"):
         Replay(cfg, cost, *_columns(2), acceptance_rate=1.5)
+    columns = _columns(2)
+    columns[2] = [10, 2049]
+    with pytest.raises(InvalidRequestError, match='prompt_len=2049: request "r1"'):
+        Replay(cfg, cost, *columns)
+    columns = _columns(2)
+    columns[5] = [1, 1]
+    with pytest.raises(InvalidRequestError, match="0 block ids, but num_prefix_blocks counts 2"):
+        Replay(cfg, cost, *columns)
+    with pytest.raises(InvalidRequestError, match="cost: must map each term"):
+        Replay(cfg, [1.0] * len(COST_TERMS), *_columns(2))  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match="vocab_size=2147483648"):
+        Replay(cfg, cost, *_columns(2), vocab_size=2**31)
+    with pytest.raises(InvalidRequestError, match="warm_up_tokens=-1"):
+        Replay(cfg, cost, *_columns(2), warm_up_tokens=-1)
+    with pytest.raises(InvalidRequestError, match="vocab_size: must be in"):
+        prompt_token_ids(1, 10, [], 2**31)
     replay = Replay(cfg, cost, *_columns(2))
     with pytest.raises(InvalidRequestError, match="seconds"):
         replay.run(-1.0)
@@ -255,9 +279,9 @@ def test_a_request_refused_on_arrival_stops_the_replay_which_stays_stopped() -> 
     cost = dict(zip(COST_TERMS, [1.0] * len(COST_TERMS), strict=True))
     columns = _columns(2)
     columns[1] = [0.0, 5.0]
-    columns[2] = [10, 5000]
+    columns[2] = [10, 2048]  # max_model_len: no room left for a sampled token
     replay = Replay(config(), cost, *columns)
-    with pytest.raises(InvalidRequestError, match="5000") as refused:
+    with pytest.raises(InvalidRequestError, match="2048") as refused:
         replay.run(10.0)
     assert "prompt" in str(refused.value)
     assert replay.num_arrived == 1 and replay.num_finished == 1

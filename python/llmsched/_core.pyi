@@ -25,6 +25,7 @@ _KvEvent: TypeAlias = (
 __all__ = [
     "BATCH_QUEUE_SIZE",
     "COST_TERMS",
+    "MAX_IDLE_STEPS",
     "MOONCAKE_BLOCK_TOKENS",
     "REQUEST_STATUSES",
     "ConfigError",
@@ -54,6 +55,9 @@ REQUEST_STATUSES: Final[tuple[tuple[str, int, str | None], ...]]
 declaration ``llmsched.RequestStatus`` is checked against."""
 BATCH_QUEUE_SIZE: Final[int]
 """Steps in flight under async scheduling in the core's replay (vLLM's batch queue)."""
+MAX_IDLE_STEPS: Final[int]
+"""The core's replay stops after this many steps in a row that schedule nothing while
+nothing is in flight."""
 COST_TERMS: Final[tuple[str, ...]]
 """The step-cost model's terms, in the core's order (``llmsched.sim.cost.TERMS``)."""
 MOONCAKE_BLOCK_TOKENS: Final[int]

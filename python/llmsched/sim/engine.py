@@ -39,9 +39,10 @@ BATCH_QUEUE_SIZE: int = _core.BATCH_QUEUE_SIZE
 """Steps in flight under async scheduling (vLLM's batch queue without pipeline parallelism),
 as the core's replay keeps them."""
 
-_MAX_IDLE_STEPS = 3
+_MAX_IDLE_STEPS: int = _core.MAX_IDLE_STEPS
 """``run`` gives up after this many consecutive steps that schedule nothing while nothing is
-in flight: the scheduler's state can no longer change, so it would loop forever."""
+in flight: the scheduler's state can no longer change, so it would loop forever (as the
+core's replay does)."""
 
 
 class ModelRunner(Protocol):

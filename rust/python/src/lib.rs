@@ -46,6 +46,7 @@ mod _core {
         m.add("InternalError", e.internal.clone_ref(py))?;
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("BATCH_QUEUE_SIZE", llmsched_core::replay::BATCH_QUEUE_SIZE)?;
+        m.add("MAX_IDLE_STEPS", llmsched_core::replay::MAX_IDLE_STEPS)?;
         m.add("MOONCAKE_BLOCK_TOKENS", llmsched_core::replay::tokens::MOONCAKE_BLOCK_TOKENS)?;
         m.add("COST_TERMS", pyo3::types::PyTuple::new(py, llmsched_core::replay::cost::StepCost::TERMS)?)?;
         m.add("REQUEST_STATUSES", crate::output::request_statuses(py)?)?;

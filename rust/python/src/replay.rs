@@ -10,6 +10,7 @@ use llmsched_core::replay::cost::{StepColumns, StepCost, StepShape};
 use llmsched_core::replay::tokens::prompt_tokens;
 use llmsched_core::replay::{Replay, ReplayOptions, ReplayRequest};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
+use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyList};
@@ -41,7 +42,13 @@ pub struct PyReplay {
 fn terms(py: Python<'_>, cost: &Bound<'_, PyAny>) -> PyResult<StepCost> {
     let mut terms = [0.0; StepCost::TERMS.len()];
     for (term, name) in terms.iter_mut().zip(StepCost::TERMS) {
-        let value = cost.get_item(name).map_err(|_| request_error(py, format!("cost: the term {name} is missing")))?;
+        let value = cost.get_item(name).map_err(|e| {
+            if e.is_instance_of::<PyKeyError>(py) {
+                request_error(py, format!("cost: the term {name} is missing"))
+            } else {
+                request_error(py, format!("cost: must map each term to its milliseconds, got {}", cost.get_type()))
+            }
+        })?;
         *term = value.extract().map_err(|_| request_error(py, format!("cost: {name}={value}: not a number")))?;
     }
     Ok(StepCost { terms })
@@ -54,6 +61,13 @@ fn column<T>(py: Python<'_>, name: &str, values: Vec<T>, len: usize) -> PyResult
     Ok(values)
 }
 
+/// A panic caught in the core: the replay cannot go on, and Python gets `InternalError`.
+fn panicked(py: Python<'_>, broken: &mut Option<String>, payload: &(dyn std::any::Any + Send)) -> PyErr {
+    let reason = panic_reason(payload);
+    *broken = Some(reason.clone());
+    internal_error(py, format!("internal error in llmsched (please report it): {reason}"))
+}
+
 impl PyReplay {
     /// Reads the replay (also after an error stopped it: what it did until then).
     fn with_inner<R>(&self, py: Python<'_>, f: impl FnOnce(&Replay) -> PyResult<R>) -> PyResult<R> {
@@ -61,11 +75,7 @@ impl PyReplay {
             self.inner.lock_py_attached(py).map_err(|_| internal_error(py, "the replay's lock is poisoned".into()))?;
         match catch_unwind(AssertUnwindSafe(|| f(&guard.replay))) {
             Ok(result) => result,
-            Err(payload) => {
-                let reason = panic_reason(payload.as_ref());
-                guard.broken = Some(reason.clone());
-                Err(internal_error(py, format!("internal error in llmsched (please report it): {reason}")))
-            }
+            Err(payload) => Err(panicked(py, &mut guard.broken, payload.as_ref())),
         }
     }
 }
@@ -106,8 +116,13 @@ impl PyReplay {
         let output_lens = column(py, "output_lens", output_lens, n)?;
         let keys = column(py, "keys", keys, n)?;
         let num_prefix_blocks = column(py, "num_prefix_blocks", num_prefix_blocks, n)?;
-        if num_prefix_blocks.iter().sum::<usize>() != prefix_blocks.len() {
-            return Err(request_error(py, "prefix_blocks: its length is not the sum of num_prefix_blocks".into()));
+        let counted = num_prefix_blocks.iter().try_fold(0usize, |sum, &n| sum.checked_add(n));
+        if counted != Some(prefix_blocks.len()) {
+            let counted = counted.map_or("more than memory holds".into(), |n| n.to_string());
+            return Err(request_error(
+                py,
+                format!("prefix_blocks: {} block ids, but num_prefix_blocks counts {counted}", prefix_blocks.len()),
+            ));
         }
         let mut blocks = prefix_blocks.into_iter();
         let requests = request_ids
@@ -132,8 +147,9 @@ impl PyReplay {
     /// replay cannot go on (every later ``run`` raises ``InternalError``); what it did
     /// until then can still be read.
     fn run(&self, py: Python<'_>, seconds: f64) -> PyResult<bool> {
-        let wall = Duration::try_from_secs_f64(seconds)
-            .map_err(|_| request_error(py, format!("seconds: must be a finite number >= 0, got {seconds}")))?;
+        let wall = Duration::try_from_secs_f64(seconds).map_err(|_| {
+            request_error(py, format!("seconds: must be a number >= 0 that a duration can hold, got {seconds}"))
+        })?;
         let mut guard =
             self.inner.lock_py_attached(py).map_err(|_| internal_error(py, "the replay's lock is poisoned".into()))?;
         if let Some(reason) = &guard.broken {
@@ -147,11 +163,7 @@ impl PyReplay {
                 guard.broken = Some(error.to_string());
                 Err(core_err(error))
             }
-            Err(payload) => {
-                let reason = panic_reason(payload.as_ref());
-                guard.broken = Some(reason.clone());
-                Err(internal_error(py, format!("internal error in llmsched (please report it): {reason}")))
-            }
+            Err(payload) => Err(panicked(py, &mut guard.broken, payload.as_ref())),
         }
     }
 
@@ -241,10 +253,10 @@ pub fn prompt_token_ids(
     prefix_blocks: Vec<u64>,
     vocab_size: u32,
 ) -> PyResult<Bound<'_, PyArray1<i32>>> {
-    if vocab_size < 2 {
-        return Err(request_error(py, format!("vocab_size: must be >= 2, got {vocab_size}")));
+    if !(2..=i32::MAX as u32).contains(&vocab_size) {
+        return Err(request_error(py, format!("vocab_size: must be in [2, 2**31 - 1], got {vocab_size}")));
     }
-    let tokens = prompt_tokens(key, prompt_len, &prefix_blocks, vocab_size);
+    let tokens = prompt_tokens(key, prompt_len, &prefix_blocks, vocab_size).map_err(core_err)?;
     Ok(tokens.into_iter().map(|t| t as i32).collect::<Vec<i32>>().into_pyarray(py))
 }
 

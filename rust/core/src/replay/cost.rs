@@ -66,11 +66,12 @@ impl StepShape {
             if n - i64::from(num_spec_tokens[i]) == 1 {
                 shape.decode_requests += 1;
                 shape.first_decodes += i64::from(num_output_tokens[i] == 1);
-                shape.decode_context += c + n;
+                shape.decode_context = shape.decode_context.saturating_add(c + n);
             } else {
                 shape.prefill_requests += 1;
-                shape.prefill_tokens += n;
-                shape.prefill_attention += n * c + n * (n + 1) / 2;
+                shape.prefill_tokens = shape.prefill_tokens.saturating_add(n);
+                // Saturating: the columns may come from Python, any int32 at all.
+                shape.prefill_attention = shape.prefill_attention.saturating_add(n * c + n * (n + 1) / 2);
             }
         }
         Some(shape)
@@ -200,16 +201,19 @@ impl StepCost {
 /// `replay-engine` run first: `llmsched.sim.cost.warm_up_token_counts`).
 #[derive(Clone, Debug, Default)]
 pub struct ShapesRun {
+    warm_up_tokens: i64,
     seen: FxHashSet<(i64, i64)>,
 }
 
 impl ShapesRun {
     pub fn warmed_up(warm_up_tokens: i64) -> Self {
-        Self { seen: (1..=warm_up_tokens).map(|n| (1, n)).collect() }
+        Self { warm_up_tokens, seen: FxHashSet::default() }
     }
 
     /// Whether a step of `shape` is the first of its batch shape; it has run from now on.
     pub fn first_run(&mut self, shape: &StepShape) -> bool {
-        self.seen.insert(shape.scheduled())
+        let (requests, tokens) = shape.scheduled();
+        let warm = requests == 1 && (1..=self.warm_up_tokens).contains(&tokens);
+        !warm && self.seen.insert((requests, tokens))
     }
 }

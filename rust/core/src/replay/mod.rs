@@ -30,14 +30,14 @@ use crate::scheduler::step::Step;
 use crate::scheduler::{RequestRef, RunnerOutput, Scheduler};
 use crate::slab::Handle;
 use cost::{ShapesRun, StepCost, StepShape};
-use runner::{Runner, Sampled};
+use runner::{Requests, Runner, RunnerConfig, Sampled};
 use tokens::{prompt_tokens, TokenModel};
 
 /// Steps in flight under async scheduling (vLLM's batch queue without pipeline parallelism).
 pub const BATCH_QUEUE_SIZE: usize = 2;
 /// The replay stops with an error after this many steps in a row that schedule nothing
 /// while nothing is in flight: the scheduler's state can no longer change.
-const MAX_IDLE_STEPS: u32 = 3;
+pub const MAX_IDLE_STEPS: u32 = 3;
 
 /// One request of a workload.
 #[derive(Clone, Debug)]
@@ -88,6 +88,30 @@ pub struct Timeline {
     pub waiting: Vec<u32>,
 }
 
+/// A request that has arrived and not finished: where it is in the workload, and the key
+/// its tokens hash.
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    index: u32,
+    key: u64,
+}
+
+/// The live requests, as the runner asks about them.
+struct Known<'a> {
+    live: &'a FxHashMap<Handle, Live>,
+    requests: &'a [ReplayRequest],
+}
+
+impl Requests for Known<'_> {
+    fn key(&self, handle: Handle) -> Option<u64> {
+        self.live.get(&handle).map(|live| live.key)
+    }
+
+    fn id(&self, handle: Handle) -> &str {
+        self.live.get(&handle).map_or("(not live)", |live| self.requests[live.index as usize].request_id.as_str())
+    }
+}
+
 /// A step executed and not yet applied, with its sampled tokens and when it ended.
 struct InFlight {
     step: Step,
@@ -99,13 +123,11 @@ pub struct Replay {
     scheduler: Scheduler,
     cost: StepCost,
     shapes_run: ShapesRun,
-    tokens: TokenModel,
     runner: Runner,
     options: ReplayOptions,
     requests: Vec<ReplayRequest>,
     times: Vec<RequestTimes>,
-    /// Each live request's index in `requests`, and its token key.
-    live: FxHashMap<Handle, (u32, u64)>,
+    live: FxHashMap<Handle, Live>,
     next_arrival: usize,
     num_finished: usize,
     clock: f64,
@@ -142,11 +164,21 @@ impl Replay {
                 format!("request {:?}: must be finite and >= 0", r.request_id),
             ));
         }
+        if let Some(r) = requests.iter().find(|r| r.prompt_len as i64 > config.max_model_len()) {
+            return Err(CoreError::request(
+                "prompt_len",
+                r.prompt_len,
+                format!("request {:?}: longer than max_model_len={}", r.request_id, config.max_model_len()),
+            ));
+        }
         if !(0.0..=1.0).contains(&options.acceptance_rate) {
             return Err(CoreError::request("acceptance_rate", options.acceptance_rate, "must be in [0, 1]"));
         }
-        if options.vocab_size < 2 {
-            return Err(CoreError::request("vocab_size", options.vocab_size, "must be >= 2"));
+        if !(2..=i32::MAX as u32).contains(&options.vocab_size) {
+            return Err(CoreError::request("vocab_size", options.vocab_size, "must be in [2, 2**31 - 1]"));
+        }
+        if options.warm_up_tokens < 0 {
+            return Err(CoreError::request("warm_up_tokens", options.warm_up_tokens, "must be >= 0"));
         }
         if let Some((i, _)) = cost.terms.iter().enumerate().find(|(_, t)| !(t.is_finite() && **t >= 0.0)) {
             return Err(CoreError::request(StepCost::TERMS[i], cost.terms[i], "must be finite and >= 0"));
@@ -154,10 +186,13 @@ impl Replay {
         let scheduler = Scheduler::new(Arc::clone(&config))?;
         let tokens = TokenModel::new(options.seed, options.vocab_size, options.acceptance_rate);
         let runner = Runner::new(
-            tokens.clone(),
-            config.num_speculative_tokens() as usize,
-            config.async_scheduling(),
-            config.max_model_len(),
+            tokens,
+            RunnerConfig {
+                num_spec: config.num_speculative_tokens() as usize,
+                num_sampled: config.num_sampled_tokens_per_step(),
+                is_async: config.async_scheduling(),
+                max_model_len: config.max_model_len(),
+            },
         );
         let unset = RequestTimes {
             scheduled: f64::NAN,
@@ -171,7 +206,6 @@ impl Replay {
             shapes_run: ShapesRun::warmed_up(options.warm_up_tokens),
             scheduler,
             cost,
-            tokens,
             runner,
             options,
             times: vec![unset; requests.len()],
@@ -231,7 +265,7 @@ impl Replay {
         self.next_arrival == self.requests.len() && !self.scheduler.has_requests() && self.batch_queue.is_empty()
     }
 
-    /// Replays for about `wall` of real time (at least one engine step), or to the end;
+    /// Replays for about `wall` of real time (at least one pass of its loop), or to the end;
     /// returns whether the replay is done. On an error the replay cannot go on.
     pub fn run_for(&mut self, wall: Duration) -> CoreResult<bool> {
         let started = Instant::now();
@@ -287,29 +321,29 @@ impl Replay {
     fn arrive(&mut self) -> CoreResult<()> {
         let index = self.next_arrival;
         let spec = &self.requests[index];
-        let prompt = prompt_tokens(spec.key, spec.prompt_len, &spec.prefix_blocks, self.options.vocab_size);
+        let prompt = prompt_tokens(spec.key, spec.prompt_len, &spec.prefix_blocks, self.options.vocab_size)?;
         let new = NewRequest {
             arrival_time: Some(spec.arrival_time),
             ..NewRequest::new(spec.request_id.clone(), prompt, spec.output_len)
         };
-        let key = self.tokens.request_key(&spec.request_id);
+        let key = self.runner.tokens().request_key(&spec.request_id);
         let handle = self.scheduler.add_request(new)?;
-        self.live.insert(handle, (index as u32, key));
+        self.live.insert(handle, Live { index: index as u32, key });
         self.next_arrival += 1;
         Ok(())
     }
 
     /// `EngineCore.step`: schedule, execute, apply, hand the drafts back.
     fn step_sync(&mut self) -> CoreResult<()> {
-        let done = self.schedule_and_execute()?;
-        let had_tokens = done.step.total_num_scheduled_tokens > 0;
-        let delivered = self.apply(&done)?;
-        if !done.sampled.draft_requests.is_empty() {
+        let flight = self.schedule_and_execute()?;
+        let had_tokens = flight.step.total_num_scheduled_tokens > 0;
+        let delivered = self.apply(&flight)?;
+        if !flight.sampled.draft_requests.is_empty() {
             let requests: Vec<RequestRef<'_>> =
-                done.sampled.draft_requests.iter().map(|&h| RequestRef::Handle(h)).collect();
+                flight.sampled.draft_requests.iter().map(|&h| RequestRef::Handle(h)).collect();
             let k = self.scheduler.config().num_speculative_tokens();
             let counts = vec![k; requests.len()];
-            self.scheduler.update_draft_token_ids_of(&requests, &done.sampled.draft_token_ids, &counts)?;
+            self.scheduler.update_draft_token_ids_of(&requests, &flight.sampled.draft_token_ids, &counts)?;
         }
         self.note_idle(had_tokens || delivered, false);
         Ok(())
@@ -320,9 +354,9 @@ impl Replay {
     fn step_async(&mut self) -> CoreResult<()> {
         if self.batch_queue.len() < BATCH_QUEUE_SIZE && self.scheduler.has_requests() {
             let in_flight = self.batch_queue.iter().any(|f| f.step.total_num_scheduled_tokens > 0);
-            let done = self.schedule_and_execute()?;
-            let had_tokens = done.step.total_num_scheduled_tokens > 0;
-            self.batch_queue.push_back(done);
+            let flight = self.schedule_and_execute()?;
+            let had_tokens = flight.step.total_num_scheduled_tokens > 0;
+            self.batch_queue.push_back(flight);
             if had_tokens && self.batch_queue.len() < BATCH_QUEUE_SIZE && self.scheduler.has_requests() {
                 self.idle_steps = 0;
                 return Ok(()); // the GPU is busy: schedule the next step before waiting on this one
@@ -358,13 +392,13 @@ impl Replay {
         }
         let start = self.clock;
         for handle in &step.new_reqs {
-            if let Some(&(index, _)) = self.live.get(handle) {
-                self.times[index as usize].scheduled = start;
+            if let Some(live) = self.live.get(handle) {
+                self.times[live.index as usize].scheduled = start;
             }
         }
         for (handle, _) in &step.preempted {
-            if let Some(&(index, _)) = self.live.get(handle) {
-                self.times[index as usize].preemptions += 1;
+            if let Some(live) = self.live.get(handle) {
+                self.times[live.index as usize].preemptions += 1;
             }
         }
         let (running, waiting) = self.scheduler.get_request_counts();
@@ -372,33 +406,31 @@ impl Replay {
         self.timeline.kv_usage.push(self.scheduler.kv_cache_usage());
         self.timeline.running.push(running as u32);
         self.timeline.waiting.push(waiting as u32);
-        if !step.is_empty() {
-            let shape = StepShape::of(&step, self.scheduler.num_used_blocks());
-            self.clock += self.cost.step_seconds(&shape, &mut self.shapes_run);
-        }
-        let live = &self.live;
-        let sampled = self.runner.execute(&step, |h| live.get(&h).map(|&(_, key)| key))?;
+        let shape = StepShape::of(&step, self.scheduler.num_used_blocks());
+        self.clock += self.cost.step_seconds(&shape, &mut self.shapes_run);
+        let known = Known { live: &self.live, requests: &self.requests };
+        let sampled = self.runner.execute(&step, &known)?;
         Ok(InFlight { step, sampled, end: self.clock })
     }
 
     /// Applies a step's output, its tokens and finishes stamped with the step's end;
     /// returns whether it delivered any.
-    fn apply(&mut self, done: &InFlight) -> CoreResult<bool> {
+    fn apply(&mut self, flight: &InFlight) -> CoreResult<bool> {
         let out = RunnerOutput {
-            sampled_token_ids: &done.sampled.token_ids,
-            num_sampled: &done.sampled.counts,
+            sampled_token_ids: &flight.sampled.token_ids,
+            num_sampled: &flight.sampled.counts,
             row_of_entry: None,
         };
         let started = Instant::now();
         let mut delivered = false;
         let times = &mut self.times;
         let live = &mut self.live;
-        let end = done.end;
+        let end = flight.end;
         let mut num_finished = 0;
-        self.scheduler.update_from_output_with(done.step.step_id, &out, |event| {
+        self.scheduler.update_from_output_with(flight.step.step_id, &out, |event| {
             delivered = true;
-            let Some(&(index, _)) = live.get(&event.handle) else { return };
-            let record = &mut times[index as usize];
+            let Some(live_request) = live.get(&event.handle) else { return };
+            let record = &mut times[live_request.index as usize];
             if event.num_tokens > 0 {
                 if record.num_output == 0 {
                     record.first_token = end;

@@ -1,8 +1,10 @@
 //! The replay's model runner: per request, what a GPU runner knows to be true (tokens,
 //! computed positions, the drafts it proposed), and what each step samples. It keeps no
-//! token rows or block tables: a replay needs only the counts and the tokens sampled.
-//! The Python runner (`llmsched.sim.SimulatedModelRunner`) keeps all of it and asserts
-//! what vLLM's runner asserts; the tests check this one against it.
+//! token rows or block tables: a replay needs only the counts and the tokens sampled. It
+//! checks what a runner can see of the scheduler's contract (the scheduler's computed
+//! count against its own, where draft slots sit, room for the sampled tokens); the Python
+//! runner (`llmsched.sim.SimulatedModelRunner`) keeps everything and asserts all that
+//! vLLM's runner asserts, and the tests hold this one against it.
 
 use rustc_hash::FxHashMap;
 
@@ -33,28 +35,49 @@ pub struct Sampled {
     pub draft_token_ids: Vec<i32>,
 }
 
+/// The runner's settings, from the scheduler's config.
+#[derive(Clone, Copy, Debug)]
+pub struct RunnerConfig {
+    /// `K`, the draft slots a request may be given.
+    pub num_spec: usize,
+    /// `s`: tokens sampled per step (0 for a pooling model, which samples none).
+    pub num_sampled: i64,
+    pub is_async: bool,
+    /// `M`.
+    pub max_model_len: i64,
+}
+
 #[derive(Clone, Debug)]
 pub struct Runner {
     tokens: TokenModel,
+    config: RunnerConfig,
     rows: FxHashMap<Handle, Row>,
-    num_spec: usize,
-    is_async: bool,
-    max_model_len: i64,
 }
 
-fn broken(reason: String) -> CoreError {
-    CoreError::mismatch(format!("the replay's runner: {reason}"))
+/// A request the replay knows: the key its tokens hash, and its id for messages.
+pub trait Requests {
+    fn key(&self, handle: Handle) -> Option<u64>;
+    fn id(&self, handle: Handle) -> &str;
+}
+
+fn broken_contract(requests: &impl Requests, handle: Handle, what: String) -> CoreError {
+    CoreError::Invariant { reason: format!("the replay's runner, request {:?}: {what}", requests.id(handle)) }
 }
 
 impl Runner {
-    pub fn new(tokens: TokenModel, num_spec: usize, is_async: bool, max_model_len: i64) -> Self {
-        Self { tokens, rows: FxHashMap::default(), num_spec, is_async, max_model_len }
+    pub fn new(tokens: TokenModel, config: RunnerConfig) -> Self {
+        Self { tokens, config, rows: FxHashMap::default() }
+    }
+
+    pub fn tokens(&self) -> &TokenModel {
+        &self.tokens
     }
 
     /// Runs `step`: forgets finished requests, drops preempted ones' drafts, loads new and
     /// resumed ones, then samples for every request whose step reaches the end of its
     /// known tokens: one token and the leading drafts that equal `T`.
-    pub fn execute(&mut self, step: &Step, request_id: impl Fn(Handle) -> Option<u64>) -> CoreResult<Sampled> {
+    pub fn execute(&mut self, step: &Step, requests: &impl Requests) -> CoreResult<Sampled> {
+        let RunnerConfig { num_spec, num_sampled, is_async, max_model_len } = self.config;
         for (handle, _) in &step.finished {
             self.rows.remove(handle);
         }
@@ -67,59 +90,66 @@ impl Runner {
         let mut spec_offset = 0;
         for (i, &handle) in step.req_handles.iter().enumerate() {
             let (n, k) = (i64::from(step.num_scheduled_tokens[i]), i64::from(step.num_spec_tokens[i]));
+            let scheduler_computed = i64::from(step.num_computed_tokens[i]);
             let num_all = step.num_all_token_ids.get(i).copied().unwrap_or(0);
             if num_all > 0 {
-                let key = request_id(handle).ok_or_else(|| broken(format!("row {i} is not a live request")))?;
+                let key = requests.key(handle).ok_or_else(|| {
+                    broken_contract(requests, handle, "scheduled, but the replay holds no such request".into())
+                })?;
                 let row = Row {
                     key,
                     num_tokens: i64::from(num_all),
-                    num_computed: i64::from(step.num_computed_tokens[i]),
-                    drafts: vec![-1; self.num_spec],
+                    num_computed: scheduler_computed,
+                    drafts: vec![-1; num_spec],
                 };
                 self.rows.insert(handle, row);
             }
-            let row = self
-                .rows
-                .get_mut(&handle)
-                .ok_or_else(|| broken(format!("row {i} is scheduled but neither new nor resumed nor held")))?;
+            let Some(row) = self.rows.get_mut(&handle) else {
+                return Err(broken_contract(
+                    requests,
+                    handle,
+                    "scheduled, but neither new nor resumed nor held".into(),
+                ));
+            };
             let start = row.num_computed;
+            // The scheduler's C is optimistic under async scheduling (in-flight drafts count
+            // as accepted), never behind the truth; in sync mode the two agree.
+            if scheduler_computed < start || (!is_async && scheduler_computed != start) {
+                let what = format!("the scheduler's num_computed_tokens {scheduler_computed}, the runner's {start}");
+                return Err(broken_contract(requests, handle, what));
+            }
             let known_end = start + n - k;
-            if known_end > row.num_tokens || n < 1 {
-                return Err(broken(format!(
-                    "row {i}: n={n} with {k} draft slots after {start} computed of {} tokens",
-                    row.num_tokens
-                )));
+            let samples = known_end >= row.num_tokens && num_sampled > 0;
+            if n < 1 || known_end > row.num_tokens || (k > 0 && known_end != row.num_tokens) {
+                let what =
+                    format!("n={n} with {k} draft slots after {start} computed of {} known tokens", row.num_tokens);
+                return Err(broken_contract(requests, handle, what));
             }
             let slots = spec_offset..spec_offset + k as usize;
             spec_offset += k as usize;
             let mut accepted = 0;
             for (offset, slot) in slots.enumerate() {
-                let index = row.num_tokens + offset as i64;
-                let draft = if self.is_async { row.drafts[offset] } else { step.spec_token_ids[slot] };
-                if draft != self.tokens.target(row.key, index) {
+                let draft = if is_async { row.drafts[offset] } else { step.spec_token_ids[slot] };
+                if draft != self.tokens.target(row.key, row.num_tokens + offset as i64) {
                     break;
                 }
                 accepted += 1;
             }
-            let samples = known_end >= row.num_tokens;
-            let count = if samples { accepted + 1 } else { 0 };
-            if row.num_tokens + count > self.max_model_len && count > 0 {
-                return Err(broken(format!(
-                    "row {i}: sampled tokens exceed max_model_len ({} > {})",
-                    row.num_tokens + count,
-                    self.max_model_len
-                )));
+            let count = if samples { accepted + num_sampled } else { 0 };
+            if count > 0 && row.num_tokens + count > max_model_len {
+                let what = format!("sampled tokens exceed max_model_len: {} > {max_model_len}", row.num_tokens + count);
+                return Err(broken_contract(requests, handle, what));
             }
             out.token_ids
                 .extend((row.num_tokens..row.num_tokens + count).map(|index| self.tokens.target(row.key, index)));
             out.counts.push(count as i32);
             row.num_tokens += count;
             row.num_computed = start + n - (k - accepted);
-            if samples && self.num_spec > 0 {
+            if samples && num_spec > 0 {
                 for (offset, draft) in row.drafts.iter_mut().enumerate() {
                     *draft = self.tokens.proposal(row.key, row.num_tokens + offset as i64);
                 }
-                if !self.is_async {
+                if !is_async {
                     out.draft_requests.push(handle);
                     out.draft_token_ids.extend_from_slice(&row.drafts);
                 }

@@ -3,6 +3,8 @@
 //! hashes), so a replay is reproducible and, token for token, the same as the Python
 //! runner's (`llmsched.sim.tokens`, which the tests check it against).
 
+use crate::error::{CoreError, CoreResult};
+
 /// splitmix64's golden-ratio increment.
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 /// Mixed into a token's hash to draw whether its draft is accepted.
@@ -33,9 +35,13 @@ fn key_tokens(key: u64, count: usize, vocab_size: u32, out: &mut Vec<i64>) {
 
 /// A workload request's prompt: `prompt_len` tokens of its own `key`, or, with Mooncake
 /// `prefix_blocks`, block `i` the tokens of `prefix_blocks[i]` (so requests naming the same
-/// blocks share them) and the rest the request's own. `vocab_size` must be at least 2.
-pub fn prompt_tokens(key: u64, prompt_len: usize, prefix_blocks: &[u64], vocab_size: u32) -> Vec<i64> {
-    let mut tokens = Vec::with_capacity(prompt_len);
+/// blocks share them) and the rest the request's own. `vocab_size` must be at least 2; a
+/// prompt too long to allocate is an error.
+pub fn prompt_tokens(key: u64, prompt_len: usize, prefix_blocks: &[u64], vocab_size: u32) -> CoreResult<Vec<i64>> {
+    let mut tokens = Vec::new();
+    tokens
+        .try_reserve_exact(prompt_len)
+        .map_err(|_| CoreError::request("prompt_len", prompt_len, "too many tokens to allocate"))?;
     for &block in prefix_blocks {
         if tokens.len() >= prompt_len {
             break;
@@ -45,7 +51,7 @@ pub fn prompt_tokens(key: u64, prompt_len: usize, prefix_blocks: &[u64], vocab_s
     }
     let rest = prompt_len - tokens.len();
     key_tokens(key, rest, vocab_size, &mut tokens);
-    tokens
+    Ok(tokens)
 }
 
 /// The simulated model: `T(r, i)`, the token it samples at index `i` of request `r`, and
