@@ -20,7 +20,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from llmsched import _core
+from llmsched._core import BATCH_QUEUE_SIZE as _CORE_BATCH_QUEUE_SIZE
+from llmsched._core import MAX_IDLE_STEPS as _CORE_MAX_IDLE_STEPS
 from llmsched._core import (
     ConfigError,
     DuplicateRequestError,
@@ -35,11 +36,11 @@ from llmsched.status import RequestStatus
 
 __all__ = ["BATCH_QUEUE_SIZE", "Engine", "ModelRunner"]
 
-BATCH_QUEUE_SIZE: int = _core.BATCH_QUEUE_SIZE
+BATCH_QUEUE_SIZE: int = _CORE_BATCH_QUEUE_SIZE
 """Steps in flight under async scheduling (vLLM's batch queue without pipeline parallelism),
 as the core's replay keeps them."""
 
-_MAX_IDLE_STEPS: int = _core.MAX_IDLE_STEPS
+_MAX_IDLE_STEPS: int = _CORE_MAX_IDLE_STEPS
 """``run`` gives up after this many consecutive steps that schedule nothing while nothing is
 in flight: the scheduler's state can no longer change, so it would loop forever (as the
 core's replay does)."""
