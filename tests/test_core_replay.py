@@ -118,7 +118,8 @@ def _replay(
     from llmsched.sim.simulate import _replay_of
 
     specs = sorted(fitted.requests, key=lambda r: r.arrival_time)
-    replay = _replay_of(cfg, cost, specs, time_scale, seed, acceptance_rate, True)
+    arrivals = np.array([s.arrival_time for s in specs]) * time_scale
+    replay = _replay_of(cfg, cost, specs, arrivals, seed, acceptance_rate, True)
     assert replay.run(1e9)
     return replay
 

@@ -18,13 +18,20 @@ from dataclasses import asdict
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from llmsched._checks import Range
 from llmsched._cli import StopOnInterrupt
 from llmsched._core import InvalidRequestError, Replay, Scheduler, SchedulerConfig
 from llmsched.sim.cost import CostModel, warm_up_token_counts
 from llmsched.sim.report import RequestTimes, SimulationReport, build_report
-from llmsched.sim.workload import RequestSpec, Workload, WorkloadError, fit_to_max_model_len
+from llmsched.sim.workload import (
+    U64_MASK,
+    RequestSpec,
+    Workload,
+    WorkloadError,
+    fit_to_max_model_len,
+)
 from llmsched.status import RequestStatus
 
 __all__ = ["ACCEPTANCE_RATE", "TIME_SCALE", "check_workload", "simulate"]
@@ -37,7 +44,6 @@ VOCAB_SIZE = 32000
 """The simulated model's vocabulary (the workloads' prompts and the sampled tokens)."""
 _SLICE_SECONDS = 0.1
 """The replay returns to Python this often: to draw the progress bar, and to see Ctrl-C."""
-_U64 = (1 << 64) - 1
 
 
 class _Progress:
@@ -131,7 +137,8 @@ def simulate(
     if on_start is not None:
         on_start(workload)
     specs = sorted(workload.requests, key=lambda r: r.arrival_time)
-    replay = _replay_of(config, cost, specs, time_scale, seed, acceptance_rate, check_invariants)
+    arrivals = np.array([spec.arrival_time for spec in specs], dtype=np.float64) * time_scale
+    replay = _replay_of(config, cost, specs, arrivals, seed, acceptance_rate, check_invariants)
     interrupt = StopOnInterrupt()
     with interrupt.active(interruptible):
         bar = _Progress(len(specs), progress)
@@ -147,7 +154,7 @@ def simulate(
     reasons = times["finish_reason"]
     records = [
         RequestTimes(
-            spec.arrival_time * time_scale,
+            float(arrivals[i]),
             spec.prompt_len,
             scheduled=float(times["scheduled"][i]),
             first_token=float(times["first_token"][i]),
@@ -181,25 +188,26 @@ def _replay_of(
     config: SchedulerConfig,
     cost: CostModel,
     specs: list[RequestSpec],
-    time_scale: float,
+    arrivals: npt.NDArray[np.float64],
     seed: int,
     acceptance_rate: float,
     check_invariants: bool,
 ) -> Replay:
-    """The core's replay of ``specs`` (in arrival order), as columns."""
+    """The core's replay of ``specs`` (in arrival order, arriving at ``arrivals``), as
+    columns."""
     blocks = [block for spec in specs for block in spec.prefix_blocks]
     warm = warm_up_token_counts(config.max_num_batched_tokens, config.max_model_len)
     return Replay(
         config,
         asdict(cost),
         [spec.request_id for spec in specs],
-        np.array([spec.arrival_time for spec in specs], dtype=np.float64) * time_scale,
+        arrivals,
         [spec.prompt_len for spec in specs],
         [spec.output_len for spec in specs],
-        [spec.key & _U64 for spec in specs],
+        [spec.key & U64_MASK for spec in specs],
         [len(spec.prefix_blocks) for spec in specs],
-        [block & _U64 for block in blocks],
-        seed=seed & _U64,
+        [block & U64_MASK for block in blocks],
+        seed=seed & U64_MASK,
         vocab_size=VOCAB_SIZE,
         acceptance_rate=acceptance_rate,
         check_invariants=check_invariants,

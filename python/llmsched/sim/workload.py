@@ -48,7 +48,9 @@ __all__ = [
     "synthetic",
 ]
 
-_U64 = (1 << 64) - 1
+U64_MASK = (1 << 64) - 1
+"""Keys and block ids wrap to 64 bits, as the core takes them (system prompts' block ids
+are negative)."""
 
 TIMESTAMP = Range(0)
 """A Mooncake timestamp (milliseconds from the trace's start)."""
@@ -81,7 +83,10 @@ class RequestSpec:
         ``prefix_blocks[i]`` (requests naming a block share its tokens) and the rest its
         own; the core builds the same prompt when it replays the request."""
         return prompt_token_ids(
-            self.key & _U64, self.prompt_len, [b & _U64 for b in self.prefix_blocks], vocab_size
+            self.key & U64_MASK,
+            self.prompt_len,
+            [b & U64_MASK for b in self.prefix_blocks],
+            vocab_size,
         )
 
 

@@ -90,13 +90,7 @@ impl StepShape {
             "decode_context",
             "kv_blocks",
         ];
-        let counts = self.counts();
-        std::array::from_fn(|i| (names[i], counts[i]))
-    }
-
-    /// The counts in the order of the cost model's terms after `fixed_ms`.
-    fn counts(&self) -> [i64; 9] {
-        [
+        let counts = [
             self.prefill_requests,
             self.new_requests,
             self.finished_requests,
@@ -106,7 +100,13 @@ impl StepShape {
             self.first_decodes,
             self.decode_context,
             self.kv_blocks,
-        ]
+        ];
+        std::array::from_fn(|i| (names[i], counts[i]))
+    }
+
+    /// The counts in the order of the cost model's terms after `fixed_ms`.
+    fn counts(&self) -> [i64; 9] {
+        self.named().map(|(_, count)| count)
     }
 
     /// The requests and tokens the step schedules (a decode: one token): its batch shape.
