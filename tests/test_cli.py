@@ -317,8 +317,10 @@ def test_ctrl_c_in_a_terminal_stops_bench_with_one_line() -> None:
 
 
 def test_a_closed_pipe_ends_the_command_quietly() -> None:
+    # Enough requests that the report is written after the pipe is closed: a replay of
+    # 30 can finish, its report in the pipe's buffer, before the reader closes it.
     process = subprocess.Popen(
-        [str(SCRIPT), "simulate", "--num-requests", "30"],
+        [str(SCRIPT), "simulate", "--num-requests", "50000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
