@@ -284,9 +284,25 @@ def test_the_sweep_spans_the_engines_step_shapes_within_its_limits(
             assert len({p for p, _, _ in phase.requests}) == 1, phase.name
             held -= bs * (phase.requests[0][0] // bs) * (len(phase.requests) - 1)
         assert held <= usable, (phase.name, held, usable)
-    prefills = [p.requests[0][0] for p in phases if len(p.requests) == 1 and p.requests[0][1] == 1]
+    # A phase's last step is followed by an idle wait (no time to read): every phase has a
+    # step after its first, which a one-step prefill would not.
+    for phase in phases:
+        assert any(o >= 2 or at > 0 for _, o, at in phase.requests), phase.name
+    prefills = [p.requests[0][0] for p in phases if len(p.requests) == 1 and p.requests[0][1] == 2]
     assert min(prefills) == bs
-    assert max(prefills) == min(config.max_num_batched_tokens, m - 1)
+    assert max(prefills) == min(config.max_num_batched_tokens, m - 2)
+    # Bursts: several requests arriving at one step while others decode, two of them up to
+    # as many as max_num_seqs leaves beside the decodes (or the pool holds).
+    bursts = [
+        sum(at > 0 for _, _, at in p.requests)
+        for p in phases
+        if len({at for _, _, at in p.requests if at > 0}) == 1
+        and any(at == 0 and o > 1 for _, o, at in p.requests)
+    ]
+    assert min(bursts) == 1  # the mixed phases: one prompt joins
+    largest_burst = max(bursts)
+    assert 2 <= largest_burst <= config.max_num_seqs - 2
+    assert largest_burst >= min(config.max_num_seqs - 2, usable // (4 * bs)) // 2
     decodes = [p for p in phases if all(o > 1 for _, o, _ in p.requests)]
     # Decode batches reading one prompt's blocks, at two contexts: KV in use apart from it.
     shared = [p for p in decodes if p.shared_prompt]

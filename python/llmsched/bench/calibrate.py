@@ -14,8 +14,9 @@ Two sources of steps, one fit (:func:`llmsched.sim.calibrate.fit_cost_model`) an
   (:func:`sweep_phases`) that give it steps of many shapes: prefills of one prompt from a
   block to the step budget, decode batches from one request to ``max_num_seqs`` at short,
   middle and long contexts, the same batches sharing one prompt (the KV blocks in use apart
-  from the context), decode batches joined by a prompt (mixed steps), and requests that
-  arrive one a step while the others run; each phase after an idle wait
+  from the context), decode batches joined by a prompt (mixed steps) or by a burst of
+  requests arriving together, and requests that arrive one a step while the others run;
+  each phase after an idle wait
   (:data:`IDLE_SECONDS`), the whole series :data:`ROUNDS` times, after a warm-up
   (:func:`warm_up`). A progress bar counts the phases; ``--time-limit`` stops the sweep
   between two phases (what was measured is fitted).
@@ -95,7 +96,9 @@ def sweep_phases(config: SchedulerConfig) -> list[Phase]:
     m, bs = config.max_model_len, config.block_size
     budget = min(config.max_num_batched_tokens, m - 1)
     pool_tokens = (config.num_gpu_blocks - 1) * bs
-    phases = [Phase(f"prefill {n}", ((n, 1, 0),)) for n in _grid(bs, budget)]
+    # Two tokens out: the step after the prefill is what times it (a phase's last step is
+    # followed by an idle wait, which no step time can be read from).
+    phases = [Phase(f"prefill {n}", ((n, 2, 0),)) for n in _grid(bs, min(budget, m - 2))]
     for context in sorted({bs, max(bs, m // 4), max(bs, m // 2), max(bs, 3 * m // 4)}):
         prompt = min(context, m - 1 - DECODE_STEPS)
         if prompt < 1:
@@ -127,6 +130,23 @@ def sweep_phases(config: SchedulerConfig) -> list[Phase]:
             decode = tuple((bs, DECODE_STEPS, 0) for _ in range(batch))
             # Joins once the decoders' prompts are done: a step of decodes and a prefill.
             phases.append(Phase(f"mixed {batch}+{prompt}", (*decode, (prompt, 1, 2))))
+    # Bursts: requests that arrive together while others decode, taken in between two
+    # steps (the engine's work per request and per burst) and prefilled together in the
+    # next one (several prompts in one step): of one block each, and sharing the budget.
+    runners = 2
+    room = config.max_num_seqs - runners
+    for burst in _grid(2, max(room, 2)) if room >= 2 else []:
+        for prompt in sorted({bs, max(bs, budget // burst)}):
+            requests = burst + runners
+            if requests * (max(prompt, bs) + DECODE_STEPS + bs) > pool_tokens or prompt + 2 > m:
+                continue
+            decode = tuple((bs, DECODE_STEPS, 0) for _ in range(runners))
+            phases.append(
+                Phase(
+                    f"burst {burst}x{prompt}",
+                    (*decode, *((prompt, 2, 2) for _ in range(burst))),
+                )
+            )
     # Arrivals while the engine works: a request joins at every step, each prefilled
     # beside the others' decodes, and decodes for as many steps as requests arrive, so the
     # batch grows to all of them and then drains one a step: requests join and leave a
