@@ -142,6 +142,7 @@ def reference_replay(
     scheduler = engine.scheduler
     next_arrival = 0
     while next_arrival < len(specs) or scheduler.has_requests() or engine.num_steps_in_flight:
+        taken_in = next_arrival
         while (
             next_arrival < len(specs)
             and specs[next_arrival].arrival_time * time_scale <= runner.clock
@@ -159,6 +160,8 @@ def reference_replay(
             )
             runner.clock += cost.add_request_ms / 1000.0
             next_arrival += 1
+        if next_arrival > taken_in:  # once for all the requests taken in together
+            runner.clock += cost.add_batch_ms / 1000.0
         if not scheduler.has_requests() and not engine.num_steps_in_flight:
             runner.clock = max(runner.clock, specs[next_arrival].arrival_time * time_scale)
             continue

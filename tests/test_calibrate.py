@@ -31,6 +31,7 @@ TRUE_TERMS = {
     "decode_context_ms": 0.0004,
     "kv_block_ms": 0.003,
     "add_request_ms": 0.5,
+    "add_batch_ms": 0.8,
     "wake_ms": 1.5,
     "new_shape_ms": 2.5,
     "scheduler_step_ms": 0.05,
@@ -114,6 +115,7 @@ def _steps(
         )
         added = rng.choice([0, 0, 0, rng.randrange(1, 5)])
         ms = TRUE_TERMS["fixed_ms"] + TRUE_TERMS["add_request_ms"] * added
+        ms += TRUE_TERMS["add_batch_ms"] * (added > 0)
         ms += sum(TRUE_TERMS[_TERM_OF[name]] * count for name, count in shape.items())
         ms += TRUE_TERMS["wake_ms"] * woke
         batch = (scheduled, prefill_tokens + decode)

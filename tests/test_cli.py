@@ -474,6 +474,7 @@ COST_FILE = {
         "decode_context_ms": 0.0001,
         "kv_block_ms": 0.002,
         "add_request_ms": 0.5,
+        "add_batch_ms": 0.3,
         "wake_ms": 0.7,
         "new_shape_ms": 0.9,
         "scheduler_step_ms": 0.03,

@@ -34,6 +34,7 @@ COST = CostModel(
     decode_context_ms=1e-4,
     kv_block_ms=0.002,
     add_request_ms=0.5,
+    add_batch_ms=0.8,
     wake_ms=1.5,
     new_shape_ms=0.7,
     scheduler_step_ms=0.03,

@@ -14,10 +14,10 @@ after it is one the engine woke up for. A step is the engine's first of its batc
 when no step before it in the log had that shape (:class:`~llmsched.sim.cost.ShapesRun`:
 the logged engine is taken as warmed up, as calibrate's sweep warms it). The engine's terms
 of :class:`~llmsched.sim.cost.CostModel` (:data:`~llmsched.sim.cost.ENGINE_TERMS`:
-``fixed_ms``, one per count of the shape, ``add_request_ms``, ``wake_ms``,
+``fixed_ms``, one per count of the shape, ``add_request_ms``, ``add_batch_ms``, ``wake_ms``,
 ``new_shape_ms``) are the non-negative least-squares fit (``scipy.optimize.nnls``) of those
-times to the shapes, the requests taken in, the wake-ups and the first steps of a batch
-shape, each step weighed by its inverse (the fit minimises
+times to the shapes, the requests taken in (each, and whether any), the wake-ups and the
+first steps of a batch shape, each step weighed by its inverse (the fit minimises
 relative errors); the scheduler's terms (:data:`~llmsched.sim.cost.SCHEDULER_TERMS`), the
 same fit of every step's scheduler time to the requests and tokens it scheduled.
 """
@@ -213,8 +213,9 @@ def fit_cost_model(times: StepTimes, *, min_steps: int = 8) -> FitResult:
             f"--from-log: {len(times.seconds)} timed steps, fewer than the {min_steps} a fit needs"
         )
     shapes = np.asarray(times.shapes, dtype=np.float64)
+    added = np.asarray(times.added)
     design = np.column_stack(
-        [np.ones(len(shapes)), shapes, times.added, times.woke, times.new_shape]
+        [np.ones(len(shapes)), shapes, added, added > 0, times.woke, times.new_shape]
     )
     measured_ms = 1000.0 * np.asarray(times.seconds)
     positive = measured_ms > 0

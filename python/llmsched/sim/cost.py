@@ -5,7 +5,8 @@
 with a term per count of :class:`llmsched.steps.StepShape` (prefilling requests, requests
 the runner sets up and lets go, prefill tokens and attention, decode requests, first decodes
 and decode context, KV blocks in use), a term per request the engine takes in, charged when
-it arrives (an engine's own work between two steps), one per wake-up from an idle wait, and
+it arrives (an engine's own work between two steps), one per batch of requests it takes in
+between two steps, one per wake-up from an idle wait, and
 one per step of a batch shape (requests and tokens scheduled) the engine has not run before
 (:class:`ShapesRun`).
 ``scheduler`` is the scheduler's own time in the step (``schedule()`` and
@@ -62,7 +63,8 @@ class CostModel:
     """Virtual duration of one model step, in milliseconds per unit (each field's
     ``metadata["help"]`` says what it charges for): ``fixed_ms``, then a term per count of
     :class:`~llmsched.steps.StepShape`, in its order, then ``add_request_ms`` (charged per
-    arriving request, not per step), ``wake_ms`` (charged when an idle engine takes up
+    arriving request, not per step) and ``add_batch_ms`` (once for the requests taken in
+    between two steps, however many), ``wake_ms`` (charged when an idle engine takes up
     work: its first step after a wait is slower, caches cold) and ``new_shape_ms`` (charged
     for a step of a batch shape the engine has not run before, :class:`ShapesRun`), then
     the scheduler's own time per step, per request and per token it schedules (llmsched's
@@ -92,6 +94,10 @@ class CostModel:
     )
     add_request_ms: float = field(
         default=0.0, metadata={"help": "per request the engine takes in, when it arrives"}
+    )
+    add_batch_ms: float = field(
+        default=0.0,
+        metadata={"help": "per batch of requests the engine takes in between two steps"},
     )
     wake_ms: float = field(
         default=0.0,
@@ -162,6 +168,7 @@ ENGINE_TERMS: tuple[str, ...] = (
     "fixed_ms",
     *SHAPE_TERMS,
     "add_request_ms",
+    "add_batch_ms",
     "wake_ms",
     "new_shape_ms",
 )
@@ -177,7 +184,7 @@ if TERMS[: len(ENGINE_TERMS)] != ENGINE_TERMS or SCHEDULER_TERMS != (
 ):
     raise ImportError(
         "CostModel's terms must be fixed_ms, one per StepShape count, add_request_ms, "
-        "wake_ms, new_shape_ms, then the scheduler's per step, request and token"
+        "add_batch_ms, wake_ms, new_shape_ms, then the scheduler's per step, request and token"
     )
 
 

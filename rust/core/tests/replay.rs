@@ -52,6 +52,22 @@ fn one_request_waits_for_the_wake_up_and_its_arrival_then_steps_at_the_fixed_cos
 }
 
 #[test]
+fn requests_taken_in_together_pay_the_batch_term_once() {
+    let config = common::config(|_| {});
+    let cost = cost(&[("fixed_ms", 1.0), ("add_request_ms", 0.5), ("add_batch_ms", 2.0)]);
+    // a and b arrive together; c while they are taken in (after the engine last looked) or
+    // during the first step: it is taken in after that step, on its own.
+    let requests = vec![request("a", 0.0, 10, 3), request("b", 0.0, 10, 3), request("c", 0.002, 10, 3)];
+    let mut replay = Replay::new(config, cost, requests, OPTIONS).unwrap();
+    run(&mut replay);
+    let [a, b, c] = [0, 1, 2].map(|i| replay.times()[i]);
+    // 0.5 ms each and 2 ms for the two, then a 1 ms step.
+    assert!(close(a.scheduled, 0.003) && close(b.scheduled, 0.003), "{a:?} {b:?}");
+    // After it, c: 0.5 + 2 ms, then the step that prefills it.
+    assert!(close(c.scheduled, 0.006_5) && close(c.first_token, 0.007_5), "{c:?}");
+}
+
+#[test]
 fn an_idle_engine_waits_for_the_next_arrival_and_wakes_for_it() {
     let config = common::config(|_| {});
     let cost = cost(&[("fixed_ms", 1.0), ("wake_ms", 0.25)]);

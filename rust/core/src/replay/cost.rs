@@ -132,9 +132,9 @@ pub struct StepCost {
 
 impl StepCost {
     /// The terms' names: `fixed_ms`, one per count of [`StepShape`] in its order, the
-    /// engine's per-arrival, wake-up and new-shape terms, then the scheduler's own time
-    /// per step, per request and per token scheduled (`llmsched.sim.cost.TERMS`).
-    pub const TERMS: [&'static str; 16] = [
+    /// engine's per-arrival, per-intake, wake-up and new-shape terms, then the scheduler's
+    /// own time per step, per request and per token scheduled (`llmsched.sim.cost.TERMS`).
+    pub const TERMS: [&'static str; 17] = [
         "fixed_ms",
         "prefill_request_ms",
         "new_request_ms",
@@ -146,6 +146,7 @@ impl StepCost {
         "decode_context_ms",
         "kv_block_ms",
         "add_request_ms",
+        "add_batch_ms",
         "wake_ms",
         "new_shape_ms",
         "scheduler_step_ms",
@@ -153,13 +154,20 @@ impl StepCost {
         "scheduler_token_ms",
     ];
     const ADD_REQUEST: usize = 10;
-    const WAKE: usize = 11;
-    const NEW_SHAPE: usize = 12;
-    const SCHEDULER: usize = 13;
+    const ADD_BATCH: usize = 11;
+    const WAKE: usize = 12;
+    const NEW_SHAPE: usize = 13;
+    const SCHEDULER: usize = 14;
 
     /// The engine's work to take in one arriving request, in seconds.
     pub fn add_request_seconds(&self) -> f64 {
         self.terms[Self::ADD_REQUEST] / 1000.0
+    }
+
+    /// The engine's work, beyond each request's, to take in the requests that arrived
+    /// since its last step, in seconds: once per batch of arrivals, whatever its size.
+    pub fn add_batch_seconds(&self) -> f64 {
+        self.terms[Self::ADD_BATCH] / 1000.0
     }
 
     /// An idle engine's wake-up for an arrival, in seconds.

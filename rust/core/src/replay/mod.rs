@@ -281,6 +281,7 @@ impl Replay {
     /// Takes in the requests that have arrived by now, then runs one engine step (or, with
     /// nothing to do, moves the clock to the next arrival).
     fn advance(&mut self) -> CoreResult<()> {
+        let first = self.next_arrival;
         while self.next_arrival < self.requests.len() && self.requests[self.next_arrival].arrival_time <= self.clock {
             if self.is_idle() {
                 // An idle engine wakes up for the arrival: its next step starts cold.
@@ -289,6 +290,9 @@ impl Replay {
             self.arrive()?;
             // The engine's own work to take the request in delays the next step.
             self.clock += self.cost.add_request_seconds();
+        }
+        if self.next_arrival > first {
+            self.clock += self.cost.add_batch_seconds();
         }
         if self.is_idle() {
             if let Some(next) = self.requests.get(self.next_arrival) {
