@@ -135,10 +135,9 @@ def sweep_phases(config: SchedulerConfig) -> list[Phase]:
     # next one (several prompts in one step): of one block each, and sharing the budget.
     runners = 2
     room = config.max_num_seqs - runners
-    for burst in _grid(2, max(room, 2)) if room >= 2 else []:
+    for burst in _grid(2, room) if room >= 2 else []:
         for prompt in sorted({bs, max(bs, budget // burst)}):
-            requests = burst + runners
-            if requests * (max(prompt, bs) + DECODE_STEPS + bs) > pool_tokens or prompt + 2 > m:
+            if (burst + runners) * (prompt + DECODE_STEPS + bs) > pool_tokens or prompt + 2 > m:
                 continue
             decode = tuple((bs, DECODE_STEPS, 0) for _ in range(runners))
             phases.append(
