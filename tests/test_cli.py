@@ -550,7 +550,15 @@ def test_scheduler_cost_takes_the_schedulers_terms_from_another_file(tmp_path: P
         "--scheduler-cost",
         str(scheduler),
         "cost_model.scheduler_token_ms",
+        "calibrate again",
     )
+    # Every refusal of the file names the flag it came by.
+    for broken in ([], {**COST_FILE, "engine": []}):
+        scheduler.write_text(json.dumps(broken))
+        refused(
+            run(*SMALL, "--cost-model", str(engine), "--scheduler-cost", str(scheduler)),
+            f"--scheduler-cost {scheduler}:",
+        )
 
 
 @pytest.mark.parametrize(

@@ -211,7 +211,7 @@ def load_cost_model(path: str | Path, flag: str = "--cost-model") -> CostModelFi
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{flag} {path}: not JSON ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("cost_model"), dict):
-        raise ValueError(f'--cost-model {path}: expected an object with a "cost_model" object')
+        raise ValueError(f'{flag} {path}: expected an object with a "cost_model" object')
     unknown = sorted(set(data) - {"cost_model", "engine", "fit"})
     if unknown:
         raise ValueError(f"{flag} {path}: unknown key {unknown[0]!r}")
@@ -219,7 +219,10 @@ def load_cost_model(path: str | Path, flag: str = "--cost-model") -> CostModelFi
     names = TERMS
     missing = [name for name in names if name not in terms]
     if missing:
-        raise ValueError(f"{flag} {path}: cost_model.{missing[0]} is missing")
+        raise ValueError(
+            f"{flag} {path}: cost_model.{missing[0]} is missing (a file an older "
+            "llmsched calibrate wrote: calibrate again)"
+        )
     extra = sorted(set(terms) - set(names))
     if extra:
         raise ValueError(f"{flag} {path}: cost_model.{extra[0]} is not a term")
@@ -233,7 +236,7 @@ def load_cost_model(path: str | Path, flag: str = "--cost-model") -> CostModelFi
             raise ValueError(f"{flag} {path}: cost_model.{e}") from None
     engine = data.get("engine", {})
     if not isinstance(engine, dict):
-        raise ValueError(f'--cost-model {path}: "engine" must be an object')
+        raise ValueError(f'{flag} {path}: "engine" must be an object')
     known = SchedulerConfig().to_dict()
     strange = sorted(set(engine) - set(known))
     if strange:
