@@ -135,11 +135,11 @@ def sweep_phases(config: SchedulerConfig) -> list[Phase]:
     # next one (several prompts in one step): of one block each, and sharing the budget.
     runners = 2
     room = config.max_num_seqs - runners
+    decode = tuple((bs, DECODE_STEPS, 0) for _ in range(runners))
     for burst in _grid(2, room) if room >= 2 else []:
         for prompt in sorted({bs, max(bs, budget // burst)}):
             if (burst + runners) * (prompt + DECODE_STEPS + bs) > pool_tokens or prompt + 2 > m:
                 continue
-            decode = tuple((bs, DECODE_STEPS, 0) for _ in range(runners))
             phases.append(
                 Phase(
                     f"burst {burst}x{prompt}",

@@ -183,8 +183,8 @@ if TERMS[: len(ENGINE_TERMS)] != ENGINE_TERMS or SCHEDULER_TERMS != (
     "scheduler_token_ms",
 ):
     raise ImportError(
-        "CostModel's terms must be fixed_ms, one per StepShape count, add_request_ms, "
-        "add_batch_ms, wake_ms, new_shape_ms, then the scheduler's per step, request and token"
+        f"CostModel's terms must begin with {ENGINE_TERMS} and end with the scheduler's "
+        "per step, request and token"
     )
 
 

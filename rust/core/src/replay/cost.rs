@@ -153,11 +153,24 @@ impl StepCost {
         "scheduler_request_ms",
         "scheduler_token_ms",
     ];
-    const ADD_REQUEST: usize = 10;
-    const ADD_BATCH: usize = 11;
-    const WAKE: usize = 12;
-    const NEW_SHAPE: usize = 13;
-    const SCHEDULER: usize = 14;
+    const ADD_REQUEST: usize = Self::index("add_request_ms");
+    const ADD_BATCH: usize = Self::index("add_batch_ms");
+    const WAKE: usize = Self::index("wake_ms");
+    const NEW_SHAPE: usize = Self::index("new_shape_ms");
+    const SCHEDULER: usize = Self::index("scheduler_step_ms");
+
+    /// Where `name` is in [`Self::TERMS`], found at compile time: a term added or moved
+    /// moves the indices with it.
+    const fn index(name: &str) -> usize {
+        let mut i = 0;
+        while i < Self::TERMS.len() {
+            if const_str_eq(Self::TERMS[i], name) {
+                return i;
+            }
+            i += 1;
+        }
+        panic!("not a cost term");
+    }
 
     /// The engine's work to take in one arriving request, in seconds.
     pub fn add_request_seconds(&self) -> f64 {
@@ -201,6 +214,22 @@ impl StepCost {
         }
         ms / 1000.0
     }
+}
+
+/// `a == b`, in a const context (where `str`'s `==` is not yet callable).
+const fn const_str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 /// The batch shapes an engine has run (requests and tokens scheduled): a step of a shape
