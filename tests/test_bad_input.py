@@ -909,7 +909,17 @@ CONFIG_CASES += [
     ("policy-bytes", {"policy": b"fcfs"}, "policy"),
     ("policy-list", {"policy": ["fcfs"]}, "policy"),
     ("groups-unknown-kind", {"kv_cache_groups": "mamba"}, 'kv_cache_groups.*"mamba"'),
-    ("groups-empty", {"kv_cache_groups": ""}, "kv_cache_groups"),
+    (
+        "groups-none-with-prefix-caching",
+        {"kv_cache_groups": "", "num_gpu_blocks": 1},
+        "enable_prefix_caching.*without KV-cache groups",
+    ),
+    (
+        "groups-none-with-kv-connector",
+        {"kv_cache_groups": "", "enable_prefix_caching": False, "kv_connector": True},
+        "kv_connector.*without KV-cache groups",
+    ),
+    ("groups-lone-comma", {"kv_cache_groups": ","}, "kv_cache_groups"),
     ("groups-trailing-comma", {"kv_cache_groups": "full,"}, "kv_cache_groups"),
     ("groups-zero-window", {"kv_cache_groups": "sliding_window:0"}, "kv_cache_groups"),
     ("groups-bad-window", {"kv_cache_groups": "sliding_window:x"}, "kv_cache_groups"),

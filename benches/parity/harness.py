@@ -402,7 +402,8 @@ class ParityConfig:
     kv_cache_groups: str = "full"
     """llmsched's ``kv_cache_groups``: vLLM's side gets one KV-cache group per entry
     (``FullAttentionSpec``, ``SlidingWindowSpec``, ``ChunkedLocalAttentionSpec`` or a
-    ``MambaSpec`` without prefix caching), in that order."""
+    ``MambaSpec`` without prefix caching), in that order; ``""``: none (a model without a
+    KV cache, its pool the null block alone)."""
     prefix_cache_retention_interval: int = 0
     """Both sides' (vLLM's engine default, 0; a block size: every sliding-window block)."""
     speculative_method: str = "ngram"
@@ -425,6 +426,9 @@ class ParityConfig:
     encoder_cache_size: int = 0
     """Likewise for the encoder cache."""
     disable_chunked_mm_input: bool = False
+    mm_encoder_only: bool = False
+    """With ``image_side``: an encoder instance (vLLM's ``mm_encoder_only``): the runner
+    encodes and samples nothing, a request ends once its prompt is computed."""
     kv_connector: bool = False
     """A KV connector serves the engine: :class:`benches.parity.connector.ParityConnector`
     (vLLM's side and the plug-in load it; llmsched's own side asks its rule), whose store
@@ -443,6 +447,10 @@ class ParityConfig:
     the prefill cadence: every step but each ``prefill_schedule_interval``-th is throttled
     (:meth:`throttles`), and the scheduler applies no cadence of its own (llmsched's side
     gets ``prefill_schedule_interval`` 1, as the plug-in gives its core)."""
+
+    def group_kinds(self) -> list[str]:
+        """The entries of ``kv_cache_groups``, one per KV-cache group."""
+        return self.kv_cache_groups.split(",") if self.kv_cache_groups else []
 
     def max_concurrent_batches(self) -> int:
         """The engine's batch queue (vLLM's ``max_concurrent_batches``): one step per stage;
@@ -495,12 +503,14 @@ class ParityConfig:
             **self.drafter_kwargs(),
             **self.encoder_kwargs(),
             "disable_chunked_mm_input": self.disable_chunked_mm_input,
+            "mm_encoder_only": self.mm_encoder_only,
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "block_size": self.block_size,
             "num_gpu_blocks": self.num_gpu_blocks,
-            "enable_chunked_prefill": self.enable_chunked_prefill,
+            # vLLM's engine turns chunked prefill off for a model without a KV cache.
+            "enable_chunked_prefill": self.enable_chunked_prefill and bool(self.group_kinds()),
             "long_prefill_token_threshold": self.long_prefill_token_threshold,
             "num_speculative_tokens": self.num_speculative_tokens,
             "async_scheduling": self.async_scheduling,
@@ -536,6 +546,7 @@ class ParityConfig:
         shared = self.llmsched_kwargs()
         for derived in (
             "num_sampled_tokens_per_step",
+            "mm_encoder_only",
             "preemption_drops_in_flight_output",
             "defer_block_free",
             "recompute_kv_load_failures",
@@ -545,6 +556,8 @@ class ParityConfig:
             del shared[derived]
         # vLLM's config keeps the engine's cadence; its scheduler decides what it applies.
         shared["prefill_schedule_interval"] = self.prefill_schedule_interval
+        # The flag as given: the builder turns it off without a KV cache, as vLLM's engine.
+        shared["enable_chunked_prefill"] = self.enable_chunked_prefill
         return {
             **shared,
             "use_v2_model_runner": self.use_v2_model_runner,
@@ -568,6 +581,7 @@ class ParityConfig:
                     "image_side": self.image_side,
                     "max_num_encoder_input_tokens": self.max_num_encoder_input_tokens,
                     "encoder_cache_size": self.encoder_cache_size,
+                    "mm_encoder_only": self.mm_encoder_only,
                 }
                 if self.image_side
                 else {}
@@ -587,7 +601,7 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
     whole = -(-longest // config.block_size)
     steps_in_flight = 2 if config.async_scheduling else 1
     total = 0
-    for kind in config.kv_cache_groups.split(","):
+    for kind in config.group_kinds():
         if kind == "full":
             total += whole
             continue
@@ -788,8 +802,8 @@ class Runner:
                 if drafts:
                     raise RunnerError(f"{rid}: draft slots scheduled in a non-final prefill chunk")
                 continue  # a non-final prefill chunk: no sample
-            if self.config.pooling:
-                sampled[rid] = []  # the prompt is done: pooled, nothing sampled
+            if self.config.pooling or self.config.mm_encoder_only:
+                sampled[rid] = []  # the prompt is done: pooled, or encoded; nothing sampled
                 continue
             if st.computed > st.known:
                 raise RunnerError(
@@ -886,7 +900,7 @@ class LlmschedSide:
         self._failed: list[str] = []
         self._invalid: list[int] = []
         self._failed_once: set[str] = set()
-        self._num_groups = len(config.kv_cache_groups.split(","))
+        self._num_groups = len(config.group_kinds())
 
     def add(self, req: ParityRequest) -> None:
         self.prompts[req.request_id] = req.prompt

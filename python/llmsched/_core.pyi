@@ -139,6 +139,7 @@ class SchedulerConfig:
         max_num_encoder_input_tokens: int = 0,
         encoder_cache_size: int = 0,
         disable_chunked_mm_input: bool = False,
+        mm_encoder_only: bool = False,
         num_prefill_lookahead_tokens: int = 0,
         kv_cache_groups: str = "full",
         prefix_cache_retention_interval: int = 0,
@@ -270,6 +271,14 @@ class SchedulerConfig:
         """A chunk never ends inside a multimodal input's placeholders that it starts
         at or before: it stops before the input instead."""
     @property
+    def mm_encoder_only(self) -> bool:
+        """A multimodal encoder instance (vLLM's ``mm_encoder_only``, disaggregated
+        encoding): it runs the encoder and publishes the embeddings instead of
+        sampling, so a request stops once its whole prompt is computed, and a prompt
+        longer than a step's budget is split over steps even with
+        ``enable_chunked_prefill`` off (vLLM turns it off for an engine without a
+        KV cache, which such an instance is)."""
+    @property
     def num_prefill_lookahead_tokens(self) -> int:
         """Prompt tokens past the computed ones a drafter reads (vLLM's
         ``num_prefill_lookahead_tokens``: 1 for EAGLE, ``K`` for a multi-module MTP
@@ -283,7 +292,10 @@ class SchedulerConfig:
         ``full``, ``sliding_window:W`` (a window of W tokens), ``chunked_local:C``
         (attention within chunks of C tokens) or ``mamba`` (a recurrent state of
         ``1 + K`` blocks per request; prefix caching off) each. A hybrid model
-        (sliding-window, chunked local or Mamba layers beside full ones) has several."""
+        (sliding-window, chunked local or Mamba layers beside full ones) has several;
+        a model without a KV cache (an encoder-only model, a multimodal encoder
+        instance) none, ``""``: its requests hold no block, and its pool is the null
+        block alone (``num_gpu_blocks`` 1 suffices)."""
     @property
     def prefix_cache_retention_interval(self) -> int:
         """Which blocks of a sliding-window group enter the prefix cache (vLLM's

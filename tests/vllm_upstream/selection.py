@@ -10,8 +10,8 @@ passes: ``run.py`` fails if one of them fails, or builds no llmsched scheduler.
 ``EXCLUDED`` maps every other test to the reason: the vLLM scheduler internal it reads or
 patches (``scheduler.deferred_waiting``, ``scheduler._kv_fetch_counts``, ...), a
 ``Request`` field it writes to build a state by hand, the feature llmsched.vllm does not
-serve (KV connectors beside Mamba layers, multimodal encoder-only instances, context
-parallelism, KV-cache groups the plug-in does not build),
+serve (KV connectors beside Mamba layers, context parallelism, KV-cache groups the
+plug-in does not build),
 the deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the
 plug-in. The connector tests' leak check
 (``assert_scheduler_empty``) is replaced by the plug-in's own (``conftest.py``).
@@ -123,6 +123,8 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_long_prefill_threshold_applies_with_other_requests",
         "test_long_prefill_threshold_floored_by_fair_share",
         "test_schedule_concurrent_batches",
+        # An encoder instance: a prompt longer than the budget is split over steps.
+        "test_encoder_only_prompt_longer_than_budget_is_chunked",
         "test_schedule_order[True]",
         "test_spec_decoding_stats_empty_output",
         "test_spec_decode_padding_first_decode_step",
@@ -372,9 +374,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler._make_cached_request_data; Request fields: all_token_ids, "
             "append_output_token_ids"
         ),
-        "test_encoder_only_prompt_longer_than_budget_is_chunked": (
-            "refused feature: multimodal encoder-only instances (mm_encoder_only=True)"
-        ),
         "test_same_step_duplicate_encoder_input_stays_cached": (
             "scheduler internal: scheduler.encoder_cache_manager"
         ),
@@ -605,18 +604,19 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.kv_cache_manager; Request fields: num_computed_tokens (written), num_tokens"
         ),
         "test_encoder_instance_defers_stop_until_prompt_is_consumed": (
-            "refused feature: multimodal encoder-only instances (mm_encoder_only=True); also "
-            "scheduler.encoder_cache_manager, scheduler.max_num_encoder_input_tokens; Request "
-            "fields: is_finished, num_output_tokens"
+            "writes scheduler internals to give a text-only model an encoder cache: "
+            "scheduler.encoder_cache_manager (cache_size, num_free_slots, num_freeable_slots), "
+            "scheduler.max_num_encoder_input_tokens; Request fields: is_finished, num_output_tokens"
         ),
         "test_encoder_instance_finishes_request_once_prompt_is_consumed": (
-            "refused feature: multimodal encoder-only instances (mm_encoder_only=True); also "
-            "scheduler.encoder_cache_manager, scheduler.max_num_encoder_input_tokens; Request "
-            "fields: num_output_tokens, status"
+            "writes scheduler internals to give a text-only model an encoder cache: "
+            "scheduler.encoder_cache_manager (cache_size, num_free_slots, num_freeable_slots), "
+            "scheduler.max_num_encoder_input_tokens; Request fields: num_output_tokens, status"
         ),
         "test_encoder_input_skipped_when_connector_already_has_the_item": (
-            "refused feature: multimodal encoder-only instances (mm_encoder_only=True); also "
-            "scheduler.encoder_cache_manager, scheduler.max_num_encoder_input_tokens"
+            "writes scheduler internals to give a text-only model an encoder cache: "
+            "scheduler.encoder_cache_manager (cache_size, num_free_slots, num_freeable_slots), "
+            "scheduler.max_num_encoder_input_tokens; also patches scheduler.ec_connector"
         ),
         "test_update_draft_token_ids_strips_ngram_padding": (
             "sets Request.structured_output_request on a live request (written): the plug-in "

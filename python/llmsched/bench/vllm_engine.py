@@ -156,6 +156,35 @@ def write_model(path: str | Path | None = None, spec: ModelSpec | None = None) -
     return save_random_model(transformers.LlamaForCausalLM, config, spec.seed, out)
 
 
+@dataclass(frozen=True)
+class BertSpec:
+    """A small BERT: an encoder-only model, which vLLM serves for embeddings without a KV
+    cache (no KV-cache group). Head size 64, as the CPU kernels need."""
+
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    max_position_embeddings: int = 512
+    seed: int = 0
+
+
+def write_bert_model(path: str | Path, spec: BertSpec | None = None) -> Path:
+    """Write a random-weight BERT (safetensors + config) to ``path`` and return it; the
+    weights depend only on ``spec``."""
+    spec = spec or BertSpec()
+    configure_cpu_env()
+    import importlib
+
+    transformers = importlib.import_module("transformers")
+    architecture = {k: v for k, v in asdict(spec).items() if k != "seed"}
+    config = transformers.BertConfig(**architecture, pad_token_id=0, torch_dtype="float32")
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    return save_random_model(transformers.BertModel, config, spec.seed, out)
+
+
 def save_random_model(model_class: Any, config: Any, seed: int, out: Path) -> Path:
     """Write ``model_class(config)``'s weights, drawn from ``seed`` (the global generator
     left as it was), and its config to ``out``; return ``out``."""

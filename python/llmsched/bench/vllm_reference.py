@@ -282,6 +282,7 @@ def make_vllm_scheduler(
     image_side: int = 0,
     max_num_encoder_input_tokens: int | None = None,
     encoder_cache_size: int | None = None,
+    mm_encoder_only: bool = False,
     **shared_fields: Any,
 ) -> Any:
     """Build vLLM 0.33.0's ``Scheduler`` (or ``AsyncScheduler`` if ``async_scheduling``)
@@ -313,7 +314,11 @@ def make_vllm_scheduler(
     ``image_side`` > 0 makes the model a tiny llava-1.5 (multimodal inputs, each image
     ``image_side ** 2`` placeholder tokens at most), whose encoder compute budget and cache
     size vLLM derives from ``max_num_encoder_input_tokens`` and ``encoder_cache_size``
-    (vLLM's defaults when None: the token budget) and that image size.
+    (vLLM's defaults when None: the token budget) and that image size; with
+    ``mm_encoder_only`` it is an encoder instance (vLLM's ``mm_encoder_only``), which vLLM
+    serves without prefix caching. ``kv_cache_groups=""`` is a model without a KV cache: no
+    group, a pool of the null block alone, and chunked prefill turned off, as vLLM's engine
+    sets them up.
     """
     import torch
     from vllm.config import (
@@ -360,6 +365,10 @@ def make_vllm_scheduler(
         runner="pooling" if pooling else "generate",
         **sections.pop("model_config"),
     )
+    if mm_encoder_only:
+        if not image_side:
+            raise TypeError("make_vllm_scheduler(): mm_encoder_only needs a multimodal model")
+        model_config.multimodal_config.mm_encoder_only = True
     scheduler_config = SchedulerConfig(
         # An init-only argument: vLLM checks the budgets against the model's length.
         max_model_len=model_config.max_model_len,
@@ -435,20 +444,23 @@ def make_vllm_scheduler(
         kv_cache_tensors=[],
         kv_cache_groups=[
             KVCacheGroupSpec([f"layer.{g}"], spec(kind))
-            for g, kind in enumerate(kv_cache_groups.split(","))
+            for g, kind in enumerate(kv_cache_groups.split(",") if kv_cache_groups else ())
         ],
         prefix_cache_retention_interval=prefix_cache_retention_interval,
     )
     if speculative_config is not None and speculative_method != "ngram":
         _become_drafter(vllm_config, speculative_method, lookahead_block_hashes)
     cache_config.num_gpu_blocks = num_gpu_blocks
+    if not kv_cache_config.kv_cache_groups:
+        # vLLM's EngineCore, once the config is validated: a model without a KV cache
+        # cannot chunk a prefill.
+        scheduler_config.enable_chunked_prefill = False
     register_all_kvcache_specs(vllm_config)
     cls = AsyncScheduler if scheduler_config.async_scheduling else Scheduler
     # vLLM's scheduler block size: the least common multiple of the groups' (Mamba's is
-    # max_model_len).
-    scheduler_block_size = math.lcm(
-        *(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups)
-    )
+    # max_model_len); without a group, the cache config's.
+    group_block_sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+    scheduler_block_size = math.lcm(*group_block_sizes) if group_block_sizes else block_size
     scheduler = cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,

@@ -55,9 +55,10 @@ SIMULATE_DEFAULTS: dict[str, Any] = {
 #: ``SchedulerConfig`` fields ``simulate`` has no flag for: its workloads cannot exercise
 #: them (no request names a LoRA adapter), its engine has no use for them (no one takes
 #: KV cache events in a simulation) or does not model them yet (one pipeline stage, one
-#: full-attention KV-cache group).
+#: full-attention KV-cache group, a model that samples: not an encoder instance).
 WITHOUT_FLAGS = (
     "max_loras",
+    "mm_encoder_only",
     "enable_kv_cache_events",
     "pipeline_parallel_size",
     "kv_cache_groups",

@@ -133,13 +133,6 @@ def check_engine_config(
     model_name = get("model_config.model")
     refusals: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
         (
-            "multimodal encoder-only instances (disaggregated encoding)",
-            lambda: (
-                get("model_config.is_multimodal_model") and get("is_mm_encoder_only"),
-                "mm_encoder_only=True",
-            ),
-        ),
-        (
             "prompt embeddings",
             lambda: (get("model_config.enable_prompt_embeds"), "enable_prompt_embeds=True"),
         ),
@@ -339,6 +332,7 @@ def llmsched_config(
             enable_kv_cache_events=events is not None
             and bool(read(events, "enable_kv_cache_events")),
             kv_cache_groups=groups,
+            mm_encoder_only=bool(read(vllm_config, "is_mm_encoder_only")),
             # vLLM's None (a KV-cache config built without the cache config's value)
             # keeps every window block: an interval of one block.
             prefix_cache_retention_interval=block_size if retention is None else retention,

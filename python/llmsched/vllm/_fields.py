@@ -130,7 +130,10 @@ FIELDS: dict[str, dict[str, str]] = {
         "async_scheduling": READ,
         "prefill_schedule_interval": READ,
         "runner_type": "a copy of model_config.runner_type, read there (pooling: s = 0)",
-        "is_multimodal_model": "a copy of model_config.is_multimodal_model, checked",
+        "is_multimodal_model": (
+            "a copy of model_config.is_multimodal_model; what the scheduler acts on of a "
+            "multimodal model is its encoder budget, read"
+        ),
         "max_num_queued_reqs": _FRONT_END,
         "max_num_queued_tokens": _FRONT_END,
         "max_num_encoder_input_tokens": _MM_BUDGET,
@@ -210,11 +213,14 @@ FIELDS: dict[str, dict[str, str]] = {
         "runner": "decides model_config.runner_type, read (pooling: s = 0)",
         "convert": "decides model_config.runner_type, read (pooling: s = 0)",
         "hf_config": (
-            "the architecture, checked through model_config.is_multimodal_model, "
-            "is_encoder_decoder and runner_type, and vllm_config.diffusion_config"
+            "the architecture, read through the encoder budget and checked through "
+            "model_config.is_encoder_decoder and runner_type, and vllm_config.diffusion_config"
         ),
         "hf_text_config": "the text stack of hf_config: the workers'",
-        "multimodal_config": "checked through model_config.is_multimodal_model",
+        "multimodal_config": (
+            "its mm_encoder_only read through vllm_config.is_mm_encoder_only (an encoder "
+            "instance); the rest enters the encoder budget, read"
+        ),
         "pooler_config": "how a pooling model pools: the workers' (the scheduler hands the "
         "pooled output on)",
         "model_weights": _RUNNER,
@@ -422,9 +428,7 @@ PROPERTIES_READ: dict[str, frozenset[str]] = {
             "max_concurrent_batches",
         }
     ),
-    "ModelConfig": frozenset(
-        {"is_multimodal_model", "supports_multimodal_inputs", "runner_type", "is_encoder_decoder"}
-    ),
+    "ModelConfig": frozenset({"supports_multimodal_inputs", "runner_type", "is_encoder_decoder"}),
     "SpeculativeConfig": frozenset({"max_num_new_slots_for_drafting", "use_eagle_block_drop"}),
 }
 """Values the plug-in reads that vLLM derives from the fields above (its properties, or

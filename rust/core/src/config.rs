@@ -81,11 +81,11 @@ impl KvCacheGroups {
 
     pub fn new(kinds: &[AttentionKind]) -> CoreResult<Self> {
         let text = || kinds.iter().map(|k| Self::kind_name(*k)).collect::<Vec<_>>().join(",");
-        if kinds.is_empty() || kinds.len() > MAX_KV_CACHE_GROUPS {
+        if kinds.len() > MAX_KV_CACHE_GROUPS {
             return Err(CoreError::config(
                 "kv_cache_groups",
                 format!("{:?}", text()),
-                format!("must name 1 to {MAX_KV_CACHE_GROUPS} groups"),
+                format!("must name at most {MAX_KV_CACHE_GROUPS} groups"),
             ));
         }
         let mut groups = Self { len: kinds.len() as u8, ..Self::FULL };
@@ -123,6 +123,9 @@ impl KvCacheGroups {
             )
         };
         let size = |text: &str| text.trim().parse::<u32>().map_err(|_| refuse());
+        if value.trim().is_empty() {
+            return Self::new(&[]);
+        }
         let kinds = value
             .split(',')
             .map(|kind| match kind.trim().split_once(':') {
@@ -154,7 +157,8 @@ impl KvCacheGroups {
         self.len as usize
     }
 
-    /// Always false: a layout has at least one group.
+    /// No group: a model without a KV cache (an encoder-only model, a multimodal encoder
+    /// instance), whose requests hold no blocks.
     pub fn is_empty(self) -> bool {
         self.len == 0
     }
@@ -293,6 +297,13 @@ macro_rules! config_fields {
             /// A chunk never ends inside a multimodal input's placeholders that it starts
             /// at or before: it stops before the input instead.
             disable_chunked_mm_input: Bool = false;
+            /// A multimodal encoder instance (vLLM's ``mm_encoder_only``, disaggregated
+            /// encoding): it runs the encoder and publishes the embeddings instead of
+            /// sampling, so a request stops once its whole prompt is computed, and a prompt
+            /// longer than a step's budget is split over steps even with
+            /// ``enable_chunked_prefill`` off (vLLM turns it off for an engine without a
+            /// KV cache, which such an instance is).
+            mm_encoder_only: Bool = false;
             /// Prompt tokens past the computed ones a drafter reads (vLLM's
             /// ``num_prefill_lookahead_tokens``: 1 for EAGLE, ``K`` for a multi-module MTP
             /// drafter, 0 without): encoder inputs are scheduled that far ahead of a chunk, a
@@ -304,7 +315,10 @@ macro_rules! config_fields {
             /// ``full``, ``sliding_window:W`` (a window of W tokens), ``chunked_local:C``
             /// (attention within chunks of C tokens) or ``mamba`` (a recurrent state of
             /// ``1 + K`` blocks per request; prefix caching off) each. A hybrid model
-            /// (sliding-window, chunked local or Mamba layers beside full ones) has several.
+            /// (sliding-window, chunked local or Mamba layers beside full ones) has several;
+            /// a model without a KV cache (an encoder-only model, a multimodal encoder
+            /// instance) none, ``""``: its requests hold no block, and its pool is the null
+            /// block alone (``num_gpu_blocks`` 1 suffices).
             kv_cache_groups: Groups = KvCacheGroups::FULL;
             /// Which blocks of a sliding-window group enter the prefix cache (vLLM's
             /// ``prefix_cache_retention_interval``): 0 keeps only those a resend of the
@@ -479,11 +493,14 @@ fn check_field_ranges(p: &ConfigParams) -> CoreResult<()> {
     positive("max_num_seqs", p.max_num_seqs, 1 << 24)?;
     positive("max_num_batched_tokens", p.max_num_batched_tokens, I32_MAX / 2)?;
     positive("block_size", p.block_size, 1 << 16)?;
-    if p.num_gpu_blocks < 2 {
+    // Block 0 is the null block, never allocated; a model without a KV cache allocates none
+    // (vLLM sizes its pool to the null block alone).
+    let least_blocks = if p.kv_cache_groups.is_empty() { 1 } else { 2 };
+    if p.num_gpu_blocks < least_blocks {
         return Err(CoreError::config(
             "num_gpu_blocks",
             p.num_gpu_blocks,
-            "must be at least 2 (block 0 is the null block, never allocated)",
+            format!("must be at least {least_blocks} (block 0 is the null block, never allocated)"),
         ));
     }
     positive("num_gpu_blocks", p.num_gpu_blocks, I32_MAX)?;
@@ -532,6 +549,12 @@ fn check_field_ranges(p: &ConfigParams) -> CoreResult<()> {
     Ok(())
 }
 
+/// Whether a prompt longer than what a step gives its request is split over steps: with
+/// chunked prefill, and on an encoder instance (vLLM's waiting loop exempts it).
+fn splits_prompts(p: &ConfigParams) -> bool {
+    p.enable_chunked_prefill || p.mm_encoder_only
+}
+
 /// The most tokens one request can be given in a step: `R = min(token budget, input budget -
 /// draft slots)`.
 fn largest_request_budget(p: &ConfigParams) -> i64 {
@@ -557,7 +580,7 @@ fn check_budgets(p: &ConfigParams) -> CoreResult<()> {
     positive("max_num_scheduled_tokens", max_num_scheduled_tokens, I32_MAX / 2)?;
     let max_num_active_seqs = resolved.max_num_active_seqs.unwrap_or(0);
     positive("max_num_active_seqs", max_num_active_seqs, p.max_num_seqs)?;
-    if !p.enable_chunked_prefill && p.max_num_batched_tokens < p.max_model_len {
+    if !splits_prompts(p) && p.max_num_batched_tokens < p.max_model_len {
         return Err(CoreError::config(
             "max_num_batched_tokens",
             p.max_num_batched_tokens,
@@ -571,7 +594,7 @@ fn check_budgets(p: &ConfigParams) -> CoreResult<()> {
     // Two rules would otherwise wait forever for a step that never comes: a request that
     // cannot be chunked, and a padded decode.
     let largest_request_budget = largest_request_budget(p);
-    if !p.enable_chunked_prefill && largest_request_budget < p.max_model_len - p.num_sampled_tokens_per_step {
+    if !splits_prompts(p) && largest_request_budget < p.max_model_len - p.num_sampled_tokens_per_step {
         return Err(CoreError::config(
             "max_num_scheduled_tokens",
             max_num_scheduled_tokens,
@@ -725,7 +748,14 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
              layers is not built)",
         ));
     }
-    if p.kv_cache_groups.iter().all(|kind| kind == AttentionKind::Mamba) {
+    if p.kv_cache_groups.is_empty() {
+        // Nothing to cache, send or load.
+        for (field, on) in [("enable_prefix_caching", p.enable_prefix_caching), ("kv_connector", p.kv_connector)] {
+            if on {
+                return Err(CoreError::config(field, "True", "must be False without KV-cache groups (no KV cache)"));
+            }
+        }
+    } else if p.kv_cache_groups.iter().all(|kind| kind == AttentionKind::Mamba) {
         return Err(CoreError::config(
             "kv_cache_groups",
             format!("{:?}", p.kv_cache_groups.to_text()),
@@ -823,6 +853,11 @@ impl SchedulerConfig {
 
     pub fn params(&self) -> &ConfigParams {
         &self.params
+    }
+    /// Whether a prompt longer than what a step gives its request is split over steps
+    /// (chunked prefill, or an encoder instance).
+    pub fn splits_prompts(&self) -> bool {
+        splits_prompts(&self.params)
     }
     /// The longest prompt a request may have: `M - s`, room for the sampled token.
     pub fn prompt_limit(&self) -> ListLimit {

@@ -169,7 +169,7 @@ fn a_request_is_refused_only_if_its_blocks_over_every_group_outgrow_the_pool() {
 
 #[test]
 fn the_groups_field_names_its_value_when_refused() {
-    for bad in ["", "full,", "sliding", "sliding_window:0", "sliding_window:8,sliding_window:9", "mamba:4"] {
+    for bad in ["full,", ",", "sliding", "sliding_window:0", "sliding_window:8,sliding_window:9", "mamba:4"] {
         let err = KvCacheGroups::parse(bad).unwrap_err().to_string();
         assert!(err.contains("kv_cache_groups"), "{bad:?}: {err}");
         assert!(err.contains(&format!("{bad:?}")) || bad.contains(','), "{bad:?}: {err}");

@@ -96,9 +96,10 @@ impl BlockPool {
         Ok(pool)
     }
 
-    /// Gives each of `num_groups` KV-cache groups its own prefix cache (one by default).
+    /// Gives each of `num_groups` KV-cache groups its own prefix cache (one by default;
+    /// none for a model without a KV cache).
     pub fn set_num_groups(&mut self, num_groups: usize) {
-        debug_assert!(self.num_cached == 0 && (1..=256).contains(&num_groups));
+        debug_assert!(self.num_cached == 0 && num_groups <= 256);
         self.cached.resize_with(num_groups, FxHashMap::default);
     }
 

@@ -121,10 +121,14 @@ impl KvManager {
         &self.stats
     }
 
-    /// `1 - free / usable`, usable excluding the null block.
+    /// `1 - free / usable`, usable excluding the null block; 0 for a pool of the null block
+    /// alone (a model without a KV cache), as vLLM reports it.
     pub fn usage(&self) -> f64 {
-        let usable = (self.pool.num_blocks() - 1) as f64;
-        1.0 - self.pool.num_free_blocks() as f64 / usable
+        let usable = self.pool.num_blocks() - 1;
+        if usable == 0 {
+            return 0.0;
+        }
+        1.0 - self.pool.num_free_blocks() as f64 / usable as f64
     }
 
     /// Tokens per block hash (0 without prefix caching: no hashes are kept).

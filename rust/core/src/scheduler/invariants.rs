@@ -324,8 +324,9 @@ impl Scheduler {
                 // at M; a Mamba group's holds exactly its state blocks.
                 let needed = (c + cfg.num_lookahead_tokens()).min(m);
                 let groups = cfg.kv_cache_groups();
-                for (g, table) in Self::tables(r).enumerate() {
-                    if g < groups.len() && groups.kind(g) == crate::config::AttentionKind::Mamba {
+                // (Tables past the groups hold nothing: `check_block_table`.)
+                for (g, table) in Self::tables(r).enumerate().take(groups.len()) {
+                    if groups.kind(g) == crate::config::AttentionKind::Mamba {
                         let state = cfg.mamba_state_blocks();
                         if table.len() as i64 != state {
                             return Err(broken(format!(

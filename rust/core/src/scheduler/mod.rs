@@ -550,7 +550,10 @@ impl Scheduler {
         step.num_computed_tokens = rows.iter().map(|r| r.num_computed_tokens).collect();
         step.num_spec_tokens = rows.iter().map(|r| r.num_spec_tokens).collect();
         step.num_output_tokens = rows.iter().map(|r| r.num_output_tokens).collect();
-        step.num_block_ids = rows.iter().map(|r| r.num_block_ids).collect();
+        // One run of counts per group: none without a KV cache.
+        if !self.config.kv_cache_groups().is_empty() {
+            step.num_block_ids = rows.iter().map(|r| r.num_block_ids).collect();
+        }
         if self.config.kv_cache_groups().len() > 1 {
             self.write_group_blocks(&mut step, &rows);
         }

@@ -44,6 +44,7 @@ struct UpdateConsts {
     s: i64,
     async_scheduling: bool,
     k_spec: i64,
+    mm_encoder_only: bool,
 }
 
 /// Where the update is in a step: the next entry, and where its tokens start when the
@@ -209,6 +210,7 @@ impl Scheduler {
             s: self.config.num_sampled_tokens_per_step(),
             async_scheduling: self.config.async_scheduling(),
             k_spec: self.config.num_speculative_tokens(),
+            mm_encoder_only: self.config.mm_encoder_only(),
         };
         let entries = &record.entries[..];
         // Entry `i`'s tokens as (offset, count): in step order they follow the previous
@@ -329,7 +331,7 @@ impl Scheduler {
         generated: &[i32],
         consts: &UpdateConsts,
     ) -> Option<Applied> {
-        let UpdateConsts { m, s, async_scheduling, k_spec } = *consts;
+        let UpdateConsts { m, s, async_scheduling, k_spec, mm_encoder_only } = *consts;
         let num_spec = if PLAIN { 0 } else { entry.num_spec() };
         request.set_num_in_flight_tokens(request.num_in_flight_tokens() - entry.num_new_tokens());
         let stale = !PLAIN && request.num_stale_output_tokens() > 0;
@@ -395,6 +397,11 @@ impl Scheduler {
             }
         } else if s == 0 && !entry.prefill_chunk {
             // Pooling: the output of the final prompt chunk finishes the request.
+            request.status = RequestStatus::FinishedStopped;
+            stopped = true;
+        } else if mm_encoder_only && request.num_computed_tokens() >= request.num_prompt_tokens() {
+            // An encoder instance samples nothing: its work on a request is done once the
+            // whole prompt (every input in it encoded) is computed.
             request.status = RequestStatus::FinishedStopped;
             stopped = true;
         } else if !entry.prefill_chunk && !stale {

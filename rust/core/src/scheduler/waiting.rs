@@ -16,7 +16,7 @@ struct AdmissionRules {
     s: i64,
     k_spec: i64,
     lookahead: i64,
-    chunked_prefill: bool,
+    splits_prompts: bool,
     reserve_full_isl: bool,
     max_active: usize,
     /// #54028: a threshold below 1 + K would clip a padded step after padding.
@@ -33,7 +33,7 @@ impl AdmissionRules {
             s: config.num_sampled_tokens_per_step(),
             k_spec,
             lookahead: config.num_lookahead_tokens(),
-            chunked_prefill: config.enable_chunked_prefill(),
+            splits_prompts: config.splits_prompts(),
             reserve_full_isl: config.scheduler_reserve_full_isl(),
             max_active: config.max_num_active_seqs() as usize,
             threshold_clips_padding: budgets.cap_long_prefill(1 + k_spec) < 1 + k_spec,
@@ -329,7 +329,7 @@ impl Scheduler {
             pad = true;
         }
         n = budgets.cap_long_prefill(n);
-        if !rules.chunked_prefill && n > request_budget {
+        if !rules.splits_prompts && n > request_budget {
             return Admission::Stop;
         }
         n = n.min(request_budget);
