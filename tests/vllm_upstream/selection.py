@@ -125,6 +125,12 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_schedule_concurrent_batches",
         # An encoder instance: a prompt longer than the budget is split over steps.
         "test_encoder_only_prompt_longer_than_budget_is_chunked",
+        # A diffusion LLM: a canvas per request, drafts trimmed to it, a denoising step that
+        # emits nothing, a read deferred while all its steps are in flight.
+        "test_diffusion_scheduler_narrows_the_canvas_per_request",
+        "test_diffusion_scheduler_trims_full_width_worker_drafts",
+        "test_sync_diffusion_step_commits_only_emitted_tokens",
+        "test_diffusion_scheduler_defers_a_read_with_every_step_in_flight",
         "test_schedule_order[True]",
         "test_spec_decoding_stats_empty_output",
         "test_spec_decode_padding_first_decode_step",
@@ -435,7 +441,8 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler is never called"
         ),
         "test_spec_decode_padding_skipped_for_diffusion": (
-            "diffusion (sets scheduler internal scheduler.num_sampled_tokens_per_step = 0)"
+            "sets scheduler internal scheduler.num_sampled_tokens_per_step = 0 on a scheduler "
+            "built for a model that samples (the core's config keeps s)"
         ),
         "test_spec_decode_padding_dropped_when_recurrent_alignment_clips": (
             "scheduler internal: scheduler._mamba_block_aligned_split; also "
@@ -624,25 +631,21 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "Request.spec_token_ids"
         ),
         "test_diffusion_canvas_width_defaults_to_the_served_canvas": (
-            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
+            "tests vLLM's diffusion_canvas_width() helper on stand-in requests; no scheduler"
         ),
         "test_diffusion_scheduler_is_selected_by_default": (
-            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
+            "asserts that vLLM's SchedulerConfig.get_scheduler_cls() picks vLLM's diffusion "
+            "classes (an engine picks the plug-in with --scheduler-cls instead)"
         ),
-        "test_diffusion_scheduler_narrows_the_canvas_per_request": (
-            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
-        ),
-        "test_diffusion_scheduler_trims_full_width_worker_drafts": (
-            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
-        ),
-        "test_sync_diffusion_step_commits_only_emitted_tokens": (
-            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
-        ),
-        "test_diffusion_scheduler_defers_a_read_with_every_step_in_flight": (
-            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
+        "test_diffusion_scheduler_trims_full_width_worker_drafts[False-True]": (
+            "sets Request.structured_output_request on a live request (written): the plug-in "
+            "learns that a request uses structured output at add_request, so it does not "
+            "validate this one's synchronous drafts"
         ),
         "test_diffusion_read_deferral_keeps_a_longer_pp_wait": (
-            "diffusion (builds vLLM's DiffusionScheduler via scheduler_cls)"
+            "reads Request.next_decode_eligible_step, which the plug-in's Request does not "
+            "mirror (vLLM's V2-runner scheduler writes it at every decode; the core keeps it "
+            "where it binds, and defers the read as vLLM does)"
         ),
         "test_drafts_unused_with_async_placeholders": (
             "scheduler internal: scheduler._drafts_unused; Request fields: "

@@ -60,6 +60,11 @@ class SimulatedModelRunner:
         eos_probability: float = 0.0,
         accept_padded_drafts: bool = False,
     ) -> None:
+        if getattr(config, "is_diffusion", False):
+            raise ValueError(
+                "config: a diffusion LLM (num_sampled_tokens_per_step=0 with "
+                "num_speculative_tokens > 0), which the simulated runner does not run"
+            )
         self.config = config
         self.tokens = TokenModel(
             seed,

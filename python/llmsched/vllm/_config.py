@@ -68,8 +68,8 @@ attention groups' (the one vLLM hands its scheduler, but with Mamba groups),
 ``num_hash_lookahead_tokens`` and ``eagle_block_drop`` vLLM's own derivations from the
 speculative config, ``max_loras`` the LoRA config's (0 without one), and
 ``num_sampled_tokens_per_step`` 0 for a pooling model (it samples none: a request ends with
-its prompt's pooled output) and 1 otherwise (vLLM's rule; diffusion models, its other case
-of 0, are refused)."""
+its prompt's pooled output) and a diffusion LLM (its canvas, ``num_speculative_tokens`` as
+vLLM derives it, is denoised as drafts), 1 otherwise (vLLM's rule)."""
 
 
 class UnsupportedFeatureError(llmsched.LlmschedError, ValueError):
@@ -139,10 +139,6 @@ def check_engine_config(
         (
             "encoder-decoder models",
             lambda: (get("model_config.is_encoder_decoder"), f"model {model_name!r}"),
-        ),
-        (
-            "diffusion LLMs",
-            lambda: (get("diffusion_config") is not None, "diffusion_config is set"),
         ),
         (
             "sampling masks",
@@ -325,8 +321,11 @@ def llmsched_config(
             eagle_block_drop=spec is not None
             and bool(read(spec, "use_eagle_block_drop")())
             and hash_lookahead == 0,
+            # vLLM's rule: a pooling model samples nothing, nor does a diffusion LLM, whose
+            # canvas is its num_speculative_tokens.
             num_sampled_tokens_per_step=0
             if read(vllm_config, "model_config.runner_type") == "pooling"
+            or read(vllm_config, "model_config.is_diffusion")
             else 1,
             max_loras=0 if lora is None else read(lora, "max_loras"),
             enable_kv_cache_events=events is not None

@@ -85,7 +85,10 @@ FIELDS: dict[str, dict[str, str]] = {
         "kv_transfer_config": READ,
         "kv_events_config": READ,
         "ec_transfer_config": CHECKED,
-        "diffusion_config": CHECKED,
+        "diffusion_config": (
+            "a diffusion LLM's canvas, which reaches the scheduler as "
+            "vllm_config.num_speculative_tokens (read)"
+        ),
         "aux_output_config": CHECKED,
         "device_config": _RUNNER,
         "load_config": _RUNNER,
@@ -213,8 +216,8 @@ FIELDS: dict[str, dict[str, str]] = {
         "runner": "decides model_config.runner_type, read (pooling: s = 0)",
         "convert": "decides model_config.runner_type, read (pooling: s = 0)",
         "hf_config": (
-            "the architecture, read through the encoder budget and checked through "
-            "model_config.is_encoder_decoder and runner_type, and vllm_config.diffusion_config"
+            "the architecture, read through the encoder budget, model_config.is_diffusion "
+            "and runner_type, and checked through model_config.is_encoder_decoder"
         ),
         "hf_text_config": "the text stack of hf_config: the workers'",
         "multimodal_config": (
@@ -428,7 +431,9 @@ PROPERTIES_READ: dict[str, frozenset[str]] = {
             "max_concurrent_batches",
         }
     ),
-    "ModelConfig": frozenset({"supports_multimodal_inputs", "runner_type", "is_encoder_decoder"}),
+    "ModelConfig": frozenset(
+        {"supports_multimodal_inputs", "runner_type", "is_encoder_decoder", "is_diffusion"}
+    ),
     "SpeculativeConfig": frozenset({"max_num_new_slots_for_drafting", "use_eagle_block_drop"}),
 }
 """Values the plug-in reads that vLLM derives from the fields above (its properties, or

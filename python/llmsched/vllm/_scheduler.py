@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from itertools import chain
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import vllm
@@ -130,6 +130,27 @@ def _block_rows(core_out: llmsched.SchedulerOutput, num_groups: int) -> dict[int
                 for at in range(i, num_groups * num_rows, num_rows)
             )
     return block_rows
+
+
+class _DiffusionArguments(TypedDict):
+    diffusion_canvas_length: int | None
+    diffusion_read_steps: int | None
+
+
+def _diffusion_arguments(request: Request, is_diffusion: bool) -> _DiffusionArguments:
+    """A diffusion request's canvas and read steps (None for a model that is not a diffusion
+    one), from the ``extra_args`` of its sampling parameters as vLLM's diffusion scheduler
+    reads them: ``diffusion_canvas_length`` (its canvas, else the model's), and
+    ``diffusion_max_steps`` for a ``diffusion_read_only`` request."""
+    params = request.sampling_params
+    extra = (params.extra_args if params is not None else None) if is_diffusion else None
+    extra = extra or {}
+    width = extra.get("diffusion_canvas_length")
+    steps = extra.get("diffusion_max_steps") if extra.get("diffusion_read_only") else None
+    return {
+        "diffusion_canvas_length": int(width) if width else None,
+        "diffusion_read_steps": int(steps) if steps else None,
+    }
 
 
 class WaitingQueueView(list[Request]):
@@ -333,6 +354,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     structured_output=request.use_structured_output,
                     report_reused_blocks=getattr(request, "kv_cache_report_mode", None) == "full",
                     resumable=request.resumable,
+                    **_diffusion_arguments(request, self.core.config.is_diffusion),
                 )
             except llmsched.InvalidRequestError as exc:
                 reason = str(exc)

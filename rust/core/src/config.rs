@@ -225,7 +225,8 @@ macro_rules! config_fields {
             long_prefill_token_threshold: Int = 0;
             /// Raise that cap to ``max_num_batched_tokens // eligible requests`` when larger.
             long_prefill_token_threshold_adaptive: Bool = false;
-            /// ``K``: draft tokens per decode step (0: no speculative decoding).
+            /// ``K``: draft tokens per decode step (0: no speculative decoding); a diffusion
+            /// model's canvas (``s`` 0): the positions a step denoises.
             num_speculative_tokens: Int = 0;
             /// ``L``: KV slots reserved ahead of the drafts for the drafter.
             num_lookahead_tokens: Int = 0;
@@ -239,7 +240,9 @@ macro_rules! config_fields {
             /// A prefix hit gives back its last block, to be recomputed for the drafter
             /// (vLLM's EAGLE block drop, used where lookahead hashes are off).
             eagle_block_drop: Bool = false;
-            /// ``s``: tokens sampled per step: 1 for generation, 0 for pooling.
+            /// ``s``: tokens sampled per step: 1 for generation, 0 for pooling and for a
+            /// diffusion LLM (with ``num_speculative_tokens``, its canvas: a step's drafts
+            /// are its canvas positions, the tokens it emits accepted drafts).
             num_sampled_tokens_per_step: Int = 1;
             /// Schedule a step before the previous one's output returns (placeholders).
             async_scheduling: Bool = true;
@@ -811,6 +814,21 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
 }
 
 impl SchedulerConfig {
+    /// A pooling model: nothing sampled (`s = 0`) and no drafts; a request ends with the
+    /// step that computes its prompt's last token (its pooled output).
+    #[inline]
+    pub fn pools(&self) -> bool {
+        self.num_sampled_tokens_per_step() == 0 && self.num_speculative_tokens() == 0
+    }
+
+    /// A diffusion LLM (vLLM's `is_diffusion`): nothing sampled (`s = 0`) but a canvas of
+    /// `K` positions each step denoises, scheduled as drafts; the positions a step emits
+    /// are accepted drafts, a step that emits none leaves the canvas to the next.
+    #[inline]
+    pub fn is_diffusion(&self) -> bool {
+        self.num_sampled_tokens_per_step() == 0 && self.num_speculative_tokens() > 0
+    }
+
     /// Requests may carry multimodal inputs (an encoder budget is set).
     #[inline]
     pub fn multimodal(&self) -> bool {

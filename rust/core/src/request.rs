@@ -107,6 +107,15 @@ pub struct NewRequest {
     /// the request, which keeps its KV and goes on with the next input, added under the
     /// same id (see `Scheduler::add_request`).
     pub resumable: bool,
+    /// A diffusion request's canvas (vLLM's `diffusion_canvas_length`): the positions each
+    /// step gives it, at most `num_speculative_tokens` (None: all of them); only for a
+    /// diffusion model.
+    pub diffusion_canvas_length: Option<i64>,
+    /// A diffusion read's denoising steps (vLLM's `diffusion_read_only` with
+    /// `diffusion_max_steps`): under async scheduling it is passed over while every one of
+    /// them is in flight (its last emits the canvas and ends it); only for a diffusion
+    /// model.
+    pub diffusion_read_steps: Option<i64>,
 }
 
 impl NewRequest {
@@ -128,6 +137,8 @@ impl NewRequest {
             report_reused_blocks: false,
             mm_inputs: Vec::new(),
             resumable: false,
+            diffusion_canvas_length: None,
+            diffusion_read_steps: None,
         }
     }
 }
@@ -289,8 +300,13 @@ pub struct Request {
     /// needs.
     pub(crate) shared_prefix_boundary: i64,
     /// The first step that may decode it again (read only with a decode stagger, see
-    /// `Scheduler::set_decode_stagger`).
+    /// `Scheduler::set_decode_stagger`, or a diffusion read's deferral).
     pub(crate) next_decode_eligible_step: u64,
+    /// A diffusion request's canvas: the drafts a step gives it (read only for a diffusion
+    /// model).
+    pub(crate) canvas_length: u32,
+    /// A diffusion read's denoising steps (0: not a read).
+    pub(crate) read_steps: u32,
     /// Its multimodal inputs and the encoder outputs it references (None without inputs).
     pub(crate) mm: Option<Box<RequestInputs>>,
     /// For a streaming-input session, its inputs still to come (None: not resumable).
@@ -382,7 +398,7 @@ fn check_session_config(cfg: &SchedulerConfig) -> CoreResult<()> {
         return Err(CoreError::request(
             "resumable",
             true,
-            "a pooling model's requests cannot be streaming-input sessions",
+            "a pooling or diffusion model's requests cannot be streaming-input sessions",
         ));
     }
     if cfg.async_scheduling() && cfg.kv_cache_groups().has_mamba() {
@@ -393,6 +409,26 @@ fn check_session_config(cfg: &SchedulerConfig) -> CoreResult<()> {
         ));
     }
     Ok(())
+}
+
+/// `new`'s diffusion canvas (`K` when it names none) and read steps (0: not a read),
+/// checked: only for a diffusion model, a canvas in `[1, K]`, at least one step.
+fn diffusion_of(new: &NewRequest, cfg: &SchedulerConfig) -> CoreResult<(u32, u32)> {
+    let k = cfg.num_speculative_tokens();
+    for (field, value) in
+        [("diffusion_canvas_length", new.diffusion_canvas_length), ("diffusion_read_steps", new.diffusion_read_steps)]
+    {
+        if let Some(value) = value {
+            if !cfg.is_diffusion() {
+                return Err(CoreError::request(field, value, "only a diffusion model's requests have one"));
+            }
+            let most = if field == "diffusion_canvas_length" { k } else { i64::from(u32::MAX) };
+            if !(1..=most).contains(&value) {
+                return Err(CoreError::request(field, value, format!("must be in [1, {most}]")));
+            }
+        }
+    }
+    Ok((new.diffusion_canvas_length.unwrap_or(k) as u32, new.diffusion_read_steps.unwrap_or(0) as u32))
 }
 
 /// `new`'s arrival time, checked; now when it has none.
@@ -551,6 +587,7 @@ impl Request {
         let priority = i32::try_from(new.priority)
             .map_err(|_| CoreError::request("priority", new.priority, "must fit in a 32-bit signed integer"))?;
         let arrival_time = arrival_time_of(&new)?;
+        let (canvas_length, read_steps) = diffusion_of(&new, cfg)?;
         let mm = if new.mm_inputs.is_empty() {
             None
         } else {
@@ -586,6 +623,8 @@ impl Request {
             extra_tables: Vec::new(),
             shared_prefix_boundary: 0,
             next_decode_eligible_step: 0,
+            canvas_length,
+            read_steps,
             mm,
             spec_token_ids: Vec::new(),
             last_scheduled_step: 0,

@@ -315,7 +315,9 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
     let s = if r.pooling { 0 } else { 1 };
     let m = if r.big_model { 256 + r.model_extra * 37 } else { bs * r.model_blocks + r.model_extra % bs };
     let m = m.max(2);
-    let k = r.k;
+    // A pooling model has no drafts (s = 0 with a canvas is a diffusion model, not fuzzed
+    // here: `tests/diffusion.rs`).
+    let k = if r.pooling { 0 } else { r.k };
     let lookahead = match (k, r.lookahead_sel) {
         (0, _) | (_, 0) => 0,
         (_, 1) => k,
@@ -1037,6 +1039,8 @@ impl Harness {
             report_reused_blocks: op.token_seed & 1 == 1,
             mm_inputs: if self.cfg.multimodal() { images(op.token_seed >> 8, len) } else { Vec::new() },
             resumable: op.session,
+            diffusion_canvas_length: None,
+            diffusion_read_steps: None,
         }
     }
 

@@ -141,6 +141,13 @@ fn requests_out_of_arrival_order_or_bad_terms_are_refused() {
     assert!(e.to_string().contains("arrival order"), "{e}");
     let e = Replay::new(config, cost(&[("kv_block_ms", f64::NAN)]), Vec::new(), OPTIONS).err().expect("refused");
     assert!(e.to_string().contains("kv_block_ms"), "{e}");
+    // A diffusion LLM: the replay's model samples, it does not denoise.
+    let diffusion = common::config(|p| {
+        p.num_sampled_tokens_per_step = 0;
+        p.num_speculative_tokens = 4;
+    });
+    let e = Replay::new(diffusion, cost(&[]), vec![request("a", 0.0, 10, 1)], OPTIONS).err().expect("refused");
+    assert!(e.to_string().contains("diffusion LLM"), "{e}");
 }
 
 #[test]

@@ -159,6 +159,14 @@ macro_rules! py_config_methods {
                 other.cast::<PySchedulerConfig>().is_ok_and(|o| o.get().inner == self.inner)
             }
 
+            /// A diffusion LLM: nothing sampled (``num_sampled_tokens_per_step`` 0) but a
+            /// canvas of ``num_speculative_tokens`` positions each step denoises, scheduled
+            /// as drafts; the positions a step emits are its tokens.
+            #[getter]
+            fn is_diffusion(&self) -> bool {
+                self.inner.is_diffusion()
+            }
+
             fn __hash__(&self) -> u64 {
                 let mut hasher = DefaultHasher::new();
                 self.inner.hash(&mut hasher);

@@ -789,8 +789,13 @@ fn flag_arg(py: Python<'_>, value: Option<&Bound<'_, PyAny>>, field: &'static st
 
 /// A request's ``lora_id`` argument: an int, or None.
 fn lora_id_arg(py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<i64>> {
+    optional_int_arg(py, value, "lora_id")
+}
+
+/// A request's optional int argument: an int, or None.
+fn optional_int_arg(py: Python<'_>, value: Option<&Bound<'_, PyAny>>, field: &'static str) -> PyResult<Option<i64>> {
     match value {
-        Some(v) if !v.is_none() => Ok(Some(int_value(py, v, &"lora_id", request_error)?)),
+        Some(v) if !v.is_none() => Ok(Some(int_value(py, v, &field, request_error)?)),
         _ => Ok(None),
     }
 }
@@ -916,14 +921,20 @@ impl PyScheduler {
     /// None for a new request. An input that does not fit (the session's tokens past the
     /// prompt limit, or KV past the pool) raises ``InvalidRequestError`` and changes
     /// nothing; one that does not fit when taken up at a stop ends the session instead.
+    ///
+    /// For a diffusion model (``num_sampled_tokens_per_step=0`` with a canvas of
+    /// ``num_speculative_tokens``), ``diffusion_canvas_length`` narrows the request's canvas
+    /// (the drafts each step gives it: drafts handed in beyond it are cut), and
+    /// ``diffusion_read_steps`` makes it a read of that many denoising steps, passed over
+    /// under async scheduling while every one of them is in flight.
     #[pyo3(signature = (request_id, prompt_token_ids, *, max_tokens, min_tokens=None, eos_token_id=None,
         stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None, cache_salt=None,
         lora_id=None, skip_reading_prefix_cache=None, structured_output=None, report_reused_blocks=None,
-        mm_inputs=None, resumable=None),
+        mm_inputs=None, resumable=None, diffusion_canvas_length=None, diffusion_read_steps=None),
         text_signature = "(self, request_id, prompt_token_ids, *, max_tokens, min_tokens=0, eos_token_id=None, \
         stop_token_ids=(), arrival_time=None, num_computed_tokens=0, priority=0, cache_salt=None, \
         lora_id=None, skip_reading_prefix_cache=False, structured_output=False, report_reused_blocks=False, \
-        mm_inputs=(), resumable=False)")]
+        mm_inputs=(), resumable=False, diffusion_canvas_length=None, diffusion_read_steps=None)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &self,
@@ -944,6 +955,8 @@ impl PyScheduler {
         report_reused_blocks: Option<&Bound<'_, PyAny>>,
         mm_inputs: Option<&Bound<'_, PyAny>>,
         resumable: Option<&Bound<'_, PyAny>>,
+        diffusion_canvas_length: Option<&Bound<'_, PyAny>>,
+        diffusion_read_steps: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<&'static str>> {
         let id = request_id.cast::<PyString>().map_err(|_| {
             request_error(
@@ -996,6 +1009,8 @@ impl PyScheduler {
             report_reused_blocks: flag_arg(py, report_reused_blocks, "report_reused_blocks")?,
             mm_inputs: mm_inputs_arg(py, &config, mm_inputs)?,
             resumable: flag_arg(py, resumable, "resumable")?,
+            diffusion_canvas_length: optional_int_arg(py, diffusion_canvas_length, "diffusion_canvas_length")?,
+            diffusion_read_steps: optional_int_arg(py, diffusion_read_steps, "diffusion_read_steps")?,
         };
         // Keep an exact str: a subclass instance could carry state of its own.
         let py_id: Py<PyString> = if id.is_exact_instance_of::<PyString>() {

@@ -146,6 +146,17 @@ impl Replay {
         requests: Vec<ReplayRequest>,
         options: ReplayOptions,
     ) -> CoreResult<Self> {
+        if config.is_diffusion() {
+            // Its runner samples and drafts; it does not denoise a canvas.
+            return Err(CoreError::config(
+                "num_sampled_tokens_per_step",
+                0,
+                format!(
+                    "with num_speculative_tokens={} is a diffusion LLM, which the replay's model does not run",
+                    config.num_speculative_tokens()
+                ),
+            ));
+        }
         if let Some(i) = requests.windows(2).position(|w| w[1].arrival_time < w[0].arrival_time) {
             let r = &requests[i + 1];
             return Err(CoreError::request(

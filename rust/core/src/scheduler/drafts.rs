@@ -47,6 +47,7 @@ impl Scheduler {
             return Err(self.drafts_while_in_flight(row, handle));
         }
         let mut start = 0;
+        let diffusion = self.config.is_diffusion();
         for (handle, &count) in rows.handles.into_iter().zip(num_draft_tokens) {
             let drafts = &draft_token_ids[start..start + count as usize];
             start += count as usize;
@@ -54,6 +55,10 @@ impl Scheduler {
             let request = &mut self.requests[h];
             request.spec_token_ids.clear();
             if !request.is_prefill_chunk && request.status == RequestStatus::Running {
+                // A diffusion drafter proposes the model's whole canvas: the request's may be
+                // narrower (vLLM's DiffusionScheduler trims it).
+                let drafts =
+                    if diffusion { &drafts[..drafts.len().min(request.canvas_length as usize)] } else { drafts };
                 // In range (checked above).
                 request.spec_token_ids.extend(drafts.iter().map(|&t| t.into() as i32));
             }

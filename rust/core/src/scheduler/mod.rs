@@ -352,12 +352,16 @@ impl Scheduler {
             tracks_drafts: cfg.num_speculative_tokens() > 0,
             drafts_needed: false,
             decode_stagger: self.decode_stagger,
+            defers_reads: cfg.is_diffusion() && cfg.async_scheduling(),
             preempted: false,
             encoder_budget: cfg.max_num_encoder_input_tokens(),
             encoder_inputs: Vec::new(),
             external_encoder_inputs: Vec::new(),
         };
         self.next_step_id += 1;
+        if b.defers_reads {
+            self.defer_diffusion_reads(b.step.step_id);
+        }
         self.schedule_running(&mut b, &mut budgets);
         b.num_running_entries = b.rows.len();
         // No admissions in a step that preempted.
@@ -454,7 +458,13 @@ impl Scheduler {
             let s = config.num_sampled_tokens_per_step();
             request.set_num_output_placeholders(request.num_output_placeholders() + s + e.num_spec);
             request.spec_token_ids.clear();
-            request.spec_token_ids.resize(config.num_speculative_tokens() as usize, -1);
+            // A diffusion request's canvas may be narrower than the model's.
+            let drafts = if config.is_diffusion() {
+                request.canvas_length as usize
+            } else {
+                config.num_speculative_tokens() as usize
+            };
+            request.spec_token_ids.resize(drafts, -1);
             if b.decode_stagger > 1 {
                 request.next_decode_eligible_step = step.step_id + b.decode_stagger;
             }

@@ -12,6 +12,20 @@ use crate::scheduler::Scheduler;
 use crate::slab::Handle;
 
 impl Scheduler {
+    /// vLLM's `DiffusionAsyncScheduler`: a diffusion read with every denoising step in
+    /// flight (`P >= steps * canvas`) is not decoded in step `step_id` (its last step in
+    /// flight emits the canvas and ends it: another would be discarded), renewed at each
+    /// step while that holds; a later bound (a decode stagger's) stands.
+    pub(super) fn defer_diffusion_reads(&mut self, step_id: u64) {
+        for &handle in &self.running {
+            let request = &mut self.requests[handle];
+            let steps = i64::from(request.read_steps);
+            if steps > 0 && request.num_output_placeholders() >= steps * i64::from(request.canvas_length) {
+                request.next_decode_eligible_step = request.next_decode_eligible_step.max(step_id + 1);
+            }
+        }
+    }
+
     pub(super) fn schedule_running(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
         let simple = !self.config.async_scheduling()
             && !b.undoable
@@ -56,8 +70,9 @@ impl Scheduler {
                 req_index += 1;
                 continue;
             }
-            // A decode stagger: not before its next eligible step.
-            if !SIMPLE && b.decode_stagger > 1 && b.step.step_id < request.next_decode_eligible_step {
+            // A decode stagger, or a diffusion read deferred: not before its next eligible step.
+            if !SIMPLE && (b.decode_stagger > 1 || b.defers_reads) && b.step.step_id < request.next_decode_eligible_step
+            {
                 req_index += 1;
                 continue;
             }

@@ -72,13 +72,14 @@ impl Row {
     }
 
     /// The most tokens the runner may return for the entry: none for a chunk that ends
-    /// before the request's known tokens, else `s` for each draft slot and the last position.
+    /// before the request's known tokens, else one per draft slot (an accepted draft, or a
+    /// diffusion canvas position emitted) and `s` sampled after them.
     #[inline]
     pub fn max_returned_tokens(&self, s: i64) -> i64 {
         if self.prefill_chunk {
             0
         } else {
-            s * (1 + self.num_spec())
+            self.num_spec() + s
         }
     }
 }
@@ -168,6 +169,9 @@ pub(crate) struct StepBuilder<'k> {
     pub drafts_needed: bool,
     /// `Scheduler::set_decode_stagger`'s steps.
     pub decode_stagger: u64,
+    /// A diffusion model under async scheduling: a read with every denoising step in
+    /// flight waits (`Scheduler::defer_diffusion_reads`).
+    pub defers_reads: bool,
     pub preempted: bool,
     /// The encoder compute budget left, in embeddings.
     pub encoder_budget: i64,

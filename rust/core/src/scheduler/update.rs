@@ -44,6 +44,7 @@ struct UpdateConsts {
     s: i64,
     async_scheduling: bool,
     k_spec: i64,
+    pools: bool,
     mm_encoder_only: bool,
 }
 
@@ -210,6 +211,7 @@ impl Scheduler {
             s: self.config.num_sampled_tokens_per_step(),
             async_scheduling: self.config.async_scheduling(),
             k_spec: self.config.num_speculative_tokens(),
+            pools: self.config.pools(),
             mm_encoder_only: self.config.mm_encoder_only(),
         };
         let entries = &record.entries[..];
@@ -331,7 +333,7 @@ impl Scheduler {
         generated: &[i32],
         consts: &UpdateConsts,
     ) -> Option<Applied> {
-        let UpdateConsts { m, s, async_scheduling, k_spec, mm_encoder_only } = *consts;
+        let UpdateConsts { m, s, async_scheduling, k_spec, pools, mm_encoder_only } = *consts;
         let num_spec = if PLAIN { 0 } else { entry.num_spec() };
         request.set_num_in_flight_tokens(request.num_in_flight_tokens() - entry.num_new_tokens());
         let stale = !PLAIN && request.num_stale_output_tokens() > 0;
@@ -395,7 +397,7 @@ impl Scheduler {
                 let upto = request.num_computed_tokens() - request.num_in_flight_tokens();
                 kv.cache_blocks(request, upto);
             }
-        } else if s == 0 && !entry.prefill_chunk {
+        } else if pools && !entry.prefill_chunk {
             // Pooling: the output of the final prompt chunk finishes the request.
             request.status = RequestStatus::FinishedStopped;
             stopped = true;
@@ -404,7 +406,8 @@ impl Scheduler {
             // whole prompt (every input in it encoded) is computed.
             request.status = RequestStatus::FinishedStopped;
             stopped = true;
-        } else if !entry.prefill_chunk && !stale {
+        } else if s > 0 && !entry.prefill_chunk && !stale {
+            // (A diffusion step that emits nothing leaves its canvas to the next.)
             // The step reached the end of the known tokens but sampled nothing (a
             // runner-side error or a dropped sample). vLLM leaves C ahead of N - 1 and
             // the request can never be scheduled again; undo the step's draft and
