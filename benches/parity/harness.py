@@ -33,7 +33,10 @@ The runner tracks, per request, the tokens it has produced (``known``) and the p
 whose KV it has computed (``computed``), like a real runner's persistent batch; a request
 admitted (new or resumed) restarts from the scheduler's ``num_computed_tokens``. For a
 pooling model (``ParityConfig.pooling``) it samples nothing: a step that completes a prompt
-returns the request's pooled output. Structured-output requests get their grammars from
+returns the request's pooled output. For a diffusion model (``ParityConfig.diffusion``) a
+step over a request's canvas (its drafts) emits nothing until the canvas's last denoising
+step, which emits the whole canvas (:meth:`Runner.denoise`); the synchronous drafter
+proposes the model's whole canvas. Structured-output requests get their grammars from
 the "engine" at fixed loop iterations (``ParityRequest.grammar_at``; ``grammar.py``), with
 a stand-in grammar that accepts every token the runner samples.
 
@@ -294,6 +297,12 @@ class ParityRequest:
     end_step: int | None = None
     """Loop iteration at which the driver ends the session (an input that is not resumable),
     after its last input."""
+    diffusion_canvas_length: int | None = None
+    """A diffusion model's request: its canvas, narrower than the model's (None: the
+    model's)."""
+    diffusion_read_steps: int | None = None
+    """A diffusion model's request: a read of that many denoising steps (its last emits the
+    canvas)."""
 
     @property
     def key(self) -> int:
@@ -429,6 +438,10 @@ class ParityConfig:
     mm_encoder_only: bool = False
     """With ``image_side``: an encoder instance (vLLM's ``mm_encoder_only``): the runner
     encodes and samples nothing, a request ends once its prompt is computed."""
+    diffusion: bool = False
+    """A diffusion LLM whose canvas is ``num_speculative_tokens`` (vLLM's side: a
+    ``DiffusionConfig`` and its diffusion scheduler classes; llmsched's: nothing sampled,
+    ``num_sampled_tokens_per_step=0``). The runner denoises (:meth:`Runner.denoise`)."""
     kv_connector: bool = False
     """A KV connector serves the engine: :class:`benches.parity.connector.ParityConnector`
     (vLLM's side and the plug-in load it; llmsched's own side asks its rule), whose store
@@ -525,7 +538,7 @@ class ParityConfig:
             if self.data_parallel_size > 1
             else self.prefill_schedule_interval,
             "pipeline_parallel_size": self.pipeline_parallel_size,
-            "num_sampled_tokens_per_step": 0 if self.pooling else 1,
+            "num_sampled_tokens_per_step": 0 if self.pooling or self.diffusion else 1,
             "kv_cache_groups": self.kv_cache_groups,
             "prefix_cache_retention_interval": self.prefix_cache_retention_interval,
             "kv_connector": self.kv_connector,
@@ -558,6 +571,10 @@ class ParityConfig:
         shared["prefill_schedule_interval"] = self.prefill_schedule_interval
         # The flag as given: the builder turns it off without a KV cache, as vLLM's engine.
         shared["enable_chunked_prefill"] = self.enable_chunked_prefill
+        if self.diffusion:
+            # vLLM derives K from the diffusion config's canvas, not a drafter's.
+            shared["num_speculative_tokens"] = 0
+            shared["diffusion_canvas_length"] = self.num_speculative_tokens
         return {
             **shared,
             "use_v2_model_runner": self.use_v2_model_runner,
@@ -734,6 +751,8 @@ class _RunnerState:
     """A session's later inputs added and not yet taken up, oldest first."""
     waits_for_input: bool = False
     """A session whose input stopped with no later input added yet."""
+    denoised: int = 0
+    """A diffusion request's denoising steps on its current canvas."""
 
     def take_up(self, prompt: tuple[int, ...]) -> None:
         """A session's next input: its tokens are all it had but the last sampled one (whose
@@ -792,6 +811,7 @@ class Runner:
                 # takes that token back).
                 st.computed = computed_before[rid]
                 st.known = st.prompt_len + st.delivered
+                st.denoised = 0
             elif sync and computed_before[rid] < st.computed:
                 # The scheduler took a running request back (a synchronous load's failed
                 # blocks): the output it had in flight was dropped, it recomputes from there.
@@ -804,6 +824,9 @@ class Runner:
                 continue  # a non-final prefill chunk: no sample
             if self.config.pooling or self.config.mm_encoder_only:
                 sampled[rid] = []  # the prompt is done: pooled, or encoded; nothing sampled
+                continue
+            if self.config.diffusion:
+                sampled[rid] = self.denoise(req, st, len(drafts))
                 continue
             if st.computed > st.known:
                 raise RunnerError(
@@ -824,7 +847,18 @@ class Runner:
             st.known += accepted + 1
             st.computed += accepted
         drafts_out = None
-        if sync and self.config.num_speculative_tokens > 0:
+        if sync and self.config.diffusion:
+            # A diffusion worker proposes the model's whole canvas for every request.
+            ids = [rid for rid, _ in summary["scheduled"]]
+            k = self.config.num_speculative_tokens
+            drafts_out = (
+                ids,
+                [
+                    [target_token(self.requests[rid], self.state[rid].known + j) for j in range(k)]
+                    for rid in ids
+                ],
+            )
+        elif sync and self.config.num_speculative_tokens > 0:
             ids = [rid for rid, _ in summary["scheduled"]]
             drafts_out = (
                 ids,
@@ -838,6 +872,23 @@ class Runner:
                 ],
             )
         return sampled, drafts_out
+
+    @staticmethod
+    def denoise(req: ParityRequest, st: _RunnerState, canvas: int) -> list[int]:
+        """A diffusion step over ``canvas`` positions: none emitted (the prompt's last chunk,
+        or a denoising step short of the canvas's last), or the whole canvas, the true tokens
+        there, on its last step: a read's ``diffusion_read_steps``-th, any other request's
+        ``1 + key % 3``-th."""
+        if canvas == 0:
+            return []
+        st.denoised += 1
+        if st.denoised < (req.diffusion_read_steps or 1 + req.key % 3):
+            return []
+        st.denoised = 0
+        tokens = [target_token(req, st.known + j) for j in range(canvas)]
+        st.known += canvas
+        st.computed += canvas
+        return tokens
 
     def delivered(self, rows: Sequence[OutputRow] | None) -> None:
         """The scheduler delivered these outputs."""
@@ -930,6 +981,8 @@ class LlmschedSide:
             structured_output=req.grammar_at is not None,
             mm_inputs=req.mm_inputs,
             resumable=req.resumable,
+            diffusion_canvas_length=req.diffusion_canvas_length,
+            diffusion_read_steps=req.diffusion_read_steps,
         )
 
     def add_input(self, req: ParityRequest, later: SessionInput | None) -> None:
@@ -1315,6 +1368,8 @@ class VllmSide:
             ),
             mm_inputs=req.mm_inputs,
             resumable=req.resumable,
+            diffusion_canvas_length=req.diffusion_canvas_length,
+            diffusion_read_steps=req.diffusion_read_steps,
         )
         if request.structured_output_request is not None:
             from concurrent.futures import Future

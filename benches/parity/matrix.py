@@ -396,7 +396,23 @@ class Case:
             out = with_images(out, self.images, self.config.image_side**2)
         if self.sessions:
             out = with_sessions(out, self.config)
+        if self.config.diffusion:
+            out = with_diffusion(out, self.config.num_speculative_tokens)
         return out
+
+
+def with_diffusion(requests: list[ParityRequest], canvas: int) -> list[ParityRequest]:
+    """``requests`` for a diffusion model of ``canvas`` positions: every third asks for half
+    the canvas, every fourth is a read of one or two denoising steps (with steps in flight,
+    one step's read waits for its output)."""
+    return [
+        replace(
+            r,
+            diffusion_canvas_length=max(1, canvas // 2) if i % 3 == 1 else None,
+            diffusion_read_steps=1 + i // 4 % 2 if i % 4 == 2 else None,
+        )
+        for i, r in enumerate(requests)
+    ]
 
 
 #: The token an image's placeholders hold in a prompt (llava's ``<image>``).
@@ -889,6 +905,30 @@ def edge_cases() -> list[Case]:
                         mm_encoder_only=True,
                     ),
                     images=5,
+                )
+            )
+        # Diffusion LLMs (vLLM's diffusion scheduler classes): a canvas of K positions
+        # denoised as drafts, half of it for some requests, reads deferred under async
+        # scheduling while their steps are in flight, canvases emitted after 1 to 3
+        # denoising steps; with prefix caching and KV pressure, and without.
+        for workload, k, apc, policy, pressure in (
+            ("synthetic-conv", 4, True, "fcfs", True),
+            ("azure-code", 8, False, "priority", False),
+        ):
+            out.append(
+                Case(
+                    workload,
+                    ParityConfig(
+                        f"edge-diffusion-{mode}-K{k}-{'apc' if apc else 'noapc'}-{policy[:4]}"
+                        + ("-kv" if pressure else ""),
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=apc,
+                        policy=policy,
+                        num_gpu_blocks=_pool_sizes(workload)[1 if pressure else 0],
+                        diffusion=True,
+                    ),
+                    output_factor=WORKLOADS[workload].pressure_output_factor if pressure else 1,
                 )
             )
         # KV cache events (compared on vLLM's objects only): blocks stored by allocations

@@ -271,9 +271,10 @@ core, kept out the same way. Beyond them, the plug-in:
   padding. Under async scheduling a read (`diffusion_read_only` with
   `diffusion_max_steps` `S`) is passed over while `P >= S * canvas`, renewed each step, a
   longer pipeline stagger kept. A canvas wider than the model's is refused with the
-  request (vLLM would schedule more drafts than `K`). vLLM's own diffusion tests run
-  against the plug-in (`tests/vllm_upstream`); the parity matrix has no diffusion case
-  (its runner does not denoise);
+  request (vLLM would schedule more drafts than `K`). The matrix's `edge-diffusion`
+  cases (the runner emits a canvas after one to three denoising steps, a read's after its
+  steps) compare every step and every field with vLLM's diffusion scheduler classes, and
+  vLLM's own diffusion tests run against the plug-in (`tests/vllm_upstream`);
 - **serves KV connectors** (`kv_transfer_config`), in the core: a
   waiting request with no computed tokens asks the connector, after its prefix-cache
   lookup and where vLLM's waiting loop asks, how many tokens past the hit it loads

@@ -283,6 +283,7 @@ def make_vllm_scheduler(
     max_num_encoder_input_tokens: int | None = None,
     encoder_cache_size: int | None = None,
     mm_encoder_only: bool = False,
+    diffusion_canvas_length: int | None = None,
     **shared_fields: Any,
 ) -> Any:
     """Build vLLM 0.33.0's ``Scheduler`` (or ``AsyncScheduler`` if ``async_scheduling``)
@@ -318,7 +319,8 @@ def make_vllm_scheduler(
     ``mm_encoder_only`` it is an encoder instance (vLLM's ``mm_encoder_only``), which vLLM
     serves without prefix caching. ``kv_cache_groups=""`` is a model without a KV cache: no
     group, a pool of the null block alone, and chunked prefill turned off, as vLLM's engine
-    sets them up.
+    sets them up. ``diffusion_canvas_length`` makes it a diffusion LLM of that canvas (vLLM's
+    ``DiffusionConfig``, and its ``DiffusionScheduler`` / ``DiffusionAsyncScheduler``).
     """
     import torch
     from vllm.config import (
@@ -365,6 +367,13 @@ def make_vllm_scheduler(
         runner="pooling" if pooling else "generate",
         **sections.pop("model_config"),
     )
+    diffusion_config = None
+    if diffusion_canvas_length is not None:
+        from vllm.config import DiffusionConfig
+
+        # A diffusion checkpoint declares its canvas in its config (model_config.is_diffusion).
+        model_config.hf_config.canvas_length = diffusion_canvas_length
+        diffusion_config = DiffusionConfig(canvas_length=diffusion_canvas_length)
     if mm_encoder_only:
         if not image_side:
             raise TypeError("make_vllm_scheduler(): mm_encoder_only needs a multimodal model")
@@ -407,6 +416,7 @@ def make_vllm_scheduler(
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null")
         if kv_events
         else None,
+        diffusion_config=diffusion_config,
         kv_transfer_config=None
         if kv_connector is None
         else KVTransferConfig(
@@ -457,6 +467,13 @@ def make_vllm_scheduler(
         scheduler_config.enable_chunked_prefill = False
     register_all_kvcache_specs(vllm_config)
     cls = AsyncScheduler if scheduler_config.async_scheduling else Scheduler
+    if diffusion_config is not None:
+        from vllm.v1.core.sched.diffusion_scheduler import (
+            DiffusionAsyncScheduler,
+            DiffusionScheduler,
+        )
+
+        cls = DiffusionAsyncScheduler if scheduler_config.async_scheduling else DiffusionScheduler
     # vLLM's scheduler block size: the least common multiple of the groups' (Mamba's is
     # max_model_len); without a group, the cache config's.
     group_block_sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
@@ -539,6 +556,8 @@ def make_vllm_request(
     num_hash_lookahead_tokens: int = 0,
     mm_inputs: Sequence[tuple[str, int, int]] = (),
     resumable: bool = False,
+    diffusion_canvas_length: int | None = None,
+    diffusion_read_steps: int | None = None,
 ) -> Any:
     """Build a vLLM ``Request`` for ``scheduler.add_request``.
 
@@ -561,7 +580,9 @@ def make_vllm_request(
     placeholder tokens from ``offset`` on (the prompt's tokens there are the caller's), an
     encoder output shared by identifier, and a stand-in of the image's data.
     ``resumable`` makes it a streaming-input session, or the next input of the live session
-    of its id.
+    of its id. For a diffusion model, ``diffusion_canvas_length`` is its own canvas and
+    ``diffusion_read_steps`` makes it a read of that many denoising steps (the
+    ``extra_args`` vLLM's diffusion scheduler reads).
     """
     import torch
     from vllm.lora.request import LoRARequest
@@ -587,7 +608,20 @@ def make_vllm_request(
         stop_token_ids=list(stop_token_ids),
         skip_reading_prefix_cache=skip_reading_prefix_cache,
         structured_outputs=StructuredOutputsParams(regex="[a-z]+") if structured_output else None,
-        extra_args={"kv_cache_report_mode": "full"} if report_reused_blocks else None,
+        extra_args={
+            **({"kv_cache_report_mode": "full"} if report_reused_blocks else {}),
+            **(
+                {"diffusion_canvas_length": diffusion_canvas_length}
+                if diffusion_canvas_length is not None
+                else {}
+            ),
+            **(
+                {"diffusion_read_only": True, "diffusion_max_steps": diffusion_read_steps}
+                if diffusion_read_steps is not None
+                else {}
+            ),
+        }
+        or None,
     )
     params.update_from_generation_config({}, eos_token_id)
     return Request(

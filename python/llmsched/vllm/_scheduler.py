@@ -1162,30 +1162,34 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     ) -> SpecDecodingStats | None:
         """The step's drafts and accepted drafts, as vLLM counts them: into the step's
         ``SpecDecodingStats`` (with ``log_stats``) and into each request's
-        ``spec_decode_metrics`` (when the engine asks for per-request metrics). Requests
-        finished before the output arrived, outputs without a token, and outputs the core
-        did not deliver (when ``delivered`` names those it did) count nothing."""
+        ``spec_decode_metrics`` (when the engine asks for per-request metrics). A request's
+        accepted drafts are its tokens less the ``s`` sampled after them. Requests finished
+        before the output arrived, outputs without a token (but a diffusion step's, whose
+        canvas counts as rejected), and outputs the core did not deliver (when ``delivered``
+        names those it did) count nothing."""
         per_request = self.spec_decode_metrics_level != "none"
         if not (self.log_stats or per_request):
             return None
         detailed = self.spec_decode_metrics_level == "detailed"
         # Drafts the grammar invalidated (async structured output) are not proposals.
         invalid = scheduler_output.num_invalid_spec_tokens or {}
+        s = self.core.config.num_sampled_tokens_per_step
         num_drafts: list[int] = []
         num_accepted: list[int] = []
         for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
             request = self.requests.get(req_id)
             generated = len(sampled[index[req_id]])
-            if request is None or not generated or not drafts:
+            if request is None or not (generated or s == 0) or not drafts:
                 continue
             if delivered is not None and req_id not in delivered:
                 continue
             proposed = len(drafts) - invalid.get(req_id, 0)
+            accepted = max(generated - s, 0)
             num_drafts.append(proposed)
-            num_accepted.append(generated - 1)
+            num_accepted.append(accepted)
             if per_request and request.spec_decode_metrics is not None:
                 request.spec_decode_metrics.observe(
-                    num_draft_tokens=proposed, num_accepted=generated - 1, detailed=detailed
+                    num_draft_tokens=proposed, num_accepted=accepted, detailed=detailed
                 )
         if not (self.log_stats and num_drafts):
             return None

@@ -360,7 +360,7 @@ impl Scheduler {
         };
         self.next_step_id += 1;
         if b.defers_reads {
-            self.defer_diffusion_reads(b.step.step_id);
+            self.prepare_diffusion_step(b.step.step_id);
         }
         self.schedule_running(&mut b, &mut budgets);
         b.num_running_entries = b.rows.len();
@@ -458,13 +458,7 @@ impl Scheduler {
             let s = config.num_sampled_tokens_per_step();
             request.set_num_output_placeholders(request.num_output_placeholders() + s + e.num_spec);
             request.spec_token_ids.clear();
-            // A diffusion request's canvas may be narrower than the model's.
-            let drafts = if config.is_diffusion() {
-                request.canvas_length as usize
-            } else {
-                config.num_speculative_tokens() as usize
-            };
-            request.spec_token_ids.resize(drafts, -1);
+            request.spec_token_ids.resize(config.num_speculative_tokens() as usize, -1);
             if b.decode_stagger > 1 {
                 request.next_decode_eligible_step = step.step_id + b.decode_stagger;
             }

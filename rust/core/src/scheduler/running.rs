@@ -12,13 +12,15 @@ use crate::scheduler::Scheduler;
 use crate::slab::Handle;
 
 impl Scheduler {
-    /// vLLM's `DiffusionAsyncScheduler`: a diffusion read with every denoising step in
-    /// flight (`P >= steps * canvas`) is not decoded in step `step_id` (its last step in
-    /// flight emits the canvas and ends it: another would be discarded), renewed at each
-    /// step while that holds; a later bound (a decode stagger's) stands.
-    pub(super) fn defer_diffusion_reads(&mut self, step_id: u64) {
+    /// vLLM's `DiffusionAsyncScheduler`, before step `step_id`: each running request's
+    /// placeholders (the model's canvas) are cut to its own canvas, and a read with every
+    /// denoising step in flight (`P >= steps * canvas`) is not decoded in this step (its
+    /// last step in flight emits the canvas and ends it: another would be discarded),
+    /// renewed at each step while that holds; a later bound (a decode stagger's) stands.
+    pub(super) fn prepare_diffusion_step(&mut self, step_id: u64) {
         for &handle in &self.running {
             let request = &mut self.requests[handle];
+            request.spec_token_ids.truncate(request.canvas_length as usize);
             let steps = i64::from(request.read_steps);
             if steps > 0 && request.num_output_placeholders() >= steps * i64::from(request.canvas_length) {
                 request.next_decode_eligible_step = request.next_decode_eligible_step.max(step_id + 1);

@@ -169,8 +169,9 @@ pub(crate) struct StepBuilder<'k> {
     pub drafts_needed: bool,
     /// `Scheduler::set_decode_stagger`'s steps.
     pub decode_stagger: u64,
-    /// A diffusion model under async scheduling: a read with every denoising step in
-    /// flight waits (`Scheduler::defer_diffusion_reads`).
+    /// A diffusion model under async scheduling: placeholders are cut to each request's
+    /// canvas, and a read with every denoising step in flight waits
+    /// (`Scheduler::prepare_diffusion_step`).
     pub defers_reads: bool,
     pub preempted: bool,
     /// The encoder compute budget left, in embeddings.
