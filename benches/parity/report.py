@@ -221,8 +221,8 @@ their types are compared. The deviations above hold for the plug-in as they do f
 core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction,
-  custom encoder cache managers, prompt embeddings, encoder-decoder models, sampling
-  masks, routed-experts outputs,
+  custom encoder cache managers, prompt embeddings, encoder-decoder models,
+  routed-experts outputs,
   KV connectors beside Mamba layers,
   KV cache residency and MFU metrics, decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,

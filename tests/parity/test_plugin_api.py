@@ -10,6 +10,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM 0.33.0 is installed in its own venv: make parity-test")
@@ -135,7 +136,6 @@ ENGINE_REFUSALS = {
     "prefill context parallelism": lambda s: _set(
         s.vllm_config.parallel_config, "prefill_context_parallel_size", 2
     ),
-    "sampling masks": lambda s: _set(s.vllm_config.model_config, "return_sampling_mask", True),
     "routed-experts outputs": lambda s: _set(
         s.vllm_config.aux_output_config, "enable_return_routed_experts", True
     ),
@@ -1438,3 +1438,65 @@ def test_the_step_log_records_each_steps_shape_and_timing(
     quiet.add_request(request("q"))
     run_to_end(quiet)
     assert not log.exists()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_sampling_masks_reach_each_output_as_in_vllm(async_scheduling: bool) -> None:
+    """With ``return_sampling_mask``, each output carries the runner's mask rows of the
+    tokens it delivers (trimmed at a stop mid-row), as vLLM's scheduler routes them."""
+    from vllm.v1.outputs import DraftTokenIds, SamplingMaskLists
+
+    vllm_sched = reference(async_scheduling=async_scheduling, num_speculative_tokens=2)
+    vllm_sched.vllm_config.model_config.return_sampling_mask = True
+    vllm_sched.return_sampling_mask = True
+    sched = build(vllm_sched)
+    assert sched.return_sampling_mask
+    for s in (vllm_sched, sched):
+        for rid, max_tokens in (("a", 5), ("b", 2), ("c", 7)):
+            s.add_request(request(rid, prompt_len=6 + len(rid), max_tokens=max_tokens))
+
+    def masks(so: Any, sampled: dict[str, list[int]]) -> Any:
+        """The runner's output with a mask row per sampled token: ``3 + position`` ids."""
+        mro = ref.vllm_runner_output(so, sampled)
+        rows = [list(range(3 + j)) for rid in mro.req_ids for j in range(len(sampled[rid]))]
+        mro.sampling_masks = SamplingMaskLists(
+            np.array([t for row in rows for t in row], dtype=np.int32),
+            np.cumsum([0, *map(len, rows)]),
+            np.cumsum([0, *(len(sampled[rid]) for rid in mro.req_ids)]).tolist(),
+        )
+        return mro
+
+    seen: dict[str, list[list[Any]]] = {"vllm": [], "plugin": []}
+    in_flight: list[tuple[Any, Any]] = []
+    for _ in range(30):
+        if vllm_sched.has_requests():
+            in_flight.append((vllm_sched.schedule(), sched.schedule()))
+        if not in_flight:
+            break
+        if async_scheduling and len(in_flight) < 2 and vllm_sched.has_requests():
+            continue
+        so_vllm, so = in_flight.pop(0)
+        # Two tokens a step where drafts are scheduled (one accepted), one otherwise.
+        sampled = {
+            rid: [7, 8][: 1 + bool(so_vllm.scheduled_spec_decode_tokens.get(rid))]
+            for rid in so_vllm.num_scheduled_tokens
+        }
+        for who, s, out in (("vllm", vllm_sched, so_vllm), ("plugin", sched, so)):
+            for eco in s.update_from_output(out, masks(out, sampled)).values():
+                seen[who].append(
+                    [
+                        (
+                            o.request_id,
+                            o.new_token_ids,
+                            None
+                            if o.new_sampling_mask is None
+                            else o.new_sampling_mask.to_nested_list(),
+                        )
+                        for o in eco.outputs
+                    ]
+                )
+            if not async_scheduling:
+                ids = list(out.num_scheduled_tokens)
+                s.update_draft_token_ids(DraftTokenIds(ids, [[7, 9] for _ in ids]))
+    assert seen["plugin"] == seen["vllm"]
+    assert any(mask for step in seen["vllm"] for _, _, mask in step if mask and len(mask) > 1)

@@ -391,12 +391,12 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler._try_schedule_encoder_inputs"
         ),
         "test_update_from_output_routes_sampling_masks_by_request": (
-            "refused feature: sampling masks (scheduler.return_sampling_mask); Request fields: "
-            "num_computed_tokens (written), status (written)"
+            "builds its running requests by hand (scheduler.requests, scheduler.running); "
+            "Request fields: num_computed_tokens (written), status (written)"
         ),
         "test_update_from_output_routes_multi_position_sampling_masks": (
-            "refused feature: sampling masks (scheduler.return_sampling_mask); Request fields: "
-            "num_computed_tokens (written), status (written)"
+            "builds its running requests by hand (scheduler.requests, scheduler.running); "
+            "Request fields: num_computed_tokens (written), status (written)"
         ),
         "test_stop_via_update_from_output": (
             "builds the requests' state by hand; Request fields: num_computed_tokens (written), "

@@ -141,10 +141,6 @@ def check_engine_config(
             lambda: (get("model_config.is_encoder_decoder"), f"model {model_name!r}"),
         ),
         (
-            "sampling masks",
-            lambda: (get("model_config.return_sampling_mask"), "return_sampling_mask=True"),
-        ),
-        (
             "routed-experts outputs",
             lambda: (
                 get("aux_output_config.enable_return_routed_experts"),

@@ -212,7 +212,7 @@ FIELDS: dict[str, dict[str, str]] = {
         "max_model_len": READ,
         "model": READ,  # named in refusal messages
         "enable_prompt_embeds": CHECKED,
-        "return_sampling_mask": CHECKED,
+        "return_sampling_mask": READ,
         "runner": "decides model_config.runner_type, read (pooling: s = 0)",
         "convert": "decides model_config.runner_type, read (pooling: s = 0)",
         "hf_config": (

@@ -275,6 +275,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.spec_decode_metrics_level: str = read(
             vllm_config, "observability_config.per_request_spec_decode_metrics"
         )
+        # Each output carries the sampler's masks of its tokens (vLLM's attribute of that
+        # name): the runner's rows, passed on.
+        self.return_sampling_mask: bool = read(vllm_config, "model_config.return_sampling_mask")
         self.requests: dict[str, Request] = {}
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
             defaultdict(set) if include_finished_set else None
@@ -1006,6 +1009,13 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         else:
             built = [EngineCoreOutput(r, []) for r in out_ids]
 
+        masks = mro.sampling_masks if self.return_sampling_mask else None
+        if masks is not None:
+            # The sampler's masks of the tokens delivered (a stop mid-row trims them).
+            index = mro.req_id_to_index
+            for output, count in zip(built, core_outputs.num_new_tokens.tolist(), strict=True):
+                if count:
+                    output.new_sampling_mask = masks.slice_request(index[output.request_id], count)
         full = set(np.flatnonzero(core_outputs.statuses >= _FIRST_FINISHED).tolist())
         nans = mro.num_nans_in_logits or {}
         prompt_logprobs = mro.prompt_logprobs_dict
