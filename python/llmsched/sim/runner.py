@@ -60,6 +60,7 @@ class SimulatedModelRunner:
         eos_probability: float = 0.0,
         accept_padded_drafts: bool = False,
     ) -> None:
+        # (A config-like object without the property is not a diffusion model's.)
         if getattr(config, "is_diffusion", False):
             raise ValueError(
                 "config: a diffusion LLM (num_sampled_tokens_per_step=0 with "
