@@ -14,15 +14,17 @@ What it does:
    SHA-256, and extracts only the test files the scheduler tests need (``tests/v1/core/``,
    ``tests/v1/kv_connector/unit/`` and the helpers they import). Nothing of vLLM's is
    copied into this repository.
-2. Writes the two models the tests name as local directories of those names in the
-   extracted tree (the tests run from there): ``facebook/opt-125m``, its ``config.json``
-   only (architecture, sizes, position limit; no weights, no tokenizer), and
+2. Writes the models the tests name as local directories of those names in the
+   extracted tree (the tests run from there): ``facebook/opt-125m`` and
+   ``facebook/opt-350m``, their ``config.json`` only (architecture, sizes, position limit;
+   no weights, no tokenizer), and
    ``llava-hf/llava-1.5-7b-hf``, its ``config.json``, image-processor config and a stand-in
    tokenizer (vLLM builds the model's multimodal processor to size the encoder budget; no
    weights). vLLM's ``ModelConfig`` takes an existing directory for a local model, so the
    hub is never asked (it is also set offline).
 3. Runs pytest on ``selection.FILES`` (``tests/v1/core/test_scheduler.py``,
-   ``test_async_scheduler.py``, ``test_worker_slot_overflow.py``, and the KV-connector
+   ``test_async_scheduler.py``, ``test_worker_slot_overflow.py``,
+   ``test_priority_preemption_bug.py``, and the KV-connector
    unit tests that drive a scheduler: remote prefill and decode lifecycles, load failures,
    invalid blocks, the offloading connector's scheduler tests) with
    the extracted tree as rootdir and an empty ini file of its own (this repository's pytest
@@ -95,6 +97,17 @@ OPT_125M_CONFIG: dict[str, object] = {
 }
 #: The model name the tests use, resolved as a directory relative to the extracted tree.
 OPT_125M = "facebook/opt-125m"
+#: facebook/opt-350m's config as far as vLLM's config step reads it (a test of
+#: ``test_priority_preemption_bug.py`` names it): opt-125m's but for its sizes.
+OPT_350M_CONFIG: dict[str, object] = {
+    **OPT_125M_CONFIG,
+    "ffn_dim": 4096,
+    "hidden_size": 1024,
+    "word_embed_proj_dim": 512,
+    "num_attention_heads": 16,
+    "num_hidden_layers": 24,
+}
+OPT_350M = "facebook/opt-350m"
 
 #: llava-1.5-7b's language model as far as vLLM reads it (``max_model_len`` defaults to
 #: 4,096 from it). Its vision tower is CLIP at 336 px in 14-px patches: (336 // 14) ** 2 =
@@ -180,11 +193,13 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
 
 
 def write_local_model(root: Path) -> Path:
-    """``root/facebook/opt-125m/config.json`` and ``root/llava-hf/llava-1.5-7b-hf/``: the
-    models the tests name, as local ones; returns the first."""
-    model = root / OPT_125M
-    model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(json.dumps(OPT_125M_CONFIG, indent=1) + "\n")
+    """``root/facebook/opt-125m/config.json`` (and opt-350m's) and
+    ``root/llava-hf/llava-1.5-7b-hf/``: the models the tests name, as local ones; returns
+    the first."""
+    for name, config in ((OPT_350M, OPT_350M_CONFIG), (OPT_125M, OPT_125M_CONFIG)):
+        model = root / name
+        model.mkdir(parents=True, exist_ok=True)
+        (model / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     from llmsched.bench.vllm_reference import write_llava_model
 
     write_llava_model(

@@ -29,6 +29,7 @@ from __future__ import annotations
 SCHEDULER_TESTS = "tests/v1/core/test_scheduler.py"
 ASYNC_SCHEDULER_TESTS = "tests/v1/core/test_async_scheduler.py"
 WORKER_SLOT_TESTS = "tests/v1/core/test_worker_slot_overflow.py"
+PRIORITY_PREEMPTION_TESTS = "tests/v1/core/test_priority_preemption_bug.py"
 
 # vLLM's KV-connector unit tests that drive a scheduler (tests/v1/kv_connector/unit/).
 REMOTE_PREFILL_TESTS = "tests/v1/kv_connector/unit/test_remote_prefill_lifecycle.py"
@@ -90,6 +91,7 @@ FILES: tuple[str, ...] = (
     SCHEDULER_TESTS,
     ASYNC_SCHEDULER_TESTS,
     WORKER_SLOT_TESTS,
+    PRIORITY_PREEMPTION_TESTS,
     REMOTE_PREFILL_TESTS,
     REMOTE_DECODE_TESTS,
     LOAD_FAILURE_TESTS,
@@ -261,6 +263,8 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_reset_prefix_cache_priority_does_not_over_admit_worker_slot",
         "test_reset_prefix_cache_same_step_resume_purges_then_re_adds",
     ),
+    # A priority scheduler with a long-prefill threshold preempting a request it skipped.
+    PRIORITY_PREEMPTION_TESTS: ("test_priority_scheduler_preempt_skipped_request",),
     REMOTE_PREFILL_TESTS: (
         "test_full_block_prompt",
         "test_interleaved_lifecycle",
