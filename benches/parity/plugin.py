@@ -85,6 +85,7 @@ REQUEST_FIELDS = (
     "drop_stale_output",
     "num_preemptions",
     "is_prefill_chunk",
+    "next_decode_eligible_step",
 )
 """The fields of vLLM's ``Request`` that its scheduler maintains."""
 

@@ -243,10 +243,11 @@ class SchedulerConfig:
         hands finished requests' KV off: a producer's), instead of delivering it."""
     @property
     def defer_block_free(self) -> bool:
-        """With a KV connector that loads (a consumer's) and several steps in flight:
-        blocks a freed or preempted request held return to the pool only once every
+        """Blocks a freed or preempted request held return to the pool only once every
         step scheduled by then has its output applied, since a step in flight may
-        still write them while a load fills them again (vLLM's ``defer_block_free``)."""
+        still write them (vLLM's ``defer_block_free``: on with a KV connector that
+        loads, a consumer's, and several steps in flight, where a load could fill
+        such a block again; allowed without one, as vLLM's attribute is)."""
     @property
     def recompute_kv_load_failures(self) -> bool:
         """A KV connector's failed load (reported by the runner) is recomputed: the
@@ -609,6 +610,19 @@ class Request:
     @property
     def num_inputs_taken(self) -> int:
         """A session's inputs taken up after its first."""
+    @property
+    def last_sched_seq(self) -> int:
+        """With ``defer_block_free``, the last step with tokens that scheduled it (vLLM's
+        ``last_sched_seq``; see ``Scheduler.step_seqs``); 0 without."""
+    @property
+    def next_decode_eligible_step(self) -> int:
+        """The first step that may decode it again (vLLM's field of that name): recorded at
+        each decode under a decode cadence (``Scheduler.set_decode_stagger``) and by a
+        diffusion read's deferral, 0 before."""
+    @property
+    def referenced_mm_inputs(self) -> list[int]:
+        """Its multimodal inputs (by index, ascending) whose encoder outputs it references in
+        the encoder cache now."""
 
 class _ExternalEncoderSource(Protocol):
     """What ``Scheduler.schedule``'s ``external_encoder`` is asked (vLLM's
@@ -817,6 +831,9 @@ class Scheduler:
         output of another size (an identifier reused for other content) in a loop since the
         last call (vLLM fails them in its next ``update_from_output``); returns their ids.
         Their final records are then ``take_finished_requests``'s."""
+    def encoder_mismatch_ids(self) -> list[str]:
+        """The ids of the requests ``finish_encoder_mismatches`` will fail (a new list), in the
+        order the loops met them (vLLM's ``encoder_cache_mismatch_reqs``)."""
     def reset_encoder_cache(self) -> None:
         """Forget every cached encoder output (vLLM's ``reset_encoder_cache``, after the
         model's weights change); the requests' references to them go too."""
@@ -932,6 +949,16 @@ class Scheduler:
     def current_step(self) -> int:
         """``schedule()`` calls so far (vLLM's ``current_step``)."""
     @property
+    def step_seqs(self) -> tuple[int, int]:
+        """With ``defer_block_free``, ``(sched_step_seq, processed_step_seq)``: the steps with
+        tokens scheduled so far and those whose output is applied (vLLM's counters of those
+        names); ``(0, 0)`` without."""
+    def deferred_frees(self) -> list[tuple[int, list[int]]]:
+        """The frees that wait for steps in flight (``defer_block_free``; a new list), oldest
+        first: ``(step, block_ids)``, a request's blocks in the order they go back once the
+        step numbered ``step`` (see ``step_seqs``) has its output applied (vLLM's
+        ``deferred_frees``)."""
+    @property
     def prefill_cadence(self) -> tuple[int, int]:
         """The prefill cadence's counters, ``(num_executed_steps, last_prefill_step)``: steps
         that scheduled tokens, and the count of them at the last one that carried prefill (a
@@ -944,12 +971,14 @@ class Scheduler:
     @property
     def decode_stagger(self) -> int:
         """With async scheduling, the steps between two decodes of one request (1: every
-        step); see ``set_decode_stagger``."""
+        step; 0: no decode cadence, the default); see ``set_decode_stagger``."""
     def set_decode_stagger(self, steps: int) -> None:
-        """With async scheduling, a request decoded in a step is not decoded again before
-        ``steps`` steps later (vLLM's V2 model runner with pipeline parallelism: one decode
-        per request per trip through the stages); 1, the default, decodes it every step.
-        Takes effect from the next step. ``ConfigError`` naming the value outside [1, 1024]."""
+        """With async scheduling, a request decoded in step ``t`` is not decoded again before
+        step ``t + steps``, its ``next_decode_eligible_step`` (vLLM's V2 model runner: with
+        pipeline parallelism, one decode per request per trip through the stages); 1
+        decodes it every step. 0, the default: no decode cadence (the bound is not
+        recorded). Takes effect from the next step. ``ConfigError`` naming the value outside
+        [0, 1024]."""
     @property
     def num_free_blocks(self) -> int:
         """KV blocks in the free queue (cached ones included: they are reusable)."""

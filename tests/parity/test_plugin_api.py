@@ -648,14 +648,17 @@ def test_settings_vllm_keeps_as_attributes_can_be_set_before_the_first_request_o
     changing nothing."""
     sched = build(reference())
     assert (sched.defer_block_free, sched.requires_kv_delivery) == (False, False)
-    with pytest.raises(llmsched.ConfigError, match="defer_block_free=True: needs kv_connector"):
-        sched.defer_block_free = True
+    # Without a KV connector too, as vLLM's attribute can be.
+    sched.defer_block_free = True
     with pytest.raises(llmsched.ConfigError, match="encoder_cache_size=0"):
         sched.max_num_encoder_input_tokens = 100
-    assert (sched.defer_block_free, sched.max_num_encoder_input_tokens) == (False, 0)
+    assert (sched.defer_block_free, sched.max_num_encoder_input_tokens) == (True, 0)
     sched.add_request(request("a"))
     with pytest.raises(llmsched.ConfigError, match="before the scheduler's first request"):
         sched.num_prefill_lookahead = 0
+    with pytest.raises(llmsched.ConfigError, match="before the scheduler's first request"):
+        sched.defer_block_free = False
+    assert sched.defer_block_free
     assert run_to_end(sched)["a"][-1][1].finish_reason == FinishReason.LENGTH
 
 

@@ -30,6 +30,7 @@ SCHEDULER_TESTS = "tests/v1/core/test_scheduler.py"
 ASYNC_SCHEDULER_TESTS = "tests/v1/core/test_async_scheduler.py"
 WORKER_SLOT_TESTS = "tests/v1/core/test_worker_slot_overflow.py"
 PRIORITY_PREEMPTION_TESTS = "tests/v1/core/test_priority_preemption_bug.py"
+DEFERRED_FREE_TESTS = "tests/v1/core/test_deferred_block_free.py"
 
 # vLLM's KV-connector unit tests that drive a scheduler (tests/v1/kv_connector/unit/).
 REMOTE_PREFILL_TESTS = "tests/v1/kv_connector/unit/test_remote_prefill_lifecycle.py"
@@ -77,14 +78,20 @@ _NO_ENCODER_BUDGET = (
     "hold no image, which llmsched's config refuses (ConfigError: a request with an image "
     "could never run; vLLM lets it wait)"
 )
+_DEFERRED_LOADS = (
+    "sets scheduler.defer_async_loads (HiSparse's asynchronous loads held back while a step "
+    "in flight may still read the reused blocks), which llmsched does not build"
+)
 _PREFIX_REPLAY = (
     "sets scheduler.prefix_replay_tokens: the bounded replay of a sliding-window prefix hit "
     "(DeepSeek V4's), which llmsched does not build"
 )
 
-#: The test files run, relative to the extracted sdist. (tests/v1/core/'s other scheduler
-#: files, test_priority_scheduler_random.py and test_priority_preemption_bug.py, build a
-#: Qwen2.5-VL model config whose processor is not written offline.) Of
+#: The test files run, relative to the extracted sdist. Of tests/v1/core/'s other files
+#: that build a scheduler: test_priority_scheduler_random.py builds a Qwen2.5-VL model
+#: config whose processor is not written offline; test_prefix_replay.py is DeepSeek V4's
+#: bounded sliding-window prefix replay (prefix_replay_tokens, SlidingWindowMLASpec), not
+#: built; test_swa_inflight_window_free.py reads each group manager's ``_null_block``. Of
 #: tests/v1/kv_connector/unit/, the files whose tests drive a scheduler; the others test
 #: connectors' own classes.
 FILES: tuple[str, ...] = (
@@ -92,6 +99,7 @@ FILES: tuple[str, ...] = (
     ASYNC_SCHEDULER_TESTS,
     WORKER_SLOT_TESTS,
     PRIORITY_PREEMPTION_TESTS,
+    DEFERRED_FREE_TESTS,
     REMOTE_PREFILL_TESTS,
     REMOTE_DECODE_TESTS,
     LOAD_FAILURE_TESTS,
@@ -133,6 +141,9 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_diffusion_scheduler_trims_full_width_worker_drafts",
         "test_sync_diffusion_step_commits_only_emitted_tokens",
         "test_diffusion_scheduler_defers_a_read_with_every_step_in_flight",
+        # The bound a decode cadence records (Request.next_decode_eligible_step, read from
+        # the core): a pipeline's wait outlasts a read's deferral.
+        "test_diffusion_read_deferral_keeps_a_longer_pp_wait",
         "test_schedule_order[True]",
         "test_spec_decoding_stats_empty_output",
         "test_spec_decode_padding_first_decode_step",
@@ -240,6 +251,15 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_ec_connector_ensure_cache_available_defers_request",
         "test_ec_connector_defers_running_request_for_async_reload",
         "test_ec_connector_waits_for_embeddings_in_prefix_replay[0-False-False]",
+        # The encoder cache's view (get_cached_input_ids, freeable) after a step that
+        # encodes an image a later input of the same request shares; a request whose
+        # identifier is reused within it for another count of embeddings, in
+        # encoder_cache_mismatch_reqs until the next update fails it.
+        "test_same_step_duplicate_encoder_input_stays_cached",
+        "test_encoder_cache_rejects_mismatched_embed_count_within_request",
+        # Requests added in WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR without a grammar wait
+        # (set aside, counted as skipped in the stats).
+        "test_scheduler_stats_waiting_queues",
     ),
     ASYNC_SCHEDULER_TESTS: (
         "test_prefix_caching_for_prefill_dedup",
@@ -265,6 +285,22 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
     ),
     # A priority scheduler with a long-prefill threshold preempting a request it skipped.
     PRIORITY_PREEMPTION_TESTS: ("test_priority_scheduler_preempt_skipped_request",),
+    # Freed blocks held back while a step in flight may still write them
+    # (defer_block_free, set by the engine for a KV consumer with steps in flight, or by
+    # hand): the plug-in's deferred_frees, sched_step_seq, processed_step_seq and
+    # Request.last_sched_seq read the core's, and its view of the pool's free count.
+    DEFERRED_FREE_TESTS: (
+        "test_gate_enabled_for_async_consumer",
+        "test_gate_disabled_without_connector",
+        "test_finish_defers_free_until_inflight_step_done",
+        "test_finish_frees_immediately_when_no_inflight_step",
+        "test_abort_defers_free",
+        "test_multiple_deferred_frees_drain_in_order",
+        "test_fence_held_across_multiple_inflight_steps",
+        "test_max_tokens_finish_frees_immediately_with_other_inflight",
+        "test_non_async_abort_defers_via_last_sched_seq",
+        "test_async_load_registers_immediately_without_deferral",
+    ),
     REMOTE_PREFILL_TESTS: (
         "test_full_block_prompt",
         "test_interleaved_lifecycle",
@@ -384,9 +420,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler._make_cached_request_data; Request fields: all_token_ids, "
             "append_output_token_ids"
         ),
-        "test_same_step_duplicate_encoder_input_stays_cached": (
-            "scheduler internal: scheduler.encoder_cache_manager"
-        ),
         "test_no_mm_input_chunking[True]": (
             "scheduler internal: scheduler.encoder_cache_manager (a warm encoder cache built by "
             "hand); also scheduler.running"
@@ -446,14 +479,13 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         ),
         "test_spec_decode_padding_skipped_for_diffusion": (
             "sets scheduler internal scheduler.num_sampled_tokens_per_step = 0 on a scheduler "
-            "built for a model that samples (the core's config keeps s)"
+            "built for a model that samples (the core's config keeps s); its runner also "
+            "returns a token for a prefill of a model that samples none, which the plug-in "
+            "refuses (OutputMismatchError)"
         ),
         "test_spec_decode_padding_dropped_when_recurrent_alignment_clips": (
             "scheduler internal: scheduler._mamba_block_aligned_split; also "
             "scheduler.need_mamba_block_aligned_split"
-        ),
-        "test_scheduler_stats_waiting_queues": (
-            "scheduler internal: scheduler.deferred_waiting; Request fields: status (written)"
         ),
         "test_kv_connector_records_external_cache_hit_sources": (
             "patches scheduler internal scheduler.kv_cache_manager.allocate_slots; also "
@@ -573,10 +605,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler.encoder_cache_manager, "
             "scheduler.encoder_cache_mismatch_reqs; Request fields: status"
         ),
-        "test_encoder_cache_rejects_mismatched_embed_count_within_request": (
-            "scheduler internal: scheduler.encoder_cache_manager, "
-            "scheduler.encoder_cache_mismatch_reqs; Request fields: status"
-        ),
         "test_drafter_lookahead_encoder_cache_cap_makes_progress": _PREFILL_LOOKAHEAD_ALONE,
         "test_drafter_lookahead_encoder_cache_cap_respects_token_budget": (
             _PREFILL_LOOKAHEAD_ALONE
@@ -646,11 +674,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "learns that a request uses structured output at add_request, so it does not "
             "validate this one's synchronous drafts"
         ),
-        "test_diffusion_read_deferral_keeps_a_longer_pp_wait": (
-            "reads Request.next_decode_eligible_step, which the plug-in's Request does not "
-            "mirror (vLLM's V2-runner scheduler writes it at every decode; the core keeps it "
-            "where it binds, and defers the read as vLLM does)"
-        ),
         "test_drafts_unused_with_async_placeholders": (
             "scheduler internal: scheduler._drafts_unused; Request fields: "
             "append_output_token_ids, num_output_placeholders (written)"
@@ -659,6 +682,28 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "reports invalid_block_ids without a KV connector (the plug-in reads the runner's KV "
             "connector report only when the engine has one); Request fields: num_computed_tokens"
         ),
+    },
+    DEFERRED_FREE_TESTS: {
+        "test_preempt_defers_free_and_clears_bookkeeping": (
+            "calls scheduler internal scheduler._preempt_request (after taking the request out "
+            "of scheduler.running by hand); also kv_cache_manager.coordinator"
+        ),
+        "test_allocation_retry_waits_for_fence_then_succeeds": (
+            "patches scheduler internal kv_cache_manager.allocate_slots (the plug-in's view "
+            "allocates nothing)"
+        ),
+        "test_abort_mid_prefill_defers_free": (
+            "its runner samples a token for a non-final prefill chunk (it samples for every "
+            "scheduled request), which the plug-in refuses (OutputMismatchError); vLLM's GPU "
+            "runner never returns one"
+        ),
+        "test_cow_retentions_deferred_until_copy_step_processed": (
+            "scheduler internal: kv_cache_manager.coordinator (copy-on-write block "
+            "retentions, which llmsched does not build)"
+        ),
+        "test_deferred_async_load_registers_after_inflight_step": _DEFERRED_LOADS,
+        "test_deferred_async_load_records_hit_sources_when_started": _DEFERRED_LOADS,
+        "test_abort_deferred_async_load_frees_after_inflight_step": _DEFERRED_LOADS,
     },
     ASYNC_SCHEDULER_TESTS: {
         "test_abort_request_when_structured_output_fsm_cannot_advance": (

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import Any
 
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.request import Request
 
 import llmsched
 
@@ -157,6 +158,14 @@ class EncoderCacheView:
         (none: it stays until its room is needed)."""
         entries, _ = self._core.encoder_cache_contents()
         return {identifier: set(holders) for identifier, _, holders in entries}
+
+    def get_cached_input_ids(self, request: Request) -> set[int]:
+        """The inputs of ``request`` (by index) whose outputs it references in the cache (a
+        new set; empty for a request that is not live)."""
+        try:
+            return set(self._core.get_request(request.request_id).referenced_mm_inputs)
+        except llmsched.UnknownRequestError:
+            return set()
 
     @property
     def freeable(self) -> OrderedDict[str, int]:

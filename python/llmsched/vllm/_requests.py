@@ -119,6 +119,8 @@ class LiveRequest(Request):  # type: ignore[misc]  # vLLM ships no stubs
     drop_stale_output = _CoreField(lambda s: s.drop_stale_output)
     num_preemptions = _CoreField(lambda s: s.num_preemptions)
     is_prefill_chunk = _CoreField(lambda s: s.is_prefill_chunk)
+    next_decode_eligible_step = _CoreField(lambda s: s.next_decode_eligible_step)
+    last_sched_seq = _CoreField(lambda s: s.last_sched_seq)
     block_hashes = _BlockHashes()
 
 

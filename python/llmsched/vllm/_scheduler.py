@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from itertools import chain
 from typing import Any, TypedDict
@@ -50,7 +50,7 @@ from llmsched.vllm._config import (
 from llmsched.vllm._ec_connector import EcConnectorSide, make_ec_connector
 from llmsched.vllm._kv_connector import KvConnectorSide, make_connector
 from llmsched.vllm._kv_events import KvEvents, make_publisher, publish_events
-from llmsched.vllm._kv_layout import KVCacheLayout, prefix_cache_keys
+from llmsched.vllm._kv_layout import KVBlockView, KVCacheLayout, prefix_cache_keys
 from llmsched.vllm._multimodal import EncoderCacheView, EncoderFields
 from llmsched.vllm._requests import attach, freeze, is_live, new_request_data
 from llmsched.vllm._sessions import Sessions
@@ -69,6 +69,18 @@ _FINISH_REASON: dict[int, FinishReason | None] = {
 }
 # What a pooling request's missing sampling parameters amount to for the core.
 _NO_SAMPLING = SamplingParams(max_tokens=1)
+
+
+def _waits_for_grammar(request: Request) -> bool:
+    """Whether ``request`` waits for a grammar before it can run: vLLM's ``Request`` starts
+    a structured-output request in WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, and vLLM's
+    scheduler holds any request it is given in that status until its grammar compiles (one
+    without a grammar: for good)."""
+    return bool(request.use_structured_output) or (
+        request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    )
+
+
 # EngineCoreOutput's `error` field exists from vLLM 0.33 on.
 _OUTPUT_HAS_ERROR = "error" in EngineCoreOutput.__struct_fields__
 
@@ -354,7 +366,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     num_computed_tokens=request.num_computed_tokens,
                     priority=request.priority,
                     **prefix_cache_keys(request),
-                    structured_output=request.use_structured_output,
+                    structured_output=_waits_for_grammar(request),
                     report_reused_blocks=getattr(request, "kv_cache_report_mode", None) == "full",
                     resumable=request.resumable,
                     **_diffusion_arguments(request, self.core.config.is_diffusion),
@@ -372,6 +384,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._sessions.started(request)
         if request.use_structured_output:
             self._structured.add(req_id)
+        if _waits_for_grammar(request):
             self._compiling[req_id] = request
         params = request.sampling_params or _NO_SAMPLING
         if params.logprobs is not None or request.trace_headers or request.client_index:
@@ -580,6 +593,13 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         return {requests[req_id] for req_id in self.core.skipped_waiting_request_ids()}
 
     @property
+    def encoder_cache_mismatch_reqs(self) -> set[str]:
+        """The requests a loop found a multimodal input of with an identifier cached for
+        other content (another count of embeddings), which the next update fails: a new
+        set on each access."""
+        return set(self.core.encoder_mismatch_ids())
+
+    @property
     def finished_recving_kv_req_ids(self) -> set[str]:
         """The requests whose asynchronous KV load the runner reported received, which the
         next step promotes: a new set on each access."""
@@ -700,7 +720,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         """Tell the core of each grammar the engine finished compiling (or failed to): the
         core's waiting loop acts on it when it reaches the request, as vLLM's does."""
         for req_id, request in list(self._compiling.items()):
-            grammar = request.structured_output_request.grammar
+            # None: a request put in that status without one waits on, as in vLLM.
+            structured = request.structured_output_request
+            grammar = None if structured is None else structured.grammar
             if grammar is not None:
                 self.core.resolve_grammar(req_id, not isinstance(grammar, Exception))
                 del self._compiling[req_id]
@@ -1320,7 +1342,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._use_v2_model_runner = value
         # vLLM's decode stagger: the pipeline's depth.
         staggered = value and self.core.config.async_scheduling
-        self.core.set_decode_stagger(self.core.config.pipeline_parallel_size if staggered else 1)
+        self.core.set_decode_stagger(self.core.config.pipeline_parallel_size if staggered else 0)
 
     @property
     def max_num_running_reqs(self) -> int:
@@ -1363,6 +1385,29 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
     @defer_block_free.setter
     def defer_block_free(self, value: bool) -> None:
         self._reconfigure(defer_block_free=value)
+
+    @property
+    def sched_step_seq(self) -> int:
+        """With ``defer_block_free``, the steps with tokens scheduled so far (vLLM's
+        attribute of that name; 0 without)."""
+        return int(self.core.step_seqs[0])
+
+    @property
+    def processed_step_seq(self) -> int:
+        """With ``defer_block_free``, the steps with tokens whose output is applied (vLLM's
+        attribute of that name; 0 without)."""
+        return int(self.core.step_seqs[1])
+
+    @property
+    def deferred_frees(self) -> deque[tuple[int, list[KVBlockView]]]:
+        """The frees that wait for steps in flight (``defer_block_free``), oldest first:
+        the ``sched_step_seq`` each waits for, and a request's blocks (views that read the
+        core), in the order they go back: a new deque on each access."""
+        core = self.core
+        return deque(
+            (step, [KVBlockView(core, block_id) for block_id in blocks])
+            for step, blocks in core.deferred_frees()
+        )
 
     @property
     def requires_kv_delivery(self) -> bool:

@@ -275,10 +275,11 @@ macro_rules! config_fields {
             /// flight, to be recomputed (vLLM's ``requires_kv_delivery``, a KV connector that
             /// hands finished requests' KV off: a producer's), instead of delivering it.
             preemption_drops_in_flight_output: Bool = false;
-            /// With a KV connector that loads (a consumer's) and several steps in flight:
-            /// blocks a freed or preempted request held return to the pool only once every
+            /// Blocks a freed or preempted request held return to the pool only once every
             /// step scheduled by then has its output applied, since a step in flight may
-            /// still write them while a load fills them again (vLLM's ``defer_block_free``).
+            /// still write them (vLLM's ``defer_block_free``: on with a KV connector that
+            /// loads, a consumer's, and several steps in flight, where a load could fill
+            /// such a block again; allowed without one, as vLLM's attribute is).
             defer_block_free: Bool = false;
             /// A KV connector's failed load (reported by the runner) is recomputed: the
             /// request keeps the tokens before the first failed block and computes the rest
@@ -777,11 +778,15 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
             ),
         ));
     }
-    if p.defer_block_free && !p.kv_connector {
+    if p.defer_block_free && p.kv_cache_groups.has_mamba() {
         return Err(CoreError::config(
             "defer_block_free",
             "True",
-            "needs kv_connector: only a KV connector's loads can land in a block a step in flight writes",
+            format!(
+                "must be False with the KV-cache groups {:?} (deferred frees beside Mamba groups are \
+                 not built)",
+                p.kv_cache_groups.to_text()
+            ),
         ));
     }
     if p.kv_connector && p.kv_cache_groups.has_mamba() {

@@ -299,8 +299,8 @@ pub struct Request {
     /// set at admission, 0 if none): a sliding-window group keeps the blocks a hit there
     /// needs.
     pub(crate) shared_prefix_boundary: i64,
-    /// The first step that may decode it again (read only with a decode stagger, see
-    /// `Scheduler::set_decode_stagger`, or a diffusion read's deferral).
+    /// The first step that may decode it again (recorded with a decode cadence, see
+    /// `Scheduler::set_decode_stagger`, or a diffusion read's deferral; read when it binds).
     pub(crate) next_decode_eligible_step: u64,
     /// A diffusion request's canvas: the drafts a step gives it (read only for a diffusion
     /// model).
@@ -415,20 +415,19 @@ fn check_session_config(cfg: &SchedulerConfig) -> CoreResult<()> {
 /// checked: only for a diffusion model, a canvas in `[1, K]`, at least one step.
 fn diffusion_of(new: &NewRequest, cfg: &SchedulerConfig) -> CoreResult<(u32, u32)> {
     let k = cfg.num_speculative_tokens();
-    for (field, value) in
-        [("diffusion_canvas_length", new.diffusion_canvas_length), ("diffusion_read_steps", new.diffusion_read_steps)]
-    {
-        if let Some(value) = value {
-            if !cfg.is_diffusion() {
-                return Err(CoreError::request(field, value, "only a diffusion model's requests have one"));
-            }
-            let most = if field == "diffusion_canvas_length" { k } else { i64::from(u32::MAX) };
-            if !(1..=most).contains(&value) {
-                return Err(CoreError::request(field, value, format!("must be in [1, {most}]")));
-            }
+    let checked = |field: &'static str, value: Option<i64>, most: i64| -> CoreResult<Option<u32>> {
+        let Some(value) = value else { return Ok(None) };
+        if !cfg.is_diffusion() {
+            return Err(CoreError::request(field, value, "only a diffusion model's requests have one"));
         }
-    }
-    Ok((new.diffusion_canvas_length.unwrap_or(k) as u32, new.diffusion_read_steps.unwrap_or(0) as u32))
+        if !(1..=most).contains(&value) {
+            return Err(CoreError::request(field, value, format!("must be in [1, {most}]")));
+        }
+        Ok(Some(value as u32))
+    };
+    let canvas = checked("diffusion_canvas_length", new.diffusion_canvas_length, k)?;
+    let read_steps = checked("diffusion_read_steps", new.diffusion_read_steps, i64::from(u32::MAX))?;
+    Ok((canvas.unwrap_or(k as u32), read_steps.unwrap_or(0)))
 }
 
 /// `new`'s arrival time, checked; now when it has none.
@@ -851,6 +850,16 @@ impl Request {
     /// The inputs whose encoder outputs it references now, ascending.
     pub fn referenced_mm_inputs(&self) -> &[u32] {
         self.mm.as_deref().map_or(&[], |mm| &mm.referenced)
+    }
+    /// The last step with tokens that scheduled it (vLLM's `last_sched_seq`: see
+    /// `Scheduler::step_seqs`; kept with `defer_block_free` only).
+    pub fn last_sched_seq(&self) -> u64 {
+        self.last_sched_seq
+    }
+    /// vLLM's `next_decode_eligible_step`: see `Scheduler::set_decode_stagger` (0 until
+    /// a decode cadence or a diffusion read's deferral records one).
+    pub fn next_decode_eligible_step(&self) -> u64 {
+        self.next_decode_eligible_step
     }
     pub fn eos_token_id(&self) -> Option<i32> {
         (self.eos_token_id != NO_TOKEN).then_some(self.eos_token_id)

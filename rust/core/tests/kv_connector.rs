@@ -566,15 +566,30 @@ fn a_request_whose_step_is_in_flight_is_not_preempted_for_blocks_it_would_not_fr
     assert!(later > first);
 }
 
+/// Without a connector (vLLM lets its attribute be set so), frees wait for the steps in
+/// flight all the same; beside Mamba groups the flag is refused, naming it.
 #[test]
-fn deferring_frees_needs_a_connector() {
+fn deferring_frees_needs_no_connector_and_is_refused_beside_mamba() {
+    let mut sched = Scheduler::new(config(|p| (p.async_scheduling, p.defer_block_free) = (true, true))).unwrap();
+    let total = sched.num_free_blocks();
+    sched.add_request(request("a", 40, 8)).unwrap();
+    let (first, second) = (sched.schedule(), sched.schedule());
+    sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap();
+    assert_eq!(sched.num_free_blocks(), total - 3, "steps in flight may still write a's blocks");
+    apply_live(&mut sched, &first);
+    assert_eq!(sched.num_free_blocks(), total - 3, "the second step is still in flight");
+    apply_live(&mut sched, &second);
+    assert_eq!(sched.num_free_blocks(), total);
+
     let err = llmsched_core::SchedulerConfig::new(llmsched_core::ConfigParams {
         defer_block_free: true,
+        kv_cache_groups: llmsched_core::KvCacheGroups::parse("full,mamba").unwrap(),
+        enable_prefix_caching: false,
         ..Default::default()
     })
     .unwrap_err()
     .to_string();
-    assert!(err.contains("defer_block_free"), "{err}");
+    assert!(err.contains("defer_block_free") && err.contains("Mamba"), "{err}");
 }
 
 /// a (100 tokens) loads 64 across steps; the step that started the load is applied.

@@ -37,15 +37,31 @@ fn a_decode_stagger_spaces_a_requests_decodes() {
         (p.async_scheduling, p.pipeline_parallel_size) = (true, 2);
     }))
     .unwrap();
-    assert!(sched.set_decode_stagger(0).is_err());
+    assert!(sched.set_decode_stagger(1025).is_err());
     sched.set_decode_stagger(2).unwrap();
     sched.add_request(NewRequest::new("a", vec![1, 2, 3], 8)).unwrap();
-    // Prefill, then a decode every other step while outputs stay in flight.
-    let scheduled: Vec<usize> = (0..6).map(|_| sched.schedule().len()).collect();
+    // Prefill, then a decode every other step while outputs stay in flight; each decode
+    // records the step it may decode again (vLLM's next_decode_eligible_step).
+    let (scheduled, bounds) = steps_and_bounds(&mut sched, 6);
     assert_eq!(scheduled, [1, 0, 1, 0, 1, 0]);
-    // Without the stagger, every step.
-    let mut every = Scheduler::new(config(|p| (p.async_scheduling, p.pipeline_parallel_size) = (true, 2))).unwrap();
-    every.add_request(NewRequest::new("a", vec![1, 2, 3], 8)).unwrap();
-    let scheduled: Vec<usize> = (0..4).map(|_| every.schedule().len()).collect();
-    assert_eq!(scheduled, [1, 1, 1, 1]);
+    assert_eq!(bounds, [3, 3, 5, 5, 7, 7]);
+    // A stagger of 1 (the V2 runner without stages): every step, the bound recorded.
+    // None (0, the default): every step, no bound recorded, as vLLM's other runners.
+    for (stagger, expected) in [(1, [2, 3, 4, 5]), (0, [0; 4])] {
+        let mut every = Scheduler::new(config(|p| (p.async_scheduling, p.pipeline_parallel_size) = (true, 2))).unwrap();
+        every.set_decode_stagger(stagger).unwrap();
+        every.add_request(NewRequest::new("a", vec![1, 2, 3], 8)).unwrap();
+        assert_eq!(steps_and_bounds(&mut every, 4), (vec![1; 4], expected.to_vec()));
+    }
+}
+
+/// Rows scheduled in each of `steps` steps (none applied), and request "a"'s decode bound
+/// after each.
+fn steps_and_bounds(sched: &mut Scheduler, steps: usize) -> (Vec<usize>, Vec<u64>) {
+    (0..steps)
+        .map(|_| {
+            let rows = sched.schedule().len();
+            (rows, sched.get_request("a").expect("live").next_decode_eligible_step())
+        })
+        .unzip()
 }

@@ -422,6 +422,9 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         p.preemption_drops_in_flight_output = r.adaptive;
         // A consumer's with steps in flight: freed blocks wait for those steps.
         p.defer_block_free = !r.adaptive || p.async_scheduling;
+    } else if !p.kv_cache_groups.has_mamba() {
+        // The flag without a connector (vLLM's attribute set by hand), with steps in flight.
+        p.defer_block_free = r.adaptive && r.depth >= 2;
     }
     if p.kv_cache_groups.has_mamba() {
         // Mamba groups run without prefix caching (vLLM's mamba_cache_mode "none").

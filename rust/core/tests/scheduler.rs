@@ -297,14 +297,18 @@ fn drafts_are_checked_at_both_ends_of_their_range() {
 
 /// Priority preemption can take a request the running loop already scheduled in this
 /// step: the victim is then left as that step found it (no tokens in flight, its prefill
-/// flag, even where the undone chunk was its last), preempted, and absent from the step.
+/// flag, even where the undone chunk was its last; under async scheduling with a decode
+/// cadence, the bound its last decode recorded), preempted, and absent from the step.
 #[test]
 fn a_victim_scheduled_earlier_in_the_step_is_left_as_the_step_found_it() {
-    let (mut undone, mut undone_last_chunks) = (0, 0);
-    for (a_len, b_len, blocks, threshold) in (6..=16)
-        .flat_map(|a| (6..=16).flat_map(move |b| (6..=12).flat_map(move |k| (1..=4).map(move |t| (a, b, k, t)))))
-    {
+    let (mut undone, mut undone_last_chunks, mut undone_bounds) = (0, 0, 0);
+    for (async_scheduling, a_len, b_len, blocks, threshold) in [false, true].into_iter().flat_map(|s| {
+        (6..=16).flat_map(move |a| {
+            (6..=16).flat_map(move |b| (6..=12).flat_map(move |k| (1..=4).map(move |t| (s, a, b, k, t))))
+        })
+    }) {
         let mut sched = Scheduler::new(config(|p| {
+            p.async_scheduling = async_scheduling;
             p.policy = llmsched_core::Policy::Priority;
             p.max_model_len = 64;
             p.block_size = 4;
@@ -314,6 +318,9 @@ fn a_victim_scheduled_earlier_in_the_step_is_left_as_the_step_found_it() {
             p.long_prefill_token_threshold = threshold;
         }))
         .unwrap();
+        if async_scheduling {
+            sched.set_decode_stagger(1).unwrap();
+        }
         let mut a = request("a", a_len, 4);
         (a.priority, a.arrival_time) = (1, Some(0.0));
         sched.add_request(a).unwrap();
@@ -328,6 +335,7 @@ fn a_victim_scheduled_earlier_in_the_step_is_left_as_the_step_found_it() {
             let Ok(a) = sched.get_request("a") else { break };
             let running = a.status() == RequestStatus::Running;
             let (in_flight, prefill) = (a.num_in_flight_tokens(), a.is_prefill_chunk());
+            let bound = a.next_decode_eligible_step();
             let last_chunk = prefill && a.num_computed_tokens() + threshold >= a.num_tokens();
             let step = sched.schedule();
             check_step(&sched, &step);
@@ -340,14 +348,17 @@ fn a_victim_scheduled_earlier_in_the_step_is_left_as_the_step_found_it() {
                 assert_eq!(a.num_in_flight_tokens(), in_flight, "the undone step's tokens are in flight");
                 assert_eq!(a.num_stale_output_tokens(), in_flight);
                 assert_eq!(a.is_prefill_chunk(), prefill, "the undone step changed the prefill flag");
+                assert_eq!(a.next_decode_eligible_step(), bound, "the undone step changed the decode bound");
+                undone_bounds += i32::from(bound > 0);
             }
             let (tokens, counts) = sample(&sched, &step, false);
             apply(&mut sched, &step, &tokens, &counts);
         }
     }
     assert!(
-        undone > 0 && undone_last_chunks > 0,
-        "no preemption of a running `a` ({undone}) at its last chunk ({undone_last_chunks})"
+        undone > 0 && undone_last_chunks > 0 && undone_bounds > 0,
+        "no preemption of a running `a` ({undone}) at its last chunk ({undone_last_chunks}) or \
+         after a decode ({undone_bounds})"
     );
 }
 

@@ -617,6 +617,19 @@ pub struct PyRequest {
     /// A session's inputs taken up after its first.
     #[pyo3(get)]
     num_inputs_taken: u32,
+    /// The first step that may decode it again (vLLM's field of that name): recorded at
+    /// each decode under a decode cadence (``Scheduler.set_decode_stagger``) and by a
+    /// diffusion read's deferral, 0 before.
+    #[pyo3(get)]
+    next_decode_eligible_step: u64,
+    /// With ``defer_block_free``, the last step with tokens that scheduled it (vLLM's
+    /// ``last_sched_seq``; see ``Scheduler.step_seqs``); 0 without.
+    #[pyo3(get)]
+    last_sched_seq: u64,
+    /// Its multimodal inputs (by index, ascending) whose encoder outputs it references in
+    /// the encoder cache now.
+    #[pyo3(get)]
+    referenced_mm_inputs: Vec<u32>,
 }
 
 impl PyRequest {
@@ -648,6 +661,9 @@ impl PyRequest {
             resumable: r.is_resumable(),
             num_queued_inputs: r.num_queued_inputs(),
             num_inputs_taken: r.num_inputs_taken(),
+            next_decode_eligible_step: r.next_decode_eligible_step(),
+            last_sched_seq: r.last_sched_seq(),
+            referenced_mm_inputs: r.referenced_mm_inputs().to_vec(),
         }
     }
 }

@@ -787,12 +787,7 @@ fn flag_arg(py: Python<'_>, value: Option<&Bound<'_, PyAny>>, field: &'static st
     value.map_or(Ok(false), |v| bool_value(py, v, &field, request_error))
 }
 
-/// A request's ``lora_id`` argument: an int, or None.
-fn lora_id_arg(py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<i64>> {
-    optional_int_arg(py, value, "lora_id")
-}
-
-/// A request's optional int argument: an int, or None.
+/// A request's optional int argument (``field``): an int, or None (or absent).
 fn optional_int_arg(py: Python<'_>, value: Option<&Bound<'_, PyAny>>, field: &'static str) -> PyResult<Option<i64>> {
     match value {
         Some(v) if !v.is_none() => Ok(Some(int_value(py, v, &field, request_error)?)),
@@ -968,12 +963,6 @@ impl PyScheduler {
                 ),
             )
         })?;
-        let optional_int = |value: Option<&Bound<'_, PyAny>>, field: &'static str, default: i64| -> PyResult<i64> {
-            match value {
-                Some(v) if !v.is_none() => int_value(py, v, &field, request_error),
-                _ => Ok(default),
-            }
-        };
         let config = self.current_config();
         let new = NewRequest {
             request_id: id.to_cow()?.into_owned(),
@@ -985,11 +974,8 @@ impl PyScheduler {
                 &config.prompt_limit(),
             )?,
             max_tokens: int_value(py, max_tokens, &"max_tokens", request_error)?,
-            min_tokens: optional_int(min_tokens, "min_tokens", 0)?,
-            eos_token_id: match eos_token_id {
-                Some(v) if !v.is_none() => Some(int_value(py, v, &"eos_token_id", request_error)?),
-                _ => None,
-            },
+            min_tokens: optional_int_arg(py, min_tokens, "min_tokens")?.unwrap_or(0),
+            eos_token_id: optional_int_arg(py, eos_token_id, "eos_token_id")?,
             stop_token_ids: match stop_token_ids {
                 Some(v) if !v.is_none() => {
                     token_list(py, v, &"stop_token_ids", request_error, &ListLimit::stop_token_ids())?
@@ -1000,10 +986,10 @@ impl PyScheduler {
                 Some(v) if !v.is_none() => Some(float_value(py, v, &"arrival_time", request_error)?),
                 _ => None,
             },
-            num_computed_tokens: optional_int(num_computed_tokens, "num_computed_tokens", 0)?,
-            priority: optional_int(priority, "priority", 0)?,
+            num_computed_tokens: optional_int_arg(py, num_computed_tokens, "num_computed_tokens")?.unwrap_or(0),
+            priority: optional_int_arg(py, priority, "priority")?.unwrap_or(0),
             cache_salt: cache_salt_arg(py, cache_salt)?,
-            lora_id: lora_id_arg(py, lora_id)?,
+            lora_id: optional_int_arg(py, lora_id, "lora_id")?,
             skip_reading_prefix_cache: flag_arg(py, skip_reading_prefix_cache, "skip_reading_prefix_cache")?,
             structured_output: flag_arg(py, structured_output, "structured_output")?,
             report_reused_blocks: flag_arg(py, report_reused_blocks, "report_reused_blocks")?,
@@ -1437,6 +1423,12 @@ impl PyScheduler {
         self.finish_failed(py, Scheduler::finish_encoder_mismatches)
     }
 
+    /// The ids of the requests ``finish_encoder_mismatches`` will fail (a new list), in the
+    /// order the loops met them (vLLM's ``encoder_cache_mismatch_reqs``).
+    fn encoder_mismatch_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        self.with_inner(py, |inner| PyList::new(py, inner.core.encoder_mismatch_ids().map(|id| &**id)))
+    }
+
     /// Forget every cached encoder output (vLLM's ``reset_encoder_cache``, after the
     /// model's weights change); the requests' references to them go too.
     fn reset_encoder_cache(&self, py: Python<'_>) -> PyResult<()> {
@@ -1695,6 +1687,24 @@ impl PyScheduler {
         self.with_inner(py, |inner| Ok(inner.core.current_step()))
     }
 
+    /// With ``defer_block_free``, ``(sched_step_seq, processed_step_seq)``: the steps with
+    /// tokens scheduled so far and those whose output is applied (vLLM's counters of those
+    /// names); ``(0, 0)`` without.
+    #[getter]
+    fn step_seqs(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
+        self.with_inner(py, |inner| Ok(inner.core.step_seqs()))
+    }
+
+    /// The frees that wait for steps in flight (``defer_block_free``; a new list), oldest
+    /// first: ``(step, block_ids)``, a request's blocks in the order they go back once the
+    /// step numbered ``step`` (see ``step_seqs``) has its output applied (vLLM's
+    /// ``deferred_frees``).
+    fn deferred_frees(&self, py: Python<'_>) -> PyResult<Vec<(u64, Vec<u32>)>> {
+        self.with_inner(py, |inner| {
+            Ok(inner.core.deferred_frees().map(|(step, blocks)| (step, blocks.to_vec())).collect())
+        })
+    }
+
     /// The prefill cadence's counters, ``(num_executed_steps, last_prefill_step)``: steps
     /// that scheduled tokens, and the count of them at the last one that carried prefill (a
     /// whole interval back before any).
@@ -1712,20 +1722,22 @@ impl PyScheduler {
     }
 
     /// With async scheduling, the steps between two decodes of one request (1: every
-    /// step); see ``set_decode_stagger``.
+    /// step; 0: no decode cadence, the default); see ``set_decode_stagger``.
     #[getter]
     fn decode_stagger(&self, py: Python<'_>) -> PyResult<u64> {
         self.with_inner(py, |inner| Ok(inner.core.decode_stagger()))
     }
 
-    /// With async scheduling, a request decoded in a step is not decoded again before
-    /// ``steps`` steps later (vLLM's V2 model runner with pipeline parallelism: one decode
-    /// per request per trip through the stages); 1, the default, decodes it every step.
-    /// Takes effect from the next step. ``ConfigError`` naming the value outside [1, 1024].
+    /// With async scheduling, a request decoded in step ``t`` is not decoded again before
+    /// step ``t + steps``, its ``next_decode_eligible_step`` (vLLM's V2 model runner: with
+    /// pipeline parallelism, one decode per request per trip through the stages); 1
+    /// decodes it every step. 0, the default: no decode cadence (the bound is not
+    /// recorded). Takes effect from the next step. ``ConfigError`` naming the value outside
+    /// [0, 1024].
     fn set_decode_stagger(&self, py: Python<'_>, steps: &Bound<'_, PyAny>) -> PyResult<()> {
         let steps = int_value(py, steps, &"decode_stagger", config_error)?;
         let Ok(steps) = u64::try_from(steps) else {
-            return Err(config_error(py, format!("decode_stagger={steps}: must be in [1, 1024]")));
+            return Err(config_error(py, format!("decode_stagger={steps}: must be in [0, 1024]")));
         };
         self.with_inner(py, |inner| inner.core.set_decode_stagger(steps).map_err(core_err))
     }
@@ -1874,7 +1886,7 @@ impl PyScheduler {
         let prompt = token_list(py, prompt_token_ids, &"prompt_token_ids", request_error, &config.prompt_limit())?;
         let mut new = NewRequest::new("probe", prompt, 1);
         new.cache_salt = cache_salt_arg(py, cache_salt)?;
-        new.lora_id = lora_id_arg(py, lora_id)?;
+        new.lora_id = optional_int_arg(py, lora_id, "lora_id")?;
         new.mm_inputs = mm_inputs_arg(py, &config, mm_inputs)?;
         new.skip_reading_prefix_cache = flag_arg(py, skip_reading_prefix_cache, "skip_reading_prefix_cache")?;
         let hit = self.with_inner(py, |inner| inner.core.probe_prefix_cache(new).map_err(core_err))?;

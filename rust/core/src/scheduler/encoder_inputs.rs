@@ -232,6 +232,13 @@ impl Scheduler {
         finished.expect("FinishedError is a finished status")
     }
 
+    /// The ids of the requests `finish_encoder_mismatches` will fail (vLLM's
+    /// `encoder_cache_mismatch_reqs`), in the order the loops met them (a request met again
+    /// before then, again; one finished before then, not).
+    pub fn encoder_mismatch_ids(&self) -> impl Iterator<Item = &Arc<str>> + '_ {
+        self.encoder_mismatches.iter().filter_map(|&h| self.requests.get(h)).map(|r| &r.id)
+    }
+
     /// Forgets every cached encoder output (vLLM's `reset_encoder_cache`, after a weight
     /// update): running requests' references go too, and the runner is not told of them.
     pub fn reset_encoder_cache(&mut self) {

@@ -209,10 +209,17 @@ impl Scheduler {
         }
     }
 
-    /// Every block whose free waits for a step in flight, once per request (for the
-    /// invariant checker).
-    pub(super) fn deferred_free_tables(&self) -> impl Iterator<Item = &[u32]> {
-        self.deferred_frees.iter().map(|(_, blocks)| &blocks[..])
+    /// The frees that wait for steps in flight (vLLM's `deferred_frees`), oldest first:
+    /// each request's blocks, in the order they will go back, with the step they wait for
+    /// (see `step_seqs`).
+    pub fn deferred_frees(&self) -> impl Iterator<Item = (u64, &[u32])> {
+        self.deferred_frees.iter().map(|(fence, blocks)| (*fence, &blocks[..]))
+    }
+
+    /// With `defer_block_free`: the steps with tokens scheduled so far and those whose
+    /// output is applied (vLLM's `sched_step_seq`, `processed_step_seq`); 0 without.
+    pub fn step_seqs(&self) -> (u64, u64) {
+        (self.sched_step_seq, self.processed_step_seq)
     }
 
     /// Whether request `request_id` waits for an asynchronous KV load the runner has not

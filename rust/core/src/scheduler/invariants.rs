@@ -141,7 +141,7 @@ impl Scheduler {
                 }
             }
         }
-        for table in self.held_kv_tables().chain(self.deferred_free_tables()) {
+        for table in self.held_kv_tables().chain(self.deferred_frees().map(|(_, blocks)| blocks)) {
             for &block in table {
                 block_refs[block as usize] += 1;
             }

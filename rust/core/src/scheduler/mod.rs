@@ -215,7 +215,7 @@ impl Scheduler {
             next_step_id: 1,
             stats: SchedulerStats::default(),
             pause_state: PauseState::Unpaused,
-            decode_stagger: 1,
+            decode_stagger: 0,
             num_executed_steps: 0,
             // A whole interval back: the first step is never held.
             last_prefill_step: -config.prefill_schedule_interval(),
@@ -424,6 +424,7 @@ impl Scheduler {
                     b.undo.push(Undo {
                         cached_blocks_before: e.cached_blocks_before,
                         is_prefill_chunk: request.is_prefill_chunk,
+                        next_decode_eligible_step: request.next_decode_eligible_step,
                     });
                 }
                 if previous_step + 1 != step.step_id {
@@ -459,7 +460,7 @@ impl Scheduler {
             request.set_num_output_placeholders(request.num_output_placeholders() + s + e.num_spec);
             request.spec_token_ids.clear();
             request.spec_token_ids.resize(config.num_speculative_tokens() as usize, -1);
-            if b.decode_stagger > 1 {
+            if b.decode_stagger > 0 {
                 request.next_decode_eligible_step = step.step_id + b.decode_stagger;
             }
         }
@@ -531,9 +532,8 @@ impl Scheduler {
         if self.config.async_scheduling() && !row.prefill_chunk {
             let s = self.config.num_sampled_tokens_per_step();
             request.set_num_output_placeholders(request.num_output_placeholders() - s - i64::from(row.num_spec_tokens));
-            // The running loop let it decode in this step: any earlier bound had passed.
-            request.next_decode_eligible_step = 0;
         }
+        request.next_decode_eligible_step = undo.next_decode_eligible_step;
         // Its step will not run: the blocks its allocation registered in the prefix cache
         // will never hold their KV. (vLLM leaves them cached, so a later hit would read KV
         // that was never computed.)
@@ -663,6 +663,9 @@ impl Scheduler {
         if self.config.kv_connector() {
             self.inflight_prefills.remove(&handle);
             self.hold_kv_blocks(&mut request);
+        } else if self.written_in_flight(request.last_sched_seq) {
+            let tables = self.kv.take_tables(&mut request);
+            self.defer_free(tables);
         } else {
             self.kv.free(&mut request);
         }
@@ -835,13 +838,15 @@ impl Scheduler {
         self.pause_state = pause_state;
     }
 
-    /// With async scheduling, a request decoded in a step is not decoded again before
-    /// `steps` steps later (vLLM's V2 model runner with pipeline parallelism: one decode per
-    /// request per trip through the pipeline's stages); 1, the default, decodes it every
-    /// step. Takes effect from the next step.
+    /// With async scheduling, a request decoded in step `t` is not decoded again before
+    /// step `t + steps` (vLLM's V2 model runner: with pipeline parallelism, one decode per
+    /// request per trip through the pipeline's stages), and that step is its
+    /// `next_decode_eligible_step`; with 1 it decodes every step. 0, the default: no such
+    /// cadence (the bound is not recorded, as vLLM's other runners leave it). Takes effect
+    /// from the next step.
     pub fn set_decode_stagger(&mut self, steps: u64) -> CoreResult<()> {
-        if steps == 0 || steps > 1 << 10 {
-            return Err(CoreError::config("decode_stagger", steps, "must be in [1, 1024]"));
+        if steps > 1 << 10 {
+            return Err(CoreError::config("decode_stagger", steps, "must be in [0, 1024]"));
         }
         self.decode_stagger = steps;
         Ok(())

@@ -39,6 +39,9 @@ pub(crate) struct Entry {
 pub(crate) struct Undo {
     pub cached_blocks_before: usize,
     pub is_prefill_chunk: bool,
+    /// The bound its decode in the step replaced (vLLM writes it only for the requests a
+    /// step ends up running).
+    pub next_decode_eligible_step: u64,
 }
 
 /// One scheduled request's share of the step's per-request columns, written in one piece
@@ -167,7 +170,7 @@ pub(crate) struct StepBuilder<'k> {
     /// Some row written can use drafts proposed after this step (it stays set if the row
     /// is undone, as vLLM's does).
     pub drafts_needed: bool,
-    /// `Scheduler::set_decode_stagger`'s steps.
+    /// `Scheduler::set_decode_stagger`'s steps (0: no cadence).
     pub decode_stagger: u64,
     /// A diffusion model under async scheduling: placeholders are cut to each request's
     /// canvas, and a read with every denoising step in flight waits
