@@ -21,6 +21,10 @@ plug-in and with vLLM's scheduler; and once more with a third of those loads fai
 their middle block on (``kv_load_failure_policy="recompute"``: the tokens from that block
 are computed again).
 
+Then as a disaggregated pair (``prefill-decode``): the storing engine only prefills (each
+request ends with its first token), and the loading engines are consumers that compute
+only what the store lacks and decode every token.
+
 Prefix caching is off throughout, so every cached token is one the connector loaded: none
 in the storing engine (its store starts empty), all but the last block of each prompt in
 the loading ones. Each prompt's entry is its own, and the loading engines store nothing new:
@@ -104,15 +108,21 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(ve.write_model(tmp_path_factory.mktemp("llama")))
 
 
-@pytest.fixture(scope="module", params=["sync", "async", "async-loads", "failing-loads"])
+@pytest.fixture(
+    scope="module", params=["sync", "async", "async-loads", "failing-loads", "prefill-decode"]
+)
 def runs(
     request: pytest.FixtureRequest, model_dir: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, ve.RunResult]]:
     mode = request.param
     # The loading engines schedule asynchronously but in the "sync" case (the storing engine
-    # in the "async" one only); their loads run across steps in the last two, a third of
-    # them failing from a block on in "failing-loads" (recomputed from there).
+    # in the "async" and "prefill-decode" ones only); their loads run across steps in
+    # "async-loads" and "failing-loads", a third of them failing from a block on in the
+    # latter (recomputed from there). In "prefill-decode" the storing engine only prefills
+    # (each request ends with its first token) and the loading ones only load (consumers),
+    # as a disaggregated prefill engine and decode engines do.
     async_loads = mode in ("async-loads", "failing-loads")
+    prefill_only = mode == "prefill-decode"
     stored = ve.make_workload(WORKLOAD)
     root = tmp_path_factory.mktemp(f"kv-store-{mode}")
     base = ve.EngineSpec(
@@ -125,11 +135,14 @@ def runs(
     first = _serve(
         replace(
             base,
-            scheduler_cls=ve.llmsched_scheduler_name(mode == "async"),
-            async_scheduling=mode == "async",
+            scheduler_cls=ve.llmsched_scheduler_name(mode in ("async", "prefill-decode")),
+            async_scheduling=mode in ("async", "prefill-decode"),
             kv_transfer_config=_connector(store, "kv_producer"),
+            # ExampleConnector stores a prompt with its first step: a prefill engine's
+            # budget fits every prompt of a step whole (none split).
+            max_num_batched_tokens=base.max_num_seqs * MAX_MODEL_LEN if prefill_only else None,
         ),
-        stored,
+        [replace(r, max_tokens=1) for r in stored] if prefill_only else stored,
         "store-",
     )
     again = [replace(r, req_id=f"again-{r.req_id}") for r in stored]
@@ -138,7 +151,10 @@ def runs(
         copy = root / name
         shutil.copytree(store, copy)
         connector = _connector(
-            copy, "kv_both", async_loads=async_loads, fail_loads=mode == "failing-loads"
+            copy,
+            "kv_consumer" if prefill_only else "kv_both",
+            async_loads=async_loads,
+            fail_loads=mode == "failing-loads",
         )
         loading = replace(base, kv_transfer_config=connector, async_scheduling=mode != "sync")
         if name == "llmsched":
