@@ -387,15 +387,22 @@ def test_a_failed_block_two_synchronous_loads_share_is_recomputed_by_the_first()
     sched.check_invariants()
 
 
-def test_a_synchronous_load_failure_with_a_later_step_in_flight_is_refused() -> None:
-    sched = _scheduler(async_scheduling=True)
+def test_a_synchronous_load_failure_with_a_later_step_in_flight_restarts_its_request() -> None:
+    """A failed block of a request a later step in flight scheduled too (async scheduling):
+    under "recompute" the request is preempted at once, both steps' outputs for it are
+    dropped, and it comes back with only the blocks before the failed one cached."""
+    sched = _scheduler(async_scheduling=True, enable_prefix_caching=True)
     sched.add_request("a", list(range(1, 101)), max_tokens=4)
     first = sched.schedule(external_kv=_Store({"a": 64}))
-    sched.schedule()
-    block = sched.get_request("a").block_ids[0]
-    before = sched.get_request("a").num_computed_tokens
-    with pytest.raises(InvalidRequestError, match="later step is in flight"):
-        sched.fail_kv_loads(invalid_block_ids=[block])
-    assert sched.get_request("a").num_computed_tokens == before
-    sched.update_from_output(first, one_token_each(first))
+    second = sched.schedule()
+    assert second.req_ids == ["a"]
+    block = sched.get_request("a").block_ids[2]
+    assert sched.fail_kv_loads(invalid_block_ids=[block]) == []
+    a = sched.get_request("a")
+    assert (a.status, a.num_preemptions, a.num_computed_tokens) == (RequestStatus.PREEMPTED, 1, 0)
+    assert sched.update_from_output(first, one_token_each(first)) == []
+    assert sched.update_from_output(second, one_token_each(second)) == []
+    assert sched.get_request("a").output_token_ids == []
+    third = sched.schedule(external_kv=_Store({}))
+    assert third.num_computed_tokens.tolist() == [32]
     sched.check_invariants()

@@ -36,7 +36,7 @@ COVERAGE_COLUMNS = (
 DEVIATIONS_MD = """\
 ## Deliberate deviations and how the harness treats them
 
-llmsched deliberately differs from vLLM 0.33.0 in the sixteen ways below; each difference
+llmsched deliberately differs from vLLM 0.33.0 in the seventeen ways below; each difference
 fixes a crash, a livelock, a leak or wrong KV in vLLM, and none changes a decision vLLM
 gets right but for one, said in 11.
 The comparison is never loosened for them: every step of every case is compared in full and
@@ -200,6 +200,18 @@ documented (or, for 2, that they cannot differ).
    `test_deviation_an_encoder_connectors_delayed_free_is_not_honoured` (vLLM keeps the
    requests and their blocks for good; the plug-in's outputs are vLLM's, and its pool is
    whole).
+17. **A synchronous load's failure with a later step in flight restarts the request.** When
+   the runner reports a failed block of a running request's synchronous load and a later
+   step that scheduled the request is in flight (async scheduling, pipeline stages), under
+   `kv_load_failure_policy` `"recompute"` llmsched preempts the request: every output in
+   flight for it is dropped, and its blocks from the first failed one leave the prefix
+   cache, so that it comes back with only KV it can trust. *Why:* vLLM rewinds it in place
+   to its first failed block, while the later step, computed on the failed KV, still
+   applies its output to it when it arrives. (Under `"fail"` both fail the request.)
+   *Harness:* out of reach (the compared connectors' synchronous loads do not fail).
+   *Test:* `test_deviation_a_sync_load_failure_with_a_later_step_in_flight_restarts_the_request`
+   (vLLM's request keeps the token its later step sampled on the failed KV; llmsched's is
+   preempted with none, then computed again and finished).
 """
 
 PLUGIN_MD = """\
@@ -325,8 +337,7 @@ core, kept out the same way. Beyond them, the plug-in:
   `tests/vllm_engine/test_kv_transfer.py` has one engine
   store prompts through vLLM's `ExampleConnector` and others load them, token-identical
   to an engine without a connector. A synchronous load's failure reported while a later
-  step is in flight too (overlapping async steps) is refused with a clear error (not
-  served yet);
+  step that scheduled its request is in flight too restarts the request (deviation 17);
 - **serves encoder-cache connectors** (`ec_transfer_config`: disaggregated encoding), in
   the core: both loops ask the connector, before counting a request's tokens, whether its
   encoder outputs are ready (`ensure_cache_available`; a request whose outputs are in

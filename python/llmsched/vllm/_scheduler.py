@@ -892,8 +892,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             None if self._kv_connector is None else model_runner_output.kv_connector_output
         )
         # Failed KV loads first, as vLLM's update handles them: a synchronous load's failure
-        # takes its running request back, and the output below drops its tokens (reported
-        # while a later step is in flight, it raises here, before anything changes).
+        # takes its running request back, and the output below drops its tokens (a report
+        # the core refuses raises here, before anything changes).
         failed_loads = (
             self._kv_connector.failed_loads(kv_connector_output)
             if self._kv_connector is not None and kv_connector_output

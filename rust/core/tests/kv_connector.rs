@@ -653,19 +653,55 @@ fn under_the_fail_policy_the_failed_requests_are_named_for_the_caller_to_finish(
     sched.check_invariants().unwrap();
 }
 
+/// A synchronous load's failed block while a later step that scheduled its request is in
+/// flight (async scheduling): under "recompute" the request starts over (preempted, both
+/// steps' outputs dropped, its blocks from the failed one out of the prefix cache) and
+/// finds only the blocks before that one cached; under "fail" it is named, and once it is
+/// finished the later step's output finds it gone. The pool is whole at the end.
 #[test]
-fn a_failed_block_of_a_running_request_with_a_later_step_in_flight_is_refused_changing_nothing() {
-    let mut sched = connected(|p| p.async_scheduling = true);
-    let mut store = Store { holds: vec![("a", Some(32)), ("b", Some(64))], remote: vec!["b"], ..Store::default() };
-    sched.add_request(request("a", 40, 4)).unwrap();
-    sched.add_request(request("b", 100, 4)).unwrap();
-    step_with(&mut sched, &mut store);
-    step_with(&mut sched, &mut store);
-    let loaded = sched.get_request("a").unwrap().block_ids()[0];
-    let before = sched.debug_snapshot();
-    let err = sched.fail_kv_loads(&["b"], &[loaded]).unwrap_err().to_string();
-    assert!(err.contains("invalid_block_ids") && err.contains("not served"), "{err}");
-    assert_eq!(sched.debug_snapshot(), before);
+fn a_failed_block_of_a_running_request_with_a_later_step_in_flight_restarts_or_fails_it() {
+    for recompute in [true, false] {
+        let mut sched = connected(|p| {
+            (p.async_scheduling, p.enable_prefix_caching) = (true, true);
+            p.recompute_kv_load_failures = recompute;
+        });
+        let mut store = Store { holds: vec![("a", Some(64))], ..Store::default() };
+        let total = sched.num_free_blocks();
+        sched.add_request(request("a", 100, 4)).unwrap();
+        // 64 tokens loaded, the other 36 computed (a token sampled), then a decode.
+        let first = step_with(&mut sched, &mut store);
+        assert_eq!(first.num_computed_tokens, vec![64]);
+        let second = step_with(&mut sched, &mut store);
+        assert_eq!(second.len(), 1, "the later step schedules a too");
+        let failed = sched.get_request("a").unwrap().block_ids()[2];
+        let named = sched.fail_kv_loads(&[], &[failed]).unwrap();
+        if recompute {
+            assert!(named.is_empty());
+            let a = sched.get_request("a").unwrap();
+            assert_eq!((a.status(), a.num_preemptions(), a.num_computed_tokens()), (RequestStatus::Preempted, 1, 0));
+            assert_eq!(a.num_cached_blocks(), 0);
+            apply_one_token_each(&mut sched, &first);
+            apply_one_token_each(&mut sched, &second);
+            assert_eq!(sched.get_request("a").unwrap().output_token_ids().count(), 0, "both outputs dropped");
+            store.holds.clear();
+            let third = run(&mut sched, &mut store);
+            assert_eq!(third.preempted.iter().map(|(_, id)| id.to_string()).collect::<Vec<_>>(), ["a"]);
+            assert_eq!(third.num_computed_tokens, vec![32], "the blocks before the failed one hit");
+            while sched.has_unfinished_requests() {
+                run(&mut sched, &mut store);
+            }
+            sched.release_kv_blocks(&["a"]).unwrap();
+        } else {
+            assert_eq!(named.iter().map(|id| id.to_string()).collect::<Vec<_>>(), ["a"]);
+            apply_one_token_each(&mut sched, &first);
+            sched.finish_requests(Some(&["a"]), RequestStatus::FinishedError).unwrap();
+            sched.release_kv_blocks(&["a"]).unwrap();
+            apply_live(&mut sched, &second);
+            assert!(!sched.has_unfinished_requests());
+        }
+        sched.check_invariants().unwrap();
+        assert_eq!(sched.num_free_blocks(), total, "recompute={recompute}");
+    }
 }
 
 #[test]

@@ -1561,12 +1561,13 @@ impl PyScheduler {
     /// before its first failed block (none if it failed whole) and, once the load is
     /// reported done (``finish_kv_transfers``), computes the rest; a running request whose
     /// computed tokens lie in a failed block (a synchronous load's failure) keeps the
-    /// tokens before it, and that step's output for it is dropped. With the config's
+    /// tokens before it, and that step's output for it is dropped (if a later step in flight
+    /// scheduled it too, it is preempted instead, every output in flight for it dropped,
+    /// its blocks from the failed one out of the prefix cache). With the config's
     /// ``recompute_kv_load_failures`` off, returns the ids of the affected requests
     /// instead: finish them with ``FINISHED_ERROR`` once the step's output is applied
     /// (vLLM's policy ``"fail"``). Ids that name no request waiting for a load are ignored.
-    /// ``InvalidRequestError``, changing nothing, if a synchronous load failed while a
-    /// later step is in flight too (not served), or for any ``invalid_block_ids`` with
+    /// ``InvalidRequestError``, changing nothing, for any ``invalid_block_ids`` with
     /// several KV-cache groups (a block id cannot be traced to requests there: loads fail
     /// by request, as in vLLM).
     #[pyo3(signature = (failed_recving=None, invalid_block_ids=None))]

@@ -81,6 +81,10 @@ struct SyncLoadFailure {
     num_scheduled_tokens: i64,
     /// The index of the first failed block it recomputes, if any.
     first_failed_block: Option<usize>,
+    /// The index of its first failed block (recomputed by it or by another request).
+    first_invalid_block: usize,
+    /// A later step in flight scheduled it too (its output builds on the failed KV).
+    later_step_in_flight: bool,
 }
 
 /// The tokens a waiting request starts with past its local hit of `num_local` tokens, from
@@ -275,9 +279,13 @@ impl Scheduler {
     /// instead (their failed blocks, and those after them, leave the prefix cache): the
     /// caller finishes them with FINISHED_ERROR once the step's output is applied (vLLM's
     /// policy "fail"). Ids that name no request waiting for a load are ignored. Fails,
-    /// changing nothing, if a synchronous load failed while a later step is in flight too
-    /// (not served), or for any failed block with several KV-cache groups (a block id
+    /// changing nothing, for any failed block with several KV-cache groups (a block id
     /// cannot be traced to requests there; loads fail by request, as in vLLM).
+    ///
+    /// A running request a later step in flight scheduled too (async scheduling, pipeline
+    /// stages) computed on the failed KV there: under "recompute" it is preempted, its
+    /// outputs in flight dropped, its blocks from its first failed one out of the prefix
+    /// cache; under "fail" it fails as above (its later output finds it gone).
     pub fn fail_kv_loads(&mut self, failed: &[&str], invalid_blocks: &[u32]) -> CoreResult<Vec<Arc<str>>> {
         if let (Some(&block), true) = (invalid_blocks.first(), self.config.kv_cache_groups().len() > 1) {
             // A block id is a block of one group's table: with several, it cannot be traced
@@ -342,6 +350,18 @@ impl Scheduler {
             }
         }
         for failure in sync_failures {
+            if recompute && failure.later_step_in_flight {
+                // A later step in flight computed on the failed KV, and its output is on
+                // its way: the request starts over (preempted, every output in flight
+                // dropped), after its blocks from the first failed one leave the prefix
+                // cache, so that it finds only the KV it can trust there. (vLLM rewinds it
+                // in place, and applies the later step's output to the rewound request.)
+                let request = &mut self.requests[failure.handle];
+                self.kv.uncache_from(request, failure.first_invalid_block);
+                self.running.retain(|&h| h != failure.handle);
+                self.preempt(failure.handle, true);
+                continue;
+            }
             let request = &mut self.requests[failure.handle];
             request.set_num_computed_tokens(failure.num_computed_tokens);
             // The step's output for it is dropped, as a stale one is (`kv_load_failed` says
@@ -392,23 +412,17 @@ impl Scheduler {
             if !is_affected {
                 continue;
             }
-            if self.in_flight.len() > 1 || request.num_stale_output_tokens() != 0 {
-                let block = request.block_ids[..num_computed_blocks].iter().find(|b| invalid.contains(b));
-                return Err(CoreError::request(
-                    "invalid_block_ids",
-                    block.copied().unwrap_or_default(),
-                    format!(
-                        "holds computed tokens of running request {:?} while a later step is in flight: \
-                         recovering a synchronous KV load's failure then is not served",
-                        request.id()
-                    ),
-                ));
-            }
+            let first_invalid_block = request.block_ids[..num_computed_blocks]
+                .iter()
+                .position(|b| invalid.contains(b))
+                .expect("an affected request has a failed block");
             failures.push(SyncLoadFailure {
                 handle: h,
                 num_computed_tokens: first_failed_block.map_or(computed_before, |i| i as i64 * block_size),
                 num_scheduled_tokens: n,
                 first_failed_block,
+                first_invalid_block,
+                later_step_in_flight: request.num_in_flight_tokens() > n || request.num_stale_output_tokens() != 0,
             });
         }
         Ok(failures)

@@ -602,7 +602,7 @@ impl Scheduler {
     }
 
     /// Preempts a running request the caller has taken out of `running` (spec §3.2).
-    fn preempt(&mut self, handle: Handle, drop_stale_output: bool) {
+    pub(super) fn preempt(&mut self, handle: Handle, drop_stale_output: bool) {
         self.release_encoder_inputs(handle);
         self.inflight_prefills.remove(&handle);
         debug_assert_eq!(self.requests[handle].status, RequestStatus::Running);
