@@ -898,7 +898,8 @@ class Scheduler:
         computed tokens lie in a failed block (a synchronous load's failure) keeps the
         tokens before it, and that step's output for it is dropped (if a later step in flight
         scheduled it too, it is preempted instead, every output in flight for it dropped,
-        its blocks from the failed one out of the prefix cache). With the config's
+        its blocks from the failed one out of the prefix cache, and its next admission asks
+        the connector nothing). With the config's
         ``recompute_kv_load_failures`` off, returns the ids of the affected requests
         instead: finish them with ``FINISHED_ERROR`` once the step's output is applied
         (vLLM's policy ``"fail"``). Ids that name no request waiting for a load are ignored.

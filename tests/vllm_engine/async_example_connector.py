@@ -13,6 +13,12 @@ With ``kv_connector_extra_config["fail_loads"]``, a third of the loads (by promp
 from their middle block on: the worker copies only the blocks before it and reports it in
 ``get_block_ids_with_load_errors`` (and lists the request in :data:`FAILED_LOADS`); a
 scheduler that did not recompute from that block would compute on KV nobody wrote.
+
+With ``kv_connector_extra_config["sync_loads"]``, the same loads are synchronous instead
+(``ExampleConnector``'s own kind): the loaded tokens count as computed in the step that
+allocated them, the worker copies them when that step starts, and nothing is reported
+received; a failed one is reported with that step's output, while under async scheduling
+the request's next step is already in flight.
 """
 
 from __future__ import annotations
@@ -52,12 +58,13 @@ class AsyncExampleConnector(ExampleConnector):  # type: ignore[misc]
         self._failed_blocks: set[int] = set()
         extra = self._kv_transfer_config.kv_connector_extra_config
         self._fail_loads = bool(extra.get("fail_loads", False))
+        self._sync_loads = bool(extra.get("sync_loads", False))
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         tokens, _ = super().get_num_new_matched_tokens(request, num_computed_tokens)
-        return tokens, bool(tokens)
+        return tokens, bool(tokens) and not self._sync_loads
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
@@ -105,7 +112,8 @@ class AsyncExampleConnector(ExampleConnector):  # type: ignore[misc]
                 kv_cache[slots // self._block_size, :, slots % self._block_size] = stored[
                     :num_slots
                 ]
-            self._received.add(req_id)
+            if not self._sync_loads:
+                self._received.add(req_id)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         received, self._received = self._received, set()

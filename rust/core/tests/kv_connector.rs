@@ -656,8 +656,9 @@ fn under_the_fail_policy_the_failed_requests_are_named_for_the_caller_to_finish(
 /// A synchronous load's failed block while a later step that scheduled its request is in
 /// flight (async scheduling): under "recompute" the request starts over (preempted, both
 /// steps' outputs dropped, its blocks from the failed one out of the prefix cache) and
-/// finds only the blocks before that one cached; under "fail" it is named, and once it is
-/// finished the later step's output finds it gone. The pool is whole at the end.
+/// finds only the blocks before that one cached, without asking the connector again; under
+/// "fail" it is named, and once it is finished the later step's output finds it gone. The
+/// pool is whole at the end.
 #[test]
 fn a_failed_block_of_a_running_request_with_a_later_step_in_flight_restarts_or_fails_it() {
     for recompute in [true, false] {
@@ -683,10 +684,12 @@ fn a_failed_block_of_a_running_request_with_a_later_step_in_flight_restarts_or_f
             apply_one_token_each(&mut sched, &first);
             apply_one_token_each(&mut sched, &second);
             assert_eq!(sched.get_request("a").unwrap().output_token_ids().count(), 0, "both outputs dropped");
-            store.holds.clear();
+            // The store still holds a's KV, but its load could fail again: it is not asked.
             let third = run(&mut sched, &mut store);
             assert_eq!(third.preempted.iter().map(|(_, id)| id.to_string()).collect::<Vec<_>>(), ["a"]);
             assert_eq!(third.num_computed_tokens, vec![32], "the blocks before the failed one hit");
+            assert_eq!(third.external_computed_tokens, vec![-1]);
+            assert_eq!(store.asked.len(), 1, "asked once: {:?}", store.asked);
             while sched.has_unfinished_requests() {
                 run(&mut sched, &mut store);
             }

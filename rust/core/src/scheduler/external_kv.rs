@@ -354,10 +354,12 @@ impl Scheduler {
                 // A later step in flight computed on the failed KV, and its output is on
                 // its way: the request starts over (preempted, every output in flight
                 // dropped), after its blocks from the first failed one leave the prefix
-                // cache, so that it finds only the KV it can trust there. (vLLM rewinds it
-                // in place, and applies the later step's output to the rewound request.)
+                // cache, so that it finds only the KV it can trust there; the connector
+                // is not asked again (its load could fail the same way, for good). (vLLM
+                // rewinds it in place, and applies the later step's output to it.)
                 let request = &mut self.requests[failure.handle];
                 self.kv.uncache_from(request, failure.first_invalid_block);
+                request.restarted_after_kv_load_failure = true;
                 self.running.retain(|&h| h != failure.handle);
                 self.preempt(failure.handle, true);
                 continue;

@@ -163,7 +163,7 @@ impl Scheduler {
             self.kv.report_reused_blocks(request, &hit.blocks);
             let mut load_async = false;
             if let Some(source) = external_kv.as_deref_mut() {
-                if request.num_computed_tokens() == 0 {
+                if request.num_computed_tokens() == 0 && !request.restarted_after_kv_load_failure {
                     let matched = source.num_new_matched_tokens(request, hit.tokens);
                     let Some(external) = external_kv::external_tokens(request, hit.tokens, matched) else {
                         self.set_aside(kind, &mut set_aside);
@@ -391,6 +391,7 @@ impl Scheduler {
         let entry_kind = if request.status == RequestStatus::Preempted { EntryKind::Resumed } else { EntryKind::New };
         request.status = RequestStatus::Running;
         request.set_num_computed_tokens(hit.num_computed);
+        request.restarted_after_kv_load_failure = false;
         if self.config.kv_connector() {
             b.step.external_computed_tokens.push(hit.external as i32);
         }
