@@ -142,7 +142,7 @@ test-plugin: vllm-env  ## the plug-in's field equality with vLLM 0.33.0, and its
 
 # vLLM 0.33.0's own scheduler tests (test_scheduler.py, test_async_scheduler.py,
 # test_worker_slot_overflow.py, test_priority_preemption_bug.py, test_deferred_block_free.py,
-# and the KV-connector unit tests that drive a scheduler),
+# test_swa_inflight_window_free.py, and the KV-connector unit tests that drive a scheduler),
 # from its sdist, SHA-256 checked, cached outside the clone, against llmsched.vllm; the
 # selection and the reasons for the others are in tests/vllm_upstream/selection.py.
 # ARGS='--all' runs the excluded tests too; ARGS='-- -k priority' passes arguments to pytest.

@@ -24,7 +24,8 @@ What it does:
    hub is never asked (it is also set offline).
 3. Runs pytest on ``selection.FILES`` (``tests/v1/core/test_scheduler.py``,
    ``test_async_scheduler.py``, ``test_worker_slot_overflow.py``,
-   ``test_priority_preemption_bug.py``, ``test_deferred_block_free.py``, and the KV-connector
+   ``test_priority_preemption_bug.py``, ``test_deferred_block_free.py``,
+   ``test_swa_inflight_window_free.py``, and the KV-connector
    unit tests that drive a scheduler: remote prefill and decode lifecycles, load failures,
    invalid blocks, the offloading connector's scheduler tests) with
    the extracted tree as rootdir and an empty ini file of its own (this repository's pytest

@@ -31,6 +31,7 @@ ASYNC_SCHEDULER_TESTS = "tests/v1/core/test_async_scheduler.py"
 WORKER_SLOT_TESTS = "tests/v1/core/test_worker_slot_overflow.py"
 PRIORITY_PREEMPTION_TESTS = "tests/v1/core/test_priority_preemption_bug.py"
 DEFERRED_FREE_TESTS = "tests/v1/core/test_deferred_block_free.py"
+SWA_INFLIGHT_TESTS = "tests/v1/core/test_swa_inflight_window_free.py"
 
 # vLLM's KV-connector unit tests that drive a scheduler (tests/v1/kv_connector/unit/).
 REMOTE_PREFILL_TESTS = "tests/v1/kv_connector/unit/test_remote_prefill_lifecycle.py"
@@ -91,7 +92,7 @@ _PREFIX_REPLAY = (
 #: that build a scheduler: test_priority_scheduler_random.py builds a Qwen2.5-VL model
 #: config whose processor is not written offline; test_prefix_replay.py is DeepSeek V4's
 #: bounded sliding-window prefix replay (prefix_replay_tokens, SlidingWindowMLASpec), not
-#: built; test_swa_inflight_window_free.py reads each group manager's ``_null_block``. Of
+#: built. Of
 #: tests/v1/kv_connector/unit/, the files whose tests drive a scheduler; the others test
 #: connectors' own classes.
 FILES: tuple[str, ...] = (
@@ -100,6 +101,7 @@ FILES: tuple[str, ...] = (
     WORKER_SLOT_TESTS,
     PRIORITY_PREEMPTION_TESTS,
     DEFERRED_FREE_TESTS,
+    SWA_INFLIGHT_TESTS,
     REMOTE_PREFILL_TESTS,
     REMOTE_DECODE_TESTS,
     LOAD_FAILURE_TESTS,
@@ -300,6 +302,15 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_max_tokens_finish_frees_immediately_with_other_inflight",
         "test_non_async_abort_defers_via_last_sched_seq",
         "test_async_load_registers_immediately_without_deferral",
+    ),
+    # Blocks behind a sliding window or local chunk go back only once the step in flight
+    # that reads them is applied (read through the plug-in's view of each group, its null
+    # block one object as vLLM's).
+    SWA_INFLIGHT_TESTS: (
+        "test_num_in_flight_tokens_accounting",
+        "test_swa_free_waits_for_in_flight_step",
+        "test_swa_free_immediate_when_sync",
+        "test_chunked_local_free_waits_for_in_flight_step",
     ),
     REMOTE_PREFILL_TESTS: (
         "test_full_block_prompt",
@@ -704,6 +715,19 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_deferred_async_load_registers_after_inflight_step": _DEFERRED_LOADS,
         "test_deferred_async_load_records_hit_sources_when_started": _DEFERRED_LOADS,
         "test_abort_deferred_async_load_frees_after_inflight_step": _DEFERRED_LOADS,
+    },
+    SWA_INFLIGHT_TESTS: {
+        "test_swa_admission_cap_accounts_for_overlapping_batches": (
+            "never builds a scheduler: it tests vLLM's SlidingWindowSpec helper "
+            "(max_admission_blocks_per_request)"
+        ),
+        "test_chunked_local_admission_cap_accounts_for_overlapping_batches": (
+            "never builds a scheduler: it tests vLLM's ChunkedLocalAttentionSpec helper "
+            "(max_admission_blocks_per_request)"
+        ),
+        "test_connector_finish_frees_on_settled_basis": (
+            "calls scheduler internal scheduler._connector_finished"
+        ),
     },
     ASYNC_SCHEDULER_TESTS: {
         "test_abort_request_when_structured_output_fsm_cannot_advance": (

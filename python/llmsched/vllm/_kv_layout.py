@@ -115,7 +115,7 @@ class KVGroupView:
     """One KV-cache group as vLLM's single-type manager shows it: its block size and spec,
     and the block table of each request that holds blocks in it."""
 
-    __slots__ = ("_core", "_group", "block_size", "kv_cache_spec")
+    __slots__ = ("_core", "_group", "_null_block", "block_size", "kv_cache_spec")
 
     def __init__(
         self, core: llmsched.Scheduler, group: int, block_size: int, kv_cache_spec: Any
@@ -124,6 +124,9 @@ class KVGroupView:
         self._group = group
         self.block_size = block_size
         self.kv_cache_spec = kv_cache_spec
+        # vLLM's manager holds one null block object, which stands in a table wherever a
+        # sliding window or local chunk let a block go (read by identity).
+        self._null_block = KVBlockView(core, 0)
 
     @property
     def req_to_blocks(self) -> dict[str, list[KVBlockView]]:
@@ -132,8 +135,9 @@ class KVGroupView:
         each access."""
         core = self._core
         tables = {req_id: _block_table(core, req_id, self._group) for req_id in _holders(core)}
+        null = self._null_block
         return {
-            req_id: [KVBlockView(core, block) for block in table]
+            req_id: [null if block == 0 else KVBlockView(core, block) for block in table]
             for req_id, table in tables.items()
             if table
         }
