@@ -355,6 +355,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if req_id in self.requests or req_id in self._refused:
             raise llmsched.DuplicateRequestError(f"request_id={req_id!r}: already live")
         reason = check_request(request, self.connector is not None)
+        waits_for_grammar = _waits_for_grammar(request)
         if reason is None:
             try:
                 self.core.add_request(
@@ -366,7 +367,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     num_computed_tokens=request.num_computed_tokens,
                     priority=request.priority,
                     **prefix_cache_keys(request),
-                    structured_output=_waits_for_grammar(request),
+                    structured_output=waits_for_grammar,
                     report_reused_blocks=getattr(request, "kv_cache_report_mode", None) == "full",
                     resumable=request.resumable,
                     **_diffusion_arguments(request, self.core.config.is_diffusion),
@@ -384,7 +385,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             self._sessions.started(request)
         if request.use_structured_output:
             self._structured.add(req_id)
-        if _waits_for_grammar(request):
+        if waits_for_grammar:
             self._compiling[req_id] = request
         params = request.sampling_params or _NO_SAMPLING
         if params.logprobs is not None or request.trace_headers or request.client_index:

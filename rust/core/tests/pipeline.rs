@@ -37,7 +37,7 @@ fn a_decode_stagger_spaces_a_requests_decodes() {
         (p.async_scheduling, p.pipeline_parallel_size) = (true, 2);
     }))
     .unwrap();
-    assert!(sched.set_decode_stagger(1025).is_err());
+    assert!(sched.set_decode_stagger(1025).is_err() && sched.set_decode_stagger(-1).is_err());
     sched.set_decode_stagger(2).unwrap();
     sched.add_request(NewRequest::new("a", vec![1, 2, 3], 8)).unwrap();
     // Prefill, then a decode every other step while outputs stay in flight; each decode

@@ -285,7 +285,9 @@ impl Scheduler {
     /// A running request a later step in flight scheduled too (async scheduling, pipeline
     /// stages) computed on the failed KV there: under "recompute" it is preempted, its
     /// outputs in flight dropped, its blocks from its first failed one out of the prefix
-    /// cache; under "fail" it fails as above (its later output finds it gone).
+    /// cache, and its next admission asks the connector nothing (a load that fails for
+    /// good would restart it forever); under "fail" it fails as above (its later output
+    /// finds it gone).
     pub fn fail_kv_loads(&mut self, failed: &[&str], invalid_blocks: &[u32]) -> CoreResult<Vec<Arc<str>>> {
         if let (Some(&block), true) = (invalid_blocks.first(), self.config.kv_cache_groups().len() > 1) {
             // A block id is a block of one group's table: with several, it cannot be traced

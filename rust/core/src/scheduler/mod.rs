@@ -844,11 +844,12 @@ impl Scheduler {
     /// `next_decode_eligible_step`; with 1 it decodes every step. 0, the default: no such
     /// cadence (the bound is not recorded, as vLLM's other runners leave it). Takes effect
     /// from the next step.
-    pub fn set_decode_stagger(&mut self, steps: u64) -> CoreResult<()> {
-        if steps > 1 << 10 {
-            return Err(CoreError::config("decode_stagger", steps, "must be in [0, 1024]"));
+    pub fn set_decode_stagger(&mut self, steps: i64) -> CoreResult<()> {
+        const MAX_STAGGER: i64 = 1 << 10;
+        if !(0..=MAX_STAGGER).contains(&steps) {
+            return Err(CoreError::config("decode_stagger", steps, format!("must be in [0, {MAX_STAGGER}]")));
         }
-        self.decode_stagger = steps;
+        self.decode_stagger = steps as u64;
         Ok(())
     }
 
