@@ -19,6 +19,14 @@ With ``kv_connector_extra_config["sync_loads"]``, the same loads are synchronous
 allocated them, the worker copies them when that step starts, and nothing is reported
 received; a failed one is reported with that step's output, while under async scheduling
 the request's next step is already in flight.
+
+With ``kv_connector_extra_config["send_after_steps"]`` (N > 0), a producer holds each
+finished request's blocks until they are sent, as NIXL's prefill side does:
+``request_finished`` answers that it frees them itself, and the worker "sends" them N steps
+after the step that tells it of the send. It copies the blocks' KV when told and compares
+them when sending: a block the scheduler let another request write meanwhile differs (the
+request is listed in :data:`CORRUPT_SENDS`). Every send is listed in :data:`SENT`, and the
+request is reported sent (``get_finished``), so the scheduler frees its blocks.
 """
 
 from __future__ import annotations
@@ -35,8 +43,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
     ReqMeta,
 )
 
-#: The file, in the store's folder, that lists the requests whose loads failed.
+#: The files, in the store's folder, that list the requests whose loads failed, the
+#: requests whose blocks were sent and those whose blocks changed before they were sent.
 FAILED_LOADS = "failed-loads.txt"
+SENT = "sent.txt"
+CORRUPT_SENDS = "corrupt-sends.txt"
 
 
 @dataclass
@@ -44,6 +55,7 @@ class AsyncExampleConnectorMetadata(ExampleConnectorMetadata):  # type: ignore[m
     """``ExampleConnector``'s metadata and the loads the step starts, by request id."""
 
     async_loads: list[tuple[str, ReqMeta]] = field(default_factory=list)
+    sends: list[tuple[str, list[int]]] = field(default_factory=list)
 
 
 class AsyncExampleConnector(ExampleConnector):  # type: ignore[misc]
@@ -59,6 +71,13 @@ class AsyncExampleConnector(ExampleConnector):  # type: ignore[misc]
         extra = self._kv_transfer_config.kv_connector_extra_config
         self._fail_loads = bool(extra.get("fail_loads", False))
         self._sync_loads = bool(extra.get("sync_loads", False))
+        self._send_after_steps = int(extra.get("send_after_steps", 0))
+        # Scheduler side: the finished requests whose blocks are held, since the last
+        # metadata. Worker side: per request sending, its blocks, their KV when told of the
+        # send (per layer) and the steps left; then the requests sent since the last report.
+        self._to_send: list[tuple[str, list[int]]] = []
+        self._sending: dict[str, tuple[list[int], dict[str, Any], int]] = {}
+        self._sent: set[str] = set()
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -85,10 +104,44 @@ class AsyncExampleConnector(ExampleConnector):  # type: ignore[misc]
             load = ReqMeta.make_meta(prompt, block_ids, self._block_size, False, mm_hashes)
             meta.async_loads.append((req_id, load))
         self._allocated.clear()
+        meta.sends, self._to_send = self._to_send, []
         return meta
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        if self._send_after_steps > 0 and block_ids:
+            self._to_send.append((request.request_id, list(block_ids)))
+            return True, None
+        return super().request_finished(request, block_ids)  # type: ignore[no-any-return]
+
+    def _send(self, forward_context: Any, sends: list[tuple[str, list[int]]]) -> None:
+        """Sends what is due (before this step's forward: what earlier steps wrote), then
+        copies the blocks of the sends the step tells of."""
+        layers = forward_context.no_compile_layers.items()
+        kv_caches = {
+            name: kv
+            for name, layer in layers
+            if (kv := getattr(layer, "kv_cache", None)) is not None
+        }
+        for req_id, (block_ids, copies, steps_left) in list(self._sending.items()):
+            if steps_left > 1:
+                self._sending[req_id] = (block_ids, copies, steps_left - 1)
+                continue
+            del self._sending[req_id]
+            intact = all(kv_caches[name][block_ids].equal(kv) for name, kv in copies.items())
+            self._log(SENT if intact else CORRUPT_SENDS, req_id)
+            self._sent.add(req_id)
+        for req_id, block_ids in sends:
+            copies = {name: kv[block_ids].clone() for name, kv in kv_caches.items()}
+            self._sending[req_id] = (block_ids, copies, self._send_after_steps)
+
+    def _log(self, file: str, req_id: str) -> None:
+        with open(os.path.join(self._storage_path, file), "a") as log:
+            log.write(f"{req_id}\n")
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         metadata = self._get_connector_metadata()
+        if self._send_after_steps > 0:
+            self._send(forward_context, metadata.sends)
         if metadata.requests:
             super().start_load_kv(forward_context, **kwargs)
         for req_id, load in metadata.async_loads:
@@ -100,8 +153,7 @@ class AsyncExampleConnector(ExampleConnector):  # type: ignore[misc]
                 first_failed = num_blocks // 2
                 num_slots = first_failed * self._block_size
                 self._failed_blocks.add(int(load.slot_mapping[num_slots]) // self._block_size)
-                with open(os.path.join(self._storage_path, FAILED_LOADS), "a") as log:
-                    log.write(f"{req_id}\n")
+                self._log(FAILED_LOADS, req_id)
             for layer_name, layer in forward_context.no_compile_layers.items():
                 kv_cache = getattr(layer, "kv_cache", None)
                 if kv_cache is None:
@@ -117,7 +169,8 @@ class AsyncExampleConnector(ExampleConnector):  # type: ignore[misc]
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         received, self._received = self._received, set()
-        return None, received or None
+        sent, self._sent = self._sent, set()
+        return sent or None, received or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._failed_blocks = self._failed_blocks, set()

@@ -28,7 +28,10 @@ alone: it starts each such request over (deviation 17 of docs/parity.md).
 
 Then as a disaggregated pair (``prefill-decode``): the storing engine only prefills (each
 request ends with its first token), and the loading engines are consumers that compute
-only what the store lacks and decode every token.
+only what the store lacks and decode every token. The prefill engine holds each finished
+request's blocks until they are sent, as NIXL's prefill side does (the test connector sends
+them 3 steps later and checks that no other request wrote them meanwhile), in a KV cache
+too small for every prompt of a step: requests wait for blocks a send frees.
 
 Prefix caching is off throughout, so every cached token is one the connector loaded: none
 in the storing engine (its store starts empty), all but the last block of each prompt in
@@ -60,6 +63,11 @@ requires.vllm_cpu()
 
 NUM_STORED = 256
 MAX_MODEL_LEN = 256
+#: The prefill engine's KV cache: fewer blocks than a step's prompts take (32 of up to 200
+#: tokens, 16 to a block), so that blocks a send frees are soon another request's.
+PREFILL_ENGINE_BLOCKS = 256
+#: The steps a prefill engine's send of a finished request's blocks takes.
+SEND_AFTER_STEPS = 3
 
 WORKLOAD = ve.WorkloadSpec(
     num_requests=NUM_STORED,
@@ -80,8 +88,9 @@ def _connector(
     async_loads: bool = False,
     fail_loads: bool = False,
     sync_loads: bool = False,
+    send_after_steps: int = 0,
 ) -> dict[str, Any]:
-    if not async_loads:
+    if not async_loads and not send_after_steps:
         return {
             "kv_connector": "ExampleConnector",
             "kv_role": role,
@@ -96,17 +105,15 @@ def _connector(
             "shared_storage_path": str(store),
             "fail_loads": fail_loads,
             "sync_loads": sync_loads,
+            "send_after_steps": send_after_steps,
         },
     }
 
 
-def _failed_loads(store: Path) -> set[str]:
-    """The requests whose loads failed, as the connector's worker listed them in ``store``."""
-    # Imported once the engines ran (importing vLLM warns, which is an error at collection).
-    from tests.vllm_engine.async_example_connector import FAILED_LOADS
-
-    log = store / FAILED_LOADS
-    return set(log.read_text().split()) if log.exists() else set()
+def _listed(store: Path, file: str) -> list[str]:
+    """The request ids the connector's worker listed in ``file`` of ``store``."""
+    log = store / file
+    return log.read_text().split() if log.exists() else []
 
 
 def _serve(spec: ve.EngineSpec, requests: list[ve.RequestSpec], tag: str) -> ve.RunResult:
@@ -160,10 +167,13 @@ def runs(
             base,
             scheduler_cls=ve.llmsched_scheduler_name(mode in ("async", "prefill-decode")),
             async_scheduling=mode in ("async", "prefill-decode"),
-            kv_transfer_config=_connector(store, "kv_producer"),
+            kv_transfer_config=_connector(
+                store, "kv_producer", send_after_steps=SEND_AFTER_STEPS if prefill_only else 0
+            ),
             # ExampleConnector stores a prompt with its first step: a prefill engine's
             # budget fits every prompt of a step whole (none split).
             max_num_batched_tokens=base.max_num_seqs * MAX_MODEL_LEN if prefill_only else None,
+            num_gpu_blocks=PREFILL_ENGINE_BLOCKS if prefill_only else None,
         ),
         [replace(r, max_tokens=1) for r in stored] if prefill_only else stored,
         "store-",
@@ -190,8 +200,13 @@ def runs(
             loading = replace(loading, scheduler_cls=ve.llmsched_scheduler_name(mode != "sync"))
         results[name] = _serve(loading, again, f"{name}-")
     results["no-connector"] = _serve(base, again, "plain-")
+    # Imported once the engines ran (importing vLLM warns, which is an error at collection).
+    from tests.vllm_engine.async_example_connector import CORRUPT_SENDS, FAILED_LOADS, SENT
+
     results["first"] = first
-    results["failed-loads"] = {name: _failed_loads(root / name) for name in loaders}
+    results["failed-loads"] = {name: set(_listed(root / name, FAILED_LOADS)) for name in loaders}
+    results["sent"] = _listed(store, SENT)
+    results["corrupt-sends"] = _listed(store, CORRUPT_SENDS)
     results["stored-files"] = sum(1 for _ in store.rglob("*.safetensors"))
     yield results
 
@@ -241,3 +256,18 @@ def test_failed_loads_are_recomputed_from_their_first_failed_block(
             assert num_failed == len(failed["vllm"]), "the same prompts' loads fail under vLLM's"
     else:
         assert not any(failed.values())
+
+
+def test_a_prefill_engine_keeps_a_finished_requests_blocks_until_they_are_sent(
+    runs: dict[str, Any], request: pytest.FixtureRequest
+) -> None:
+    """Every request the prefill engine finished was sent once, from blocks no other request
+    wrote between its finish and its send (those the connector holds)."""
+    if request.node.callspec.params["runs"] == "prefill-decode":
+        assert not runs["corrupt-sends"], (
+            f"blocks written before their send: {runs['corrupt-sends'][:5]}"
+        )
+        sent = runs["sent"]
+        assert len(sent) == len(set(sent)) == len(runs["first"].results), "each request sent once"
+    else:
+        assert not runs["sent"] and not runs["corrupt-sends"]
