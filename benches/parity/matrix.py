@@ -1018,24 +1018,35 @@ def edge_cases() -> list[Case]:
         # before the connector is handed its tables; loads that fail, fail whole (a block id
         # names one group's block, so vLLM takes failed loads by request), recomputed or
         # failing their requests; with steps in flight, a consumer's frees deferred.
+        # Beside Mamba groups (prefix caching off, as Mamba runs here): every load brings
+        # its request's state with its tokens, and each Mamba group's state blocks are
+        # allocated with the load.
         hybrid_connectors = [
             ("sliding_window:64,full", "sync", "kv_producer", "recompute"),
             ("full,sliding_window:32,sliding_window:32", "async", "kv_producer", "recompute"),
             ("sliding_window:64,full", "async", "kv_producer", "fail"),
+            ("mamba,full", "sync", "kv_producer", "recompute"),
+            ("full,mamba,sliding_window:32", "async", "kv_producer", "fail"),
         ]
         if a:
-            hybrid_connectors.append(("full,sliding_window:32", "async", "kv_both", "recompute"))
+            hybrid_connectors += [
+                ("full,sliding_window:32", "async", "kv_both", "recompute"),
+                ("mamba,full", "async", "kv_both", "recompute"),
+            ]
         for groups, loads, role, policy in hybrid_connectors:
+            apc = "mamba" not in groups
             out.append(
                 _hybrid_case(
                     "synthetic-code",
                     ParityConfig(
-                        f"edge-kvconn-hybrid{'' if loads == 'sync' else '-asyncload'}"
+                        f"edge-kvconn-hybrid{'-mamba' if not apc else ''}"
+                        f"{'' if loads == 'sync' else '-asyncload'}"
                         f"{'-both' if role == 'kv_both' else ''}"
-                        f"{'-failpolicy' if policy == 'fail' else ''}-{mode}-K0-apc-fcfs-kv",
+                        f"{'-failpolicy' if policy == 'fail' else ''}-{mode}-K0-"
+                        f"{'apc' if apc else 'noapc'}-fcfs-kv",
                         async_scheduling=a,
                         num_speculative_tokens=0,
-                        enable_prefix_caching=True,
+                        enable_prefix_caching=apc,
                         policy="fcfs",
                         num_gpu_blocks=0,
                         kv_cache_groups=groups,

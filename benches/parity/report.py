@@ -241,7 +241,6 @@ core, kept out the same way. Beyond them, the plug-in:
 - **refuses what llmsched does not implement**, naming the feature: at construction,
   custom encoder cache managers, prompt embeddings, encoder-decoder models,
   routed-experts outputs,
-  KV connectors beside Mamba layers,
   KV cache residency and MFU metrics, decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
@@ -337,13 +336,23 @@ core, kept out the same way. Beyond them, the plug-in:
   (`invalid_block_ids`) are refused, as vLLM refuses them there (loads fail by request);
   the `edge-kvconn-hybrid` cases (a sliding window beside full attention, two windows
   after it, synchronous and asynchronous loads, the fail policy, `kv_both` with steps in
-  flight) compare every field. As in vLLM, a request whose load brought every token
+  flight) compare every field. Beside Mamba groups (prefix caching off) a load takes each
+  Mamba group's state block with the loaded tokens' blocks, group by group, and the
+  attention groups' loaded blocks are zeroed but where a load across steps writes them;
+  the `edge-kvconn-hybrid-mamba` cases (synchronous loads, loads across steps under the
+  fail policy, `kv_both` with steps in flight: deferred frees) compare every field. The
+  connector hears of a request (`on_new_request`) before the core takes it, so that a
+  prompt it cuts there (NIXL's prefill side, for a Mamba model or a multi-module MTP
+  drafter) is the prompt scheduled. As in vLLM, a request whose load brought every token
   computes the last one again, and where the loaded tokens moved a chunked local group's
   chunk (or a one-token window) past it, that position's block is already the null block;
   `tests/vllm_engine/test_kv_transfer.py` has one engine
   store prompts through vLLM's `ExampleConnector` and others load them, token-identical
-  to an engine without a connector. A synchronous load's failure reported while a later
-  step that scheduled its request is in flight too restarts the request (deviation 17);
+  to an engine without a connector; as a disaggregated prefill engine it holds each
+  finished request's blocks until the connector has sent them (`request_finished`
+  answering that the connector frees them), and no other request writes them meanwhile.
+  A synchronous load's failure reported while a later step that scheduled its request is
+  in flight too restarts the request (deviation 17);
 - **serves encoder-cache connectors** (`ec_transfer_config`: disaggregated encoding), in
   the core: both loops ask the connector, before counting a request's tokens, whether its
   encoder outputs are ready (`ensure_cache_available`; a request whose outputs are in

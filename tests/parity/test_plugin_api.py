@@ -111,10 +111,6 @@ def _example_connector_config(role: str = "kv_both") -> Any:
 
 
 ENGINE_REFUSALS = {
-    "KV connectors beside Mamba layers": lambda s: (
-        _set(s.vllm_config, "kv_transfer_config", _example_connector_config()),
-        s.kv_cache_config.kv_cache_groups.append(_group(_mamba_spec())),
-    ),
     "KV-cache groups other than full, sliding-window, chunked local attention and Mamba": (
         lambda s: s.kv_cache_config.kv_cache_groups.append(_group(_cross_attention_spec()))
     ),
@@ -311,6 +307,37 @@ def test_the_connector_can_be_replaced_only_by_another_connector() -> None:
     sched.schedule()
     assert sched.connector is mock
     assert mock.get_num_new_matched_tokens.call_count == 1
+
+
+def test_the_connector_hears_of_a_request_before_the_core_takes_it() -> None:
+    """A prompt the connector cuts in ``on_new_request`` (NIXL's prefill side stops short of
+    the tokens its decoder computes again) is the prompt scheduled; a request the core then
+    refuses is finished for the connector too (``request_finished``, no blocks), once."""
+    from unittest.mock import MagicMock
+
+    sched = build(reference(kv_connector=("ParityConnector", "benches.parity.connector")))
+    connector = sched.connector
+
+    def cut(r: Any) -> None:
+        if r.kv_transfer_params:
+            del r.prompt_token_ids[-1]
+            del r._all_token_ids[-1]
+            r.num_prompt_tokens -= 1
+            r.max_tokens = 1
+
+    sched.connector = spy = MagicMock(wraps=connector)
+    spy.on_new_request.side_effect = cut
+    sched.add_request(request("cut", prompt_len=20, kv_transfer_params={"do_remote_decode": True}))
+    sched.add_request(request("long", prompt_len=300))
+    assert [c.args[0].request_id for c in spy.on_new_request.call_args_list] == ["cut", "long"]
+    assert [c.args[0].request_id for c in spy.request_finished.call_args_list] == ["long"]
+    assert spy.request_finished.call_args.args[1] == []
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"cut": 19}
+    outputs = sched.update_from_output(so, ref.vllm_runner_output(so, {"cut": [7]}))
+    finished = {o.request_id: o.finish_reason for eco in outputs.values() for o in eco.outputs}
+    assert finished == {"cut": FinishReason.LENGTH, "long": FinishReason.ERROR}
+    assert [c.args[0].request_id for c in spy.request_finished.call_args_list] == ["long", "cut"]
 
 
 def test_a_connector_over_several_kv_cache_groups_serves_them_all_or_is_refused() -> None:

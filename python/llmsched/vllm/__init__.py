@@ -18,8 +18,8 @@ models without a KV cache (encoder-only models, multimodal encoder instances), d
 LLMs, KV cache events, KV connectors (loads in the step or across steps, their failures, a
 consumer with steps in flight), encoder-cache connectors, streaming-input sessions, data and
 pipeline parallelism are served with vLLM's rules. What it
-does not support (prompt embeddings, KV connectors beside Mamba layers, encoder-decoder
-models, context parallelism, and the others ``_fields`` lists as checked) is
+does not support (prompt embeddings, Mamba state cached at block boundaries,
+encoder-decoder models, context parallelism, and the others ``_fields`` lists as checked) is
 refused with :class:`UnsupportedFeatureError`, naming the
 feature: at engine
 start when the config asks for it, and per request, that request alone: a client of vLLM's

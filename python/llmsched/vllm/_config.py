@@ -148,14 +148,6 @@ def check_engine_config(
             ),
         ),
         (
-            "KV connectors beside Mamba layers",
-            lambda: (
-                get("kv_transfer_config") is not None
-                and bool(read(kv_cache_config, "has_mamba_layers")),
-                "kv_transfer_config with Mamba KV-cache groups",
-            ),
-        ),
-        (
             "custom encoder cache managers",
             lambda: (
                 get("ec_manager_config.encoder_cache_manager_cls") is not None,

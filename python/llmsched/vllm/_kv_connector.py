@@ -44,7 +44,7 @@ from vllm.v1.metrics.stats import (
 from vllm.v1.request import Request, RequestStatus
 
 import llmsched
-from llmsched.vllm._config import UnsupportedFeatureError
+from llmsched.vllm._config import UnsupportedFeatureError, read
 from llmsched.vllm._requests import as_during_step, pinned
 
 __all__ = ["KvConnectorSide", "UnsupportedConnectorUseError", "make_connector"]
@@ -61,7 +61,7 @@ class UnsupportedConnectorUseError(llmsched.LlmschedError, RuntimeError):
 def make_connector(vllm_config: Any, kv_cache_config: Any) -> Any:
     """The scheduler side of the engine's KV connector, as vLLM's scheduler makes it (None
     without ``kv_transfer_config``)."""
-    if vllm_config.kv_transfer_config is None:
+    if read(vllm_config, "kv_transfer_config") is None:
         return None
     connector = KVConnectorFactory.create_connector(
         config=vllm_config, role=KVConnectorRole.SCHEDULER, kv_cache_config=kv_cache_config
@@ -96,9 +96,14 @@ class KvConnectorSide:
         self._fetch_stages: dict[str, str] | None = {} if log_stats else None
 
     def on_new_request(self, request: Request) -> None:
-        """vLLM's ``on_new_request``; a P/D request that will load counts as waiting to
-        start its load from its arrival."""
+        """vLLM's ``on_new_request``, before the core takes the request: the connector may
+        cut its prompt there (NIXL's prefill side stops short of the tokens its decoder
+        computes again: a Mamba model's last, a multi-module MTP drafter's lookahead)."""
         self.connector.on_new_request(request)
+
+    def added(self, request: Request) -> None:
+        """A request the core took: a P/D request that will load counts as waiting to
+        start its load from its arrival."""
         params = request.kv_transfer_params
         if params and params.get("do_remote_prefill"):
             self._set_fetch_stage(request.request_id, KV_FETCH_WAITING_TO_START)
@@ -231,14 +236,23 @@ class KvConnectorSide:
         tables = [self._core.held_kv_blocks(req_id, g) for g in range(self._num_groups)]
         held = tables[0] is not None
         block_ids = tuple([] if table is None else table.tolist() for table in tables)
-        if isinstance(self.connector, SupportsHMA):
-            delay, params = self.connector.request_finished_all_groups(request, block_ids)
-        else:
-            # (Refused at start beside several groups, as vLLM turns its hybrid cache off.)
-            delay, params = self.connector.request_finished(request, block_ids[0])
+        delay, params = self._request_finished(request, block_ids)
         if not delay and held and not self._core.kv_load_in_flight(req_id):
             self._core.release_kv_blocks([req_id])
         return None if params is None else dict(params)
+
+    def refused(self, request: Request) -> None:
+        """vLLM's ``request_finished`` for a request the connector was told of and the core
+        refused: it holds no block."""
+        self._request_finished(request, tuple([] for _ in range(self._num_groups)))
+
+    def _request_finished(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        if isinstance(self.connector, SupportsHMA):
+            return self.connector.request_finished_all_groups(request, block_ids)  # type: ignore[no-any-return]
+        # (Refused at start beside several groups, as vLLM turns its hybrid cache off.)
+        return self.connector.request_finished(request, block_ids[0])  # type: ignore[no-any-return]
 
     def failed_loads(self, kv_connector_output: Any) -> list[str]:
         """The runner's failed loads (``failed_recving``, ``invalid_block_ids``) in the core,

@@ -357,6 +357,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         reason = check_request(request, self.connector is not None)
         waits_for_grammar = _waits_for_grammar(request)
         if reason is None:
+            if self._kv_connector is not None:
+                self._kv_connector.on_new_request(request)
             try:
                 self.core.add_request(
                     req_id,
@@ -374,6 +376,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 )
             except llmsched.InvalidRequestError as exc:
                 reason = str(exc)
+                if self._kv_connector is not None:
+                    self._kv_connector.refused(request)
         if reason is not None:
             self._refused[req_id] = (request, reason)
             return
@@ -395,7 +399,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         if self.spec_decode_metrics_level != "none":
             request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
         if self._kv_connector is not None:
-            self._kv_connector.on_new_request(request)
+            self._kv_connector.added(request)
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
 

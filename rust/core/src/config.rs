@@ -778,28 +778,6 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
             ),
         ));
     }
-    if p.defer_block_free && p.kv_cache_groups.has_mamba() {
-        return Err(CoreError::config(
-            "defer_block_free",
-            "True",
-            format!(
-                "must be False with the KV-cache groups {:?} (deferred frees beside Mamba groups are \
-                 not built)",
-                p.kv_cache_groups.to_text()
-            ),
-        ));
-    }
-    if p.kv_connector && p.kv_cache_groups.has_mamba() {
-        return Err(CoreError::config(
-            "kv_connector",
-            "True",
-            format!(
-                "must be False with the KV-cache groups {:?} (a KV connector beside Mamba groups is \
-                 not built)",
-                p.kv_cache_groups.to_text()
-            ),
-        ));
-    }
     if p.kv_cache_groups.is_hybrid() {
         let groups = p.kv_cache_groups.to_text();
         // Lookahead slots and lookahead hashes need nothing more of the groups; the block

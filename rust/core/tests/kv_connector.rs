@@ -187,17 +187,44 @@ fn an_aborted_request_holds_its_blocks_too() {
     assert_eq!(sched.num_free_blocks(), total);
 }
 
+/// Beside a Mamba group (prefix caching off): a load takes the Mamba group's state block
+/// and the attention group's blocks for the loaded tokens group by group (the Mamba group
+/// first here: the pool's first block), as vLLM's `allocate_external_computed_blocks`; the
+/// loaded tokens' blocks are zeroed before a synchronous load fills them, not where a load
+/// across steps writes them; the Mamba state block never.
 #[test]
-fn a_connector_beside_mamba_groups_is_refused() {
-    let err = llmsched_core::SchedulerConfig::new(llmsched_core::ConfigParams {
-        kv_connector: true,
-        enable_prefix_caching: false,
-        kv_cache_groups: llmsched_core::KvCacheGroups::parse("full,mamba").unwrap(),
-        ..Default::default()
-    })
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("kv_connector") && err.contains("Mamba"), "{err}");
+fn a_load_beside_a_mamba_group_takes_its_state_block_with_the_loaded_blocks() {
+    for across_steps in [false, true] {
+        let mut sched = connected(|p| p.kv_cache_groups = llmsched_core::KvCacheGroups::parse("mamba,full").unwrap());
+        let remote = if across_steps { vec!["a"] } else { vec![] };
+        let mut store = Store { holds: vec![("a", Some(64))], remote, ..Store::default() };
+        let total = sched.num_free_blocks();
+        sched.add_request(request("a", 100, 4)).unwrap();
+        let step = step_with(&mut sched, &mut store);
+        let a = sched.get_request("a").unwrap();
+        let (mamba, full) = (a.group_block_ids(0).to_vec(), a.group_block_ids(1).to_vec());
+        assert_eq!(mamba, vec![1], "across steps: {across_steps}");
+        let (loaded, computing) = full.split_at(4);
+        assert_eq!(loaded, &[2, 3, 4, 5]);
+        let zeroed: Vec<u32> = step.new_block_ids_to_zero.iter().map(|&b| b as u32).collect();
+        if across_steps {
+            assert_eq!(a.status(), RequestStatus::WaitingForRemoteKvs);
+            assert!(computing.is_empty() && zeroed.is_empty(), "{full:?} {zeroed:?}");
+        } else {
+            assert_eq!(step.num_scheduled_tokens, vec![36]);
+            assert_eq!(zeroed, full, "every attention block, none of Mamba's");
+        }
+        sched.check_invariants().unwrap();
+        sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap();
+        if across_steps {
+            // Its blocks go back once the runner reports the load done.
+            assert!(sched.release_kv_blocks(&["a"]).is_err());
+            sched.finish_kv_transfers(&["a"], &[]);
+        } else {
+            sched.release_kv_blocks(&["a"]).unwrap();
+        }
+        assert_eq!(sched.num_free_blocks(), total, "across steps: {across_steps}");
+    }
 }
 
 #[test]
@@ -567,9 +594,9 @@ fn a_request_whose_step_is_in_flight_is_not_preempted_for_blocks_it_would_not_fr
 }
 
 /// Without a connector (vLLM lets its attribute be set so), frees wait for the steps in
-/// flight all the same; beside Mamba groups the flag is refused, naming it.
+/// flight all the same, beside Mamba groups too (their state blocks with the rest).
 #[test]
-fn deferring_frees_needs_no_connector_and_is_refused_beside_mamba() {
+fn deferring_frees_needs_no_connector() {
     let mut sched = Scheduler::new(config(|p| (p.async_scheduling, p.defer_block_free) = (true, true))).unwrap();
     let total = sched.num_free_blocks();
     sched.add_request(request("a", 40, 8)).unwrap();
@@ -581,15 +608,19 @@ fn deferring_frees_needs_no_connector_and_is_refused_beside_mamba() {
     apply_live(&mut sched, &second);
     assert_eq!(sched.num_free_blocks(), total);
 
-    let err = llmsched_core::SchedulerConfig::new(llmsched_core::ConfigParams {
-        defer_block_free: true,
-        kv_cache_groups: llmsched_core::KvCacheGroups::parse("full,mamba").unwrap(),
-        enable_prefix_caching: false,
-        ..Default::default()
-    })
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("defer_block_free") && err.contains("Mamba"), "{err}");
+    let mut sched = Scheduler::new(config(|p| {
+        (p.async_scheduling, p.defer_block_free, p.enable_prefix_caching) = (true, true, false);
+        p.kv_cache_groups = llmsched_core::KvCacheGroups::parse("full,mamba").unwrap();
+    }))
+    .unwrap();
+    let total = sched.num_free_blocks();
+    sched.add_request(request("a", 40, 8)).unwrap();
+    let (first, second) = (sched.schedule(), sched.schedule());
+    sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap();
+    assert_eq!(sched.num_free_blocks(), total - 4, "3 attention blocks and the state block wait");
+    apply_live(&mut sched, &first);
+    apply_live(&mut sched, &second);
+    assert_eq!(sched.num_free_blocks(), total);
 }
 
 /// a (100 tokens) loads 64 across steps; the step that started the load is applied.

@@ -416,13 +416,13 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         // EAGLE's block drop over several groups is not built (lookahead hashes are).
         p.eagle_block_drop = false;
     }
-    if r.kv_connector && !p.kv_cache_groups.has_mamba() {
+    if r.kv_connector {
         p.kv_connector = true;
         // A producer's connector: a request preempted for KV drops its output in flight.
         p.preemption_drops_in_flight_output = r.adaptive;
         // A consumer's with steps in flight: freed blocks wait for those steps.
         p.defer_block_free = !r.adaptive || p.async_scheduling;
-    } else if !p.kv_cache_groups.has_mamba() {
+    } else {
         // The flag without a connector (vLLM's attribute set by hand), with steps in flight.
         p.defer_block_free = r.adaptive && r.depth >= 2;
     }
@@ -2917,8 +2917,10 @@ impl Harness {
         for id in &received {
             if let Ok(r) = self.sched.get_request(id) {
                 if self.kv_exact {
-                    // Every group's table (a window's null blocks hold nothing).
-                    for g in 0..self.cfg.kv_cache_groups().len() {
+                    // Every attention group's table (a window's null blocks hold nothing;
+                    // a Mamba group's state blocks map no position).
+                    let groups = self.cfg.kv_cache_groups();
+                    for g in (0..groups.len()).filter(|&g| groups.kind(g) != AttentionKind::Mamba) {
                         let table = r.group_block_ids(g);
                         for (pos, token) in r.all_token_ids().take(r.num_computed_tokens() as usize).enumerate() {
                             let block = table[pos / bs as usize] as usize;

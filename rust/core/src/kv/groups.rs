@@ -332,17 +332,26 @@ impl KvManager {
         }
         if external > 0 {
             // Blocks for the connector's tokens within each group's window, every group's
-            // after every group's hits are touched (vLLM's `allocate_external_computed_blocks`).
+            // after every group's hits are touched (vLLM's `allocate_external_computed_blocks`):
+            // a Mamba group's first state block (its blocks span `M` tokens), in group order.
+            // An attention group's are zeroed, but where a load across steps writes them
+            // (vLLM's default `get_loaded_kv_cache_group_ids`: every attention group).
             for g in 0..groups.len() {
                 let kind = groups.kinds[g];
                 let skipped = num_skipped_tokens(kind, computed);
-                if kind == AttentionKind::Mamba || (skipped > 0 && (computed - skipped).min(external) <= 0) {
+                if skipped > 0 && (computed - skipped).min(external) <= 0 {
                     continue;
                 }
                 let (ids, _, _) = table(request, g);
-                let required = cdiv(computed, b) as usize;
-                if required > ids.len() {
-                    self.pool.get_new_blocks(required - ids.len(), ids);
+                let first_new = ids.len();
+                let required = if kind == AttentionKind::Mamba { 1 } else { cdiv(computed, b) as usize };
+                if required > first_new {
+                    self.pool.get_new_blocks(required - first_new, ids);
+                    if let (Some(zero), false) =
+                        (&mut self.blocks_to_zero, kind == AttentionKind::Mamba || ask.delay_caching)
+                    {
+                        zero[g].extend_from_slice(&ids[first_new..]);
+                    }
                 }
             }
         }
