@@ -58,6 +58,14 @@ class AsyncExampleConnectorMetadata(ExampleConnectorMetadata):  # type: ignore[m
     sends: list[tuple[str, list[int]]] = field(default_factory=list)
 
 
+def _kv_caches(forward_context: Any) -> dict[str, Any]:
+    """The paged KV cache of each attention layer, by layer name."""
+    layers = forward_context.no_compile_layers.items()
+    return {
+        name: kv for name, layer in layers if (kv := getattr(layer, "kv_cache", None)) is not None
+    }
+
+
 class AsyncExampleConnector(ExampleConnector):  # type: ignore[misc]
     """See the module's doc."""
 
@@ -116,12 +124,7 @@ class AsyncExampleConnector(ExampleConnector):  # type: ignore[misc]
     def _send(self, forward_context: Any, sends: list[tuple[str, list[int]]]) -> None:
         """Sends what is due (before this step's forward: what earlier steps wrote), then
         copies the blocks of the sends the step tells of."""
-        layers = forward_context.no_compile_layers.items()
-        kv_caches = {
-            name: kv
-            for name, layer in layers
-            if (kv := getattr(layer, "kv_cache", None)) is not None
-        }
+        kv_caches = _kv_caches(forward_context)
         for req_id, (block_ids, copies, steps_left) in list(self._sending.items()):
             if steps_left > 1:
                 self._sending[req_id] = (block_ids, copies, steps_left - 1)
@@ -154,10 +157,7 @@ class AsyncExampleConnector(ExampleConnector):  # type: ignore[misc]
                 num_slots = first_failed * self._block_size
                 self._failed_blocks.add(int(load.slot_mapping[num_slots]) // self._block_size)
                 self._log(FAILED_LOADS, req_id)
-            for layer_name, layer in forward_context.no_compile_layers.items():
-                kv_cache = getattr(layer, "kv_cache", None)
-                if kv_cache is None:
-                    continue
+            for layer_name, kv_cache in _kv_caches(forward_context).items():
                 filename = self._generate_filename_debug(layer_name, load.token_ids, load.mm_hashes)
                 stored = safetensors.torch.load_file(filename)["kv_cache"].to(kv_cache.device)
                 slots = load.slot_mapping[:num_slots].to(kv_cache.device)
