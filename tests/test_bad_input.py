@@ -929,10 +929,11 @@ CONFIG_CASES += [
         "kv_cache_groups.*same",
     ),
     ("groups-list", {"kv_cache_groups": ["full"]}, "kv_cache_groups"),
+    ("groups-bad-mark", {"kv_cache_groups": "full+drafter"}, "kv_cache_groups.*eagle"),
     (
-        "groups-with-eagle-block-drop",
+        "chunked-local-with-eagle-block-drop",
         {
-            "kv_cache_groups": "sliding_window:64,full",
+            "kv_cache_groups": "chunked_local:64,full",
             "num_speculative_tokens": 2,
             "num_lookahead_tokens": 2,
             "eagle_block_drop": True,

@@ -412,7 +412,8 @@ class ParityConfig:
     """llmsched's ``kv_cache_groups``: vLLM's side gets one KV-cache group per entry
     (``FullAttentionSpec``, ``SlidingWindowSpec``, ``ChunkedLocalAttentionSpec`` or a
     ``MambaSpec`` without prefix caching), in that order; ``""``: none (a model without a
-    KV cache, its pool the null block alone)."""
+    KV cache, its pool the null block alone). ``+eagle`` after an entry: the group holds
+    the drafter's layers (vLLM's ``is_eagle_group``)."""
     prefix_cache_retention_interval: int = 0
     """Both sides' (vLLM's engine default, 0; a block size: every sliding-window block)."""
     speculative_method: str = "ngram"
@@ -462,8 +463,10 @@ class ParityConfig:
     gets ``prefill_schedule_interval`` 1, as the plug-in gives its core)."""
 
     def group_kinds(self) -> list[str]:
-        """The entries of ``kv_cache_groups``, one per KV-cache group."""
-        return self.kv_cache_groups.split(",") if self.kv_cache_groups else []
+        """The kinds of ``kv_cache_groups``, one per KV-cache group (a ``+eagle`` mark,
+        a group holding the drafter's layers, left out)."""
+        groups = self.kv_cache_groups.split(",") if self.kv_cache_groups else []
+        return [kind.removesuffix("+eagle") for kind in groups]
 
     def max_concurrent_batches(self) -> int:
         """The engine's batch queue (vLLM's ``max_concurrent_batches``): one step per stage;

@@ -1256,12 +1256,19 @@ def edge_cases() -> list[Case]:
         # slots capped at max_model_len, EAGLE's prefix-cache rule (lookahead hashes, where
         # prompts that share blocks go on with other tokens, and their KV events; or the last
         # hit block dropped), a draft model's draft slot, under KV pressure and preemption.
-        swa = "sliding_window:40,full"
+        window = "sliding_window:40"
+        swa = f"{window},full"
         for workload, method, hashes, policy, pressure, m, groups in (
             ("shuffled-blocks", "eagle", True, "fcfs", True, 4096, "full"),
-            # Over a sliding window and full attention (lookahead hashes: the one rule served
-            # with several groups).
+            # Over a sliding window and full attention, lookahead hashes.
             ("azure-code", "eagle3", True, "priority", True, 1024, swa),
+            # The block drop over a sliding window and full attention: on every group (none
+            # holds the drafter's layers), or on the kind of the one that does (full
+            # attention: the window's hits keep their last block).
+            ("shuffled-blocks", "eagle", False, "fcfs", True, 4096, swa),
+            ("azure-code", "eagle3", False, "priority", True, 1024, swa + "+eagle"),
+            # Two window groups and no full attention.
+            ("synthetic-conv", "eagle", False, "fcfs", True, 4096, f"{window},{window}"),
             ("synthetic-conv", "eagle", False, "priority", True, 4096, "full"),
             ("synthetic-conv", "eagle3", True, "fcfs", False, 288, "full"),
             ("synthetic-conv", "draft_model", True, "priority", True, 4096, "full"),
@@ -1275,6 +1282,8 @@ def edge_cases() -> list[Case]:
             roomy, tight = _pool_sizes(workload)
             rule = "" if method == "draft_model" else ("-hashes" if hashes else "-drop")
             rule += "-swa" if groups != "full" else ""
+            rule += "-drafterfull" if groups.endswith("+eagle") else ""
+            rule += "-windowsonly" if "full" not in groups else ""
             config = ParityConfig(
                 f"edge-{method}{rule}-{mode}-K3-apc-{policy[:4]}"
                 + ("-kv" if pressure else f"-M{m}"),

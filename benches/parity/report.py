@@ -247,7 +247,7 @@ core, kept out the same way. Beyond them, the plug-in:
   retaining extra tokens, Mamba state cached at block boundaries: prefix caching with Mamba
   layers), KV caches of mixed precision, a hash
   block size other than the block size, multi-module MTP drafters beside several KV-cache
-  groups or multimodal inputs, EAGLE's block drop beside several KV-cache groups,
+  groups or multimodal inputs, EAGLE's block drop beside chunked local attention,
   dynamic speculative decoding (every field of the vLLM
   config classes it reads is classified in `llmsched/vllm/_fields.py`: read, refused, or
   why it need not be); per request (the request finishes with `FinishReason.ERROR` and
@@ -423,7 +423,12 @@ core, kept out the same way. Beyond them, the plug-in:
   block hashes (vLLM 0.33's default with prefix caching: a block's hash covers the token
   after it, so a block enters the cache, and is hit, only once that token exists and
   matches; the stored KV cache events carry those tokens), or, with
-  `disable_lookahead_block_hashes` (and in vLLM 0.32), a hit's last block dropped. The
+  `disable_lookahead_block_hashes`, a KV connector (and in vLLM 0.32), a hit's last block
+  dropped: over several KV-cache groups a kind whose groups hold the drafter's layers
+  (vLLM's `is_eagle_group`; every kind if none does) looks one block past the hit and gives
+  it back, and a sliding window caches the blocks such a lookup reads (the
+  `edge-eagle*-drop-swa*` cases: the drop on every group, on full attention only, over
+  two windows). The
   core tells the step whose drafts no request can use (a non-final chunk, or a step that
   samples a request's last token whatever the drafts), which the V2 runner skips drafting
   for (`SchedulerOutput.skip_drafts`). The `edge-eagle*` and `edge-draft_model` cases

@@ -300,7 +300,9 @@ class SchedulerConfig:
         """The KV-cache groups the pool serves, in vLLM's order, comma-separated:
         ``full``, ``sliding_window:W`` (a window of W tokens), ``chunked_local:C``
         (attention within chunks of C tokens) or ``mamba`` (a recurrent state of
-        ``1 + K`` blocks per request; prefix caching off) each. A hybrid model
+        ``1 + K`` blocks per request; prefix caching off) each, followed by ``+eagle``
+        where the group holds a drafter's layers (``eagle_block_drop`` then applies to
+        the kinds of the groups so marked, to every group if none is). A hybrid model
         (sliding-window, chunked local or Mamba layers beside full ones) has several;
         a model without a KV cache (an encoder-only model, a multimodal encoder
         instance) none, ``""``: its requests hold no block, and its pool is the null

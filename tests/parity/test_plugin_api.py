@@ -225,19 +225,24 @@ def test_a_drafter_is_served_with_what_vllm_derives_from_its_method(
     assert config.eagle_block_drop == sched.kv_cache_manager.use_eagle
 
 
-def test_eagles_block_drop_with_a_hybrid_model_is_refused_at_start() -> None:
-    """Over several KV-cache groups EAGLE is served with lookahead block hashes (vLLM 0.33's
-    default), not with the block drop."""
+def test_eagles_block_drop_with_a_hybrid_model_follows_the_drafters_groups() -> None:
+    """Over several KV-cache groups the block drop (lookahead block hashes off) applies to
+    the kinds of the groups vLLM marks as holding the drafter's layers (``is_eagle_group``),
+    or to every group if none is marked; beside chunked local attention it is refused, as
+    vLLM's lookup asserts. Lookahead block hashes (vLLM 0.33's default) need no mark."""
     groups = "full,sliding_window:8"
-    sched = reference(
-        num_speculative_tokens=3,
-        speculative_method="eagle",
-        kv_cache_groups=groups,
-        lookahead_block_hashes=False,
+    drop = {"num_speculative_tokens": 3, "speculative_method": "eagle"}
+    sched = reference(**drop, kv_cache_groups=groups, lookahead_block_hashes=False)
+    config = build(sched).core.config
+    assert config.eagle_block_drop and config.kv_cache_groups == groups
+    sched.kv_cache_config.kv_cache_groups[0].is_eagle_group = True
+    assert build(sched).core.config.kv_cache_groups == "full+eagle,sliding_window:8"
+    chunked = reference(
+        **drop, kv_cache_groups="full,chunked_local:8", lookahead_block_hashes=False
     )
-    with pytest.raises(llmsched.ConfigError, match="EAGLE's hybrid block drop"):
-        build(sched)
-    served = reference(num_speculative_tokens=3, speculative_method="eagle", kv_cache_groups=groups)
+    with pytest.raises(llmsched.ConfigError, match=r"eagle_block_drop.*chunked local"):
+        build(chunked)
+    served = reference(**drop, kv_cache_groups=groups)
     assert build(served).core.config.num_hash_lookahead_tokens == 1
 
 

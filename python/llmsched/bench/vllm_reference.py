@@ -452,8 +452,13 @@ def make_vllm_scheduler(
     kv_cache_config = KVCacheConfig(
         num_blocks=num_gpu_blocks,
         kv_cache_tensors=[],
+        # "+eagle": the group holds the drafter's layers (vLLM's is_eagle_group).
         kv_cache_groups=[
-            KVCacheGroupSpec([f"layer.{g}"], spec(kind))
+            KVCacheGroupSpec(
+                [f"layer.{g}"],
+                spec(kind.removesuffix("+eagle")),
+                is_eagle_group=kind.endswith("+eagle"),
+            )
             for g, kind in enumerate(kv_cache_groups.split(",") if kv_cache_groups else ())
         ],
         prefix_cache_retention_interval=prefix_cache_retention_interval,

@@ -261,7 +261,12 @@ def kv_cache_groups(
             f"block_size={block_size}, attention groups' block sizes "
             f"{sorted(attention_block_sizes)}",
         )
-    return ",".join(kinds), attention_block
+    # The groups that hold a drafter's layers: EAGLE's block drop applies to their kinds.
+    groups = read(kv_cache_config, "kv_cache_groups")
+    drafter = [bool(read(group, "is_eagle_group")) for group in groups]
+    marks = ("+eagle" if marked else "" for marked in drafter)
+    text = ",".join(kind + mark for kind, mark in zip(kinds, marks, strict=True))
+    return text, attention_block
 
 
 def llmsched_config(

@@ -61,7 +61,9 @@ pub const MAX_KV_CACHE_GROUPS: usize = 64;
 /// full-attention model has one; a hybrid model (sliding-window, chunked local or Mamba
 /// layers beside full ones) several. Every sliding-window group shares one window, every
 /// chunked local group one chunk size. Written and parsed as comma-separated kinds: `full`,
-/// `sliding_window:W`, `chunked_local:C`, `mamba`.
+/// `sliding_window:W`, `chunked_local:C`, `mamba`; a `+eagle` suffix marks a group that holds
+/// a drafter's layers (vLLM's `is_eagle_group`: EAGLE's block drop applies to those groups'
+/// kinds, or to every group when none is marked).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KvCacheGroups {
     /// Bit `g` set: group `g` is a sliding-window group.
@@ -70,6 +72,8 @@ pub struct KvCacheGroups {
     chunked: u64,
     /// Bit `g` set: group `g` is a Mamba state group.
     mamba: u64,
+    /// Bit `g` set: group `g` holds a drafter's layers.
+    drafter: u64,
     len: u8,
     window: u32,
     chunk: u32,
@@ -77,7 +81,7 @@ pub struct KvCacheGroups {
 
 impl KvCacheGroups {
     /// One full-attention group.
-    pub const FULL: Self = Self { sliding: 0, chunked: 0, mamba: 0, len: 1, window: 0, chunk: 0 };
+    pub const FULL: Self = Self { sliding: 0, chunked: 0, mamba: 0, drafter: 0, len: 1, window: 0, chunk: 0 };
 
     pub fn new(kinds: &[AttentionKind]) -> CoreResult<Self> {
         let text = || kinds.iter().map(|k| Self::kind_name(*k)).collect::<Vec<_>>().join(",");
@@ -119,16 +123,24 @@ impl KvCacheGroups {
                 "kv_cache_groups",
                 format!("{value:?}"),
                 "must be comma-separated group kinds: \"full\", \"sliding_window:W\" (a window of W \
-                 tokens), \"chunked_local:C\" (chunks of C tokens) or \"mamba\" (a recurrent state)",
+                 tokens), \"chunked_local:C\" (chunks of C tokens) or \"mamba\" (a recurrent state), \
+                 each followed by \"+eagle\" where the group holds a drafter's layers",
             )
         };
         let size = |text: &str| text.trim().parse::<u32>().map_err(|_| refuse());
         if value.trim().is_empty() {
             return Self::new(&[]);
         }
-        let kinds = value
+        let items: Vec<(&str, bool)> = value
             .split(',')
-            .map(|kind| match kind.trim().split_once(':') {
+            .map(|item| match item.trim().strip_suffix("+eagle") {
+                Some(kind) => (kind, true),
+                None => (item, false),
+            })
+            .collect();
+        let kinds = items
+            .iter()
+            .map(|(kind, _)| match kind.trim().split_once(':') {
                 None if kind.trim() == "full" => Ok(AttentionKind::Full),
                 None if kind.trim() == "mamba" => Ok(AttentionKind::Mamba),
                 Some(("sliding_window", w)) => size(w).map(|window| AttentionKind::SlidingWindow { window }),
@@ -136,7 +148,11 @@ impl KvCacheGroups {
                 _ => Err(refuse()),
             })
             .collect::<CoreResult<Vec<_>>>()?;
-        Self::new(&kinds)
+        let mut groups = Self::new(&kinds)?;
+        for (g, _) in items.iter().enumerate().filter(|(_, (_, drafter))| *drafter) {
+            groups.drafter |= 1 << g;
+        }
+        Ok(groups)
     }
 
     fn kind_name(kind: AttentionKind) -> String {
@@ -150,7 +166,13 @@ impl KvCacheGroups {
 
     /// The form `parse` reads.
     pub fn to_text(self) -> String {
-        self.iter().map(Self::kind_name).collect::<Vec<_>>().join(",")
+        let name = |(g, kind)| Self::kind_name(kind) + if self.holds_drafter(g) { "+eagle" } else { "" };
+        self.iter().enumerate().map(name).collect::<Vec<_>>().join(",")
+    }
+
+    /// Whether group `group` holds a drafter's layers (vLLM's `is_eagle_group`).
+    pub fn holds_drafter(self, group: usize) -> bool {
+        self.drafter >> group & 1 == 1
     }
 
     pub fn len(self) -> usize {
@@ -179,9 +201,10 @@ impl KvCacheGroups {
         (0..self.len()).map(move |g| self.kind(g))
     }
 
-    /// Anything but one full-attention group: the KV manager's per-group path.
+    /// Anything but one full-attention group (a drafter's in it or not): the KV manager's
+    /// per-group path.
     pub fn is_hybrid(self) -> bool {
-        self != Self::FULL
+        Self { drafter: 0, ..self } != Self::FULL
     }
 
     /// Some group is a Mamba state group.
@@ -318,7 +341,9 @@ macro_rules! config_fields {
             /// The KV-cache groups the pool serves, in vLLM's order, comma-separated:
             /// ``full``, ``sliding_window:W`` (a window of W tokens), ``chunked_local:C``
             /// (attention within chunks of C tokens) or ``mamba`` (a recurrent state of
-            /// ``1 + K`` blocks per request; prefix caching off) each. A hybrid model
+            /// ``1 + K`` blocks per request; prefix caching off) each, followed by ``+eagle``
+            /// where the group holds a drafter's layers (``eagle_block_drop`` then applies to
+            /// the kinds of the groups so marked, to every group if none is). A hybrid model
             /// (sliding-window, chunked local or Mamba layers beside full ones) has several;
             /// a model without a KV cache (an encoder-only model, a multimodal encoder
             /// instance) none, ``""``: its requests hold no block, and its pool is the null
@@ -780,15 +805,15 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
     }
     if p.kv_cache_groups.is_hybrid() {
         let groups = p.kv_cache_groups.to_text();
-        // Lookahead slots and lookahead hashes need nothing more of the groups; the block
-        // drop over several groups (vLLM's `eagle_proof_margin`) is not built.
-        if p.eagle_block_drop {
+        // Beside chunked local attention vLLM's lookup asserts against the block drop.
+        if p.eagle_block_drop && p.kv_cache_groups.iter().any(|kind| matches!(kind, AttentionKind::ChunkedLocal { .. }))
+        {
             return Err(CoreError::config(
                 "eagle_block_drop",
                 "True",
                 format!(
-                    "must be False with the KV-cache groups {groups:?} (EAGLE's hybrid block drop is \
-                     not built; lookahead block hashes serve EAGLE there)"
+                    "must be False with the KV-cache groups {groups:?} (EAGLE's block drop beside \
+                     chunked local attention: vLLM does not serve it)"
                 ),
             ));
         }

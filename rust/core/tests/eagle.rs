@@ -120,12 +120,15 @@ fn the_rules_are_checked_together() {
     let both = ConfigParams { eagle_block_drop: true, num_hash_lookahead_tokens: 1, ..ConfigParams::default() };
     let err = llmsched_core::SchedulerConfig::new(both).unwrap_err().to_string();
     assert!(err.contains("eagle_block_drop"), "{err}");
-    let hybrid = ConfigParams {
+    // Beside a window, served; beside chunked local attention, refused (vLLM asserts).
+    let groups = |text| ConfigParams {
         eagle_block_drop: true,
-        kv_cache_groups: llmsched_core::KvCacheGroups::parse("full,sliding_window:32").unwrap(),
+        kv_cache_groups: llmsched_core::KvCacheGroups::parse(text).unwrap(),
         ..ConfigParams::default()
     };
-    assert!(llmsched_core::SchedulerConfig::new(hybrid).is_err());
+    assert!(llmsched_core::SchedulerConfig::new(groups("full,sliding_window:32")).is_ok());
+    let err = llmsched_core::SchedulerConfig::new(groups("full,chunked_local:32")).unwrap_err().to_string();
+    assert!(err.starts_with("eagle_block_drop"), "{err}");
 }
 
 /// A multi-module MTP drafter (prefill lookahead `L = K = 3`): a chunk never ends fewer than

@@ -176,16 +176,19 @@ fn the_groups_field_names_its_value_when_refused() {
     }
     let groups = KvCacheGroups::parse("sliding_window:8, full").unwrap();
     assert_eq!(groups.to_text(), "sliding_window:8,full");
-    // EAGLE's block drop over several groups is not built: refused, not silently wrong.
+    let marked = KvCacheGroups::parse("sliding_window:8,full+eagle").unwrap();
+    assert_eq!(marked.to_text(), "sliding_window:8,full+eagle");
+    assert!(marked.holds_drafter(1) && !marked.holds_drafter(0));
+    // EAGLE's block drop beside chunked local attention: vLLM does not serve it.
     let p = ConfigParams {
-        kv_cache_groups: groups,
+        kv_cache_groups: KvCacheGroups::parse("chunked_local:8,full").unwrap(),
         num_speculative_tokens: 2,
         num_lookahead_tokens: 2,
         eagle_block_drop: true,
         ..ConfigParams::default()
     };
     let err = SchedulerConfig::new(p).unwrap_err().to_string();
-    assert!(err.starts_with("eagle_block_drop"), "{err}");
+    assert!(err.starts_with("eagle_block_drop") && err.contains("chunked"), "{err}");
     let p = ConfigParams { prefix_cache_retention_interval: 6, block_size: 4, ..ConfigParams::default() };
     let err = SchedulerConfig::new(p).unwrap_err().to_string();
     assert!(err.contains("prefix_cache_retention_interval") && err.contains('6'), "{err}");
@@ -233,4 +236,34 @@ fn a_chunked_local_group_frees_earlier_chunks_and_hits_from_the_current_chunk() 
     assert_ne!(b_blocks[0][4], 0);
     assert_eq!(b_blocks[1].len(), 6, "5 hit blocks and one for the step's 4 tokens");
     assert!(!b_blocks[1].contains(&0));
+}
+
+/// EAGLE's block drop over a sliding window and full attention (vLLM's hybrid rule): a
+/// lookup looks one block past the candidate and gives back its hit's last block, and the
+/// window group caches the blocks such a lookup reads (one more, up to the block above
+/// the prompt's last whole block), so that a resend hits all but its last whole block.
+#[test]
+fn the_eagle_block_drop_over_a_window_and_full_attention_gives_back_one_block() {
+    // a and b: one 26-token prompt (6 whole blocks, 2 tokens after), 1 token out. The
+    // window group caches every block too (an interval of one block) in the last case.
+    for (drafter, interval) in
+        [("sliding_window:8,full", 0), ("sliding_window:8,full+eagle", 0), ("sliding_window:8,full+eagle", 4)]
+    {
+        let mut sched = hybrid(|p| {
+            p.kv_cache_groups = KvCacheGroups::parse(drafter).unwrap();
+            (p.enable_prefix_caching, p.num_gpu_blocks) = (true, 64);
+            p.prefix_cache_retention_interval = interval;
+            (p.num_speculative_tokens, p.num_lookahead_tokens, p.eagle_block_drop) = (1, 1, true);
+        });
+        sched.add_request(request("a", 26, 1)).unwrap();
+        step_and_apply(&mut sched);
+        sched.add_request(request("b", 26, 1)).unwrap();
+        let step = sched.schedule();
+        check_step(&sched, &step);
+        // Full attention: 6 cached blocks within N - 1 + B, the last given back: 20 tokens.
+        // The window's kept blocks 3 and 4 (and 5 where its kind drops too) serve it.
+        assert_eq!(step.num_computed_tokens, vec![20], "{drafter}, interval {interval}");
+        let b_blocks = row_blocks(&step, 0, 2);
+        assert_eq!(b_blocks[0][..3], [0, 0, 0], "{drafter}: no later token reads them");
+    }
 }

@@ -412,9 +412,13 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
             _ => 1,
         };
     }
-    if r.groups_sel > 0 {
-        // EAGLE's block drop over several groups is not built (lookahead hashes are).
+    if p.kv_cache_groups.iter().any(|kind| matches!(kind, AttentionKind::ChunkedLocal { .. })) {
+        // EAGLE's block drop beside chunked local attention is refused (as vLLM asserts).
         p.eagle_block_drop = false;
+    } else if p.eagle_block_drop && r.groups_sel > 0 && r.model_extra % 2 == 0 {
+        // The drafter's layers in the full-attention group: only its kind drops.
+        let marked = p.kv_cache_groups.to_text().replace("full", "full+eagle");
+        p.kv_cache_groups = KvCacheGroups::parse(&marked).expect("a valid layout");
     }
     if r.kv_connector {
         p.kv_connector = true;

@@ -44,9 +44,14 @@ fn table(request: &mut Request, g: usize) -> (&mut Vec<u32>, &mut usize, &[Block
 impl KvManager {
     /// vLLM's hybrid hit, capped at `N - 1` tokens: each kind of group in turn (full
     /// attention first) finds its longest hit within the current candidate, which shrinks
-    /// to it, until every kind accepts the candidate.
+    /// to it, until every kind accepts the candidate. Under EAGLE's block drop a kind looks
+    /// one block past the candidate and gives back its hit's last block (vLLM's
+    /// `eagle_proof_margin`). vLLM drops once per kind and candidate; here that is every
+    /// lookup: the kinds looked up are full attention first and a window (one pass), or
+    /// windows alone, where a second drop lands where the first did.
     pub(crate) fn find_hybrid_hit(&self, groups: &Groups, request: &Request) -> CacheHit {
         let hashes = &request.block_hashes;
+        let b = self.block_size;
         let simple = groups.lookups.len() == 2 && groups.lookups[0].0 == AttentionKind::Full;
         let mut hit_length = request.num_tokens() - 1;
         let mut longest_hit_length = 0;
@@ -58,22 +63,25 @@ impl KvManager {
             for (lookup, (kind, members)) in groups.lookups.iter().enumerate() {
                 if let (AttentionKind::Full, Some((_, end))) = (kind, found[lookup]) {
                     // Full attention's hit is downward-closed: the first lookup serves.
-                    curr = curr.min(end as i64 * self.block_size);
+                    curr = curr.min(end as i64 * b);
                     continue;
                 }
+                let drop = groups.eagle_drop[lookup];
+                let max_length = if drop { (curr + b).min(hashes.len() as i64 * b) } else { curr };
                 let (start, end) = match *kind {
-                    AttentionKind::Full => (0, self.full_attention_hit(hashes, curr, members)),
+                    AttentionKind::Full => (0, self.full_attention_hit(hashes, max_length, members, drop)),
                     AttentionKind::SlidingWindow { window } => {
-                        self.sliding_window_hit(hashes, curr, members, i64::from(window))
+                        self.sliding_window_hit(hashes, max_length, members, i64::from(window), drop)
                     }
+                    // (No block drop beside chunked local attention: refused.)
                     AttentionKind::ChunkedLocal { chunk } => {
-                        self.chunked_local_hit(hashes, curr, members, i64::from(chunk))
+                        self.chunked_local_hit(hashes, max_length, members, i64::from(chunk))
                     }
                     // Never reached: Mamba groups run without prefix caching (no lookup).
                     AttentionKind::Mamba => (0, 0),
                 };
                 found[lookup] = Some((start, end));
-                curr = end as i64 * self.block_size;
+                curr = end as i64 * b;
                 longest_hit_length = longest_hit_length.max(curr);
             }
             if curr >= hit_length {
@@ -109,36 +117,43 @@ impl KvManager {
         members.iter().all(|&g| self.pool.get_cached_block(hash, g).is_some())
     }
 
-    /// How many leading blocks within `max_length` tokens are cached.
-    fn full_attention_hit(&self, hashes: &[BlockHash], max_length: i64, members: &[usize]) -> usize {
+    /// How many leading blocks within `max_length` tokens are cached, less the last under
+    /// EAGLE's block `drop`.
+    fn full_attention_hit(&self, hashes: &[BlockHash], max_length: i64, members: &[usize], drop: bool) -> usize {
         let max_blocks = (max_length / self.block_size) as usize;
-        hashes.iter().take(max_blocks).take_while(|&&hash| self.cached_in_all(hash, members)).count()
+        let hit = hashes.iter().take(max_blocks).take_while(|&&hash| self.cached_in_all(hash, members)).count();
+        hit - usize::from(drop && hit > 0)
     }
 
     /// vLLM's sliding-window hit, as the cached blocks `start..end`: scanning right to left
     /// from `max_length`, the first run of `cdiv(W - 1, B)` contiguous cached blocks ends
     /// the hit (null blocks before it); with none, the run of cached blocks from block 0.
+    /// Under EAGLE's block `drop` the run is one block longer and its last block given back.
     fn sliding_window_hit(
         &self,
         hashes: &[BlockHash],
         max_length: i64,
         members: &[usize],
         window: i64,
+        drop: bool,
     ) -> (usize, usize) {
-        let need = cdiv(window - 1, self.block_size) as usize;
+        let need = cdiv(window - 1, self.block_size) as usize + usize::from(drop);
         let max_blocks = (max_length / self.block_size) as usize;
         let mut run = 0;
-        for i in (0..max_blocks).rev() {
-            if self.cached_in_all(hashes[i], members) {
-                run += 1;
-                if run >= need {
-                    return (i, i + run);
+        let (start, end) = 'scan: {
+            for i in (0..max_blocks).rev() {
+                if self.cached_in_all(hashes[i], members) {
+                    run += 1;
+                    if run >= need {
+                        break 'scan (i, i + run);
+                    }
+                } else {
+                    run = 0;
                 }
-            } else {
-                run = 0;
             }
-        }
-        (0, run)
+            (0, run)
+        };
+        (start, end - usize::from(drop && end > 0))
     }
 
     /// vLLM's chunked local attention hit, as the cached blocks `start..end`: the blocks of
@@ -461,23 +476,40 @@ impl KvManager {
         // Every block of a full-attention group; of a sliding window, the `need` blocks
         // before each boundary a hit can stop at: the last block before the prompt's final
         // token (a resend's hit), a shared prefix's end, and every `per_segment` blocks.
+        // Under EAGLE's block drop a hit matches one block past its end and gives it back:
+        // a window keeps one block more, up to and including the boundary's (`shift`), and
+        // the prompt's boundaries are a block lower (vLLM's `replay_boundaries`), a shared
+        // prefix's end also (a sibling that diverges right after it).
+        let eagle = groups.eagle_drop_of(g);
+        let shift = usize::from(eagle);
         let (every_block, need, per_segment) = match groups.kinds[g] {
             AttentionKind::Full | AttentionKind::ChunkedLocal { .. } => (true, 0, 0),
             // Never reached: Mamba groups run without prefix caching.
             AttentionKind::Mamba => (false, 0, 0),
             AttentionKind::SlidingWindow { window } => {
-                let need = cdiv(i64::from(window) - 1, b) as usize;
+                let need = cdiv(i64::from(window) - 1, b) as usize + shift;
                 let per_segment = (groups.retention_interval / b) as usize;
                 (per_segment > 0 && need >= per_segment, need, per_segment)
             }
         };
-        let boundary_ends =
-            [num_prompt_tokens - 1, shared_prefix_boundary]
-                .map(|tokens| if tokens > 0 { (tokens / b) as usize } else { 0 });
+        let mut boundaries: Vec<i64> = if groups.eagle_drop.contains(&true) {
+            let (resend, extension) = ((num_prompt_tokens - 1) / b * b, num_prompt_tokens / b * b);
+            vec![(resend - b).max(0), (extension - b).max(0)]
+        } else {
+            vec![num_prompt_tokens - 1]
+        };
+        if shared_prefix_boundary > 0 {
+            boundaries.push(shared_prefix_boundary);
+            if eagle {
+                boundaries.push(shared_prefix_boundary - b);
+            }
+        }
+        // The blocks `end - need .. end` before each boundary's block `end`.
+        let boundary_ends: Vec<usize> = boundaries.iter().map(|&tokens| (tokens.max(0) / b) as usize + shift).collect();
         let keep = |i: usize| {
             every_block
-                || (per_segment > 0 && i % per_segment >= per_segment - need)
-                || boundary_ends.iter().any(|&end| end > 0 && i < end && i + need >= end)
+                || (per_segment > 0 && i >= shift && (i - shift) % per_segment >= per_segment - need)
+                || boundary_ends.iter().any(|&end| i < end && i + need >= end)
         };
         self.pool.cache_full_blocks(ids, hashes, (from, full), g, keep);
         self.pool.events.record(|| KvEvent::Stored {

@@ -34,6 +34,9 @@ pub struct Groups {
     /// Groups of one kind, looked up together (a hit needs every member), full attention
     /// first (vLLM's `attention_groups`).
     pub(crate) lookups: Vec<(AttentionKind, Vec<usize>)>,
+    /// Per lookup: a hit there gives back its last block (EAGLE's block drop, on the kinds
+    /// of the groups that hold the drafter's layers, or of every group if none is marked).
+    pub(crate) eagle_drop: Vec<bool>,
     /// 0: a sliding-window group caches only the blocks a resend of the prompt can hit;
     /// else also the window before every multiple of this many tokens.
     pub(crate) retention_interval: i64,
@@ -57,7 +60,16 @@ impl Groups {
             }
         }
         lookups.sort_by_key(|(kind, _)| *kind != AttentionKind::Full);
+        let layout = config.kv_cache_groups();
+        let none_marked = !(0..kinds.len()).any(|g| layout.holds_drafter(g));
+        let eagle_drop = lookups
+            .iter()
+            .map(|(_, members)| {
+                config.eagle_block_drop() && members.iter().any(|&g| none_marked || layout.holds_drafter(g))
+            })
+            .collect();
         Self {
+            eagle_drop,
             retention_interval: config.prefix_cache_retention_interval(),
             block_caps: kinds.iter().map(|&kind| config.group_block_cap(kind)).collect(),
             mamba_state_blocks: config.mamba_state_blocks(),
@@ -69,5 +81,10 @@ impl Groups {
 
     pub fn len(&self) -> usize {
         self.kinds.len()
+    }
+
+    /// Whether group `g`'s kind gets EAGLE's block drop.
+    pub(crate) fn eagle_drop_of(&self, g: usize) -> bool {
+        self.lookups.iter().zip(&self.eagle_drop).any(|((_, members), &drop)| drop && members.contains(&g))
     }
 }
