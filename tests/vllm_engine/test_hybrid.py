@@ -135,6 +135,23 @@ def kv_layout(engine: ve.SwappableEngine) -> KvLayout:
     return KvLayout(groups=groups, coordinator=coordinator)
 
 
+def serve_both(
+    spec: ve.EngineSpec, requests: list[ve.RequestSpec]
+) -> tuple[ve.RunResult, ve.RunResult, KvLayout]:
+    """The candidate's run of ``requests`` in the engine of ``spec``, then a fresh vLLM
+    scheduler's of the same mode in the same engine, and the engine's KV layout as vLLM's
+    scheduler serves it."""
+    engine = ve.open_engine(spec)
+    try:
+        got = ve.run_workload(engine, requests, run_tag="cand-")
+        ve.swap_scheduler(engine, ve.vllm_scheduler_name(spec.async_scheduling))
+        layout = kv_layout(engine)
+        want = ve.run_workload(engine, requests, run_tag="ref-")
+    finally:
+        engine.shutdown()
+    return got, want, layout
+
+
 # Candidates are the outer loop: vLLM's cases run before the plug-in's.
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("candidate", CANDIDATES)
@@ -144,16 +161,7 @@ def test_hybrid_outputs_identical(candidate: str, mode: str, model_dir: str) -> 
     window, aborts and reaches ``max_model_len``."""
     async_scheduling = mode == "async"
     spec = engine_spec(model_dir, SCHEDULER_NAMES[candidate](async_scheduling), async_scheduling)
-    requests = ve.make_workload(WORKLOAD)
-    engine = ve.open_engine(spec)
-    try:
-        got = ve.run_workload(engine, requests, run_tag="cand-")
-        ve.swap_scheduler(engine, ve.vllm_scheduler_name(async_scheduling))
-        # The engine's layout as vLLM's own scheduler serves it.
-        layout = kv_layout(engine)
-        want = ve.run_workload(engine, requests, run_tag="ref-")
-    finally:
-        engine.shutdown()
+    got, want, layout = serve_both(spec, ve.make_workload(WORKLOAD))
     results = want.results.values()
     print(
         f"\n[{candidate}-{mode}] candidate {got.scheduler}: {got.wall_s:.1f}s, {got.steps} "
@@ -195,15 +203,7 @@ def test_hybrid_with_an_eagle_drafter_outputs_identical(
     scheduler does not, so the two caches hold different window blocks. (The core without
     that rule gave 0.32's counts exactly, measured once.)"""
     spec = engine_spec(model_dir, SCHEDULER_NAMES[candidate](False), False, drafter_dir)
-    requests = ve.make_workload(WORKLOAD)
-    engine = ve.open_engine(spec)
-    try:
-        got = ve.run_workload(engine, requests, run_tag="cand-")
-        ve.swap_scheduler(engine, ve.vllm_scheduler_name(False))
-        layout = kv_layout(engine)
-        want = ve.run_workload(engine, requests, run_tag="ref-")
-    finally:
-        engine.shutdown()
+    got, want, layout = serve_both(spec, ve.make_workload(WORKLOAD))
     print(
         f"\n[{candidate}-eagle] candidate {got.scheduler}: {got.wall_s:.1f}s, {got.steps} "
         f"steps; vLLM: {want.wall_s:.1f}s; drafts scheduled {got.spec_tokens_scheduled}, "

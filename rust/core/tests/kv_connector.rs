@@ -597,30 +597,24 @@ fn a_request_whose_step_is_in_flight_is_not_preempted_for_blocks_it_would_not_fr
 /// flight all the same, beside Mamba groups too (their state blocks with the rest).
 #[test]
 fn deferring_frees_needs_no_connector() {
-    let mut sched = Scheduler::new(config(|p| (p.async_scheduling, p.defer_block_free) = (true, true))).unwrap();
-    let total = sched.num_free_blocks();
-    sched.add_request(request("a", 40, 8)).unwrap();
-    let (first, second) = (sched.schedule(), sched.schedule());
-    sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap();
-    assert_eq!(sched.num_free_blocks(), total - 3, "steps in flight may still write a's blocks");
-    apply_live(&mut sched, &first);
-    assert_eq!(sched.num_free_blocks(), total - 3, "the second step is still in flight");
-    apply_live(&mut sched, &second);
-    assert_eq!(sched.num_free_blocks(), total);
-
-    let mut sched = Scheduler::new(config(|p| {
-        (p.async_scheduling, p.defer_block_free, p.enable_prefix_caching) = (true, true, false);
-        p.kv_cache_groups = llmsched_core::KvCacheGroups::parse("full,mamba").unwrap();
-    }))
-    .unwrap();
-    let total = sched.num_free_blocks();
-    sched.add_request(request("a", 40, 8)).unwrap();
-    let (first, second) = (sched.schedule(), sched.schedule());
-    sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap();
-    assert_eq!(sched.num_free_blocks(), total - 4, "3 attention blocks and the state block wait");
-    apply_live(&mut sched, &first);
-    apply_live(&mut sched, &second);
-    assert_eq!(sched.num_free_blocks(), total);
+    // a's blocks: 3 of full attention, and beside a Mamba group its state block too.
+    for (groups, held) in [("full", 3), ("full,mamba", 4)] {
+        let mut sched = Scheduler::new(config(|p| {
+            (p.async_scheduling, p.defer_block_free) = (true, true);
+            p.kv_cache_groups = llmsched_core::KvCacheGroups::parse(groups).unwrap();
+            p.enable_prefix_caching &= groups == "full";
+        }))
+        .unwrap();
+        let total = sched.num_free_blocks();
+        sched.add_request(request("a", 40, 8)).unwrap();
+        let (first, second) = (sched.schedule(), sched.schedule());
+        sched.finish_requests(Some(&["a"]), RequestStatus::FinishedAborted).unwrap();
+        assert_eq!(sched.num_free_blocks(), total - held, "{groups}: steps in flight may still write a's blocks");
+        apply_live(&mut sched, &first);
+        assert_eq!(sched.num_free_blocks(), total - held, "{groups}: the second step is still in flight");
+        apply_live(&mut sched, &second);
+        assert_eq!(sched.num_free_blocks(), total, "{groups}");
+    }
 }
 
 /// a (100 tokens) loads 64 across steps; the step that started the load is applied.
