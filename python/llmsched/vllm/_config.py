@@ -213,7 +213,8 @@ def kv_cache_groups(
     one per draft token (``num_speculative_blocks``), as llmsched's does."""
     kinds = []
     attention_block_sizes = set()
-    for g, group in enumerate(read(kv_cache_config, "kv_cache_groups")):
+    groups = read(kv_cache_config, "kv_cache_groups")
+    for g, group in enumerate(groups):
         spec = group.kv_cache_spec
         spec_name = type(spec).__name__
         if spec_name == "MambaSpec":
@@ -262,7 +263,6 @@ def kv_cache_groups(
             f"{sorted(attention_block_sizes)}",
         )
     # The groups that hold a drafter's layers: EAGLE's block drop applies to their kinds.
-    groups = read(kv_cache_config, "kv_cache_groups")
     drafter = [bool(read(group, "is_eagle_group")) for group in groups]
     marks = ("+eagle" if marked else "" for marked in drafter)
     text = ",".join(kind + mark for kind, mark in zip(kinds, marks, strict=True))

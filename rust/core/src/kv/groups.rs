@@ -66,7 +66,7 @@ impl KvManager {
                     curr = curr.min(end as i64 * b);
                     continue;
                 }
-                let drop = groups.eagle_drop[lookup];
+                let drop = groups.eagle_drop[members[0]];
                 let max_length = if drop { (curr + b).min(hashes.len() as i64 * b) } else { curr };
                 let (start, end) = match *kind {
                     AttentionKind::Full => (0, self.full_attention_hit(hashes, max_length, members, drop)),
@@ -480,7 +480,7 @@ impl KvManager {
         // a window keeps one block more, up to and including the boundary's (`shift`), and
         // the prompt's boundaries are a block lower (vLLM's `replay_boundaries`), a shared
         // prefix's end also (a sibling that diverges right after it).
-        let eagle = groups.eagle_drop_of(g);
+        let eagle = groups.eagle_drop[g];
         let shift = usize::from(eagle);
         let (every_block, need, per_segment) = match groups.kinds[g] {
             AttentionKind::Full | AttentionKind::ChunkedLocal { .. } => (true, 0, 0),
@@ -492,24 +492,20 @@ impl KvManager {
                 (per_segment > 0 && need >= per_segment, need, per_segment)
             }
         };
-        let mut boundaries: Vec<i64> = if groups.eagle_drop.contains(&true) {
+        let prompt = if groups.eagle_drop.contains(&true) {
             let (resend, extension) = ((num_prompt_tokens - 1) / b * b, num_prompt_tokens / b * b);
-            vec![(resend - b).max(0), (extension - b).max(0)]
+            [resend - b, extension - b]
         } else {
-            vec![num_prompt_tokens - 1]
+            [num_prompt_tokens - 1; 2]
         };
-        if shared_prefix_boundary > 0 {
-            boundaries.push(shared_prefix_boundary);
-            if eagle {
-                boundaries.push(shared_prefix_boundary - b);
-            }
-        }
+        let junction = (shared_prefix_boundary > 0).then_some(shared_prefix_boundary);
+        let boundaries = [Some(prompt[0]), Some(prompt[1]), junction, junction.filter(|_| eagle).map(|t| t - b)];
         // The blocks `end - need .. end` before each boundary's block `end`.
-        let boundary_ends: Vec<usize> = boundaries.iter().map(|&tokens| (tokens.max(0) / b) as usize + shift).collect();
+        let boundary_ends = boundaries.map(|tokens| tokens.map(|tokens| (tokens.max(0) / b) as usize + shift));
         let keep = |i: usize| {
             every_block
                 || (per_segment > 0 && i >= shift && (i - shift) % per_segment >= per_segment - need)
-                || boundary_ends.iter().any(|&end| i < end && i + need >= end)
+                || boundary_ends.iter().flatten().any(|&end| i < end && i + need >= end)
         };
         self.pool.cache_full_blocks(ids, hashes, (from, full), g, keep);
         self.pool.events.record(|| KvEvent::Stored {

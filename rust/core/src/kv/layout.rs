@@ -34,8 +34,9 @@ pub struct Groups {
     /// Groups of one kind, looked up together (a hit needs every member), full attention
     /// first (vLLM's `attention_groups`).
     pub(crate) lookups: Vec<(AttentionKind, Vec<usize>)>,
-    /// Per lookup: a hit there gives back its last block (EAGLE's block drop, on the kinds
-    /// of the groups that hold the drafter's layers, or of every group if none is marked).
+    /// Per group: its kind's hits give back their last block (EAGLE's block drop, on the
+    /// kinds of the groups that hold the drafter's layers, or on every group if none is
+    /// marked); one value for all the members of a lookup.
     pub(crate) eagle_drop: Vec<bool>,
     /// 0: a sliding-window group caches only the blocks a resend of the prompt can hit;
     /// else also the window before every multiple of this many tokens.
@@ -62,12 +63,11 @@ impl Groups {
         lookups.sort_by_key(|(kind, _)| *kind != AttentionKind::Full);
         let layout = config.kv_cache_groups();
         let none_marked = !(0..kinds.len()).any(|g| layout.holds_drafter(g));
-        let eagle_drop = lookups
-            .iter()
-            .map(|(_, members)| {
-                config.eagle_block_drop() && members.iter().any(|&g| none_marked || layout.holds_drafter(g))
-            })
-            .collect();
+        let mut eagle_drop = vec![false; kinds.len()];
+        for (_, members) in &lookups {
+            let drop = config.eagle_block_drop() && members.iter().any(|&g| none_marked || layout.holds_drafter(g));
+            members.iter().for_each(|&g| eagle_drop[g] = drop);
+        }
         Self {
             eagle_drop,
             retention_interval: config.prefix_cache_retention_interval(),
@@ -81,10 +81,5 @@ impl Groups {
 
     pub fn len(&self) -> usize {
         self.kinds.len()
-    }
-
-    /// Whether group `g`'s kind gets EAGLE's block drop.
-    pub(crate) fn eagle_drop_of(&self, g: usize) -> bool {
-        self.lookups.iter().zip(&self.eagle_drop).any(|((_, members), &drop)| drop && members.contains(&g))
     }
 }
