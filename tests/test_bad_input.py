@@ -336,6 +336,22 @@ BAD_KWARGS: list[tuple[str, dict[str, Any], str]] = [
 ]
 for label, kwargs, pattern in BAD_KWARGS:
     case(f"add_request-{label}", add("x", [1, 2, 3], **kwargs), InvalidRequestError, pattern)
+
+
+def test_a_request_with_computed_tokens_is_refused_beside_aligned_mamba() -> None:
+    """No state block holds an aligned Mamba state computed elsewhere: the request is
+    refused, naming the field, and the scheduler holds nothing."""
+    config = SchedulerConfig(
+        **{**BASE, "num_speculative_tokens": 0, "kv_cache_groups": "full,mamba"}
+    )
+    sched = Scheduler(config)
+    with pytest.raises(InvalidRequestError, match=r"num_computed_tokens=2.*Mamba"):
+        sched.add_request("x", [1, 2, 3], max_tokens=2, num_computed_tokens=2)
+    assert not sched.has_requests()
+    sched.add_request("x", [1, 2, 3], max_tokens=2)
+    assert sched.has_requests()
+
+
 BAD_MM_INPUTS: list[tuple[str, Any, str]] = [
     ("str", "abc", "mm_inputs: must be an iterable of tuples, got str"),
     ("int", 5, "mm_inputs: must be an iterable of tuples, got int"),
@@ -941,9 +957,14 @@ CONFIG_CASES += [
         "eagle_block_drop",
     ),
     (
-        "mamba-with-prefix-caching",
-        {"kv_cache_groups": "mamba,full", "enable_prefix_caching": True},
-        "enable_prefix_caching",
+        "aligned-mamba-with-drafts",
+        {"kv_cache_groups": "mamba,full", "num_speculative_tokens": 2},
+        "num_speculative_tokens.*2.*Mamba",
+    ),
+    (
+        "aligned-mamba-with-a-connector",
+        {"kv_cache_groups": "full,mamba", "kv_connector": True},
+        "kv_connector.*Mamba",
     ),
     ("hash-lookahead-negative", {"num_hash_lookahead_tokens": -1}, "num_hash_lookahead_tokens"),
     ("retention-negative", {"prefix_cache_retention_interval": -16}, "retention_interval"),

@@ -411,11 +411,15 @@ class ParityConfig:
     kv_cache_groups: str = "full"
     """llmsched's ``kv_cache_groups``: vLLM's side gets one KV-cache group per entry
     (``FullAttentionSpec``, ``SlidingWindowSpec``, ``ChunkedLocalAttentionSpec`` or a
-    ``MambaSpec`` without prefix caching), in that order; ``""``: none (a model without a
-    KV cache, its pool the null block alone). ``+eagle`` after an entry: the group holds
-    the drafter's layers (vLLM's ``is_eagle_group``)."""
+    ``MambaSpec``, aligned to the block size with prefix caching), in that order; ``""``:
+    none (a model without a KV cache, its pool the null block alone). ``+eagle`` after an
+    entry: the group holds the drafter's layers (vLLM's ``is_eagle_group``)."""
     prefix_cache_retention_interval: int = 0
-    """Both sides' (vLLM's engine default, 0; a block size: every sliding-window block)."""
+    """Both sides' (vLLM's engine default, 0; a block size: every sliding-window block and
+    aligned Mamba state)."""
+    mamba_prefill_checkpoint_alignment: int = 0
+    """Both sides': with Mamba groups and prefix caching, their prefill checkpoints' alignment
+    (vLLM's side: ``MambaSpec`` with one checkpoint block and this alignment; 0: none)."""
     speculative_method: str = "ngram"
     """vLLM's drafter: ``ngram`` (no slots of its own), ``eagle`` / ``eagle3`` (``K``
     lookahead slots and EAGLE's prefix-cache rule), ``mtp`` (a multi-module MTP drafter:
@@ -544,6 +548,7 @@ class ParityConfig:
             "num_sampled_tokens_per_step": 0 if self.pooling or self.diffusion else 1,
             "kv_cache_groups": self.kv_cache_groups,
             "prefix_cache_retention_interval": self.prefix_cache_retention_interval,
+            "mamba_prefill_checkpoint_alignment": self.mamba_prefill_checkpoint_alignment,
             "kv_connector": self.kv_connector,
             # vLLM's requires_kv_delivery (a producer's) and defer_block_free (a consumer's
             # with steps in flight).
@@ -616,7 +621,8 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
     next token and a step's budget per step in flight, plus a block for a window starting
     mid-block; a chunked local group a chunk and the tokens in flight, plus a block for a
     chunk starting mid-block (each windowed group also the blocks of the drafter's lookahead
-    slots); a Mamba group its state blocks, ``1 + K``."""
+    slots); a Mamba group its state blocks, ``1 + K`` (with prefix caching, aligned: the
+    state a step reads and one per step in flight)."""
     longest = min(req.longest + config.num_speculative_tokens, config.max_model_len)
     whole = -(-longest // config.block_size)
     steps_in_flight = 2 if config.async_scheduling else 1
@@ -624,6 +630,12 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
     for kind in config.group_kinds():
         if kind == "full":
             total += whole
+            continue
+        if kind == "mamba" and config.enable_prefix_caching:
+            # Aligned: the state a step reads, one per step that may be in flight, and a
+            # prefill checkpoint block.
+            total += 1 + max(steps_in_flight, config.pipeline_parallel_size)
+            total += int(config.mamba_prefill_checkpoint_alignment > 0)
             continue
         if kind == "mamba":
             # A state block per request and one per draft token, however long.

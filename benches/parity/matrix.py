@@ -1252,6 +1252,42 @@ def edge_cases() -> list[Case]:
                     ),
                 )
             )
+        # Mamba hybrids with prefix caching (vLLM's mamba_cache_mode "align"): prompt chunks
+        # end on block boundaries, a Mamba group holds the states a step reads and writes
+        # among null blocks, caches the one a resend (or a shared prefix's end, or every
+        # retention interval) can resume from, and a hit needs that state cached. A
+        # long-prefill threshold below the block size makes chunks end mid-block. Mamba2
+        # and gated DeltaNet layers write a prompt's last boundary state into a prefill
+        # checkpoint block from inside its last chunk (checkpoint alignment c > 0).
+        for workload, groups, policy, retention, threshold, checkpoints in (
+            ("mooncake-turns", "mamba,full,mamba", "fcfs", 0, 0, 0),
+            ("shuffled-blocks", "full,mamba", "priority", 0, 0, 0),
+            ("azure-code", "mamba,mamba,mamba,full", "fcfs", 16, 0, 0),
+            ("mooncake-turns", "full,mamba,sliding_window:64", "priority", 64, 0, 0),
+            ("shuffled-blocks", "mamba,full", "fcfs", 0, 12, 0),
+            ("mooncake-turns", "mamba,full,mamba", "priority", 0, 0, 1),
+            ("shuffled-blocks", "full,mamba", "fcfs", 0, 0, 8),
+            ("azure-code", "mamba,mamba,mamba,full", "priority", 16, 0, 1),
+            ("mooncake-turns", "full,mamba,sliding_window:64", "fcfs", 64, 0, 1),
+        ):
+            out.append(
+                _hybrid_case(
+                    workload,
+                    ParityConfig(
+                        f"edge-mamba-{groups.count('mamba')}m-{mode}-apc-r{retention}-t{threshold}"
+                        f"-c{checkpoints}-{policy[:4]}-kv",
+                        long_prefill_token_threshold=threshold,
+                        mamba_prefill_checkpoint_alignment=checkpoints,
+                        async_scheduling=a,
+                        num_speculative_tokens=0,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=0,
+                        kv_cache_groups=groups,
+                        prefix_cache_retention_interval=retention,
+                    ),
+                )
+            )
         # Drafters with a model (EAGLE K=3, multi-module MTP, a draft model): K lookahead
         # slots capped at max_model_len, EAGLE's prefix-cache rule (lookahead hashes, where
         # prompts that share blocks go on with other tokens, and their KV events; or the last

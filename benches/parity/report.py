@@ -244,8 +244,10 @@ core, kept out the same way. Beyond them, the plug-in:
   KV cache residency and MFU metrics, decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
-  retaining extra tokens, Mamba state cached at block boundaries: prefix caching with Mamba
-  layers), KV caches of mixed precision, a hash
+  retaining extra tokens, a Mamba cache mode other than vLLM's for the prefix-caching
+  setting, Mamba groups of different prefill checkpoints), Mamba state cached at block
+  boundaries beside drafts, a KV connector or multimodal inputs (the core's
+  `ConfigError`), KV caches of mixed precision, a hash
   block size other than the block size, multi-module MTP drafters beside several KV-cache
   groups or multimodal inputs, EAGLE's block drop beside chunked local attention,
   dynamic speculative decoding (every field of the vLLM
@@ -409,6 +411,23 @@ core, kept out the same way. Beyond them, the plug-in:
   Mamba groups, a sliding window too, K = 0, 1 and 3, KV pressure) compare them with
   vLLM's; `tests/vllm_engine/test_mamba_hybrid.py` serves a random-weight Granite-4.0-H
   (three Mamba2 layers and an attention layer, 512 requests, preemption) token-identically;
+- **serves Mamba hybrids with prefix caching** (vLLM's `mamba_cache_mode` "align", which
+  vLLM turns on with prefix caching; the Mamba block size is the attention groups'), in the
+  core: a prompt chunk ends on a block boundary (vLLM's `_mamba_block_aligned_split`: not
+  past the next boundary from mid-block, the last boundary a hit can resume from, or a
+  shared prefix's end), a Mamba table has a position per block but holds only the state
+  a step reads and the one it writes (null blocks before them, freed as the processed
+  tokens pass), caches the state a resend, a shared prefix's end or each retention
+  interval can resume from, and a hit needs that state (the rightmost cached one), never
+  one its own step writes (vLLM's `cached_blocks_this_step`). With prefill checkpoint
+  blocks (Mamba2, gated DeltaNet: `num_prefill_checkpoint_blocks`, on the layers'
+  alignment) a prompt's last chunk runs whole and writes its last boundary's state into
+  the block before the one it ends in. The `edge-mamba-*-apc` cases (one to three Mamba
+  groups, a sliding window too, retention 0, every block and every 4, a long-prefill
+  threshold below the block size, checkpoints of alignment 1 and 8, KV pressure and
+  preemption, sync and async) compare every field with vLLM's. Not yet beside drafts, a
+  KV connector, multimodal inputs or streaming-input sessions (refused, naming the field),
+  nor with a hash block size below the Mamba block size (vLLM's partial hits);
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's
   engine sets its `skip_reading_prefix_cache`) is admitted without a prefix-cache lookup,
   and its blocks are cached for others;

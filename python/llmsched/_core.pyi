@@ -143,6 +143,7 @@ class SchedulerConfig:
         num_prefill_lookahead_tokens: int = 0,
         kv_cache_groups: str = "full",
         prefix_cache_retention_interval: int = 0,
+        mamba_prefill_checkpoint_alignment: int = 0,
         prefill_schedule_interval: int = 1,
     ) -> SchedulerConfig: ...
     @property
@@ -299,8 +300,10 @@ class SchedulerConfig:
     def kv_cache_groups(self) -> str:
         """The KV-cache groups the pool serves, in vLLM's order, comma-separated:
         ``full``, ``sliding_window:W`` (a window of W tokens), ``chunked_local:C``
-        (attention within chunks of C tokens) or ``mamba`` (a recurrent state of
-        ``1 + K`` blocks per request; prefix caching off) each, followed by ``+eagle``
+        (attention within chunks of C tokens) or ``mamba`` (a recurrent state: ``1 + K``
+        blocks per request with prefix caching off; with it on, the state at each
+        block boundary is cached, vLLM's ``mamba_cache_mode`` "align") each, followed by
+        ``+eagle``
         where the group holds a drafter's layers (``eagle_block_drop`` then applies to
         the kinds of the groups so marked, to every group if none is). A hybrid model
         (sliding-window, chunked local or Mamba layers beside full ones) has several;
@@ -309,10 +312,20 @@ class SchedulerConfig:
         block alone (``num_gpu_blocks`` 1 suffices)."""
     @property
     def prefix_cache_retention_interval(self) -> int:
-        """Which blocks of a sliding-window group enter the prefix cache (vLLM's
-        ``prefix_cache_retention_interval``): 0 keeps only those a resend of the
-        prompt can hit; a multiple of ``block_size`` also keeps the window's
-        blocks at every such interval (``block_size``: every block)."""
+        """Which blocks of a sliding-window group, and which aligned Mamba states, enter
+        the prefix cache (vLLM's ``prefix_cache_retention_interval``): 0 keeps only
+        those a resend of the prompt (or a shared prefix) can hit; a multiple of
+        ``block_size`` also keeps the window's blocks, and the state, at every such
+        interval (``block_size``: every block)."""
+    @property
+    def mamba_prefill_checkpoint_alignment(self) -> int:
+        """With Mamba groups and prefix caching (their state cached at block
+        boundaries): 0, a Mamba layer writes its state only where a step ends; A > 0,
+        each Mamba group also holds a prefill checkpoint block, into which a prompt's
+        last chunk writes the state at its last block boundary from inside the step
+        when that boundary lies a multiple of A tokens past the chunk's start, so the
+        chunk is not split there (vLLM's ``MambaSpec.num_prefill_checkpoint_blocks``
+        1 with ``prefill_checkpoint_alignment`` A: Mamba2 and gated DeltaNet layers)."""
     @property
     def prefill_schedule_interval(self) -> int:
         """Prefill cadence: while a request decodes, prefill (admissions and running

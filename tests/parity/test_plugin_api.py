@@ -94,7 +94,14 @@ def _mamba_spec(**fields: Any) -> Any:
     import torch
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    return MambaSpec(block_size=256, shapes=((1,),), dtypes=(torch.float32,), **fields)
+    fields.setdefault("block_size", 256)
+    return MambaSpec(shapes=((1,),), dtypes=(torch.float32,), **fields)
+
+
+def _aligned_mamba_spec(**fields: Any) -> Any:
+    """A Mamba group as vLLM builds it with prefix caching: its state cached at block
+    boundaries of the attention block size."""
+    return _mamba_spec(block_size=BLOCK, mamba_cache_mode="align", **fields)
 
 
 def _cross_attention_spec() -> Any:
@@ -114,11 +121,20 @@ ENGINE_REFUSALS = {
     "KV-cache groups other than full, sliding-window, chunked local attention and Mamba": (
         lambda s: s.kv_cache_config.kv_cache_groups.append(_group(_cross_attention_spec()))
     ),
-    "Mamba state cached at block boundaries": lambda s: s.kv_cache_config.kv_cache_groups.append(
-        _group(_mamba_spec(mamba_cache_mode="align"))
+    # (The reference runs with prefix caching on: vLLM aligns Mamba state then.)
+    "a Mamba cache mode other than vLLM's": lambda s: s.kv_cache_config.kv_cache_groups.append(
+        _group(_mamba_spec(mamba_cache_mode="none"))
+    ),
+    "Mamba groups of different prefill checkpoints": lambda s: (
+        s.kv_cache_config.kv_cache_groups.extend(
+            _group(_aligned_mamba_spec(num_prefill_checkpoint_blocks=1, **alignment))
+            for alignment in ({"prefill_checkpoint_alignment": 1}, {})
+        )
     ),
     "Mamba state blocks other than one per draft token": lambda s: (
-        s.kv_cache_config.kv_cache_groups.append(_group(_mamba_spec(num_speculative_blocks=2)))
+        s.kv_cache_config.kv_cache_groups.append(
+            _group(_aligned_mamba_spec(num_speculative_blocks=2))
+        )
     ),
     "KV caches of mixed precision": lambda s: s.kv_cache_config.kv_cache_groups.append(
         _group(_half_precision_sliding_spec())
@@ -149,6 +165,28 @@ def test_an_engine_asking_for_an_unsupported_feature_fails_at_start(feature: str
     ENGINE_REFUSALS[feature](sched)
     with pytest.raises(plugin.UnsupportedFeatureError, match=feature):
         build(sched)
+
+
+@pytest.mark.parametrize(
+    ("checkpoint_fields", "alignment"),
+    [
+        ({}, 0),
+        ({"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 8}, 8),
+        # A checkpoint block without an alignment is never written (vLLM's rule).
+        ({"num_prefill_checkpoint_blocks": 1}, 0),
+    ],
+)
+def test_an_aligned_mamba_group_reaches_the_core_beside_prefix_caching(
+    checkpoint_fields: dict[str, Any], alignment: int
+) -> None:
+    """vLLM's Mamba group with prefix caching ("align", the attention block size) is served:
+    the core gets it, caching its state at block boundaries, with its prefill checkpoints."""
+    sched = reference()
+    sched.kv_cache_config = copy.deepcopy(sched.kv_cache_config)
+    sched.kv_cache_config.kv_cache_groups.append(_group(_aligned_mamba_spec(**checkpoint_fields)))
+    config = build(sched).core.config
+    assert (config.kv_cache_groups, config.enable_prefix_caching) == ("full,mamba", True)
+    assert config.mamba_prefill_checkpoint_alignment == alignment
 
 
 @pytest.mark.parametrize(

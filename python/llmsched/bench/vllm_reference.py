@@ -278,6 +278,7 @@ def make_vllm_scheduler(
     kv_load_failure_policy: str = "recompute",
     kv_cache_groups: str = "full",
     prefix_cache_retention_interval: int | None = 0,
+    mamba_prefill_checkpoint_alignment: int = 0,
     data_parallel_size: int = 1,
     image_side: int = 0,
     max_num_encoder_input_tokens: int | None = None,
@@ -307,9 +308,11 @@ def make_vllm_scheduler(
     ``kv_load_failure_policy``,
     ``kv_cache_groups`` llmsched's field of that name
     (one KV-cache group per entry: ``FullAttentionSpec``, ``SlidingWindowSpec``,
-    ``ChunkedLocalAttentionSpec`` or, for ``mamba``, a ``MambaSpec`` without prefix caching)
+    ``ChunkedLocalAttentionSpec`` or, for ``mamba``, a ``MambaSpec``: of ``max_model_len``
+    tokens without prefix caching, aligned to ``block_size`` with it, as vLLM sets them up)
     and ``prefix_cache_retention_interval`` the KV-cache config's (vLLM's engines take the cache
-    config's, 0; None keeps every sliding-window block). See the module docstring for the
+    config's, 0; None keeps every sliding-window block), ``mamba_prefill_checkpoint_alignment``
+    the aligned Mamba groups' prefill checkpoints (0: none). See the module docstring for the
     rest. ``data_parallel_size`` > 1 is a data-parallel rank of an MoE model (dense models'
     ranks are independent engines of size 1), whose engine core keeps the prefill cadence.
     ``image_side`` > 0 makes the model a tiny llava-1.5 (multimodal inputs, each image
@@ -431,6 +434,20 @@ def make_vllm_scheduler(
         shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1}
         if kind == "full":
             return FullAttentionSpec(**shape, dtype=torch.float32)
+        if kind == "mamba" and cache_config.enable_prefix_caching:
+            # With prefix caching vLLM aligns Mamba state to the attention block size.
+            checkpoints = mamba_prefill_checkpoint_alignment > 0
+            return MambaSpec(
+                block_size=block_size,
+                shapes=((1,),),
+                dtypes=(torch.float32,),
+                mamba_cache_mode="align",
+                num_speculative_blocks=num_speculative_tokens,
+                num_prefill_checkpoint_blocks=int(checkpoints),
+                prefill_checkpoint_alignment=mamba_prefill_checkpoint_alignment
+                if checkpoints
+                else None,
+            )
         if kind == "mamba":
             # Without prefix caching, as vLLM sizes it: one state block per request (and
             # one per draft token) of max_model_len tokens.
@@ -463,6 +480,10 @@ def make_vllm_scheduler(
         ],
         prefix_cache_retention_interval=prefix_cache_retention_interval,
     )
+    if "mamba" in kv_cache_groups and cache_config.enable_prefix_caching:
+        # vLLM's MambaModelConfig: prefix caching with Mamba layers caches their state at
+        # block boundaries.
+        cache_config.mamba_cache_mode = "align"
     if speculative_config is not None and speculative_method != "ngram":
         _become_drafter(vllm_config, speculative_method, lookahead_block_hashes)
     cache_config.num_gpu_blocks = num_gpu_blocks

@@ -63,6 +63,7 @@ WITHOUT_FLAGS = (
     "pipeline_parallel_size",
     "kv_cache_groups",
     "prefix_cache_retention_interval",
+    "mamba_prefill_checkpoint_alignment",
 )
 
 

@@ -182,7 +182,13 @@ def check_engine_config(
         refused, detail = check()
         if refused:
             raise _unsupported(feature, detail)
-    kv_cache_groups(kv_cache_config, block_size, get("num_speculative_tokens"))
+    kv_cache_groups(
+        kv_cache_config,
+        block_size,
+        get("num_speculative_tokens"),
+        read(vllm_config, "cache_config.enable_prefix_caching"),
+    )
+    mamba_prefill_checkpoint_alignment(kv_cache_config)
     # vLLM zeroes new blocks for Mamba layers (llmsched's core names them) and for KV caches
     # of mixed precision (which it does not).
     if read(kv_cache_config, "needs_kv_cache_zeroing") and not read(
@@ -201,29 +207,35 @@ def check_engine_config(
 
 
 def kv_cache_groups(
-    kv_cache_config: Any, block_size: int, num_speculative_tokens: int
+    kv_cache_config: Any, block_size: int, num_speculative_tokens: int, prefix_caching: bool
 ) -> tuple[str, int]:
     """The engine's KV-cache groups as llmsched's ``kv_cache_groups`` field, and the block
     size of its attention groups: full-attention, sliding-window and chunked local
-    attention groups of one block size, the scheduler's (``block_size``), and Mamba groups
-    without prefix caching (``mamba_cache_mode`` "none": vLLM sizes their blocks to
-    ``max_model_len`` and hands the scheduler the least common multiple of every group's
-    block size); ``UnsupportedFeatureError`` naming any other (cross attention, Mamba state
-    cached at block boundaries, ...). A Mamba group holds a state block per request and
-    one per draft token (``num_speculative_blocks``), as llmsched's does."""
+    attention groups of one block size, the scheduler's (``block_size``), and Mamba groups.
+    Without prefix caching (``mamba_cache_mode`` "none") vLLM sizes a Mamba group's blocks
+    to ``max_model_len`` and hands the scheduler the least common multiple of every group's
+    block size; a Mamba group holds a state block per request and one per draft token
+    (``num_speculative_blocks``), as llmsched's does. With it ("align", as vLLM turns it
+    on) a Mamba group's block size is the attention groups' and its state is cached at
+    block boundaries, as llmsched's is (:func:`mamba_prefill_checkpoint_alignment`).
+    ``UnsupportedFeatureError`` names any other (cross attention, ...)."""
     kinds = []
     attention_block_sizes = set()
     groups = read(kv_cache_config, "kv_cache_groups")
+    aligned_mamba_block_sizes = set()
     for g, group in enumerate(groups):
         spec = group.kv_cache_spec
         spec_name = type(spec).__name__
         if spec_name == "MambaSpec":
             mode = read(spec, "mamba_cache_mode")
-            if mode != "none":
+            # llmsched's core aligns Mamba state exactly when prefix caching is on.
+            if mode != ("align" if prefix_caching else "none"):
                 raise _unsupported(
-                    "Mamba state cached at block boundaries (prefix caching with Mamba layers)",
-                    f"group {g}: mamba_cache_mode={mode!r}",
+                    "a Mamba cache mode other than vLLM's for the prefix-caching setting",
+                    f"group {g}: mamba_cache_mode={mode!r}, enable_prefix_caching={prefix_caching}",
                 )
+            if mode == "align":
+                aligned_mamba_block_sizes.add(spec.block_size)
             draft_blocks = read(spec, "num_speculative_blocks")
             if draft_blocks != num_speculative_tokens:
                 raise _unsupported(
@@ -254,19 +266,44 @@ def kv_cache_groups(
     # Without Mamba groups the scheduler's block size is the attention groups'; with them,
     # a multiple of it.
     attention_block = min(attention_block_sizes, default=block_size)
-    if len(attention_block_sizes) > 1 or (
-        block_size % attention_block if "mamba" in kinds else block_size != attention_block
+    if (
+        len(attention_block_sizes) > 1
+        or aligned_mamba_block_sizes - {attention_block}
+        or (block_size % attention_block if "mamba" in kinds else block_size != attention_block)
     ):
         raise _unsupported(
             "a scheduler block size other than a KV-cache group's",
             f"block_size={block_size}, attention groups' block sizes "
-            f"{sorted(attention_block_sizes)}",
+            f"{sorted(attention_block_sizes)}, aligned Mamba groups' "
+            f"{sorted(aligned_mamba_block_sizes)}",
         )
     # The groups that hold a drafter's layers: EAGLE's block drop applies to their kinds.
     drafter = [bool(read(group, "is_eagle_group")) for group in groups]
     marks = ("+eagle" if marked else "" for marked in drafter)
     text = ",".join(kind + mark for kind, mark in zip(kinds, marks, strict=True))
     return text, attention_block
+
+
+def mamba_prefill_checkpoint_alignment(kv_cache_config: Any) -> int:
+    """llmsched's ``mamba_prefill_checkpoint_alignment``: the alignment of the prefill
+    checkpoints the engine's Mamba groups write inside a step (``MambaSpec``'s
+    ``num_prefill_checkpoint_blocks`` > 0 and ``prefill_checkpoint_alignment``), 0 if they
+    write none; ``UnsupportedFeatureError`` for Mamba groups that differ (vLLM's scheduler
+    reads the first group's alignment, its KV manager each group's own)."""
+    alignments = set()
+    for group in read(kv_cache_config, "kv_cache_groups"):
+        spec = group.kv_cache_spec
+        if type(spec).__name__ != "MambaSpec":
+            continue
+        alignment = read(spec, "prefill_checkpoint_alignment")
+        exports = read(spec, "num_prefill_checkpoint_blocks") > 0 and alignment is not None
+        alignments.add(alignment if exports else 0)
+    if len(alignments) > 1:
+        raise _unsupported(
+            "Mamba groups of different prefill checkpoints",
+            f"prefill checkpoint alignments {sorted(alignments)} (0: none)",
+        )
+    return alignments.pop() if alignments else 0
 
 
 def llmsched_config(
@@ -293,7 +330,10 @@ def llmsched_config(
     spec = read(vllm_config, "speculative_config")
     hash_lookahead = num_hash_lookahead_tokens(vllm_config)
     groups, attention_block = kv_cache_groups(
-        kv_cache_config, block_size, read(vllm_config, "num_speculative_tokens")
+        kv_cache_config,
+        block_size,
+        read(vllm_config, "num_speculative_tokens"),
+        read(vllm_config, "cache_config.enable_prefix_caching"),
     )
     lora = read(vllm_config, "lora_config")
     events = read(vllm_config, "kv_events_config")
@@ -328,6 +368,10 @@ def llmsched_config(
             # vLLM's None (a KV-cache config built without the cache config's value)
             # keeps every window block: an interval of one block.
             prefix_cache_retention_interval=block_size if retention is None else retention,
+            # (Its checkpoints are read only when Mamba state is aligned: prefix caching.)
+            mamba_prefill_checkpoint_alignment=mamba_prefill_checkpoint_alignment(kv_cache_config)
+            if shared["enable_prefix_caching"]
+            else 0,
             max_num_encoder_input_tokens=encoder_compute_budget,
             encoder_cache_size=encoder_cache_size,
             num_prefill_lookahead_tokens=read(vllm_config, "num_prefill_lookahead_tokens"),

@@ -47,10 +47,12 @@ pub enum AttentionKind {
     /// Tokens attend within their own chunk of `chunk` tokens: blocks of earlier chunks go
     /// back to the pool (vLLM's `ChunkedLocalAttentionSpec.attention_chunk_size`).
     ChunkedLocal { chunk: u32 },
-    /// A Mamba (or other linear-attention) layer's recurrent state, without prefix caching
-    /// (vLLM's `MambaSpec` in `mamba_cache_mode` "none"): a request holds one block for its
+    /// A Mamba (or other linear-attention) layer's recurrent state (vLLM's `MambaSpec`).
+    /// Without prefix caching (`mamba_cache_mode` "none") a request holds one block for its
     /// state and one per draft token (`1 + K`), from its first step to its end, whatever
-    /// its length.
+    /// its length. With it ("align") its table has a block position per `B` tokens, as
+    /// an attention table, but holds only the state its next step continues from and the
+    /// one it writes (the null block elsewhere); a state at a block boundary is cached.
     Mamba,
 }
 
@@ -340,8 +342,9 @@ macro_rules! config_fields {
             num_prefill_lookahead_tokens: Int = 0;
             /// The KV-cache groups the pool serves, in vLLM's order, comma-separated:
             /// ``full``, ``sliding_window:W`` (a window of W tokens), ``chunked_local:C``
-            /// (attention within chunks of C tokens) or ``mamba`` (a recurrent state of
-            /// ``1 + K`` blocks per request; prefix caching off) each, followed by ``+eagle``
+            /// (attention within chunks of C tokens) or ``mamba`` (a recurrent state: ``1 + K``
+            /// blocks per request with prefix caching off; with it on, the state at each
+            /// block boundary is cached, vLLM's ``mamba_cache_mode`` "align") each, followed by ``+eagle``
             /// where the group holds a drafter's layers (``eagle_block_drop`` then applies to
             /// the kinds of the groups so marked, to every group if none is). A hybrid model
             /// (sliding-window, chunked local or Mamba layers beside full ones) has several;
@@ -349,11 +352,20 @@ macro_rules! config_fields {
             /// instance) none, ``""``: its requests hold no block, and its pool is the null
             /// block alone (``num_gpu_blocks`` 1 suffices).
             kv_cache_groups: Groups = KvCacheGroups::FULL;
-            /// Which blocks of a sliding-window group enter the prefix cache (vLLM's
-            /// ``prefix_cache_retention_interval``): 0 keeps only those a resend of the
-            /// prompt can hit; a multiple of ``block_size`` also keeps the window's
-            /// blocks at every such interval (``block_size``: every block).
+            /// Which blocks of a sliding-window group, and which aligned Mamba states, enter
+            /// the prefix cache (vLLM's ``prefix_cache_retention_interval``): 0 keeps only
+            /// those a resend of the prompt (or a shared prefix) can hit; a multiple of
+            /// ``block_size`` also keeps the window's blocks, and the state, at every such
+            /// interval (``block_size``: every block).
             prefix_cache_retention_interval: Int = 0;
+            /// With Mamba groups and prefix caching (their state cached at block
+            /// boundaries): 0, a Mamba layer writes its state only where a step ends; A > 0,
+            /// each Mamba group also holds a prefill checkpoint block, into which a prompt's
+            /// last chunk writes the state at its last block boundary from inside the step
+            /// when that boundary lies a multiple of A tokens past the chunk's start, so the
+            /// chunk is not split there (vLLM's ``MambaSpec.num_prefill_checkpoint_blocks``
+            /// 1 with ``prefill_checkpoint_alignment`` A: Mamba2 and gated DeltaNet layers).
+            mamba_prefill_checkpoint_alignment: Int = 0;
             /// Prefill cadence: while a request decodes, prefill (admissions and running
             /// prompt chunks) runs only once this many executed steps have passed since
             /// the last step that carried prefill, unless the waiting requests outgrew
@@ -792,16 +804,39 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
              are not built)",
         ));
     }
-    if p.kv_cache_groups.has_mamba() && p.enable_prefix_caching {
+    let alignment = p.mamba_prefill_checkpoint_alignment;
+    if alignment < 0 || (alignment > 0 && !(p.kv_cache_groups.has_mamba() && p.enable_prefix_caching)) {
         return Err(CoreError::config(
-            "enable_prefix_caching",
-            "True",
-            format!(
-                "must be False with the KV-cache groups {:?}: Mamba state cached at block boundaries \
-                 (vLLM's mamba_cache_mode \"align\") is not built",
-                p.kv_cache_groups.to_text()
-            ),
+            "mamba_prefill_checkpoint_alignment",
+            alignment,
+            "must be 0, or positive with Mamba groups and prefix caching on (their state cached at \
+             block boundaries)",
         ));
+    }
+    if p.kv_cache_groups.has_mamba() && p.enable_prefix_caching {
+        // Mamba state cached at block boundaries (vLLM's mamba_cache_mode "align") is built
+        // for the target model's steps alone.
+        let refused = [
+            ("num_speculative_tokens", p.num_speculative_tokens.to_string(), p.num_speculative_tokens > 0),
+            ("kv_connector", "True".to_string(), p.kv_connector),
+            (
+                "max_num_encoder_input_tokens",
+                p.max_num_encoder_input_tokens.to_string(),
+                p.max_num_encoder_input_tokens > 0,
+            ),
+        ];
+        if let Some((field, value, _)) = refused.into_iter().find(|(_, _, on)| *on) {
+            return Err(CoreError::config(
+                field,
+                value,
+                format!(
+                    "is not served beside Mamba groups with prefix caching on (kv_cache_groups {:?}: \
+                     Mamba state cached at block boundaries, vLLM's mamba_cache_mode \"align\", is \
+                     built without drafts, KV connectors and multimodal inputs)",
+                    p.kv_cache_groups.to_text()
+                ),
+            ));
+        }
     }
     if p.kv_cache_groups.is_hybrid() {
         let groups = p.kv_cache_groups.to_text();
@@ -941,10 +976,25 @@ impl SchedulerConfig {
         self.kv_cache_groups().iter().map(held).sum()
     }
 
-    /// The blocks a request holds in a Mamba group: its state, and one per draft token
-    /// (vLLM's `MambaSpec.num_speculative_blocks`), `1 + K`.
+    /// The most blocks a request holds at once in a Mamba group. Without prefix caching its
+    /// state and one per draft token (vLLM's `MambaSpec.num_speculative_blocks`), `1 + K`,
+    /// always. With it ("align"): the state a step continues from, one more for each step
+    /// that may be in flight (a step takes one block, and frees those behind the processed
+    /// tokens), and a prefill checkpoint block if its layers write them.
     pub fn mamba_state_blocks(&self) -> i64 {
-        1 + self.num_speculative_tokens()
+        if self.mamba_aligned() {
+            // (And a prefill checkpoint block.)
+            1 + self.max_concurrent_batches() + i64::from(self.mamba_prefill_checkpoint_alignment() > 0)
+        } else {
+            1 + self.num_speculative_tokens()
+        }
+    }
+
+    /// Mamba groups cache their state at block boundaries (vLLM's `mamba_cache_mode`
+    /// "align", which vLLM turns on with prefix caching).
+    #[inline]
+    pub fn mamba_aligned(&self) -> bool {
+        self.kv_cache_groups().has_mamba() && self.enable_prefix_caching()
     }
 
     /// The most steps an engine keeps in flight (vLLM's `max_concurrent_batches`): one per

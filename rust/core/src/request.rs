@@ -395,7 +395,8 @@ pub(crate) fn check_could_finish(num_tokens: i64, max_tokens: i64, cfg: &Schedul
 /// Whether `cfg` serves streaming-input sessions: not for a pooling model (it samples
 /// nothing to stop an input; vLLM's front end refuses those too), nor with Mamba groups
 /// under async scheduling (a stop rolls `C` back past positions a step in flight may
-/// already have folded into the recurrent state, which cannot be rolled back).
+/// already have folded into the recurrent state, which cannot be rolled back), nor beside
+/// aligned Mamba state (not built).
 fn check_session_config(cfg: &SchedulerConfig) -> CoreResult<()> {
     if cfg.num_sampled_tokens_per_step() == 0 {
         return Err(CoreError::request(
@@ -409,6 +410,14 @@ fn check_session_config(cfg: &SchedulerConfig) -> CoreResult<()> {
             "resumable",
             true,
             "streaming-input sessions are not served with Mamba groups under async scheduling",
+        ));
+    }
+    if cfg.mamba_aligned() {
+        return Err(CoreError::request(
+            "resumable",
+            true,
+            "streaming-input sessions are not served beside Mamba groups with prefix caching on \
+             (their state cached at block boundaries)",
         ));
     }
     Ok(())
@@ -555,6 +564,14 @@ impl Request {
                 "num_computed_tokens",
                 new.num_computed_tokens,
                 format!("must be in [0, len(prompt_token_ids)) = [0, {prompt_len}): the last prompt token is always computed"),
+            ));
+        }
+        if new.num_computed_tokens > 0 && cfg.mamba_aligned() {
+            return Err(CoreError::request(
+                "num_computed_tokens",
+                new.num_computed_tokens,
+                "must be 0 beside Mamba groups with prefix caching on: no state block holds the \
+                 Mamba state after tokens computed elsewhere",
             ));
         }
         check_could_finish(prompt_len, new.max_tokens, cfg)?;

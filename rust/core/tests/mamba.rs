@@ -89,17 +89,20 @@ fn the_pool_counts_state_blocks_at_admission_and_preemption_frees_them() {
 }
 
 #[test]
-fn a_mamba_group_needs_prefix_caching_off_and_an_attention_group() {
-    let refused = |groups: &str, caching: bool| {
+fn a_mamba_group_needs_an_attention_group_and_with_prefix_caching_no_drafts() {
+    let refused = |groups: &str, caching: bool, k: i64| {
         let p = ConfigParams {
             kv_cache_groups: KvCacheGroups::parse(groups).unwrap(),
             enable_prefix_caching: caching,
+            num_speculative_tokens: k,
             ..ConfigParams::default()
         };
-        SchedulerConfig::new(p).unwrap_err().to_string()
+        SchedulerConfig::new(p).err().map(|e| e.to_string())
     };
-    assert!(refused("mamba,full", true).contains("enable_prefix_caching"));
-    assert!(refused("mamba,mamba", false).contains("kv_cache_groups"));
+    assert_eq!(refused("mamba,full", true, 0), None);
+    assert!(refused("mamba,full", true, 2).unwrap().contains("num_speculative_tokens"));
+    assert_eq!(refused("mamba,full", false, 2), None);
+    assert!(refused("mamba,mamba", false, 0).unwrap().contains("kv_cache_groups"));
     // A short request still needs its state blocks in every Mamba group.
     let mut sched = mamba(|p| (p.num_gpu_blocks, p.num_speculative_tokens) = (7, 2));
     let err = sched.add_request(NewRequest::new("r", vec![1, 2], 1)).unwrap_err().to_string();

@@ -430,9 +430,16 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         // The flag without a connector (vLLM's attribute set by hand), with steps in flight.
         p.defer_block_free = r.adaptive && r.depth >= 2;
     }
-    if p.kv_cache_groups.has_mamba() {
-        // Mamba groups run without prefix caching (vLLM's mamba_cache_mode "none").
+    if p.kv_cache_groups.has_mamba()
+        && (p.num_speculative_tokens > 0 || p.kv_connector || p.max_num_encoder_input_tokens > 0)
+    {
+        // Beside drafts, connectors and multimodal inputs Mamba groups run without prefix
+        // caching (vLLM's mamba_cache_mode "none").
         (p.enable_prefix_caching, p.enable_kv_cache_events) = (false, false);
+    }
+    if p.kv_cache_groups.has_mamba() && p.enable_prefix_caching {
+        // Aligned Mamba state, its layers writing prefill checkpoints or not.
+        p.mamba_prefill_checkpoint_alignment = [0, 1, 2][r.model_extra.rem_euclid(3) as usize];
     }
     fit_budget_rules(&mut p);
     // A multi-module lookahead needs steps that can give a request L tokens.
@@ -718,6 +725,12 @@ enum Kv {
     },
     /// Computed for a rejected draft, or for a token that was never appended.
     Garbage,
+    /// An aligned Mamba group's block (its first slot): the state after the first `len`
+    /// tokens, written by step `step_id` (the steps after it read it).
+    MambaState {
+        len: i64,
+        step_id: u64,
+    },
 }
 
 /// A step in flight with the runner's output, decided right after `schedule()`.
@@ -1079,15 +1092,19 @@ impl Harness {
             || self.blocks_over_groups((len + r.max_tokens).min(m))
                 + groups * ((1 + k + self.cfg.num_lookahead_tokens() + bs - 1) / bs)
                 <= usable_blocks;
-        // Sessions: not for a pooling model, nor with Mamba groups under async scheduling.
+        // Sessions: not for a pooling model, nor with Mamba groups under async scheduling or
+        // aligned.
+        let mamba = self.cfg.kv_cache_groups().has_mamba();
         let session_served =
-            !r.resumable || (s > 0 && !(self.cfg.async_scheduling() && self.cfg.kv_cache_groups().has_mamba()));
+            !r.resumable || (s > 0 && !(mamba && (self.cfg.async_scheduling() || self.cfg.mamba_aligned())));
         len >= 1
             && len <= m - s
             && load_fits
             && session_served
             && r.max_tokens >= 1
             && (0..len).contains(&r.num_computed_tokens)
+            // No state block holds an aligned Mamba state computed elsewhere.
+            && (r.num_computed_tokens == 0 || !self.cfg.mamba_aligned())
             && self.fits_pool(len, r.max_tokens)
             && (r.lora_id.is_none() || self.cfg.max_loras() > 0)
     }
@@ -1114,7 +1131,12 @@ impl Harness {
             .iter()
             .map(|kind| match kind {
                 AttentionKind::Full => whole,
-                // A Mamba group holds its state and a block per draft token, whatever the length.
+                // Aligned, a Mamba group holds the state a step reads, one per step in
+                // flight and a prefill checkpoint block; else its state and a block per draft
+                // token, whatever the length.
+                AttentionKind::Mamba if self.cfg.mamba_aligned() => {
+                    1 + steps_in_flight + i64::from(self.cfg.mamba_prefill_checkpoint_alignment() > 0)
+                }
                 AttentionKind::Mamba => 1 + self.k(),
                 // Plus the blocks of the drafter's lookahead slots.
                 AttentionKind::SlidingWindow { window } => {
@@ -2102,7 +2124,9 @@ impl Harness {
                     AttentionKind::ChunkedLocal { chunk } => {
                         (j as i64 + 1) * bs <= c / i64::from(chunk) * i64::from(chunk)
                     }
-                    AttentionKind::Full | AttentionKind::Mamba => false,
+                    // Aligned, a Mamba group's states lie among nulls (the state checks below).
+                    AttentionKind::Mamba => self.cfg.mamba_aligned(),
+                    AttentionKind::Full => false,
                 };
                 prop_assert!(
                     runner == held as i32 || (held == 0 && behind_window),
@@ -2135,6 +2159,40 @@ impl Harness {
                 AttentionKind::SlidingWindow { window } => c - i64::from(window) + 1,
                 AttentionKind::ChunkedLocal { chunk } => c / i64::from(chunk) * i64::from(chunk),
                 AttentionKind::Full => 0,
+                // Aligned, a step continues from the state after C tokens, which its table
+                // holds where it ends (a hit's cached state), and writes the state after
+                // C + n where that ends.
+                AttentionKind::Mamba if self.cfg.mamba_aligned() => {
+                    if c > 0 {
+                        let block = table[((c - 1) / bs) as usize];
+                        prop_assert!(block != 0, "{id}: group {g} holds no state after C = {c}: {table:?}");
+                        let held = self.kv[block as usize][0];
+                        prop_assert!(
+                            matches!(held, Kv::MambaState { len, step_id } if len == c && step_id < step.step_id),
+                            "{id}: group {g}'s state block {block} holds {held:?}, not an earlier step's \
+                             state after C = {c}"
+                        );
+                    }
+                    let block = table[((c + n - 1) / bs) as usize];
+                    prop_assert!(block != 0, "{id}: group {g} has no block for the state after {}", c + n);
+                    self.kv[block as usize][0] = Kv::MambaState { len: c + n, step_id: step.step_id };
+                    // A step from a block boundary that passes another writes the state at
+                    // the last boundary before its last token into the block before, if its
+                    // table holds one there: a prefill checkpoint (the runner's rule, on the
+                    // layers' alignment).
+                    let alignment = self.cfg.mamba_prefill_checkpoint_alignment();
+                    let (position, index) = ((c + n - 1) / bs * bs, (c + n - 1) / bs - 1);
+                    let exportable = alignment > 0
+                        && c % bs == 0
+                        && index > (c - 1).div_euclid(bs)
+                        && c + bs <= position
+                        && (position - c) % alignment == 0;
+                    if exportable && table[index as usize] != 0 {
+                        self.kv[table[index as usize] as usize][0] =
+                            Kv::MambaState { len: position, step_id: step.step_id };
+                    }
+                    continue;
+                }
                 // A Mamba group's state blocks are rewritten in place: the whole table, from
                 // the request's first step on, and no position maps to a block.
                 AttentionKind::Mamba => {
@@ -2242,8 +2300,8 @@ impl Harness {
                     let hit = &req.block_hashes()[..num_blocks as usize];
                     let checked = match self.cfg.kv_cache_groups().kind(group as usize) {
                         AttentionKind::Full => hit,
-                        AttentionKind::SlidingWindow { .. } => &hit[hit.len() - 1..],
-                        AttentionKind::ChunkedLocal { .. } | AttentionKind::Mamba => &[],
+                        AttentionKind::SlidingWindow { .. } | AttentionKind::Mamba => &hit[hit.len() - 1..],
+                        AttentionKind::ChunkedLocal { .. } => &[],
                     };
                     for hash in checked {
                         prop_assert!(
@@ -2300,9 +2358,20 @@ impl Harness {
                 continue;
             }
             let (hashes, tokens) = (req.block_hashes(), req.all_token_ids().collect::<Vec<_>>());
-            let tables = (0..self.cfg.kv_cache_groups().len()).flat_map(|g| req.group_block_ids(g).iter().enumerate());
-            for (i, &block) in tables {
+            let groups = self.cfg.kv_cache_groups();
+            let tables = (0..groups.len()).flat_map(|g| req.group_block_ids(g).iter().enumerate().map(move |e| (g, e)));
+            for (g, (i, &block)) in tables {
                 if i >= hashes.len() || block == 0 || self.sched.cached_block_hash(block) != Some(hashes[i]) {
+                    continue;
+                }
+                if groups.kind(g) == AttentionKind::Mamba {
+                    // An aligned Mamba state is cached only where a step ended on its block's end.
+                    let held = self.kv[block as usize][0];
+                    prop_assert!(
+                        matches!(held, Kv::MambaState { len, .. } if len == (i as i64 + 1) * bs as i64),
+                        "{when}: {}: cached state block {block} (table index {i}) in group {g} holds {held:?}",
+                        &t.id
+                    );
                     continue;
                 }
                 for j in 0..bs {

@@ -8,9 +8,11 @@
 //! sliding-window group needs only the last `W` tokens, a chunked local group only the
 //! current chunk: blocks wholly before them return to the pool and the null block takes
 //! their place in the table (so positions stay put), and a prefix hit there needs only
-//! the blocks before the hit's end that the next token attends to. A Mamba group (prefix
-//! caching off) holds a fixed set of state blocks per request, from its first step to its
-//! end. The attention groups share one block size (the scheduler's block size).
+//! the blocks before the hit's end that the next token attends to. A Mamba group holds a
+//! fixed set of state blocks per request, from its first step to its end, with prefix
+//! caching off; with it on (vLLM's `mamba_cache_mode` "align"), its table has a position
+//! per block, the states its steps end at block boundaries, and a hit is one cached state
+//! (null blocks before it). Every group has the scheduler's block size.
 
 use crate::config::AttentionKind;
 use crate::kv::block_pool::{BlockHash, NULL_BLOCK};
@@ -19,16 +21,35 @@ use crate::kv::layout::{CacheHit, Groups};
 use crate::kv::manager::{cdiv, KvManager, SlotRequest};
 use crate::request::Request;
 
-/// Tokens before the window of the next token once `c` are computed: their KV is never
-/// read again (vLLM's `get_num_skipped_tokens`).
-#[inline]
-fn num_skipped_tokens(kind: AttentionKind, c: i64) -> i64 {
-    match kind {
-        // A Mamba state block is overwritten in place, never skipped.
-        AttentionKind::Full | AttentionKind::Mamba => 0,
-        AttentionKind::SlidingWindow { window } => (c - i64::from(window) + 1).max(0),
-        AttentionKind::ChunkedLocal { chunk } => c / i64::from(chunk) * i64::from(chunk),
-    }
+/// The last block boundary of the first `tokens` tokens from which a hit can resume an
+/// aligned Mamba state: one that leaves the last token (or the tokens lookahead hashes
+/// cover) to compute (vLLM's `get_mamba_prefill_checkpoint_position`).
+pub(crate) fn mamba_checkpoint_position(tokens: i64, block_size: i64, hash_lookahead: i64) -> i64 {
+    ((tokens - hash_lookahead.max(1)) / block_size * block_size).max(0)
+}
+
+/// Whether a step computing tokens `start..end` can write the Mamba state at `position`
+/// into a prefill checkpoint block from inside the step (vLLM's
+/// `is_mamba_prefill_checkpoint_valid`): the step starts on a block boundary, the
+/// checkpoint lies a block or more past it, strictly inside the step, a multiple of the
+/// layers' `alignment` past its start, and in a block before the one the step ends in and
+/// after the one it reads its state from.
+pub(crate) fn mamba_checkpoint_exportable(
+    start: i64,
+    end: i64,
+    position: i64,
+    block_size: i64,
+    alignment: i64,
+) -> bool {
+    let read_from = (start - 1).div_euclid(block_size);
+    let checkpoint_block = cdiv(end, block_size) - 2;
+    alignment > 0
+        && start % block_size == 0
+        && checkpoint_block > read_from
+        && start + block_size <= position
+        && start < position
+        && position < end
+        && (position - start) % alignment == 0
 }
 
 /// Group `g`'s table of `request`, its settled-entry count, and the request's hashes.
@@ -77,8 +98,8 @@ impl KvManager {
                     AttentionKind::ChunkedLocal { chunk } => {
                         self.chunked_local_hit(hashes, max_length, members, i64::from(chunk))
                     }
-                    // Never reached: Mamba groups run without prefix caching (no lookup).
-                    AttentionKind::Mamba => (0, 0),
+                    // A hit resumes from the state cached at its end.
+                    AttentionKind::Mamba => self.cached_run_hit(hashes, max_length, members, 1),
                 };
                 found[lookup] = Some((start, end));
                 curr = end as i64 * b;
@@ -138,22 +159,27 @@ impl KvManager {
         drop: bool,
     ) -> (usize, usize) {
         let need = cdiv(window - 1, self.block_size) as usize + usize::from(drop);
+        let (start, end) = self.cached_run_hit(hashes, max_length, members, need);
+        (start, end - usize::from(drop && end > 0))
+    }
+
+    /// The cached blocks `start..end` that end a hit within `max_length` tokens: scanning
+    /// right to left, the first run of `need` contiguous cached blocks (null blocks before
+    /// it); with none, the run of cached blocks from block 0.
+    fn cached_run_hit(&self, hashes: &[BlockHash], max_length: i64, members: &[usize], need: usize) -> (usize, usize) {
         let max_blocks = (max_length / self.block_size) as usize;
         let mut run = 0;
-        let (start, end) = 'scan: {
-            for i in (0..max_blocks).rev() {
-                if self.cached_in_all(hashes[i], members) {
-                    run += 1;
-                    if run >= need {
-                        break 'scan (i, i + run);
-                    }
-                } else {
-                    run = 0;
+        for i in (0..max_blocks).rev() {
+            if self.cached_in_all(hashes[i], members) {
+                run += 1;
+                if run >= need {
+                    return (i, i + run);
                 }
+            } else {
+                run = 0;
             }
-            (0, run)
-        };
-        (start, end - usize::from(drop && end > 0))
+        }
+        (0, run)
     }
 
     /// vLLM's chunked local attention hit, as the cached blocks `start..end`: the blocks of
@@ -204,12 +230,18 @@ impl KvManager {
         let upto = (c + num_new_tokens).min(request.num_tokens());
         let full =
             if self.enable_caching() { ((upto / b) as usize).min(request.block_hashes.len()).min(held) } else { 0 };
-        for (g, &kind) in groups.kinds.iter().enumerate() {
+        for g in 0..groups.len() {
             let ids = request.group_block_ids(g);
-            // Nulls form a prefix: the last block behind the window is null or none is.
-            let behind = ((num_skipped_tokens(kind, processed) / b) as usize).min(ids.len());
+            let behind = ((groups.skipped_tokens(g, processed) / b) as usize).min(ids.len());
+            // An attention group's nulls form a prefix: the last block behind the window is
+            // null or none is. An aligned Mamba group's state blocks lie among nulls.
+            let freed = if groups.is_aligned_mamba(g) {
+                ids[..behind].iter().all(|&id| id == NULL_BLOCK)
+            } else {
+                behind == 0 || ids[behind - 1] == NULL_BLOCK
+            };
             let settled = if g == 0 { request.num_cached_blocks } else { request.extra_tables[g - 1].num_cached };
-            if (behind > 0 && ids[behind - 1] != NULL_BLOCK) || full > settled {
+            if !freed || full > settled {
                 return None;
             }
         }
@@ -228,12 +260,15 @@ impl KvManager {
         &self,
         groups: &Groups,
         g: usize,
-        held: usize,
+        request: &Request,
         hits: &[u32],
         (num_tokens, total_computed): (i64, i64),
         admission_cap: bool,
     ) -> usize {
         let kind = groups.kinds[g];
+        if groups.is_aligned_mamba(g) {
+            return self.aligned_mamba_blocks_needed(groups, g, request, hits, (num_tokens, total_computed));
+        }
         let mut required = match kind {
             AttentionKind::Mamba => groups.mamba_state_blocks,
             _ => cdiv(num_tokens, self.block_size),
@@ -241,12 +276,70 @@ impl KvManager {
         if let (true, Some(cap)) = (admission_cap, groups.block_caps[g]) {
             required = required.min(cap);
         }
-        let skipped = num_skipped_tokens(kind, total_computed) / self.block_size;
+        let held = request.group_block_ids(g).len();
+        let skipped = groups.skipped_tokens(g, total_computed) / self.block_size;
         let local = (hits.len() + held) as i64;
         let new = (required - skipped.max(local)).max(0) as usize;
         let skipped_hits = ((skipped - held as i64).max(0) as usize).min(hits.len());
         let evictable = hits[skipped_hits..].iter().filter(|&&b| b != NULL_BLOCK && self.pool.ref_cnt(b) == 0).count();
         new + evictable
+    }
+
+    /// An aligned Mamba group's share of `group_blocks_needed` (vLLM's align mode): a step
+    /// takes at most one block, the one its state ends in (null blocks before it), and a
+    /// prefill checkpoint block if it writes one, plus the hits a touch would pull out of
+    /// the free queue. A hit on a state cached this step, which the step has yet to write,
+    /// needs more blocks than the pool holds: the request waits for the next step.
+    fn aligned_mamba_blocks_needed(
+        &self,
+        groups: &Groups,
+        g: usize,
+        request: &Request,
+        hits: &[u32],
+        (num_tokens, computed): (i64, i64),
+    ) -> usize {
+        if let Some(&last) = hits.last() {
+            let hash = self.pool.block_hash(last).map(|hash| (hash, g));
+            if hash.is_some_and(|hash| self.mamba_cached_this_step.contains(&hash)) {
+                return self.pool.num_blocks() + 1;
+            }
+        }
+        let ids = request.group_block_ids(g);
+        let checkpoint = self.mamba_takes_checkpoint(groups, request, ids, computed, num_tokens);
+        let required = cdiv(num_tokens, self.block_size);
+        let new = (required - (hits.len() + ids.len()) as i64).clamp(0, 1 + i64::from(checkpoint)) as usize;
+        let evictable = hits.iter().filter(|&&b| b != NULL_BLOCK && self.pool.ref_cnt(b) == 0).count();
+        new + evictable
+    }
+
+    /// Whether an aligned Mamba group takes a prefill checkpoint block, at index
+    /// `cdiv(num_tokens, B) - 2` of its table `ids`, for a step computing tokens
+    /// `computed..num_tokens` (vLLM's `_needs_internal_checkpoint`): its layers can write the
+    /// state at the last boundary a hit can resume from there, the step reaches the end of
+    /// the prompt (with sparse retention; every step with dense), and the table holds no
+    /// block at that index.
+    fn mamba_takes_checkpoint(
+        &self,
+        groups: &Groups,
+        request: &Request,
+        ids: &[u32],
+        computed: i64,
+        num_tokens: i64,
+    ) -> bool {
+        let b = self.block_size;
+        let prefill_end =
+            if groups.retention_interval != 0 { 0 } else { request.num_prompt_tokens().max(request.num_tokens() - 1) };
+        let index = cdiv(num_tokens, b) - 2;
+        num_tokens >= prefill_end
+            && mamba_checkpoint_exportable(
+                computed,
+                num_tokens,
+                mamba_checkpoint_position(num_tokens, b, self.hash_lookahead),
+                b,
+                groups.mamba_checkpoint_alignment,
+            )
+            && index >= 0
+            && ids.get(index as usize).is_none_or(|&id| id == NULL_BLOCK)
     }
 
     /// Blocks `request` still needs, over every group, to hold `num_tokens` tokens from
@@ -273,7 +366,7 @@ impl KvManager {
         (0..groups.len())
             .map(|g| {
                 let hits = Self::hits_of(hits, g, groups.len());
-                self.group_blocks_needed(groups, g, request.group_block_ids(g).len(), hits, tokens, admission_cap)
+                self.group_blocks_needed(groups, g, request, hits, tokens, admission_cap)
             })
             .sum()
     }
@@ -322,7 +415,7 @@ impl KvManager {
         // evictions), counted on the processed tokens: a step in flight still reads them.
         let processed = (total_computed - request.num_in_flight_tokens()).max(0);
         for g in 0..groups.len() {
-            self.remove_skipped_blocks(groups.kinds[g], request, g, processed);
+            self.remove_skipped_blocks(groups, request, g, processed);
         }
         let needed = self.blocks_needed_in_all(groups, request, hits, (tokens_needing_slots, computed), false);
         if needed + watermark + ask.reserved_blocks > self.pool.num_free_blocks() {
@@ -337,7 +430,7 @@ impl KvManager {
                 debug_assert!(hits.is_empty(), "a hit for a request that holds blocks");
                 continue;
             }
-            let skipped = (num_skipped_tokens(groups.kinds[g], computed) / b) as usize;
+            let skipped = (groups.skipped_tokens(g, computed) / b) as usize;
             let group_hits = Self::hits_of(hits, g, groups.len());
             let kept = &group_hits[skipped.min(group_hits.len())..];
             ids.resize(skipped, NULL_BLOCK);
@@ -353,7 +446,7 @@ impl KvManager {
             // (vLLM's default `get_loaded_kv_cache_group_ids`: every attention group).
             for g in 0..groups.len() {
                 let kind = groups.kinds[g];
-                let skipped = num_skipped_tokens(kind, computed);
+                let skipped = groups.skipped_tokens(g, computed);
                 if skipped > 0 && (computed - skipped).min(external) <= 0 {
                     continue;
                 }
@@ -373,14 +466,30 @@ impl KvManager {
         let mut first_new_in_group_0 = 0;
         for g in 0..groups.len() {
             let required = match groups.kinds[g] {
-                AttentionKind::Mamba => groups.mamba_state_blocks as usize,
+                AttentionKind::Mamba if !groups.mamba_aligned => groups.mamba_state_blocks as usize,
                 _ => cdiv(tokens_needing_slots, b) as usize,
             };
+            // An aligned Mamba group takes only the block the step's state ends in, and a
+            // prefill checkpoint's just before it: the positions before hold states no step
+            // reads.
+            let aligned_mamba = groups.is_aligned_mamba(g);
+            let checkpoint = aligned_mamba
+                && self.mamba_takes_checkpoint(
+                    groups,
+                    request,
+                    request.group_block_ids(g),
+                    computed,
+                    tokens_needing_slots,
+                );
             let (ids, num_cached, _) = table(request, g);
             let first_new = ids.len();
             let cached_before = *num_cached;
-            if required > first_new {
-                self.pool.get_new_blocks(required - first_new, ids);
+            let taken = 1 + usize::from(checkpoint);
+            if aligned_mamba && required > first_new + taken {
+                ids.resize(required - taken, NULL_BLOCK);
+            }
+            if required > ids.len() {
+                self.pool.get_new_blocks(required - ids.len(), ids);
                 if let (Some(zero), false) = (&mut self.blocks_to_zero, groups.kinds[g] == AttentionKind::Mamba) {
                     zero[g].extend_from_slice(&ids[first_new..]);
                 }
@@ -437,21 +546,27 @@ impl KvManager {
         let Some(groups) = self.groups.take() else { return };
         // A request never allocated for has no tables past group 0's.
         let num_tables = groups.len().min(1 + request.extra_tables.len());
-        for (g, &kind) in groups.kinds[..num_tables].iter().enumerate() {
-            self.remove_skipped_blocks(kind, request, g, processed);
+        for g in 0..num_tables {
+            self.remove_skipped_blocks(&groups, request, g, processed);
         }
         self.groups = Some(groups);
     }
 
     /// Frees group `g`'s blocks wholly behind the window of the next token after
     /// `processed` tokens, the null block in their place (vLLM's `remove_skipped_blocks`).
-    fn remove_skipped_blocks(&mut self, kind: AttentionKind, request: &mut Request, g: usize, processed: i64) {
-        let skipped = num_skipped_tokens(kind, processed);
+    fn remove_skipped_blocks(&mut self, groups: &Groups, request: &mut Request, g: usize, processed: i64) {
+        let skipped = groups.skipped_tokens(g, processed);
         if skipped <= 0 {
             return;
         }
         let (ids, _, _) = table(request, g);
         let end = ((skipped / self.block_size) as usize).min(ids.len());
+        if groups.is_aligned_mamba(g) {
+            // Its state blocks lie among nulls: each one behind, last first.
+            self.pool.free_blocks(ids[..end].iter().rev().copied());
+            ids[..end].fill(NULL_BLOCK);
+            return;
+        }
         // Earlier calls nulled a prefix: free back to it, last block first.
         let start = ids[..end].iter().rposition(|&id| id == NULL_BLOCK).map_or(0, |i| i + 1);
         if start < end {
@@ -482,12 +597,15 @@ impl KvManager {
         // prefix's end also (a sibling that diverges right after it).
         let eagle = groups.eagle_drop[g];
         let shift = usize::from(eagle);
+        // An aligned Mamba group keeps the state a hit at each boundary resumes from, as a
+        // window of one block would.
         let (every_block, need, per_segment) = match groups.kinds[g] {
             AttentionKind::Full | AttentionKind::ChunkedLocal { .. } => (true, 0, 0),
-            // Never reached: Mamba groups run without prefix caching.
-            AttentionKind::Mamba => (false, 0, 0),
-            AttentionKind::SlidingWindow { window } => {
-                let need = cdiv(i64::from(window) - 1, b) as usize + shift;
+            kind => {
+                let need = match kind {
+                    AttentionKind::SlidingWindow { window } => cdiv(i64::from(window) - 1, b) as usize + shift,
+                    _ => 1,
+                };
                 let per_segment = (groups.retention_interval / b) as usize;
                 (per_segment > 0 && need >= per_segment, need, per_segment)
             }
@@ -508,6 +626,12 @@ impl KvManager {
                 || boundary_ends.iter().flatten().any(|&end| i < end && i + need >= end)
         };
         self.pool.cache_full_blocks(ids, hashes, (from, full), g, keep);
+        if groups.is_aligned_mamba(g) {
+            // A state cached now is written by this step: no hit may resume from it before
+            // the next one.
+            let cached = (from..full).filter(|&i| ids[i] != NULL_BLOCK && keep(i));
+            self.mamba_cached_this_step.extend(cached.map(|i| (hashes[i], g)));
+        }
         self.pool.events.record(|| KvEvent::Stored {
             request_id: request_id.clone(),
             group: g as u32,

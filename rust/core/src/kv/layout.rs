@@ -44,8 +44,14 @@ pub struct Groups {
     /// The most blocks each group holds for one request (vLLM's admission cap; None: no
     /// cap, full attention).
     pub(crate) block_caps: Vec<Option<i64>>,
-    /// The blocks a request holds in a Mamba group, `1 + K`.
+    /// The blocks a request holds in a Mamba group without prefix caching, `1 + K`.
     pub(crate) mamba_state_blocks: i64,
+    /// Mamba groups cache their state at block boundaries (prefix caching on, vLLM's
+    /// `mamba_cache_mode` "align").
+    pub(crate) mamba_aligned: bool,
+    /// Aligned Mamba groups hold a prefill checkpoint block whose state lies a multiple of
+    /// this many tokens past its step's start (0: none).
+    pub(crate) mamba_checkpoint_alignment: i64,
     /// The first group that is not a Mamba group (0 if none).
     pub(crate) first_attention: usize,
 }
@@ -73,6 +79,8 @@ impl Groups {
             retention_interval: config.prefix_cache_retention_interval(),
             block_caps: kinds.iter().map(|&kind| config.group_block_cap(kind)).collect(),
             mamba_state_blocks: config.mamba_state_blocks(),
+            mamba_aligned: config.mamba_aligned(),
+            mamba_checkpoint_alignment: config.mamba_prefill_checkpoint_alignment(),
             first_attention: kinds.iter().position(|&kind| kind != AttentionKind::Mamba).unwrap_or(0),
             kinds,
             lookups,
@@ -81,5 +89,31 @@ impl Groups {
 
     pub fn len(&self) -> usize {
         self.kinds.len()
+    }
+
+    /// Group `g`'s tokens before the window of the next token once `c` are computed: their
+    /// KV is never read again (vLLM's `get_num_skipped_tokens`).
+    #[inline]
+    pub(crate) fn skipped_tokens(&self, g: usize, c: i64) -> i64 {
+        match self.kinds[g] {
+            AttentionKind::Full => 0,
+            // A Mamba state block is overwritten in place, never skipped; aligned, a step
+            // reads only the state after the last computed token.
+            AttentionKind::Mamba => {
+                if self.mamba_aligned {
+                    (c - 1).max(0)
+                } else {
+                    0
+                }
+            }
+            AttentionKind::SlidingWindow { window } => (c - i64::from(window) + 1).max(0),
+            AttentionKind::ChunkedLocal { chunk } => c / i64::from(chunk) * i64::from(chunk),
+        }
+    }
+
+    /// Group `g` holds a Mamba state aligned to the block grid.
+    #[inline]
+    pub(crate) fn is_aligned_mamba(&self, g: usize) -> bool {
+        self.mamba_aligned && self.kinds[g] == AttentionKind::Mamba
     }
 }

@@ -3,7 +3,7 @@
 //! (a hybrid model) take `kv::groups`.
 
 use crate::config::SchedulerConfig;
-use crate::kv::block_pool::BlockPool;
+use crate::kv::block_pool::{BlockHash, BlockPool};
 use crate::kv::events::{EventLog, KvEvent};
 use crate::kv::layout::{CacheHit, Groups};
 use crate::request::{Request, RequestStatus};
@@ -56,7 +56,7 @@ pub struct KvManager {
     watermark_blocks: usize,
     enable_caching: bool,
     /// Tokens after a block that its hash covers (lookahead hashes).
-    hash_lookahead: i64,
+    pub(crate) hash_lookahead: i64,
     /// The last computed tokens a multi-module MTP drafter may compute again, never cached:
     /// `L - 1` for a prefill lookahead `L` (vLLM's `num_reprefillable_tokens`).
     reprefillable: i64,
@@ -66,6 +66,9 @@ pub struct KvManager {
     /// built, per group, which the runner zeroes before use (vLLM's
     /// `new_block_ids_to_zero`); None without.
     pub(crate) blocks_to_zero: Option<Vec<Vec<u32>>>,
+    /// The hashes (and groups) of the Mamba states cached since the step began (vLLM's
+    /// `cached_blocks_this_step`): aligned Mamba groups only.
+    pub(crate) mamba_cached_this_step: Vec<(BlockHash, usize)>,
     stats: PrefixCacheStats,
     /// Reused by block hashing, so hashing allocates nothing per block.
     scratch: Vec<u8>,
@@ -94,6 +97,7 @@ impl KvManager {
             reprefillable: (config.num_prefill_lookahead_tokens() - 1).max(0),
             eagle_block_drop: config.eagle_block_drop(),
             blocks_to_zero: layout.has_mamba().then(|| vec![Vec::new(); layout.len()]),
+            mamba_cached_this_step: Vec::new(),
             stats: PrefixCacheStats::default(),
             scratch: Vec::new(),
         })
@@ -216,6 +220,13 @@ impl KvManager {
 
     /// The attention groups' blocks allocated since the last call, group after group, each
     /// group's in allocation order (vLLM's `take_new_block_ids`); None without Mamba groups.
+    /// A step begins: the states cached by the last one are written (vLLM's
+    /// `new_step_starts`).
+    #[inline]
+    pub fn new_step_starts(&mut self) {
+        self.mamba_cached_this_step.clear();
+    }
+
     pub fn take_blocks_to_zero(&mut self) -> Option<Vec<i32>> {
         let groups = self.blocks_to_zero.as_mut()?;
         Some(groups.iter_mut().flat_map(|blocks| blocks.drain(..)).map(|id| id as i32).collect())

@@ -326,7 +326,17 @@ impl Scheduler {
                 let groups = cfg.kv_cache_groups();
                 // (Tables past the groups hold nothing: `check_block_table`.)
                 for (g, table) in Self::tables(r).enumerate().take(groups.len()) {
-                    if groups.kind(g) == crate::config::AttentionKind::Mamba {
+                    if groups.kind(g) == crate::config::AttentionKind::Mamba && cfg.mamba_aligned() {
+                        // Aligned, its positions cover C as an attention table's do, and it
+                        // holds a state block or a few (nulls elsewhere).
+                        let held = table.iter().filter(|&&id| id != crate::kv::NULL_BLOCK).count() as i64;
+                        if !(1..=cfg.mamba_state_blocks()).contains(&held) {
+                            return Err(broken(format!(
+                                "request {id:?}: aligned Mamba group {g} holds {held} state blocks, not 1 to {}",
+                                cfg.mamba_state_blocks()
+                            )));
+                        }
+                    } else if groups.kind(g) == crate::config::AttentionKind::Mamba {
                         let state = cfg.mamba_state_blocks();
                         if table.len() as i64 != state {
                             return Err(broken(format!(
@@ -464,10 +474,16 @@ impl Scheduler {
                 )));
             }
             let nulls = table.iter().take_while(|&&block| block == crate::kv::NULL_BLOCK).count();
-            if (nulls > 0 && !sliding) || table[nulls..].contains(&crate::kv::NULL_BLOCK) {
+            // An aligned Mamba group's state blocks lie among nulls.
+            let interior_nulls = g < groups.len()
+                && groups.kind(g) == crate::config::AttentionKind::Mamba
+                && self.config.mamba_aligned();
+            if (nulls > 0 && !sliding) || (!interior_nulls && table[nulls..].contains(&crate::kv::NULL_BLOCK)) {
                 return Err(broken(format!("request {id:?}: group {g}'s table {table:?} holds the null block")));
             }
-            for (i, &block) in table.iter().enumerate().skip(nulls) {
+            for (i, &block) in
+                table.iter().enumerate().skip(nulls).filter(|&(_, &block)| block != crate::kv::NULL_BLOCK)
+            {
                 let held = self.kv.pool().block_hash(block);
                 let want = if i < num_cached { r.block_hashes.get(i).copied() } else { None };
                 // A sliding window leaves the blocks no hit can reach out of the cache.

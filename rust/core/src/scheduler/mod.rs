@@ -157,6 +157,49 @@ fn reserve_prefill_lookahead(request: &Request, c: i64, n: i64, l: i64) -> i64 {
     }
 }
 
+/// `n` tokens from `start` cut back so a prompt chunk ends where an aligned Mamba state can
+/// be cached (vLLM's `_mamba_block_aligned_split`): a step writes a Mamba state only where
+/// it ends, and a state is cached only at a block boundary. Before the prompt's end a chunk
+/// ends on a boundary (unless a block is wider than any chunk), and no chunk runs past the
+/// next boundary when it starts mid-block, past the last boundary a hit can resume from,
+/// or past `junction`, a shared prefix's end, floored to the block grid. The prompt's last
+/// chunk runs whole where the Mamba layers write that last boundary's state into a prefill
+/// checkpoint block from inside the step. 0: no aligned chunk fits.
+fn mamba_aligned_split(config: &SchedulerConfig, request: &Request, start: i64, n: i64, junction: i64) -> i64 {
+    use crate::kv::groups::{mamba_checkpoint_exportable, mamba_checkpoint_position};
+    let (b, lookahead) = (config.block_size(), config.num_hash_lookahead_tokens());
+    // A resumed request replays its output tokens as prompt.
+    let prefill_end = request.num_prompt_tokens().max(request.num_tokens() - 1);
+    if start >= prefill_end {
+        return n;
+    }
+    let mut end = start + n;
+    let checkpoint = end >= prefill_end
+        && mamba_checkpoint_exportable(
+            start,
+            end,
+            mamba_checkpoint_position(prefill_end, b, lookahead),
+            b,
+            config.mamba_prefill_checkpoint_alignment(),
+        );
+    let last_cache_position =
+        if checkpoint { 0 } else { mamba_checkpoint_position(request.num_tokens(), b, lookahead) };
+    if end < prefill_end {
+        let mut max_prefill_tokens = config.max_num_scheduled_tokens();
+        if config.long_prefill_token_threshold() > 0 {
+            max_prefill_tokens = max_prefill_tokens.min(config.long_prefill_token_threshold());
+        }
+        let aligned_end = end / b * b;
+        if aligned_end > start || b <= max_prefill_tokens {
+            end = aligned_end;
+        }
+    }
+    let next_boundary = if start % b != 0 && !checkpoint { (start / b + 1) * b } else { 0 };
+    let junction_stop = if start < junction && junction < end { start + (junction - start) / b * b } else { 0 };
+    let stop = [next_boundary, last_cache_position, junction_stop].into_iter().filter(|&s| start < s && s < end).min();
+    (stop.unwrap_or(end) - start).max(0)
+}
+
 /// vLLM's `PauseState`: what `schedule()` may still schedule.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -362,6 +405,7 @@ impl Scheduler {
         if b.defers_reads {
             self.prepare_diffusion_step(b.step.step_id);
         }
+        self.kv.new_step_starts();
         self.schedule_running(&mut b, &mut budgets);
         b.num_running_entries = b.rows.len();
         // No admissions in a step that preempted.

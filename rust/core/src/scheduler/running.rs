@@ -53,6 +53,7 @@ impl Scheduler {
         let s = self.config.num_sampled_tokens_per_step();
         let lookahead = if SIMPLE { 0 } else { self.config.num_lookahead_tokens() };
         let prefill_lookahead = self.config.num_prefill_lookahead_tokens();
+        let mamba_aligned = self.config.mamba_aligned();
         let priority_policy = self.config.policy() == Policy::Priority;
 
         // The budgets stay in a local (registers) through the loop; the preemption path,
@@ -95,6 +96,11 @@ impl Scheduler {
             let n = request.num_tokens_with_spec() + p - c;
             let n = if SIMPLE { n } else { local.cap_long_prefill(n) };
             let n = n.min(local.request_budget()).min(capacity::room(c, m, s));
+            let n = if !SIMPLE && mamba_aligned {
+                super::mamba_aligned_split(&self.config, request, c, n, request.shared_prefix_boundary)
+            } else {
+                n
+            };
             // A chunk stops before an input it cannot have encoded in this step.
             let (n, plan, request) = if !SIMPLE && request.has_mm_inputs && n > 0 {
                 let (n, plan) =

@@ -23,6 +23,8 @@ struct AdmissionRules {
     threshold_clips_padding: bool,
     /// `L`: a chunk ends this far before the prompt's end, or at it.
     prefill_lookahead: i64,
+    /// A prompt chunk ends where an aligned Mamba state can be cached.
+    mamba_aligned: bool,
 }
 
 impl AdmissionRules {
@@ -38,6 +40,7 @@ impl AdmissionRules {
             max_active: config.max_num_active_seqs() as usize,
             threshold_clips_padding: budgets.cap_long_prefill(1 + k_spec) < 1 + k_spec,
             prefill_lookahead: config.num_prefill_lookahead_tokens(),
+            mamba_aligned: config.mamba_aligned(),
         }
     }
 }
@@ -199,6 +202,17 @@ impl Scheduler {
             }
             match Self::tokens_to_admit(b, budgets, &rules, request, hit.num_computed) {
                 Admission::Tokens { n, pad } => {
+                    let n = if rules.mamba_aligned {
+                        // (A lookup sets the junction; a request admitted without one keeps its own.)
+                        let junction =
+                            if hit.looked_up { hit.shared_prefix_boundary } else { request.shared_prefix_boundary };
+                        super::mamba_aligned_split(&self.config, request, hit.num_computed, n, junction)
+                    } else {
+                        n
+                    };
+                    if n == 0 {
+                        break;
+                    }
                     // A chunk stops before an input it cannot have encoded in this step.
                     let (n, plan) = if request.has_mm_inputs {
                         let (n, plan) = self.plan_encoder_inputs(
