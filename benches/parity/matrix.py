@@ -1278,6 +1278,7 @@ def edge_cases() -> list[Case]:
                         f"-c{checkpoints}-{policy[:4]}-kv",
                         long_prefill_token_threshold=threshold,
                         mamba_prefill_checkpoint_alignment=checkpoints,
+                        kv_events=True,
                         async_scheduling=a,
                         num_speculative_tokens=0,
                         enable_prefix_caching=True,

