@@ -978,13 +978,13 @@ impl SchedulerConfig {
 
     /// The most blocks a request holds at once in a Mamba group. Without prefix caching its
     /// state and one per draft token (vLLM's `MambaSpec.num_speculative_blocks`), `1 + K`,
-    /// always. With it ("align"): the state a step continues from, one more for each step
-    /// that may be in flight (a step takes one block, and frees those behind the processed
-    /// tokens), and a prefill checkpoint block if its layers write them.
+    /// always. With it ("align"): the state a step continues from, and for each step that
+    /// may be in flight the block its state ends in and, if its layers write them, a
+    /// prefill checkpoint block (a step frees the blocks behind the processed tokens).
     pub fn mamba_state_blocks(&self) -> i64 {
         if self.mamba_aligned() {
-            // (And a prefill checkpoint block.)
-            1 + self.max_concurrent_batches() + i64::from(self.mamba_prefill_checkpoint_alignment() > 0)
+            let per_step = 1 + i64::from(self.mamba_prefill_checkpoint_alignment() > 0);
+            1 + self.max_concurrent_batches() * per_step
         } else {
             1 + self.num_speculative_tokens()
         }

@@ -1131,11 +1131,11 @@ impl Harness {
             .iter()
             .map(|kind| match kind {
                 AttentionKind::Full => whole,
-                // Aligned, a Mamba group holds the state a step reads, one per step in
-                // flight and a prefill checkpoint block; else its state and a block per draft
-                // token, whatever the length.
+                // Aligned, a Mamba group holds the state a step reads and, per step in
+                // flight, the state it writes and a prefill checkpoint block; else its state
+                // and a block per draft token, whatever the length.
                 AttentionKind::Mamba if self.cfg.mamba_aligned() => {
-                    1 + steps_in_flight + i64::from(self.cfg.mamba_prefill_checkpoint_alignment() > 0)
+                    1 + steps_in_flight * (1 + i64::from(self.cfg.mamba_prefill_checkpoint_alignment() > 0))
                 }
                 AttentionKind::Mamba => 1 + self.k(),
                 // Plus the blocks of the drafter's lookahead slots.

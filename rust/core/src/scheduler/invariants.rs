@@ -327,8 +327,8 @@ impl Scheduler {
                 // (Tables past the groups hold nothing: `check_block_table`.)
                 for (g, table) in Self::tables(r).enumerate().take(groups.len()) {
                     if groups.kind(g) == crate::config::AttentionKind::Mamba && cfg.mamba_aligned() {
-                        // Aligned, its positions cover C as an attention table's do, and it
-                        // holds a state block or a few (nulls elsewhere).
+                        // Aligned, it holds a state block or a few (nulls elsewhere), and its
+                        // positions cover C as an attention table's do (checked below).
                         let held = table.iter().filter(|&&id| id != crate::kv::NULL_BLOCK).count() as i64;
                         if !(1..=cfg.mamba_state_blocks()).contains(&held) {
                             return Err(broken(format!(

@@ -201,17 +201,16 @@ impl Scheduler {
                 break;
             }
             match Self::tokens_to_admit(b, budgets, &rules, request, hit.num_computed) {
-                Admission::Tokens { n, pad } => {
-                    let n = if rules.mamba_aligned {
+                Admission::Tokens { mut n, pad } => {
+                    if rules.mamba_aligned {
                         // (A lookup sets the junction; a request admitted without one keeps its own.)
                         let junction =
                             if hit.looked_up { hit.shared_prefix_boundary } else { request.shared_prefix_boundary };
-                        super::mamba_aligned_split(&self.config, request, hit.num_computed, n, junction)
-                    } else {
-                        n
-                    };
-                    if n == 0 {
-                        break;
+                        n = super::mamba_aligned_split(&self.config, request, hit.num_computed, n, junction);
+                        // No aligned chunk fits the budget: admissions stop, as vLLM's.
+                        if n == 0 {
+                            break;
+                        }
                     }
                     // A chunk stops before an input it cannot have encoded in this step.
                     let (n, plan) = if request.has_mm_inputs {
