@@ -186,7 +186,7 @@ def check_engine_config(
         kv_cache_config,
         block_size,
         get("num_speculative_tokens"),
-        read(vllm_config, "cache_config.enable_prefix_caching"),
+        get("cache_config.enable_prefix_caching"),
     )
     mamba_prefill_checkpoint_alignment(kv_cache_config)
     # vLLM zeroes new blocks for Mamba layers (llmsched's core names them) and for KV caches
@@ -333,7 +333,7 @@ def llmsched_config(
         kv_cache_config,
         block_size,
         read(vllm_config, "num_speculative_tokens"),
-        read(vllm_config, "cache_config.enable_prefix_caching"),
+        shared["enable_prefix_caching"],
     )
     lora = read(vllm_config, "lora_config")
     events = read(vllm_config, "kv_events_config")

@@ -47,7 +47,6 @@ pub(crate) fn mamba_checkpoint_exportable(
         && start % block_size == 0
         && checkpoint_block > read_from
         && start + block_size <= position
-        && start < position
         && position < end
         && (position - start) % alignment == 0
 }
