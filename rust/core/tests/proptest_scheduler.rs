@@ -2296,12 +2296,13 @@ impl Harness {
                     prop_assert!(num_blocks > 0 && i64::from(num_blocks) * bs < req.num_tokens());
                     // Every hit block of a full-attention group is cached there; a sliding
                     // window's hit ends with a cached block (nulls may come before it); a
-                    // chunked local group's may be nulls alone (earlier chunks).
+                    // chunked local group's may be nulls alone (earlier chunks), and so may a
+                    // one-token window's (it reads no earlier token).
                     let hit = &req.block_hashes()[..num_blocks as usize];
                     let checked = match self.cfg.kv_cache_groups().kind(group as usize) {
                         AttentionKind::Full => hit,
+                        AttentionKind::SlidingWindow { window: 1 } | AttentionKind::ChunkedLocal { .. } => &[],
                         AttentionKind::SlidingWindow { .. } | AttentionKind::Mamba => &hit[hit.len() - 1..],
-                        AttentionKind::ChunkedLocal { .. } => &[],
                     };
                     for hash in checked {
                         prop_assert!(
@@ -2973,11 +2974,14 @@ impl Harness {
         if any_failed {
             // A failed block may be another loading request's too (a prefix-hit block they
             // share): every load in flight now starts where the core says. Nothing left: it
-            // is a new request again once the load is reported done.
+            // is a new request again once the load is reported done. (A load already in
+            // keeps its record: one of every token of a one-token prompt left C = 0.)
             for t in self.tracked.iter_mut().filter(|t| t.loading.is_some()) {
                 if let Ok(r) = self.sched.get_request(&t.id) {
-                    let c = r.num_computed_tokens();
-                    t.loading = (c > 0).then_some(c);
+                    if r.status() == RequestStatus::WaitingForRemoteKvs {
+                        let c = r.num_computed_tokens();
+                        t.loading = (c > 0).then_some(c);
+                    }
                 }
             }
         }
