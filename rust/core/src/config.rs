@@ -815,16 +815,24 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
     }
     if p.kv_cache_groups.has_mamba() && p.enable_prefix_caching {
         // Mamba state cached at block boundaries (vLLM's mamba_cache_mode "align") is built
-        // for the target model's steps alone.
+        // for the target model's steps alone, without a KV connector.
         let refused = [
             ("num_speculative_tokens", p.num_speculative_tokens.to_string(), p.num_speculative_tokens > 0),
             ("kv_connector", "True".to_string(), p.kv_connector),
-            (
-                "max_num_encoder_input_tokens",
-                p.max_num_encoder_input_tokens.to_string(),
-                p.max_num_encoder_input_tokens > 0,
-            ),
         ];
+        if p.disable_chunked_mm_input {
+            // A chunk must be able to end on a block boundary inside an image (vLLM asserts
+            // the same): whole images would stall any that spans a boundary for good.
+            return Err(CoreError::config(
+                "disable_chunked_mm_input",
+                "True",
+                format!(
+                    "must be False beside Mamba groups with prefix caching on (kv_cache_groups {:?}): \
+                     prompt chunks end on block boundaries, inside an image if need be",
+                    p.kv_cache_groups.to_text()
+                ),
+            ));
+        }
         if let Some((field, value, _)) = refused.into_iter().find(|(_, _, on)| *on) {
             return Err(CoreError::config(
                 field,
@@ -832,7 +840,7 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
                 format!(
                     "is not served beside Mamba groups with prefix caching on (kv_cache_groups {:?}: \
                      Mamba state cached at block boundaries, vLLM's mamba_cache_mode \"align\", is \
-                     built without drafts, KV connectors and multimodal inputs)",
+                     built without drafts and KV connectors)",
                     p.kv_cache_groups.to_text()
                 ),
             ));

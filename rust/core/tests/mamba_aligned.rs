@@ -2,11 +2,12 @@
 //! on block boundaries, a Mamba table has a position per block but holds only the states a
 //! step reads and writes (null blocks elsewhere), the state a resend can resume from is
 //! cached, and a hit resumes from a cached state, never from one its own step writes.
+//! Multimodal inputs cut chunks after the alignment, as vLLM's do.
 
 mod common;
 
 use common::*;
-use llmsched_core::{KvCacheGroups, Scheduler, Step};
+use llmsched_core::{KvCacheGroups, MmInputSpec, Scheduler, Step};
 
 const B: usize = 4;
 
@@ -158,4 +159,61 @@ fn a_prefill_checkpoint_keeps_the_last_chunk_whole() {
         sched.add_request(request("again", 23, 1)).unwrap();
         assert_eq!(step_and_apply(&mut sched), [("again".to_string(), 20, 3)], "alignment {alignment}");
     }
+}
+
+#[test]
+fn an_encoder_cache_cut_realigns_at_the_next_boundary() {
+    // vLLM's test_mamba_align_encoder_cache_cap_makes_progress, in blocks of 8: two images
+    // the encoder cache holds one at a time. The first step's chunk stops before the
+    // second image (mid-block), the next realigns at the block's end with that image
+    // encoded, and the last finishes the prompt. A resend resumes from the state cached at
+    // 8, inside the second image, whose output the encoder cache still holds.
+    let mut sched = Scheduler::new(config(|p| {
+        p.block_size = 8;
+        p.kv_cache_groups = KvCacheGroups::parse("full,mamba").unwrap();
+        p.enable_prefix_caching = true;
+        (p.max_num_batched_tokens, p.max_num_seqs) = (64, 4);
+        (p.max_num_encoder_input_tokens, p.encoder_cache_size) = (6, 6);
+    }))
+    .unwrap();
+    let with_images = |id: &str| {
+        let mut r = request(id, 11, 1);
+        r.mm_inputs = ["x", "y"]
+            .iter()
+            .zip([0, 6])
+            .map(|(&identifier, offset)| MmInputSpec {
+                identifier: identifier.into(),
+                offset,
+                length: 5,
+                is_embed: None,
+            })
+            .collect();
+        r
+    };
+    sched.add_request(with_images("a")).unwrap();
+    let mut steps = Vec::new();
+    while sched.has_requests() {
+        let step = sched.schedule();
+        let inputs: Vec<i32> = step.encoder_input_ids.clone();
+        steps.push((step_entries_and_apply(&mut sched, step), inputs));
+    }
+    let chunks: Vec<(i64, i64, Vec<i32>)> =
+        steps.into_iter().filter(|(e, _)| !e.is_empty()).map(|(e, inputs)| (e[0].1, e[0].2, inputs)).collect();
+    assert_eq!(chunks[..3], [(0, 6, vec![0]), (6, 2, vec![1]), (8, 3, vec![])]);
+    sched.add_request(with_images("again")).unwrap();
+    let step = sched.schedule();
+    assert!(step.encoder_input_ids.is_empty());
+    assert_eq!(step_entries_and_apply(&mut sched, step), [("again".to_string(), 8, 3)]);
+}
+
+/// Entries of `step` (see `entries`), which is then run.
+fn step_entries_and_apply(sched: &mut Scheduler, step: Step) -> Vec<(String, i64, i64)> {
+    check_step(sched, &step);
+    let entries = entries(sched, &step);
+    let (tokens, counts) = sample(sched, &step, false);
+    if !step.is_empty() {
+        apply(sched, &step, &tokens, &counts);
+    }
+    sched.check_invariants().unwrap();
+    entries
 }

@@ -430,16 +430,16 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         // The flag without a connector (vLLM's attribute set by hand), with steps in flight.
         p.defer_block_free = r.adaptive && r.depth >= 2;
     }
-    if p.kv_cache_groups.has_mamba()
-        && (p.num_speculative_tokens > 0 || p.kv_connector || p.max_num_encoder_input_tokens > 0)
-    {
-        // Beside drafts, connectors and multimodal inputs Mamba groups run without prefix
-        // caching (vLLM's mamba_cache_mode "none").
+    if p.kv_cache_groups.has_mamba() && (p.num_speculative_tokens > 0 || p.kv_connector) {
+        // Beside drafts and connectors Mamba groups run without prefix caching (vLLM's
+        // mamba_cache_mode "none").
         (p.enable_prefix_caching, p.enable_kv_cache_events) = (false, false);
     }
     if p.kv_cache_groups.has_mamba() && p.enable_prefix_caching {
-        // Aligned Mamba state, its layers writing prefill checkpoints or not.
+        // Aligned Mamba state, its layers writing prefill checkpoints or not; chunks end on
+        // block boundaries inside images.
         p.mamba_prefill_checkpoint_alignment = [0, 1, 2][r.model_extra.rem_euclid(3) as usize];
+        p.disable_chunked_mm_input = false;
     }
     fit_budget_rules(&mut p);
     // A multi-module lookahead needs steps that can give a request L tokens.
