@@ -571,21 +571,22 @@ def base_cases(name: str) -> Iterator[Case]:
                         yield Case(name, config, output_factor=factor)
 
 
-def _hybrid_case(workload: str, config: ParityConfig, images: int = 0) -> Case:
+def _hybrid_case(workload: str, config: ParityConfig, **fields: Any) -> Case:
     """A case of ``config`` (its pool left 0) on ``workload`` under KV pressure: the pool
     is the single-group tight pool per group, and at least the largest request's blocks
-    over every group (so llmsched refuses none); ``images`` as :attr:`Case.images`."""
+    over every group (so llmsched refuses none); ``fields`` are the case's others (images,
+    sessions: see :class:`Case`)."""
     factor = WORKLOADS[workload].pressure_output_factor
     if missing_trace(workload):
         # Its requests cannot be built here: the placeholder pool of _pool_sizes, and the
         # case is skipped (case_params).
-        return Case(workload, config, output_factor=factor, hit_reporters=True, images=images)
+        return Case(workload, config, output_factor=factor, hit_reporters=True, **fields)
     num_groups = len(config.group_kinds())
     roomy = replace(config, num_gpu_blocks=1 << 30)
     largest = max(
         (
             blocks_needed(r, roomy)
-            for r in Case(workload, roomy, output_factor=factor, images=images).requests()
+            for r in Case(workload, roomy, output_factor=factor, **fields).requests()
         ),
         default=0,
     )
@@ -595,7 +596,7 @@ def _hybrid_case(workload: str, config: ParityConfig, images: int = 0) -> Case:
         replace(config, num_gpu_blocks=pool),
         output_factor=factor,
         hit_reporters=True,
-        images=images,
+        **fields,
     )
 
 
@@ -1089,6 +1090,28 @@ def edge_cases() -> list[Case]:
                         speculative_method=method,
                     ),
                     output_factor=2 if pool == "kv" else 1,
+                    sessions=True,
+                )
+            )
+        # Sessions beside aligned Mamba (sync only: a stop rolls C back, and a recurrent
+        # state folded by a step in flight cannot be): a later input resumes from the
+        # state the session kept, mid-block, and its chunk realigns at the next boundary.
+        beside_mamba = [("mamba,full", "fcfs"), ("full,mamba,sliding_window:64", "priority")]
+        for groups, policy in [] if a else beside_mamba:
+            out.append(
+                _hybrid_case(
+                    "synthetic-chat",
+                    ParityConfig(
+                        f"edge-sessions-mamba-{groups.count('mamba')}m-{mode}-apc-{policy[:4]}-kv",
+                        kv_events=True,
+                        async_scheduling=a,
+                        num_speculative_tokens=0,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=0,
+                        kv_cache_groups=groups,
+                        max_num_seqs=6,
+                    ),
                     sessions=True,
                 )
             )

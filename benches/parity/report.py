@@ -433,7 +433,9 @@ core, kept out the same way. Beyond them, the plug-in:
   encoder budget and cache may then cut a chunk mid-block before an image; the next
   chunk realigns at the block's end (the `edge-mm-mamba-*` cases; whole images,
   `disable_chunked_mm_input`, are refused, as vLLM asserts: an image across a boundary
-  would never run). Not yet beside drafts, a KV connector or streaming-input sessions
+  would never run). A streaming-input session's later input resumes from the state the
+  session kept, mid-block, and realigns likewise (the `edge-sessions-mamba-*` cases;
+  synchronous, as every session beside Mamba). Not yet beside drafts or a KV connector
   (refused, naming the field), nor with a hash block size below the Mamba block size
   (vLLM's partial hits);
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's

@@ -212,44 +212,58 @@ def test_the_watermark_cases_reach_its_edges(case_id: str, rules: tuple[type, ..
         assert not compare(reference, drive(rule, case.config, requests)).identical, rule
 
 
-class _AlignedChunksBesideImages(VllmSide):
-    """vLLM's scheduler, counting what its steps do beside aligned Mamba and images: prompt
-    chunks cut mid-block before an image, and prompt chunks that realign from mid-block at
-    the next boundary."""
-
-    def __init__(self, config: ParityConfig, counts: dict[str, int]) -> None:
-        super().__init__(config)
-        self._counts = counts
+class _AlignedChunks(_SessionPaths):
+    """vLLM's scheduler, counting what its steps do beside aligned Mamba (and its session
+    paths): prompt chunks cut mid-block (before an image), and prompt chunks that realign
+    from mid-block (where an image cut the last, or a session's later input begins) at the
+    next boundary."""
 
     def schedule(self, throttle: bool = False) -> tuple[Any, dict[str, Any]]:
         out, summary = super().schedule(throttle)
         sched, counts = self.scheduler, self._counts
         block_size = sched.block_size
-        new = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
-        starts = {**dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True)), **new}
+        starts = {
+            **dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True)),
+            **{r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs},
+        }
         for rid, n in out.num_scheduled_tokens.items():
-            request, start = sched.requests[rid], starts[rid]
+            start = starts[rid]
             end = start + n
-            if end < request.num_prompt_tokens:
+            if end < sched.requests[rid].num_prompt_tokens:
                 counts["cut_mid_block"] += end % block_size != 0
                 counts["realigned"] += start % block_size != 0 and end % block_size == 0
         return out, summary
 
 
 @pytest.mark.parametrize(
-    "case_id",
+    ("case_id", "expected"),
     [
-        "synthetic-conv/edge-mm-mamba-1m-sync-apc-c0-fcfs-enc40-cache72-kv",
-        "synthetic-conv/edge-mm-mamba-1m-async-apc-c1-prio-enc36-cache36-kv",
+        (
+            "synthetic-conv/edge-mm-mamba-1m-sync-apc-c0-fcfs-enc40-cache72-kv",
+            ("cut_mid_block", "realigned"),
+        ),
+        (
+            "synthetic-conv/edge-mm-mamba-1m-async-apc-c1-prio-enc36-cache36-kv",
+            ("cut_mid_block", "realigned"),
+        ),
+        (
+            "synthetic-chat/edge-sessions-mamba-1m-sync-apc-fcfs-kv",
+            ("realigned", "stop_taken", "taken_while_waiting", "sessions_preempted"),
+        ),
+        (
+            "synthetic-chat/edge-sessions-mamba-1m-sync-apc-prio-kv",
+            ("realigned", "stop_taken"),
+        ),
     ],
 )
-def test_the_aligned_mamba_cases_with_images_reach_their_rules(case_id: str) -> None:
-    """Encoder budgets cut aligned prompt chunks mid-block, and the next chunk realigns."""
+def test_the_aligned_mamba_cases_reach_their_rules(case_id: str, expected: tuple[str, ...]) -> None:
+    """Beside aligned Mamba, encoder budgets cut prompt chunks mid-block and the next chunk
+    realigns; sessions take up inputs that begin mid-block and realign, and are preempted."""
     case = case_by_id(case_id)
     counts: collections.Counter[str] = collections.Counter()
-    drive(lambda config: _AlignedChunksBesideImages(config, counts), case.config, case.requests())
-    assert counts["cut_mid_block"] > 0 and counts["realigned"] > 0, counts
+    drive(functools.partial(_AlignedChunks, counts=counts), case.config, case.requests())
+    assert all(counts[key] > 0 for key in expected), dict(counts)
 
 
 def test_the_shuffled_blocks_hold_the_same_tokens_under_other_prefixes() -> None:

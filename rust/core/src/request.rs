@@ -395,8 +395,7 @@ pub(crate) fn check_could_finish(num_tokens: i64, max_tokens: i64, cfg: &Schedul
 /// Whether `cfg` serves streaming-input sessions: not for a pooling model (it samples
 /// nothing to stop an input; vLLM's front end refuses those too), nor with Mamba groups
 /// under async scheduling (a stop rolls `C` back past positions a step in flight may
-/// already have folded into the recurrent state, which cannot be rolled back), nor beside
-/// aligned Mamba state (not built).
+/// already have folded into the recurrent state, which cannot be rolled back).
 fn check_session_config(cfg: &SchedulerConfig) -> CoreResult<()> {
     if cfg.num_sampled_tokens_per_step() == 0 {
         return Err(CoreError::request(
@@ -410,14 +409,6 @@ fn check_session_config(cfg: &SchedulerConfig) -> CoreResult<()> {
             "resumable",
             true,
             "streaming-input sessions are not served with Mamba groups under async scheduling",
-        ));
-    }
-    if cfg.mamba_aligned() {
-        return Err(CoreError::request(
-            "resumable",
-            true,
-            "streaming-input sessions are not served beside Mamba groups with prefix caching on \
-             (their state cached at block boundaries)",
         ));
     }
     Ok(())

@@ -2,12 +2,13 @@
 //! on block boundaries, a Mamba table has a position per block but holds only the states a
 //! step reads and writes (null blocks elsewhere), the state a resend can resume from is
 //! cached, and a hit resumes from a cached state, never from one its own step writes.
-//! Multimodal inputs cut chunks after the alignment, as vLLM's do.
+//! Multimodal inputs cut chunks after the alignment, as vLLM's do, and a chunk that begins
+//! mid-block (after such a cut, or a session's later input) realigns at the next boundary.
 
 mod common;
 
 use common::*;
-use llmsched_core::{KvCacheGroups, MmInputSpec, Scheduler, Step};
+use llmsched_core::{KvCacheGroups, MmInputSpec, NewRequest, RequestStatus, Scheduler, Step};
 
 const B: usize = 4;
 
@@ -209,4 +210,27 @@ fn an_encoder_cache_cut_realigns_at_the_next_boundary() {
     let step = sched.schedule();
     assert!(step.encoder_input_ids.is_empty());
     assert_eq!(apply_listing(&mut sched, step), [("again".to_string(), 8, 3)]);
+}
+
+#[test]
+fn a_session_input_resumes_from_the_kept_state_and_realigns() {
+    // A session of 10 prompt tokens stops after 2 outputs, keeping 11 tokens of state; its
+    // next input (6 tokens) resumes from the state after 11, mid-block, realigns at 12,
+    // then runs to the last boundary a hit can resume from (16) and the prompt's end.
+    let mut sched = aligned(64);
+    sched.add_request(NewRequest { resumable: true, ..request("s", 10, 2) }).unwrap();
+    while sched.get_request("s").unwrap().status() != RequestStatus::WaitingForStreamingReq {
+        step_and_apply(&mut sched);
+    }
+    let input = NewRequest { resumable: true, ..NewRequest::new("s", vec![500; 6], 1) };
+    sched.add_request_or_input(input).unwrap();
+    let mut chunks = Vec::new();
+    while sched.get_request("s").is_ok_and(|r| r.num_computed_tokens() < 17) {
+        let r = sched.get_request("s").unwrap();
+        // The state the next step continues from is where its table ends.
+        let c = r.num_computed_tokens() as usize;
+        assert_ne!(r.group_block_ids(1)[(c - 1) / B], 0, "no state after C = {c}");
+        chunks.extend(step_and_apply(&mut sched).into_iter().map(|(_, c, n)| (c, n)));
+    }
+    assert_eq!(chunks, [(11, 1), (12, 4), (16, 1)]);
 }

@@ -1092,11 +1092,9 @@ impl Harness {
             || self.blocks_over_groups((len + r.max_tokens).min(m))
                 + groups * ((1 + k + self.cfg.num_lookahead_tokens() + bs - 1) / bs)
                 <= usable_blocks;
-        // Sessions: not for a pooling model, nor with Mamba groups under async scheduling or
-        // aligned.
+        // Sessions: not for a pooling model, nor with Mamba groups under async scheduling.
         let mamba = self.cfg.kv_cache_groups().has_mamba();
-        let session_served =
-            !r.resumable || (s > 0 && !(mamba && (self.cfg.async_scheduling() || self.cfg.mamba_aligned())));
+        let session_served = !r.resumable || (s > 0 && !(mamba && self.cfg.async_scheduling()));
         len >= 1
             && len <= m - s
             && load_fits
