@@ -185,11 +185,18 @@ documented (or, for 2, that they cannot differ).
    token has nothing computed, and waits among the other requests with its blocks, as in
    vLLM). *Why:* vLLM's waiting loop stops at that
    request every step, so if such a holder is behind it, nothing is scheduled again.
-   llmsched passes the request over, and the holder behind it runs. *Harness:* out of
+   llmsched passes the request over, and the holder behind it runs; holders set aside in
+   the step give their KV back (as preempted) if that lets it run; and a holder that cannot
+   get blocks itself while it holds every block in use gives its own back and waits its
+   turn again (a session paused beside aligned Mamba state holds the state its last step
+   read, which only its next step frees, while its admission asks room for its whole
+   sequence). *Harness:* out of
    reach of the compared cases (something runs whenever a waiting request cannot get
    blocks there, or the holders wait for input). *Test:*
    `test_deviation_a_request_wedged_behind_waiting_kv_holders_runs` (vLLM schedules
-   nothing, step after step; llmsched runs the session behind).
+   nothing, step after step; llmsched runs the session behind);
+   `a_paused_session_holding_every_used_block_gives_it_back_rather_than_wedge`
+   (rust/core/tests/mamba_aligned.rs).
 16. **An encoder-cache connector's delayed free is not honoured.** When an encoder-cache
    connector's `request_finished` asks to delay freeing a finished request's KV blocks, the
    plug-in frees them at once and logs a warning. *Why:* vLLM holds them until a KV

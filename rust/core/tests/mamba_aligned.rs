@@ -234,3 +234,37 @@ fn a_session_input_resumes_from_the_kept_state_and_realigns() {
     }
     assert_eq!(chunks, [(11, 1), (12, 4), (16, 1)]);
 }
+
+#[test]
+fn a_paused_session_holding_every_used_block_gives_it_back_rather_than_wedge() {
+    // Blocks of 2, 6 usable. A session of 5 tokens pauses after one output holding 3
+    // attention blocks and 2 Mamba states (the one its last step read, the one it wrote):
+    // 1 block is free. Its next input (2 tokens) asks room for its whole sequence, 2 blocks
+    // (the read state is freed only by its next step), and so does a one-token request
+    // behind it. vLLM would schedule nothing, step after step (deviation 15): the session
+    // gives its KV back, the request behind runs, then the session from its cached prefix.
+    let mut sched = Scheduler::new(config(|p| {
+        p.block_size = 2;
+        p.num_gpu_blocks = 7;
+        p.kv_cache_groups = KvCacheGroups::parse("full,mamba").unwrap();
+        p.enable_prefix_caching = true;
+        (p.max_model_len, p.max_num_batched_tokens, p.max_num_seqs) = (8, 8, 4);
+        p.scheduler_reserve_full_isl = true;
+    }))
+    .unwrap();
+    sched.add_request(NewRequest { resumable: true, ..request("s", 5, 1) }).unwrap();
+    while sched.get_request("s").unwrap().status() != RequestStatus::WaitingForStreamingReq {
+        step_and_apply(&mut sched);
+    }
+    assert_eq!(sched.num_free_blocks(), 1);
+    sched.add_request_or_input(NewRequest { resumable: true, ..NewRequest::new("s", vec![500; 2], 1) }).unwrap();
+    sched.add_request(request("x", 1, 1)).unwrap();
+    assert_eq!(step_and_apply(&mut sched), [("x".to_string(), 0, 1)]);
+    assert_eq!(sched.get_request("s").unwrap().num_preemptions(), 1);
+    // It runs again from the state cached at 4 (the blocks it gave back stay cached).
+    let mut runs = Vec::new();
+    while sched.get_request("s").unwrap().status() != RequestStatus::WaitingForStreamingReq {
+        runs.extend(step_and_apply(&mut sched).into_iter().filter(|(id, ..)| id == "s").map(|(_, c, n)| (c, n)));
+    }
+    assert_eq!(runs, [(4, 2), (6, 1)]);
+}

@@ -238,7 +238,8 @@ impl Scheduler {
                     let candidate = Candidate { kind, handle, hit };
                     // Where vLLM would wait forever (deviation 15): nothing runs, and waiting
                     // requests hold the blocks. One behind that can run goes first; else those
-                    // set aside give their KV back.
+                    // set aside give their KV back; else, if it holds every block in use
+                    // itself, it gives its own back and waits its turn again.
                     let mut admitted = self.admit(b, budgets, &rules, &candidate, n, pad);
                     if !admitted && self.running.is_empty() {
                         if self.runnable_kv_holder_behind(handle) {
@@ -250,6 +251,14 @@ impl Scheduler {
                         }
                         admitted = self.release_set_aside_kv(&mut set_aside)
                             && self.admit(b, budgets, &rules, &candidate, n, pad);
+                        if !admitted && self.holds_every_used_block(handle) {
+                            if plan.is_some() {
+                                self.release_encoder_inputs(handle);
+                            }
+                            self.set_aside(kind, &mut set_aside);
+                            self.release_set_aside_kv(&mut set_aside);
+                            continue;
+                        }
                     }
                     if !admitted {
                         if plan.is_some() {
@@ -487,6 +496,24 @@ impl Scheduler {
     fn holds_kv_to_run(&self, handle: Handle) -> bool {
         let r = &self.requests[handle];
         !r.block_ids.is_empty() && matches!(r.status, RequestStatus::Waiting | RequestStatus::Preempted)
+    }
+
+    /// Whether the waiting request `handle` holds KV and could run, and holds every block in
+    /// use: nothing else could ever free one. (A session paused with aligned Mamba state
+    /// holds the state its last step read, which its next step would free: counted, as
+    /// vLLM counts it, when the admission asks room for its whole sequence.)
+    fn holds_every_used_block(&self, handle: Handle) -> bool {
+        if !self.holds_kv_to_run(handle) {
+            return false;
+        }
+        let request = &self.requests[handle];
+        let mut held: Vec<u32> = (0..request.num_block_tables())
+            .flat_map(|g| request.group_block_ids(g).iter().copied())
+            .filter(|&block| block != 0)
+            .collect();
+        held.sort_unstable();
+        held.dedup();
+        held.len() + self.kv.num_free_blocks() == self.config.num_gpu_blocks() as usize - 1
     }
 
     /// For a request the blocks cannot be found for while nothing runs and no holder behind
