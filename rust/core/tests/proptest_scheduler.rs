@@ -193,8 +193,6 @@ struct RawConfig {
     ec_connector: bool,
 }
 
-/// The KV-cache groups of `groups_sel`: sliding-window groups beside full ones, in the
-/// orders vLLM produces (full first, or last) and with several sliding groups.
 /// Up to two images for a prompt of `len` tokens, from `bits`: identifiers from a pool of
 /// four, each of a fixed length (`1 + 2 * id` placeholders: some longer than the smaller
 /// budgets, which refuses the request), except now and then one reused with a length one
@@ -216,6 +214,9 @@ fn images(bits: u64, len: i64) -> Vec<MmInputSpec> {
     out
 }
 
+/// The KV-cache groups of `groups_sel`: sliding-window, chunked local or Mamba groups
+/// beside full ones, in the orders vLLM produces (full first, or last) and with several of
+/// a kind; the last layout's Mamba state is aligned (see `derive_config`).
 fn hybrid_groups(sel: u8, window: u32) -> KvCacheGroups {
     let (full, sliding) = (AttentionKind::Full, AttentionKind::SlidingWindow { window });
     let chunked = AttentionKind::ChunkedLocal { chunk: window };
@@ -227,7 +228,8 @@ fn hybrid_groups(sel: u8, window: u32) -> KvCacheGroups {
         3 => &[sliding, full, sliding],
         4 => &[chunked, chunked, full],
         5 => &[full, chunked, sliding],
-        _ => &[mamba, full, mamba],
+        6 => &[mamba, full, mamba],
+        _ => &[full, mamba],
     };
     KvCacheGroups::new(kinds).expect("a valid layout")
 }
@@ -267,7 +269,7 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
     let d = prop_oneof![3 => Just(1i64), 1 => 2i64..=4];
     // Mostly one group; else a hybrid layout with a window of a few blocks.
     let e = (
-        prop_oneof![2 => Just(0u8), 1 => 1u8..=6],
+        prop_oneof![2 => Just(0u8), 1 => 1u8..=7],
         prop_oneof![1u32..=8, 1u32..=64],
         0u8..3,
         0u8..5,
@@ -311,6 +313,10 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
 }
 
 fn derive_config(r: &RawConfig) -> ConfigParams {
+    // Layout 7 holds its Mamba state at block boundaries: prefix caching on, no drafts and
+    // no KV connector (refused beside it), so that the fuzz reaches it often.
+    let aligned_mamba = RawConfig { k: 0, kv_connector: false, caching: true, ..r.clone() };
+    let r = if r.groups_sel == 7 { &aligned_mamba } else { r };
     let bs = 1i64 << r.block_size_log2;
     let s = if r.pooling { 0 } else { 1 };
     let m = if r.big_model { 256 + r.model_extra * 37 } else { bs * r.model_blocks + r.model_extra % bs };
