@@ -227,7 +227,7 @@ fn a_session_input_resumes_from_the_kept_state_and_realigns() {
     let mut chunks = Vec::new();
     while sched.get_request("s").is_ok_and(|r| r.num_computed_tokens() < 17) {
         let r = sched.get_request("s").unwrap();
-        // The state the next step continues from is where its table ends.
+        // The table holds the state the next step continues from, after C tokens.
         let c = r.num_computed_tokens() as usize;
         assert_ne!(r.group_block_ids(1)[(c - 1) / B], 0, "no state after C = {c}");
         chunks.extend(step_and_apply(&mut sched).into_iter().map(|(_, c, n)| (c, n)));
