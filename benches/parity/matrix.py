@@ -600,6 +600,24 @@ def _hybrid_case(workload: str, config: ParityConfig, **fields: Any) -> Case:
     )
 
 
+def _aligned_mamba(
+    name: str, groups: str, policy: str, async_scheduling: bool, **fields: Any
+) -> ParityConfig:
+    """A config of Mamba groups with prefix caching (vLLM's ``mamba_cache_mode`` "align"),
+    without drafts, KV events compared, its pool left 0 for :func:`_hybrid_case`."""
+    return ParityConfig(
+        name,
+        kv_events=True,
+        async_scheduling=async_scheduling,
+        num_speculative_tokens=0,
+        enable_prefix_caching=True,
+        policy=policy,
+        num_gpu_blocks=0,
+        kv_cache_groups=groups,
+        **fields,
+    )
+
+
 def edge_cases() -> list[Case]:
     """Cases beyond the cross product. Long-prefill thresholds stay >= 1 + K (see the
     harness docstring: llmsched deliberately does not pad below that), and every budget
@@ -1101,15 +1119,11 @@ def edge_cases() -> list[Case]:
             out.append(
                 _hybrid_case(
                     "synthetic-chat",
-                    ParityConfig(
+                    _aligned_mamba(
                         f"edge-sessions-mamba-{groups.count('mamba')}m-{mode}-apc-{policy[:4]}-kv",
-                        kv_events=True,
-                        async_scheduling=a,
-                        num_speculative_tokens=0,
-                        enable_prefix_caching=True,
-                        policy=policy,
-                        num_gpu_blocks=0,
-                        kv_cache_groups=groups,
+                        groups,
+                        policy,
+                        a,
                         max_num_seqs=6,
                     ),
                     sessions=True,
@@ -1303,18 +1317,14 @@ def edge_cases() -> list[Case]:
             out.append(
                 _hybrid_case(
                     workload,
-                    ParityConfig(
+                    _aligned_mamba(
                         f"edge-mamba-{groups.count('mamba')}m-{mode}-apc-r{retention}-t{threshold}"
                         f"-c{checkpoints}-{policy[:4]}-kv",
+                        groups,
+                        policy,
+                        a,
                         long_prefill_token_threshold=threshold,
                         mamba_prefill_checkpoint_alignment=checkpoints,
-                        kv_events=True,
-                        async_scheduling=a,
-                        num_speculative_tokens=0,
-                        enable_prefix_caching=True,
-                        policy=policy,
-                        num_gpu_blocks=0,
-                        kv_cache_groups=groups,
                         prefix_cache_retention_interval=retention,
                     ),
                 )
@@ -1329,17 +1339,13 @@ def edge_cases() -> list[Case]:
             out.append(
                 _hybrid_case(
                     "synthetic-conv",
-                    ParityConfig(
+                    _aligned_mamba(
                         f"edge-mm-mamba-{groups.count('mamba')}m-{mode}-apc-c{checkpoints}"
                         f"-{policy[:4]}-enc{budget}-cache{cache_size}-kv",
+                        groups,
+                        policy,
+                        a,
                         mamba_prefill_checkpoint_alignment=checkpoints,
-                        kv_events=True,
-                        async_scheduling=a,
-                        num_speculative_tokens=0,
-                        enable_prefix_caching=True,
-                        policy=policy,
-                        num_gpu_blocks=0,
-                        kv_cache_groups=groups,
                         image_side=6,
                         max_num_encoder_input_tokens=budget,
                         encoder_cache_size=cache_size,
