@@ -814,12 +814,6 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
         ));
     }
     if p.kv_cache_groups.has_mamba() && p.enable_prefix_caching {
-        // Mamba state cached at block boundaries (vLLM's mamba_cache_mode "align") is built
-        // for the target model's steps alone, without a KV connector.
-        let refused = [
-            ("num_speculative_tokens", p.num_speculative_tokens.to_string(), p.num_speculative_tokens > 0),
-            ("kv_connector", "True".to_string(), p.kv_connector),
-        ];
         if p.disable_chunked_mm_input {
             // A chunk must be able to end on a block boundary inside an image (vLLM asserts
             // the same): whole images would stall any that spans a boundary for good.
@@ -833,6 +827,12 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
                 ),
             ));
         }
+        // Mamba state cached at block boundaries (vLLM's mamba_cache_mode "align") is built
+        // for the target model's steps alone, without a KV connector.
+        let refused = [
+            ("num_speculative_tokens", p.num_speculative_tokens.to_string(), p.num_speculative_tokens > 0),
+            ("kv_connector", "True".to_string(), p.kv_connector),
+        ];
         if let Some((field, value, _)) = refused.into_iter().find(|(_, _, on)| *on) {
             return Err(CoreError::config(
                 field,

@@ -243,19 +243,13 @@ impl Scheduler {
                     let mut admitted = self.admit(b, budgets, &rules, &candidate, n, pad);
                     if !admitted && self.running.is_empty() {
                         if self.runnable_kv_holder_behind(handle) {
-                            if plan.is_some() {
-                                self.release_encoder_inputs(handle);
-                            }
-                            self.set_aside(kind, &mut set_aside);
+                            self.pass_over(kind, handle, plan.is_some(), &mut set_aside);
                             continue;
                         }
                         admitted = self.release_set_aside_kv(&mut set_aside)
                             && self.admit(b, budgets, &rules, &candidate, n, pad);
                         if !admitted && self.holds_every_used_block(handle) {
-                            if plan.is_some() {
-                                self.release_encoder_inputs(handle);
-                            }
-                            self.set_aside(kind, &mut set_aside);
+                            self.pass_over(kind, handle, plan.is_some(), &mut set_aside);
                             self.release_set_aside_kv(&mut set_aside);
                             continue;
                         }
@@ -502,6 +496,7 @@ impl Scheduler {
     /// use: nothing else could ever free one. (A session paused with aligned Mamba state
     /// holds the state its last step read, which its next step would free: counted, as
     /// vLLM counts it, when the admission asks room for its whole sequence.)
+    #[cold]
     fn holds_every_used_block(&self, handle: Handle) -> bool {
         if !self.holds_kv_to_run(handle) {
             return false;
@@ -544,6 +539,15 @@ impl Scheduler {
         }
         set_aside.waiting.splice(0..0, holders);
         true
+    }
+
+    /// Passes over the candidate `handle` (the front of `kind`'s queue) in this step: the
+    /// encoder inputs planned for it (`planned`) go back, and it is set aside.
+    fn pass_over(&mut self, kind: QueueKind, handle: Handle, planned: bool, set_aside: &mut SetAside) {
+        if planned {
+            self.release_encoder_inputs(handle);
+        }
+        self.set_aside(kind, set_aside);
     }
 
     /// Takes the front request of `kind`'s queue out for this step.
