@@ -957,11 +957,6 @@ CONFIG_CASES += [
         "eagle_block_drop",
     ),
     (
-        "aligned-mamba-with-drafts",
-        {"kv_cache_groups": "mamba,full", "num_speculative_tokens": 2},
-        "num_speculative_tokens.*2.*Mamba",
-    ),
-    (
         "aligned-mamba-with-whole-images",
         {
             "kv_cache_groups": "full,mamba",

@@ -622,7 +622,8 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
     mid-block; a chunked local group a chunk and the tokens in flight, plus a block for a
     chunk starting mid-block (each windowed group also the blocks of the drafter's lookahead
     slots); a Mamba group its state blocks, ``1 + K`` (with prefix caching, aligned: the
-    state a step reads and, per step in flight, the state it writes and a checkpoint's)."""
+    state a step reads, one per draft token and, per step in flight, the state it writes
+    and a checkpoint's)."""
     longest = min(req.longest + config.num_speculative_tokens, config.max_model_len)
     whole = -(-longest // config.block_size)
     steps_in_flight = 2 if config.async_scheduling else 1
@@ -632,10 +633,11 @@ def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
             total += whole
             continue
         if kind == "mamba" and config.enable_prefix_caching:
-            # Aligned: the state a step reads and, per step that may be in flight, the
-            # state it writes and a prefill checkpoint block.
+            # Aligned: the state a step reads, a block per draft token and, per step that
+            # may be in flight, the state it writes and a prefill checkpoint block.
             per_step = 1 + int(config.mamba_prefill_checkpoint_alignment > 0)
-            total += 1 + max(steps_in_flight, config.pipeline_parallel_size) * per_step
+            steps = max(steps_in_flight, config.pipeline_parallel_size)
+            total += 1 + config.num_speculative_tokens + steps * per_step
             continue
         if kind == "mamba":
             # A state block per request and one per draft token, however long.

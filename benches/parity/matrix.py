@@ -604,12 +604,13 @@ def _aligned_mamba(
     name: str, groups: str, policy: str, async_scheduling: bool, **fields: Any
 ) -> ParityConfig:
     """A config of Mamba groups with prefix caching (vLLM's ``mamba_cache_mode`` "align"),
-    without drafts, KV events compared, its pool left 0 for :func:`_hybrid_case`."""
+    without drafts unless ``fields`` say, KV events compared, its pool left 0 for
+    :func:`_hybrid_case`."""
+    fields.setdefault("num_speculative_tokens", 0)
     return ParityConfig(
         name,
         kv_events=True,
         async_scheduling=async_scheduling,
-        num_speculative_tokens=0,
         enable_prefix_caching=True,
         policy=policy,
         num_gpu_blocks=0,
@@ -1351,6 +1352,33 @@ def edge_cases() -> list[Case]:
                         encoder_cache_size=cache_size,
                     ),
                     images=5,
+                )
+            )
+        # Aligned Mamba beside drafts (Qwen3-Next and Qwen3.5 draft with one MTP module): a Mamba
+        # group's table ends with a block per draft token after its state's; a step that
+        # passes a boundary moves those it leaves behind to the table's end and takes the
+        # new state's block; EAGLE's block drop moves the cached boundary a block back.
+        for workload, groups, policy, method, k, hashes, checkpoints in (
+            ("mooncake-turns", "full,mamba", "fcfs", "eagle3", 2, True, 0),
+            ("shuffled-blocks", "mamba,full,mamba", "priority", "ngram", 3, True, 1),
+            ("azure-code", "full,mamba,sliding_window:64", "fcfs", "eagle", 3, False, 0),
+            ("synthetic-conv", "mamba,full", "priority", "mtp", 1, False, 1),
+        ):
+            rule = "" if method == "ngram" else ("-hashes" if hashes else "-drop")
+            out.append(
+                _hybrid_case(
+                    workload,
+                    _aligned_mamba(
+                        f"edge-{method}{rule}-mamba-{groups.count('mamba')}m-{mode}-K{k}-apc"
+                        f"-c{checkpoints}-{policy[:4]}-kv",
+                        groups,
+                        policy,
+                        a,
+                        num_speculative_tokens=k,
+                        speculative_method=method,
+                        lookahead_block_hashes=hashes,
+                        mamba_prefill_checkpoint_alignment=checkpoints,
+                    ),
                 )
             )
         # Drafters with a model (EAGLE K=3, multi-module MTP, a draft model): K lookahead

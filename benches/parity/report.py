@@ -442,8 +442,14 @@ core, kept out the same way. Beyond them, the plug-in:
   `disable_chunked_mm_input`, are refused, as vLLM asserts: an image across a boundary
   would never run). A streaming-input session's later input resumes from the state the
   session kept, mid-block, and realigns likewise (the `edge-sessions-mamba-*` cases;
-  synchronous, as every session beside Mamba). Not yet beside drafts or a KV connector
-  (refused, naming the field), nor with a hash block size below the Mamba block size
+  synchronous, as every session beside Mamba). Beside drafts (Qwen3-Next and Qwen3.5
+  draft with an MTP module) a Mamba table ends with a block per draft token after its
+  state's (`num_speculative_blocks`); a step that passes a boundary moves the speculative
+  blocks it leaves behind to the table's end and takes one block more, and under EAGLE's
+  block drop the cached boundary state lies a block back, a prefill checkpoint block
+  cached under that boundary's hash (the `edge-{ngram,eagle,eagle3,mtp}*-mamba-*` cases,
+  K = 1 to 3, checkpoints 0 and 1, sync and async, plug-in too). Not yet beside a KV
+  connector (refused, naming the field), nor with a hash block size below the Mamba block size
   (vLLM's partial hits);
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's
   engine sets its `skip_reading_prefix_cache`) is admitted without a prefix-cache lookup,

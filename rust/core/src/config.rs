@@ -828,19 +828,15 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
             ));
         }
         // Mamba state cached at block boundaries (vLLM's mamba_cache_mode "align") is built
-        // for the target model's steps alone, without a KV connector.
-        let refused = [
-            ("num_speculative_tokens", p.num_speculative_tokens.to_string(), p.num_speculative_tokens > 0),
-            ("kv_connector", "True".to_string(), p.kv_connector),
-        ];
-        if let Some((field, value, _)) = refused.into_iter().find(|(_, _, on)| *on) {
+        // without a KV connector.
+        if p.kv_connector {
             return Err(CoreError::config(
-                field,
-                value,
+                "kv_connector",
+                "True",
                 format!(
                     "is not served beside Mamba groups with prefix caching on (kv_cache_groups {:?}: \
                      Mamba state cached at block boundaries, vLLM's mamba_cache_mode \"align\", is \
-                     built without drafts and KV connectors)",
+                     built without KV connectors)",
                     p.kv_cache_groups.to_text()
                 ),
             ));
@@ -986,13 +982,14 @@ impl SchedulerConfig {
 
     /// The most blocks a request holds at once in a Mamba group. Without prefix caching its
     /// state and one per draft token (vLLM's `MambaSpec.num_speculative_blocks`), `1 + K`,
-    /// always. With it ("align"): the state a step continues from, and for each step that
-    /// may be in flight the block its state ends in and, if its layers write them, a
-    /// prefill checkpoint block (a step frees the blocks behind the processed tokens).
+    /// always. With it ("align"): the state a step continues from, one per draft token,
+    /// and for each step that may be in flight the block its state ends in and, if its
+    /// layers write them, a prefill checkpoint block (a step frees the blocks behind the
+    /// processed tokens).
     pub fn mamba_state_blocks(&self) -> i64 {
         if self.mamba_aligned() {
             let per_step = 1 + i64::from(self.mamba_prefill_checkpoint_alignment() > 0);
-            1 + self.max_concurrent_batches() * per_step
+            1 + self.num_speculative_tokens() + self.max_concurrent_batches() * per_step
         } else {
             1 + self.num_speculative_tokens()
         }

@@ -268,3 +268,33 @@ fn a_paused_session_holding_every_used_block_gives_it_back_rather_than_wedge() {
     }
     assert_eq!(runs, [(4, 2), (6, 1)]);
 }
+
+#[test]
+fn a_chunk_past_a_boundary_moves_the_speculative_blocks_it_leaves_behind_to_the_end() {
+    // K = 2 drafts (vLLM's MambaSpec.num_speculative_blocks): a Mamba table reaches the
+    // block its state ends in and one block per draft token after it.
+    let mut sched = Scheduler::new(config(|p| {
+        p.block_size = B as i64;
+        p.kv_cache_groups = KvCacheGroups::parse("full,mamba").unwrap();
+        p.enable_prefix_caching = true;
+        (p.max_num_batched_tokens, p.max_num_seqs, p.num_speculative_tokens) = (8, 4, 2);
+        p.scheduler_reserve_full_isl = false;
+    }))
+    .unwrap();
+    sched.add_request(request("a", 20, 4)).unwrap();
+    assert_eq!(step_and_apply(&mut sched), [("a".to_string(), 0, 8)]);
+    let first = sched.get_request("a").unwrap().group_block_ids(1).to_vec();
+    // The state after 8 tokens at index 1, then the two speculative blocks.
+    assert!(first.len() == 4 && first[0] == 0 && !first[1..].contains(&0), "{first:?}");
+    let free = sched.num_free_blocks();
+    assert_eq!(step_and_apply(&mut sched), [("a".to_string(), 8, 8)]);
+    let second = sched.get_request("a").unwrap().group_block_ids(1).to_vec();
+    // The state after 16 tokens ends in block 3: the speculative block at index 2 falls
+    // behind it and moves to the end (the runner's table only grows), the one at index 3
+    // holds the state, and one new block follows as the second speculative block.
+    assert_eq!(second.len(), 6, "{second:?}");
+    assert_eq!((second[1], second[2], second[3], second[4]), (first[1], 0, first[3], first[2]));
+    assert!(!first.contains(&second[5]));
+    // One block for the Mamba group and two for full attention's next 8 tokens.
+    assert_eq!(free - sched.num_free_blocks(), 1 + 2);
+}

@@ -313,8 +313,10 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
 }
 
 fn derive_config(r: &RawConfig) -> ConfigParams {
-    // Layout 7 holds its Mamba state at block boundaries: prefix caching on, no drafts and
-    // no KV connector (refused beside it), so that the fuzz reaches it often.
+    // Layout 7 holds its Mamba state at block boundaries: prefix caching on, no KV
+    // connector (refused beside it), so that the fuzz reaches it often. No drafts: the
+    // runner below does not model the states a verify step writes into the speculative
+    // blocks (the parity cases `edge-*-mamba-*-K*-apc-*` check those against vLLM).
     let aligned_mamba = RawConfig { k: 0, kv_connector: false, caching: true, ..r.clone() };
     let r = if r.groups_sel == 7 { &aligned_mamba } else { r };
     let bs = 1i64 << r.block_size_log2;
@@ -437,8 +439,8 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         p.defer_block_free = r.adaptive && r.depth >= 2;
     }
     if p.kv_cache_groups.has_mamba() && (p.num_speculative_tokens > 0 || p.kv_connector) {
-        // Beside drafts and connectors Mamba groups run without prefix caching (vLLM's
-        // mamba_cache_mode "none").
+        // Beside connectors Mamba groups run without prefix caching (vLLM's
+        // mamba_cache_mode "none"), and beside drafts here (see layout 7).
         (p.enable_prefix_caching, p.enable_kv_cache_events) = (false, false);
     }
     if p.kv_cache_groups.has_mamba() && p.enable_prefix_caching {
@@ -1135,11 +1137,11 @@ impl Harness {
             .iter()
             .map(|kind| match kind {
                 AttentionKind::Full => whole,
-                // Aligned, a Mamba group holds the state a step reads and, per step in
-                // flight, the state it writes and a prefill checkpoint block; else its state
-                // and a block per draft token, whatever the length.
+                // Aligned, a Mamba group holds the state a step reads, a block per draft
+                // token and, per step in flight, the state it writes and a prefill checkpoint
+                // block; else its state and a block per draft token, whatever the length.
                 AttentionKind::Mamba if self.cfg.mamba_aligned() => {
-                    1 + steps_in_flight * (1 + i64::from(self.cfg.mamba_prefill_checkpoint_alignment() > 0))
+                    1 + self.k() + steps_in_flight * (1 + i64::from(self.cfg.mamba_prefill_checkpoint_alignment() > 0))
                 }
                 AttentionKind::Mamba => 1 + self.k(),
                 // Plus the blocks of the drafter's lookahead slots.

@@ -23,9 +23,14 @@ use crate::request::Request;
 
 /// The last block boundary of the first `tokens` tokens from which a hit can resume an
 /// aligned Mamba state: one that leaves the last token (or the tokens lookahead hashes
-/// cover) to compute (vLLM's `get_mamba_prefill_checkpoint_position`).
-pub(crate) fn mamba_checkpoint_position(tokens: i64, block_size: i64, hash_lookahead: i64) -> i64 {
-    ((tokens - hash_lookahead.max(1)) / block_size * block_size).max(0)
+/// cover) to compute, or under EAGLE's block drop the boundary a block before the last
+/// (the attention groups' hits end there) (vLLM's `get_mamba_prefill_checkpoint_position`).
+pub(crate) fn mamba_checkpoint_position(tokens: i64, block_size: i64, hash_lookahead: i64, eagle_drop: bool) -> i64 {
+    if eagle_drop {
+        (tokens / block_size * block_size - block_size).max(0)
+    } else {
+        ((tokens - hash_lookahead.max(1)) / block_size * block_size).max(0)
+    }
 }
 
 /// Whether a step computing tokens `start..end` can write the Mamba state at `position`
@@ -49,6 +54,16 @@ pub(crate) fn mamba_checkpoint_exportable(
         && start + block_size <= position
         && position < end
         && (position - start) % alignment == 0
+}
+
+/// The tokens a step's blocks are counted for (vLLM's `get_num_blocks_to_allocate`).
+#[derive(Clone, Copy)]
+struct StepTokens {
+    /// Every slot's: the computed tokens, the step's and the drafter's lookahead slots.
+    num_tokens: i64,
+    /// The target model's alone (no lookahead slots).
+    num_main: i64,
+    total_computed: i64,
 }
 
 /// Group `g`'s table of `request`, its settled-entry count, and the request's hashes.
@@ -240,7 +255,10 @@ impl KvManager {
                 behind == 0 || ids[behind - 1] == NULL_BLOCK
             };
             let settled = if g == 0 { request.num_cached_blocks } else { request.extra_tables[g - 1].num_cached };
-            if !freed || full > settled {
+            // An aligned Mamba table reaches the state's block and its speculative blocks.
+            let short = groups.is_aligned_mamba(g)
+                && cdiv(c + num_new_tokens, b) + groups.mamba_speculative_blocks > ids.len() as i64;
+            if !freed || full > settled || short {
                 return None;
             }
         }
@@ -250,23 +268,25 @@ impl KvManager {
         Some(request.block_ids.len())
     }
 
-    /// Blocks group `g` must take from the free queue to hold `num_tokens` tokens with
-    /// `total_computed` computed (vLLM's `get_num_blocks_to_allocate`): those beyond its
-    /// table, its hits and its skipped blocks, plus the hits a touch would pull out of
-    /// the free queue. `admission_cap`: the whole-sequence gate, where a sliding window
-    /// never needs more than its window and the tokens in flight.
+    /// Blocks group `g` must take from the free queue to hold `tokens`'s slots (its
+    /// `num_tokens`, the target model's `num_main` of them) with `total_computed` computed
+    /// (vLLM's `get_num_blocks_to_allocate`): those beyond its table, its hits and its
+    /// skipped blocks, plus the hits a touch would pull out of the free queue.
+    /// `admission_cap`: the whole-sequence gate, where a sliding window never needs more
+    /// than its window and the tokens in flight.
     fn group_blocks_needed(
         &self,
         groups: &Groups,
         g: usize,
         request: &Request,
         hits: &[u32],
-        (num_tokens, total_computed): (i64, i64),
+        tokens: StepTokens,
         admission_cap: bool,
-    ) -> usize {
+    ) -> i64 {
+        let StepTokens { num_tokens, num_main, total_computed } = tokens;
         let kind = groups.kinds[g];
         if groups.is_aligned_mamba(g) {
-            return self.aligned_mamba_blocks_needed(groups, g, request, hits, (num_tokens, total_computed));
+            return self.aligned_mamba_blocks_needed(groups, g, request, hits, (num_main, total_computed));
         }
         let mut required = match kind {
             AttentionKind::Mamba => groups.mamba_state_blocks,
@@ -281,14 +301,18 @@ impl KvManager {
         let new = (required - skipped.max(local)).max(0) as usize;
         let skipped_hits = ((skipped - held as i64).max(0) as usize).min(hits.len());
         let evictable = hits[skipped_hits..].iter().filter(|&&b| b != NULL_BLOCK && self.pool.ref_cnt(b) == 0).count();
-        new + evictable
+        (new + evictable) as i64
     }
 
-    /// An aligned Mamba group's share of `group_blocks_needed` (vLLM's align mode): a step
-    /// takes at most one block, the one its state ends in (null blocks before it), and a
-    /// prefill checkpoint block if it writes one, plus the hits a touch would pull out of
-    /// the free queue. A hit on a state cached this step, which the step has yet to write,
-    /// needs more blocks than the pool holds: the request waits for the next step.
+    /// An aligned Mamba group's share of `group_blocks_needed` (vLLM's align mode) for a
+    /// step to `num_tokens` target-model tokens (draft models have no Mamba layers): its
+    /// table's positions up to the state's block and `S` speculative blocks after it, of
+    /// which a step takes at most the block its state ends in and a prefill checkpoint
+    /// block (a request's first allocation also the `S`), plus the hits a touch would pull
+    /// out of the free queue. Negative where an earlier step's drafts, rejected since, left
+    /// more blocks than the step needs: vLLM counts those against the other groups' (a
+    /// quirk kept for parity). A hit on a state cached this step, which the step has yet
+    /// to write, needs more blocks than the pool holds: the request waits for the next step.
     fn aligned_mamba_blocks_needed(
         &self,
         groups: &Groups,
@@ -296,19 +320,25 @@ impl KvManager {
         request: &Request,
         hits: &[u32],
         (num_tokens, computed): (i64, i64),
-    ) -> usize {
+    ) -> i64 {
         if let Some(&last) = hits.last() {
             let hash = self.pool.block_hash(last).map(|hash| (hash, g));
             if hash.is_some_and(|hash| self.mamba_cached_this_step.contains(&hash)) {
-                return self.pool.num_blocks() + 1;
+                return self.pool.num_blocks() as i64 + 1;
             }
         }
         let ids = request.group_block_ids(g);
-        let checkpoint = self.mamba_takes_checkpoint(groups, request, ids, computed, num_tokens);
-        let required = cdiv(num_tokens, self.block_size);
-        let new = (required - (hits.len() + ids.len()) as i64).clamp(0, 1 + i64::from(checkpoint)) as usize;
+        // (Before the hits are added: a request holds blocks once allocated for.)
+        let allocated = !ids.is_empty();
+        let checkpoint = self.mamba_takes_checkpoint(groups, request, ids, allocated, computed, num_tokens);
+        let s = groups.mamba_speculative_blocks;
+        let required = cdiv(num_tokens, self.block_size) + s;
+        let mut new = required - (hits.len() + ids.len()) as i64;
+        if new > 0 {
+            new = new.min(1 + i64::from(checkpoint) + if allocated { 0 } else { s });
+        }
         let evictable = hits.iter().filter(|&&b| b != NULL_BLOCK && self.pool.ref_cnt(b) == 0).count();
-        new + evictable
+        new + evictable as i64
     }
 
     /// Whether an aligned Mamba group takes a prefill checkpoint block, at index
@@ -316,12 +346,13 @@ impl KvManager {
     /// `computed..num_tokens` (vLLM's `_needs_internal_checkpoint`): its layers can write the
     /// state at the last boundary a hit can resume from there, the step reaches the end of
     /// the prompt (with sparse retention; every step with dense), and the table holds no
-    /// block at that index.
+    /// block at that index, or (`allocated`) one of its speculative blocks.
     fn mamba_takes_checkpoint(
         &self,
         groups: &Groups,
         request: &Request,
         ids: &[u32],
+        allocated: bool,
         computed: i64,
         num_tokens: i64,
     ) -> bool {
@@ -329,16 +360,13 @@ impl KvManager {
         let prefill_end =
             if groups.retention_interval != 0 { 0 } else { request.num_prompt_tokens().max(request.num_tokens() - 1) };
         let index = cdiv(num_tokens, b) - 2;
+        let position =
+            mamba_checkpoint_position(num_tokens, b, self.hash_lookahead, groups.mamba_checkpoint_eagle_drop);
+        let speculative = allocated && index >= ids.len() as i64 - groups.mamba_speculative_blocks;
         num_tokens >= prefill_end
-            && mamba_checkpoint_exportable(
-                computed,
-                num_tokens,
-                mamba_checkpoint_position(num_tokens, b, self.hash_lookahead),
-                b,
-                groups.mamba_checkpoint_alignment,
-            )
+            && mamba_checkpoint_exportable(computed, num_tokens, position, b, groups.mamba_checkpoint_alignment)
             && index >= 0
-            && ids.get(index as usize).is_none_or(|&id| id == NULL_BLOCK)
+            && (ids.get(index as usize).is_none_or(|&id| id == NULL_BLOCK) || speculative)
     }
 
     /// Blocks `request` still needs, over every group, to hold `num_tokens` tokens from
@@ -346,7 +374,8 @@ impl KvManager {
     /// `_request_remaining_blocks` with the hybrid coordinator).
     pub(crate) fn remaining_blocks_in_groups(&self, request: &Request, num_tokens: i64) -> usize {
         let groups = self.groups.as_ref().expect("several groups");
-        self.blocks_needed_in_all(groups, request, &[], (num_tokens, request.num_computed_tokens()), true)
+        let tokens = StepTokens { num_tokens, num_main: num_tokens, total_computed: request.num_computed_tokens() };
+        self.blocks_needed_in_all(groups, request, &[], tokens, true).max(0) as usize
     }
 
     /// KV-cache groups whose blocks hold tokens (all but Mamba's).
@@ -359,9 +388,9 @@ impl KvManager {
         groups: &Groups,
         request: &Request,
         hits: &[u32],
-        tokens: (i64, i64),
+        tokens: StepTokens,
         admission_cap: bool,
-    ) -> usize {
+    ) -> i64 {
         (0..groups.len())
             .map(|g| {
                 let hits = Self::hits_of(hits, g, groups.len());
@@ -402,22 +431,28 @@ impl KvManager {
         if request.extra_tables.len() + 1 < groups.len() {
             request.extra_tables.resize_with(groups.len() - 1, Default::default);
         }
+        // A Mamba group holds blocks before the hits are added: allocated for already.
+        let allocated = !request.block_ids.is_empty();
         if ask.full_sequence_must_fit {
             let full = request.num_tokens().min(m);
-            let needed = self.blocks_needed_in_all(groups, request, hits, (full, total_computed), true);
-            if needed + watermark > self.pool.num_free_blocks() {
+            let tokens = StepTokens { num_tokens: full, num_main: full, total_computed };
+            let needed = self.blocks_needed_in_all(groups, request, hits, tokens, true);
+            if needed + watermark as i64 > self.pool.num_free_blocks() as i64 {
                 return None;
             }
         }
-        let tokens_needing_slots = (total_computed + ask.num_new_tokens + ask.num_lookahead_tokens).min(m);
+        // The target model's tokens, and theirs with the drafter's lookahead slots.
+        let num_main = total_computed + ask.num_new_tokens;
+        let tokens_needing_slots = (num_main + ask.num_lookahead_tokens).min(m);
         // Blocks behind the window go back first, even if this allocation fails (fewer
         // evictions), counted on the processed tokens: a step in flight still reads them.
         let processed = (total_computed - request.num_in_flight_tokens()).max(0);
         for g in 0..groups.len() {
             self.remove_skipped_blocks(groups, request, g, processed);
         }
-        let needed = self.blocks_needed_in_all(groups, request, hits, (tokens_needing_slots, computed), false);
-        if needed + watermark + ask.reserved_blocks > self.pool.num_free_blocks() {
+        let tokens = StepTokens { num_tokens: tokens_needing_slots, num_main, total_computed: computed };
+        let needed = self.blocks_needed_in_all(groups, request, hits, tokens, false);
+        if needed + (watermark + ask.reserved_blocks) as i64 > self.pool.num_free_blocks() as i64 {
             return None;
         }
         // A request without blocks takes its hits, and null blocks for what its computed
@@ -463,36 +498,29 @@ impl KvManager {
             }
         }
         let mut first_new_in_group_0 = 0;
+        // Per group, the prefill checkpoint the step writes: its table index and position.
+        let mut checkpoints = vec![None; if groups.mamba_aligned { groups.len() } else { 0 }];
         for g in 0..groups.len() {
-            let required = match groups.kinds[g] {
-                AttentionKind::Mamba if !groups.mamba_aligned => groups.mamba_state_blocks as usize,
-                _ => cdiv(tokens_needing_slots, b) as usize,
-            };
-            // An aligned Mamba group takes only the block the step's state ends in, and a
-            // prefill checkpoint's just before it: the positions before hold states no step
-            // reads.
-            let aligned_mamba = groups.is_aligned_mamba(g);
-            let checkpoint = aligned_mamba
-                && self.mamba_takes_checkpoint(
-                    groups,
-                    request,
-                    request.group_block_ids(g),
-                    computed,
-                    tokens_needing_slots,
-                );
-            let (ids, num_cached, _) = table(request, g);
-            let first_new = ids.len();
-            let cached_before = *num_cached;
-            let taken = 1 + usize::from(checkpoint);
-            if aligned_mamba && required > first_new + taken {
-                ids.resize(required - taken, NULL_BLOCK);
-            }
-            if required > ids.len() {
-                self.pool.get_new_blocks(required - ids.len(), ids);
-                if let (Some(zero), false) = (&mut self.blocks_to_zero, groups.kinds[g] == AttentionKind::Mamba) {
-                    zero[g].extend_from_slice(&ids[first_new..]);
+            let (first_new, cached_before) = if groups.is_aligned_mamba(g) {
+                let (first_new, cached_before, checkpoint) =
+                    self.allocate_aligned_mamba(groups, request, g, allocated, (computed, num_main));
+                checkpoints[g] = checkpoint;
+                (first_new, cached_before)
+            } else {
+                let required = match groups.kinds[g] {
+                    AttentionKind::Mamba => groups.mamba_state_blocks as usize,
+                    _ => cdiv(tokens_needing_slots, b) as usize,
+                };
+                let (ids, num_cached, _) = table(request, g);
+                let first_new = ids.len();
+                if required > first_new {
+                    self.pool.get_new_blocks(required - first_new, ids);
+                    if let (Some(zero), false) = (&mut self.blocks_to_zero, groups.kinds[g] == AttentionKind::Mamba) {
+                        zero[g].extend_from_slice(&ids[first_new..]);
+                    }
                 }
-            }
+                (first_new, *num_cached)
+            };
             match g {
                 0 => first_new_in_group_0 = first_new,
                 _ => {
@@ -503,15 +531,114 @@ impl KvManager {
         }
         if self.enable_caching() && !ask.delay_caching {
             for g in 0..groups.len() {
-                self.cache_group_blocks(
-                    groups,
-                    request,
-                    g,
-                    (total_computed + ask.num_new_tokens).min(request.num_tokens()),
-                );
+                let upto = (total_computed + ask.num_new_tokens).min(request.num_tokens());
+                self.cache_group_blocks(groups, request, g, upto);
+                if let Some(&Some(checkpoint)) = checkpoints.get(g) {
+                    self.cache_mamba_checkpoint(groups, request, g, checkpoint);
+                }
             }
         }
         Some(first_new_in_group_0)
+    }
+
+    /// An aligned Mamba group's blocks for a step from `computed` to `num_main` target-model
+    /// tokens (vLLM's align-mode `allocate_new_blocks`); returns where the step's new
+    /// entries begin and the settled count before them. The table reaches the block the
+    /// step's state ends in and `S` speculative blocks after it; positions before hold
+    /// states no step reads (null), but a prefill checkpoint block's just before the
+    /// state's. A request allocated for already moves its speculative blocks that fall
+    /// before the state's block to the table's end (the runner's table only grows), nulls
+    /// in their place, and reuses them. Also returns the prefill checkpoint the step writes,
+    /// if any: its table index and the position of its state.
+    fn allocate_aligned_mamba(
+        &mut self,
+        groups: &Groups,
+        request: &mut Request,
+        g: usize,
+        allocated: bool,
+        (computed, num_main): (i64, i64),
+    ) -> (usize, usize, Option<(usize, i64)>) {
+        let (b, s) = (self.block_size, groups.mamba_speculative_blocks as usize);
+        let required = cdiv(num_main, b) as usize + s;
+        let checkpoint =
+            self.mamba_takes_checkpoint(groups, request, request.group_block_ids(g), allocated, computed, num_main);
+        let taken = checkpoint.then(|| {
+            let position =
+                mamba_checkpoint_position(num_main, b, self.hash_lookahead, groups.mamba_checkpoint_eagle_drop);
+            (cdiv(num_main, b) as usize - 2, position)
+        });
+        let (ids, num_cached, _) = table(request, g);
+        let first_new = ids.len();
+        if required <= first_new && !checkpoint {
+            return (first_new, *num_cached, None);
+        }
+        // Up to the state's block, but a checkpoint's.
+        let nulls_end = required - s - 1 - usize::from(checkpoint);
+        if first_new < nulls_end {
+            ids.resize(nulls_end, NULL_BLOCK);
+        }
+        if allocated {
+            for i in first_new.saturating_sub(s)..first_new {
+                if i >= nulls_end {
+                    break;
+                }
+                ids.push(ids[i]);
+                ids[i] = NULL_BLOCK;
+            }
+        }
+        if required > ids.len() {
+            self.pool.get_new_blocks(required - ids.len(), ids);
+        }
+        (first_new, *num_cached, taken)
+    }
+
+    /// Caches the state a prefill checkpoint block holds where a hit can resume from it
+    /// (vLLM's `_cache_partial_tail_block`). The block's table index names the boundary a
+    /// block after its state's under EAGLE's block drop (a prompt whose length is not a
+    /// multiple of `B`): the block is cached under the hash of its state's boundary
+    /// instead, if that is the prompt's last boundary a hit resumes from, a retention
+    /// boundary or a shared prefix's end, and leaves the cache otherwise.
+    fn cache_mamba_checkpoint(
+        &mut self,
+        groups: &Groups,
+        request: &Request,
+        g: usize,
+        (index, position): (usize, i64),
+    ) {
+        let b = self.block_size;
+        let at = (position / b) as usize - 1;
+        let block = request.group_block_ids(g)[index];
+        if at == index || at >= request.block_hashes.len() {
+            // Cached at its own index by `cache_group_blocks` if a hit can reach it.
+            return;
+        }
+        let per_segment = groups.retention_interval / b;
+        let prompt_boundary = mamba_checkpoint_position(
+            request.num_prompt_tokens(),
+            b,
+            self.hash_lookahead,
+            groups.mamba_checkpoint_eagle_drop,
+        );
+        let reachable = position == prompt_boundary
+            || (per_segment > 0 && (per_segment <= 1 || (at as i64 + 1) % per_segment == 0))
+            || position == request.shared_prefix_boundary;
+        let hash = request.block_hashes[at];
+        if reachable && self.pool.block_hash(block) == Some(hash) && self.pool.block_group(block) == g {
+            return;
+        }
+        self.pool.uncache(block);
+        if !reachable {
+            return;
+        }
+        self.pool.cache_full_blocks(&[block], &[hash], (0, 1), g, |_| true);
+        self.mamba_cached_this_step.push((hash, g));
+        let request_id = request.id().clone();
+        self.pool.events.record(|| KvEvent::Stored {
+            request_id,
+            group: g as u32,
+            first_block: at as u32,
+            blocks: vec![block],
+        });
     }
 
     /// `cache_blocks` over several groups: each group's newly full blocks within `upto`.
@@ -532,7 +659,16 @@ impl KvManager {
         (0..groups.len())
             .map(|g| {
                 let ids = request.group_block_ids(g);
-                ids.iter().rposition(|&b| b != NULL_BLOCK && self.pool.block_hash(b).is_some()).map_or(0, |i| i + 1)
+                let last = ids.iter().rposition(|&b| b != NULL_BLOCK && self.pool.block_hash(b).is_some());
+                // The blocks its hash names: a Mamba checkpoint block may hold the state of
+                // the boundary a block before its index (`cache_mamba_checkpoint`).
+                last.map_or(0, |i| {
+                    if self.pool.block_hash(ids[i]) == request.block_hashes.get(i).copied() {
+                        i + 1
+                    } else {
+                        i
+                    }
+                })
             })
             .min()
             .unwrap_or(0)

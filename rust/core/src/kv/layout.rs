@@ -49,6 +49,13 @@ pub struct Groups {
     /// Mamba groups cache their state at block boundaries (prefix caching on, vLLM's
     /// `mamba_cache_mode` "align").
     pub(crate) mamba_aligned: bool,
+    /// An aligned Mamba group's blocks past its state's, for the states after each draft
+    /// token (vLLM's `MambaSpec.num_speculative_blocks`, `S = K`).
+    pub(crate) mamba_speculative_blocks: i64,
+    /// Aligned Mamba states are cached a block before the last boundary, where the
+    /// attention groups' hits end under EAGLE's block drop (vLLM's
+    /// `drop_eagle_checkpoint_block`).
+    pub(crate) mamba_checkpoint_eagle_drop: bool,
     /// Aligned Mamba groups hold a prefill checkpoint block whose state lies a multiple of
     /// this many tokens past its step's start (0: none).
     pub(crate) mamba_checkpoint_alignment: i64,
@@ -70,8 +77,12 @@ impl Groups {
         let layout = config.kv_cache_groups();
         let none_marked = !(0..kinds.len()).any(|g| layout.holds_drafter(g));
         let mut eagle_drop = vec![false; kinds.len()];
-        for (_, members) in &lookups {
-            let drop = config.eagle_block_drop() && members.iter().any(|&g| none_marked || layout.holds_drafter(g));
+        for (kind, members) in &lookups {
+            // A Mamba group's hit is the state cached at its end: nothing to drop (no
+            // drafter has Mamba layers).
+            let drop = config.eagle_block_drop()
+                && *kind != AttentionKind::Mamba
+                && members.iter().any(|&g| none_marked || layout.holds_drafter(g));
             members.iter().for_each(|&g| eagle_drop[g] = drop);
         }
         Self {
@@ -80,6 +91,8 @@ impl Groups {
             block_caps: kinds.iter().map(|&kind| config.group_block_cap(kind)).collect(),
             mamba_state_blocks: config.mamba_state_blocks(),
             mamba_aligned: config.mamba_aligned(),
+            mamba_speculative_blocks: config.num_speculative_tokens(),
+            mamba_checkpoint_eagle_drop: config.eagle_block_drop(),
             mamba_checkpoint_alignment: config.mamba_prefill_checkpoint_alignment(),
             first_attention: kinds.iter().position(|&kind| kind != AttentionKind::Mamba).unwrap_or(0),
             kinds,

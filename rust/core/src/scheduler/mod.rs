@@ -167,7 +167,7 @@ fn reserve_prefill_lookahead(request: &Request, c: i64, n: i64, l: i64) -> i64 {
 /// checkpoint block from inside the step. 0: no aligned chunk fits.
 fn mamba_aligned_split(config: &SchedulerConfig, request: &Request, start: i64, n: i64, junction: i64) -> i64 {
     use crate::kv::groups::{mamba_checkpoint_exportable, mamba_checkpoint_position};
-    let (b, lookahead) = (config.block_size(), config.num_hash_lookahead_tokens());
+    let (b, lookahead, drop) = (config.block_size(), config.num_hash_lookahead_tokens(), config.eagle_block_drop());
     // A resumed request replays its output tokens as prompt.
     let prefill_end = request.num_prompt_tokens().max(request.num_tokens() - 1);
     if start >= prefill_end {
@@ -178,12 +178,12 @@ fn mamba_aligned_split(config: &SchedulerConfig, request: &Request, start: i64, 
         && mamba_checkpoint_exportable(
             start,
             end,
-            mamba_checkpoint_position(prefill_end, b, lookahead),
+            mamba_checkpoint_position(prefill_end, b, lookahead, drop),
             b,
             config.mamba_prefill_checkpoint_alignment(),
         );
     let last_cache_position =
-        if checkpoint { 0 } else { mamba_checkpoint_position(request.num_tokens(), b, lookahead) };
+        if checkpoint { 0 } else { mamba_checkpoint_position(request.num_tokens(), b, lookahead, drop) };
     if end < prefill_end {
         let mut max_prefill_tokens = config.max_num_scheduled_tokens();
         if config.long_prefill_token_threshold() > 0 {
