@@ -957,6 +957,18 @@ CONFIG_CASES += [
         "eagle_block_drop",
     ),
     (
+        "aligned-mamba-chunk-short-of-a-block",
+        {
+            "kv_cache_groups": "full,mamba",
+            "block_size": 16,
+            "max_num_batched_tokens": 16,
+            "max_num_seqs": 4,
+            "num_speculative_tokens": 2,
+            "max_num_new_slots_for_drafting": 1,
+        },
+        "max_num_new_slots_for_drafting.*1.*15 tokens.*block",
+    ),
+    (
         "aligned-mamba-with-whole-images",
         {
             "kv_cache_groups": "full,mamba",

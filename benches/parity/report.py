@@ -448,7 +448,10 @@ core, kept out the same way. Beyond them, the plug-in:
   blocks it leaves behind to the table's end and takes one block more, and under EAGLE's
   block drop the cached boundary state lies a block back, a prefill checkpoint block
   cached under that boundary's hash (the `edge-{ngram,eagle,eagle3,mtp}*-mamba-*` cases,
-  K = 1 to 3, checkpoints 0 and 1, sync and async, plug-in too). Not yet beside a KV
+  K = 1 to 3, checkpoints 0 and 1, sync and async, plug-in too). A draft model's slot
+  that leaves a request less than a block of a step while the budget holds one is refused
+  (`max_num_new_slots_for_drafting`): vLLM's split would cut every chunk of a longer
+  prompt to nothing, step after step. Not yet beside a KV
   connector (refused, naming the field), nor with a hash block size below the Mamba block size
   (vLLM's partial hits);
 - **serves prompt logprobs with prefix caching on** as vLLM does: such a request (vLLM's

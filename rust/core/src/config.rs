@@ -827,6 +827,28 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
                 ),
             ));
         }
+        // A prompt chunk ends on a block boundary unless a block is wider than any chunk
+        // (vLLM's `_mamba_block_aligned_split`, judged on the token budget); with draft slots
+        // a request's share can fall below a block while the budget holds one: no chunk of
+        // a longer prompt would ever run (vLLM schedules nothing, step after step).
+        let resolved = p.resolved();
+        let mut widest_chunk = resolved.max_num_scheduled_tokens.unwrap_or(p.max_num_batched_tokens);
+        if p.long_prefill_token_threshold > 0 {
+            widest_chunk = widest_chunk.min(p.long_prefill_token_threshold);
+        }
+        let share = largest_request_budget(p);
+        if share < p.block_size && p.block_size <= widest_chunk {
+            return Err(CoreError::config(
+                "max_num_new_slots_for_drafting",
+                p.max_num_new_slots_for_drafting,
+                format!(
+                    "leaves a request {share} tokens of a step, less than a block ({} tokens), beside \
+                     Mamba groups with prefix caching on: a prompt chunk must reach a block boundary \
+                     (raise max_num_batched_tokens)",
+                    p.block_size
+                ),
+            ));
+        }
         // Mamba state cached at block boundaries (vLLM's mamba_cache_mode "align") is built
         // without a KV connector.
         if p.kv_connector {

@@ -314,10 +314,14 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
 
 fn derive_config(r: &RawConfig) -> ConfigParams {
     // Layout 7 holds its Mamba state at block boundaries: prefix caching on, no KV
-    // connector (refused beside it), so that the fuzz reaches it often. No drafts: the
-    // runner below does not model the states a verify step writes into the speculative
-    // blocks (the parity cases `edge-*-mamba-*-K*-apc-*` check those against vLLM).
-    let aligned_mamba = RawConfig { k: 0, kv_connector: false, caching: true, ..r.clone() };
+    // connector (refused beside it), so that the fuzz reaches it often. Drafts only with
+    // one step in flight: the runner's model of the states a verify step writes into the
+    // speculative blocks follows its acceptances step by step.
+    // Drafts fewer than a block's tokens: a step's accepted tokens then pass at most one
+    // boundary, which vLLM's runner copies the state of (with more, a boundary passed
+    // could keep a stale state; vLLM's Mamba blocks are far larger than any draft count).
+    let drafts = if r.async_scheduling || r.depth > 1 { 0 } else { r.k.min((1 << r.block_size_log2) - 1) };
+    let aligned_mamba = RawConfig { k: drafts, kv_connector: false, caching: true, ..r.clone() };
     let r = if r.groups_sel == 7 { &aligned_mamba } else { r };
     let bs = 1i64 << r.block_size_log2;
     let s = if r.pooling { 0 } else { 1 };
@@ -438,9 +442,9 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         // The flag without a connector (vLLM's attribute set by hand), with steps in flight.
         p.defer_block_free = r.adaptive && r.depth >= 2;
     }
-    if p.kv_cache_groups.has_mamba() && (p.num_speculative_tokens > 0 || p.kv_connector) {
+    if p.kv_cache_groups.has_mamba() && ((p.num_speculative_tokens > 0 && r.groups_sel != 7) || p.kv_connector) {
         // Beside connectors Mamba groups run without prefix caching (vLLM's
-        // mamba_cache_mode "none"), and beside drafts here (see layout 7).
+        // mamba_cache_mode "none"), and beside drafts but in layout 7.
         (p.enable_prefix_caching, p.enable_kv_cache_events) = (false, false);
     }
     if p.kv_cache_groups.has_mamba() && p.enable_prefix_caching {
@@ -478,6 +482,11 @@ fn fit_budget_rules(p: &mut ConfigParams) {
     }
     if !p.enable_chunked_prefill {
         need = need.max(p.max_model_len - s);
+    }
+    if p.kv_cache_groups.has_mamba() && p.enable_prefix_caching && p.max_num_new_slots_for_drafting > 0 {
+        // Beside aligned Mamba a request's share of a step reaches a block (a prompt chunk
+        // must reach a boundary).
+        need = need.max(p.block_size);
     }
     p.max_num_batched_tokens = p.max_num_batched_tokens.max(need + p.max_num_new_slots_for_drafting);
     p.max_num_scheduled_tokens = p.max_num_scheduled_tokens.map(|v| v.max(need));
@@ -862,6 +871,10 @@ struct Harness {
     tables: HashMap<Handle, Vec<Vec<i32>>>,
     /// Sync drafts given and not scheduled yet.
     drafts_given: HashMap<Handle, Vec<i32>>,
+    /// Beside drafts, where an aligned Mamba group's running state is (vLLM's runner):
+    /// the table index the last step's state block had, and how many blocks past it the
+    /// state after the accepted tokens lies. None: read at the last computed token's block.
+    mamba_cursor: HashMap<Handle, (usize, usize)>,
     /// What each KV slot holds, `[block][slot]`, when `kv_exact`.
     kv: Vec<Vec<Kv>>,
     /// The position model of `kv` is exact: not async with drafts (there a
@@ -984,6 +997,7 @@ impl Harness {
             queue: VecDeque::new(),
             tables: HashMap::new(),
             drafts_given: HashMap::new(),
+            mamba_cursor: HashMap::new(),
             kv: vec![vec![Kv::Empty; config_kv.0]; config_kv.1],
             kv_exact: config_kv.2,
             clock: 0.0,
@@ -1066,7 +1080,10 @@ impl Harness {
             // One bit of the token seed: about half the requests ask for their hits.
             report_reused_blocks: op.token_seed & 1 == 1,
             mm_inputs: if self.cfg.multimodal() { images(op.token_seed >> 8, len) } else { Vec::new() },
-            resumable: op.session,
+            // Not beside aligned Mamba and drafts: there vLLM's runner takes a later input
+            // up from the state at the last computed token's block, while a verify step
+            // that stopped the input left it in a speculative block.
+            resumable: op.session && !(self.cfg.mamba_aligned() && self.k() > 0),
             diffusion_canvas_length: None,
             diffusion_read_steps: None,
         }
@@ -2035,7 +2052,11 @@ impl Harness {
         let fresh = step.new_reqs.contains(&h) || step.resumed_reqs.contains(&h);
         if fresh && spec > 0 {
             // Appendix A.4: only a padded admission has drafts, n = 1 + K placeholders.
-            prop_assert!(n == 1 + k && drafts.iter().all(|&d| d == -1), "{id}: admitted with drafts {drafts:?}");
+            prop_assert!(
+                n == 1 + k && drafts.iter().all(|&d| d == -1),
+                "{id}: admitted with drafts {drafts:?} (C = {c}, n = {n}, K = {k}, N = {})",
+                req.num_tokens()
+            );
         }
         if cfg.async_scheduling() {
             prop_assert!(drafts.iter().all(|&d| d == -1), "{id}: async drafts {drafts:?}");
@@ -2106,6 +2127,7 @@ impl Harness {
         let id = req.id().clone();
         if step.new_reqs.contains(&h) || step.resumed_reqs.contains(&h) {
             self.tables.insert(h, blocks);
+            self.mamba_cursor.remove(&h);
         } else {
             let tables = self
                 .tables
@@ -2169,8 +2191,15 @@ impl Harness {
                 // holds where it ends (a hit's cached state), and writes the state after
                 // C + n where that ends.
                 AttentionKind::Mamba if self.cfg.mamba_aligned() => {
+                    // Beside drafts the state block is the one before the speculative
+                    // blocks, and a verify step writes the state after each of its last
+                    // `1 + d` tokens into it and the `d` blocks after it (vLLM's runner).
+                    let d = i64::from(step.num_spec_tokens[i]);
+                    let curr = ((c + n + bs - 1) / bs - 1) as usize;
+                    let read =
+                        self.mamba_cursor.get(&h).map_or(((c - 1).max(0) / bs) as usize, |&(at, ahead)| at + ahead);
                     if c > 0 {
-                        let block = table[((c - 1) / bs) as usize];
+                        let block = table[read];
                         prop_assert!(block != 0, "{id}: group {g} holds no state after C = {c}: {table:?}");
                         let held = self.kv[block as usize][0];
                         prop_assert!(
@@ -2179,15 +2208,16 @@ impl Harness {
                              state after C = {c}"
                         );
                     }
-                    let block = table[((c + n - 1) / bs) as usize];
-                    prop_assert!(block != 0, "{id}: group {g} has no block for the state after {}", c + n);
-                    self.kv[block as usize][0] = Kv::MambaState { len: c + n, step_id: step.step_id };
                     // A step from a block boundary that passes another writes the state at
                     // the last boundary before its last token into the block before, if its
                     // table holds one there: a prefill checkpoint (the runner's rule, on the
-                    // layers' alignment).
+                    // layers' alignment), before the states at the step's end (a block the
+                    // runner's table keeps there after the scheduler moved it on holds those).
                     let alignment = self.cfg.mamba_prefill_checkpoint_alignment();
-                    let (position, index) = ((c + n - 1) / bs * bs, (c + n - 1) / bs - 1);
+                    // (Under EAGLE's block drop, the boundary a block before the last.)
+                    let position =
+                        if self.cfg.eagle_block_drop() { (c + n) / bs * bs - bs } else { (c + n - 1) / bs * bs };
+                    let index = (c + n - 1) / bs - 1;
                     let exportable = alignment > 0
                         && c % bs == 0
                         && index > (c - 1).div_euclid(bs)
@@ -2196,6 +2226,23 @@ impl Harness {
                     if exportable && table[index as usize] != 0 {
                         self.kv[table[index as usize] as usize][0] =
                             Kv::MambaState { len: position, step_id: step.step_id };
+                    }
+                    for j in 0..=d {
+                        let block = table[curr + j as usize];
+                        let len = c + n - d + j;
+                        prop_assert!(block != 0, "{id}: group {g} has no block for the state after {len}");
+                        self.kv[block as usize][0] = Kv::MambaState { len, step_id: step.step_id };
+                    }
+                    // A verify step whose known tokens end on a boundary (the block the
+                    // scheduler caches now) has that state copied there after it, whatever
+                    // it accepts (fewer drafts than a block's tokens pass no other boundary).
+                    let running = c + n - d;
+                    if d > 0 && running % bs == 0 && table[(running / bs - 1) as usize] != 0 {
+                        let block = table[(running / bs - 1) as usize];
+                        self.kv[block as usize][0] = Kv::MambaState { len: running, step_id: step.step_id };
+                    }
+                    if self.k() > 0 {
+                        self.mamba_cursor.insert(h, (curr, 0));
                     }
                     continue;
                 }
@@ -2276,7 +2323,13 @@ impl Harness {
                             request_id,
                             index
                         );
-                        if let Some(&held) = table.get(index) {
+                        // An aligned Mamba checkpoint block may hold the state of the boundary
+                        // a block before its own index (EAGLE's block drop).
+                        let checkpoint = self.cfg.mamba_aligned()
+                            && self.cfg.kv_cache_groups().kind(group as usize) == AttentionKind::Mamba
+                            && table.get(index) == Some(&0)
+                            && table.get(index + 1) == Some(&block);
+                        if let (Some(&held), false) = (table.get(index), checkpoint) {
                             prop_assert_eq!(
                                 held,
                                 block,
@@ -2422,6 +2475,7 @@ impl Harness {
         if tracing() {
             self.trace_apply(&p, &events);
         }
+        self.runner_keeps_mamba_boundary_states(&p)?;
         let mut row_offsets = Vec::with_capacity(p.counts.len());
         let mut offset = 0usize;
         for &c in &p.counts {
@@ -2444,6 +2498,62 @@ impl Harness {
         invariants!(self, format!("after update_from_output (step {})", p.step.step_id));
         self.check_cached_kv(&format!("after update_from_output (step {})", p.step.step_id))?;
         Ok(true)
+    }
+
+    /// Beside drafts, vLLM's runner after a verify step: of the states it wrote after each
+    /// of the step's last `1 + d` tokens, the one after the accepted tokens is where the
+    /// next step reads (`mamba_cursor`), and if the accepted tokens reach or pass a block
+    /// boundary the step's tokens crossed, the state at that boundary is copied into the
+    /// block that ends there, where the prefix cache finds it. The accepted tokens are the
+    /// request's computed ones after the output (a session's stop keeps fewer than the
+    /// runner sampled; its next input goes on from those).
+    fn runner_keeps_mamba_boundary_states(&mut self, p: &Pending) -> Result<(), TestCaseError> {
+        if !self.kv_exact || !self.cfg.mamba_aligned() || self.k() == 0 {
+            return Ok(());
+        }
+        let bs = self.cfg.block_size();
+        let groups = self.cfg.kv_cache_groups();
+        for (i, &h) in p.step.req_handles.iter().enumerate() {
+            let Some(&(curr, _)) = self.mamba_cursor.get(&h) else { continue };
+            let Some(computed) = self.sched.request(h).map(|r| r.num_computed_tokens()) else {
+                self.mamba_cursor.remove(&h);
+                continue;
+            };
+            let (c, n) = (i64::from(p.step.num_computed_tokens[i]), i64::from(p.step.num_scheduled_tokens[i]));
+            let running = c + n - i64::from(p.step.num_spec_tokens[i]);
+            if computed < running {
+                // Preempted by the output (its KV given back): the runner sees it resumed.
+                self.mamba_cursor.remove(&h);
+                continue;
+            }
+            let aligned = computed / bs * bs;
+            let mut ahead = (computed - running) as usize;
+            if aligned >= running && aligned > 0 {
+                let dest = (aligned / bs - 1) as usize;
+                for (g, table) in self.tables[&h].iter().enumerate() {
+                    if groups.kind(g) != AttentionKind::Mamba {
+                        continue;
+                    }
+                    let (from, to) = (table[curr + (aligned - running) as usize], table[dest]);
+                    if to == 0 {
+                        // The runner's copy lands in the null block: no hit reads that state.
+                        continue;
+                    }
+                    prop_assert!(
+                        from != 0,
+                        "{}: group {g} copies the state after {aligned} from table index {} to {dest}: {table:?}",
+                        self.sched.request(h).map_or("?".into(), |r| r.id().to_string()),
+                        curr + (aligned - running) as usize
+                    );
+                    self.kv[to as usize][0] = self.kv[from as usize][0];
+                }
+                if dest == curr {
+                    ahead = 0;
+                }
+            }
+            self.mamba_cursor.insert(h, (curr, ahead));
+        }
+        Ok(())
     }
 
     fn trace_apply(&self, p: &Pending, events: &[RequestEvent]) {

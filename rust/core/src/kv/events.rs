@@ -12,9 +12,11 @@ use std::sync::Arc;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KvEvent {
     /// `blocks` entered KV-cache group `group`'s cache holding the request's full blocks
-    /// `first_block..` (block `first_block + i` of the group's table is `blocks[i]`); the
-    /// null block (0) where a sliding-window group's block did not enter it (behind the
-    /// window, or out of any later hit's reach).
+    /// `first_block..` (block `first_block + i` of the group's table is `blocks[i]`, but
+    /// an aligned Mamba prefill checkpoint block, at the index after: its state is the
+    /// boundary's a block before, under EAGLE's block drop); the null block (0) where a
+    /// sliding-window group's block did not enter it (behind the window, or out of any
+    /// later hit's reach).
     Stored { request_id: Arc<str>, group: u32, first_block: u32, blocks: Vec<u32> },
     /// An admission lookup found the request's first `num_blocks` blocks cached in `group`
     /// (a sliding-window group: the blocks of the window before the hit's end, nulls

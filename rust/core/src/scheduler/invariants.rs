@@ -326,7 +326,10 @@ impl Scheduler {
                 let groups = cfg.kv_cache_groups();
                 // (Tables past the groups hold nothing: `check_block_table`.)
                 for (g, table) in Self::tables(r).enumerate().take(groups.len()) {
+                    let mut needed = needed;
                     if groups.kind(g) == crate::config::AttentionKind::Mamba && cfg.mamba_aligned() {
+                        // (Its positions hold no lookahead slots: drafters have no Mamba layers.)
+                        needed = c.min(m);
                         // Aligned, it holds a state block or a few (nulls elsewhere), and its
                         // positions cover C as an attention table's do (checked below).
                         let held = table.iter().filter(|&&id| id != crate::kv::NULL_BLOCK).count() as i64;
@@ -486,9 +489,13 @@ impl Scheduler {
             {
                 let held = self.kv.pool().block_hash(block);
                 let want = if i < num_cached { r.block_hashes.get(i).copied() } else { None };
-                // A sliding window leaves the blocks no hit can reach out of the cache.
+                // A sliding window leaves the blocks no hit can reach out of the cache; an
+                // aligned Mamba checkpoint block may hold the boundary's a block before
+                // (EAGLE's block drop).
                 let masked = sliding && i < num_cached && held.is_none();
-                if held != want && !masked {
+                let checkpoint =
+                    interior_nulls && i > 0 && held.is_some() && held == r.block_hashes.get(i - 1).copied();
+                if held != want && !masked && !checkpoint {
                     return Err(broken(format!(
                         "request {id:?}: group {g}: block {block} (table index {i}) holds hash {held:?}, expected {want:?}"
                     )));
