@@ -314,13 +314,16 @@ fn raw_config() -> impl Strategy<Value = RawConfig> {
 
 fn derive_config(r: &RawConfig) -> ConfigParams {
     // Layout 7 holds its Mamba state at block boundaries: prefix caching on, no KV
-    // connector (refused beside it), so that the fuzz reaches it often. Drafts only with
-    // one step in flight: the runner's model of the states a verify step writes into the
+    // connector (refused beside it), so that the fuzz reaches it often. Drafts without
+    // pipeline stages: the runner's model of the states a verify step writes into the
     // speculative blocks follows its acceptances step by step.
     // Drafts fewer than a block's tokens: a step's accepted tokens then pass at most one
     // boundary, which vLLM's runner copies the state of (with more, a boundary passed
     // could keep a stale state; vLLM's Mamba blocks are far larger than any draft count).
-    let drafts = if r.async_scheduling || r.depth > 1 { 0 } else { r.k.min((1 << r.block_size_log2) - 1) };
+    // (With async scheduling the runner's KV model is off beside drafts: the tables and the
+    // pool are checked, not the states. Pipeline stages keep out: the model follows one step.)
+    let pipeline = !r.async_scheduling && r.depth > 1;
+    let drafts = if pipeline { 0 } else { r.k.min((1 << r.block_size_log2) - 1) };
     let aligned_mamba = RawConfig { k: drafts, kv_connector: false, caching: true, ..r.clone() };
     let r = if r.groups_sel == 7 { &aligned_mamba } else { r };
     let bs = 1i64 << r.block_size_log2;
