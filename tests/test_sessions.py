@@ -130,3 +130,24 @@ def test_an_input_for_a_request_that_is_no_session_is_a_duplicate() -> None:
     sched.add_request("plain", [1, 2, 3], max_tokens=1)
     with pytest.raises(InvalidRequestError, match="plain"):
         sched.add_request("plain", [4], max_tokens=1, resumable=True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"kv_cache_groups": "mamba,full", "async_scheduling": True}, "async"),
+        ({"kv_cache_groups": "full,mamba", "num_speculative_tokens": 2}, "drafts"),
+    ],
+)
+def test_a_session_is_refused_where_mamba_state_cannot_carry_it(
+    overrides: dict[str, Any], reason: str
+) -> None:
+    """Beside Mamba groups a session is refused under async scheduling, and beside drafts
+    with prefix caching on (a later input would resume from a state the runner does not
+    keep); the scheduler is left as it was and a plain request still runs."""
+    sched = _scheduler(enable_prefix_caching=True, **overrides)
+    with pytest.raises(InvalidRequestError, match=f"resumable.*{reason}"):
+        sched.add_request("s", [1, 2, 3], max_tokens=1, resumable=True)
+    assert not sched.has_unfinished_requests()
+    sched.add_request("plain", [1, 2, 3], max_tokens=1)
+    assert sched.schedule().num_scheduled_tokens.tolist() == [3]

@@ -1115,26 +1115,17 @@ def edge_cases() -> list[Case]:
         # Sessions beside aligned Mamba (sync only: a stop rolls C back, and a recurrent
         # state folded by a step in flight cannot be): a later input resumes from the
         # state the session kept, mid-block, and its chunk realigns at the next boundary.
-        # With drafts, a later input's one-token decode padded past the block's end keeps
-        # none of its padding.
-        beside_mamba = [
-            ("mamba,full", "fcfs", 0),
-            ("full,mamba,sliding_window:64", "priority", 0),
-            ("full,mamba", "fcfs", 2),
-        ]
-        for groups, policy, k in [] if a else beside_mamba:
+        beside_mamba = [("mamba,full", "fcfs"), ("full,mamba,sliding_window:64", "priority")]
+        for groups, policy in [] if a else beside_mamba:
             out.append(
                 _hybrid_case(
                     "synthetic-chat",
                     _aligned_mamba(
-                        f"edge-sessions-mamba-{groups.count('mamba')}m-{mode}"
-                        + (f"-K{k}" if k else "")
-                        + f"-apc-{policy[:4]}-kv",
+                        f"edge-sessions-mamba-{groups.count('mamba')}m-{mode}-apc-{policy[:4]}-kv",
                         groups,
                         policy,
                         a,
                         max_num_seqs=6,
-                        num_speculative_tokens=k,
                     ),
                     sessions=True,
                 )

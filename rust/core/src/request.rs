@@ -411,6 +411,16 @@ fn check_session_config(cfg: &SchedulerConfig) -> CoreResult<()> {
             "streaming-input sessions are not served with Mamba groups under async scheduling",
         ));
     }
+    if cfg.mamba_aligned() && cfg.num_speculative_tokens() > 0 {
+        // vLLM's runner takes a later input up from the state at the last computed token's
+        // block, while the verify step that stopped the input left it in a speculative block.
+        return Err(CoreError::request(
+            "resumable",
+            true,
+            "streaming-input sessions are not served beside drafts and Mamba groups with prefix \
+             caching on (a later input would resume from a state the runner does not keep)",
+        ));
+    }
     Ok(())
 }
 

@@ -298,30 +298,3 @@ fn a_chunk_past_a_boundary_moves_the_speculative_blocks_it_leaves_behind_to_the_
     // One block for the Mamba group and two for full attention's next 8 tokens.
     assert_eq!(free - sched.num_free_blocks(), 1 + 2);
 }
-
-#[test]
-fn a_padded_decode_the_alignment_would_clip_drops_its_padding() {
-    // K = 2: a one-token decode admitted mid-block (a session's later input) is padded to
-    // 1 + K rows, which would run past the block's end; the split keeps all of them or
-    // none of the padding (vLLM's rule): one token, no drafts.
-    let mut sched = Scheduler::new(config(|p| {
-        p.block_size = B as i64;
-        p.kv_cache_groups = KvCacheGroups::parse("full,mamba").unwrap();
-        p.enable_prefix_caching = true;
-        (p.max_num_batched_tokens, p.max_num_seqs, p.num_speculative_tokens) = (16, 4, 2);
-        p.scheduler_reserve_full_isl = false;
-    }))
-    .unwrap();
-    sched.add_request(NewRequest { resumable: true, ..request("s", 2, 1) }).unwrap();
-    while sched.get_request("s").unwrap().status() != RequestStatus::WaitingForStreamingReq {
-        step_and_apply(&mut sched);
-    }
-    let input = NewRequest { resumable: true, ..NewRequest::new("s", vec![500], 1) };
-    sched.add_request_or_input(input).unwrap();
-    let r = sched.get_request("s").unwrap();
-    // The state after 2 tokens, the input's token to compute: a decode from mid-block.
-    assert_eq!((r.num_computed_tokens(), r.num_tokens()), (2, 3));
-    let step = sched.schedule();
-    check_step(&sched, &step);
-    assert_eq!((step.num_scheduled_tokens.to_vec(), step.num_spec_tokens.to_vec()), (vec![1], vec![0]));
-}

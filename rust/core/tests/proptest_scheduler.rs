@@ -1083,9 +1083,8 @@ impl Harness {
             // One bit of the token seed: about half the requests ask for their hits.
             report_reused_blocks: op.token_seed & 1 == 1,
             mm_inputs: if self.cfg.multimodal() { images(op.token_seed >> 8, len) } else { Vec::new() },
-            // Not beside aligned Mamba and drafts: there vLLM's runner takes a later input
-            // up from the state at the last computed token's block, while a verify step
-            // that stopped the input left it in a speculative block.
+            // Not beside aligned Mamba and drafts (refused: vLLM's runner would take a later
+            // input up from a state it does not keep).
             resumable: op.session && !(self.cfg.mamba_aligned() && self.k() > 0),
             diffusion_canvas_length: None,
             diffusion_read_steps: None,

@@ -330,7 +330,7 @@ impl KvManager {
         let ids = request.group_block_ids(g);
         // (Before the hits are added: a request holds blocks once allocated for.)
         let allocated = !ids.is_empty();
-        let checkpoint = self.mamba_takes_checkpoint(groups, request, ids, allocated, computed, num_tokens);
+        let checkpoint = self.mamba_takes_checkpoint(groups, request, ids, allocated, computed, num_tokens).is_some();
         let s = groups.mamba_speculative_blocks;
         let required = cdiv(num_tokens, self.block_size) + s;
         let mut new = required - (hits.len() + ids.len()) as i64;
@@ -341,12 +341,13 @@ impl KvManager {
         new + evictable as i64
     }
 
-    /// Whether an aligned Mamba group takes a prefill checkpoint block, at index
-    /// `cdiv(num_tokens, B) - 2` of its table `ids`, for a step computing tokens
-    /// `computed..num_tokens` (vLLM's `_needs_internal_checkpoint`): its layers can write the
-    /// state at the last boundary a hit can resume from there, the step reaches the end of
-    /// the prompt (with sparse retention; every step with dense), and the table holds no
-    /// block at that index, or (`allocated`) one of its speculative blocks.
+    /// The prefill checkpoint block an aligned Mamba group takes, if any, for a step
+    /// computing tokens `computed..num_tokens`: its index in the table `ids`,
+    /// `cdiv(num_tokens, B) - 2`, and the position of the state it holds (vLLM's
+    /// `_needs_internal_checkpoint`). Its layers can write the state at the last boundary a
+    /// hit can resume from there, the step reaches the end of the prompt (with sparse
+    /// retention; every step with dense), and the table holds no block at that index, or
+    /// (`allocated`) one of its speculative blocks.
     fn mamba_takes_checkpoint(
         &self,
         groups: &Groups,
@@ -355,7 +356,7 @@ impl KvManager {
         allocated: bool,
         computed: i64,
         num_tokens: i64,
-    ) -> bool {
+    ) -> Option<(usize, i64)> {
         let b = self.block_size;
         let prefill_end =
             if groups.retention_interval != 0 { 0 } else { request.num_prompt_tokens().max(request.num_tokens() - 1) };
@@ -363,10 +364,11 @@ impl KvManager {
         let position =
             mamba_checkpoint_position(num_tokens, b, self.hash_lookahead, groups.mamba_checkpoint_eagle_drop);
         let speculative = allocated && index >= ids.len() as i64 - groups.mamba_speculative_blocks;
-        num_tokens >= prefill_end
+        let takes = num_tokens >= prefill_end
             && mamba_checkpoint_exportable(computed, num_tokens, position, b, groups.mamba_checkpoint_alignment)
             && index >= 0
-            && (ids.get(index as usize).is_none_or(|&id| id == NULL_BLOCK) || speculative)
+            && (ids.get(index as usize).is_none_or(|&id| id == NULL_BLOCK) || speculative);
+        takes.then_some((index as usize, position))
     }
 
     /// Blocks `request` still needs, over every group, to hold `num_tokens` tokens from
@@ -560,13 +562,9 @@ impl KvManager {
     ) -> (usize, usize, Option<(usize, i64)>) {
         let (b, s) = (self.block_size, groups.mamba_speculative_blocks as usize);
         let required = cdiv(num_main, b) as usize + s;
-        let checkpoint =
+        let taken =
             self.mamba_takes_checkpoint(groups, request, request.group_block_ids(g), allocated, computed, num_main);
-        let taken = checkpoint.then(|| {
-            let position =
-                mamba_checkpoint_position(num_main, b, self.hash_lookahead, groups.mamba_checkpoint_eagle_drop);
-            (cdiv(num_main, b) as usize - 2, position)
-        });
+        let checkpoint = taken.is_some();
         let (ids, num_cached, _) = table(request, g);
         let first_new = ids.len();
         if required <= first_new && !checkpoint {

@@ -36,7 +36,7 @@ pub struct Groups {
     pub(crate) lookups: Vec<(AttentionKind, Vec<usize>)>,
     /// Per group: its kind's hits give back their last block (EAGLE's block drop, on the
     /// kinds of the groups that hold the drafter's layers, or on every group if none is
-    /// marked); one value for all the members of a lookup.
+    /// marked, never a Mamba group); one value for all the members of a lookup.
     pub(crate) eagle_drop: Vec<bool>,
     /// 0: a sliding-window group caches only the blocks a resend of the prompt can hit;
     /// else also the window before every multiple of this many tokens.

@@ -201,20 +201,17 @@ impl Scheduler {
                 break;
             }
             match Self::tokens_to_admit(b, budgets, &rules, request, hit.num_computed) {
-                Admission::Tokens { mut n, mut pad } => {
+                Admission::Tokens { mut n, pad } => {
                     if rules.mamba_aligned {
                         // (A lookup sets the junction; a request admitted without one keeps its own.)
                         let junction =
                             if hit.looked_up { hit.shared_prefix_boundary } else { request.shared_prefix_boundary };
-                        let padded = n;
                         n = super::mamba_aligned_split(&self.config, request, hit.num_computed, n, junction);
-                        // No aligned chunk fits the budget: admissions stop, as vLLM's.
+                        // No aligned chunk fits the budget: admissions stop, as vLLM's. (A
+                        // padded decode starts on a block boundary here, sessions being
+                        // refused beside drafts: the split leaves its rows whole.)
                         if n == 0 {
                             break;
-                        }
-                        // A padded decode keeps all `1 + K` rows or none of the padding.
-                        if pad && n != padded {
-                            (n, pad) = (1, false);
                         }
                     }
                     // A chunk stops before an input it cannot have encoded in this step.
