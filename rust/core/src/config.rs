@@ -596,6 +596,15 @@ fn splits_prompts(p: &ConfigParams) -> bool {
     p.enable_chunked_prefill || p.mm_encoder_only
 }
 
+/// The widest prompt chunk the budgets allow: the token budget, or the long-prefill
+/// threshold below it (vLLM's `max_prefill_tokens` in `_mamba_block_aligned_split`).
+fn widest_prefill_chunk(max_num_scheduled_tokens: i64, long_prefill_token_threshold: i64) -> i64 {
+    match long_prefill_token_threshold {
+        0 => max_num_scheduled_tokens,
+        threshold => max_num_scheduled_tokens.min(threshold),
+    }
+}
+
 /// The most tokens one request can be given in a step: `R = min(token budget, input budget -
 /// draft slots)`.
 fn largest_request_budget(p: &ConfigParams) -> i64 {
@@ -831,13 +840,9 @@ fn check_kv_cache_groups(p: &ConfigParams) -> CoreResult<()> {
         // (vLLM's `_mamba_block_aligned_split`, judged on the token budget); with draft slots
         // a request's share can fall below a block while the budget holds one: no chunk of
         // a longer prompt would ever run (vLLM schedules nothing, step after step).
-        let resolved = p.resolved();
-        let mut widest_chunk = resolved.max_num_scheduled_tokens.unwrap_or(p.max_num_batched_tokens);
-        if p.long_prefill_token_threshold > 0 {
-            widest_chunk = widest_chunk.min(p.long_prefill_token_threshold);
-        }
         let share = largest_request_budget(p);
-        if share < p.block_size && p.block_size <= widest_chunk {
+        let budget = p.resolved().max_num_scheduled_tokens.unwrap_or(p.max_num_batched_tokens);
+        if share < p.block_size && p.block_size <= widest_prefill_chunk(budget, p.long_prefill_token_threshold) {
             return Err(CoreError::config(
                 "max_num_new_slots_for_drafting",
                 p.max_num_new_slots_for_drafting,
@@ -979,6 +984,11 @@ impl SchedulerConfig {
         };
         let tokens = (tokens + self.max_in_flight_tokens()).min(self.max_model_len());
         Some((tokens + self.block_size() - 1) / self.block_size() + extra)
+    }
+
+    /// The widest prompt chunk the budgets allow (see `widest_prefill_chunk`).
+    pub fn widest_prefill_chunk(&self) -> i64 {
+        widest_prefill_chunk(self.max_num_scheduled_tokens(), self.long_prefill_token_threshold())
     }
 
     /// The most KV blocks a request of up to `tokens` tokens holds at once, every group

@@ -185,12 +185,8 @@ fn mamba_aligned_split(config: &SchedulerConfig, request: &Request, start: i64, 
     let last_cache_position =
         if checkpoint { 0 } else { mamba_checkpoint_position(request.num_tokens(), b, lookahead, drop) };
     if end < prefill_end {
-        let mut max_prefill_tokens = config.max_num_scheduled_tokens();
-        if config.long_prefill_token_threshold() > 0 {
-            max_prefill_tokens = max_prefill_tokens.min(config.long_prefill_token_threshold());
-        }
         let aligned_end = end / b * b;
-        if aligned_end > start || b <= max_prefill_tokens {
+        if aligned_end > start || b <= config.widest_prefill_chunk() {
             end = aligned_end;
         }
     }
