@@ -600,12 +600,12 @@ def _hybrid_case(workload: str, config: ParityConfig, **fields: Any) -> Case:
     )
 
 
-def _aligned_mamba(
+def _hybrid_apc(
     name: str, groups: str, policy: str, async_scheduling: bool, **fields: Any
 ) -> ParityConfig:
-    """A config of Mamba groups with prefix caching (vLLM's ``mamba_cache_mode`` "align"),
-    without drafts unless ``fields`` say, KV events compared, its pool left 0 for
-    :func:`_hybrid_case`."""
+    """A config of the KV-cache groups ``groups`` with prefix caching (Mamba groups' state
+    aligned, vLLM's ``mamba_cache_mode`` "align"), without drafts unless ``fields`` say, KV
+    events compared, its pool left 0 for :func:`_hybrid_case`."""
     fields.setdefault("num_speculative_tokens", 0)
     return ParityConfig(
         name,
@@ -1120,7 +1120,7 @@ def edge_cases() -> list[Case]:
             out.append(
                 _hybrid_case(
                     "synthetic-chat",
-                    _aligned_mamba(
+                    _hybrid_apc(
                         f"edge-sessions-mamba-{groups.count('mamba')}m-{mode}-apc-{policy[:4]}-kv",
                         groups,
                         policy,
@@ -1222,16 +1222,13 @@ def edge_cases() -> list[Case]:
             out.append(
                 _hybrid_case(
                     workload,
-                    ParityConfig(
+                    _hybrid_apc(
                         f"edge-hybrid-{tag}-r{retention}-{mode}-K{k}-apc-{policy[:4]}-kv",
-                        async_scheduling=a,
+                        groups,
+                        policy,
+                        a,
                         num_speculative_tokens=k,
-                        enable_prefix_caching=True,
-                        policy=policy,
-                        num_gpu_blocks=0,
-                        kv_cache_groups=groups,
                         prefix_cache_retention_interval=retention,
-                        kv_events=True,
                     ),
                 )
             )
@@ -1318,7 +1315,7 @@ def edge_cases() -> list[Case]:
             out.append(
                 _hybrid_case(
                     workload,
-                    _aligned_mamba(
+                    _hybrid_apc(
                         f"edge-mamba-{groups.count('mamba')}m-{mode}-apc-r{retention}-t{threshold}"
                         f"-c{checkpoints}-{policy[:4]}-kv",
                         groups,
@@ -1340,7 +1337,7 @@ def edge_cases() -> list[Case]:
             out.append(
                 _hybrid_case(
                     "synthetic-conv",
-                    _aligned_mamba(
+                    _hybrid_apc(
                         f"edge-mm-mamba-{groups.count('mamba')}m-{mode}-apc-c{checkpoints}"
                         f"-{policy[:4]}-enc{budget}-cache{cache_size}-kv",
                         groups,
@@ -1368,7 +1365,7 @@ def edge_cases() -> list[Case]:
             out.append(
                 _hybrid_case(
                     workload,
-                    _aligned_mamba(
+                    _hybrid_apc(
                         f"edge-{method}{rule}-mamba-{groups.count('mamba')}m-{mode}-K{k}-apc"
                         f"-c{checkpoints}-{policy[:4]}-kv",
                         groups,

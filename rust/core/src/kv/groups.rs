@@ -66,6 +66,13 @@ struct StepTokens {
     total_computed: i64,
 }
 
+/// Whether `request` holds blocks it was allocated since it last gave its blocks back
+/// (vLLM's `_allocated_block_reqs`): every group's table holds an entry once allocated
+/// for, so group 0's tells; read before a lookup's hits are added.
+fn allocated_for(request: &Request) -> bool {
+    !request.block_ids.is_empty()
+}
+
 /// Group `g`'s table of `request`, its settled-entry count, and the request's hashes.
 fn table(request: &mut Request, g: usize) -> (&mut Vec<u32>, &mut usize, &[BlockHash]) {
     if g == 0 {
@@ -257,7 +264,7 @@ impl KvManager {
             let settled = if g == 0 { request.num_cached_blocks } else { request.extra_tables[g - 1].num_cached };
             // An aligned Mamba table reaches the state's block and its speculative blocks.
             let short = groups.is_aligned_mamba(g)
-                && cdiv(c + num_new_tokens, b) + groups.mamba_speculative_blocks > ids.len() as i64;
+                && self.aligned_mamba_table_len(groups, c + num_new_tokens) > ids.len() as i64;
             if !freed || full > settled || short {
                 return None;
             }
@@ -328,17 +335,22 @@ impl KvManager {
             }
         }
         let ids = request.group_block_ids(g);
-        // (Before the hits are added: a request holds blocks once allocated for.)
-        let allocated = !ids.is_empty();
+        let allocated = allocated_for(request);
         let checkpoint = self.mamba_takes_checkpoint(groups, request, ids, allocated, computed, num_tokens).is_some();
-        let s = groups.mamba_speculative_blocks;
-        let required = cdiv(num_tokens, self.block_size) + s;
-        let mut new = required - (hits.len() + ids.len()) as i64;
+        let mut new = self.aligned_mamba_table_len(groups, num_tokens) - (hits.len() + ids.len()) as i64;
         if new > 0 {
-            new = new.min(1 + i64::from(checkpoint) + if allocated { 0 } else { s });
+            new = new.min(1 + i64::from(checkpoint) + if allocated { 0 } else { groups.mamba_speculative_blocks });
         }
         let evictable = hits.iter().filter(|&&b| b != NULL_BLOCK && self.pool.ref_cnt(b) == 0).count();
         new + evictable as i64
+    }
+
+    /// The length an aligned Mamba table reaches for a step to `num_main` target-model
+    /// tokens: a position per block up to the one the state ends in, then `S` speculative
+    /// blocks (vLLM's align-mode `num_required_blocks`).
+    #[inline]
+    fn aligned_mamba_table_len(&self, groups: &Groups, num_main: i64) -> i64 {
+        cdiv(num_main, self.block_size) + groups.mamba_speculative_blocks
     }
 
     /// The prefill checkpoint block an aligned Mamba group takes, if any, for a step
@@ -433,8 +445,7 @@ impl KvManager {
         if request.extra_tables.len() + 1 < groups.len() {
             request.extra_tables.resize_with(groups.len() - 1, Default::default);
         }
-        // A Mamba group holds blocks before the hits are added: allocated for already.
-        let allocated = !request.block_ids.is_empty();
+        let allocated = allocated_for(request);
         if ask.full_sequence_must_fit {
             let full = request.num_tokens().min(m);
             let tokens = StepTokens { num_tokens: full, num_main: full, total_computed };
@@ -560,8 +571,8 @@ impl KvManager {
         allocated: bool,
         (computed, num_main): (i64, i64),
     ) -> (usize, usize, Option<(usize, i64)>) {
-        let (b, s) = (self.block_size, groups.mamba_speculative_blocks as usize);
-        let required = cdiv(num_main, b) as usize + s;
+        let s = groups.mamba_speculative_blocks as usize;
+        let required = self.aligned_mamba_table_len(groups, num_main) as usize;
         let taken =
             self.mamba_takes_checkpoint(groups, request, request.group_block_ids(g), allocated, computed, num_main);
         let checkpoint = taken.is_some();
