@@ -59,7 +59,7 @@ WORLD_CONFIGS: dict[str, dict[str, Any]] = {
     "sync": BASE,
     "async": {**BASE, "async_scheduling": True},
     "k0": {**BASE, "num_speculative_tokens": 0},
-    "tiny": {**BASE, "num_gpu_blocks": 8},  # 7 usable blocks of 4: at most 28 tokens
+    "tiny": {**BASE, "num_gpu_blocks": 8},  # 7 usable blocks of 4: a request of 29 tokens
     # Multimodal inputs of up to 16 embeddings.
     "mm": {**BASE, "max_num_encoder_input_tokens": 16, "encoder_cache_size": 16},
 }
@@ -383,10 +383,11 @@ case(
     "max_num_encoder_input_tokens=0",
 )
 case(
-    "add_request-could-never-finish",
-    add("x", list(range(10)), max_tokens=40),  # 50 tokens: 13 blocks of 4 > 7 usable
+    "add_request-prompt-outgrows-the-pool",
+    # 7 usable blocks of 4 hold a request of 29 tokens: a prompt of 28 at most.
+    add("x", list(range(29)), max_tokens=40),
     InvalidRequestError,
-    "max_tokens.*could never finish",
+    r"prompt_token_ids=<29 tokens>: at most 28 tokens.*7 usable blocks",
     world="tiny",
 )
 

@@ -136,13 +136,13 @@ def test_a_missing_trace_and_an_unknown_workload_are_named(tmp_path: Path) -> No
 
 
 def test_a_request_whose_kv_could_outgrow_the_pool_is_named_by_its_row(tmp_path: Path) -> None:
-    path = trace(tmp_path, "big.csv", AZURE_HEADER + ROW + "2023-11-16 18:15:47.0,9000,800\n")
+    path = trace(tmp_path, "big.csv", AZURE_HEADER + ROW + "2023-11-16 18:15:47.0,4000,800\n")
     line = refused(
         run(
             "simulate", path, "--no-progress", "--max-model-len", "16384", "--num-gpu-blocks", "300"
         ),
         f"{path}, line 3",
-        "could never finish",
+        "outgrows the KV pool",
     )
     assert "299 usable blocks" in line
 

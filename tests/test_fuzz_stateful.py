@@ -15,11 +15,11 @@ After every call: ``check_invariants()`` (spec Appendix A over the whole state),
 ``check_scheduler_output`` on every step, the runner's own assertions (vLLM's), and a Python
 model of every request (tokens delivered, stop conditions, statuses, new / resumed /
 finished ids). Teardown drains everything and checks that every request finished exactly
-once with a correct status, at most ``max_tokens`` outputs and ``max_model_len`` tokens, and
-that every KV block is free again.
+once with a correct status, at most ``max_tokens`` outputs and ``M`` tokens (``max_model_len``,
+or the longest request a small pool holds), and that every KV block is free again.
 
 Liveness (the ``drain`` rule and teardown). With no new arrivals and a KV pool that can hold
-any one request (``add_request`` refuses a request that could outgrow it), draining ``R``
+any one request (each stops at the longest the pool holds, ``M``), draining ``R``
 live requests with at most ``D`` steps in flight takes at most ``liveness_bound`` steps::
 
     sum_i (ceil(Np_i / tau) + O_i)  +  R * (2D + 3)  +  2D + 3
@@ -207,7 +207,7 @@ def chunk_size(config: SchedulerConfig) -> int:
 
 def liveness_bound(reqs: list[Req], config: SchedulerConfig, in_flight: int) -> int:
     """The drain's step bound under FCFS, stated in the module docstring."""
-    tau, m = chunk_size(config), config.max_model_len
+    tau, m = chunk_size(config), longest_request(config)
     work = sum(
         -(-len(r.prompt) // tau)
         + (min(r.max_tokens, m - len(r.prompt)) if config.num_sampled_tokens_per_step else 0)
@@ -218,7 +218,7 @@ def liveness_bound(reqs: list[Req], config: SchedulerConfig, in_flight: int) -> 
 
 def work_bound(reqs: list[Req], config: SchedulerConfig, in_flight: int, preemptions: int) -> int:
     """The drain's step bound under any policy, given its preemptions (module docstring)."""
-    m = config.max_model_len
+    m = longest_request(config)
     outputs = sum(
         min(r.max_tokens, m - len(r.prompt)) if config.num_sampled_tokens_per_step else 0
         for r in reqs
@@ -234,13 +234,14 @@ def work_bound(reqs: list[Req], config: SchedulerConfig, in_flight: int, preempt
     )
 
 
-def never_finishes(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool:
-    """Whether the request could outgrow the KV pool (``add_request``'s refusal rule)."""
-    longest = min(
-        prompt_len + max_tokens + config.num_speculative_tokens + config.num_lookahead_tokens,
-        config.max_model_len,
-    )
-    return math.ceil(longest / config.block_size) > config.num_gpu_blocks - 1
+def longest_request(config: SchedulerConfig) -> int:
+    """``M``: ``max_model_len``, or, when the pool's usable blocks hold fewer slots ``T``, the
+    longest request whose every step (``C + n + s <= M``, ``C + n + L`` slots) fits them:
+    ``T - L + s``. A request stops there, length-capped."""
+    slots = (config.num_gpu_blocks - 1) * config.block_size
+    if slots >= config.max_model_len:
+        return config.max_model_len
+    return slots - config.num_lookahead_tokens + config.num_sampled_tokens_per_step
 
 
 # ------------------------------------------------------------------------------ the machine
@@ -294,7 +295,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     ) -> None:
         note(f"config: {config!r}")
         self.config = config
-        self.m = config.max_model_len
+        self.m = longest_request(config)
         self.s = config.num_sampled_tokens_per_step
         self.k = config.num_speculative_tokens
         self.is_async = config.async_scheduling
@@ -493,10 +494,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Add one random request; check a refusal is justified and changes nothing."""
         m, block_size = self.m, self.config.block_size
         kind = data.draw(st.sampled_from(["random", "boundary", "shared", "short", "reuse"]))
-        top = m - self.s
+        # Up to max_model_len's prompt limit: past what a small pool holds, too.
+        top = self.config.max_model_len - self.s
         rid = f"r{self.counter}"
         if kind == "boundary":
-            length = top  # ends right at the max_model_len boundary: N = M - s
+            length = max(1, min(top, m - self.s))  # ends right at the boundary: N = M - s
         elif kind == "short":
             length = data.draw(st.integers(1, min(3, top)))
         else:
@@ -513,7 +515,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if rid in self.reqs:
                 rid = f"r{self.counter}"
         self.counter += 1
-        max_tokens = data.draw(st.integers(1, 6) | st.integers(1, m + 2))
+        max_tokens = data.draw(st.integers(1, 6) | st.integers(1, self.config.max_model_len + 2))
         computed = 0
         if len(prompt) > 1 and data.draw(st.integers(0, 5)) == 0:
             computed = data.draw(st.integers(1, len(prompt) - 1))
@@ -532,14 +534,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         as_array = data.draw(st.sampled_from([None, np.int32, np.int64, np.uint16]))
         prompt_arg: Any = prompt if as_array is None else np.asarray(prompt, dtype=as_array)
         before = self.sched.debug_snapshot()
-        if kwargs["min_tokens"] > max_tokens:
-            with pytest.raises(InvalidRequestError, match="min_tokens"):
+        if len(prompt) > m - self.s:
+            with pytest.raises(InvalidRequestError, match="prompt_token_ids"):
                 self.sched.add_request(rid, prompt_arg, **kwargs)
             self.snapshot_unchanged(before)
             self.events["refused"] += 1
             return
-        if never_finishes(self.config, len(prompt), max_tokens):
-            with pytest.raises(InvalidRequestError, match="could never finish"):
+        if kwargs["min_tokens"] > max_tokens:
+            with pytest.raises(InvalidRequestError, match="min_tokens"):
                 self.sched.add_request(rid, prompt_arg, **kwargs)
             self.snapshot_unchanged(before)
             self.events["refused"] += 1

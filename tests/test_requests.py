@@ -42,7 +42,8 @@ from conftest import add_requests, make_scheduler, one_token_each
         (("x", [1, 2]), {"max_tokens": 1, "num_computed_tokens": -1}, "num_computed_tokens"),
         (("x", [1]), {"max_tokens": 1, "arrival_time": float("inf")}, "arrival_time"),
         (("x", [1]), {"max_tokens": 1, "priority": 2**40}, "priority"),
-        (("x", [1] * 40), {"max_tokens": 100}, "max_tokens"),  # could outgrow the KV pool
+        # 3 usable blocks of 16 hold a request of 49 tokens: a prompt of 48 at most.
+        (("x", [1] * 49), {"max_tokens": 1}, r"prompt_token_ids=<49 tokens>: at most 48"),
         (
             ("x", [1]),
             {"max_tokens": 1, "skip_reading_prefix_cache": 1},

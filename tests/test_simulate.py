@@ -216,9 +216,10 @@ def test_simulate_refuses_bad_arguments_and_an_unservable_request() -> None:
         simulate(config, workload, acceptance_rate=2)
     with pytest.raises(WorkloadError, match="no requests"):
         simulate(config, Workload("w", [], "test"))
-    big = Workload("w", [RequestSpec("a", 0.0, 3000, 1000, key=1, origin="w.csv, line 9")], "t")
-    with pytest.raises(WorkloadError, match=r"w\.csv, line 9: max_tokens=1000.*could never finish"):
+    big = Workload("w", [RequestSpec("a", 0.0, 1000, 1000, key=1, origin="w.csv, line 9")], "t")
+    with pytest.raises(WorkloadError, match=r"w\.csv, line 9: max_tokens=1000.*outgrows the KV"):
         check_workload(config, big)
+    assert config.max_request_len == 99 * 16 + 1
 
 
 def test_fitting_leaves_the_room_the_config_samples_per_step() -> None:

@@ -728,16 +728,15 @@ def test_allocate_with_lookahead(
 
 def test_prefix_caching_disabled_allocates_fresh_blocks() -> None:
     """vLLM test_basic_prefix_caching_disabled: no hit on a shared prefix, fresh blocks."""
-    # 5 usable blocks of 4 tokens: vLLM's 4, plus one for the token request "2" samples
-    # (llmsched refuses a request whose KV could outgrow the whole pool).
-    sched = make_scheduler(block_size=4, num_gpu_blocks=6)
+    # vLLM's pool: 4 usable blocks of 4 tokens, which hold a request of 17 tokens.
+    sched = make_scheduler(block_size=4, num_gpu_blocks=5)
     sched.add_request("1", list(range(10)), max_tokens=1)
     so = sched.schedule()
     assert computed(so) == {"1": 0}
     assert len(block_table(so, "1")) == 3
     outs = apply(sched, so, {"1": [0]})
     assert outs["1"].finished
-    assert sched.num_free_blocks == 5
+    assert sched.num_free_blocks == 4
 
     sched.add_request("2", list(range(16)), max_tokens=1)
     sched.add_request("3", list(range(5)), max_tokens=1)
@@ -745,7 +744,7 @@ def test_prefix_caching_disabled_allocates_fresh_blocks() -> None:
     assert scheduled(so) == {"2": 16}
     assert computed(so) == {"2": 0}
     assert len(block_table(so, "2")) == 4
-    # "3" needs 2 blocks and 1 is free: it waits, holding none.
+    # "3" needs 2 blocks and none is free: it waits, holding none.
     assert sched.waiting_request_ids() == ["3"]
     assert sched.get_request("3").block_ids == []
 

@@ -66,8 +66,8 @@ refuses a case that does not), emulated on vLLM's side, or out of the runner's r
   state would not tell the two apart;
 - a decode step whose output has no token is undone: out of reach (this runner returns a
   token for every decode step);
-- ``add_request`` refuses requests whose KV could outgrow the whole pool: kept out
-  (:func:`blocks_needed`);
+- a request whose KV outgrows the whole pool stops, length-capped, where vLLM preempts it
+  and never runs it again: kept out (:func:`blocks_needed`);
 - ``SchedulerConfig`` refuses budgets that cannot fit an unsplittable step (a padded
   decode ``1 + K``, or with chunked prefill off the longest request): kept out (every
   config must be one llmsched accepts, :func:`llmsched_refuses`; vLLM accepts these and
@@ -616,14 +616,14 @@ class ParityConfig:
 
 def blocks_needed(req: ParityRequest, config: ParityConfig) -> int:
     """The most KV blocks ``req`` can ever hold under ``config``, every KV-cache group
-    counted (llmsched refuses a request for which this exceeds the usable pool,
-    ``num_gpu_blocks - 1``): a sliding-window group holds at most its window before the
-    next token and a step's budget per step in flight, plus a block for a window starting
-    mid-block; a chunked local group a chunk and the tokens in flight, plus a block for a
-    chunk starting mid-block (each windowed group also the blocks of the drafter's lookahead
-    slots); a Mamba group its state blocks, ``1 + K`` (with prefix caching, aligned: the
-    state a step reads, one per draft token and, per step in flight, the state it writes
-    and a checkpoint's)."""
+    counted (past the usable pool, ``num_gpu_blocks - 1``, vLLM never finishes the request
+    and llmsched stops it short of its output): a sliding-window group holds at most its
+    window before the next token and a step's budget per step in flight, plus a block for a
+    window starting mid-block; a chunked local group a chunk and the tokens in flight, plus a
+    block for a chunk starting mid-block (each windowed group also the blocks of the
+    drafter's lookahead slots); a Mamba group its state blocks, ``1 + K`` (with prefix
+    caching, aligned: the state a step reads, one per draft token and, per step in flight,
+    the state it writes and a checkpoint's)."""
     longest = min(req.longest + config.num_speculative_tokens, config.max_model_len)
     whole = -(-longest // config.block_size)
     steps_in_flight = 2 if config.async_scheduling else 1

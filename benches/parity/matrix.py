@@ -504,10 +504,9 @@ def build_requests(
     """The workload's requests fitted to ``config``: outputs ``output_factor`` times longer;
     prompts shorter than ``max_model_len``; every request needing at most half the usable
     KV pool (prompts cut first; none without a KV cache), so that a small pool holds several
-    requests (llmsched refuses a request that could outgrow the whole pool); priorities only
-    under the
-    priority policy (vLLM's front-end rejects a priority without it), and there with no
-    two requests tied on ``(priority, arrival_time)``."""
+    requests (a request that outgrows the whole pool wedges vLLM, deviation 4); priorities
+    only under the priority policy (vLLM's front-end rejects a priority without it), and
+    there with no two requests tied on ``(priority, arrival_time)``."""
     out = []
     cap_tokens = (config.num_gpu_blocks - 1) // 2 * config.block_size
     allowed = cap_tokens - config.num_speculative_tokens if config.group_kinds() else math.inf

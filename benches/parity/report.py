@@ -68,13 +68,20 @@ documented (or, for 2, that they cannot differ).
    again. *Harness:* out of reach (the runner returns at least one token for every step
    that reaches the end of a request's tokens). *Test:*
    `test_deviation_empty_decode_output_is_undone`.
-4. **`add_request` refuses a request whose KV could outgrow the whole pool**, and, with a
-   KV connector and speculative decoding, one whose asynchronous load could not leave a
-   speculative step's blocks free beside its own even in an empty pool. *Why:* vLLM
-   admits it, and it preempts everything, then itself, forever; or its load never starts
-   and the waiting queue blocks behind it. *Harness:* kept out
+4. **A request stops, length-capped, at the longest request the KV pool holds** when the
+   pool cannot hold one of `max_model_len` tokens (`SchedulerConfig.max_request_len`:
+   `T - L + s` for the `T` slots of the usable blocks, every KV-cache group counted); the
+   capacity rule keeps `C + n + s` within it, so a step's slots always fit the whole pool,
+   and a longer prompt is refused at `add_request`. With a KV connector and speculative
+   decoding, `add_request` also refuses a request whose asynchronous load could not leave
+   a speculative step's blocks free beside its own even in an empty pool. *Why:* vLLM's
+   engine refuses such a pool at startup, but its scheduler admits the request; once the
+   request outgrows the pool it preempts everything, then itself, and never runs again;
+   or its load never starts and the waiting queue blocks behind it. *Harness:* kept out
    (matrix requests need at most half the usable blocks; fuzz pools hold the largest
-   request). *Test:* `test_deviation_requests_that_could_outgrow_the_pool_are_refused`,
+   request). *Test:* `test_deviation_a_request_that_outgrows_the_pool_stops_length_capped`
+   (identical steps until the pool is full; then vLLM preempts its only request and never
+   schedules it again, llmsched finishes it at 33 tokens),
    `test_deviation_requests_whose_async_load_could_never_start_are_refused`.
 5. **`SchedulerConfig` refuses budgets that cannot fit an unsplittable step**: with
    `R = min(max_num_scheduled_tokens, max_num_batched_tokens -

@@ -284,7 +284,8 @@ def test_the_shuffled_blocks_hold_the_same_tokens_under_other_prefixes() -> None
 def test_the_matrix_and_the_fuzz_keep_out_of_the_deviations() -> None:
     """No compared case reaches a deviation the harness does not compare (``run_case``
     refuses one too): every config is one llmsched accepts, no threshold in ``(0, 1 + K)``,
-    no request that could outgrow the pool, no tied priority keys."""
+    no request that could outgrow the pool (vLLM preempts it forever), no tied priority
+    keys."""
     for case in CASES:
         if missing_trace(case.workload):
             continue  # not compared here either (case_params skips it)
@@ -500,19 +501,34 @@ def test_deviation_a_request_wedged_behind_waiting_kv_holders_runs() -> None:
     assert scheduled["llmsched"][0] == [("b", 3)]
 
 
-def test_deviation_requests_that_could_outgrow_the_pool_are_refused() -> None:
-    """vLLM accepts a request whose KV could outgrow the whole pool (it would preempt
-    everything, then itself, forever); llmsched's ``add_request`` refuses it."""
-    from llmsched import InvalidRequestError
-
+def test_deviation_a_request_that_outgrows_the_pool_stops_length_capped() -> None:
+    """A pool of 2 usable blocks of 16 (vLLM's engine refuses a pool smaller than
+    ``max_model_len``; vLLM's scheduler accepts one) and a 20-token prompt with 100 tokens
+    to come: the two schedule identically while its KV fits; then vLLM preempts it (the
+    only request) to make room for it, and never schedules it again (it waits for blocks
+    the pool does not have); llmsched stops it where the pool is full, length-capped at the
+    longest request the pool holds (33 tokens)."""
     config = ParityConfig("deviation-pool", False, 0, False, "fcfs", num_gpu_blocks=3)
     request = ParityRequest("big", tuple(range(10, 30)), 100, arrival_step=0, arrival_time=0.0)
-    assert blocks_needed(request, config) > config.num_gpu_blocks - 1
-    vllm_side = VllmSide(config)
-    vllm_side.add(request)
-    assert vllm_side.has_requests()
-    with pytest.raises(InvalidRequestError, match="could never finish"):
-        LlmschedSide(config).add(request)
+    assert deviation_triggers(config, [request]) == [
+        "big could outgrow the pool: 8 blocks > 2 usable"
+    ]
+    comparison, vllm_run, llmsched_run = run_case(config, [request], allow_deviations=True)
+    assert comparison.llmsched_error is None
+    assert comparison.vllm_error is not None and "no end" in comparison.vllm_error
+    # The step that fills the pool: the same tokens scheduled, llmsched's output stops.
+    step = comparison.first_difference
+    assert step is not None and comparison.steps_identical == step
+    assert vllm_run.steps[step]["scheduled"] == llmsched_run.steps[step]["scheduled"]
+    assert vllm_run.steps[step]["outputs"][0][2] is None
+    assert llmsched_run.steps[step]["outputs"][0][2] == "length"
+    assert vllm_run.steps[step + 1]["preempted"] == ["big"]
+    assert len(vllm_run.steps) > step + 100
+    assert not any(s["scheduled"] for s in vllm_run.steps[step + 1 :])
+    assert not any(s["preempted"] for s in llmsched_run.steps)
+    outputs = [tokens for s in llmsched_run.steps for _, tokens, _, _ in s["outputs"]]
+    assert sum(map(len, outputs)) == 33 - 20
+    assert llmsched_run.steps[step + 1]["finished"] == ["big"]
 
 
 def test_deviation_requests_whose_async_load_could_never_start_are_refused() -> None:

@@ -91,8 +91,9 @@ class _Progress:
 def check_workload(config: SchedulerConfig, workload: Workload) -> Workload:
     """``workload`` fitted to ``config.max_model_len``, every request checked against the
     scheduler's own rules before a replay: ``WorkloadError`` names the first request (by
-    its file and line) that ``add_request`` would refuse, e.g. one whose KV could outgrow
-    the pool."""
+    its file and line) that ``add_request`` would refuse, or whose KV would outgrow the
+    pool (the scheduler would stop it short of its output, at ``config.max_request_len``:
+    a replay would not show the trace's traffic)."""
     if not workload.requests:
         raise WorkloadError(f"workload {workload.name!r} has no requests")
     workload = fit_to_max_model_len(
@@ -102,11 +103,19 @@ def check_workload(config: SchedulerConfig, workload: Workload) -> Workload:
     longest = max(spec.prompt_len for spec in workload.requests)
     prompt = np.ones(longest, dtype=np.int32)
     for spec in workload.requests:
+        where = spec.origin or spec.request_id
         try:
             probe.add_request("probe", prompt[: spec.prompt_len], max_tokens=spec.output_len)
         except InvalidRequestError as e:
-            raise WorkloadError(f"{spec.origin or spec.request_id}: {e}") from None
+            raise WorkloadError(f"{where}: {e}") from None
         probe.finish_requests("probe", RequestStatus.FINISHED_ABORTED)
+        if spec.prompt_len + spec.output_len > config.max_request_len:
+            raise WorkloadError(
+                f"{where}: max_tokens={spec.output_len} after a prompt of {spec.prompt_len} "
+                f"tokens outgrows the KV pool: its {config.num_gpu_blocks - 1} usable blocks "
+                f"hold a request of at most {config.max_request_len} tokens (raise "
+                "num_gpu_blocks)"
+            )
     return workload
 
 

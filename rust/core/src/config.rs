@@ -515,6 +515,7 @@ config_fields!(define_config);
 pub struct SchedulerConfig {
     params: ConfigParams,
     watermark_blocks: u32,
+    max_request_len: i64,
 }
 
 fn positive(field: &'static str, value: i64, max: i64) -> CoreResult<()> {
@@ -940,7 +941,31 @@ impl SchedulerConfig {
         }
         // vLLM: int(watermark * num_blocks).
         let watermark_blocks = (p.watermark * p.num_gpu_blocks as f64) as u32;
-        Ok(Self { watermark_blocks, params })
+        let mut config = Self { watermark_blocks, params, max_request_len: 0 };
+        config.max_request_len = config.pool_request_len();
+        Ok(config)
+    }
+
+    /// `M`, or, when the pool's usable blocks cannot hold a request of `M` tokens (every
+    /// group counted), `T - L + s` for the most slots `T` they can hold: a step's slots,
+    /// `min(C + n + L, M)`, then fit the whole pool whenever `C + n + s` does not pass it.
+    fn pool_request_len(&self) -> i64 {
+        let m = self.max_model_len();
+        let usable_blocks = self.num_gpu_blocks() - 1;
+        if self.max_blocks_per_request(m) <= usable_blocks {
+            return m;
+        }
+        // The most slots `T` in [-1, M): `max_blocks_per_request` never decreases.
+        let (mut fits, mut too_many) = (-1, m);
+        while too_many - fits > 1 {
+            let mid = fits + (too_many - fits) / 2;
+            if self.max_blocks_per_request(mid) <= usable_blocks {
+                fits = mid;
+            } else {
+                too_many = mid;
+            }
+        }
+        fits - self.num_lookahead_tokens() + self.num_sampled_tokens_per_step()
     }
 
     pub fn params(&self) -> &ConfigParams {
@@ -951,9 +976,19 @@ impl SchedulerConfig {
     pub fn splits_prompts(&self) -> bool {
         splits_prompts(&self.params)
     }
-    /// The longest prompt a request may have: `M - s`, room for the sampled token.
+    /// The longest a request grows: `M`, or less when the KV pool cannot hold a request of
+    /// `M` tokens (vLLM's engine refuses such a pool at startup). A request stops there,
+    /// length-capped, as at `M`, and the capacity rule keeps `C + n + s` within it, so that
+    /// a step's slots always fit the whole pool: a request never has to preempt itself.
+    #[inline]
+    pub fn max_request_len(&self) -> i64 {
+        self.max_request_len
+    }
+    /// The longest prompt a request may have: `max_request_len - s`, room for the sampled
+    /// token.
     pub fn prompt_limit(&self) -> ListLimit {
-        ListLimit::prompt(self.max_model_len(), self.num_sampled_tokens_per_step())
+        let pool_blocks = (self.max_request_len < self.max_model_len()).then(|| self.num_gpu_blocks() - 1);
+        ListLimit::prompt(self.max_request_len, self.num_sampled_tokens_per_step(), pool_blocks)
     }
     /// The most multimodal inputs one request may have (`items` "inputs"), or placeholder
     /// flags one input may have ("flags"): `M - s`, the longest prompt's tokens.

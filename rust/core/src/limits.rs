@@ -21,9 +21,12 @@ pub const MAX_IGNORED_FINISH_IDS: usize = 1 << 20;
 /// Why a list is at most `ListLimit::max` long; rendered only for an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Why {
-    /// A generating request leaves room for its sampled tokens: `Np <= M - s`.
+    /// A generating request leaves room for its sampled tokens: `Np <= M - s`, with `M` the
+    /// length the KV pool's `pool_blocks` usable blocks hold when that is less than
+    /// `max_model_len`.
     Prompt {
         s: i64,
+        pool_blocks: Option<i64>,
     },
     StopTokenIds,
     /// Drafts are kept for running requests only, and a runner names the requests of the
@@ -54,8 +57,15 @@ enum Why {
 impl fmt::Display for Why {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Why::Prompt { s: 0 } => write!(f, "max_model_len"),
-            Why::Prompt { s } => write!(f, "max_model_len - {s}, leaving room for the sampled token"),
+            Why::Prompt { s: 0, pool_blocks: None } => write!(f, "max_model_len"),
+            Why::Prompt { s, pool_blocks: None } => {
+                write!(f, "max_model_len - {s}, leaving room for the sampled token")
+            }
+            Why::Prompt { s, pool_blocks: Some(blocks) } => write!(
+                f,
+                "the longest request the KV pool's {blocks} usable blocks hold (every KV-cache group counted, \
+                 less {s} for the sampled token)"
+            ),
             Why::StopTokenIds => write!(f, "at most {MAX_STOP_TOKEN_IDS} stop token ids, more than any vocabulary"),
             Why::DraftRequests { max_num_seqs } => write!(
                 f,
@@ -90,9 +100,11 @@ pub struct ListLimit {
 }
 
 impl ListLimit {
-    /// The longest prompt of a request that samples `s` tokens per step: `M - s`.
-    pub(crate) fn prompt(max_model_len: i64, s: i64) -> Self {
-        Self { max: (max_model_len - s).max(0) as usize, items: "tokens", why: Why::Prompt { s } }
+    /// The longest prompt of a request that samples `s` tokens per step: `M - s`, with `M`
+    /// the longest request (less than `max_model_len` when the pool's `pool_blocks` usable
+    /// blocks cannot hold it).
+    pub(crate) fn prompt(max_request_len: i64, s: i64, pool_blocks: Option<i64>) -> Self {
+        Self { max: (max_request_len - s).max(0) as usize, items: "tokens", why: Why::Prompt { s, pool_blocks } }
     }
 
     /// A request's multimodal inputs (`items` "inputs"), or one input's placeholder flags

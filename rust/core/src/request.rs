@@ -364,32 +364,6 @@ impl StopLimits {
         let stop_token_ids: Box<[i32]> = token_ids("stop_token_ids", &new.stop_token_ids)?.into();
         Ok(Self { max_tokens: stored(new.max_tokens), eos_token_id: eos_token_id.unwrap_or(NO_TOKEN), stop_token_ids })
     }
-
-    pub(crate) fn max_tokens(&self) -> i64 {
-        self.max_tokens.into()
-    }
-}
-
-/// A request of `num_tokens` tokens and `max_tokens` to come fits the pool: one whose KV
-/// could outgrow the whole pool would preempt everything, then itself, and recompute
-/// forever (vLLM refuses a pool smaller than `max_model_len` at startup instead).
-pub(crate) fn check_could_finish(num_tokens: i64, max_tokens: i64, cfg: &SchedulerConfig) -> CoreResult<()> {
-    let longest =
-        (num_tokens + max_tokens + cfg.num_speculative_tokens() + cfg.num_lookahead_tokens()).min(cfg.max_model_len());
-    let blocks_needed = cfg.max_blocks_per_request(longest);
-    let usable_blocks = cfg.num_gpu_blocks() - 1;
-    if blocks_needed > usable_blocks {
-        return Err(CoreError::request(
-            "max_tokens",
-            max_tokens,
-            format!(
-                "the request could grow to {longest} tokens ({blocks_needed} KV blocks of {} tokens, every \
-                 KV-cache group counted), but the pool has {usable_blocks} usable blocks: it could never finish",
-                cfg.block_size()
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Whether `cfg` serves streaming-input sessions: not for a pooling model (it samples
@@ -553,7 +527,6 @@ impl Request {
     /// error names the field and the value. Whether the id is already live is the
     /// scheduler's check.
     pub(crate) fn from_new(new: NewRequest, cfg: &SchedulerConfig) -> CoreResult<Self> {
-        let m = cfg.max_model_len();
         if new.request_id.is_empty() {
             return Err(CoreError::request("request_id", "''", "must be a non-empty string"));
         }
@@ -575,7 +548,6 @@ impl Request {
                  Mamba state after tokens computed elsewhere",
             ));
         }
-        check_could_finish(prompt_len, new.max_tokens, cfg)?;
         // With a KV connector, an asynchronous load of it must also leave one speculative
         // step's blocks free (vLLM's reservation), even in an empty pool: a request that
         // cannot have both would wait for its load forever (vLLM never starts such a load).
@@ -586,7 +558,7 @@ impl Request {
             // never beside a connector).
             let groups = cfg.kv_cache_groups().len() as i64;
             let spec_step_blocks = groups * ((1 + k + cfg.num_lookahead_tokens() + bs - 1) / bs);
-            let load_blocks = cfg.max_blocks_per_request((prompt_len + new.max_tokens).min(m));
+            let load_blocks = cfg.max_blocks_per_request((prompt_len + new.max_tokens).min(cfg.max_request_len()));
             let usable_blocks = cfg.num_gpu_blocks() - 1;
             if load_blocks + spec_step_blocks > usable_blocks {
                 return Err(CoreError::request(

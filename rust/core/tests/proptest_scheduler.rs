@@ -790,6 +790,8 @@ struct Coverage {
     max_in_flight: u64,
     reordered_rows: u64,
     at_model_len_edge: u64,
+    /// Requests length-capped at the longest request the pool holds, short of max_model_len.
+    pool_capped: u64,
     drain_iterations: u64,
     /// Requests the waiting loop passed over for the full LoRA set.
     lora_set_aside: u64,
@@ -865,6 +867,8 @@ struct Harness {
     encoder_outputs: std::collections::HashSet<String>,
     sched: Scheduler,
     cfg: Arc<SchedulerConfig>,
+    /// `M`: `max_model_len`, or the longest request whose every step fits the pool.
+    longest_request: i64,
     depth: usize,
     tracked: Vec<Tracked>,
     by_handle: HashMap<Handle, usize>,
@@ -989,11 +993,12 @@ impl Harness {
             cfg.num_gpu_blocks() as usize,
             !cfg.async_scheduling() || cfg.num_speculative_tokens() == 0,
         );
-        Self {
+        let mut harness = Self {
             cov: Coverage { cases: 1, ..Coverage::default() },
             encoder_outputs: std::collections::HashSet::new(),
             sched: Scheduler::new(cfg.clone()).expect("a valid scheduler"),
             cfg,
+            longest_request: 0,
             depth,
             tracked: Vec::new(),
             by_handle: HashMap::new(),
@@ -1015,11 +1020,28 @@ impl Harness {
                 in_transit: Vec::new(),
                 has: Vec::new(),
             },
+        };
+        harness.longest_request = harness.pool_request_len();
+        harness
+    }
+
+    /// The longest request: one whose step of `C + n + s <= M` tokens needs at most `T`
+    /// slots (`min(C + n + L, max_model_len)`), `T` the most slots the pool's usable blocks
+    /// hold, so that a request alone always fits (a longer one would preempt itself
+    /// forever). `max_model_len` when the pool holds a request that long.
+    fn pool_request_len(&self) -> i64 {
+        let max_model_len = self.cfg.max_model_len();
+        let usable_blocks = self.cfg.num_gpu_blocks() - 1;
+        let most_slots = (0..=max_model_len).rev().find(|&t| self.blocks_over_groups(t) <= usable_blocks);
+        match most_slots {
+            Some(t) if t == max_model_len => max_model_len,
+            Some(t) => t - self.cfg.num_lookahead_tokens() + self.s(),
+            None => self.s() - self.cfg.num_lookahead_tokens() - 1,
         }
     }
 
     fn m(&self) -> i64 {
-        self.cfg.max_model_len()
+        self.longest_request
     }
     fn s(&self) -> i64 {
         self.cfg.num_sampled_tokens_per_step()
@@ -1042,7 +1064,7 @@ impl Harness {
             2 => longest + 1,
             3 => raw % longest.max(1) + 1,
             4 => raw % (2 * bs) + 1,
-            _ => (raw % (longest / bs + 1)) * bs + (raw / 7) % 2,
+            _ => (raw % (longest.max(0) / bs + 1)) * bs + (raw / 7) % 2,
         }
         .max(1);
         let mut rng = Rng(op.token_seed);
@@ -1050,11 +1072,13 @@ impl Harness {
         let prompt: Vec<i64> = (0..len as usize)
             .map(|i| if i < shared { shared_token(op.prefix, i) } else { rng.below(VOCAB) as i64 })
             .collect();
+        // Up to `max_model_len`: past the longest request the pool holds, too.
+        let max_model_len = self.cfg.max_model_len();
         let max_tokens = match op.max_tokens_kind {
             0 => 1,
             1 => op.max_tokens_raw as i64 % 8 + 1,
-            2 => m,
-            _ => op.max_tokens_raw as i64 % m + 1,
+            2 => max_model_len,
+            _ => op.max_tokens_raw as i64 % max_model_len + 1,
         };
         self.next_id += 1;
         // Tied (priority, arrival_time) keys are generated on purpose: they once let two
@@ -1130,20 +1154,12 @@ impl Harness {
             && (0..len).contains(&r.num_computed_tokens)
             // No state block holds an aligned Mamba state computed elsewhere.
             && (r.num_computed_tokens == 0 || !self.cfg.mamba_aligned())
-            && self.fits_pool(len, r.max_tokens)
             && (r.lora_id.is_none() || self.cfg.max_loras() > 0)
-    }
-
-    /// Whether a request of `len` tokens and up to `max_tokens` more can hold its KV in the
-    /// pool (else it could never finish: refused).
-    fn fits_pool(&self, len: i64, max_tokens: i64) -> bool {
-        let longest = (len + max_tokens + self.k() + self.cfg.num_lookahead_tokens()).min(self.m());
-        self.blocks_over_groups(longest) < self.cfg.num_gpu_blocks()
     }
 
     /// The most blocks a request of `tokens` tokens holds over every group at once.
     fn blocks_over_groups(&self, tokens: i64) -> i64 {
-        let (m, bs) = (self.m(), self.cfg.block_size());
+        let (m, bs) = (self.cfg.max_model_len(), self.cfg.block_size());
         let whole = (tokens + bs - 1) / bs;
         // A sliding-window group holds at most the window before the next token and the
         // tokens in flight (one step's budget per step in flight), plus a block for a
@@ -1275,8 +1291,12 @@ impl Harness {
             _ => i64::from(len_raw) % (2 * bs) + 1,
         };
         let prompt: Vec<i64> = (0..len).map(|_| rng.below(VOCAB) as i64).collect();
-        let mut max_tokens =
-            if max_tokens_raw % 4 == 0 { i64::from(max_tokens_raw) % m + 1 } else { i64::from(max_tokens_raw) % 8 + 1 };
+        let max_model_len = self.cfg.max_model_len();
+        let mut max_tokens = if max_tokens_raw % 4 == 0 {
+            i64::from(max_tokens_raw) % max_model_len + 1
+        } else {
+            i64::from(max_tokens_raw) % 8 + 1
+        };
         let mut min_tokens = (rng.below(2) as i64).min(max_tokens);
         let mut mm_inputs = Vec::new();
         if kind == 13 {
@@ -1361,7 +1381,7 @@ impl Harness {
             None
         } else if !paused {
             Some(SessionInputAdded::Queued)
-        } else if tokens_after <= m - s && self.fits_pool(tokens_after, model.max_tokens) {
+        } else if tokens_after <= m - s {
             Some(SessionInputAdded::TakenUp)
         } else {
             None
@@ -1458,7 +1478,7 @@ impl Harness {
             Some(None) => AtStop::Finishes,
             Some(Some(input)) => {
                 let tokens_after = kept + input.prompt.len() as i64;
-                if tokens_after <= m - s && self.fits_pool(tokens_after, input.max_tokens) {
+                if tokens_after <= m - s {
                     AtStop::TakesUp(input)
                 } else {
                     AtStop::Finishes
@@ -2671,6 +2691,12 @@ impl Harness {
         }
         let (num_tokens, num_output_tokens) = (t.tokens.len() as i64, t.tokens.len() as i64 - t.prompt_len);
         let last = *t.tokens.last().expect("a request has tokens");
+        self.cov.pool_capped += u64::from(
+            e.status == RequestStatus::FinishedLengthCapped
+                && num_tokens == m
+                && m < self.cfg.max_model_len()
+                && num_output_tokens < t.max_tokens,
+        );
         match e.status {
             // Pooling: the output of the final prompt chunk finishes the request.
             RequestStatus::FinishedStopped if pooling => prop_assert!(
@@ -3276,6 +3302,7 @@ fn coverage() {
                 resets_refused,
                 reordered_rows,
                 at_model_len_edge,
+                pool_capped,
                 drain_iterations,
                 lora_set_aside,
                 grammar_set_aside,
@@ -3559,7 +3586,8 @@ fn regression_priority_undo_uncaches_the_victims_uncomputed_blocks() {
 /// request holds one block more per chunked group than vLLM's admission cap counts
 /// (`cdiv(chunk + in-flight tokens, B)`). A 65-token prompt in a pool of 11 usable blocks
 /// was accepted (11 counted, 13 needed), then preempted itself at its last chunk and
-/// recomputed forever. It is now refused at `add_request`; with two blocks more it finishes.
+/// recomputed forever. It is now refused at `add_request` (that pool holds a request of 49
+/// tokens at most); with two blocks more it finishes.
 #[test]
 fn regression_a_chunk_starting_mid_block_holds_one_block_more() {
     let config = |num_gpu_blocks| {
@@ -3573,7 +3601,7 @@ fn regression_a_chunk_starting_mid_block_holds_one_block_more() {
     let prompt: Vec<i64> = (0..65).collect();
     let mut small = Scheduler::new(config(12)).expect("a valid scheduler");
     let refused = small.add_request(NewRequest::new("r", prompt.clone(), 1)).unwrap_err().to_string();
-    assert!(refused.contains("13 KV blocks"), "{refused}");
+    assert!(refused.contains("at most 48 tokens") && refused.contains("11 usable blocks"), "{refused}");
 
     let mut sched = Scheduler::new(config(14)).expect("a valid scheduler");
     sched.add_request(NewRequest::new("r", prompt, 1)).expect("a request that fits");

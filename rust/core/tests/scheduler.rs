@@ -1,6 +1,8 @@
 mod common;
 
 use common::*;
+use std::collections::{HashMap, VecDeque};
+
 use llmsched_core::limits::MAX_STOP_TOKEN_IDS;
 use llmsched_core::{NewRequest, RequestStatus, Scheduler};
 
@@ -174,11 +176,67 @@ fn invalid_requests_leave_the_state_unchanged() {
     sched.add_request(request("b", 31, 1)).unwrap();
     let many_stops = NewRequest { stop_token_ids: vec![5; MAX_STOP_TOKEN_IDS], ..request("c", 4, 4) };
     sched.add_request(many_stops).unwrap();
-    // 3 usable blocks of 16 tokens: a request that could reach 49 tokens would need 4.
+    // 3 usable blocks of 16 tokens hold a request of 49 tokens: a prompt of 48 at most.
     let mut small = Scheduler::new(config(|p| p.num_gpu_blocks = 4)).unwrap();
-    assert!(small.add_request(request("fits", 40, 8)).is_ok());
-    let err = small.add_request(request("outgrows", 40, 9)).unwrap_err();
-    assert!(err.to_string().contains("could never finish"), "{err}");
+    let before = small.debug_snapshot();
+    let err = small.add_request(request("outgrows", 49, 1)).unwrap_err().to_string();
+    assert!(err.starts_with("prompt_token_ids=<49 tokens>: at most 48 tokens"), "{err}");
+    assert!(err.contains("3 usable blocks"), "{err}");
+    assert_eq!(small.debug_snapshot(), before);
+    small.add_request(request("fits", 48, 1000)).unwrap();
+}
+
+/// Deviation 4: a pool that cannot hold a request of `max_model_len` tokens (vLLM's engine
+/// refuses one at startup; vLLM's scheduler lets a request outgrow it and preempt itself
+/// forever) caps every request at the longest it holds, `T - L + s` for `T` the pool's
+/// slots: `C + n + s` stays within that, so a step's `C + n + L` slots always fit the
+/// whole pool, and the request stops there, length-capped, as at `max_model_len`.
+#[test]
+fn a_request_stops_length_capped_at_the_longest_the_pool_holds() {
+    // 7 usable blocks of 4 tokens: 28 slots.
+    for (k, lookahead, async_scheduling) in [(0, 0, false), (2, 0, false), (3, 3, false), (3, 3, true)] {
+        let case = format!("K={k} L={lookahead} async={async_scheduling}");
+        let mut sched = Scheduler::new(config(|p| {
+            (p.max_model_len, p.block_size, p.num_gpu_blocks) = (64, 4, 8);
+            (p.num_speculative_tokens, p.num_lookahead_tokens, p.async_scheduling) = (k, lookahead, async_scheduling);
+        }))
+        .unwrap();
+        let longest = 28 - lookahead + 1;
+        assert_eq!(sched.config().max_request_len(), longest, "{case}");
+        let ids = HashMap::from([(sched.add_request(request("long", 10, 100)).unwrap(), "long")]);
+        let mut delivered = HashMap::new();
+        let mut finished = Vec::new();
+        let mut in_flight = VecDeque::new();
+        for _ in 0..200 {
+            let step = sched.schedule();
+            check_step(&sched, &step);
+            for i in 0..step.len() {
+                let (c, n) = (step.num_computed_tokens[i] as i64, step.num_scheduled_tokens[i] as i64);
+                assert!(c + n < longest, "{case}: C + n + s = {} > {longest}", c + n + 1);
+            }
+            in_flight.push_back(step);
+            if in_flight.len() <= usize::from(async_scheduling) {
+                continue;
+            }
+            let step = in_flight.pop_front().unwrap();
+            let (tokens, counts) = sample(&sched, &step, true);
+            for e in apply(&mut sched, &step, &tokens, &counts) {
+                let id = ids[&e.handle];
+                *delivered.entry(id).or_insert(0) += e.num_tokens as i64;
+                if e.status.is_finished() {
+                    finished.push((id, e.status));
+                } else if k > 0 {
+                    sched.update_draft_token_ids(&[id], &vec![7; k as usize], &[k]).unwrap();
+                }
+            }
+            if !sched.has_requests() {
+                break;
+            }
+        }
+        assert_eq!(finished, [("long", RequestStatus::FinishedLengthCapped)], "{case}");
+        assert_eq!(delivered["long"], longest - 10, "{case}: the request's outputs");
+        assert_eq!(sched.stats().num_preemptions, 0, "{case}: a request preempted itself");
+    }
 }
 
 /// Aborted waiting requests whose keys never reach the front (low priority

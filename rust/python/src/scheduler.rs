@@ -880,12 +880,14 @@ impl PyScheduler {
     /// ``prompt_token_ids`` and ``stop_token_ids`` are iterables of ints or 1-D numpy
     /// integer arrays, read exactly as numpy reads them (any layout, byte order or width).
     /// An iterable is read no further than one token past the longest valid list
-    /// (``max_model_len`` minus the sampled token for a prompt, 2**20 stop token ids).
+    /// (the config's ``max_request_len`` minus the sampled token for a prompt, 2**20 stop
+    /// token ids).
     ///
     /// Raises ``InvalidRequestError`` (``DuplicateRequestError`` for an id still live)
     /// naming the field and the value, and changes nothing, for a request that could
-    /// never finish: an empty prompt, one longer than ``max_model_len`` minus the sampled
-    /// token, a token id outside int32, or one whose KV could outgrow the pool. ``lora_id``
+    /// never run: an empty prompt, one longer than ``max_request_len`` (``max_model_len``,
+    /// or what a small KV pool holds) minus the sampled token, or a token id outside
+    /// int32. A request stops, length-capped, at ``max_request_len`` tokens. ``lora_id``
     /// names the LoRA adapter the request runs under (a positive int; the config's
     /// ``max_loras`` must be at least 1). ``skip_reading_prefix_cache`` admits it without
     /// reading the prefix cache (vLLM sets it for prompt logprobs: every prompt position is

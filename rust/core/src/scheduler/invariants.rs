@@ -251,7 +251,7 @@ impl Scheduler {
         in_flight: &FxHashMap<Handle, i64>,
     ) -> CoreResult<()> {
         let cfg = &self.config;
-        let (m, s) = (cfg.max_model_len(), cfg.num_sampled_tokens_per_step());
+        let (m, s) = (cfg.max_request_len(), cfg.num_sampled_tokens_per_step());
         let id = &r.id;
         let (c, n, p, f) =
             (r.num_computed_tokens(), r.num_tokens(), r.num_output_placeholders(), r.num_in_flight_tokens());
@@ -296,7 +296,7 @@ impl Scheduler {
             return Err(broken(format!("request {id:?}: C={c}, s={s}: C + s > M={m}")));
         }
         if n > m - s + 1 || n > m {
-            return Err(broken(format!("request {id:?}: N={n} exceeds max_model_len={m}")));
+            return Err(broken(format!("request {id:?}: N={n} exceeds the longest request, M={m}")));
         }
         if r.spec_token_ids.len() as i64 > cfg.num_speculative_tokens() {
             return Err(broken(format!("request {id:?}: {} drafts > K", r.spec_token_ids.len())));

@@ -49,7 +49,7 @@ impl Scheduler {
     // Out of line: its state stays in registers.
     #[inline(never)]
     fn schedule_running_with<const SIMPLE: bool>(&mut self, b: &mut StepBuilder, budgets: &mut Budgets) {
-        let m = self.config.max_model_len();
+        let m = self.config.max_request_len();
         let s = self.config.num_sampled_tokens_per_step();
         let lookahead = if SIMPLE { 0 } else { self.config.num_lookahead_tokens() };
         let prefill_lookahead = self.config.num_prefill_lookahead_tokens();

@@ -40,6 +40,7 @@ pub struct RequestEvent {
 /// The config values the update reads for every entry.
 #[derive(Clone, Copy)]
 struct UpdateConsts {
+    /// `M`: the longest a request grows (`max_request_len`).
     m: i64,
     s: i64,
     async_scheduling: bool,
@@ -207,7 +208,7 @@ impl Scheduler {
         }
         self.last_finished.clear();
         let consts = UpdateConsts {
-            m: self.config.max_model_len(),
+            m: self.config.max_request_len(),
             s: self.config.num_sampled_tokens_per_step(),
             async_scheduling: self.config.async_scheduling(),
             k_spec: self.config.num_speculative_tokens(),

@@ -12,6 +12,7 @@ use crate::slab::Handle;
 
 /// The config values the waiting loop reads for every request it considers.
 struct AdmissionRules {
+    /// `M`: the longest a request grows (`max_request_len`).
     m: i64,
     s: i64,
     k_spec: i64,
@@ -31,7 +32,7 @@ impl AdmissionRules {
     fn new(config: &SchedulerConfig, budgets: &Budgets) -> Self {
         let k_spec = config.num_speculative_tokens();
         Self {
-            m: config.max_model_len(),
+            m: config.max_request_len(),
             s: config.num_sampled_tokens_per_step(),
             k_spec,
             lookahead: config.num_lookahead_tokens(),
