@@ -52,6 +52,10 @@ __all__ = ["KvConnectorSide", "UnsupportedConnectorUseError", "make_connector"]
 # Whether this vLLM's SchedulerOutput says when a step loads KV synchronously.
 _HAS_SYNC_KV_LOADS = "has_sync_kv_loads" in SchedulerOutput.__dataclass_fields__
 
+# vLLM's pool's null block (id 0), which stands in a table where a sliding window or local
+# chunk let a block go: a connector loads and stores no KV there (it reads ``is_null``).
+_NULL_BLOCK = KVCacheBlock(0, is_null=True)
+
 
 class UnsupportedConnectorUseError(llmsched.LlmschedError, RuntimeError):
     """The connector reported something llmsched.vllm does not serve (a failed block over
@@ -203,7 +207,10 @@ class KvConnectorSide:
         its lookup in the connector's prefix-cache stats (none without a lookup: -1)."""
         request = self._requests[req_id]
         blocks = KVCacheBlocks(
-            tuple(tuple(KVCacheBlock(b) for b in table) for table in self._block_ids(req_id))
+            tuple(
+                tuple(KVCacheBlock(b) if b else _NULL_BLOCK for b in table)
+                for table in self._block_ids(req_id)
+            )
         )
         self.connector.update_state_after_alloc(request, blocks, max(num_external, 0))
         if self.prefix_cache_stats is None or num_external < 0:
