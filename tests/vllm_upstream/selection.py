@@ -69,14 +69,14 @@ _HASH_BLOCK_SIZE = (
     "different block sizes)"
 )
 _PREFILL_LOOKAHEAD_ALONE = (
-    "sets scheduler.num_prefill_lookahead (a drafter's prefill lookahead) on an engine "
-    "without a drafter, which llmsched's config refuses (ConfigError); also replaces "
-    "scheduler.encoder_cache_manager with vLLM's own"
+    "sets scheduler internal scheduler.num_prefill_lookahead after construction (a drafter's "
+    "prefill lookahead on an engine without a drafter, which llmsched's config refuses: "
+    "ConfigError); also replaces scheduler.encoder_cache_manager with vLLM's own"
 )
 _NO_ENCODER_BUDGET = (
-    "sets max_num_encoder_input_tokens = 0 on a multimodal model: an encoder budget that can "
-    "hold no image, which llmsched's config refuses (ConfigError: a request with an image "
-    "could never run; vLLM lets it wait)"
+    "sets scheduler internal scheduler.max_num_encoder_input_tokens = 0 after construction "
+    "(an encoder budget that can hold no image, which llmsched's config refuses: "
+    "ConfigError, a request with an image could never run; vLLM lets it wait)"
 )
 _DEFERRED_LOADS = (
     "sets scheduler.defer_async_loads (HiSparse's asynchronous loads held back while a step "
@@ -464,10 +464,10 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.num_hash_lookahead_tokens, scheduler.running"
         ),
         "test_max_loras_counts_running_request_skipped_for_encoder_budget": (
-            "gives a model without multimodal inputs an encoder budget "
-            "(max_num_encoder_input_tokens) and replaces scheduler.encoder_cache_manager with "
-            "vLLM's own; the plug-in's encoder budget and cache are the core's (refused: "
-            "ConfigError); Request fields: status"
+            "sets scheduler internals after construction: scheduler.max_num_encoder_input_tokens "
+            "(an encoder budget for a model without multimodal inputs) and "
+            "scheduler.encoder_cache_manager (vLLM's own); the plug-in's encoder budget and "
+            "cache are the core's (refused: ConfigError); Request fields: status"
         ),
         "test_cached_request_data_resumed_all_token_ids_mrv1_only": (
             "scheduler internal: scheduler.prev_step_scheduled_req_ids; also "
@@ -611,28 +611,32 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "hand-built SchedulerOutput"
         ),
         "test_variable_length_cross_attn_block_allocation": (
-            "refused feature: KV-cache groups other than full attention and sliding window "
-            "(CrossAttentionSpec); also "
-            "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
-            "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
+            "sets scheduler internals after construction to make an encoder-decoder "
+            "scheduler by hand: scheduler.is_encoder_decoder, "
+            "scheduler.max_num_encoder_input_tokens, scheduler.encoder_cache_manager; reads "
+            "kv_cache_manager.coordinator; also a refused feature: cross-attention KV-cache "
+            "groups (CrossAttentionSpec)"
         ),
         "test_cross_attn_blocks_not_over_allocated": (
-            "refused feature: KV-cache groups other than full attention and sliding window "
-            "(CrossAttentionSpec); also "
-            "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
-            "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
+            "sets scheduler internals after construction to make an encoder-decoder "
+            "scheduler by hand: scheduler.is_encoder_decoder, "
+            "scheduler.max_num_encoder_input_tokens, scheduler.encoder_cache_manager; reads "
+            "kv_cache_manager.coordinator; also a refused feature: cross-attention KV-cache "
+            "groups (CrossAttentionSpec)"
         ),
         "test_cross_attn_blocks_not_under_allocated": (
-            "refused feature: KV-cache groups other than full attention and sliding window "
-            "(CrossAttentionSpec); also "
-            "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
-            "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
+            "sets scheduler internals after construction to make an encoder-decoder "
+            "scheduler by hand: scheduler.is_encoder_decoder, "
+            "scheduler.max_num_encoder_input_tokens, scheduler.encoder_cache_manager; reads "
+            "kv_cache_manager.coordinator; also a refused feature: cross-attention KV-cache "
+            "groups (CrossAttentionSpec)"
         ),
         "test_cross_attn_zero_blocks_without_encoder_inputs": (
-            "refused feature: KV-cache groups other than full attention and sliding window "
-            "(CrossAttentionSpec); also "
-            "scheduler.encoder_cache_manager, scheduler.is_encoder_decoder, "
-            "scheduler.kv_cache_manager, scheduler.max_num_encoder_input_tokens"
+            "sets scheduler internals after construction to make an encoder-decoder "
+            "scheduler by hand: scheduler.is_encoder_decoder, "
+            "scheduler.max_num_encoder_input_tokens, scheduler.encoder_cache_manager; reads "
+            "kv_cache_manager.coordinator; also a refused feature: cross-attention KV-cache "
+            "groups (CrossAttentionSpec)"
         ),
         "test_free_encoder_inputs_respects_unconfirmed_placeholders": (
             "scheduler internal: scheduler._free_encoder_inputs, scheduler.encoder_cache_manager; "
