@@ -73,8 +73,8 @@ documented (or, for 2, that they cannot differ).
    `T - L + s` for the `T` slots of the usable blocks, every KV-cache group counted); the
    capacity rule keeps `C + n + s` within it, so a step's slots always fit the whole pool,
    and a longer prompt is refused at `add_request`. With a KV connector and speculative
-   decoding, `add_request` also refuses a request whose asynchronous load could not leave
-   a speculative step's blocks free beside its own even in an empty pool. *Why:* vLLM's
+   decoding, that length also leaves a speculative step's blocks free beside an
+   asynchronous load of all its tokens, even in an empty pool. *Why:* vLLM's
    engine refuses such a pool at startup, but its scheduler admits the request; once the
    request outgrows the pool it preempts everything, then itself, and never runs again;
    or its load never starts and the waiting queue blocks behind it. *Harness:* kept out

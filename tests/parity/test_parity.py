@@ -535,7 +535,9 @@ def test_deviation_requests_whose_async_load_could_never_start_are_refused() -> 
     """With a KV connector and speculative decoding, an asynchronous load must leave a
     speculative step's blocks free beside the loaded ones; vLLM accepts a request whose load
     cannot have both even in an empty pool, and its load never starts (the waiting queue
-    blocks behind it); llmsched's ``add_request`` refuses it."""
+    blocks behind it); llmsched's ``add_request`` refuses it: the longest request the pool
+    holds is one whose load leaves that room (16 tokens here: one of its 2 usable blocks of
+    16 for the load, one for the step), a prompt of 15 tokens at most."""
     from benches.parity.connector import loads_async
 
     from llmsched import InvalidRequestError
@@ -564,7 +566,7 @@ def test_deviation_requests_whose_async_load_could_never_start_are_refused() -> 
         assert summary["scheduled"] == [] and summary["kv_loads"] == []
         vllm_side.update(out, summary, {})
     assert vllm_side.has_requests()
-    with pytest.raises(InvalidRequestError, match="the load could never start"):
+    with pytest.raises(InvalidRequestError, match=r"<20 tokens>: at most 15 tokens"):
         LlmschedSide(config).add(request)
 
 

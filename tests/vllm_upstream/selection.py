@@ -408,6 +408,9 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "TestEagle::test_sw_store_excludes_trailing_decode_block",
         "TestEagle::test_single_block_stored_at_end_of_prefill",
         "TestEagle::test_full_attn_store_then_load",
+        # Drafts beside the connector: its request, which asks for more tokens than a load
+        # beside a speculative step's blocks could take, is capped there, not refused.
+        "TestSharedGroupMTPOffload::test_no_annotation_marks_no_groups",
         "test_request_finished_with_pending_stores_populates_fence",
         "test_multiple_in_flight_stores_all_flushed_by_fence",
         "test_request_finished_mixed_full_attn_and_sliding_window",
@@ -932,11 +935,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_reachable_block_mask_chunk_to_block_index_conversion": _NO_SCHEDULER,
         "test_retention_interval_sparsifies_swa_stores": _HASH_BLOCK_SIZE,
         "test_retention_interval_zero_stores_only_replay_boundary": _HASH_BLOCK_SIZE,
-        "TestSharedGroupMTPOffload::test_no_annotation_marks_no_groups": (
-            "its speculative config is a MagicMock (EAGLE's block drop, one draft token, no "
-            "drafter group): the connector stores none of the blocks the test expects from "
-            "the plug-in's requests under it (not investigated further)"
-        ),
         "TestMambaHybridOffloadServing::test_shared_group_mtp_serves_like_non_speculative": _NO_SCHEDULER,  # noqa: E501 (a test's name)
         "TestMambaHybridOffloadServing::test_annotated_eagle_group_does_not_starve_coarse_sibling": _NO_SCHEDULER,  # noqa: E501 (a test's name)
     },

@@ -946,26 +946,55 @@ impl SchedulerConfig {
         Ok(config)
     }
 
-    /// `M`, or, when the pool's usable blocks cannot hold a request of `M` tokens (every
-    /// group counted), `T - L + s` for the most slots `T` they can hold: a step's slots,
-    /// `min(C + n + L, M)`, then fit the whole pool whenever `C + n + s` does not pass it.
+    /// `M`, or less when the pool's usable blocks cannot hold a request of `M` tokens (every
+    /// group counted): `T - L + s` for the most slots `T` they hold, so that a step's slots,
+    /// `min(C + n + L, M)`, fit the whole pool whenever `C + n + s` does not pass it; with a
+    /// KV connector and drafts, also no more tokens than a load can take while leaving a
+    /// speculative step's `1 + K + L` slots free in every group (vLLM's reservation: a
+    /// request whose load cannot have both would wait for it forever).
     fn pool_request_len(&self) -> i64 {
         let m = self.max_model_len();
         let usable_blocks = self.num_gpu_blocks() - 1;
-        if self.max_blocks_per_request(m) <= usable_blocks {
-            return m;
+        let mut longest = m;
+        if self.max_blocks_per_request(m) > usable_blocks {
+            let t = self.most_tokens_within(usable_blocks);
+            longest = t - self.num_lookahead_tokens() + self.num_sampled_tokens_per_step();
         }
-        // The most slots `T` in [-1, M): `max_blocks_per_request` never decreases.
-        let (mut fits, mut too_many) = (-1, m);
+        let spec_step_blocks = self.spec_step_blocks();
+        if self.kv_connector()
+            && spec_step_blocks > 0
+            && self.max_blocks_per_request(longest) + spec_step_blocks > usable_blocks
+        {
+            longest = longest.min(self.most_tokens_within(usable_blocks - spec_step_blocks));
+        }
+        longest
+    }
+
+    /// The blocks one speculative step's `1 + K + L` slots take past a sequence, in every
+    /// group that holds tokens (vLLM's `_spec_decode_step_blocks`); 0 without drafts.
+    pub fn spec_step_blocks(&self) -> i64 {
+        let k = self.num_speculative_tokens();
+        if k == 0 {
+            return 0;
+        }
+        let bs = self.block_size();
+        let token_groups = self.kv_cache_groups().iter().filter(|&kind| kind != AttentionKind::Mamba).count();
+        token_groups as i64 * ((1 + k + self.num_lookahead_tokens() + bs - 1) / bs)
+    }
+
+    /// The most tokens `T` in `[-1, M)` whose blocks fit `blocks` (`max_blocks_per_request`
+    /// never decreases).
+    fn most_tokens_within(&self, blocks: i64) -> i64 {
+        let (mut fits, mut too_many) = (-1, self.max_model_len());
         while too_many - fits > 1 {
             let mid = fits + (too_many - fits) / 2;
-            if self.max_blocks_per_request(mid) <= usable_blocks {
+            if self.max_blocks_per_request(mid) <= blocks {
                 fits = mid;
             } else {
                 too_many = mid;
             }
         }
-        fits - self.num_lookahead_tokens() + self.num_sampled_tokens_per_step()
+        fits
     }
 
     pub fn params(&self) -> &ConfigParams {
@@ -977,9 +1006,10 @@ impl SchedulerConfig {
         splits_prompts(&self.params)
     }
     /// The longest a request grows: `M`, or less when the KV pool cannot hold a request of
-    /// `M` tokens (vLLM's engine refuses such a pool at startup). A request stops there,
-    /// length-capped, as at `M`, and the capacity rule keeps `C + n + s` within it, so that
-    /// a step's slots always fit the whole pool: a request never has to preempt itself.
+    /// `M` tokens (vLLM's engine refuses such a pool at startup; `pool_request_len`). A
+    /// request stops there, length-capped, as at `M`, and the capacity rule keeps
+    /// `C + n + s` within it, so that a step's slots always fit the whole pool: a request
+    /// never has to preempt itself.
     #[inline]
     pub fn max_request_len(&self) -> i64 {
         self.max_request_len

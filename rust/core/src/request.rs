@@ -548,30 +548,6 @@ impl Request {
                  Mamba state after tokens computed elsewhere",
             ));
         }
-        // With a KV connector, an asynchronous load of it must also leave one speculative
-        // step's blocks free (vLLM's reservation), even in an empty pool: a request that
-        // cannot have both would wait for its load forever (vLLM never starts such a load).
-        let k = cfg.num_speculative_tokens();
-        if cfg.kv_connector() && k > 0 {
-            let bs = cfg.block_size();
-            // A speculative step's blocks in every group (Mamba groups, which hold no tokens,
-            // never beside a connector).
-            let groups = cfg.kv_cache_groups().len() as i64;
-            let spec_step_blocks = groups * ((1 + k + cfg.num_lookahead_tokens() + bs - 1) / bs);
-            let load_blocks = cfg.max_blocks_per_request((prompt_len + new.max_tokens).min(cfg.max_request_len()));
-            let usable_blocks = cfg.num_gpu_blocks() - 1;
-            if load_blocks + spec_step_blocks > usable_blocks {
-                return Err(CoreError::request(
-                    "max_tokens",
-                    new.max_tokens,
-                    format!(
-                        "a KV connector's load of the request could take {load_blocks} KV blocks, and must \
-                         leave {spec_step_blocks} for a speculative step, but the pool has {usable_blocks} \
-                         usable blocks: the load could never start"
-                    ),
-                ));
-            }
-        }
         if new.resumable {
             check_session_config(cfg)?;
         }

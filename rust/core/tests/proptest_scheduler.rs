@@ -1028,16 +1028,26 @@ impl Harness {
     /// The longest request: one whose step of `C + n + s <= M` tokens needs at most `T`
     /// slots (`min(C + n + L, max_model_len)`), `T` the most slots the pool's usable blocks
     /// hold, so that a request alone always fits (a longer one would preempt itself
-    /// forever). `max_model_len` when the pool holds a request that long.
+    /// forever). `max_model_len` when the pool holds a request that long. With a connector
+    /// and drafts, also no longer than an asynchronous load of all its tokens can be while
+    /// leaving a speculative step's slots, `1 + K + L`, free in every group.
     fn pool_request_len(&self) -> i64 {
         let max_model_len = self.cfg.max_model_len();
         let usable_blocks = self.cfg.num_gpu_blocks() - 1;
-        let most_slots = (0..=max_model_len).rev().find(|&t| self.blocks_over_groups(t) <= usable_blocks);
-        match most_slots {
+        let most_within = |blocks: i64| (0..=max_model_len).rev().find(|&t| self.blocks_over_groups(t) <= blocks);
+        let mut longest = match most_within(usable_blocks) {
             Some(t) if t == max_model_len => max_model_len,
             Some(t) => t - self.cfg.num_lookahead_tokens() + self.s(),
             None => self.s() - self.cfg.num_lookahead_tokens() - 1,
+        };
+        let (k, bs) = (self.k(), self.cfg.block_size());
+        if self.cfg.kv_connector() && k > 0 {
+            // Every group that holds tokens (a Mamba group's state blocks are counted apart).
+            let groups = self.cfg.kv_cache_groups().iter().filter(|&kind| kind != AttentionKind::Mamba).count() as i64;
+            let spec_step_blocks = groups * ((1 + k + self.cfg.num_lookahead_tokens() + bs - 1) / bs);
+            longest = longest.min(most_within(usable_blocks - spec_step_blocks).unwrap_or(-1));
         }
+        longest
     }
 
     fn m(&self) -> i64 {
@@ -1131,24 +1141,13 @@ impl Harness {
         if !images_fit {
             return false;
         }
-        let (m, s, bs) = (self.m(), self.s(), self.cfg.block_size());
+        let (m, s) = (self.m(), self.s());
         let len = r.prompt_token_ids.len() as i64;
-        let usable_blocks = self.cfg.num_gpu_blocks() - 1;
-        // A connector's asynchronous load holds the tokens it loads (every token the request
-        // may hold, at most) and must leave a speculative step's slots, 1 + K + L, free.
-        let k = self.k();
-        let groups = self.cfg.kv_cache_groups().len() as i64;
-        let load_fits = !self.cfg.kv_connector()
-            || k == 0
-            || self.blocks_over_groups((len + r.max_tokens).min(m))
-                + groups * ((1 + k + self.cfg.num_lookahead_tokens() + bs - 1) / bs)
-                <= usable_blocks;
         // Sessions: not for a pooling model, nor with Mamba groups under async scheduling.
         let mamba = self.cfg.kv_cache_groups().has_mamba();
         let session_served = !r.resumable || (s > 0 && !(mamba && self.cfg.async_scheduling()));
         len >= 1
             && len <= m - s
-            && load_fits
             && session_served
             && r.max_tokens >= 1
             && (0..len).contains(&r.num_computed_tokens)

@@ -186,6 +186,27 @@ fn invalid_requests_leave_the_state_unchanged() {
     small.add_request(request("fits", 48, 1000)).unwrap();
 }
 
+/// With a KV connector and drafts, the longest request also leaves a speculative step's
+/// blocks free beside an asynchronous load of all its tokens (vLLM's reservation: a load that
+/// cannot have both never starts, and the waiting queue blocks behind it).
+#[test]
+fn with_a_connector_and_drafts_the_longest_request_leaves_room_for_a_speculative_step() {
+    // 2 usable blocks of 16: 33 tokens alone; a load of 16 beside a step of 1 + K slots.
+    let longest = |kv_connector: bool, k: i64| {
+        config(|p| (p.num_gpu_blocks, p.kv_connector, p.num_speculative_tokens) = (3, kv_connector, k))
+            .max_request_len()
+    };
+    assert_eq!(longest(false, 3), 33);
+    assert_eq!(longest(true, 0), 33);
+    assert_eq!(longest(true, 3), 16);
+    let mut sched =
+        Scheduler::new(config(|p| (p.num_gpu_blocks, p.kv_connector, p.num_speculative_tokens) = (3, true, 3)))
+            .unwrap();
+    let err = sched.add_request(request("loaded", 16, 4)).unwrap_err().to_string();
+    assert!(err.starts_with("prompt_token_ids=<16 tokens>: at most 15 tokens"), "{err}");
+    sched.add_request(request("loaded", 15, 4)).unwrap();
+}
+
 /// Deviation 4: a pool that cannot hold a request of `max_model_len` tokens (vLLM's engine
 /// refuses one at startup; vLLM's scheduler lets a request outgrow it and preempt itself
 /// forever) caps every request at the longest it holds, `T - L + s` for `T` the pool's

@@ -169,9 +169,11 @@ macro_rules! py_config_methods {
 
             /// The longest a request grows: ``max_model_len``, or less when the KV pool's
             /// ``num_gpu_blocks - 1`` usable blocks cannot hold a request that long (every
-            /// KV-cache group counted). A request stops there, ``FINISHED_LENGTH_CAPPED``, as
-            /// at ``max_model_len``, and no step takes it past: a request alone always fits the
-            /// pool. A longer prompt is refused at ``add_request``.
+            /// KV-cache group counted; with a KV connector and drafts, a load of all its
+            /// tokens beside a speculative step's blocks). A request stops there,
+            /// ``FINISHED_LENGTH_CAPPED``, as at ``max_model_len``, and no step takes it
+            /// past: a request alone always fits the pool. A longer prompt is refused at
+            /// ``add_request``.
             #[getter]
             fn max_request_len(&self) -> i64 {
                 self.inner.max_request_len()

@@ -392,11 +392,6 @@ impl KvManager {
         self.blocks_needed_in_all(groups, request, &[], tokens, true).max(0) as usize
     }
 
-    /// KV-cache groups whose blocks hold tokens (all but Mamba's).
-    pub(crate) fn num_token_groups(&self) -> usize {
-        self.groups.as_ref().map_or(1, |g| g.kinds.iter().filter(|&&k| k != AttentionKind::Mamba).count())
-    }
-
     fn blocks_needed_in_all(
         &self,
         groups: &Groups,

@@ -477,8 +477,7 @@ impl Scheduler {
             }
             (cdiv(tokens, block_size) - request.block_ids.len() as i64).max(0) as usize
         };
-        let spec_step_blocks = self.kv.num_token_groups() * cdiv(spec_step, block_size) as usize;
-        self.inflight_prefills.iter().map(remaining).sum::<usize>() + spec_step_blocks
+        self.inflight_prefills.iter().map(remaining).sum::<usize>() + self.config.spec_step_blocks() as usize
     }
 
     /// Every held block once per table that holds it (for the invariant checker).
