@@ -972,7 +972,7 @@ impl SchedulerConfig {
 
     /// The blocks one speculative step's `1 + K + L` slots take past a sequence, in every
     /// group that holds tokens (vLLM's `_spec_decode_step_blocks`); 0 without drafts.
-    pub fn spec_step_blocks(&self) -> i64 {
+    pub(crate) fn spec_step_blocks(&self) -> i64 {
         let k = self.num_speculative_tokens();
         if k == 0 {
             return 0;

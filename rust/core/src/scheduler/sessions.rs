@@ -49,15 +49,13 @@ impl Scheduler {
     fn check_session_input(&self, handle: Handle, input: &SessionInput) -> CoreResult<()> {
         let request = &self.requests[handle];
         let num_tokens = request.num_tokens_after(input);
-        let cfg = &self.config;
-        cfg.prompt_limit().check("prompt_token_ids", num_tokens as usize).map_err(|error| {
+        self.config.prompt_limit().check("prompt_token_ids", num_tokens as usize).map_err(|error| {
             CoreError::request(
                 "prompt_token_ids",
                 format!("{} tokens", input.prompt_token_ids.len()),
                 format!("the session would hold {num_tokens} tokens, past its limit ({error})"),
             )
-        })?;
-        Ok(())
+        })
     }
 
     /// Takes up the session's next input: its tokens join the request, which waits to run
