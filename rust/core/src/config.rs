@@ -8,7 +8,7 @@
 //! `num_sampled_tokens_per_step` (`s`).
 
 use crate::error::{CoreError, CoreResult};
-use crate::limits::ListLimit;
+use crate::limits::{ListLimit, PoolBound};
 
 /// Block ids and token counts cross the API as int32.
 const I32_MAX: i64 = i32::MAX as i64;
@@ -1017,8 +1017,11 @@ impl SchedulerConfig {
     /// The longest prompt a request may have: `max_request_len - s`, room for the sampled
     /// token.
     pub fn prompt_limit(&self) -> ListLimit {
-        let pool_blocks = (self.max_request_len < self.max_model_len()).then(|| self.num_gpu_blocks() - 1);
-        ListLimit::prompt(self.max_request_len, self.num_sampled_tokens_per_step(), pool_blocks)
+        let pool = (self.max_request_len < self.max_model_len()).then(|| PoolBound {
+            usable_blocks: self.num_gpu_blocks() - 1,
+            spec_step_blocks: if self.kv_connector() { self.spec_step_blocks() } else { 0 },
+        });
+        ListLimit::prompt(self.max_request_len, self.num_sampled_tokens_per_step(), pool)
     }
     /// The most multimodal inputs one request may have (`items` "inputs"), or placeholder
     /// flags one input may have ("flags"): `M - s`, the longest prompt's tokens.

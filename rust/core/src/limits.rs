@@ -22,11 +22,10 @@ pub const MAX_IGNORED_FINISH_IDS: usize = 1 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Why {
     /// A generating request leaves room for its sampled tokens: `Np <= M - s`, with `M` the
-    /// length the KV pool's `pool_blocks` usable blocks hold when that is less than
-    /// `max_model_len`.
+    /// length the KV pool holds when that is less than `max_model_len`.
     Prompt {
         s: i64,
-        pool_blocks: Option<i64>,
+        pool: Option<PoolBound>,
     },
     StopTokenIds,
     /// Drafts are kept for running requests only, and a runner names the requests of the
@@ -57,15 +56,17 @@ enum Why {
 impl fmt::Display for Why {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Why::Prompt { s: 0, pool_blocks: None } => write!(f, "max_model_len"),
-            Why::Prompt { s, pool_blocks: None } => {
+            Why::Prompt { s: 0, pool: None } => write!(f, "max_model_len"),
+            Why::Prompt { s, pool: None } => {
                 write!(f, "max_model_len - {s}, leaving room for the sampled token")
             }
-            Why::Prompt { s, pool_blocks: Some(blocks) } => write!(
-                f,
-                "the longest request the KV pool's {blocks} usable blocks hold (every KV-cache group counted, \
-                 less {s} for the sampled token)"
-            ),
+            Why::Prompt { s, pool: Some(PoolBound { usable_blocks, spec_step_blocks }) } => {
+                write!(f, "the longest request the KV pool's {usable_blocks} usable blocks hold (every KV-cache group counted")?;
+                if spec_step_blocks > 0 {
+                    write!(f, ", {spec_step_blocks} kept for a speculative step beside a KV connector's load")?;
+                }
+                write!(f, ", less {s} for the sampled token)")
+            }
             Why::StopTokenIds => write!(f, "at most {MAX_STOP_TOKEN_IDS} stop token ids, more than any vocabulary"),
             Why::DraftRequests { max_num_seqs } => write!(
                 f,
@@ -90,6 +91,14 @@ impl fmt::Display for Why {
     }
 }
 
+/// The pool a request's length is bounded by when it cannot hold `max_model_len` tokens:
+/// its usable blocks, and those kept free for a speculative step beside a KV connector's load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PoolBound {
+    pub(crate) usable_blocks: i64,
+    pub(crate) spec_step_blocks: i64,
+}
+
 /// The most items a list may hold, and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ListLimit {
@@ -101,10 +110,9 @@ pub struct ListLimit {
 
 impl ListLimit {
     /// The longest prompt of a request that samples `s` tokens per step: `M - s`, with `M`
-    /// the longest request (less than `max_model_len` when the pool's `pool_blocks` usable
-    /// blocks cannot hold it).
-    pub(crate) fn prompt(max_request_len: i64, s: i64, pool_blocks: Option<i64>) -> Self {
-        Self { max: (max_request_len - s).max(0) as usize, items: "tokens", why: Why::Prompt { s, pool_blocks } }
+    /// the longest request (less than `max_model_len` when `pool` cannot hold it).
+    pub(crate) fn prompt(max_request_len: i64, s: i64, pool: Option<PoolBound>) -> Self {
+        Self { max: (max_request_len - s).max(0) as usize, items: "tokens", why: Why::Prompt { s, pool } }
     }
 
     /// A request's multimodal inputs (`items` "inputs"), or one input's placeholder flags
