@@ -470,6 +470,53 @@ def test_a_failed_block_of_a_synchronous_load_is_handled_as_vllm_handles_it(
     sched.core.check_invariants()
 
 
+def test_without_a_connector_a_block_the_runner_reports_invalid_is_recomputed() -> None:
+    """A runner's failed block (``invalid_block_ids``) on an engine without a KV connector:
+    vLLM recomputes it all the same (its default policy), taking the running request back
+    to its first failed block and dropping the step's output for it. Outputs and the
+    request's fields equal vLLM's at every step, and nothing leaks."""
+    from vllm.v1.outputs import KVConnectorOutput
+
+    def drive(sched: Any) -> list[Any]:
+        sched.add_request(request("hit", prompt_len=41, max_tokens=4))
+        sched.add_request(request("other", max_tokens=3))
+        seen = []
+        for step in range(12):
+            if not sched.has_requests():
+                break
+            so = sched.schedule()
+            output = ref.vllm_runner_output(so, {rid: [7] for rid in so.num_scheduled_tokens})
+            if step == 1:
+                # The decode after the prompt: its 4th block's KV is lost.
+                block = sched.kv_cache_manager.get_block_ids("hit")[0][3]
+                output.kv_connector_output = KVConnectorOutput(invalid_block_ids={block})
+            outputs = sched.update_from_output(so, output)
+            hit = sched.requests.get("hit")
+            seen.append(
+                (
+                    dict(so.num_scheduled_tokens),
+                    [
+                        (o.request_id, o.new_token_ids, o.finish_reason)
+                        for eco in outputs.values()
+                        for o in eco.outputs
+                    ],
+                    None
+                    if hit is None
+                    else (hit.status, hit.num_computed_tokens, list(hit.output_token_ids)),
+                )
+            )
+        return seen
+
+    want = drive(reference())
+    sched = build(reference())
+    assert drive(sched) == want
+    # Back to the failed block's start (12 tokens), the decode's token dropped.
+    assert want[1][2] == (RequestStatus.RUNNING, 12, [7])
+    assert want[2][0]["hit"] == 42 - 12
+    assert not sched.has_unfinished_requests()
+    sched.core.check_invariants()
+
+
 def test_deviation_a_sync_load_failure_with_a_later_step_in_flight_restarts_the_request() -> None:
     """Deviation 17 (docs/parity.md), async scheduling: a running request's synchronous load
     fails (a loaded block reported invalid with the step's output) while its decode is in

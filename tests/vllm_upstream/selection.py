@@ -225,6 +225,9 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_cpu_encoder_input_updates_wait_for_completed_prefill",
         "test_cpu_encoder_input_updates_resume_and_abort",
         "test_cpu_encoder_input_updates_preserve_shm_handles",
+        # A runner's failed block without a KV connector, recomputed (vLLM's default): the
+        # image before it encoded again, its pixels sent again.
+        "test_cpu_encoder_input_updates_restore_after_kv_load_failure",
         # The prefix cache's stats accumulator (kv_cache_manager.prefix_cache_stats, live).
         "test_prefix_cache_query_not_inflated_by_connector_defer",
         "test_prefix_cache_stats_not_recorded_when_caching_disabled",
@@ -739,10 +742,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler internal: scheduler._drafts_unused; Request fields: "
             "append_output_token_ids, num_output_placeholders (written)"
         ),
-        "test_cpu_encoder_input_updates_restore_after_kv_load_failure": (
-            "reports invalid_block_ids without a KV connector (the plug-in reads the runner's KV "
-            "connector report only when the engine has one); Request fields: num_computed_tokens"
-        ),
     },
     DEFERRED_FREE_TESTS: {
         "test_preempt_defers_free_and_clears_bookkeeping": (
@@ -920,8 +919,10 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_stale_sliding_window_block_after_prepare_store_failure": (
             "deliberate deviation 4 (docs/parity.md): its pool of 3 usable blocks of 4 holds "
             "a request of 13 tokens by llmsched's bound, which counts a sliding window's "
-            "blocks as if a whole batch could be in flight; its request stops there, "
-            "length-capped, before the step the test stores from"
+            "blocks as vLLM's admission gate does (the window plus a step's budget of 1,000 "
+            "tokens): a longer request, once preempted, resumes with one chunk of all its "
+            "tokens, which this pool cannot hold; its request stops there, length-capped, "
+            "before the step the test stores from"
         ),
         "TestEagle::test_multichunk_store_no_interior_holes": (
             "the test's runner samples a token for a non-final prefill chunk (it samples for "

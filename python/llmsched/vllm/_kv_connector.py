@@ -14,9 +14,11 @@ released once sent), stats (the requests by KV-fetch stage among them) and event
 Served: synchronous and asynchronous loads; with several steps in flight, a consumer's
 freed blocks wait for the steps that may still write them (the core's ``defer_block_free``);
 a load's failure, asynchronous or synchronous, recomputed or failing its request (vLLM's
-``kv_load_failure_policy``); several KV-cache groups (sliding window or chunked local
-attention beside full attention) with a connector that serves them all (vLLM's
-``SupportsHMA``: it is handed a block list per group), where loads fail by request only.
+``kv_load_failure_policy``; :func:`failed_loads` also serves a runner's failed blocks on an
+engine without a connector, recomputed as vLLM does); several KV-cache groups (sliding
+window or chunked local attention beside full attention) with a connector that serves them
+all (vLLM's ``SupportsHMA``: it is handed a block list per group), where loads fail by
+request only.
 A synchronous load's failed block while a later step that scheduled its request is in
 flight (async scheduling, pipeline stages) restarts that request under "recompute"
 (deviation 17 of docs/parity.md). Refused, with a clear error, where it would first be
@@ -47,7 +49,13 @@ import llmsched
 from llmsched.vllm._config import UnsupportedFeatureError, read
 from llmsched.vllm._requests import as_during_step, pinned
 
-__all__ = ["KvConnectorSide", "UnsupportedConnectorUseError", "make_connector"]
+__all__ = [
+    "KvConnectorSide",
+    "UnsupportedConnectorUseError",
+    "failed_loads",
+    "finish_failed_loads",
+    "make_connector",
+]
 
 # Whether this vLLM's SchedulerOutput says when a step loads KV synchronously.
 _HAS_SYNC_KV_LOADS = "has_sync_kv_loads" in SchedulerOutput.__dataclass_fields__
@@ -261,37 +269,9 @@ class KvConnectorSide:
         # (Refused at start beside several groups, as vLLM turns its hybrid cache off.)
         return self.connector.request_finished(request, block_ids[0])  # type: ignore[no-any-return]
 
-    def failed_loads(self, kv_connector_output: Any) -> list[str]:
-        """The runner's failed loads (``failed_recving``, ``invalid_block_ids``) in the core,
-        before the step's output is applied, as vLLM handles them: recomputed, or, under
-        vLLM's ``kv_load_failure_policy`` ``"fail"``, returned (their ids, once each) for
-        :meth:`finish_failed_loads` once the output is applied. A running request's failed
-        block (a synchronous load) takes it back to its first failed block and drops the
-        step's output for it (with a later step in flight that scheduled it, it starts over);
-        a failed block over several groups raises ``UnsupportedConnectorUseError``, changing
-        nothing."""
-        failed = kv_connector_output.failed_recving
-        invalid = kv_connector_output.invalid_block_ids
-        if not failed and not invalid:
-            return []
-        try:
-            failing = self._core.fail_kv_loads(failed or (), invalid or ())
-        except llmsched.InvalidRequestError as exc:
-            raise UnsupportedConnectorUseError(f"llmsched.vllm: {exc}") from None
-        # vLLM finishes them as a set.
-        return list(set(failing))
-
-    def finish_failed_loads(self, failing: list[str]) -> bool:
-        """Finish the requests :meth:`failed_loads` returned with an error (True if any: the
-        caller reports them)."""
-        if not failing:
-            return False
-        self._core.finish_requests(failing, int(RequestStatus.FINISHED_ERROR))
-        return True
-
     def runner_reported(self, kv_connector_output: Any) -> None:
         """The runner's connector report (its failed loads handled first, by
-        :meth:`failed_loads`): the connector's own update, then the loads received (their
+        :func:`failed_loads`): the connector's own update, then the loads received (their
         requests are promoted by the next step) and the blocks of finished requests received
         or sent go back to the pool."""
         self.connector.update_connector_output(kv_connector_output)
@@ -340,3 +320,33 @@ class KvConnectorSide:
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return True
+
+
+def failed_loads(core: llmsched.Scheduler, kv_connector_output: Any) -> list[str]:
+    """The runner's failed loads (``failed_recving``, ``invalid_block_ids``) in the core,
+    before the step's output is applied, as vLLM handles them, with or without a connector:
+    recomputed, or, under vLLM's ``kv_load_failure_policy`` ``"fail"``, returned (their ids,
+    once each) for :func:`finish_failed_loads` once the output is applied. A running
+    request's failed block (a synchronous load) takes it back to its first failed block and
+    drops the step's output for it (with a later step in flight that scheduled it, it
+    starts over); a failed block over several groups raises
+    ``UnsupportedConnectorUseError``, changing nothing."""
+    failed = kv_connector_output.failed_recving
+    invalid = kv_connector_output.invalid_block_ids
+    if not failed and not invalid:
+        return []
+    try:
+        failing = core.fail_kv_loads(failed or (), invalid or ())
+    except llmsched.InvalidRequestError as exc:
+        raise UnsupportedConnectorUseError(f"llmsched.vllm: {exc}") from None
+    # vLLM finishes them as a set.
+    return list(set(failing))
+
+
+def finish_failed_loads(core: llmsched.Scheduler, failing: list[str]) -> bool:
+    """Finish the requests :func:`failed_loads` returned with an error (True if any: the
+    caller reports them)."""
+    if not failing:
+        return False
+    core.finish_requests(failing, int(RequestStatus.FINISHED_ERROR))
+    return True

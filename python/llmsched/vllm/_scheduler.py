@@ -48,7 +48,12 @@ from llmsched.vllm._config import (
     read,
 )
 from llmsched.vllm._ec_connector import EcConnectorSide, make_ec_connector
-from llmsched.vllm._kv_connector import KvConnectorSide, make_connector
+from llmsched.vllm._kv_connector import (
+    KvConnectorSide,
+    failed_loads,
+    finish_failed_loads,
+    make_connector,
+)
 from llmsched.vllm._kv_events import KvEvents, make_publisher, publish_events
 from llmsched.vllm._kv_layout import KVBlockView, KVCacheLayout, prefix_cache_keys
 from llmsched.vllm._multimodal import EncoderCacheView, EncoderFields
@@ -893,17 +898,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         started = time.monotonic() if self._step_log is not None else 0.0
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         spec_stats = None
-        kv_connector_output = (
-            None if self._kv_connector is None else model_runner_output.kv_connector_output
-        )
-        # Failed KV loads first, as vLLM's update handles them: a synchronous load's failure
-        # takes its running request back, and the output below drops its tokens (a report
-        # the core refuses raises here, before anything changes).
-        failed_loads = (
-            self._kv_connector.failed_loads(kv_connector_output)
-            if self._kv_connector is not None and kv_connector_output
-            else []
-        )
+        kv_connector_output = model_runner_output.kv_connector_output
+        # Failed KV loads first, as vLLM's update handles them (a runner reports failed
+        # blocks with or without a connector): a synchronous load's failure takes its
+        # running request back, and the output below drops its tokens (a report the core
+        # refuses raises here, before anything changes).
+        failing_loads = failed_loads(self.core, kv_connector_output) if kv_connector_output else []
         if scheduler_output.total_num_scheduled_tokens:
             core_step = self._core_step(scheduler_output)
             mro = model_runner_output
@@ -940,10 +940,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                     scheduler_output, mro.req_id_to_index, sampled, delivered
                 )
             self._emit(core_outputs, mro, outputs)
+        if finish_failed_loads(self.core, failing_loads):
+            self._report_failed(outputs, lambda _request: None)
         kv_connector_stats = None
         if self._kv_connector is not None:
-            if self._kv_connector.finish_failed_loads(failed_loads):
-                self._report_failed(outputs, lambda _request: None)
             if kv_connector_output:
                 self._kv_connector.runner_reported(kv_connector_output)
                 self._let_released_go()
