@@ -54,6 +54,10 @@ pub fn prompt_tokens(key: u64, prompt_len: usize, prefix_blocks: &[u64], vocab_s
     Ok(tokens)
 }
 
+/// zlib's CRC-32, table-driven: a SIMD one picks its code by the CPU's features on its first
+/// call, whose detection (`cpuid`, trapped by a virtual machine) cost a replay about 0.1 ms.
+const CRC32: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+
 /// The simulated model: `T(r, i)`, the token it samples at index `i` of request `r`, and
 /// the draft its drafter proposes there (`T` with probability `acceptance_rate`).
 #[derive(Clone, Debug)]
@@ -70,7 +74,7 @@ impl TokenModel {
 
     /// The key every token of the request `request_id` hashes.
     pub fn request_key(&self, request_id: &str) -> u64 {
-        let crc = u64::from(crc32fast::hash(request_id.as_bytes()));
+        let crc = u64::from(CRC32.checksum(request_id.as_bytes()));
         mix64(self.seed_key ^ mix64(crc))
     }
 
