@@ -3085,20 +3085,33 @@ impl Harness {
         let bs = self.cfg.block_size();
         // Now and then a load fails: whole, or from one of its blocks on (recomputed).
         let mut any_failed = false;
-        for t in &self.tracked {
+        for (index, t) in self.tracked.iter().enumerate() {
             if t.loading.is_none() || !self.sched.kv_load_in_flight(&t.id) || rng.below(6) != 0 {
                 continue;
             }
             let Ok(r) = self.sched.get_request(&t.id) else { continue };
-            // A block it loads into (one a running request also holds is a prefix hit:
-            // failing it would fail that request's KV, which is not served).
-            let running: HashSet<u32> = self
+            // A block it loads into. One that a running request or a finished one whose
+            // blocks are held also holds, or that a step in flight writes for another
+            // request, is a prefix hit no connector loads: failing it would fail that
+            // request's KV, which is not served.
+            let handle = self.by_handle.iter().find(|&(_, &i)| i == index).map(|(&h, _)| h);
+            let mut others: HashSet<u32> = self
                 .sched
                 .running_ids()
                 .iter()
                 .flat_map(|id| self.sched.get_request(id).expect("running").block_ids().to_vec())
                 .collect();
-            let blocks: Vec<u32> = r.block_ids().iter().copied().filter(|b| !running.contains(b)).collect();
+            for id in self.sched.held_kv_request_ids() {
+                others.extend(self.sched.held_kv_blocks(&id, 0).unwrap_or_default());
+            }
+            for pending in &self.queue {
+                for (writer, written) in &pending.writes {
+                    if Some(*writer) != handle {
+                        others.extend(written);
+                    }
+                }
+            }
+            let blocks: Vec<u32> = r.block_ids().iter().copied().filter(|b| !others.contains(b)).collect();
             // Over several groups a block id names one group's block: loads fail whole.
             let whole = blocks.is_empty() || self.cfg.kv_cache_groups().len() > 1;
             let failed: Vec<String> = if whole || rng.below(2) == 0 {
