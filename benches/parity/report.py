@@ -71,22 +71,21 @@ documented (or, for 2, that they cannot differ).
 4. **A request stops, length-capped, at the longest request the KV pool holds** when the
    pool cannot hold one of `max_model_len` tokens (`SchedulerConfig.max_request_len`:
    `T - L + s` for the `T` slots of the usable blocks, every KV-cache group counted); the
-   capacity rule keeps `C + n + s` within it, so a step's slots always fit the whole pool,
-   and a longer prompt is refused at `add_request`. With a KV connector and speculative
-   decoding, that length also leaves a speculative step's blocks free beside an
-   asynchronous load of all its tokens, even in an empty pool. A sliding window's
-   blocks count as vLLM's admission gate counts them, a window plus the tokens steps in
-   flight may take, so a request a window holds in a few blocks while it decodes still
-   stops where a chunk of that many tokens could not fit. *Why:* vLLM's
-   engine refuses such a pool at startup, but its scheduler admits the request; once the
-   request outgrows the pool it preempts everything, then itself, and never runs again;
-   or its load never starts and the waiting queue blocks behind it; a windowed request
-   that was preempted resumes with its tokens recomputed in one chunk, which must fit.
-   *Harness:* kept out
-   (matrix requests need at most half the usable blocks; fuzz pools hold the largest
-   request). *Test:* `test_deviation_a_request_that_outgrows_the_pool_stops_length_capped`
-   (identical steps until the pool is full; then vLLM preempts its only request and never
-   schedules it again, llmsched finishes it at 33 tokens),
+   capacity rule keeps `C + n + s` within it, so a step's slots always fit the whole pool, and a
+   longer prompt is refused at `add_request`. With a KV connector and speculative decoding,
+   that length also leaves a speculative step's blocks free beside an asynchronous load of
+   all its tokens, even in an empty pool. A sliding window's blocks count as vLLM's
+   admission gate counts them, a window plus the tokens steps in flight may take, so a
+   request a window holds in a few blocks while it decodes still stops where a chunk of that
+   many tokens could not fit. *Why:* vLLM's engine refuses such a pool at startup, but its
+   scheduler admits the request; once the request outgrows the pool it preempts everything,
+   then itself, and never runs again; or its load never starts and the waiting queue blocks
+   behind it; a windowed request that was preempted resumes with its tokens recomputed in
+   one chunk, which must fit. *Harness:* kept out (matrix requests need at most half the
+   usable blocks; fuzz pools hold the largest request). *Test:*
+   `test_deviation_a_request_that_outgrows_the_pool_stops_length_capped` (identical steps
+   until the pool is full; then vLLM preempts its only request and never schedules it again,
+   llmsched finishes it at 33 tokens),
    `test_deviation_requests_whose_async_load_could_never_start_are_refused`.
 5. **`SchedulerConfig` refuses budgets that cannot fit an unsplittable step**: with
    `R = min(max_num_scheduled_tokens, max_num_batched_tokens -
@@ -351,12 +350,11 @@ core, kept out the same way. Beyond them, the plug-in:
   fail policy, it fails), handled before that output as in vLLM; a runner's failed block
   on an engine without a connector is recomputed so too, as vLLM's default policy does
   (`test_without_a_connector_a_block_the_runner_reports_invalid_is_recomputed`). Over a
-  hybrid model's
-  KV-cache groups the connector (`SupportsHMA`) is handed every group's blocks: its tokens
-  fill each group's table past the hybrid hit (null blocks where a window left them
-  behind), a finished request's blocks behind a window go back before it is handed the
-  tables (`request_finished_all_groups`), a consumer's deferred frees return each
-  request's blocks in one run, last group first, as vLLM's, and block-level load failures
+  hybrid model's KV-cache groups the connector (`SupportsHMA`) is handed every group's
+  blocks: its tokens fill each group's table past the hybrid hit (null blocks where a
+  window left them behind), a finished request's blocks behind a window go back before it
+  is handed the tables (`request_finished_all_groups`), a consumer's deferred frees return
+  each request's blocks in one run, last group first, as vLLM's, and block-level load failures
   (`invalid_block_ids`) are refused, as vLLM refuses them there (loads fail by request);
   the `edge-kvconn-hybrid` cases (a sliding window beside full attention, two windows
   after it, synchronous and asynchronous loads, the fail policy, `kv_both` with steps in
