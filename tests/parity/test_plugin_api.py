@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -412,6 +413,49 @@ def test_a_connector_over_several_kv_cache_groups_serves_them_all_or_is_refused(
     assert run_to_end(sched)["a"][-1][1].finish_reason == FinishReason.LENGTH
 
 
+def _steps_with_a_failed_block(
+    sched: Any,
+    req_id: str,
+    *,
+    max_tokens: int,
+    other_max_tokens: int,
+    failed_block: tuple[int, Callable[[Any, Any], int]],
+) -> list[Any]:
+    """Runs ``req_id`` (a 41-token prompt) beside another request to the end (12 steps at
+    most), the runner reporting the block ``failed_block[1](so, sched)`` picks invalid
+    (``invalid_block_ids``) with the output of step ``failed_block[0]``: per step, what it
+    scheduled, the outputs, and ``req_id``'s status, computed tokens and output tokens."""
+    from vllm.v1.outputs import KVConnectorOutput
+
+    sched.add_request(request(req_id, prompt_len=41, max_tokens=max_tokens))
+    sched.add_request(request("other", max_tokens=other_max_tokens))
+    fail_step, pick = failed_block
+    seen = []
+    for step in range(12):
+        if not sched.has_requests():
+            break
+        so = sched.schedule()
+        output = ref.vllm_runner_output(so, {rid: [7] for rid in so.num_scheduled_tokens})
+        if step == fail_step:
+            output.kv_connector_output = KVConnectorOutput(invalid_block_ids={pick(so, sched)})
+        outputs = sched.update_from_output(so, output)
+        tracked = sched.requests.get(req_id)
+        seen.append(
+            (
+                dict(so.num_scheduled_tokens),
+                [
+                    (o.request_id, o.new_token_ids, o.finish_reason)
+                    for eco in outputs.values()
+                    for o in eco.outputs
+                ],
+                None
+                if tracked is None
+                else (tracked.status, tracked.num_computed_tokens, list(tracked.output_token_ids)),
+            )
+        )
+    return seen
+
+
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
 @pytest.mark.parametrize("max_tokens", [4, 1], ids=["goes-on", "finished-by-the-step"])
 def test_a_failed_block_of_a_synchronous_load_is_handled_as_vllm_handles_it(
@@ -422,43 +466,25 @@ def test_a_failed_block_of_a_synchronous_load_is_handled_as_vllm_handles_it(
     dropped (recompute), or it fails (fail), before the output applies, as in vLLM; also
     when the output would have finished it. Outputs and the request's fields equal vLLM's
     at every step, and nothing leaks."""
-    from vllm.v1.outputs import KVConnectorOutput
 
-    def drive(sched: Any) -> tuple[list[Any], Any]:
-        # A prompt the parity store holds: 40 tokens load (10 blocks of 4).
-        sched.add_request(request("loads", prompt_len=41, max_tokens=max_tokens))
-        sched.add_request(request("other", max_tokens=2))
-        seen = []
-        for step in range(12):
-            if not sched.has_requests():
-                break
-            so = sched.schedule()
-            output = ref.vllm_runner_output(so, {rid: [7] for rid in so.num_scheduled_tokens})
-            if step == 0:
-                assert so.num_scheduled_tokens["loads"] == 1
-                block = so.scheduled_new_reqs[0].block_ids[0][3]
-                output.kv_connector_output = KVConnectorOutput(invalid_block_ids={block})
-            outputs = sched.update_from_output(so, output)
-            loads = sched.requests.get("loads")
-            seen.append(
-                (
-                    dict(so.num_scheduled_tokens),
-                    [
-                        (o.request_id, o.new_token_ids, o.finish_reason)
-                        for eco in outputs.values()
-                        for o in eco.outputs
-                    ],
-                    None
-                    if loads is None
-                    else (loads.status, loads.num_computed_tokens, list(loads.output_token_ids)),
-                )
-            )
-        return seen, sched
+    def loaded_block(so: Any, _sched: Any) -> int:
+        # A prompt the parity store holds: 40 tokens load (10 blocks of 4), 1 computed.
+        assert so.num_scheduled_tokens["loads"] == 1
+        return int(so.scheduled_new_reqs[0].block_ids[0][3])
+
+    def drive(sched: Any) -> list[Any]:
+        return _steps_with_a_failed_block(
+            sched,
+            "loads",
+            max_tokens=max_tokens,
+            other_max_tokens=2,
+            failed_block=(0, loaded_block),
+        )
 
     config = {"kv_connector": ("ParityConnector", "benches.parity.connector")}
-    want, _ = drive(reference(**config, kv_load_failure_policy=policy))
-    got, sched = drive(build(reference(**config, kv_load_failure_policy=policy)))
-    assert got == want
+    want = drive(reference(**config, kv_load_failure_policy=policy))
+    sched = build(reference(**config, kv_load_failure_policy=policy))
+    assert drive(sched) == want
     # The failed block is the 4th: recompute goes back to 12 tokens; fail ends the request.
     after_failure = want[0][2]
     if policy == "recompute":
@@ -475,37 +501,15 @@ def test_without_a_connector_a_block_the_runner_reports_invalid_is_recomputed() 
     vLLM recomputes it all the same (its default policy), taking the running request back
     to its first failed block and dropping the step's output for it. Outputs and the
     request's fields equal vLLM's at every step, and nothing leaks."""
-    from vllm.v1.outputs import KVConnectorOutput
+
+    def decode_block(_so: Any, sched: Any) -> int:
+        # The decode after the prompt: its 4th block's KV is lost.
+        return int(sched.kv_cache_manager.get_block_ids("hit")[0][3])
 
     def drive(sched: Any) -> list[Any]:
-        sched.add_request(request("hit", prompt_len=41, max_tokens=4))
-        sched.add_request(request("other", max_tokens=3))
-        seen = []
-        for step in range(12):
-            if not sched.has_requests():
-                break
-            so = sched.schedule()
-            output = ref.vllm_runner_output(so, {rid: [7] for rid in so.num_scheduled_tokens})
-            if step == 1:
-                # The decode after the prompt: its 4th block's KV is lost.
-                block = sched.kv_cache_manager.get_block_ids("hit")[0][3]
-                output.kv_connector_output = KVConnectorOutput(invalid_block_ids={block})
-            outputs = sched.update_from_output(so, output)
-            hit = sched.requests.get("hit")
-            seen.append(
-                (
-                    dict(so.num_scheduled_tokens),
-                    [
-                        (o.request_id, o.new_token_ids, o.finish_reason)
-                        for eco in outputs.values()
-                        for o in eco.outputs
-                    ],
-                    None
-                    if hit is None
-                    else (hit.status, hit.num_computed_tokens, list(hit.output_token_ids)),
-                )
-            )
-        return seen
+        return _steps_with_a_failed_block(
+            sched, "hit", max_tokens=4, other_max_tokens=3, failed_block=(1, decode_block)
+        )
 
     want = drive(reference())
     sched = build(reference())
