@@ -75,6 +75,8 @@ SYSTEM_PROMPT_LEN = 70
 #: Mamba state aligned to blocks: a later input resumes from the state the session kept,
 #: mid-block; a step of one block, as there).
 MODES = ("sync", "async-classes", "async", "sync-mamba")
+#: The modes whose engine runs vLLM's synchronous ``Scheduler`` classes.
+SYNC_CLASS_MODES = ("sync", "sync-mamba")
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,7 @@ def _run(model: str, scheduler_cls: str, mode: str) -> RunResult:
             max_num_seqs=MAX_NUM_SEQS,
             **({"max_num_batched_tokens": ve.BLOCK_SIZE} if mode == "sync-mamba" else {}),
             enable_prefix_caching=True,
-            async_scheduling=mode not in ("sync", "sync-mamba"),
+            async_scheduling=mode not in SYNC_CLASS_MODES,
             scheduler_cls=scheduler_cls,
             disable_log_stats=True,
         )
@@ -355,7 +357,7 @@ def runs(
 ) -> dict[str, RunResult]:
     mode = request.param
     model = model_dirs["mamba" if mode == "sync-mamba" else "llama"]
-    async_classes = mode not in ("sync", "sync-mamba")
+    async_classes = mode not in SYNC_CLASS_MODES
     results = {
         name: pool.submit(_run, model, cls, mode).result()
         for name, cls in (
