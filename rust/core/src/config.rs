@@ -960,14 +960,21 @@ impl SchedulerConfig {
             let t = self.most_tokens_within(usable_blocks);
             longest = t - self.num_lookahead_tokens() + self.num_sampled_tokens_per_step();
         }
-        let spec_step_blocks = self.spec_step_blocks();
-        if self.kv_connector()
-            && spec_step_blocks > 0
-            && self.max_blocks_per_request(longest) + spec_step_blocks > usable_blocks
-        {
-            longest = longest.min(self.most_tokens_within(usable_blocks - spec_step_blocks));
+        let reserve = self.load_spec_reserve();
+        if reserve > 0 && self.max_blocks_per_request(longest) + reserve > usable_blocks {
+            longest = longest.min(self.most_tokens_within(usable_blocks - reserve));
         }
         longest
+    }
+
+    /// The blocks a request's KV load leaves free for a speculative step: a speculative
+    /// step's blocks with a KV connector, 0 without one.
+    fn load_spec_reserve(&self) -> i64 {
+        if self.kv_connector() {
+            self.spec_step_blocks()
+        } else {
+            0
+        }
     }
 
     /// The blocks one speculative step's `1 + K + L` slots take past a sequence, in every
@@ -1019,7 +1026,7 @@ impl SchedulerConfig {
     pub fn prompt_limit(&self) -> ListLimit {
         let pool = (self.max_request_len < self.max_model_len()).then(|| PoolBound {
             usable_blocks: self.num_gpu_blocks() - 1,
-            spec_step_blocks: if self.kv_connector() { self.spec_step_blocks() } else { 0 },
+            spec_step_blocks: self.load_spec_reserve(),
         });
         ListLimit::prompt(self.max_request_len, self.num_sampled_tokens_per_step(), pool)
     }
