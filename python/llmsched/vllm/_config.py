@@ -133,10 +133,6 @@ def check_engine_config(
     model_name = get("model_config.model")
     refusals: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
         (
-            "prompt embeddings",
-            lambda: (get("model_config.enable_prompt_embeds"), "enable_prompt_embeds=True"),
-        ),
-        (
             "encoder-decoder models",
             lambda: (get("model_config.is_encoder_decoder"), f"model {model_name!r}"),
         ),
@@ -421,8 +417,6 @@ def check_request(request: Any, kv_connector: bool = False) -> str | None:
     parameters are for a KV connector: served with one (``kv_connector``), which reads
     them."""
     params = request.sampling_params
-    if request.prompt_embeds is not None or request.prompt_token_ids is None:
-        return "llmsched.vllm does not support prompt embeddings"
     if request.resumable and request.use_structured_output:
         return "llmsched.vllm does not support structured output in streaming-input sessions"
     if request.resumable and kv_connector:

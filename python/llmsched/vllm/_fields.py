@@ -211,7 +211,10 @@ FIELDS: dict[str, dict[str, str]] = {
     "ModelConfig": {
         "max_model_len": READ,
         "model": READ,  # named in refusal messages
-        "enable_prompt_embeds": CHECKED,
+        "enable_prompt_embeds": (
+            "lets requests carry prompt_embeds, which the plug-in reads per request (each "
+            "block's key of them enters its prefix-cache hash)"
+        ),
         "return_sampling_mask": READ,
         "runner": "decides model_config.runner_type, read (pooling: s = 0)",
         "convert": "decides model_config.runner_type, read (pooling: s = 0)",

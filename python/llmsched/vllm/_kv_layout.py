@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import _gen_prompt_embeds_extra_hash_keys
 from vllm.v1.metrics.stats import PrefixCacheStats
 
 import llmsched
@@ -25,17 +26,32 @@ from llmsched.vllm._multimodal import mm_inputs
 __all__ = ["KVCacheLayout", "prefix_cache_keys"]
 
 
-def prefix_cache_keys(request: Any) -> dict[str, Any]:
+def prefix_cache_keys(request: Any, block_size: int) -> dict[str, Any]:
     """What of a vLLM ``Request`` its prefix-cache lookups depend on past its tokens, as
     the core's ``add_request`` and ``probe_prefix_cache`` take it: the keys its block hashes
-    cover (cache salt, LoRA adapter, multimodal inputs), and whether it reads the cache."""
+    cover (cache salt, LoRA adapter, multimodal inputs, the prompt embeddings of each
+    block), and whether it reads the cache."""
     return {
         "cache_salt": request.cache_salt,
         "lora_id": None if request.lora_request is None else request.lora_request.lora_int_id,
         "mm_inputs": mm_inputs(request),
+        "prompt_embeds_keys": _prompt_embeds_keys(request, block_size),
         # vLLM's engine sets it for prompt logprobs (every position computed).
         "skip_reading_prefix_cache": request.skip_reading_prefix_cache,
     }
+
+
+def _prompt_embeds_keys(request: Any, block_size: int) -> list[bytes] | None:
+    """For a prompt given as embeddings, each block's key of them, as vLLM's block hasher
+    computes it (and keeps on the request, so it is computed once): a digest of the block's
+    slice of ``prompt_embeds``."""
+    if request.prompt_embeds is None:
+        return None
+    keys: list[bytes] = []
+    for start in range(0, request.num_prompt_tokens, block_size):
+        ((_, key),) = _gen_prompt_embeds_extra_hash_keys(request, start, start + block_size)
+        keys.append(key)
+    return keys
 
 
 class KVBlockView:
@@ -269,7 +285,7 @@ class KVCacheLayout:
         now, as vLLM's manager answers: its blocks per group, the tokens they hold, and the
         ``shared_prefix_boundary``. Looks only: nothing is allocated or recorded."""
         block_ids, num_tokens, boundary = self._core.probe_prefix_cache(
-            list(request.all_token_ids), **prefix_cache_keys(request)
+            list(request.all_token_ids), **prefix_cache_keys(request, self._core.config.block_size)
         )
         core = self._core
         blocks = tuple([KVBlockView(core, block) for block in ids] for ids in block_ids)

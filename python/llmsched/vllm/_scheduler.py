@@ -367,13 +367,17 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             try:
                 self.core.add_request(
                     req_id,
-                    request.prompt_token_ids,
+                    # A prompt of embeddings has placeholder ids (vLLM's, all 0 where it
+                    # has no token ids): the core hashes them beside the embeddings' keys.
+                    request.prompt_token_ids
+                    if request.prompt_embeds is None
+                    else request.all_token_ids,
                     **self._core_arguments(request),
                     # A request that arrives with tokens computed (a disaggregated decode
                     # worker's: all but the last) waits with the KV holders.
                     num_computed_tokens=request.num_computed_tokens,
                     priority=request.priority,
-                    **prefix_cache_keys(request),
+                    **prefix_cache_keys(request, self.core.config.block_size),
                     structured_output=waits_for_grammar,
                     report_reused_blocks=getattr(request, "kv_cache_report_mode", None) == "full",
                     resumable=request.resumable,

@@ -1035,6 +1035,11 @@ impl SchedulerConfig {
     pub fn mm_input_limit(&self, items: &'static str) -> ListLimit {
         ListLimit::prompt_placeholders(self.max_model_len(), self.num_sampled_tokens_per_step(), items)
     }
+    /// The most prompt-embedding keys a request may carry: one per block, so no more than
+    /// the longest prompt's tokens.
+    pub fn prompt_embeds_keys_limit(&self) -> ListLimit {
+        ListLimit::prompt_placeholders(self.max_model_len(), self.num_sampled_tokens_per_step(), "keys")
+    }
     /// The most drafts one request may be given: `K`.
     pub fn drafts_per_request_limit(&self) -> ListLimit {
         ListLimit::drafts_per_request(self.num_speculative_tokens())

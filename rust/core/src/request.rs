@@ -103,6 +103,12 @@ pub struct NewRequest {
     /// Its multimodal inputs (encoder inputs), in prompt order; only with an encoder
     /// budget (`max_num_encoder_input_tokens > 0`).
     pub mm_inputs: Vec<MmInputSpec>,
+    /// For a prompt given as embeddings (vLLM's `prompt_embeds`, whose token ids are
+    /// placeholders), one key per block the prompt reaches, block `i` covering the prompt's
+    /// positions `[i * block_size, (i + 1) * block_size)`: what its embeddings there are
+    /// (the engine's digest of them). Each enters its block's hash, so requests share a
+    /// cached block only with the same embeddings; empty for a prompt of token ids.
+    pub prompt_embeds_keys: Vec<Vec<u8>>,
     /// A streaming-input session (vLLM's `resumable`): a stop ends the current input, not
     /// the request, which keeps its KV and goes on with the next input, added under the
     /// same id (see `Scheduler::add_request`).
@@ -136,6 +142,7 @@ impl NewRequest {
             structured_output: false,
             report_reused_blocks: false,
             mm_inputs: Vec::new(),
+            prompt_embeds_keys: Vec::new(),
             resumable: false,
             diffusion_canvas_length: None,
             diffusion_read_steps: None,
@@ -184,6 +191,49 @@ fn token_ids(field: &str, values: &[i64]) -> CoreResult<Vec<i32>> {
         }
     }
     Ok(values.iter().map(|&t| t as i32).collect())
+}
+
+/// The longest key of a block's prompt embeddings: a SHA-512 digest.
+const MAX_EMBEDS_KEY_BYTES: usize = 64;
+
+/// Per block of a prompt given as embeddings, the key of its embeddings.
+pub(crate) type PromptEmbedsKeys = Box<[Box<[u8]>]>;
+
+/// A prompt's embedding keys checked: one per block the prompt reaches (vLLM keys every
+/// block a prompt of embeddings reaches), none for a streaming-input session, whose later
+/// inputs are token ids.
+fn prompt_embeds_keys(new: &NewRequest, block_size: i64) -> CoreResult<Option<PromptEmbedsKeys>> {
+    if new.prompt_embeds_keys.is_empty() {
+        return Ok(None);
+    }
+    let num_keys = new.prompt_embeds_keys.len();
+    if new.resumable {
+        return Err(CoreError::request(
+            "prompt_embeds_keys",
+            format!("{num_keys} keys"),
+            "a streaming-input session's prompt must be token ids in llmsched",
+        ));
+    }
+    if let Some(i) = new.prompt_embeds_keys.iter().position(|key| key.is_empty() || key.len() > MAX_EMBEDS_KEY_BYTES) {
+        return Err(CoreError::request(
+            format!("prompt_embeds_keys[{i}]"),
+            format!("<{} bytes>", new.prompt_embeds_keys[i].len()),
+            format!("a key is 1 to {MAX_EMBEDS_KEY_BYTES} bytes (a digest of the block's embeddings)"),
+        ));
+    }
+    let num_blocks = (new.prompt_token_ids.len() as i64 + block_size - 1) / block_size;
+    if num_keys as i64 != num_blocks {
+        return Err(CoreError::request(
+            "prompt_embeds_keys",
+            format!("{num_keys} keys"),
+            format!(
+                "must hold one key per block the prompt reaches: {num_blocks} for {} tokens in blocks \
+                 of {block_size}",
+                new.prompt_token_ids.len()
+            ),
+        ));
+    }
+    Ok(Some(new.prompt_embeds_keys.iter().map(|key| key.as_slice().into()).collect()))
 }
 
 /// A request's LoRA adapter checked: a positive id that fits the int32 columns, and only
@@ -286,6 +336,9 @@ pub struct Request {
     /// The LoRA adapter; enters every block's hash: requests under different adapters
     /// never share cached blocks.
     pub(crate) lora_id: Option<u32>,
+    /// Per block of a prompt given as embeddings, the key of its embeddings
+    /// (`NewRequest::prompt_embeds_keys`); None for a prompt of token ids.
+    pub(crate) prompt_embeds_keys: Option<PromptEmbedsKeys>,
     /// Admitted without a prefix-cache lookup (and without counting one in the stats).
     pub(crate) skip_reading_prefix_cache: bool,
     /// Its grammar, for a structured-output request (None: its output is unconstrained).
@@ -552,6 +605,7 @@ impl Request {
             check_session_config(cfg)?;
         }
         let lora_id = lora_id(new.lora_id, cfg)?;
+        let prompt_embeds_keys = prompt_embeds_keys(&new, cfg.block_size())?;
         let priority = i32::try_from(new.priority)
             .map_err(|_| CoreError::request("priority", new.priority, "must fit in a 32-bit signed integer"))?;
         let arrival_time = arrival_time_of(&new)?;
@@ -609,6 +663,7 @@ impl Request {
             stop_reason: None,
             cache_salt: new.cache_salt.map(|salt| salt.into_bytes().into_boxed_slice()),
             lora_id,
+            prompt_embeds_keys,
             skip_reading_prefix_cache: new.skip_reading_prefix_cache,
             grammar: new.structured_output.then_some(Grammar::Compiling),
             report_reused_blocks: new.report_reused_blocks,
@@ -809,6 +864,7 @@ impl Request {
                 cache_salt: self.cache_salt.as_deref(),
                 lora_id: self.lora_id,
                 mm_inputs: self.mm.as_deref().map_or(&[], |mm| &mm.inputs),
+                prompt_embeds: self.prompt_embeds_keys.as_deref().unwrap_or_default(),
             },
             scratch,
         );

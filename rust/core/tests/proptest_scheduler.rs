@@ -11,7 +11,8 @@
 //! prompts of 1 token, of `M - s` tokens, one token too long, sharing prefixes,
 //! arriving with computed tokens, with EOS and stop tokens, priorities, cache
 //! salts, LoRA adapters 1..=3, skipping the prefix cache, up to two images of a pool
-//! of four, now and then one reused at another size —, add a duplicate
+//! of four, now and then one reused at another size, prompts given as embeddings
+//! (placeholder ids and a key per block) —, add a duplicate
 //! id, abort, abort all, schedule (now and then throttled), apply the oldest step in
 //! flight, sync drafts, reset the prefix cache, add an input to a live streaming-input
 //! session), played against the core by a small
@@ -1100,6 +1101,24 @@ impl Harness {
             Some(c) if len > 1 => c as i64 % (len - 1) + 1,
             _ => 0,
         };
+        // Not beside aligned Mamba and drafts (refused: vLLM's runner would take a later
+        // input up from a state it does not keep).
+        let resumable = op.session && !(self.cfg.mamba_aligned() && self.k() > 0);
+        // A few bits of the token seed: about one request in six (not a session) gives its
+        // prompt as embeddings: placeholder ids (0), and a key per block made from the
+        // tokens it stands for, so shared prefixes still share their keys.
+        let (prompt, prompt_embeds_keys) = if !resumable && (op.token_seed >> 16) % 6 == 0 {
+            let keys = prompt
+                .chunks(bs as usize)
+                .map(|block| {
+                    block.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| (h ^ t as u64).wrapping_mul(0x100_0000_01b3))
+                })
+                .map(|h| h.to_le_bytes().to_vec())
+                .collect();
+            (vec![0; prompt.len()], keys)
+        } else {
+            (prompt, Vec::new())
+        };
         NewRequest {
             request_id: format!("r{}", self.next_id),
             prompt_token_ids: prompt,
@@ -1117,9 +1136,8 @@ impl Harness {
             // One bit of the token seed: about half the requests ask for their hits.
             report_reused_blocks: op.token_seed & 1 == 1,
             mm_inputs: if self.cfg.multimodal() { images(op.token_seed >> 8, len) } else { Vec::new() },
-            // Not beside aligned Mamba and drafts (refused: vLLM's runner would take a later
-            // input up from a state it does not keep).
-            resumable: op.session && !(self.cfg.mamba_aligned() && self.k() > 0),
+            prompt_embeds_keys,
+            resumable,
             diffusion_canvas_length: None,
             diffusion_read_steps: None,
         }

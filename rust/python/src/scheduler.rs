@@ -14,7 +14,7 @@ use pyo3::exceptions::PyMemoryError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::config::PySchedulerConfig;
 use crate::convert::{
@@ -810,6 +810,30 @@ fn mm_inputs_arg(
     }
 }
 
+/// A request's ``prompt_embeds_keys`` argument: bytes, one per block, within the config's
+/// limit (none for None).
+fn prompt_embeds_keys_arg(
+    py: Python<'_>,
+    config: &SchedulerConfig,
+    value: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<Vec<u8>>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else { return Ok(Vec::new()) };
+    let field = "prompt_embeds_keys";
+    let not_iterable = || request_error(py, format!("{field}: must be an iterable of bytes, got {}", type_name(value)));
+    if value.is_instance_of::<PyString>() || value.is_instance_of::<PyBytes>() {
+        return Err(not_iterable());
+    }
+    let mut keys = Vec::new();
+    for_each_bounded(value, &config.prompt_embeds_keys_limit(), &field, not_iterable, |i, item| {
+        let key = item
+            .cast::<PyBytes>()
+            .map_err(|_| request_error(py, format!("{field}[{i}]: must be bytes, got {}", type_name(&item))))?;
+        keys.push(key.as_bytes().to_vec());
+        Ok(())
+    })?;
+    Ok(keys)
+}
+
 /// A block id argument: a non-negative int.
 fn block_id_arg(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<u32> {
     value.extract::<u32>().map_err(|_| {
@@ -902,7 +926,10 @@ impl PyScheduler {
     /// with the same one share it), where its placeholders start in the prompt, how many
     /// there are, and which of them carry an embedding (one bool each; all when absent);
     /// only with an encoder budget (``max_num_encoder_input_tokens``), and each input
-    /// within it.
+    /// within it. ``prompt_embeds_keys``: for a prompt given as embeddings (vLLM's
+    /// ``prompt_embeds``; its token ids are placeholders), one ``bytes`` key per block the
+    /// prompt reaches (a digest of that block's embeddings, 1 to 64 bytes): each enters its
+    /// block's hash, so requests share cached blocks only as far as their embeddings match.
     ///
     /// ``resumable`` makes it a streaming-input session (vLLM's resumable requests): a stop
     /// (its ``RequestOutput`` carries the stop's status, the input's finish reason) ends the
@@ -927,11 +954,13 @@ impl PyScheduler {
     #[pyo3(signature = (request_id, prompt_token_ids, *, max_tokens, min_tokens=None, eos_token_id=None,
         stop_token_ids=None, arrival_time=None, num_computed_tokens=None, priority=None, cache_salt=None,
         lora_id=None, skip_reading_prefix_cache=None, structured_output=None, report_reused_blocks=None,
-        mm_inputs=None, resumable=None, diffusion_canvas_length=None, diffusion_read_steps=None),
+        mm_inputs=None, prompt_embeds_keys=None, resumable=None, diffusion_canvas_length=None,
+        diffusion_read_steps=None),
         text_signature = "(self, request_id, prompt_token_ids, *, max_tokens, min_tokens=0, eos_token_id=None, \
         stop_token_ids=(), arrival_time=None, num_computed_tokens=0, priority=0, cache_salt=None, \
         lora_id=None, skip_reading_prefix_cache=False, structured_output=False, report_reused_blocks=False, \
-        mm_inputs=(), resumable=False, diffusion_canvas_length=None, diffusion_read_steps=None)")]
+        mm_inputs=(), prompt_embeds_keys=(), resumable=False, diffusion_canvas_length=None, \
+        diffusion_read_steps=None)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &self,
@@ -951,6 +980,7 @@ impl PyScheduler {
         structured_output: Option<&Bound<'_, PyAny>>,
         report_reused_blocks: Option<&Bound<'_, PyAny>>,
         mm_inputs: Option<&Bound<'_, PyAny>>,
+        prompt_embeds_keys: Option<&Bound<'_, PyAny>>,
         resumable: Option<&Bound<'_, PyAny>>,
         diffusion_canvas_length: Option<&Bound<'_, PyAny>>,
         diffusion_read_steps: Option<&Bound<'_, PyAny>>,
@@ -996,6 +1026,7 @@ impl PyScheduler {
             structured_output: flag_arg(py, structured_output, "structured_output")?,
             report_reused_blocks: flag_arg(py, report_reused_blocks, "report_reused_blocks")?,
             mm_inputs: mm_inputs_arg(py, &config, mm_inputs)?,
+            prompt_embeds_keys: prompt_embeds_keys_arg(py, &config, prompt_embeds_keys)?,
             resumable: flag_arg(py, resumable, "resumable")?,
             diffusion_canvas_length: optional_int_arg(py, diffusion_canvas_length, "diffusion_canvas_length")?,
             diffusion_read_steps: optional_int_arg(py, diffusion_read_steps, "diffusion_read_steps")?,
@@ -1873,7 +1904,10 @@ impl PyScheduler {
     /// arguments are read as ``add_request`` reads them. Changes nothing: no request is
     /// added, and no stats or events are recorded.
     #[pyo3(signature = (prompt_token_ids, *, cache_salt=None, lora_id=None, mm_inputs=None,
-                        skip_reading_prefix_cache=None), text_signature = "(self, prompt_token_ids, *, cache_salt=None, lora_id=None, mm_inputs=None, skip_reading_prefix_cache=False)")]
+                        prompt_embeds_keys=None, skip_reading_prefix_cache=None),
+           text_signature = "(self, prompt_token_ids, *, cache_salt=None, lora_id=None, mm_inputs=None, \
+                             prompt_embeds_keys=(), skip_reading_prefix_cache=False)")]
+    #[allow(clippy::too_many_arguments)]
     fn probe_prefix_cache<'py>(
         &self,
         py: Python<'py>,
@@ -1881,6 +1915,7 @@ impl PyScheduler {
         cache_salt: Option<&Bound<'py, PyAny>>,
         lora_id: Option<&Bound<'py, PyAny>>,
         mm_inputs: Option<&Bound<'py, PyAny>>,
+        prompt_embeds_keys: Option<&Bound<'py, PyAny>>,
         skip_reading_prefix_cache: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyList>, i64, i64)> {
         let config = self.current_config();
@@ -1889,6 +1924,7 @@ impl PyScheduler {
         new.cache_salt = cache_salt_arg(py, cache_salt)?;
         new.lora_id = optional_int_arg(py, lora_id, "lora_id")?;
         new.mm_inputs = mm_inputs_arg(py, &config, mm_inputs)?;
+        new.prompt_embeds_keys = prompt_embeds_keys_arg(py, &config, prompt_embeds_keys)?;
         new.skip_reading_prefix_cache = flag_arg(py, skip_reading_prefix_cache, "skip_reading_prefix_cache")?;
         let hit = self.with_inner(py, |inner| inner.core.probe_prefix_cache(new).map_err(core_err))?;
         // The hit's blocks are one run of the same length per group, group after group.

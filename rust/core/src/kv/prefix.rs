@@ -5,8 +5,10 @@
 //! The extra keys are vLLM's: the LoRA adapter in every block, `cache_salt` in
 //! the first only, and each multimodal input a block's tokens overlap (its identifier
 //! and where it starts relative to the block: placeholder tokens are alike for every
-//! image), so two requests share cached blocks exactly when they share an adapter, a
-//! salt, their inputs and a leading run of full blocks. With lookahead hashes
+//! image), and for a prompt given as embeddings, each block's key of them (its
+//! placeholder token ids are alike for every prompt), so two requests share cached
+//! blocks exactly when they share an adapter, a salt, their inputs, their embeddings and
+//! a leading run of full blocks. With lookahead hashes
 //! (an EAGLE drafter's), a block's hash also covers the tokens right after it,
 //! and the block is hashed only once they exist.
 //!
@@ -37,6 +39,9 @@ pub struct ExtraKeys<'a> {
     pub lora_id: Option<u32>,
     /// Each enters the blocks its placeholders overlap.
     pub mm_inputs: &'a [MmInput],
+    /// Block `i`'s key of the prompt embeddings it covers, for each block the prompt
+    /// reaches (empty for a prompt of token ids).
+    pub prompt_embeds: &'a [Box<[u8]>],
 }
 
 /// One block's keys besides its tokens.
@@ -47,6 +52,8 @@ pub struct BlockKeys<'a> {
     /// The multimodal inputs the block overlaps, and the block's first token position.
     pub mm_inputs: &'a [MmInput],
     pub block_start: i64,
+    /// The key of the prompt embeddings the block covers, if the prompt is embeddings.
+    pub prompt_embeds: Option<&'a [u8]>,
 }
 
 /// Hashes one full block, its tokens given in pieces (a block can span the end of the
@@ -59,7 +66,7 @@ pub fn hash_block(
     keys: BlockKeys<'_>,
     scratch: &mut Vec<u8>,
 ) -> BlockHash {
-    let BlockKeys { lora_id, salt, mm_inputs, block_start } = keys;
+    let BlockKeys { lora_id, salt, mm_inputs, block_start, prompt_embeds } = keys;
     scratch.clear();
     scratch.extend_from_slice(&parent.to_le_bytes());
     for &token in pieces.iter().copied().flatten() {
@@ -87,6 +94,11 @@ pub fn hash_block(
         scratch.extend_from_slice(&(input.identifier.len() as u64).to_le_bytes());
         scratch.extend_from_slice(input.identifier.as_bytes());
         scratch.extend_from_slice(&(input.offset - block_start).to_le_bytes());
+    }
+    if let Some(key) = prompt_embeds {
+        scratch.push(0xfb);
+        scratch.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        scratch.extend_from_slice(key);
     }
     xxh3_128_with_seed(scratch, SEED)
 }
@@ -124,8 +136,13 @@ pub fn extend_block_hashes(
         let first = hashes.is_empty();
         let salt = if first { extra.cache_salt } else { None };
         let (lo, hi) = inputs_in_window(extra.mm_inputs, start as i64, end as i64);
-        let keys =
-            BlockKeys { lora_id: extra.lora_id, salt, mm_inputs: &extra.mm_inputs[lo..hi], block_start: start as i64 };
+        let keys = BlockKeys {
+            lora_id: extra.lora_id,
+            salt,
+            mm_inputs: &extra.mm_inputs[lo..hi],
+            block_start: start as i64,
+            prompt_embeds: extra.prompt_embeds.get(hashes.len()).map(|key| &**key),
+        };
         hashes.push(hash_block(parent, &pieces, &after, keys, scratch));
         start = end;
     }
@@ -136,7 +153,7 @@ mod tests {
     use super::*;
 
     fn salted(salt: Option<&[u8]>) -> ExtraKeys<'_> {
-        ExtraKeys { cache_salt: salt, lora_id: None, mm_inputs: &[] }
+        ExtraKeys { cache_salt: salt, ..ExtraKeys::default() }
     }
 
     fn hashes(tokens: &[i32], block_size: usize, extra: ExtraKeys<'_>) -> Vec<BlockHash> {
@@ -160,7 +177,7 @@ mod tests {
     #[test]
     fn a_block_hashes_the_same_wherever_the_prompt_ends() {
         let tokens: Vec<i32> = (0..13).collect();
-        let extra = ExtraKeys { cache_salt: Some(b"s"), lora_id: Some(3), mm_inputs: &[] };
+        let extra = ExtraKeys { cache_salt: Some(b"s"), lora_id: Some(3), ..ExtraKeys::default() };
         let whole = hashes(&tokens, 4, extra);
         for np in 0..=tokens.len() {
             let (prompt, output) = tokens.split_at(np);
@@ -199,7 +216,7 @@ mod tests {
     #[test]
     fn the_adapter_enters_every_block() {
         let tokens: Vec<i32> = (0..8).collect();
-        let under = |lora_id| hashes(&tokens, 4, ExtraKeys { cache_salt: None, lora_id, mm_inputs: &[] });
+        let under = |lora_id| hashes(&tokens, 4, ExtraKeys { lora_id, ..ExtraKeys::default() });
         let (plain, first, second) = (under(None), under(Some(1)), under(Some(2)));
         assert_ne!(plain[0], first[0]);
         assert_ne!(first[0], second[0]);
@@ -226,7 +243,7 @@ mod tests {
             |identifier: &str, offset| MmInputSpec { identifier: identifier.into(), offset, length: 6, is_embed: None };
         let with = |specs: Vec<MmInputSpec>| {
             let inputs = check_mm_inputs(specs, 16, InputLimits { embeds: 100, whole_placeholders: None }).unwrap();
-            hashes(&tokens, 4, ExtraKeys { cache_salt: None, lora_id: None, mm_inputs: &inputs })
+            hashes(&tokens, 4, ExtraKeys { mm_inputs: &inputs, ..ExtraKeys::default() })
         };
         let plain = hashes(&tokens, 4, salted(None));
         // Placeholders [5, 11): blocks 1 and 2.
@@ -241,6 +258,27 @@ mod tests {
         // The same image one token later is another key.
         assert_ne!(a[1], with(vec![image("a", 6)])[1]);
         assert_eq!(a[3], hash_block(a[2], &[&tokens[12..16]], &[], BlockKeys::default(), &mut scratch));
+    }
+
+    #[test]
+    fn each_block_takes_its_own_key_of_the_prompt_embeddings() {
+        // Prompts given as embeddings: their placeholder token ids are alike.
+        let tokens = vec![0; 12];
+        let keys = |names: &[&[u8]]| names.iter().map(|k| Box::<[u8]>::from(*k)).collect::<Vec<_>>();
+        let with =
+            |embeds: &[Box<[u8]>]| hashes(&tokens, 4, ExtraKeys { prompt_embeds: embeds, ..ExtraKeys::default() });
+        let a = with(&keys(&[b"x", b"y", b"z"]));
+        assert_ne!(a, hashes(&tokens, 4, salted(None)));
+        // Other embeddings in the last block only: the first two blocks still match.
+        let b = with(&keys(&[b"x", b"y", b"w"]));
+        assert_eq!(a[..2], b[..2]);
+        assert_ne!(a[2], b[2]);
+        // Block 1 takes its own key, not only its parent's.
+        let mut scratch = Vec::new();
+        assert_ne!(a[1], hash_block(a[0], &[&tokens[4..8]], &[], BlockKeys::default(), &mut scratch));
+        // Past the keys (the output's blocks), a block has none.
+        let short = with(&keys(&[b"x", b"y"]));
+        assert_eq!(short[2], hash_block(short[1], &[&tokens[8..12]], &[], BlockKeys::default(), &mut scratch));
     }
 
     #[test]

@@ -21,7 +21,9 @@ fn broken(reason: String) -> CoreError {
 /// adapter, a 0xfe separator and the adapter's id, then, for a salted first block, a 0xff
 /// separator, the salt's length and the salt, then for each multimodal input the block
 /// overlaps, a 0xfc separator, the identifier's length, the identifier and the input's
-/// offset from the block's start, all little-endian. A second writing, not a
+/// offset from the block's start, then for a block of a prompt given as embeddings, a 0xfb
+/// separator, the length of its embeddings' key and the key, all little-endian. A second
+/// writing, not a
 /// call of `prefix::hash_block`: a checker that called the code it checks could not see
 /// it broken.
 fn reference_block_hash(
@@ -30,6 +32,7 @@ fn reference_block_hash(
     lora_id: Option<u32>,
     salt: Option<&[u8]>,
     mm: &[(&str, i64)],
+    embeds_key: Option<&[u8]>,
     bytes: &mut Vec<u8>,
 ) -> u128 {
     bytes.clear();
@@ -53,6 +56,11 @@ fn reference_block_hash(
         bytes.extend((identifier.len() as u64).to_le_bytes());
         bytes.extend(identifier.bytes());
         bytes.extend(offset.to_le_bytes());
+    }
+    if let Some(key) = embeds_key {
+        bytes.push(0xfb);
+        bytes.extend((key.len() as u64).to_le_bytes());
+        bytes.extend(key.iter().copied());
     }
     xxhash_rust::xxh3::xxh3_128_with_seed(bytes, crate::kv::prefix::SEED)
 }
@@ -411,7 +419,7 @@ impl Scheduler {
     }
 
     /// Appendix A.8: hashes depend only on (parent, block tokens, lookahead tokens, adapter,
-    /// salt): one hash per full block followed by its lookahead tokens, and the newest ones (those appended since the previous check, when checks run
+    /// salt, inputs, embeddings' key): one hash per full block followed by its lookahead tokens, and the newest ones (those appended since the previous check, when checks run
     /// every step) chain correctly. Tokens and hashes are append-only, so every block is
     /// checked once while newest.
     fn check_block_hashes(&self, r: &Request) -> CoreResult<()> {
@@ -444,7 +452,10 @@ impl Scheduler {
                 .filter(|input| input.offset < end && input.offset + input.length > start)
                 .map(|input| (&*input.identifier, input.offset - start))
                 .collect();
-            if reference_block_hash(parent, (tokens, after), r.lora_id, salt, &mm, &mut scratch) != r.block_hashes[i] {
+            let embeds_key = r.prompt_embeds_keys.as_deref().and_then(|keys| keys.get(i)).map(|key| &**key);
+            if reference_block_hash(parent, (tokens, after), r.lora_id, salt, &mm, embeds_key, &mut scratch)
+                != r.block_hashes[i]
+            {
                 return Err(broken(format!("request {id:?}: block {i}'s hash does not match its tokens")));
             }
         }
