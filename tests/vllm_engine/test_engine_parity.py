@@ -11,7 +11,9 @@ system prompts (prefix-cache hits), aborts in the middle of generation, requests
 adapters, one per step at most, requests of both mixed with plain ones), structured output
 (xgrammar: every third request constrained by a JSON schema, a regex or a choice, mixed with
 plain ones; each grammar ready 0 to 6 steps after arrival, so some requests wait for theirs
-while later ones run; the outputs must obey the constraints) and pooling (the Llama as an
+while later ones run; the outputs must obey the constraints), prompts given as embeddings
+(every other request's: rows of a random table for its tokens, placeholder token ids alike
+for all of them, the shared system prompts' embeddings shared) and pooling (the Llama as an
 embedding model, LAST pooling: prompts of up to 511 tokens prefilled in chunks of a 256-token
 budget, prefix-cache hits, a KV cache so small that requests wait for blocks with budget to
 spare, aborts between two chunks of a prefill; no preemption, no tokens: the generation-only
@@ -163,6 +165,8 @@ def _cases(
             "repeat_every": 0,
         }
     )
+    embeds_engine = ve.EngineSpec(**{**base.__dict__, "enable_prompt_embeds": True})
+    embeds_workload = ve.WorkloadSpec(**{**workload.__dict__, "embeds_every": 2})
     # Speculative decoding: each step runs 1 + K tokens per request (and a drafter model's
     # forward pass): fewer and shorter requests' worth of tokens keep these cases near the
     # others' time.
@@ -219,6 +223,16 @@ def _cases(
             "structured-async",
             ve.EngineSpec(**{**structured_engine.__dict__, "async_scheduling": True}),
             structured_workload,
+        ),
+        # Every other request gives its prompt as embeddings (the rows of a random table
+        # for its tokens): their placeholder token ids are all alike, so only the
+        # embeddings' keys in the block hashes keep two prompts apart; the shared system
+        # prompts' embeddings are shared too, so embedded requests hit each other's blocks.
+        "embeds": Case("embeds", embeds_engine, embeds_workload),
+        "embeds-async": Case(
+            "embeds-async",
+            ve.EngineSpec(**{**embeds_engine.__dict__, "async_scheduling": True}),
+            embeds_workload,
         ),
         "pooling": Case("pooling", pooling_engine, pooling_workload),
         "pooling-async": Case(
@@ -319,6 +333,8 @@ _OUTCOMES: dict[str, Outcome] = {}
         "lora-async",
         "structured",
         "structured-async",
+        "embeds",
+        "embeds-async",
         "pooling",
         "pooling-async",
         "eagle-k3",
@@ -491,6 +507,17 @@ def test_prefix_cache_hits(outcome: Outcome) -> None:
     hits = [r for r in ref.results.values() if r.num_cached_tokens > 0]
     assert len(hits) > len(outcome.requests) // 4
     assert outcome.candidate.prefix_hit_tokens == ref.prefix_hit_tokens
+
+
+def test_embedded_prompts_share_cached_blocks(outcome: Outcome) -> None:
+    """Prompts given as embeddings hit the blocks of earlier ones with the same system prompt
+    (the same embeddings), as many tokens per request as under vLLM's scheduler."""
+    if not outcome.case.workload.embeds_every:
+        pytest.skip("no prompt is given as embeddings in this case")
+    embedded = [r.req_id for r in outcome.requests if r.as_embeds]
+    cached = {rid: outcome.reference.results[rid].num_cached_tokens for rid in embedded}
+    assert sum(1 for tokens in cached.values() if tokens) > len(embedded) // 4
+    assert {rid: outcome.candidate.results[rid].num_cached_tokens for rid in embedded} == cached
 
 
 def test_aborts_mid_generation(outcome: Outcome) -> None:

@@ -556,6 +556,9 @@ class EngineSpec:
     kv_transfer_config: dict[str, Any] | None = None
     """vLLM's ``kv_transfer_config`` (a KV connector), as its engine argument takes it
     (None: no connector)."""
+    enable_prompt_embeds: bool = False
+    """Accept prompts given as embeddings (vLLM's ``enable_prompt_embeds``): the requests
+    with ``as_embeds`` need it."""
 
 
 def build_engine(spec: EngineSpec) -> Any:
@@ -661,6 +664,7 @@ def build_engine(spec: EngineSpec) -> Any:
         max_logprobs=spec.max_logprobs,
         disable_log_stats=True,
         kv_transfer_config=spec.kv_transfer_config,
+        enable_prompt_embeds=spec.enable_prompt_embeds,
         **lora,
         **structured,
         **pooling,
@@ -711,6 +715,10 @@ class RequestSpec:
     """Engine steps the structured request's grammar takes to compile, from its arrival: the
     harness holds vLLM's (otherwise threaded, timing-dependent) compilation back that long, so
     the request waits in ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`` the same in every run."""
+    as_embeds: bool = False
+    """Give the prompt as embeddings (vLLM's ``prompt_embeds``; the engine needs
+    ``enable_prompt_embeds``): a fixed random table's rows for ``prompt_token_ids``
+    (:func:`prompt_embeds_of`), so prompts that share tokens share embeddings."""
 
 
 #: Small constraints a random-weight model completes within about 30 tokens (enums, booleans,
@@ -806,6 +814,9 @@ class WorkloadSpec:
     structured_pool: tuple[tuple[str, str], ...] = STRUCTURED_POOL
     grammar_delay: tuple[int, int] = (0, 0)
     """A structured request's ``grammar_delay`` is drawn from this range (inclusive)."""
+    embeds_every: int = 0
+    """Every n-th request (the ones at ``i % n == 1``) gives its prompt as embeddings
+    (``as_embeds``; 0: none does)."""
 
 
 def make_workload(spec: WorkloadSpec) -> list[RequestSpec]:
@@ -856,9 +867,31 @@ def make_workload(spec: WorkloadSpec) -> list[RequestSpec]:
                 lora=_lora_of(spec, i),
                 structured=structured,
                 grammar_delay=grammar_delay,
+                as_embeds=bool(spec.embeds_every) and i % spec.embeds_every == 1,
             )
         )
     return requests
+
+
+def prompt_embeds_of(engine: SwappableEngine, token_ids: Sequence[int]) -> Any:
+    """The embeddings a request with ``as_embeds`` gives for ``token_ids``: rows of a random
+    table (seeded: the same in every run), one per token id of the model's vocabulary, of
+    its hidden size and dtype."""
+    import torch
+
+    model_config = engine.llm.model_config
+    vocab, hidden = model_config.get_vocab_size(), model_config.get_hidden_size()
+    key = (vocab, hidden, model_config.dtype)
+    table = _EMBEDDING_TABLES.get(key)
+    if table is None:
+        generator = torch.Generator().manual_seed(EMBEDDING_TABLE_SEED)
+        table = torch.randn(vocab, hidden, generator=generator).to(model_config.dtype)
+        _EMBEDDING_TABLES[key] = table
+    return table[list(token_ids)]
+
+
+EMBEDDING_TABLE_SEED = 1234
+_EMBEDDING_TABLES: dict[tuple[int, int, Any], Any] = {}
 
 
 def _lora_of(spec: WorkloadSpec, i: int) -> int | None:
@@ -1351,6 +1384,7 @@ def run_workload(
     carries ``LoRARequest(f"adapter-{lora}", lora + 1, engine.spec.lora_paths[lora])``.
     Structured requests (the engine needs ``structured_outputs``) get their grammars
     compiled on this thread, ``grammar_delay`` steps after arrival (see :class:`_GrammarGate`).
+    A request with ``as_embeds`` gives its prompt as embeddings (:func:`prompt_embeds_of`).
 
     On a pooling engine (``runner="pooling"``) every request carries
     ``PoolingParams(task="embed")`` (its sampling fields are ignored), its result gets the
@@ -1386,12 +1420,17 @@ def run_workload(
     prefilled: dict[str, int] = {}
     llm = engine.llm
     from vllm import TokensPrompt
+    from vllm.inputs import EmbedsPrompt
 
     steps = 0
     t0 = time.perf_counter()
     try:
         for eid, r in by_engine_id.items():
-            prompt = TokensPrompt(prompt_token_ids=list(r.prompt_token_ids))
+            prompt: Any = (
+                EmbedsPrompt(prompt_embeds=prompt_embeds_of(engine, r.prompt_token_ids))
+                if r.as_embeds
+                else TokensPrompt(prompt_token_ids=list(r.prompt_token_ids))
+            )
             lora = loras[r.lora] if r.lora is not None else None
             params = _pooling_params() if pooling else _sampling_params(r)
             llm.add_request(eid, prompt, params, lora_request=lora)
