@@ -155,7 +155,6 @@ ENGINE_REFUSALS = {
     "KV cache residency metrics": lambda s: _set(
         s.vllm_config.observability_config, "kv_cache_metrics", True
     ),
-    "MFU metrics": lambda s: _set(s.vllm_config.observability_config, "enable_mfu_metrics", True),
 }
 
 
@@ -1319,6 +1318,56 @@ def test_per_request_spec_decode_metrics_match_vllms() -> None:
     ours_trace = drive(build(configured()))
     assert vllm_trace == ours_trace
     assert ours_trace[-1][2] is not None and ours_trace[-1][2].num_draft_tokens > 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_flops_and_cuda_graph_stats_reach_the_scheduler_stats_as_vllms(
+    async_scheduling: bool,
+) -> None:
+    """With ``enable_mfu_metrics`` the stats of every step carry its FLOPs and bytes moved
+    as vLLM's ``ModelMetrics`` counts them from the step (new requests' prefills, chunks,
+    decodes); the runner's CUDA-graph stats pass through to them as in vLLM."""
+    from vllm.compilation.cuda_graph import CUDAGraphStat
+
+    def drive(sched: Any) -> list[Any]:
+        for i in range(6):
+            sched.add_request(request(f"r{i}", prompt_len=20 + 17 * i, max_tokens=3 + i))
+        trace = []
+        pending = None
+        for step in range(60):
+            if not sched.has_requests():
+                break
+            so = sched.schedule()
+            requests = sched.requests
+            sampled = {
+                rid: [7] for rid in so.num_scheduled_tokens if not requests[rid].is_prefill_chunk
+            }
+            if async_scheduling:
+                so, pending = pending, (so, sampled)
+                if so is None:
+                    continue
+                so, sampled = so
+            runner = ref.vllm_runner_output(so, sampled)
+            runner.cudagraph_stats = CUDAGraphStat(step, step + 2, 2, "FULL")
+            for eco in sched.update_from_output(so, runner).values():
+                stats = eco.scheduler_stats
+                if stats is not None:
+                    trace.append((stats.perf_stats, stats.cudagraph_stats))
+        return trace
+
+    def configured() -> Any:
+        sched = reference(async_scheduling=async_scheduling)
+        _set(sched.vllm_config.observability_config, "enable_mfu_metrics", True)
+        return sched
+
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    # vLLM's scheduler reads the setting at construction: rebuilt with it set.
+    theirs = drive(build(configured(), AsyncScheduler if async_scheduling else Scheduler))
+    assert drive(build(configured())) == theirs
+    flops = [perf.num_flops_per_gpu for perf, _ in theirs]
+    assert sum(1 for f in flops if f > 0) > 5 and len(set(flops)) > 3, flops
 
 
 def _with_metrics(sched: Any) -> Any:

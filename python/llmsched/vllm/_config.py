@@ -155,10 +155,6 @@ def check_engine_config(
             lambda: (get("observability_config.kv_cache_metrics"), "kv_cache_metrics=True"),
         ),
         (
-            "MFU metrics",
-            lambda: (get("observability_config.enable_mfu_metrics"), "enable_mfu_metrics=True"),
-        ),
-        (
             "decode context parallelism",
             lambda: larger_than_one("parallel_config.decode_context_parallel_size"),
         ),

@@ -391,7 +391,7 @@ FIELDS: dict[str, dict[str, str]] = {
     "ObservabilityConfig": {
         "per_request_spec_decode_metrics": READ,
         "kv_cache_metrics": CHECKED,
-        "enable_mfu_metrics": CHECKED,
+        "enable_mfu_metrics": READ,
         "kv_cache_metrics_sample": "the sampling rate of kv_cache_metrics, refused",
         "enable_logging_iteration_details": READ,
         "show_hidden_metrics_for_version": _OBSERVED,

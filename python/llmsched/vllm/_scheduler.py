@@ -28,6 +28,7 @@ from vllm.v1.core.sched.output import (
     SchedulerOutput,
 )
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.metrics.perf import ModelMetrics
 from vllm.v1.metrics.stats import (
     KV_FETCH_STAGES,
     RequestSpecDecodeMetrics,
@@ -292,6 +293,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.spec_decode_metrics_level: str = read(
             vllm_config, "observability_config.per_request_spec_decode_metrics"
         )
+        # With log_stats and enable_mfu_metrics, each step's FLOPs and bytes moved as vLLM
+        # counts them from the step's SchedulerOutput (its ModelMetrics, None where it
+        # knows no component of the model).
+        mfu_metrics = read(vllm_config, "observability_config.enable_mfu_metrics")
+        self.perf_metrics = ModelMetrics(vllm_config) if log_stats and mfu_metrics else None
         # Each output carries the sampler's masks of its tokens (vLLM's attribute of that
         # name): the runner's rows, passed on.
         self.return_sampling_mask: bool = read(vllm_config, "model_config.return_sampling_mask")
@@ -902,6 +908,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         started = time.monotonic() if self._step_log is not None else 0.0
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         spec_stats = None
+        perf_stats = None
+        if self.perf_metrics is not None and self.perf_metrics.is_enabled():
+            perf_stats = self.perf_metrics.get_step_perf_stats_per_gpu(scheduler_output)
         kv_connector_output = model_runner_output.kv_connector_output
         # Failed KV loads first, as vLLM's update handles them (a runner reports failed
         # blocks with or without a connector): a synchronous load's failure takes its
@@ -990,7 +999,13 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 else:
                     eco.finished_requests = finished_set
             self.finished_req_ids_dict.clear()
-        stats = self.make_stats(spec_stats, kv_connector_stats, ec_connector_stats)
+        stats = self.make_stats(
+            spec_stats,
+            kv_connector_stats,
+            getattr(model_runner_output, "cudagraph_stats", None),
+            perf_stats,
+            ec_connector_stats,
+        )
         if stats is not None:
             eco = next(iter(engine_core_outputs.values()), None)
             if eco is None:
@@ -1310,12 +1325,13 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self,
         spec_decoding_stats: Any = None,
         kv_connector_stats: Any = None,
+        cudagraph_stats: Any = None,
+        perf_stats: Any = None,
         ec_connector_stats: Any = None,
-        *args: Any,
-        **kwargs: Any,
     ) -> Any:
         """A ``SchedulerStats`` (with ``log_stats``): queue lengths, KV usage, the prefix
-        cache's lookups since the last call, and the step's speculative decoding."""
+        cache's lookups since the last call, and the step's speculative decoding, the
+        connectors', CUDA graphs' and FLOPs' stats (vLLM's arguments, in its order)."""
         if not self.log_stats:
             return None
         num_running, num_waiting = self.get_request_counts()
@@ -1337,6 +1353,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             ),
             kv_connector_stats=kv_connector_stats.to_dict() if kv_connector_stats else None,
             ec_connector_stats=ec_connector_stats.data if ec_connector_stats else None,
+            cudagraph_stats=cudagraph_stats,
+            perf_stats=perf_stats,
         )
 
     @property
