@@ -258,8 +258,7 @@ core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction,
   custom encoder cache managers, encoder-decoder models,
-  routed-experts outputs,
-  KV cache residency metrics, decode- and prefill-context parallelism,
+  routed-experts outputs, decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
   retaining extra tokens, a Mamba cache mode other than vLLM's for the prefix-caching

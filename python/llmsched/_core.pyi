@@ -129,6 +129,7 @@ class SchedulerConfig:
         scheduler_reserve_full_isl: bool = True,
         enable_prefix_caching: bool = True,
         enable_kv_cache_events: bool = False,
+        kv_cache_metrics_sample: float = 0.0,
         kv_connector: bool = False,
         ec_connector: bool = False,
         preemption_drops_in_flight_output: bool = False,
@@ -223,6 +224,12 @@ class SchedulerConfig:
     def enable_kv_cache_events(self) -> bool:
         """Record the prefix cache's changes (blocks stored, reused, removed, all
         cleared) for ``take_kv_events``: vLLM's KV cache events."""
+    @property
+    def kv_cache_metrics_sample(self) -> float:
+        """The fraction, in [0, 1], of the KV blocks the pool hands out whose residency
+        is followed until they are evicted (vLLM's ``kv_cache_metrics_sample`` with
+        ``kv_cache_metrics`` on); ``take_kv_cache_eviction_events`` reports each
+        (0: off)."""
     @property
     def kv_connector(self) -> bool:
         """A KV connector serves this engine (vLLM's ``kv_transfer_config``): a waiting
@@ -1051,6 +1058,12 @@ class Scheduler:
         ``enable_kv_cache_events``. Take them before the requests they name are let go: a
         request finished by ``update_from_output`` is still reachable then through
         ``take_finished_requests``."""
+    def take_kv_cache_eviction_events(self) -> list[tuple[float, float, tuple[float, ...]]]:
+        """The KV blocks evicted since the last call among those the config samples
+        (``kv_cache_metrics_sample``), in eviction order, as tuples ``(lifetime_seconds,
+        idle_seconds, reuse_gaps_seconds)``: how long each lived since the pool handed it
+        out, since its last read (a prefix hit), and the gaps between its last reads (up to
+        three); vLLM's ``KVCacheEvictionEvent``. Always empty when it samples none."""
     def running_request_ids(self) -> list[str]:
         """Running request ids, in running order."""
     @property

@@ -152,9 +152,6 @@ ENGINE_REFUSALS = {
     "routed-experts outputs": lambda s: _set(
         s.vllm_config.aux_output_config, "enable_return_routed_experts", True
     ),
-    "KV cache residency metrics": lambda s: _set(
-        s.vllm_config.observability_config, "kv_cache_metrics", True
-    ),
 }
 
 
@@ -1368,6 +1365,61 @@ def test_flops_and_cuda_graph_stats_reach_the_scheduler_stats_as_vllms(
     assert drive(build(configured())) == theirs
     flops = [perf.num_flops_per_gpu for perf, _ in theirs]
     assert sum(1 for f in flops if f > 0) > 5 and len(set(flops)) > 3, flops
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_kv_cache_residency_events_follow_vllms(async_scheduling: bool) -> None:
+    """With ``kv_cache_metrics`` (every block sampled), prompts that share prefixes and a
+    pool small enough to evict: each step's stats carry as many eviction events as vLLM's,
+    in its order, each with as many read gaps (the times are each run's clock)."""
+
+    def drive(sched: Any) -> list[Any]:
+        trace = []
+        pending = None
+        for step in range(80):
+            if step < 30 and step % 3 == 0:
+                # Three prompts sharing 3 blocks (read twice), then others that evict them.
+                shared = 1 if step < 9 else 100 + 20 * step
+                prompt = [*range(shared, shared + 12), *range(200 + step, 204 + step)]
+                sched.add_request(
+                    ref.make_vllm_request(f"r{step}", prompt, max_tokens=3, block_size=BLOCK)
+                )
+            if not sched.has_requests() and pending is None:
+                break
+            so = sched.schedule()
+            requests = sched.requests
+            sampled = {
+                rid: [7] for rid in so.num_scheduled_tokens if not requests[rid].is_prefill_chunk
+            }
+            if async_scheduling:
+                so, pending = pending, (so, sampled)
+                if so is None:
+                    continue
+                so, sampled = so
+            for eco in sched.update_from_output(so, ref.vllm_runner_output(so, sampled)).values():
+                stats = eco.scheduler_stats
+                if stats is not None:
+                    events = stats.kv_cache_eviction_events
+                    assert all(
+                        min(e.lifetime_seconds, e.idle_seconds, *e.reuse_gaps_seconds) >= 0
+                        for e in events
+                    )
+                    trace.append([len(e.reuse_gaps_seconds) for e in events])
+        return trace
+
+    def configured() -> Any:
+        sched = reference(num_gpu_blocks=14, async_scheduling=async_scheduling)
+        _set(sched.vllm_config.observability_config, "kv_cache_metrics", True)
+        _set(sched.vllm_config.observability_config, "kv_cache_metrics_sample", 1.0)
+        return sched
+
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    theirs = drive(build(configured(), AsyncScheduler if async_scheduling else Scheduler))
+    assert drive(build(configured())) == theirs
+    events = [gaps for step in theirs for gaps in step]
+    assert len(events) > 10 and max(events) >= 1, theirs
 
 
 def _with_metrics(sched: Any) -> Any:

@@ -151,10 +151,6 @@ def check_engine_config(
             ),
         ),
         (
-            "KV cache residency metrics",
-            lambda: (get("observability_config.kv_cache_metrics"), "kv_cache_metrics=True"),
-        ),
-        (
             "decode context parallelism",
             lambda: larger_than_one("parallel_config.decode_context_parallel_size"),
         ),
@@ -305,13 +301,16 @@ def llmsched_config(
     mm_registry: Any = None,
     kv_connector: Any = None,
     ec_connector: bool = False,
+    log_stats: bool = True,
 ) -> llmsched.SchedulerConfig:
     """vLLM -> llmsched: llmsched's config for the engine vLLM configured: the same budgets
     and policy (:data:`SHARED_FIELDS`), the KV pool vLLM sized (``kv_cache_config.num_blocks``
     blocks, block 0 the null block), the same drafts, LoRA adapters and encoder budget
     (``mm_registry``: the engine's multimodal registry, vLLM's default if None), and the
-    engine's KV connector's part (``kv_connector``: its scheduler side, None without) and
-    whether an encoder-cache connector serves it (``ec_connector``)."""
+    engine's KV connector's part (``kv_connector``: its scheduler side, None without),
+    whether an encoder-cache connector serves it (``ec_connector``) and whether the engine
+    takes stats (``log_stats``: the KV cache residency metrics are followed only then, as
+    nothing else would take their events)."""
     shared = {name: convert(read(vllm_config, path)) for name, path, convert in SHARED_FIELDS}
     # vLLM runs each data-parallel rank of a dense model as an independent engine whose
     # config says data_parallel_size=1; an MoE model's ranks step in lockstep, and their
@@ -331,6 +330,8 @@ def llmsched_config(
     events = read(vllm_config, "kv_events_config")
     retention = read(kv_cache_config, "prefix_cache_retention_interval")
     encoder_compute_budget, encoder_cache_size = encoder_budget(vllm_config, mm_registry)
+    residency = read(vllm_config, "observability_config.kv_cache_metrics")
+    residency_sample = read(vllm_config, "observability_config.kv_cache_metrics_sample")
     try:
         return llmsched.SchedulerConfig(
             **shared,
@@ -355,6 +356,7 @@ def llmsched_config(
             max_loras=0 if lora is None else read(lora, "max_loras"),
             enable_kv_cache_events=events is not None
             and bool(read(events, "enable_kv_cache_events")),
+            kv_cache_metrics_sample=float(residency_sample) if residency and log_stats else 0.0,
             kv_cache_groups=groups,
             mm_encoder_only=bool(read(vllm_config, "is_mm_encoder_only")),
             # vLLM's None (a KV-cache config built without the cache config's value)

@@ -390,9 +390,9 @@ FIELDS: dict[str, dict[str, str]] = {
     },
     "ObservabilityConfig": {
         "per_request_spec_decode_metrics": READ,
-        "kv_cache_metrics": CHECKED,
+        "kv_cache_metrics": READ,
         "enable_mfu_metrics": READ,
-        "kv_cache_metrics_sample": "the sampling rate of kv_cache_metrics, refused",
+        "kv_cache_metrics_sample": READ,
         "enable_logging_iteration_details": READ,
         "show_hidden_metrics_for_version": _OBSERVED,
         "otlp_traces_endpoint": _OBSERVED,

@@ -31,6 +31,7 @@ from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutp
 from vllm.v1.metrics.perf import ModelMetrics
 from vllm.v1.metrics.stats import (
     KV_FETCH_STAGES,
+    KVCacheEvictionEvent,
     RequestSpecDecodeMetrics,
     SchedulerStats,
 )
@@ -246,6 +247,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 mm_registry,
                 connector,
                 ec_connector=ec_connector is not None,
+                log_stats=log_stats,
             )
         )
         self.kv_cache_manager = KVCacheLayout(kv_cache_config, self.core, log_stats)
@@ -1355,6 +1357,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             ec_connector_stats=ec_connector_stats.data if ec_connector_stats else None,
             cudagraph_stats=cudagraph_stats,
             perf_stats=perf_stats,
+            kv_cache_eviction_events=[
+                KVCacheEvictionEvent(lifetime, idle, gaps)
+                for lifetime, idle, gaps in self.core.take_kv_cache_eviction_events()
+            ],
         )
 
     @property

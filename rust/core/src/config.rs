@@ -284,6 +284,11 @@ macro_rules! config_fields {
             /// Record the prefix cache's changes (blocks stored, reused, removed, all
             /// cleared) for ``take_kv_events``: vLLM's KV cache events.
             enable_kv_cache_events: Bool = false;
+            /// The fraction, in [0, 1], of the KV blocks the pool hands out whose residency
+            /// is followed until they are evicted (vLLM's ``kv_cache_metrics_sample`` with
+            /// ``kv_cache_metrics`` on); ``take_kv_cache_eviction_events`` reports each
+            /// (0: off).
+            kv_cache_metrics_sample: Float = 0.0;
             /// A KV connector serves this engine (vLLM's ``kv_transfer_config``): a waiting
             /// request asks it, through ``schedule``'s external KV source, for tokens past its
             /// prefix-cache hit, and a finished request keeps its KV blocks until
@@ -936,6 +941,9 @@ impl SchedulerConfig {
         check_budgets(p)?;
         check_speculative_decoding(p)?;
         check_kv_cache_groups(p)?;
+        if !(0.0..=1.0).contains(&p.kv_cache_metrics_sample) {
+            return Err(CoreError::config("kv_cache_metrics_sample", p.kv_cache_metrics_sample, "must be in [0, 1]"));
+        }
         if !(p.watermark.is_finite() && (0.0..1.0).contains(&p.watermark)) {
             return Err(CoreError::config("watermark", p.watermark, "must be in [0, 1)"));
         }

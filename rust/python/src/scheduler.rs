@@ -1859,6 +1859,23 @@ impl PyScheduler {
         new_list(py, items)
     }
 
+    /// The KV blocks evicted since the last call among those the config samples
+    /// (``kv_cache_metrics_sample``), in eviction order, as tuples ``(lifetime_seconds,
+    /// idle_seconds, reuse_gaps_seconds)``: how long each lived since the pool handed it
+    /// out, since its last read (a prefix hit), and the gaps between its last reads (up to
+    /// three); vLLM's ``KVCacheEvictionEvent``. Always empty when it samples none.
+    fn take_kv_cache_eviction_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.with_inner(py, |inner| Ok(inner.core.take_kv_cache_eviction_events()))?;
+        let items = events
+            .into_iter()
+            .map(|e| -> PyResult<Bound<'py, PyAny>> {
+                let gaps = PyTuple::new(py, e.reuse_gaps_seconds)?;
+                Ok((e.lifetime_seconds, e.idle_seconds, gaps).into_pyobject(py)?.into_any())
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        new_list(py, items)
+    }
+
     /// Running request ids, in running order.
     fn running_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let ids = self.with_inner(py, |inner| Ok(inner.core.running_ids()))?;

@@ -5,10 +5,12 @@
 //! null block: taken out at construction, never allocated, never freed.
 
 use std::collections::TryReserveError;
+use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 
 use crate::kv::events::{EventLog, KvEvent};
+use crate::kv::residency::Residency;
 
 /// A full block's content hash, chained on its parent's (see `kv::prefix`).
 pub type BlockHash = u128;
@@ -62,6 +64,8 @@ pub struct BlockPool {
     enable_caching: bool,
     /// Blocks leaving the cache are recorded here (the manager records those entering).
     pub(crate) events: EventLog,
+    /// With `kv_cache_metrics_sample`, the sampled blocks' residency (None without).
+    pub(crate) residency: Option<Box<Residency>>,
 }
 
 fn filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>, TryReserveError> {
@@ -89,6 +93,7 @@ impl BlockPool {
             num_cached: 0,
             enable_caching,
             events: EventLog::default(),
+            residency: None,
         };
         for id in 1..n as u32 {
             pool.push_back(id);
@@ -194,6 +199,11 @@ impl BlockPool {
             self.nodes[id as usize].prev = NIL;
         }
         self.num_free -= k;
+        if let Some(residency) = &mut self.residency {
+            let now = Instant::now();
+            // With prefix caching, vLLM counts every block handed out again as evicted.
+            out[start..].iter().for_each(|&id| residency.handed_out(id, self.enable_caching, now));
+        }
     }
 
     /// Forgets a block's cached content, if any: when the block is reused
@@ -279,6 +289,9 @@ impl BlockPool {
         self.next_duplicate.iter_mut().for_each(|n| *n = NIL);
         self.num_cached = 0;
         self.events.record(|| KvEvent::Cleared);
+        if let Some(residency) = &mut self.residency {
+            residency.reset();
+        }
         true
     }
 
@@ -296,6 +309,10 @@ impl BlockPool {
                 self.unlink(id);
             }
             self.nodes[id as usize].ref_cnt += 1;
+        }
+        if let Some(residency) = &mut self.residency {
+            let now = Instant::now();
+            blocks.iter().filter(|&&id| id != NULL_BLOCK).for_each(|&id| residency.read(id, now));
         }
     }
 

@@ -6,6 +6,7 @@ use crate::config::SchedulerConfig;
 use crate::kv::block_pool::{BlockHash, BlockPool};
 use crate::kv::events::{EventLog, KvEvent};
 use crate::kv::layout::{CacheHit, Groups};
+use crate::kv::residency::{EvictionEvent, Residency};
 use crate::request::{Request, RequestStatus};
 
 /// What a loop asks `allocate_slots` for.
@@ -84,6 +85,8 @@ impl KvManager {
         let enable_caching = config.enable_prefix_caching();
         let mut pool = BlockPool::try_new(config.num_gpu_blocks() as usize, enable_caching)?;
         pool.events = EventLog::new(config.enable_kv_cache_events());
+        let sample = config.kv_cache_metrics_sample();
+        pool.residency = (sample > 0.0).then(|| Box::new(Residency::new(sample)));
         let layout = config.kv_cache_groups();
         pool.set_num_groups(layout.len());
         Ok(Self {
@@ -234,6 +237,11 @@ impl KvManager {
 
     /// The prefix cache's changes since the last call, oldest first (none unless
     /// `enable_kv_cache_events`).
+    /// The sampled blocks evicted since the last call (`kv_cache_metrics_sample`).
+    pub fn take_eviction_events(&mut self) -> Vec<EvictionEvent> {
+        self.pool.residency.as_mut().map(|r| r.take_events()).unwrap_or_default()
+    }
+
     pub fn take_events(&mut self) -> Vec<KvEvent> {
         self.pool.events.take()
     }

@@ -950,6 +950,14 @@ impl Scheduler {
         self.kv.take_events()
     }
 
+    /// The KV blocks evicted since the last call among those the config samples
+    /// (`kv_cache_metrics_sample`), in eviction order: each one's lifetime, idle time and
+    /// gaps between its last reads (vLLM's `KVCacheEvictionEvent`). Always empty when it
+    /// samples none.
+    pub fn take_kv_cache_eviction_events(&mut self) -> Vec<crate::kv::EvictionEvent> {
+        self.kv.take_eviction_events()
+    }
+
     pub fn prefix_cache_stats(&self) -> &crate::kv::PrefixCacheStats {
         self.kv.prefix_cache_stats()
     }
