@@ -266,8 +266,8 @@ core, kept out the same way. Beyond them, the plug-in:
   boundaries beside drafts, a KV connector or `disable_chunked_mm_input` (the core's
   `ConfigError`; vLLM asserts against the last), KV caches of mixed precision, a hash
   block size other than the block size, multi-module MTP drafters beside several KV-cache
-  groups or multimodal inputs, EAGLE's block drop beside chunked local attention,
-  dynamic speculative decoding (every field of the vLLM
+  groups or multimodal inputs, EAGLE's block drop beside chunked local attention (every
+  field of the vLLM
   config classes it reads is classified in `llmsched/vllm/_fields.py`: read, refused, or
   why it need not be); per request (the request finishes with `FinishReason.ERROR` and
   the reason, every other request goes on; vLLM's OpenAI server answers it with HTTP 400

@@ -122,6 +122,7 @@ class SchedulerConfig:
         max_num_new_slots_for_drafting: int = 0,
         num_hash_lookahead_tokens: int = 0,
         eagle_block_drop: bool = False,
+        pad_spec_decode: bool = True,
         num_sampled_tokens_per_step: int = 1,
         async_scheduling: bool = True,
         pipeline_parallel_size: int = 1,
@@ -198,6 +199,11 @@ class SchedulerConfig:
     def eagle_block_drop(self) -> bool:
         """A prefix hit gives back its last block, to be recomputed for the drafter
         (vLLM's EAGLE block drop, used where lookahead hashes are off)."""
+    @property
+    def pad_spec_decode(self) -> bool:
+        """Pad a one-token admission to the uniform decode shape ``1 + K`` (within the
+        capacity rule); vLLM does not where ``K`` follows the batch size (dynamic
+        speculative decoding)."""
     @property
     def num_sampled_tokens_per_step(self) -> int:
         """``s``: tokens sampled per step: 1 for generation, 0 for pooling and for a

@@ -1422,6 +1422,56 @@ def test_kv_cache_residency_events_follow_vllms(async_scheduling: bool) -> None:
     assert len(events) > 10 and max(events) >= 1, theirs
 
 
+def test_dynamic_speculative_decoding_asks_for_drafts_by_batch_size_as_vllm() -> None:
+    """With a dynamic speculative decoding schedule (K by batch size), no one-token admission
+    is padded to ``1 + K`` (a prompt all but its last token a prefix hit), and each step asks
+    the runner for the drafts its batch size gets: every step as vLLM's."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.outputs import DraftTokenIds
+
+    def drive(sched: Any) -> list[Any]:
+        trace = []
+        for step in range(40):
+            if step < 12:
+                # The same prompt again and again: all but its last token a prefix hit.
+                prompt = list(range(1, 18)) if step % 4 == 0 else list(range(50, 58 + step))
+                sched.add_request(
+                    ref.make_vllm_request(f"r{step}", prompt, max_tokens=6, block_size=BLOCK)
+                )
+            if not sched.has_requests():
+                break
+            so = sched.schedule()
+            trace.append(
+                (
+                    dict(so.num_scheduled_tokens),
+                    dict(so.scheduled_spec_decode_tokens),
+                    so.num_spec_tokens_to_schedule,
+                )
+            )
+            sampled = {
+                rid: [9] * (1 + len(so.scheduled_spec_decode_tokens.get(rid, ())) // 2)
+                for rid in so.num_scheduled_tokens
+                if not sched.requests[rid].is_prefill_chunk
+            }
+            sched.update_from_output(so, ref.vllm_runner_output(so, sampled))
+            live = [rid for rid in sampled if rid in sched.requests]
+            k = so.num_spec_tokens_to_schedule
+            sched.update_draft_token_ids(DraftTokenIds(live, [[5] * k for _ in live]))
+        return trace
+
+    def configured() -> Any:
+        sched = reference(num_speculative_tokens=3)
+        spec = sched.vllm_config.speculative_config
+        _set(spec, "num_speculative_tokens_per_batch_size", [(1, 2, 3), (3, 3, 2), (4, 8, 1)])
+        return sched
+
+    theirs = drive(build(configured(), Scheduler))
+    assert drive(build(configured())) == theirs
+    assert {k for _, _, k in theirs} == {1, 2, 3}, theirs
+    hits = [n for step, _, _ in theirs for rid, n in step.items() if rid in ("r4", "r8")]
+    assert 1 in hits, "no one-token admission"
+
+
 def _with_metrics(sched: Any) -> Any:
     """vLLM's scheduler reads the level at construction: rebuild it with the level set."""
     from vllm.v1.core.sched.scheduler import Scheduler

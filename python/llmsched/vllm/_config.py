@@ -183,15 +183,6 @@ def check_engine_config(
         kv_cache_config, "has_mamba_layers"
     ):
         raise _unsupported("KV caches of mixed precision", "needs_kv_cache_zeroing=True")
-    # vLLM's scheduler sees a drafter through the slots, the prompt it reads ahead and the
-    # prefix-cache rule it derives from the method (read by llmsched_config); what it does
-    # not have is a draft count that follows the batch size.
-    if get("speculative_config") is not None and get(
-        "speculative_config.num_speculative_tokens_per_batch_size"
-    ):
-        raise _unsupported(
-            "dynamic speculative decoding", "num_speculative_tokens_per_batch_size is set"
-        )
 
 
 def kv_cache_groups(
@@ -343,6 +334,8 @@ def llmsched_config(
                 0 if spec is None else read(spec, "max_num_new_slots_for_drafting")
             ),
             num_hash_lookahead_tokens=hash_lookahead,
+            # Dynamic speculative decoding (K follows the batch size): vLLM pads no decode.
+            pad_spec_decode=not dynamic_sd_schedule(vllm_config),
             # vLLM's scheduler: lookahead hashes prove the boundary token, no drop then.
             eagle_block_drop=spec is not None
             and bool(read(spec, "use_eagle_block_drop")())
@@ -384,6 +377,16 @@ def llmsched_config(
         )
     except llmsched.ConfigError as exc:
         raise llmsched.ConfigError(f"llmsched.vllm cannot schedule this engine: {exc}") from None
+
+
+def dynamic_sd_schedule(vllm_config: Any) -> Any:
+    """The engine's dynamic speculative decoding schedule (vLLM's
+    ``num_speculative_tokens_per_batch_size``: the drafts a step asks for by its batch
+    size), or None without one."""
+    spec = read(vllm_config, "speculative_config")
+    if spec is None:
+        return None
+    return read(spec, "num_speculative_tokens_per_batch_size") or None
 
 
 def encoder_budget(vllm_config: Any, mm_registry: Any = None) -> tuple[int, int]:

@@ -344,7 +344,7 @@ FIELDS: dict[str, dict[str, str]] = {
     "SpeculativeConfig": {
         "num_speculative_tokens": "enters vllm_config.num_speculative_tokens, which is read",
         "method": _DRAFTER,
-        "num_speculative_tokens_per_batch_size": CHECKED,
+        "num_speculative_tokens_per_batch_size": READ,
         "parallel_drafting": (
             "enters speculative_config.max_num_new_slots_for_drafting, which is read"
         ),

@@ -36,6 +36,7 @@ from vllm.v1.metrics.stats import (
     SchedulerStats,
 )
 from vllm.v1.request import Request, RequestStatus
+from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 from vllm.v1.structured_output.utils import strip_speculative_padding
 
@@ -46,6 +47,7 @@ from llmsched.vllm._config import (
     UnsupportedVersionError,
     check_engine_config,
     check_request,
+    dynamic_sd_schedule,
     llmsched_config,
     read,
 )
@@ -298,6 +300,18 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         # With log_stats and enable_mfu_metrics, each step's FLOPs and bytes moved as vLLM
         # counts them from the step's SchedulerOutput (its ModelMetrics, None where it
         # knows no component of the model).
+        # Dynamic speculative decoding: the drafts a step asks of the runner, by the step's
+        # batch size (vLLM's dense lookup, built by vLLM's function).
+        schedule = dynamic_sd_schedule(vllm_config)
+        self._dynamic_sd_lookup: list[int] | None = (
+            None
+            if schedule is None
+            else build_dynamic_sd_schedule_lookup(
+                schedule,
+                vllm_max_batch_size=self.core.config.max_num_seqs,
+                vllm_num_speculative_tokens=self.num_spec_tokens,
+            )
+        )
         mfu_metrics = read(vllm_config, "observability_config.enable_mfu_metrics")
         self.perf_metrics = ModelMetrics(vllm_config) if log_stats and mfu_metrics else None
         # Each output carries the sampler's masks of its tokens (vLLM's attribute of that
@@ -709,7 +723,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             finished_req_ids=set(core_out.finished_req_ids),
             free_encoder_mm_hashes=[],
             preempted_req_ids=set(core_out.preempted_req_ids),
-            num_spec_tokens_to_schedule=self.num_spec_tokens,
+            num_spec_tokens_to_schedule=self.num_spec_tokens
+            if self._dynamic_sd_lookup is None or not req_ids
+            else self._dynamic_sd_lookup[len(req_ids)],
         )
         if self._encoder_fields is not None:
             self._encoder_fields.fill(

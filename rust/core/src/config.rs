@@ -265,6 +265,10 @@ macro_rules! config_fields {
             /// A prefix hit gives back its last block, to be recomputed for the drafter
             /// (vLLM's EAGLE block drop, used where lookahead hashes are off).
             eagle_block_drop: Bool = false;
+            /// Pad a one-token admission to the uniform decode shape ``1 + K`` (within the
+            /// capacity rule); vLLM does not where ``K`` follows the batch size (dynamic
+            /// speculative decoding).
+            pad_spec_decode: Bool = true;
             /// ``s``: tokens sampled per step: 1 for generation, 0 for pooling and for a
             /// diffusion LLM (with ``num_speculative_tokens``, its canvas: a step's drafts
             /// are its canvas positions, the tokens it emits accepted drafts).

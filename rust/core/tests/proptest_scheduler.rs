@@ -1,10 +1,12 @@
 //! Property-based, stateful fuzzing of the scheduler core, without Python.
 //!
 //! A case is a random valid configuration (`M` down to a few blocks, block
-//! sizes 1..16, `K` 0..4 with its lookahead and draft slots, tight or loose
+//! sizes 1..16, `K` 0..4 with its lookahead and draft slots (padded or, as dynamic
+//! speculative decoding, not), tight or loose
 //! budgets, `max_num_seqs` 1..64, few or many KV blocks, chunked prefill on or
 //! off, long-prefill threshold, sync or async, FCFS or priority, prefix caching,
-//! watermark, `scheduler_reserve_full_isl`, pooling `s = 0` now and then, LoRA
+//! watermark, `scheduler_reserve_full_isl`, KV cache residency sampled, pooling `s = 0`
+//! now and then, LoRA
 //! off or `max_loras` 1..=2, a prefill cadence of 1 to 4 steps, multimodal inputs under
 //! an encoder budget and cache of a few embeddings, chunked or not) plus a random
 //! sequence of operations (add a request —
@@ -408,6 +410,10 @@ fn derive_config(r: &RawConfig) -> ConfigParams {
         // drop or lookahead hashes (drawn from a field the rest reads only modulo bs).
         eagle_block_drop: lookahead > 0 && r.model_extra % 3 == 1,
         num_hash_lookahead_tokens: if lookahead > 0 && r.model_extra % 3 == 2 { 1 } else { 0 },
+        // Dynamic speculative decoding now and then (from a field read modulo 3 above).
+        pad_spec_decode: r.model_extra % 5 != 4,
+        // KV cache residency sampled now and then (its clock is not checked).
+        kv_cache_metrics_sample: if r.caching && r.model_extra % 7 == 3 { 0.5 } else { 0.0 },
         ..ConfigParams::default()
     };
     if r.mm_sel >= 2 {

@@ -51,6 +51,36 @@ fn padding_needs_room_for_the_sampled_token() {
 }
 
 #[test]
+fn without_padding_a_one_token_admission_stays_one_token() {
+    // Dynamic speculative decoding (K follows the batch): vLLM pads nothing.
+    for async_scheduling in [false, true] {
+        for (pad, expect) in [(true, (4, 3)), (false, (1, 0))] {
+            let mut sched = Scheduler::new(config(|p| {
+                p.num_speculative_tokens = 3;
+                p.async_scheduling = async_scheduling;
+                p.pad_spec_decode = pad;
+            }))
+            .unwrap();
+            sched.add_request(request("decoding", 8, 100)).unwrap();
+            let step = sched.schedule();
+            let (t, c) = sample(&sched, &step, false);
+            apply(&mut sched, &step, &t, &c);
+            let mut late = request("late", 101, 100);
+            late.num_computed_tokens = 100;
+            sched.add_request(late).unwrap();
+            let step = sched.schedule();
+            check_step(&sched, &step);
+            let i = ids(&sched, &step).iter().position(|n| n == "late").expect("late is scheduled");
+            assert_eq!(
+                (step.num_scheduled_tokens[i] as i64, step.num_spec_tokens[i] as i64),
+                expect,
+                "pad_spec_decode={pad} async={async_scheduling}"
+            );
+        }
+    }
+}
+
+#[test]
 fn preemption_takes_the_tail_and_blocks_admissions() {
     // 11 blocks (10 usable) of 16 tokens; two 80-token prompts of 5 blocks each.
     let mut sched = Scheduler::new(config(|p| {

@@ -20,8 +20,9 @@ struct AdmissionRules {
     splits_prompts: bool,
     reserve_full_isl: bool,
     max_active: usize,
-    /// #54028: a threshold below 1 + K would clip a padded step after padding.
-    threshold_clips_padding: bool,
+    /// A one-token admission may be padded to `1 + K` (`pad_spec_decode`, unless the
+    /// long-prefill threshold would clip the padded step).
+    pads: bool,
     /// `L`: a chunk ends this far before the prompt's end, or at it.
     prefill_lookahead: i64,
     /// A prompt chunk ends where an aligned Mamba state can be cached.
@@ -31,6 +32,8 @@ struct AdmissionRules {
 impl AdmissionRules {
     fn new(config: &SchedulerConfig, budgets: &Budgets) -> Self {
         let k_spec = config.num_speculative_tokens();
+        // #54028: a threshold below 1 + K would clip a padded step after padding.
+        let threshold_clips_padding = budgets.cap_long_prefill(1 + k_spec) < 1 + k_spec;
         Self {
             m: config.max_request_len(),
             s: config.num_sampled_tokens_per_step(),
@@ -39,7 +42,7 @@ impl AdmissionRules {
             splits_prompts: config.splits_prompts(),
             reserve_full_isl: config.scheduler_reserve_full_isl(),
             max_active: config.max_num_active_seqs() as usize,
-            threshold_clips_padding: budgets.cap_long_prefill(1 + k_spec) < 1 + k_spec,
+            pads: config.pad_spec_decode() && !threshold_clips_padding,
             prefill_lookahead: config.num_prefill_lookahead_tokens(),
             mamba_aligned: config.mamba_aligned(),
         }
@@ -336,7 +339,7 @@ impl Scheduler {
             && n == 1
             && !b.prefill_scheduled
             && (b.num_running_entries > 0 || num_computed > 0)
-            && !rules.threshold_clips_padding
+            && rules.pads
             && capacity::can_pad(num_computed, k_spec, m, s)
         {
             // "Prefer not to schedule than to schedule unpadded": the budget
