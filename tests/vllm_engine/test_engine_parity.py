@@ -4,20 +4,20 @@ Each configuration builds one engine (a small random-weight Llama on the CPU) wi
 candidate as ``scheduler_cls``, serves a workload of 512 or 1,024 requests, then installs a
 fresh vLLM scheduler of the same mode in the same engine and serves the same workload again.
 Every request must come out the same: output token ids, finish reason, logprobs (where asked
-for), ``num_cached_tokens`` and, for embedding requests, the embedding (float for float). The
-workloads are built to reach the hard paths: a KV cache small enough to preempt, shared
+for), ``num_cached_tokens`` and, for embedding requests, the embedding (float for float).
+The workloads are built to reach the hard paths: a KV cache small enough to preempt, shared
 system prompts (prefix-cache hits), aborts in the middle of generation, requests capped by
-``max_model_len``, n-gram speculative decoding (K=3), LoRA adapters (two random-weight
-adapters, one per step at most, requests of both mixed with plain ones), structured output
-(xgrammar: every third request constrained by a JSON schema, a regex or a choice, mixed with
-plain ones; each grammar ready 0 to 6 steps after arrival, so some requests wait for theirs
-while later ones run; the outputs must obey the constraints), prompts given as embeddings
-(every other request's: rows of a random table for its tokens, placeholder token ids alike
-for all of them, the shared system prompts' embeddings shared) and pooling (the Llama as an
-embedding model, LAST pooling: prompts of up to 511 tokens prefilled in chunks of a 256-token
-budget, prefix-cache hits, a KV cache so small that requests wait for blocks with budget to
-spare, aborts between two chunks of a prefill; no preemption, no tokens: the generation-only
-tests skip these cases and say why).
+``max_model_len``, n-gram speculative decoding (K=3, and K by batch size), LoRA adapters
+(two random-weight adapters, one per step at most, requests of both mixed with plain ones),
+structured output (xgrammar: every third request constrained by a JSON schema, a regex or a
+choice, mixed with plain ones; each grammar ready 0 to 6 steps after arrival, so some
+requests wait for theirs while later ones run; the outputs must obey the constraints),
+prompts given as embeddings (every other request's: rows of a random table for its tokens,
+placeholder token ids alike for all of them, the shared system prompts' embeddings shared)
+and pooling (the Llama as an embedding model, LAST pooling: prompts of up to 511 tokens
+prefilled in chunks of a 256-token budget, prefix-cache hits, a KV cache so small that
+requests wait for blocks with budget to spare, aborts between two chunks of a prefill; no
+preemption, no tokens: the generation-only tests skip these cases and say why).
 
 Run with ``make test-engine`` (CI: ``.ci/run``). The candidate is the llmsched plug-in;
 ``LLMSCHED_ENGINE_CANDIDATE=vllm`` puts vLLM's own classes in its place (to prove the harness),
@@ -212,6 +212,21 @@ def _cases(
             ve.EngineSpec(**{**base.__dict__, "ngram_k": 3, "num_gpu_blocks": 240}),
             spec_workload,
         ),
+        # Dynamic speculative decoding: 3 drafts while at most 8 requests run, 1 beyond;
+        # vLLM pads no decode then, and every 5th prompt repeats the one before (a one-token
+        # admission, which a fixed K pads to 1 + K).
+        "ngram-dynamic": Case(
+            "ngram-dynamic",
+            ve.EngineSpec(
+                **{
+                    **base.__dict__,
+                    "ngram_k": 3,
+                    "num_gpu_blocks": 240,
+                    "spec_tokens_per_batch_size": ((1, 8, 3), (9, 128, 1)),
+                }
+            ),
+            ve.WorkloadSpec(**{**spec_workload.__dict__, "duplicate_every": 5}),
+        ),
         "lora": Case("lora", lora_engine, lora_workload),
         "lora-async": Case(
             "lora-async",
@@ -340,6 +355,7 @@ _OUTCOMES: dict[str, Outcome] = {}
         "eagle-k3",
         "eagle3-k3-async",
         "ngram-k3",
+        "ngram-dynamic",
     ],
 )
 def outcome(

@@ -527,6 +527,10 @@ class EngineSpec:
     ngram_k: int = 0
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    spec_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
+    """Dynamic speculative decoding with the n-gram drafts: ``(first, last, K)`` batch-size
+    ranges, the drafts a step asks for at that batch size (vLLM's
+    ``num_speculative_tokens_per_batch_size``; None: ``ngram_k`` at every size)."""
     drafter: str | None = None
     """A drafter model's folder (:func:`write_eagle_drafter`): speculative decoding by
     ``drafter_method`` with ``drafter_k`` draft tokens (None: no drafter)."""
@@ -605,6 +609,10 @@ def build_engine(spec: EngineSpec) -> Any:
             "prompt_lookup_min": spec.prompt_lookup_min,
             "prompt_lookup_max": spec.prompt_lookup_max,
         }
+        if spec.spec_tokens_per_batch_size is not None:
+            speculative["num_speculative_tokens_per_batch_size"] = [
+                list(entry) for entry in spec.spec_tokens_per_batch_size
+            ]
     if spec.drafter is not None:
         if speculative is not None:
             raise ValueError("EngineSpec: ngram_k and drafter both set; choose one")
@@ -814,6 +822,9 @@ class WorkloadSpec:
     structured_pool: tuple[tuple[str, str], ...] = STRUCTURED_POOL
     grammar_delay: tuple[int, int] = (0, 0)
     """A structured request's ``grammar_delay`` is drawn from this range (inclusive)."""
+    duplicate_every: int = 0
+    """Every n-th request (the ones at ``i % n == n - 1``) repeats the request before it's
+    prompt: a prefix hit of all but its last token, a one-token admission (0: none)."""
     embeds_every: int = 0
     """Every n-th request (the ones at ``i % n == 1``) gives its prompt as embeddings
     (``as_embeds``; 0: none does)."""
@@ -845,6 +856,8 @@ def make_workload(spec: WorkloadSpec) -> list[RequestSpec]:
         else:
             prompt += tokens(user_len)
         prompt = prompt[: spec.max_model_len - 1]
+        if spec.duplicate_every and i % spec.duplicate_every == spec.duplicate_every - 1 and i:
+            prompt = list(requests[-1].prompt_token_ids)
         max_tokens = spec.max_tokens
         if spec.long_every and i % spec.long_every == spec.long_every - 1:
             max_tokens = spec.max_model_len
