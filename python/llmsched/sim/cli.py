@@ -52,14 +52,17 @@ SIMULATE_DEFAULTS: dict[str, Any] = {
     "num_gpu_blocks": 16384,
 }
 
+#: ``SchedulerConfig`` fields of an engine's observers: no one takes KV cache events or
+#: block residency events in a simulation (whose clock is not the wall's).
+OBSERVERS = ("enable_kv_cache_events", "kv_cache_metrics_sample")
 #: ``SchedulerConfig`` fields ``simulate`` has no flag for: its workloads cannot exercise
-#: them (no request names a LoRA adapter), its engine has no use for them (no one takes
-#: KV cache events in a simulation) or does not model them yet (one pipeline stage, one
-#: full-attention KV-cache group, a model that samples: not an encoder instance).
+#: them (no request names a LoRA adapter), its engine has no use for them (the observers')
+#: or does not model them yet (one pipeline stage, one full-attention KV-cache group, a
+#: model that samples: not an encoder instance).
 WITHOUT_FLAGS = (
     "max_loras",
     "mm_encoder_only",
-    "enable_kv_cache_events",
+    *OBSERVERS,
     "pipeline_parallel_size",
     "kv_cache_groups",
     "prefix_cache_retention_interval",
@@ -231,9 +234,10 @@ def main(argv: list[str]) -> int:
         cost, engine = CostModel(), {}
         if args.cost_model is not None:
             model = load_cost_model(args.cost_model)
-            # An engine that published KV events: nothing takes them in a simulation.
+            # An engine that published KV events or block residency: nothing takes them in
+            # a simulation.
             cost = model.cost
-            engine = {k: v for k, v in model.engine.items() if k != "enable_kv_cache_events"}
+            engine = {k: v for k, v in model.engine.items() if k not in OBSERVERS}
         if args.scheduler_cost is not None:
             cost = cost.with_scheduler_of(
                 load_cost_model(args.scheduler_cost, "--scheduler-cost").cost

@@ -297,9 +297,6 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self.spec_decode_metrics_level: str = read(
             vllm_config, "observability_config.per_request_spec_decode_metrics"
         )
-        # With log_stats and enable_mfu_metrics, each step's FLOPs and bytes moved as vLLM
-        # counts them from the step's SchedulerOutput (its ModelMetrics, None where it
-        # knows no component of the model).
         # Dynamic speculative decoding: the drafts a step asks of the runner, by the step's
         # batch size (vLLM's dense lookup, built by vLLM's function).
         schedule = dynamic_sd_schedule(vllm_config)
@@ -312,6 +309,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 vllm_num_speculative_tokens=self.num_spec_tokens,
             )
         )
+        # With log_stats and enable_mfu_metrics, each step's FLOPs and bytes moved as vLLM
+        # counts them from the step's SchedulerOutput (its ModelMetrics, disabled where it
+        # knows no component of the model).
         mfu_metrics = read(vllm_config, "observability_config.enable_mfu_metrics")
         self.perf_metrics = ModelMetrics(vllm_config) if log_stats and mfu_metrics else None
         # Each output carries the sampler's masks of its tokens (vLLM's attribute of that
@@ -1020,7 +1020,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         stats = self.make_stats(
             spec_stats,
             kv_connector_stats,
-            getattr(model_runner_output, "cudagraph_stats", None),
+            model_runner_output.cudagraph_stats,
             perf_stats,
             ec_connector_stats,
         )
