@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import json
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -856,6 +856,47 @@ def test_prompt_logprobs_skip_reading_the_prefix_cache_as_in_vllm() -> None:
     assert drive(build(reference())) == theirs
 
 
+def _steps(
+    sched: Any,
+    async_scheduling: bool,
+    *,
+    arrivals: Callable[[int], list[Any]] = lambda step: [],
+    runner: Callable[[Any, int], None] = lambda output, step: None,
+    max_steps: int = 200,
+) -> Iterator[tuple[Any, dict[int, Any]]]:
+    """Drives ``sched``: before each step the requests ``arrivals(step)`` gives, then a runner
+    sampling token 9 for each request the step scheduled past its prompt's chunks (a
+    non-final chunk samples nothing), its output adjusted by ``runner(output, step)``; under
+    async scheduling each output applied one step late. Yields each step's
+    ``SchedulerOutput`` with the outputs the update made then (none while one is pending),
+    until ``sched`` holds no request and nothing is pending."""
+    pending = None
+    for step in range(max_steps):
+        for request in arrivals(step):
+            sched.add_request(request)
+        if not sched.has_requests() and pending is None:
+            return
+        so = sched.schedule()
+        requests = sched.requests
+        sampled = {
+            rid: [9] for rid in so.num_scheduled_tokens if not requests[rid].is_prefill_chunk
+        }
+        applied = (so, sampled)
+        if async_scheduling:
+            applied, pending = pending, applied
+        ecos: dict[int, Any] = {}
+        if applied is not None:
+            output = ref.vllm_runner_output(*applied)
+            runner(output, step)
+            ecos = sched.update_from_output(applied[0], output)
+        yield so, ecos
+
+
+def _stats(ecos: dict[int, Any]) -> list[Any]:
+    """The scheduler stats among a step's outputs."""
+    return [eco.scheduler_stats for eco in ecos.values() if eco.scheduler_stats is not None]
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_prompts_of_embeddings_share_cached_blocks_as_far_as_vllms(async_scheduling: bool) -> None:
     """Prompts given as embeddings (no token ids: vLLM's placeholders are all 0) beside
@@ -875,23 +916,25 @@ def test_prompts_of_embeddings_share_cached_blocks_as_far_as_vllms(async_schedul
 
     shared = list(range(40))
 
-    def drive(sched: Any) -> list[Any]:
+    def arrivals(step: int) -> list[Any]:
+        if step:
+            return []
+        requests = []
         for i in range(12):
             tail = [(i * 7 + j) % 64 for j in range(3 + i % 4 * 5)]
             if i % 4 == 3:
                 # The placeholders of an embedded prompt, as token ids.
-                sched.add_request(
+                requests.append(
                     ref.make_vllm_request(f"ids{i}", [0] * 43, max_tokens=3, block_size=BLOCK)
                 )
             else:
                 rows = shared + tail if i % 2 == 0 else list(reversed(shared)) + tail
-                sched.add_request(embedded(f"emb{i}", rows, max_tokens=8 + i % 4 * 6))
-        trace = []
-        pending = None
-        for _ in range(200):
-            if not sched.has_requests():
-                break
-            so = sched.schedule()
+                requests.append(embedded(f"emb{i}", rows, max_tokens=8 + i % 4 * 6))
+        return requests
+
+    def drive(sched: Any) -> list[Any]:
+        trace: list[Any] = []
+        for so, ecos in _steps(sched, async_scheduling, arrivals=arrivals):
             trace.append(
                 (
                     dict(so.num_scheduled_tokens),
@@ -903,17 +946,6 @@ def test_prompts_of_embeddings_share_cached_blocks_as_far_as_vllms(async_schedul
                     sorted(so.preempted_req_ids or ()),
                 )
             )
-            # A non-final prefill chunk samples nothing.
-            requests = sched.requests
-            sampled = {
-                rid: [9] for rid in so.num_scheduled_tokens if not requests[rid].is_prefill_chunk
-            }
-            if async_scheduling:
-                so, pending = pending, (so, sampled)
-                if so is None:
-                    continue
-                so, sampled = so
-            ecos = sched.update_from_output(so, ref.vllm_runner_output(so, sampled))
             trace.extend(
                 [(o.request_id, o.new_token_ids, o.finish_reason) for o in eco.outputs]
                 for eco in ecos.values()
@@ -1326,42 +1358,24 @@ def test_flops_and_cuda_graph_stats_reach_the_scheduler_stats_as_vllms(
     decodes); the runner's CUDA-graph stats pass through to them as in vLLM."""
     from vllm.compilation.cuda_graph import CUDAGraphStat
 
+    def arrivals(step: int) -> list[Any]:
+        if step:
+            return []
+        return [request(f"r{i}", prompt_len=20 + 17 * i, max_tokens=3 + i) for i in range(6)]
+
+    def with_graphs(output: Any, step: int) -> None:
+        output.cudagraph_stats = CUDAGraphStat(step, step + 2, 2, "FULL")
+
     def drive(sched: Any) -> list[Any]:
-        for i in range(6):
-            sched.add_request(request(f"r{i}", prompt_len=20 + 17 * i, max_tokens=3 + i))
-        trace = []
-        pending = None
-        for step in range(60):
-            if not sched.has_requests():
-                break
-            so = sched.schedule()
-            requests = sched.requests
-            sampled = {
-                rid: [7] for rid in so.num_scheduled_tokens if not requests[rid].is_prefill_chunk
-            }
-            if async_scheduling:
-                so, pending = pending, (so, sampled)
-                if so is None:
-                    continue
-                so, sampled = so
-            runner = ref.vllm_runner_output(so, sampled)
-            runner.cudagraph_stats = CUDAGraphStat(step, step + 2, 2, "FULL")
-            for eco in sched.update_from_output(so, runner).values():
-                stats = eco.scheduler_stats
-                if stats is not None:
-                    trace.append((stats.perf_stats, stats.cudagraph_stats))
-        return trace
+        steps = _steps(sched, async_scheduling, arrivals=arrivals, runner=with_graphs)
+        return [(s.perf_stats, s.cudagraph_stats) for _, ecos in steps for s in _stats(ecos)]
 
     def configured() -> Any:
         sched = reference(async_scheduling=async_scheduling)
         _set(sched.vllm_config.observability_config, "enable_mfu_metrics", True)
         return sched
 
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    # vLLM's scheduler reads the setting at construction: rebuilt with it set.
-    theirs = drive(build(configured(), AsyncScheduler if async_scheduling else Scheduler))
+    theirs = drive(_with_metrics(configured()))
     assert drive(build(configured())) == theirs
     flops = [perf.num_flops_per_gpu for perf, _ in theirs]
     assert sum(1 for f in flops if f > 0) > 5 and len(set(flops)) > 3, flops
@@ -1373,38 +1387,24 @@ def test_kv_cache_residency_events_follow_vllms(async_scheduling: bool) -> None:
     pool small enough to evict: each step's stats carry as many eviction events as vLLM's,
     in its order, each with as many read gaps (the times are each run's clock)."""
 
+    def arrivals(step: int) -> list[Any]:
+        if step >= 30 or step % 3:
+            return []
+        # Three prompts sharing 3 blocks (read twice), then others that evict them.
+        shared = 1 if step < 9 else 100 + 20 * step
+        prompt = [*range(shared, shared + 12), *range(200 + step, 204 + step)]
+        return [ref.make_vllm_request(f"r{step}", prompt, max_tokens=3, block_size=BLOCK)]
+
     def drive(sched: Any) -> list[Any]:
         trace = []
-        pending = None
-        for step in range(80):
-            if step < 30 and step % 3 == 0:
-                # Three prompts sharing 3 blocks (read twice), then others that evict them.
-                shared = 1 if step < 9 else 100 + 20 * step
-                prompt = [*range(shared, shared + 12), *range(200 + step, 204 + step)]
-                sched.add_request(
-                    ref.make_vllm_request(f"r{step}", prompt, max_tokens=3, block_size=BLOCK)
+        for _, ecos in _steps(sched, async_scheduling, arrivals=arrivals):
+            for stats in _stats(ecos):
+                events = stats.kv_cache_eviction_events
+                assert all(
+                    min(e.lifetime_seconds, e.idle_seconds, *e.reuse_gaps_seconds) >= 0
+                    for e in events
                 )
-            if not sched.has_requests() and pending is None:
-                break
-            so = sched.schedule()
-            requests = sched.requests
-            sampled = {
-                rid: [7] for rid in so.num_scheduled_tokens if not requests[rid].is_prefill_chunk
-            }
-            if async_scheduling:
-                so, pending = pending, (so, sampled)
-                if so is None:
-                    continue
-                so, sampled = so
-            for eco in sched.update_from_output(so, ref.vllm_runner_output(so, sampled)).values():
-                stats = eco.scheduler_stats
-                if stats is not None:
-                    events = stats.kv_cache_eviction_events
-                    assert all(
-                        min(e.lifetime_seconds, e.idle_seconds, *e.reuse_gaps_seconds) >= 0
-                        for e in events
-                    )
-                    trace.append([len(e.reuse_gaps_seconds) for e in events])
+                trace.append([len(e.reuse_gaps_seconds) for e in events])
         return trace
 
     def configured() -> Any:
@@ -1413,10 +1413,7 @@ def test_kv_cache_residency_events_follow_vllms(async_scheduling: bool) -> None:
         _set(sched.vllm_config.observability_config, "kv_cache_metrics_sample", 1.0)
         return sched
 
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    theirs = drive(build(configured(), AsyncScheduler if async_scheduling else Scheduler))
+    theirs = drive(_with_metrics(configured()))
     assert drive(build(configured())) == theirs
     events = [gaps for step in theirs for gaps in step]
     assert len(events) > 10 and max(events) >= 1, theirs
@@ -1426,7 +1423,6 @@ def test_dynamic_speculative_decoding_asks_for_drafts_by_batch_size_as_vllm() ->
     """With a dynamic speculative decoding schedule (K by batch size), no one-token admission
     is padded to ``1 + K`` (a prompt all but its last token a prefix hit), and each step asks
     the runner for the drafts its batch size gets: every step as vLLM's."""
-    from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.outputs import DraftTokenIds
 
     def drive(sched: Any) -> list[Any]:
@@ -1465,7 +1461,7 @@ def test_dynamic_speculative_decoding_asks_for_drafts_by_batch_size_as_vllm() ->
         _set(spec, "num_speculative_tokens_per_batch_size", [(1, 2, 3), (3, 3, 2), (4, 8, 1)])
         return sched
 
-    theirs = drive(build(configured(), Scheduler))
+    theirs = drive(_with_metrics(configured()))
     assert drive(build(configured())) == theirs
     assert {k for _, _, k in theirs} == {1, 2, 3}, theirs
     hits = [n for step, _, _ in theirs for rid, n in step.items() if rid in ("r4", "r8")]
@@ -1473,10 +1469,12 @@ def test_dynamic_speculative_decoding_asks_for_drafts_by_batch_size_as_vllm() ->
 
 
 def _with_metrics(sched: Any) -> Any:
-    """vLLM's scheduler reads the level at construction: rebuild it with the level set."""
+    """vLLM's scheduler (its async one under async scheduling) built again on ``sched``'s
+    configs: it reads observability settings, and the drafts' schedule, at construction."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    return build(sched, Scheduler)
+    return build(sched, AsyncScheduler if sched.scheduler_config.async_scheduling else Scheduler)
 
 
 def _without(output: Any, req_id: str) -> Any:
