@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM 0.33.0 is installed in its own venv: make parity-test")
 
+import torch
 import vllm
 from tests.parity.references import BLOCK, reference
 from vllm.sampling_params import SamplingParams
@@ -294,6 +295,10 @@ REQUEST_REFUSALS: dict[str, dict[str, Any]] = {
     "structured output in streaming-input sessions": {
         "resumable": True,
         "structured_output_request": object(),
+    },
+    "prompt embeddings in streaming-input sessions": {
+        "resumable": True,
+        "prompt_embeds": torch.zeros(10, 4),
     },
 }
 

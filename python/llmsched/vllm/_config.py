@@ -418,6 +418,8 @@ def check_request(request: Any, kv_connector: bool = False) -> str | None:
     parameters are for a KV connector: served with one (``kv_connector``), which reads
     them."""
     params = request.sampling_params
+    if request.resumable and request.prompt_embeds is not None:
+        return "llmsched.vllm does not support prompt embeddings in streaming-input sessions"
     if request.resumable and request.use_structured_output:
         return "llmsched.vllm does not support structured output in streaming-input sessions"
     if request.resumable and kv_connector:
