@@ -235,13 +235,13 @@ impl KvManager {
         Some(groups.iter_mut().flat_map(|blocks| blocks.drain(..)).map(|id| id as i32).collect())
     }
 
-    /// The prefix cache's changes since the last call, oldest first (none unless
-    /// `enable_kv_cache_events`).
     /// The sampled blocks evicted since the last call (`kv_cache_metrics_sample`).
     pub fn take_eviction_events(&mut self) -> Vec<EvictionEvent> {
         self.pool.residency.as_mut().map(|r| r.take_events()).unwrap_or_default()
     }
 
+    /// The prefix cache's changes since the last call, oldest first (none unless
+    /// `enable_kv_cache_events`).
     pub fn take_events(&mut self) -> Vec<KvEvent> {
         self.pool.events.take()
     }

@@ -28,8 +28,6 @@ pub struct EvictionEvent {
 #[derive(Clone, Debug)]
 struct Sampled {
     born: Instant,
-    /// The last read, or the handing out before any.
-    last_read: Instant,
     /// The last reads, at most `READS_KEPT`, oldest first.
     reads: Vec<Instant>,
 }
@@ -68,7 +66,7 @@ impl Residency {
             }
         }
         if self.threshold == u64::MAX || self.draw() < self.threshold {
-            self.sampled.insert(block, Sampled { born: now, last_read: now, reads: Vec::new() });
+            self.sampled.insert(block, Sampled { born: now, reads: Vec::new() });
         } else {
             self.sampled.remove(&block);
         }
@@ -81,7 +79,6 @@ impl Residency {
                 state.reads.remove(0);
             }
             state.reads.push(now);
-            state.last_read = now;
         }
     }
 
@@ -101,7 +98,8 @@ impl Sampled {
     fn evicted(self, now: Instant) -> EvictionEvent {
         EvictionEvent {
             lifetime_seconds: now.duration_since(self.born).as_secs_f64(),
-            idle_seconds: now.duration_since(self.last_read).as_secs_f64(),
+            // Idle since its last read, or since it was handed out if never read.
+            idle_seconds: now.duration_since(self.reads.last().copied().unwrap_or(self.born)).as_secs_f64(),
             reuse_gaps_seconds: self.reads.windows(2).map(|w| w[1].duration_since(w[0]).as_secs_f64()).collect(),
         }
     }

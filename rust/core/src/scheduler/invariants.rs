@@ -23,9 +23,8 @@ fn broken(reason: String) -> CoreError {
 /// overlaps, a 0xfc separator, the identifier's length, the identifier and the input's
 /// offset from the block's start, then for a block of a prompt given as embeddings, a 0xfb
 /// separator, the length of its embeddings' key and the key, all little-endian. A second
-/// writing, not a
-/// call of `prefix::hash_block`: a checker that called the code it checks could not see
-/// it broken.
+/// writing, not a call of `prefix::hash_block`: a checker that called the code it checks
+/// could not see it broken.
 fn reference_block_hash(
     parent: u128,
     (tokens, after): (&[i32], &[i32]),
@@ -419,7 +418,8 @@ impl Scheduler {
     }
 
     /// Appendix A.8: hashes depend only on (parent, block tokens, lookahead tokens, adapter,
-    /// salt, inputs, embeddings' key): one hash per full block followed by its lookahead tokens, and the newest ones (those appended since the previous check, when checks run
+    /// salt, inputs, embeddings' key): one hash per full block followed by its lookahead
+    /// tokens, and the newest ones (those appended since the previous check, when checks run
     /// every step) chain correctly. Tokens and hashes are append-only, so every block is
     /// checked once while newest.
     fn check_block_hashes(&self, r: &Request) -> CoreResult<()> {
