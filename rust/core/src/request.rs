@@ -208,11 +208,7 @@ fn prompt_embeds_keys(new: &NewRequest, block_size: i64) -> CoreResult<Option<Pr
     }
     let num_keys = new.prompt_embeds_keys.len();
     if new.resumable {
-        return Err(CoreError::request(
-            "prompt_embeds_keys",
-            format!("{num_keys} keys"),
-            "a streaming-input session's prompt must be token ids in llmsched",
-        ));
+        return Err(embeds_in_session(num_keys));
     }
     if let Some(i) = new.prompt_embeds_keys.iter().position(|key| key.is_empty() || key.len() > MAX_EMBEDS_KEY_BYTES) {
         return Err(CoreError::request(
@@ -234,6 +230,15 @@ fn prompt_embeds_keys(new: &NewRequest, block_size: i64) -> CoreResult<Option<Pr
         ));
     }
     Ok(Some(new.prompt_embeds_keys.iter().map(|key| key.as_slice().into()).collect()))
+}
+
+/// A streaming-input session's prompts, its first and its later inputs', are token ids.
+fn embeds_in_session(num_keys: usize) -> CoreError {
+    CoreError::request(
+        "prompt_embeds_keys",
+        format!("{num_keys} keys"),
+        "a streaming-input session's prompt must be token ids in llmsched",
+    )
 }
 
 /// A request's LoRA adapter checked: a positive id that fits the int32 columns, and only
@@ -492,7 +497,8 @@ fn prompt_of(new: &NewRequest, cfg: &SchedulerConfig) -> CoreResult<Vec<i32>> {
 impl SessionInput {
     /// The next input of a session, from `add_request`'s arguments under the session's id:
     /// its prompt and sampling limits, checked. What it carries beyond those (adapter,
-    /// salt, priority) is the session's, as in vLLM; multimodal inputs are refused.
+    /// salt, priority) is the session's, as in vLLM; multimodal inputs and prompt
+    /// embeddings are refused.
     pub(crate) fn of(new: &NewRequest, cfg: &SchedulerConfig) -> CoreResult<Self> {
         if !new.mm_inputs.is_empty() {
             return Err(CoreError::request(
@@ -500,6 +506,9 @@ impl SessionInput {
                 format!("{} inputs", new.mm_inputs.len()),
                 "a streaming-input session's later inputs cannot carry multimodal inputs in llmsched",
             ));
+        }
+        if !new.prompt_embeds_keys.is_empty() {
+            return Err(embeds_in_session(new.prompt_embeds_keys.len()));
         }
         Ok(Self {
             prompt_token_ids: prompt_of(new, cfg)?,

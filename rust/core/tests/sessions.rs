@@ -308,3 +308,24 @@ fn sessions_are_refused_where_they_cannot_be_served() {
     run(&mut sync);
     assert_eq!(status(&sync, "s"), RequestStatus::WaitingForStreamingReq);
 }
+
+#[test]
+fn a_later_input_cannot_carry_prompt_embeddings() {
+    // Its keys would enter no hash: the session's prompts are token ids (its first too).
+    let mut sched = Scheduler::new(config(|p| p.max_model_len = 64)).unwrap();
+    sched.add_request(session("s", 8, 1)).unwrap();
+    run(&mut sched);
+    run(&mut sched);
+    assert_eq!(status(&sched, "s"), RequestStatus::WaitingForStreamingReq);
+    let before = format!("{:?}", sched.get_request("s").unwrap());
+    let embedded = NewRequest { prompt_embeds_keys: vec![b"k".to_vec()], ..input("s", &[0, 0], 1) };
+    match sched.add_request(embedded) {
+        Err(CoreError::InvalidRequest { field, reason, .. }) => {
+            assert_eq!(field, "prompt_embeds_keys");
+            assert!(reason.contains("token ids"), "{reason}");
+        }
+        other => panic!("expected the keys refused, got {other:?}"),
+    }
+    assert_eq!(format!("{:?}", sched.get_request("s").unwrap()), before);
+    sched.check_invariants().unwrap();
+}
