@@ -27,26 +27,19 @@ NUM_GPU_BLOCKS = 24
 
 def _run(model: str, scheduler_cls: str) -> list[tuple[Any, list[int]]]:
     """Each step's FLOP count and the reuse gaps of each block it saw evicted."""
-    ve.configure_cpu_env(1)
-    from vllm import EngineArgs, LLMEngine, SamplingParams, TokensPrompt
-
-    engine = LLMEngine.from_engine_args(
-        EngineArgs(
+    engine = ve.build_engine(
+        ve.EngineSpec(
             model=model,
-            skip_tokenizer_init=True,
-            dtype="float32",
-            seed=0,
-            enforce_eager=True,
-            block_size=ve.BLOCK_SIZE,
+            scheduler_cls=scheduler_cls,
             max_model_len=256,
             max_num_seqs=16,
-            num_gpu_blocks_override=NUM_GPU_BLOCKS,
-            enable_prefix_caching=True,
-            scheduler_cls=scheduler_cls,
-            disable_log_stats=False,
-            enable_mfu_metrics=True,
-            kv_cache_metrics=True,
-            kv_cache_metrics_sample=1.0,
+            num_gpu_blocks=NUM_GPU_BLOCKS,
+            log_stats=True,
+            observability={
+                "enable_mfu_metrics": True,
+                "kv_cache_metrics": True,
+                "kv_cache_metrics_sample": 1.0,
+            },
         )
     )
     scheduler = ve.engine_core(engine).scheduler
@@ -68,6 +61,8 @@ def _run(model: str, scheduler_cls: str) -> list[tuple[Any, list[int]]]:
         return outputs
 
     scheduler.update_from_output = recording
+    from vllm import SamplingParams, TokensPrompt
+
     rng = random.Random(0)
     systems = [[rng.randrange(3, 500) for _ in range(96)] for _ in range(3)]
     try:

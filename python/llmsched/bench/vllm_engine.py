@@ -575,6 +575,12 @@ class EngineSpec:
     kv_transfer_config: dict[str, Any] | None = None
     """vLLM's ``kv_transfer_config`` (a KV connector), as its engine argument takes it
     (None: no connector)."""
+    log_stats: bool = False
+    """Keep the engine's stats (vLLM's ``disable_log_stats`` off): the scheduler then makes a
+    ``SchedulerStats`` each step."""
+    observability: dict[str, Any] | None = None
+    """vLLM's observability settings, as its engine arguments take them
+    (``enable_mfu_metrics``, ``kv_cache_metrics``, ...; None: vLLM's defaults)."""
     enable_prompt_embeds: bool = False
     """Accept prompts given as embeddings (vLLM's ``enable_prompt_embeds``): the requests
     with ``as_embeds`` need it."""
@@ -685,13 +691,14 @@ def build_engine(spec: EngineSpec) -> Any:
         scheduler_cls=spec.scheduler_cls,
         speculative_config=speculative,
         max_logprobs=spec.max_logprobs,
-        disable_log_stats=True,
+        disable_log_stats=not spec.log_stats,
         kv_transfer_config=spec.kv_transfer_config,
         enable_prompt_embeds=spec.enable_prompt_embeds,
         **lora,
         **structured,
         **pooling,
         **events,
+        **(spec.observability or {}),
     )
     return LLMEngine.from_engine_args(args)
 
