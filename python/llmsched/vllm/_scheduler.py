@@ -312,6 +312,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         # With log_stats and enable_mfu_metrics, each step's FLOPs and bytes moved as vLLM
         # counts them from the step's SchedulerOutput (its ModelMetrics, disabled where it
         # knows no component of the model).
+        # KV cache residency (kv_cache_metrics): the core samples blocks, and its eviction
+        # events go out with each step's stats; without, no step asks for them.
+        self._samples_residency = self.core.config.kv_cache_metrics_sample > 0
         mfu_metrics = read(vllm_config, "observability_config.enable_mfu_metrics")
         self.perf_metrics = ModelMetrics(vllm_config) if log_stats and mfu_metrics else None
         # Each output carries the sampler's masks of its tokens (vLLM's attribute of that
@@ -1376,7 +1379,9 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             kv_cache_eviction_events=[
                 KVCacheEvictionEvent(lifetime, idle, gaps)
                 for lifetime, idle, gaps in self.core.take_kv_cache_eviction_events()
-            ],
+            ]
+            if self._samples_residency
+            else [],
         )
 
     @property
