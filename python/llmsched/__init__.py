@@ -9,6 +9,7 @@ scheduled request keeps ``C + n + s <= max_model_len``.
 from collections.abc import Sequence as _Sequence
 
 from llmsched._core import (
+    CachedBlocks,
     ConfigError,
     DuplicateRequestError,
     InternalError,
@@ -30,6 +31,7 @@ from llmsched.outputs import ModelRunnerOutput
 from llmsched.status import RequestStatus
 
 __all__ = [
+    "CachedBlocks",
     "ConfigError",
     "DuplicateRequestError",
     "Engine",

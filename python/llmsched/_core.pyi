@@ -28,6 +28,7 @@ __all__ = [
     "MAX_IDLE_STEPS",
     "MOONCAKE_BLOCK_TOKENS",
     "REQUEST_STATUSES",
+    "CachedBlocks",
     "ConfigError",
     "DuplicateRequestError",
     "InternalError",
@@ -661,6 +662,29 @@ class Request:
         """Its multimodal inputs (by index, ascending) whose encoder outputs it references in
         the encoder cache now."""
 
+@final
+class CachedBlocks:
+    """The prefix cache as it is at the point of a step where a connector is asked: which block
+    holds a hash. Given to the connector's callback, it answers only until that callback
+    returns (the step goes on changing the cache); between steps, ask
+    ``Scheduler.cached_block``."""
+
+    def cached_block(self, block_hash: int, group: int | None = None) -> int | None:
+        """The KV block cached under ``block_hash`` (llmsched's 128-bit hash, as in
+        ``Request.block_hashes``) in KV-cache group ``group`` at this point of the step, or
+        None (also in a group the pool does not have). ``InvalidRequestError`` once the
+        callback this view was given to has returned."""
+
+class _AuxOutputsSource(Protocol):
+    """What ``Scheduler.schedule``'s and ``update_from_output``'s ``aux_outputs`` is asked
+    and told (vLLM's ``AuxOutputSchedulerConnector`` names)."""
+
+    def max_cache_hit(self, request: Request, cache: CachedBlocks, /) -> int: ...
+    def cap_external_hit(
+        self, request: Request, num_local: int, num_external: int, cache: CachedBlocks, /
+    ) -> int: ...
+    def request_finished(self, request: Request, cache: CachedBlocks, /) -> None: ...
+
 class _ExternalEncoderSource(Protocol):
     """What ``Scheduler.schedule``'s ``external_encoder`` is asked (vLLM's
     ``ECConnectorBase`` names)."""
@@ -765,6 +789,7 @@ class Scheduler:
         external_kv: Callable[[Request, int], int | tuple[int | None, bool] | None] | None = None,
         pending_block_frees: Callable[[], bool] | None = None,
         external_encoder: _ExternalEncoderSource | None = None,
+        aux_outputs: _AuxOutputsSource | None = None,
     ) -> SchedulerOutput:
         """Decide the next step: which requests run and how many tokens each.
 
@@ -811,9 +836,27 @@ class Scheduler:
         Each returns a bool. The GIL is held through such a step. A source without those
         methods is refused before anything changes. Should either raise or return something
         else, from then on in the step every input is encoded and every request asked is
-        passed over, and the error is raised as above."""
+        passed over, and the error is raised as above.
+
+        ``aux_outputs``: an auxiliary-output connector (vLLM's
+        ``AuxOutputSchedulerConnector``, routed experts), asked where vLLM's loops ask it:
+        ``aux_outputs.max_cache_hit(request, cache)`` for a waiting request with no computed
+        tokens, before its prefix-cache lookup (the longest hit it may take, in tokens;
+        clamped to ``[0, N - 1]``); ``aux_outputs.cap_external_hit(request, num_local,
+        num_external, cache)`` after a KV connector's answer (the external tokens kept,
+        clamped to ``[0, num_external]``); ``aux_outputs.request_finished(request, cache)``
+        when the running loop preempts a request, before its blocks are freed. ``request`` is a
+        ``Request`` snapshot, ``cache`` a ``CachedBlocks``: the prefix cache at that point of
+        the step, readable only during the call. The GIL is held through such a step. A
+        source without those methods is refused before anything changes. Should one raise
+        or return something else, from then on in the step no hit and no external token is
+        kept and no preemption is told, and the error is raised as above."""
     def update_from_output(
-        self, scheduler_output: SchedulerOutput, runner_output: Any
+        self,
+        scheduler_output: SchedulerOutput,
+        runner_output: Any,
+        *,
+        aux_outputs: _AuxOutputsSource | None = None,
     ) -> RequestOutputs:
         """Apply a runner's output for ``scheduler_output``.
 
@@ -827,7 +870,14 @@ class Scheduler:
         runner's arrays before it releases the GIL, so a thread writing into them during the
         call cannot change what is applied.
         Returns a sequence of ``RequestOutput``, one per request that produced tokens or
-        finished."""
+        finished.
+
+        ``aux_outputs`` (see ``schedule``): told of each request the output finishes, where
+        vLLM's update tells it, as ``aux_outputs.request_finished(request, cache)`` (before
+        its blocks are freed; the blocks of requests later in the step are not cached yet).
+        The GIL is held through such an update. Should it raise, the output is applied all
+        the same (no further call is made), and the error is raised: that output's
+        ``RequestOutput`` sequence is lost (vLLM's engine fails there too)."""
     def update_draft_token_ids(
         self,
         req_ids: Sequence[str],
@@ -1089,6 +1139,10 @@ class Scheduler:
         """The hash KV block ``block_id`` is in the prefix cache under now (llmsched's 128-bit
         hash, as in ``Request.block_hashes``), or None if it is not cached;
         ``InvalidRequestError`` if the pool has no such block."""
+    def cached_block(self, block_hash: int, group: int | None = None) -> int | None:
+        """The KV block cached under ``block_hash`` (llmsched's 128-bit hash, as in
+        ``Request.block_hashes``) in KV-cache group ``group`` now, or None (also in a group
+        the pool does not have)."""
     def probe_prefix_cache(
         self,
         prompt_token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],

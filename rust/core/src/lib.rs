@@ -31,7 +31,7 @@ pub use mm_inputs::{MmInput, MmInputSpec};
 pub use request::{Grammar, Request, RequestStatus};
 pub use scheduler::step::{KvLoad, Step};
 pub use scheduler::{
-    Connectors, ExternalEncoderCache, ExternalKv, ExternalMatch, NewRequest, PauseState, RequestEvent, RequestRef,
-    RunnerOutput, Scheduler, SchedulerStats, SessionInputAdded,
+    AuxOutputs, CachedBlocks, Connectors, ExternalEncoderCache, ExternalKv, ExternalMatch, NewRequest, PauseState,
+    RequestEvent, RequestRef, RunnerOutput, Scheduler, SchedulerStats, SessionInputAdded,
 };
 pub use slab::Handle;

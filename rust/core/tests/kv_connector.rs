@@ -49,7 +49,7 @@ fn connected(f: impl FnOnce(&mut llmsched_core::ConfigParams)) -> Scheduler {
 }
 
 fn step_with(sched: &mut Scheduler, store: &mut Store) -> Step {
-    let step = sched.schedule_with(false, Connectors { kv: Some(store), encoder: None });
+    let step = sched.schedule_with(false, Connectors { kv: Some(store), encoder: None, aux: None });
     check_step(sched, &step);
     step
 }

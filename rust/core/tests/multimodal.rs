@@ -375,7 +375,7 @@ impl ExternalEncoderCache for EcStore {
 }
 
 fn ec_step(sched: &mut Scheduler, store: &mut EcStore) -> Step {
-    let step = sched.schedule_with(false, Connectors { kv: None, encoder: Some(store) });
+    let step = sched.schedule_with(false, Connectors { kv: None, encoder: Some(store), aux: None });
     check_step(sched, &step);
     apply_one_token_each(sched, &step);
     step

@@ -1688,7 +1688,8 @@ impl Harness {
             self.report_some_loads(rng);
             runnable_holders = self.runnable_kv_holders(&waiting_before);
             let encoder = with_encoder.then_some(&mut self.ec as &mut dyn ExternalEncoderCache);
-            let step = self.sched.schedule_with(throttle, Connectors { kv: Some(&mut self.connector), encoder });
+            let step =
+                self.sched.schedule_with(throttle, Connectors { kv: Some(&mut self.connector), encoder, aux: None });
             for load in &step.kv_loads {
                 let r = self.sched.get_request(&load.request_id).expect("a load's request is live");
                 let loading = Some(r.num_computed_tokens());
@@ -1700,7 +1701,7 @@ impl Harness {
         } else {
             runnable_holders = self.runnable_kv_holders(&waiting_before);
             let encoder = with_encoder.then_some(&mut self.ec as &mut dyn ExternalEncoderCache);
-            self.sched.schedule_with(throttle, Connectors { kv: None, encoder })
+            self.sched.schedule_with(throttle, Connectors { kv: None, encoder, aux: None })
         };
         // Wedged (deviation 15): nothing ran, and a request behind that held its KV could
         // run (the requests the blocks could not be found for were passed over), or the

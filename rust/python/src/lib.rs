@@ -7,6 +7,7 @@
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::unreachable, clippy::todo)]
 #![deny(clippy::unimplemented)]
 
+mod aux_outputs;
 mod config;
 mod convert;
 mod errors;
@@ -22,6 +23,8 @@ use pyo3::prelude::*;
 mod _core {
     use super::*;
 
+    #[pymodule_export]
+    use crate::aux_outputs::PyCachedBlocks;
     #[pymodule_export]
     use crate::config::PySchedulerConfig;
     #[pymodule_export]

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llmsched_core::{
-    Connectors, ExternalEncoderCache, ExternalKv, ExternalMatch, Handle, KvEvent, ListLimit, NewRequest, RequestRef,
-    RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, SessionInputAdded, Step,
+    AuxOutputs, Connectors, ExternalEncoderCache, ExternalKv, ExternalMatch, Handle, KvEvent, ListLimit, NewRequest,
+    RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, SessionInputAdded, Step,
 };
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyMemoryError;
@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
+use crate::aux_outputs::{block_hash_arg, group_arg, PyAuxOutputs};
 use crate::config::PySchedulerConfig;
 use crate::convert::{
     bool_value, float_value, for_each_bounded, int32_items, int_value, mm_input_list, push, reserved, token_list,
@@ -416,6 +417,19 @@ impl PyScheduler {
             }
         }
     }
+}
+
+/// Refuses a `source` (named `field`) that lacks one of `methods`.
+fn has_methods(py: Python<'_>, source: Option<&Bound<'_, PyAny>>, field: &str, methods: &[&str]) -> PyResult<()> {
+    let Some(source) = source else {
+        return Ok(());
+    };
+    for method in methods {
+        if !source.getattr(*method).is_ok_and(|m| m.is_callable()) {
+            return Err(request_error(py, format!("{field}: must have a method {method}, got {}", type_name(source))));
+        }
+    }
+    Ok(())
 }
 
 /// A ``request_id`` argument as the str it must be.
@@ -1105,9 +1119,25 @@ impl PyScheduler {
     /// methods is refused before anything changes. Should either raise or return something
     /// else, from then on in the step every input is encoded and every request asked is
     /// passed over, and the error is raised as above.
+    ///
+    /// ``aux_outputs``: an auxiliary-output connector (vLLM's
+    /// ``AuxOutputSchedulerConnector``, routed experts), asked where vLLM's loops ask it:
+    /// ``aux_outputs.max_cache_hit(request, cache)`` for a waiting request with no computed
+    /// tokens, before its prefix-cache lookup (the longest hit it may take, in tokens;
+    /// clamped to ``[0, N - 1]``); ``aux_outputs.cap_external_hit(request, num_local,
+    /// num_external, cache)`` after a KV connector's answer (the external tokens kept,
+    /// clamped to ``[0, num_external]``); ``aux_outputs.request_finished(request, cache)``
+    /// when the running loop preempts a request, before its blocks are freed. ``request`` is a
+    /// ``Request`` snapshot, ``cache`` a ``CachedBlocks``: the prefix cache at that point of
+    /// the step, readable only during the call. The GIL is held through such a step. A
+    /// source without those methods is refused before anything changes. Should one raise
+    /// or return something else, from then on in the step no hit and no external token is
+    /// kept and no preemption is told, and the error is raised as above.
     #[pyo3(
-        signature = (*, throttle_prefills=None, external_kv=None, pending_block_frees=None, external_encoder=None),
-        text_signature = "(self, *, throttle_prefills=False, external_kv=None, pending_block_frees=None, external_encoder=None)"
+        signature = (*, throttle_prefills=None, external_kv=None, pending_block_frees=None, external_encoder=None,
+                     aux_outputs=None),
+        text_signature = "(self, *, throttle_prefills=False, external_kv=None, pending_block_frees=None, \
+                          external_encoder=None, aux_outputs=None)"
     )]
     fn schedule(
         &self,
@@ -1116,6 +1146,7 @@ impl PyScheduler {
         external_kv: Option<&Bound<'_, PyAny>>,
         pending_block_frees: Option<&Bound<'_, PyAny>>,
         external_encoder: Option<&Bound<'_, PyAny>>,
+        aux_outputs: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PySchedulerOutput>> {
         let throttle = match throttle_prefills {
             Some(v) => bool_value(py, v, &"throttle_prefills", request_error)?,
@@ -1140,35 +1171,33 @@ impl PyScheduler {
             }
         }
         let external_encoder = external_encoder.filter(|source| !source.is_none());
-        if let Some(source) = external_encoder {
-            for method in ["has_cache_item", "ensure_cache_available"] {
-                if !source.getattr(method).is_ok_and(|m| m.is_callable()) {
-                    return Err(request_error(
-                        py,
-                        format!("external_encoder: must have a method {method}, got {}", type_name(source)),
-                    ));
-                }
-            }
-        }
+        has_methods(py, external_encoder, "external_encoder", &["has_cache_item", "ensure_cache_available"])?;
+        let aux_outputs = aux_outputs.filter(|source| !source.is_none());
+        has_methods(py, aux_outputs, "aux_outputs", &["max_cache_hit", "cap_external_hit", "request_finished"])?;
         self.with_inner(py, |inner| {
             let mut source_error = None;
             let (mut step, texts) = match inner.undelivered.take() {
                 Some(Undelivered { step, texts }) => (step, Some(texts)),
                 None => {
                     let core = &mut inner.core;
-                    if external_kv.is_none() && external_encoder.is_none() {
+                    if external_kv.is_none() && external_encoder.is_none() && aux_outputs.is_none() {
                         (py.detach(|| core.schedule_throttled(throttle)), None)
                     } else {
                         // A connector is Python: the GIL stays held for this step.
                         let mut kv =
                             external_kv.map(|callable| PyExternalKv { callable, pending_block_frees, error: None });
                         let mut encoder = external_encoder.map(|source| PyExternalEncoder { source, error: None });
+                        let mut aux = aux_outputs.map(|source| PyAuxOutputs { source, error: None });
                         let connectors = Connectors {
                             kv: kv.as_mut().map(|kv| kv as &mut dyn ExternalKv),
                             encoder: encoder.as_mut().map(|encoder| encoder as &mut dyn ExternalEncoderCache),
+                            aux: aux.as_mut().map(|aux| aux as &mut dyn AuxOutputs),
                         };
                         let step = core.schedule_with(throttle, connectors);
-                        source_error = kv.and_then(|kv| kv.error).or(encoder.and_then(|encoder| encoder.error));
+                        source_error = kv
+                            .and_then(|kv| kv.error)
+                            .or(encoder.and_then(|encoder| encoder.error))
+                            .or(aux.and_then(|aux| aux.error));
                         (step, None)
                     }
                 }
@@ -1198,12 +1227,23 @@ impl PyScheduler {
     /// call cannot change what is applied.
     /// Returns a sequence of ``RequestOutput``, one per request that produced tokens or
     /// finished.
+    ///
+    /// ``aux_outputs`` (see ``schedule``): told of each request the output finishes, where
+    /// vLLM's update tells it, as ``aux_outputs.request_finished(request, cache)`` (before
+    /// its blocks are freed; the blocks of requests later in the step are not cached yet).
+    /// The GIL is held through such an update. Should it raise, the output is applied all
+    /// the same (no further call is made), and the error is raised: that output's
+    /// ``RequestOutput`` sequence is lost (vLLM's engine fails there too).
+    #[pyo3(signature = (scheduler_output, runner_output, *, aux_outputs=None))]
     fn update_from_output<'py>(
         &self,
         py: Python<'py>,
         scheduler_output: &Bound<'py, PyAny>,
         runner_output: &Bound<'py, PyAny>,
+        aux_outputs: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Py<PyRequestOutputs>> {
+        let aux_outputs = aux_outputs.filter(|source| !source.is_none());
+        has_methods(py, aux_outputs, "aux_outputs", &["request_finished"])?;
         let so = scheduler_output.cast::<PySchedulerOutput>().map_err(|_| {
             mismatch_error(
                 py,
@@ -1256,20 +1296,32 @@ impl PyScheduler {
             let finished_before = core.finished_since_last_step().len();
             // The events go straight into the output's rows; their tokens stay where the
             // runner's copy holds them.
-            py.detach(|| {
-                core.update_from_output_with(so.step_id, &out, |e| {
-                    outputs.push(OutputRow {
-                        entry: e.entry,
-                        start: e.token_offset as u32,
-                        len: e.num_tokens as u32,
-                        status: e.status,
-                        stop_reason: e.stop_reason,
-                        num_cached_blocks: e.num_cached_blocks as i32,
-                    });
-                })
-            })
+            let on_event = |e: llmsched_core::RequestEvent| {
+                outputs.push(OutputRow {
+                    entry: e.entry,
+                    start: e.token_offset as u32,
+                    len: e.num_tokens as u32,
+                    status: e.status,
+                    stop_reason: e.stop_reason,
+                    num_cached_blocks: e.num_cached_blocks as i32,
+                });
+            };
+            let mut aux_error = None;
+            match aux_outputs {
+                None => py.detach(|| core.update_from_output_with(so.step_id, &out, on_event, None)),
+                Some(source) => {
+                    // A connector is Python: the GIL stays held for this update.
+                    let mut aux = PyAuxOutputs { source, error: None };
+                    let applied = core.update_from_output_with(so.step_id, &out, on_event, Some(&mut aux));
+                    aux_error = aux.error;
+                    applied
+                }
+            }
             .map_err(core_err)?;
             inner.retire_finished_since(finished_before);
+            if let Some(error) = aux_error {
+                return Err(error);
+            }
             // Set once, here, on an object nothing else has seen yet.
             let _ = result.get().rows.set(outputs);
             Ok(result)
@@ -1911,6 +1963,21 @@ impl PyScheduler {
         let block = block_id_arg(py, block_id)?;
         self.with_inner(py, |inner| Ok(inner.core.block_ref_count(block).map(|_| inner.core.cached_block_hash(block))))?
             .ok_or_else(|| request_error(py, format!("block_id={block}: the pool has no such block")))
+    }
+
+    /// The KV block cached under ``block_hash`` (llmsched's 128-bit hash, as in
+    /// ``Request.block_hashes``) in KV-cache group ``group`` now, or None (also in a group
+    /// the pool does not have).
+    #[pyo3(signature = (block_hash, group=None))]
+    fn cached_block(
+        &self,
+        py: Python<'_>,
+        block_hash: &Bound<'_, PyAny>,
+        group: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<u32>> {
+        let hash = block_hash_arg(py, block_hash)?;
+        let group = group.map(|g| group_arg(py, g)).transpose()?.unwrap_or(0);
+        self.with_inner(py, |inner| Ok(inner.core.cached_block(hash, group)))
     }
 
     /// The prefix-cache hit a request with this prompt and these keys would find now, were

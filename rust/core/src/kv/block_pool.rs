@@ -240,6 +240,11 @@ impl BlockPool {
         self.cached[group].get(&hash).copied()
     }
 
+    /// `group`'s prefix cache, if the pool has that group.
+    pub(crate) fn cached_in(&self, group: usize) -> Option<&FxHashMap<BlockHash, u32>> {
+        self.cached.get(group)
+    }
+
     /// Registers `blocks[i]` under `hashes[i]` in `group`'s prefix cache for `i` in
     /// `from..to` where `keep(i)`. A block with the same content as one already cached is
     /// registered too (duplicates are kept, never merged, so block tables stay append-only).

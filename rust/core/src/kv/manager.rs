@@ -173,13 +173,20 @@ impl KvManager {
     /// last block under EAGLE's block drop (the drafter recomputes it).
     /// Returns the blocks and the tokens they hold.
     pub fn get_computed_blocks(&self, request: &Request) -> CacheHit {
+        self.get_computed_blocks_within(request, request.num_tokens() - 1)
+    }
+
+    /// `get_computed_blocks` for a hit of at most `max_length` tokens (clamped to
+    /// `[0, N - 1]`: the last token is always computed, for its logits).
+    pub fn get_computed_blocks_within(&self, request: &Request, max_length: i64) -> CacheHit {
         if !self.enable_caching {
             return CacheHit::default();
         }
+        let max_length = max_length.clamp(0, (request.num_tokens() - 1).max(0));
         if let Some(groups) = &self.groups {
-            return self.find_hybrid_hit(groups, request);
+            return self.find_hybrid_hit(groups, request, max_length);
         }
-        let max_blocks = ((request.num_tokens() - 1) / self.block_size) as usize;
+        let max_blocks = (max_length / self.block_size) as usize;
         let mut hits = Vec::new();
         for &hash in request.block_hashes.iter().take(max_blocks) {
             match self.pool.get_cached_block(hash, 0) {

@@ -27,7 +27,7 @@ use crate::config::SchedulerConfig;
 use crate::error::{CoreError, CoreResult};
 use crate::request::{NewRequest, RequestStatus};
 use crate::scheduler::step::Step;
-use crate::scheduler::{RequestRef, RunnerOutput, Scheduler};
+use crate::scheduler::{RequestEvent, RequestRef, RunnerOutput, Scheduler};
 use crate::slab::Handle;
 use cost::{ShapesRun, StepCost, StepShape};
 use runner::{Requests, Runner, RunnerConfig, Sampled};
@@ -442,7 +442,7 @@ impl Replay {
         let live = &mut self.live;
         let end = flight.end;
         let mut num_finished = 0;
-        self.scheduler.update_from_output_with(flight.step.step_id, &out, |event| {
+        let on_event = |event: RequestEvent| {
             delivered = true;
             let Some(live_request) = live.get(&event.handle) else { return };
             let record = &mut times[live_request.index as usize];
@@ -458,7 +458,8 @@ impl Replay {
                 live.remove(&event.handle);
                 num_finished += 1;
             }
-        })?;
+        };
+        self.scheduler.update_from_output_with(flight.step.step_id, &out, on_event, None)?;
         self.num_finished += num_finished;
         self.scheduler_time += started.elapsed();
         if self.options.check_invariants {

@@ -4,6 +4,7 @@
 //! waiting loop, then turns the decisions into a `Step`. `update_from_output`
 //! applies a runner's sampled tokens to the requests of a step in flight.
 
+mod aux_outputs;
 mod drafts;
 mod encoder_inputs;
 mod external_encoder;
@@ -32,6 +33,7 @@ use crate::request::{stored, QueueKind, Request, RequestStatus};
 use crate::slab::{Handle, Slab};
 use step::{Budgets, Entry, EntryKind, Row, Step, StepBuilder, StepRecord, Undo};
 
+pub use aux_outputs::{AuxOutputs, CachedBlocks};
 pub use external_encoder::ExternalEncoderCache;
 pub use external_kv::{ExternalKv, ExternalMatch};
 pub use sessions::SessionInputAdded;
@@ -44,6 +46,8 @@ pub struct Connectors<'a> {
     pub kv: Option<&'a mut dyn ExternalKv>,
     /// An encoder-cache connector (asked with `ec_connector`).
     pub encoder: Option<&'a mut dyn ExternalEncoderCache>,
+    /// An auxiliary-output connector (asked whenever given).
+    pub aux: Option<&'a mut dyn AuxOutputs>,
 }
 
 /// A request named in a call: by the handle `add_request` returned, or by its id.
@@ -372,6 +376,7 @@ impl Scheduler {
         let mut b = StepBuilder {
             external_kv: connectors.kv.filter(|_| self.config.kv_connector()),
             external_encoder: connectors.encoder.filter(|_| self.config.ec_connector()),
+            aux_outputs: connectors.aux,
             step: Step {
                 step_id: self.next_step_id,
                 // Room for every draft slot and a new block per request: no regrowth in
@@ -1022,6 +1027,12 @@ impl Scheduler {
         } else {
             None
         }
+    }
+
+    /// The block cached under `hash` in KV-cache group `group` now, if any (none in a
+    /// group there is not).
+    pub fn cached_block(&self, hash: crate::kv::BlockHash, group: usize) -> Option<u32> {
+        CachedBlocks::cached_block(self.kv.pool(), hash, group)
     }
 
     /// The tokens of `request` a prefix-cache lookup would find computed now.

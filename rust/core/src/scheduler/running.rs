@@ -228,6 +228,9 @@ impl Scheduler {
             if let Some(position) = b.position(victim) {
                 self.uncommit(b, budgets, position);
             }
+            if let Some(aux) = b.aux_outputs.as_deref_mut() {
+                aux.request_finished(&self.requests[victim], self.kv.pool());
+            }
             self.preempt(victim, self.config.preemption_drops_in_flight_output());
             b.preempted = true;
             if victim == handle {

@@ -146,6 +146,8 @@ pub(crate) struct StepBuilder<'k> {
     pub external_kv: Option<&'k mut (dyn crate::scheduler::ExternalKv + 'k)>,
     /// With an encoder-cache connector, its view (asked by both loops).
     pub external_encoder: Option<&'k mut (dyn crate::scheduler::ExternalEncoderCache + 'k)>,
+    /// With an auxiliary-output connector, its view (asked by both loops).
+    pub aux_outputs: Option<&'k mut (dyn crate::scheduler::AuxOutputs + 'k)>,
     /// The step being built; its per-request columns stay empty until it is finished.
     pub step: Step,
     pub rows: Vec<Row>,

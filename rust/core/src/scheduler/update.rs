@@ -6,7 +6,7 @@ use crate::kv::KvManager;
 use crate::prefetch;
 use crate::request::{Request, RequestStatus, UPDATE_LINES};
 use crate::scheduler::step::{Row, StepRecord};
-use crate::scheduler::{Scheduler, SchedulerStats};
+use crate::scheduler::{AuxOutputs, Scheduler, SchedulerStats};
 use crate::slab::Handle;
 
 /// A runner's sampled tokens for one step, as flat arrays.
@@ -47,6 +47,13 @@ struct UpdateConsts {
     k_spec: i64,
     pools: bool,
     mm_encoder_only: bool,
+}
+
+/// Whom an update tells what it does: the caller each request's event, an auxiliary-output
+/// connector each request it finishes.
+struct Told<'a, F> {
+    on_event: F,
+    aux: Option<&'a mut dyn AuxOutputs>,
 }
 
 /// Where the update is in a step: the next entry, and where its tokens start when the
@@ -176,17 +183,21 @@ impl Scheduler {
     /// rows for it, or for any step already applied, is a no-op however often it comes.
     pub fn update_from_output(&mut self, step_id: u64, out: &RunnerOutput<'_>) -> CoreResult<Vec<RequestEvent>> {
         let mut events = Vec::new();
-        self.update_from_output_with(step_id, out, |event| events.push(event))?;
+        self.update_from_output_with(step_id, out, |event| events.push(event), None)?;
         Ok(events)
     }
 
     /// `update_from_output`, handing each event to `on_event` as it happens (in step
-    /// order) instead of collecting them. On error nothing changes and no event is handed.
+    /// order) instead of collecting them, and telling `aux` (an auxiliary-output connector)
+    /// of each request the output finishes, before its blocks are freed, with the prefix
+    /// cache as it is then (the blocks of requests later in the step not cached yet, as in
+    /// vLLM's update). On error nothing changes and no event is handed.
     pub fn update_from_output_with(
         &mut self,
         step_id: u64,
         out: &RunnerOutput<'_>,
-        mut on_event: impl FnMut(RequestEvent),
+        on_event: impl FnMut(RequestEvent),
+        aux: Option<&mut dyn AuxOutputs>,
     ) -> CoreResult<()> {
         let scheduled_here = step_id > 0 && step_id < self.next_step_id;
         let in_flight = self.in_flight.iter().any(|r| r.step_id == step_id);
@@ -226,6 +237,7 @@ impl Scheduler {
             }
             _ => in_order(i, next_offset),
         };
+        let mut told = Told { on_event, aux };
         let mut stopped_running = false;
         let mut at = Cursor { entry: 0, next_offset: 0 };
         while at.entry < entries.len() {
@@ -233,9 +245,9 @@ impl Scheduler {
             // (entered only where one may start: a step of drafts has none).
             if entries[at.entry].num_spec() == 0 && !entries[at.entry].prefill_chunk {
                 stopped_running |= if row_offsets.is_none() {
-                    self.apply_plain_run(entries, &mut at, out, &in_order, &consts, &mut on_event)
+                    self.apply_plain_run(entries, &mut at, out, &in_order, &consts, &mut told)
                 } else {
-                    self.apply_plain_run(entries, &mut at, out, &tokens_of, &consts, &mut on_event)
+                    self.apply_plain_run(entries, &mut at, out, &tokens_of, &consts, &mut told)
                 };
                 if at.entry == entries.len() {
                     break;
@@ -256,7 +268,7 @@ impl Scheduler {
                     &consts,
                 );
                 if let Some(applied) = applied {
-                    stopped_running |= self.hand_over(i, entry, offset, applied, &mut on_event);
+                    stopped_running |= self.hand_over(i, entry, offset, applied, &mut told);
                 }
             }
         }
@@ -279,7 +291,7 @@ impl Scheduler {
         out: &RunnerOutput<'_>,
         tokens_of: &impl Fn(usize, usize) -> (usize, usize),
         consts: &UpdateConsts,
-        on_event: &mut impl FnMut(RequestEvent),
+        told: &mut Told<'_, impl FnMut(RequestEvent)>,
     ) -> bool {
         let Cursor { entry: mut i, next_offset: mut next_offset_local } = *at;
         let mut stopped_running = false;
@@ -311,7 +323,7 @@ impl Scheduler {
                 consts,
             );
             if let Some(applied) = applied {
-                stopped_running |= self.hand_over(i, entry, offset, applied, on_event);
+                stopped_running |= self.hand_over(i, entry, offset, applied, told);
             }
             i += 1;
         }
@@ -440,14 +452,17 @@ impl Scheduler {
         entry: &Row,
         token_offset: usize,
         applied: Applied,
-        on_event: &mut impl FnMut(RequestEvent),
+        told: &mut Told<'_, impl FnMut(RequestEvent)>,
     ) -> bool {
         // A streaming-input session's stop ends its input; the request goes on.
         if applied.stopped && !(self.is_session(entry.handle) && self.continue_session(entry.handle)) {
+            if let Some(aux) = told.aux.as_deref_mut() {
+                aux.request_finished(&self.requests[entry.handle], self.kv.pool());
+            }
             self.release_finished(entry.handle);
         }
         if applied.delivered > 0 || applied.stopped {
-            on_event(RequestEvent {
+            (told.on_event)(RequestEvent {
                 handle: entry.handle,
                 entry: i as u32,
                 token_offset,

@@ -7,7 +7,7 @@ use crate::config::SchedulerConfig;
 use crate::kv::{CacheHit, SlotRequest};
 use crate::request::{QueueKind, Request, RequestStatus};
 use crate::scheduler::step::{Budgets, Entry, EntryKind, KvLoad, StepBuilder};
-use crate::scheduler::{external_kv, ExternalKv, PauseState, Scheduler};
+use crate::scheduler::{external_kv, ExternalKv, ExternalMatch, PauseState, Scheduler};
 use crate::slab::Handle;
 
 /// The config values the waiting loop reads for every request it considers.
@@ -166,16 +166,26 @@ impl Scheduler {
                 self.rehash_session(handle);
             }
             let request = &self.requests[handle];
-            let mut hit = self.look_up_prefix(request);
+            let max_hit = match b.aux_outputs.as_deref_mut() {
+                Some(aux) if request.num_computed_tokens() == 0 => Some(aux.max_cache_hit(request, self.kv.pool())),
+                _ => None,
+            };
+            let mut hit = self.look_up_prefix(request, max_hit);
             self.kv.report_reused_blocks(request, &hit.blocks);
             let mut load_async = false;
             if let Some(source) = external_kv.as_deref_mut() {
                 if request.num_computed_tokens() == 0 && !request.restarted_after_kv_load_failure {
                     let matched = source.num_new_matched_tokens(request, hit.tokens);
-                    let Some(external) = external_kv::external_tokens(request, hit.tokens, matched) else {
+                    let Some(mut external) = external_kv::external_tokens(request, hit.tokens, matched) else {
                         self.set_aside(kind, &mut set_aside);
                         continue;
                     };
+                    if let Some(aux) = b.aux_outputs.as_deref_mut() {
+                        let kept = aux
+                            .cap_external_hit(request, hit.tokens, external.tokens, self.kv.pool())
+                            .clamp(0, external.tokens);
+                        external = ExternalMatch { tokens: kept, load_async: external.load_async && kept > 0 };
+                    }
                     hit.external = external.tokens;
                     hit.num_computed += external.tokens;
                     load_async = external.load_async;
@@ -303,9 +313,13 @@ impl Scheduler {
 
     /// New and preempted requests look up the prefix cache; a request that arrived with
     /// computed tokens keeps them.
-    fn look_up_prefix(&self, request: &Request) -> PrefixHit {
+    fn look_up_prefix(&self, request: &Request, max_hit: Option<i64>) -> PrefixHit {
         let looked_up = request.num_computed_tokens() == 0 && !request.skip_reading_prefix_cache;
-        let hit = if looked_up { self.kv.get_computed_blocks(request) } else { CacheHit::default() };
+        let hit = match max_hit {
+            _ if !looked_up => CacheHit::default(),
+            Some(max_length) => self.kv.get_computed_blocks_within(request, max_length),
+            None => self.kv.get_computed_blocks(request),
+        };
         let num_computed = if looked_up { hit.tokens } else { request.num_computed_tokens() };
         PrefixHit {
             looked_up,
