@@ -268,3 +268,21 @@ class AsyncParityConnector(ParityConnector):
     """The parity connector with loads across steps (see the module's doc)."""
 
     async_loads = True
+
+
+class BlockwiseAsyncParityConnector(AsyncParityConnector):
+    """Loads across steps as :class:`AsyncParityConnector`, but only the prompt's whole
+    blocks before its last token's, as :class:`ParityConnector` reaches: what an
+    auxiliary-output connector (routed experts) lets load, since it holds outputs of whole
+    blocks only, and never of a prompt's last token."""
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int, bool]:
+        tokens, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        if load_async:
+            reach = (len(request.prompt_token_ids) - 1) // self._block_size * self._block_size
+            tokens = max(reach - num_computed_tokens, 0)
+            load_async = tokens > 0
+            self._answered_async[request.request_id] = load_async
+        return tokens, load_async

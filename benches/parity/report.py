@@ -172,7 +172,10 @@ documented (or, for 2, that they cannot differ).
    has a token to schedule. *Harness:* kept out (the parity connector, like vLLM's
    `ExampleConnector`, loads whole blocks before the last token). *Test:*
    `test_deviation_a_connector_answer_leaves_the_last_token_to_compute` (vLLM raises;
-   llmsched schedules the last token).
+   llmsched schedules the last token). An auxiliary-output connector's answers are kept
+   within range the same way: the hit it allows to `[0, N - 1]`, the external tokens it
+   keeps to `[0, num_external]` (vLLM's own connector never answers outside them;
+   `rust/core/tests/aux_outputs.rs` checks the clamps).
 13. **A streaming-input session whose input stopped keeps no drafts.** An engine's drafter
    proposes drafts for every request of the step, a session whose input just stopped too.
    *Why:* vLLM keeps them on the waiting session (`num_tokens_with_spec` counts them)
@@ -258,7 +261,7 @@ core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction,
   custom encoder cache managers, encoder-decoder models,
-  routed-experts outputs, decode- and prefill-context parallelism,
+  decode- and prefill-context parallelism,
   KV-cache groups other than full, sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
   retaining extra tokens, a Mamba cache mode other than vLLM's for the prefix-caching

@@ -150,9 +150,6 @@ ENGINE_REFUSALS = {
     "prefill context parallelism": lambda s: _set(
         s.vllm_config.parallel_config, "prefill_context_parallel_size", 2
     ),
-    "routed-experts outputs": lambda s: _set(
-        s.vllm_config.aux_output_config, "enable_return_routed_experts", True
-    ),
 }
 
 
@@ -866,12 +863,13 @@ def _steps(
     async_scheduling: bool,
     *,
     arrivals: Callable[[int], list[Any]] = lambda step: [],
-    runner: Callable[[Any, int], None] = lambda output, step: None,
+    runner: Callable[[Any, int, Any], None] = lambda output, step, so: None,
     max_steps: int = 200,
 ) -> Iterator[tuple[Any, dict[int, Any]]]:
     """Drives ``sched``: before each step the requests ``arrivals(step)`` gives, then a runner
     sampling token 9 for each request the step scheduled past its prompt's chunks (a
-    non-final chunk samples nothing), its output adjusted by ``runner(output, step)``; under
+    non-final chunk samples nothing), its output adjusted by ``runner(output, step, so)``
+    (``so``: the ``SchedulerOutput`` it answers); under
     async scheduling each output applied one step late. Yields each step's
     ``SchedulerOutput`` with the outputs the update made then (none while one is pending),
     until ``sched`` holds no request and nothing is pending."""
@@ -892,7 +890,7 @@ def _steps(
         ecos: dict[int, Any] = {}
         if applied is not None:
             output = ref.vllm_runner_output(*applied)
-            runner(output, step)
+            runner(output, step, applied[0])
             ecos = sched.update_from_output(applied[0], output)
         yield so, ecos
 
@@ -1368,7 +1366,7 @@ def test_flops_and_cuda_graph_stats_reach_the_scheduler_stats_as_vllms(
             return []
         return [request(f"r{i}", prompt_len=20 + 17 * i, max_tokens=3 + i) for i in range(6)]
 
-    def with_graphs(output: Any, step: int) -> None:
+    def with_graphs(output: Any, step: int, _so: Any) -> None:
         output.cudagraph_stats = CUDAGraphStat(step, step + 2, 2, "FULL")
 
     def drive(sched: Any) -> list[Any]:
@@ -1893,3 +1891,187 @@ def test_sampling_masks_reach_each_output_as_in_vllm(async_scheduling: bool) -> 
                 s.update_draft_token_ids(DraftTokenIds(ids, [[7, 9] for _ in ids]))
     assert seen["plugin"] == seen["vllm"]
     assert any(mask for step in seen["vllm"] for _, _, mask in step if mask and len(mask) > 1)
+
+
+def test_an_engine_returning_routed_experts_gets_vllms_connector_on_the_kv_cache_view() -> None:
+    """With ``enable_return_routed_experts`` the plug-in builds vLLM's auxiliary-output
+    connector, as vLLM's scheduler does, on its view of the KV cache; without, none."""
+    from vllm.distributed.aux_output_connector.connector import AuxOutputSchedulerConnector
+
+    assert build(reference()).aux_output_connector is None
+    sched = reference(num_gpu_blocks=40)
+    sched.vllm_config = copy.copy(sched.vllm_config)
+    _set(sched.vllm_config.aux_output_config, "enable_return_routed_experts", True)
+    plugin_sched = build(sched)
+    connector = plugin_sched.aux_output_connector
+    assert type(connector) is AuxOutputSchedulerConnector
+    assert (connector._block_size, connector._hash_block_size, connector._capacity) == (
+        BLOCK,
+        BLOCK,
+        40,
+    )
+    plugin_sched.add_request(request("r", prompt_len=9))
+    so = plugin_sched.schedule()
+    assert so.aux_output_connector_metadata.requests == {"r": 0}
+
+
+def _routed_experts_runner(sched: Any) -> Callable[[Any, int, Any], None]:
+    """A runner's auxiliary outputs for ``sched``'s steps: for each request a step scheduled,
+    one row per position from where the step's metadata starts it to the end of the step's
+    tokens (each row its position, mod 251), and, with the parity KV connector, the
+    transfers it finished since the previous output."""
+    from vllm.distributed.aux_output_connector.connector import AuxRequestOutput
+    from vllm.v1.outputs import KVConnectorOutput
+
+    def runner(output: Any, _step: int, so: Any) -> None:
+        computed = {n.req_id: n.num_computed_tokens for n in so.scheduled_new_reqs}
+        cached = so.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        starts = so.aux_output_connector_metadata.requests
+        rows = {}
+        for rid, n in so.num_scheduled_tokens.items():
+            start, end = starts[rid], computed[rid] + n
+            positions = np.arange(start, max(start, end)) % 251
+            rows[rid] = AuxRequestOutput(start, positions.astype(np.uint8).reshape(-1, 1, 1))
+        output.aux_output_connector_output = rows
+        connector = sched.connector
+        if connector is not None:
+            failed, invalid = connector.take_failed()
+            output.kv_connector_output = KVConnectorOutput(
+                finished_sending=set(connector.take_sent()) or None,
+                finished_recving=set(connector.take_received()) or None,
+                failed_recving=set(failed) or None,
+                invalid_block_ids=set(invalid) or None,
+            )
+
+    return runner
+
+
+def _metadata(metadata: Any) -> tuple[Any, ...]:
+    """Every field of an ``AuxOutputConnectorMetadata``, hashes as lists of bytes."""
+
+    def hashes(packed: Any) -> list[bytes] | None:
+        return None if packed is None else list(packed)
+
+    return (
+        metadata.generation,
+        dict(metadata.requests),
+        {rid: hashes(packed) for rid, packed in metadata.block_hashes.items()},
+        metadata.finished_requests,
+        hashes(metadata.retained_block_hashes),
+        hashes(metadata.released_block_hashes),
+    )
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(
+    "kv_connector",
+    [None, "ParityConnector", "BlockwiseAsyncParityConnector"],
+    ids=["local", "kv-connector", "kv-connector-async-loads"],
+)
+def test_routed_experts_follow_vllms_connector_at_every_step(
+    async_scheduling: bool, kv_connector: str | None
+) -> None:
+    """Routed experts (vLLM's ``AuxOutputSchedulerConnector``, the same class on both sides):
+    prompts sharing prefixes in a KV cache small enough to preempt and evict, some asking
+    for their prompt's rows from a later position, with and without a KV connector (its
+    loads synchronous, or some across steps, some failing). Every
+    step schedules as vLLM's does (hits capped where the connector holds outputs), its
+    metadata (hashes sent, requests finished, blocks retained and released) and every
+    output's rows equal vLLM's; a reset mid-run starts a new generation as in vLLM."""
+    from vllm.distributed.aux_output_connector.connector import AuxOutputSchedulerConnector
+
+    # Six prompts, each back every 12 steps (its blocks evicted meanwhile by the others and
+    # by fillers): the parity store holds them all ((first token + length) divisible by 3),
+    # and its asynchronous side loads them across steps.
+    prompts = [list(range(1 + 50 * f, 1 + 50 * f + 20 + f)) for f in range(6)]
+
+    def arrivals(step: int) -> list[Any]:
+        if step >= 48 or step % 2:
+            return []
+        k = step // 2
+        filler = list(range(400 + 7 * k, 400 + 7 * k + 24 + k % 5))
+        requests = [
+            ref.make_vllm_request(f"p{k}", prompts[k % 6], max_tokens=2 + k % 5, block_size=BLOCK),
+            ref.make_vllm_request(f"f{k}", filler, max_tokens=3 + k % 4, block_size=BLOCK),
+        ]
+        if k % 4 == 1:
+            requests[0].sampling_params.routed_experts_prompt_start = 3 + k % 6
+        return requests
+
+    def drive(sched: Any) -> list[Any]:
+        sched.aux_output_connector = AuxOutputSchedulerConnector(
+            sched.kv_cache_manager, sched.connector
+        )
+        trace: list[Any] = []
+        steps = _steps(
+            sched, async_scheduling, arrivals=arrivals, runner=_routed_experts_runner(sched)
+        )
+        for step, (so, ecos) in enumerate(steps):
+            connector = sched.aux_output_connector
+            trace.append(
+                (
+                    "step",
+                    dict(so.num_scheduled_tokens),
+                    sorted(so.preempted_req_ids or ()),
+                    _metadata(so.aux_output_connector_metadata),
+                )
+            )
+            # What the connector keeps (vLLM's class on both sides): the blocks it holds
+            # outputs of, in its eviction order, the loads in flight, the hashes sent.
+            trace.append(
+                (
+                    "kept",
+                    list(connector._kv_cached),
+                    {rid: sorted(blocks) for rid, blocks in connector._loading.items()},
+                    dict(connector._sent_hash_counts),
+                )
+            )
+            if sched.connector is not None:
+                trace.append(("loads", [load[0] for load in so.kv_connector_metadata.loads]))
+            for eco in ecos.values():
+                trace.append(
+                    (
+                        "outputs",
+                        [
+                            (
+                                o.request_id,
+                                o.new_token_ids,
+                                o.finish_reason,
+                                None
+                                if o.routed_experts is None
+                                else o.routed_experts.ravel().tolist(),
+                            )
+                            for o in eco.outputs
+                        ],
+                    )
+                )
+            if step == 50 and sched.connector is None:
+                # (vLLM's reset fails while a KV connector holds blocks.)
+                trace.append(("reset", sched.reset_prefix_cache(reset_running_requests=True)))
+        return trace
+
+    config: dict[str, Any] = {"num_gpu_blocks": 28, "async_scheduling": async_scheduling}
+    if kv_connector:
+        config["kv_connector"] = (kv_connector, "benches.parity.connector")
+    theirs = drive(reference(**config))
+    ours = build(reference(**config))
+    assert drive(ours) == theirs
+    # The plug-in names (by vLLM's hash) only the blocks whose outputs the connector
+    # keeps, once a step's metadata has gone out.
+    ours.schedule()
+    assert len(ours.kv_cache_manager.block_pool.names) == len(ours.aux_output_connector._kv_cached)
+
+    def entries(tag: str) -> list[Any]:
+        return [entry[1:] for entry in theirs if entry[0] == tag]
+
+    metadata = [m for _, _, m in entries("step")]
+    assert any(m[4] for m in metadata), "no block retained"
+    assert any(m[5] for m in metadata), "no block released"
+    assert any(preempted for _, preempted, _ in entries("step")), "no preemption"
+    assert any(rows for (outputs,) in entries("outputs") for *_, rows in outputs), "no rows"
+    if kv_connector == "ParityConnector":
+        assert any(loads for (loads,) in entries("loads")), "no load kept"
+    if kv_connector == "BlockwiseAsyncParityConnector":
+        assert any(loading for _, loading, _ in entries("kept")), "no load across steps"
+    assert metadata[-1][0] == int(not kv_connector), "a reset starts a new generation"

@@ -56,6 +56,7 @@ def test_the_derived_values_the_plugin_reads_exist() -> None:
     config = reference(num_speculative_tokens=2).vllm_config
     objects = {type(obj).__name__: obj for obj in (config, config.model_config)}
     objects["SpeculativeConfig"] = config.speculative_config
+    objects["AuxOutputConfig"] = config.aux_output_config
     for class_name, names in PROPERTIES_READ.items():
         for name in names:
             assert hasattr(objects[class_name], name), f"{class_name}.{name} is gone"

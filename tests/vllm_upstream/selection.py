@@ -161,6 +161,14 @@ INCLUDED_BY_FILE: dict[str, tuple[str, ...]] = {
         # These read the running and waiting queues (the plug-in's views of the core's) and
         # the Request fields vLLM's scheduler maintains (the plug-in's read the core).
         "test_add_requests",
+        # An auxiliary-output connector (routed experts), vLLM's or a mock, put in the
+        # plug-in's aux_output_connector after construction; vLLM's reads the plug-in's view
+        # of its KV pool.
+        "test_routed_experts_prompt_start_at_prompt_end",
+        "test_routed_experts_hashes_follow_scheduled_tokens",
+        "test_prefix_hit_is_capped_at_retained_auxiliary_outputs",
+        "test_evicted_blocks_release_their_auxiliary_outputs_past_capacity",
+        "test_finish_request",
         "test_schedule",
         "test_schedule_concurrent_partial_requests",
         "test_preempt_during_execution",
@@ -433,27 +441,6 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
         "test_scheduled_encoder_input_stats_disabled_without_log_stats": (
             "scheduler internal: scheduler.observability_config"
         ),
-        "test_routed_experts_prompt_start_at_prompt_end": (
-            "scheduler internal: scheduler.aux_output_connector (routed-experts outputs, a "
-            "refused feature); also kv_cache_manager.block_pool.hash_block_size"
-        ),
-        "test_routed_experts_hashes_follow_scheduled_tokens": (
-            "scheduler internal: scheduler.aux_output_connector (routed-experts outputs, a "
-            "refused feature); also kv_cache_manager.block_pool.hash_block_size; Request fields: "
-            "is_finished, num_computed_tokens, num_tokens"
-        ),
-        "test_prefix_hit_is_capped_at_retained_auxiliary_outputs": (
-            "scheduler internal: scheduler.aux_output_connector (routed-experts outputs, a "
-            "refused feature); also kv_cache_manager.block_pool.hash_block_size"
-        ),
-        "test_evicted_blocks_release_their_auxiliary_outputs_past_capacity": (
-            "scheduler internal: scheduler.aux_output_connector (routed-experts outputs, a "
-            "refused feature); also kv_cache_manager.block_pool.hash_block_size"
-        ),
-        "test_finish_request": (
-            "scheduler internal: scheduler.aux_output_connector (a mock that expects "
-            "request_finished)"
-        ),
         "test_pending_hisparse_spill_keeps_scheduler_alive": (
             "KV connector internals (HiSparse connector, object.__new__ scheduler with mocked "
             "connector)"
@@ -518,20 +505,20 @@ EXCLUDED_BY_FILE: dict[str, dict[str, str]] = {
             "scheduler.running by hand); Request fields: status"
         ),
         "test_preemption_processes_stale_aux_output": (
-            "scheduler internal: scheduler._preempt_request; also scheduler.aux_output_connector"
+            "calls scheduler internal scheduler._preempt_request (after taking the request out of "
+            "scheduler.running by hand)"
         ),
         "test_prefix_cache_stats_counted_once_for_retried_then_scheduled_request": (
             "patches scheduler internal kv_cache_manager.allocate_slots (the plug-in's view "
             "allocates nothing)"
         ),
         "test_scheduler_reset_prefix_cache": (
-            "scheduler internal: scheduler.aux_output_connector (routed-experts outputs, a "
-            "refused feature); also scheduler.running, scheduler.waiting; Request fields: "
-            "num_in_flight_tokens (written)"
+            "Request fields: num_in_flight_tokens (written: a pause's completion emulated by "
+            "hand); also scheduler.running, scheduler.waiting"
         ),
         "test_aux_output_reset_follows_kv_reset_result": (
-            "scheduler internal: scheduler.aux_output_connector (routed-experts outputs, a "
-            "refused feature); also patches kv_cache_manager.reset_prefix_cache"
+            "patches scheduler internal kv_cache_manager.reset_prefix_cache (the plug-in's view "
+            "resets nothing: the core's cache is reset)"
         ),
         "test_kv_cache_release_rejects_nonresident_memory": (
             "EngineCore sleep internals (object.__new__(EngineCore), mocked executor); the "

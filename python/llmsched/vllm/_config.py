@@ -137,13 +137,6 @@ def check_engine_config(
             lambda: (get("model_config.is_encoder_decoder"), f"model {model_name!r}"),
         ),
         (
-            "routed-experts outputs",
-            lambda: (
-                get("aux_output_config.enable_return_routed_experts"),
-                "enable_return_routed_experts=True",
-            ),
-        ),
-        (
             "custom encoder cache managers",
             lambda: (
                 get("ec_manager_config.encoder_cache_manager_cls") is not None,

@@ -89,7 +89,7 @@ FIELDS: dict[str, dict[str, str]] = {
             "a diffusion LLM's canvas, which reaches the scheduler as "
             "vllm_config.num_speculative_tokens (read)"
         ),
-        "aux_output_config": CHECKED,
+        "aux_output_config": READ,
         "device_config": _RUNNER,
         "load_config": _RUNNER,
         "offload_config": _RUNNER,
@@ -415,8 +415,11 @@ FIELDS: dict[str, dict[str, str]] = {
         "topic": _PUBLISHER,
     },
     "AuxOutputConfig": {
-        "enable_return_routed_experts": CHECKED,
-        "max_bytes": "the buffer of routed-experts outputs, refused",
+        "enable_return_routed_experts": (
+            "enters aux_output_config.enabled, which is read (vLLM's connector, with the "
+            "plug-in's view of the KV cache)"
+        ),
+        "max_bytes": "sizes the workers' buffer of routed-experts outputs: " + _RUNNER,
     },
 }
 """Per vLLM config class (by class name), each field: :data:`READ`, :data:`CHECKED`, or why
@@ -438,6 +441,7 @@ PROPERTIES_READ: dict[str, frozenset[str]] = {
         {"supports_multimodal_inputs", "runner_type", "is_encoder_decoder", "is_diffusion"}
     ),
     "SpeculativeConfig": frozenset({"max_num_new_slots_for_drafting", "use_eagle_block_drop"}),
+    "AuxOutputConfig": frozenset({"enabled"}),
 }
 """Values the plug-in reads that vLLM derives from the fields above (its properties, or
 attributes it sets at construction)."""

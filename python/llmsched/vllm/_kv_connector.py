@@ -47,7 +47,7 @@ from vllm.v1.request import Request, RequestStatus
 
 import llmsched
 from llmsched.vllm._config import UnsupportedFeatureError, read
-from llmsched.vllm._requests import as_during_step, pinned
+from llmsched.vllm._requests import as_during_step, before_step, pinned
 
 __all__ = [
     "KvConnectorSide",
@@ -168,30 +168,11 @@ class KvConnectorSide:
             boundary_state_offloads={},
         )
         # The step's requests before it advances them (vLLM builds the metadata first).
-        with as_during_step(self._before_advance(core_out, req_ids, computed)):
+        with as_during_step(
+            before_step(self._requests, core_out, self._core.config.async_scheduling)
+        ):
             output.kv_connector_metadata = self.connector.build_connector_meta(output)
         output.kv_connector_block_state = None
-
-    def _before_advance(
-        self, core_out: llmsched.SchedulerOutput, req_ids: list[str], computed: list[int]
-    ) -> dict[Request, dict[str, Any]]:
-        """The fields the step advances, as they were before it, for each of its requests."""
-        requests = self._requests
-        if not self._core.config.async_scheduling:
-            return {
-                requests[req_id]: {"num_computed_tokens": c}
-                for req_id, c in zip(req_ids, computed, strict=True)
-            }
-        outputs: list[int] = core_out.num_output_tokens.tolist()
-        fields: dict[Request, dict[str, Any]] = {}
-        for req_id, c, num_outputs in zip(req_ids, computed, outputs, strict=True):
-            request = requests[req_id]
-            fields[request] = {
-                "num_computed_tokens": c,
-                # The step's num_output_tokens counts the placeholders before it.
-                "num_output_placeholders": lambda r=request, n=num_outputs: n - r.num_output_tokens,
-            }
-        return fields
 
     def _load_started(self, req_id: str, num_external: int) -> None:
         """A request whose load runs across steps has its blocks: its prefill stats are its

@@ -6,10 +6,11 @@ outside the interface reads it: ``EngineCore`` reads ``coordinator.single_type_m
 to learn each KV-cache group's block size and spec (the full-attention block size it reports
 as ``vllm:cache_config_info``'s ``effective_attention_block_size``, and
 ``get_kv_cache_group_metadata``); vLLM's connector tests and tools read the block pool (free
-blocks, reference counts) and the requests' block tables to check that nothing leaks.
-llmsched keeps its KV pool in the core, so the plug-in answers those reads with this view,
-each read asked of the core when it is made. It allocates, frees and caches nothing: a
-method of vLLM's manager that changes the cache is absent here.
+blocks, reference counts) and the requests' block tables to check that nothing leaks; an
+auxiliary-output connector asks the pool which block holds a hash. llmsched keeps its KV
+pool in the core, so the plug-in answers those reads with this view, each read asked of the
+core when it is made. It allocates, frees and caches nothing: a method of vLLM's manager
+that changes the cache is absent here.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import _gen_prompt_embeds_extra_hash_keys
+from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.metrics.stats import PrefixCacheStats
 
 import llmsched
+from llmsched.vllm._aux_outputs import BlockNames
 from llmsched.vllm._multimodal import mm_inputs
 
 __all__ = ["KVCacheLayout", "prefix_cache_keys"]
@@ -99,13 +102,32 @@ class FreeBlockQueueView:
 
 
 class BlockPoolView:
-    """vLLM's ``BlockPool``: its size, its free blocks, each block's reference count."""
+    """vLLM's ``BlockPool``: its size, its free blocks, each block's reference count, and the
+    blocks cached under the vLLM hashes an auxiliary-output connector can ask about."""
 
-    __slots__ = ("_core", "free_block_queue")
+    __slots__ = ("_core", "free_block_queue", "hash_block_size", "names")
 
     def __init__(self, core: llmsched.Scheduler) -> None:
         self._core = core
         self.free_block_queue = FreeBlockQueueView(core)
+        # The tokens one block hash covers (the block size: llmsched refuses others).
+        self.hash_block_size: int = core.config.block_size
+        self.names = BlockNames(core)
+
+    def get_cached_block(
+        self, block_hash: Any, kv_cache_group_ids: list[int]
+    ) -> list[KVBlockView] | None:
+        """The block cached under vLLM's ``block_hash`` in each group, or None if a group
+        has none, as vLLM's pool answers, for the hashes the plug-in has named: those of
+        the blocks an auxiliary-output connector can ask about (``BlockNames``); None for
+        any other."""
+        blocks = []
+        for group in kv_cache_group_ids:
+            block = self.names.cached_block(block_hash, group)
+            if block is None:
+                return None
+            blocks.append(KVBlockView(self._core, block))
+        return blocks
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -131,15 +153,21 @@ class KVGroupView:
     """One KV-cache group as vLLM's single-type manager shows it: its block size and spec,
     and the block table of each request that holds blocks in it."""
 
-    __slots__ = ("_core", "_group", "_null_block", "block_size", "kv_cache_spec")
+    __slots__ = ("_core", "_group", "_null_block", "block_pool", "block_size", "kv_cache_spec")
 
     def __init__(
-        self, core: llmsched.Scheduler, group: int, block_size: int, kv_cache_spec: Any
+        self,
+        core: llmsched.Scheduler,
+        group: int,
+        block_size: int,
+        kv_cache_spec: Any,
+        block_pool: BlockPoolView,
     ) -> None:
         self._core = core
         self._group = group
         self.block_size = block_size
         self.kv_cache_spec = kv_cache_spec
+        self.block_pool = block_pool
         # vLLM's manager holds one null block object, which stands in a table wherever a
         # sliding window or local chunk let a block go (read by identity).
         self._null_block = KVBlockView(core, 0)
@@ -226,12 +254,23 @@ class PrefixCacheStatsView:
 
 
 class KVCoordinatorLayout:
-    """The groups, in ``kv_cache_config.kv_cache_groups`` order."""
+    """The groups, in ``kv_cache_config.kv_cache_groups`` order; with several, the first
+    full-attention group's index (``full_attention_group_id``, None without one), as
+    vLLM's hybrid coordinator names it."""
 
-    __slots__ = ("single_type_managers",)
+    __slots__ = ("full_attention_group_id", "single_type_managers")
 
     def __init__(self, groups: tuple[KVGroupView, ...]) -> None:
         self.single_type_managers = groups
+        if len(groups) > 1:
+            self.full_attention_group_id = next(
+                (
+                    i
+                    for i, group in enumerate(groups)
+                    if type(group.kv_cache_spec) is FullAttentionSpec
+                ),
+                None,
+            )
 
 
 class KVCacheLayout:
@@ -240,10 +279,11 @@ class KVCacheLayout:
     ids (``get_block_ids``), ``usage`` and the prefix cache's stats (with ``log_stats``).
     Read-only, but for the stats' accumulator, which the scheduler's ``make_stats`` takes."""
 
-    __slots__ = ("_core", "_prefix_cache_stats", "block_pool", "coordinator")
+    __slots__ = ("_core", "_prefix_cache_stats", "block_pool", "coordinator", "kv_cache_config")
 
     def __init__(self, kv_cache_config: Any, core: llmsched.Scheduler, log_stats: bool) -> None:
         self._core = core
+        self.kv_cache_config = kv_cache_config
         self._prefix_cache_stats = (
             PrefixCacheStatsView(core, dict.fromkeys(_PREFIX_COUNTERS.values(), 0))
             if log_stats
@@ -254,7 +294,9 @@ class KVCacheLayout:
         # parallelism.
         self.coordinator = KVCoordinatorLayout(
             tuple(
-                KVGroupView(core, group, spec.kv_cache_spec.block_size, spec.kv_cache_spec)
+                KVGroupView(
+                    core, group, spec.kv_cache_spec.block_size, spec.kv_cache_spec, self.block_pool
+                )
                 for group, spec in enumerate(kv_cache_config.kv_cache_groups)
             )
         )

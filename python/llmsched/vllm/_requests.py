@@ -25,10 +25,12 @@ __all__ = [
     "LiveRequest",
     "as_during_step",
     "attach",
+    "before_step",
     "freeze",
     "is_live",
     "new_request_data",
     "pinned",
+    "record",
 ]
 
 # Where a LiveRequest finds its state, in its instance dict: the core while it is live,
@@ -142,6 +144,12 @@ def is_live(request: Request) -> bool:
     return _FINAL not in request.__dict__
 
 
+def record(request: Request) -> llmsched.Request:
+    """The core's record of ``request``: now while it is live, its final one once it
+    finished (a snapshot while it is pinned)."""
+    return _state(request)
+
+
 @contextmanager
 def pinned(request: Request, snapshot: llmsched.Request) -> Iterator[None]:
     """While the core is inside a step (it cannot be read then), the live ``request`` reads
@@ -182,3 +190,28 @@ def new_request_data(
     (what the runner starts from, and where multimodal inputs already covered end)."""
     with as_during_step({request: {"num_computed_tokens": num_computed_tokens}}):
         return NewRequestData.from_request(request, block_ids, prefill_token_ids)
+
+
+def before_step(
+    requests: dict[str, Request], core_out: llmsched.SchedulerOutput, async_scheduling: bool
+) -> dict[Request, dict[str, Any]]:
+    """For :func:`as_during_step`: the fields a step advances, as they were before it, for
+    each of its requests (what vLLM's scheduler's components read while it builds the step,
+    such as a connector's ``build_connector_meta``)."""
+    req_ids: list[str] = core_out.req_ids
+    computed: list[int] = core_out.num_computed_tokens.tolist()
+    if not async_scheduling:
+        return {
+            requests[req_id]: {"num_computed_tokens": c}
+            for req_id, c in zip(req_ids, computed, strict=True)
+        }
+    outputs: list[int] = core_out.num_output_tokens.tolist()
+    fields: dict[Request, dict[str, Any]] = {}
+    for req_id, c, num_outputs in zip(req_ids, computed, outputs, strict=True):
+        request = requests[req_id]
+        fields[request] = {
+            "num_computed_tokens": c,
+            # The step's num_output_tokens counts the placeholders before it.
+            "num_output_placeholders": lambda r=request, n=num_outputs: n - r.num_output_tokens,
+        }
+    return fields

@@ -18,6 +18,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 import vllm
+from vllm.distributed.aux_output_connector.connector import AuxOutputSchedulerConnector
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
@@ -42,6 +43,7 @@ from vllm.v1.structured_output.utils import strip_speculative_padding
 
 import llmsched
 from llmsched.steps import STEP_LOG_ENV, StepLog, step_shape
+from llmsched.vllm._aux_outputs import AuxOutputsSide
 from llmsched.vllm._config import (
     UnsupportedFeatureError,
     UnsupportedVersionError,
@@ -370,6 +372,11 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         # Finished requests kept in `requests` while the core holds their blocks for the
         # connector.
         self._held_finished: set[str] = set()
+        # An auxiliary-output connector (aux_output_config: routed experts), vLLM's own,
+        # reading the KV cache's view; vLLM's tests put one in its place later.
+        self._aux = AuxOutputsSide(self.core, self.requests, self.kv_cache_manager.block_pool.names)
+        if read(vllm_config, "aux_output_config.enabled"):
+            self._aux.connector = AuxOutputSchedulerConnector(self.kv_cache_manager, connector)
 
     # -- requests ----------------------------------------------------------------------
 
@@ -496,14 +503,17 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             finished.append(request)
         return finished
 
-    def _freeze_finished(self) -> list[Request]:
-        """Give the requests the core's latest call finished their final records."""
+    def _freeze_finished(self, aux_told: bool = False) -> list[Request]:
+        """Give the requests the core's latest call finished their final records, and tell
+        the connectors (the auxiliary-output one, unless the core did: ``aux_told``)."""
         finals = self.core.take_finished_requests()
         frozen = []
         for final in finals:
             request = self.requests[final.request_id]
             freeze(request, final)
             frozen.append(request)
+            if self._aux.connector is not None and not aux_told:
+                self._aux.tell_finished(request)
             params: dict[str, dict[str, Any] | None] = {}
             if self._kv_connector is not None:
                 params["kv_transfer_params"] = self._kv_connector.finished(request)
@@ -621,6 +631,19 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             )
         self._ec_connector.connector = connector
 
+    @property
+    def aux_output_connector(self) -> Any:
+        """The auxiliary-output connector (routed experts; None without
+        ``aux_output_config``)."""
+        return self._aux.connector
+
+    @aux_output_connector.setter
+    def aux_output_connector(self, connector: Any) -> None:
+        """Put another object in its place, or None (vLLM's tests give a scheduler built
+        without one a connector, or a mock): the plug-in asks and tells it from then on, as
+        vLLM's scheduler does."""
+        self._aux.connector = connector
+
     # vLLM's scheduler keeps its queues as attributes that tools and vLLM's tests read;
     # here they are views of the core's, rebuilt on each access.
 
@@ -699,6 +722,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             if self._kv_connector is None
             else self.connector.has_pending_block_frees,
             external_encoder=self._ec_connector,
+            aux_outputs=None if self._aux.connector is None else self._aux,
         )
         if self._kv_events is not None:
             self._kv_events.take(self.core.take_kv_events(), self.requests)
@@ -744,6 +768,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
         self._watch_scheduled(core_out, new_ids, resumed_ids)
         if self._kv_connector is not None:
             self._kv_connector.admitted(output, core_out)
+        if self._aux.connector is not None:
+            self._aux.scheduled(output, core_out)
         if self._ec_connector is not None:
             self._ec_connector.scheduled(output, core_out)
         if req_ids:
@@ -951,12 +977,15 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 rows = _scheduled_rows(scheduler_output.num_scheduled_tokens, runner_ids, sampled)
             # vLLM's rows go to the core as they are: it flattens them without a Python
             # object per token. An output the core refuses raises here, changing nothing.
-            core_outputs = self.core.update_from_output(core_step, rows)
+            core_outputs = self.core.update_from_output(
+                core_step, rows, aux_outputs=None if self._aux.connector is None else self._aux
+            )
             del self._core_steps[id(scheduler_output)]
             if self._ec_connector is not None:
                 # Before the requests the output finished are told so, as in vLLM.
                 self._ec_connector.passed_inputs()
-            self._freeze_finished()
+            # (The core told the auxiliary-output connector of them as it freed them.)
+            self._freeze_finished(aux_told=True)
             if self._kv_events is not None:
                 # Before the requests the output finished are let go.
                 self._kv_events.take(self.core.take_kv_events(), self.requests)
@@ -1075,6 +1104,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             built = [EngineCoreOutput(r, sampled[index[r]]) for r in out_ids]
         else:
             built = [EngineCoreOutput(r, []) for r in out_ids]
+        if self._aux.connector is not None:
+            # The rows of the tokens each output delivers (routed experts).
+            aux_output = mro.aux_output_connector_output
+            for output in built:
+                request = self.requests[output.request_id]
+                output.routed_experts = self._aux.take_output(request, aux_output)
 
         masks = mro.sampling_masks if self.return_sampling_mask else None
         if masks is not None:
@@ -1536,6 +1571,10 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 self._preempted_by_reset.add(req_id)
                 self._next_full.add(req_id)
         self._reset_preempted |= reset_running_requests
+        if reset_running_requests and self._aux.connector is not None:
+            # Told before their blocks are freed, in vLLM's order of preempting them.
+            for req_id in reversed(self.core.running_request_ids()):
+                self._aux.tell_finished(self.requests[req_id])
         done = self.core.reset_prefix_cache(reset_running_requests)
         if self._kv_events is not None:
             self._kv_events.take(self.core.take_kv_events(), self.requests)
@@ -1546,6 +1585,8 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             stats.reset = True
         if reset_connector:
             done = self.reset_connector_cache() and done
+        if done and self._aux.connector is not None:
+            self._aux.reset()
         return done
 
     def reset_encoder_cache(self) -> None:
