@@ -260,8 +260,9 @@ their types are compared. The deviations above hold for the plug-in as they do f
 core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction,
-  custom encoder cache managers, encoder-decoder models,
-  decode- and prefill-context parallelism,
+  custom encoder cache managers, encoder-decoder models, routed experts on vLLM 0.32
+  (its auxiliary-output connector's interface is not 0.33's), decode- and prefill-context
+  parallelism,
   KV-cache groups other than full, sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
   retaining extra tokens, a Mamba cache mode other than vLLM's for the prefix-caching

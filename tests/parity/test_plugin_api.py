@@ -1915,6 +1915,21 @@ def test_an_engine_returning_routed_experts_gets_vllms_connector_on_the_kv_cache
     assert so.aux_output_connector_metadata.requests == {"r": 0}
 
 
+def test_routed_experts_are_refused_with_a_connector_of_vllm_0_32s_interface(
+    monkeypatch: Any,
+) -> None:
+    """vLLM 0.32's auxiliary-output connector caps no prefix hit (no ``max_cache_hit``): the
+    plug-in, which serves 0.33's, refuses routed experts there, naming the version."""
+    from vllm.distributed.aux_output_connector.connector import AuxOutputSchedulerConnector
+
+    monkeypatch.delattr(AuxOutputSchedulerConnector, "max_cache_hit")
+    sched = reference()
+    sched.vllm_config = copy.copy(sched.vllm_config)
+    _set(sched.vllm_config.aux_output_config, "enable_return_routed_experts", True)
+    with pytest.raises(plugin.UnsupportedFeatureError, match="routed-experts outputs on vLLM"):
+        build(sched)
+
+
 def _routed_experts_runner(sched: Any) -> Callable[[Any, int, Any], None]:
     """A runner's auxiliary outputs for ``sched``'s steps: for each request a step scheduled,
     one row per position from where the step's metadata starts it to the end of the step's

@@ -18,6 +18,7 @@ from typing import Any
 
 import vllm
 from vllm.config import VllmConfig
+from vllm.distributed.aux_output_connector.connector import AuxOutputSchedulerConnector
 
 import llmsched
 
@@ -150,6 +151,16 @@ def check_engine_config(
         (
             "prefill context parallelism",
             lambda: larger_than_one("parallel_config.prefill_context_parallel_size"),
+        ),
+        (
+            # vLLM 0.32's auxiliary-output connector neither caps prefix hits nor names the
+            # blocks it retains: its scheduler asks other questions.
+            f"routed-experts outputs on vLLM {vllm.__version__}",
+            lambda: (
+                get("aux_output_config.enabled")
+                and not hasattr(AuxOutputSchedulerConnector, "max_cache_hit"),
+                "enable_return_routed_experts=True; served with vLLM 0.33's connector",
+            ),
         ),
         (
             "a hash block size other than the block size",
