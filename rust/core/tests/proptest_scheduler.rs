@@ -97,9 +97,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use llmsched_core::{
-    AttentionKind, BlockHash, ConfigParams, Connectors, CoreError, ExternalEncoderCache, ExternalKv, ExternalMatch,
-    Grammar, Handle, KvCacheGroups, KvEvent, MmInputSpec, NewRequest, Policy, Request, RequestEvent, RequestRef,
-    RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, SessionInputAdded, Step,
+    AttentionKind, AuxOutputs, BlockHash, CachedBlocks, ConfigParams, Connectors, CoreError, ExternalEncoderCache,
+    ExternalKv, ExternalMatch, Grammar, Handle, KvCacheGroups, KvEvent, MmInputSpec, NewRequest, Policy, Request,
+    RequestEvent, RequestRef, RequestStatus, RunnerOutput, Scheduler, SchedulerConfig, SessionInputAdded, Step,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError};
@@ -906,6 +906,8 @@ struct Harness {
     held: Vec<Arc<str>>,
     /// With an encoder-cache connector: its answers.
     ec: FuzzEncoderConnector,
+    /// An auxiliary-output connector, in a third of the cases.
+    aux: Option<FuzzAuxOutputs>,
 }
 
 /// An encoder-cache connector's answers, at random: it has half of the outputs asked for,
@@ -935,6 +937,44 @@ impl ExternalEncoderCache for FuzzEncoderConnector {
             self.in_transit.push(request.id().to_string());
         }
         ready
+    }
+}
+
+/// An auxiliary-output connector's answers, at random (in a third of the cases): a hit
+/// cap that is none, within the prompt, past it, or negative, and a KV connector's tokens
+/// kept whole, dropped, cut or negative; it records its caps and the requests it is told of.
+struct FuzzAuxOutputs {
+    rng: Rng,
+    /// The cap each request asked about in the current step got (the last one).
+    caps: HashMap<String, i64>,
+    /// The requests told finished or preempted since the last check, with their status.
+    told: Vec<(String, RequestStatus)>,
+}
+
+impl AuxOutputs for FuzzAuxOutputs {
+    fn max_cache_hit(&mut self, request: &Request, _cache: &dyn CachedBlocks) -> i64 {
+        let n = request.num_tokens();
+        let cap = match self.rng.below(6) {
+            0 => -1 - self.rng.below(3) as i64,
+            1 => n + self.rng.below(3) as i64,
+            2 | 3 => n - 1,
+            _ => self.rng.below(n as u64) as i64,
+        };
+        self.caps.insert(request.id().to_string(), cap);
+        cap
+    }
+
+    fn cap_external_hit(&mut self, _request: &Request, _local: i64, external: i64, _cache: &dyn CachedBlocks) -> i64 {
+        match self.rng.below(5) {
+            0 => 0,
+            1 => -1,
+            2 => self.rng.below(external.max(0) as u64 + 1) as i64,
+            _ => external,
+        }
+    }
+
+    fn request_finished(&mut self, request: &Request, _cache: &dyn CachedBlocks) {
+        self.told.push((request.id().to_string(), request.status()));
     }
 }
 
@@ -1027,6 +1067,11 @@ impl Harness {
                 in_transit: Vec::new(),
                 has: Vec::new(),
             },
+            aux: ((config_kv.0 + config_kv.1) % 3 == 0).then(|| FuzzAuxOutputs {
+                rng: Rng(config_kv.1 as u64 + 11),
+                caps: HashMap::new(),
+                told: Vec::new(),
+            }),
         };
         harness.longest_request = harness.pool_request_len();
         harness
@@ -1688,8 +1733,8 @@ impl Harness {
             self.report_some_loads(rng);
             runnable_holders = self.runnable_kv_holders(&waiting_before);
             let encoder = with_encoder.then_some(&mut self.ec as &mut dyn ExternalEncoderCache);
-            let step =
-                self.sched.schedule_with(throttle, Connectors { kv: Some(&mut self.connector), encoder, aux: None });
+            let aux = self.aux.as_mut().map(|aux| aux as &mut dyn AuxOutputs);
+            let step = self.sched.schedule_with(throttle, Connectors { kv: Some(&mut self.connector), encoder, aux });
             for load in &step.kv_loads {
                 let r = self.sched.get_request(&load.request_id).expect("a load's request is live");
                 let loading = Some(r.num_computed_tokens());
@@ -1701,8 +1746,10 @@ impl Harness {
         } else {
             runnable_holders = self.runnable_kv_holders(&waiting_before);
             let encoder = with_encoder.then_some(&mut self.ec as &mut dyn ExternalEncoderCache);
-            self.sched.schedule_with(throttle, Connectors { kv: None, encoder, aux: None })
+            let aux = self.aux.as_mut().map(|aux| aux as &mut dyn AuxOutputs);
+            self.sched.schedule_with(throttle, Connectors { kv: None, encoder, aux })
         };
+        self.check_aux_outputs_in_step(&step)?;
         // Wedged (deviation 15): nothing ran, and a request behind that held its KV could
         // run (the requests the blocks could not be found for were passed over), or the
         // waiting requests that held KV gave it back (preempted while waiting).
@@ -2514,10 +2561,12 @@ impl Harness {
             .collect();
         let out =
             RunnerOutput { sampled_token_ids: &p.tokens, num_sampled: &p.counts, row_of_entry: p.rows.as_deref() };
-        let events = match self.sched.update_from_output(p.step.step_id, &out) {
-            Ok(events) => events,
-            Err(e) => return Err(TestCaseError::fail(format!("update_from_output refused the runner: {e}"))),
-        };
+        let mut events = Vec::new();
+        let aux = self.aux.as_mut().map(|aux| aux as &mut dyn AuxOutputs);
+        if let Err(e) = self.sched.update_from_output_with(p.step.step_id, &out, |e| events.push(e), aux) {
+            return Err(TestCaseError::fail(format!("update_from_output refused the runner: {e}")));
+        }
+        self.check_aux_outputs_in_update(&events)?;
         if tracing() {
             self.trace_apply(&p, &events);
         }
@@ -2544,6 +2593,47 @@ impl Harness {
         invariants!(self, format!("after update_from_output (step {})", p.step.step_id));
         self.check_cached_kv(&format!("after update_from_output (step {})", p.step.step_id))?;
         Ok(true)
+    }
+
+    /// With an auxiliary-output connector, after a step: every admission that looked its
+    /// prefix up took a hit within the cap it was given (its block-aligned part, in
+    /// `[0, N - 1]`), and the only requests it was told of are ones the running loop
+    /// preempted, told while still running.
+    fn check_aux_outputs_in_step(&mut self, step: &Step) -> Result<(), TestCaseError> {
+        let Some(aux) = self.aux.as_mut() else { return Ok(()) };
+        let caps = std::mem::take(&mut aux.caps);
+        let told = std::mem::take(&mut aux.told);
+        let block_size = self.cfg.block_size();
+        let first_admitted = step.len() - step.new_reqs.len() - step.resumed_reqs.len();
+        for i in first_admitted..step.len() {
+            let r = self.sched.request(step.req_handles[i]).expect("an admitted request is live");
+            let Some(&cap) = caps.get(&**r.id()) else { continue };
+            let external = external_tokens_of_row(step, i).max(0);
+            let hit = i64::from(step.num_computed_tokens[i]) - external;
+            let most = cap.clamp(0, r.num_tokens() - 1) / block_size * block_size;
+            prop_assert!(hit <= most, "{}: a hit of {} past its cap {} ({} tokens)", r.id(), hit, cap, most);
+        }
+        let preempted: HashSet<&str> = step.preempted.iter().map(|(_, id)| &**id).collect();
+        for (id, status) in &told {
+            prop_assert!(preempted.contains(id.as_str()), "{}: told of, not preempted", id);
+            prop_assert_eq!(*status, RequestStatus::Running, "{}: told of a preemption", id);
+        }
+        Ok(())
+    }
+
+    /// With an auxiliary-output connector, after an update: it was told of exactly the
+    /// requests the output finished, each once, finished.
+    fn check_aux_outputs_in_update(&mut self, events: &[RequestEvent]) -> Result<(), TestCaseError> {
+        let Some(aux) = self.aux.as_mut() else { return Ok(()) };
+        let told = std::mem::take(&mut aux.told);
+        let finished: Vec<&str> = self.sched.last_finished().iter().map(|r| &**r.id()).collect();
+        let told_ids: Vec<&str> = told.iter().map(|(id, _)| id.as_str()).collect();
+        prop_assert_eq!(&told_ids, &finished, "told of exactly the finished requests, in order");
+        for (id, status) in &told {
+            prop_assert!(status.is_finished(), "{}: told as {:?}", id, status);
+        }
+        prop_assert!(events.iter().filter(|e| e.status.is_finished()).count() >= told.len());
+        Ok(())
     }
 
     /// Beside drafts, vLLM's runner after a verify step: of the states it wrote after each
