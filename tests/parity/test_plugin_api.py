@@ -1980,17 +1980,23 @@ def _metadata(metadata: Any) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize(
-    "kv_connector",
-    [None, "ParityConnector", "BlockwiseAsyncParityConnector"],
-    ids=["local", "kv-connector", "kv-connector-async-loads"],
+    ("kv_connector", "kv_cache_groups"),
+    [
+        (None, "full"),
+        (None, "full,sliding_window:8"),
+        ("ParityConnector", "full"),
+        ("BlockwiseAsyncParityConnector", "full"),
+    ],
+    ids=["local", "sliding-window-hybrid", "kv-connector", "kv-connector-async-loads"],
 )
 def test_routed_experts_follow_vllms_connector_at_every_step(
-    async_scheduling: bool, kv_connector: str | None
+    async_scheduling: bool, kv_connector: str | None, kv_cache_groups: str
 ) -> None:
     """Routed experts (vLLM's ``AuxOutputSchedulerConnector``, the same class on both sides):
     prompts sharing prefixes in a KV cache small enough to preempt and evict, some asking
     for their prompt's rows from a later position, with and without a KV connector (its
-    loads synchronous, or some across steps, some failing). Every
+    loads synchronous, or some across steps, some failing), and beside a sliding window
+    (the connector reads the full-attention group). Every
     step schedules as vLLM's does (hits capped where the connector holds outputs), its
     metadata (hashes sent, requests finished, blocks retained and released) and every
     output's rows equal vLLM's; a reset mid-run starts a new generation as in vLLM."""
@@ -2066,7 +2072,11 @@ def test_routed_experts_follow_vllms_connector_at_every_step(
                 trace.append(("reset", sched.reset_prefix_cache(reset_running_requests=True)))
         return trace
 
-    config: dict[str, Any] = {"num_gpu_blocks": 28, "async_scheduling": async_scheduling}
+    config: dict[str, Any] = {
+        "num_gpu_blocks": 28,
+        "async_scheduling": async_scheduling,
+        "kv_cache_groups": kv_cache_groups,
+    }
     if kv_connector:
         config["kv_connector"] = (kv_connector, "benches.parity.connector")
     theirs = drive(reference(**config))

@@ -119,6 +119,11 @@ class AuxOutputsSide:
         #: The connector (None: no auxiliary outputs).
         self.connector: Any = None
 
+    @property
+    def for_core(self) -> AuxOutputsSide | None:
+        """This side, as the core's ``aux_outputs``, while a connector is set."""
+        return None if self.connector is None else self
+
     # -- the core's questions, mid-step or mid-update -----------------------------------
 
     def max_cache_hit(self, state: llmsched.Request, cache: llmsched.CachedBlocks) -> int:

@@ -722,7 +722,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             if self._kv_connector is None
             else self.connector.has_pending_block_frees,
             external_encoder=self._ec_connector,
-            aux_outputs=None if self._aux.connector is None else self._aux,
+            aux_outputs=self._aux.for_core,
         )
         if self._kv_events is not None:
             self._kv_events.take(self.core.take_kv_events(), self.requests)
@@ -978,7 +978,7 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
             # vLLM's rows go to the core as they are: it flattens them without a Python
             # object per token. An output the core refuses raises here, changing nothing.
             core_outputs = self.core.update_from_output(
-                core_step, rows, aux_outputs=None if self._aux.connector is None else self._aux
+                core_step, rows, aux_outputs=self._aux.for_core
             )
             del self._core_steps[id(scheduler_output)]
             if self._ec_connector is not None:
