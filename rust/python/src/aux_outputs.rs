@@ -11,6 +11,7 @@ use pyo3::sync::MutexExt;
 use crate::convert::{describe, int_value, type_name};
 use crate::errors::{internal_error, request_error};
 use crate::output::PyRequest;
+use crate::sources::PySource;
 
 /// The prefix cache as it is at the point of a step where a connector is asked: which block
 /// holds a hash. Given to the connector's callback, it answers only until that callback
@@ -102,39 +103,29 @@ impl PyCachedBlocks {
 }
 
 /// A Python object as the core's auxiliary-output connector. The first error it meets is
-/// kept for the caller to raise; from then on in the step no prefix-cache hit and no
-/// external token is kept, and preemptions are not told.
-pub struct PyAuxOutputs<'a, 'py> {
-    pub source: &'a Bound<'py, PyAny>,
-    pub error: Option<PyErr>,
-}
+/// kept for the caller to raise; from then on in the call no prefix-cache hit and no
+/// external token is kept, and no preemption or finish is told.
+pub struct PyAuxOutputs<'a, 'py>(pub PySource<'a, 'py>);
 
-impl<'py> PyAuxOutputs<'_, 'py> {
-    fn ask(&mut self, field: &dyn Fn() -> String, call: impl FnOnce() -> PyResult<Bound<'py, PyAny>>) -> Option<i64> {
-        if self.error.is_some() {
-            return None;
-        }
-        let py = self.source.py();
-        match call().and_then(|answer| int_value(py, &answer, &field().as_str(), request_error)) {
-            Ok(answer) => Some(answer),
-            Err(error) => {
-                self.error = Some(error);
-                None
-            }
-        }
-    }
+/// An answer as an int (an error names the call).
+fn int_answer(py: Python<'_>, answer: &Bound<'_, PyAny>, field: &str) -> PyResult<i64> {
+    int_value(py, answer, &field, request_error)
 }
 
 impl AuxOutputs for PyAuxOutputs<'_, '_> {
     fn max_cache_hit(&mut self, request: &Request, cache: &dyn CachedBlocks) -> i64 {
-        let source = self.source;
         let field = || format!("aux_outputs.max_cache_hit({:?})", request.id());
-        self.ask(&field, || {
-            PyCachedBlocks::lend(source.py(), cache, |view| {
-                source.call_method1(intern!(source.py(), "max_cache_hit"), (PyRequest::snapshot(request), view))
-            })
-        })
-        .unwrap_or(0)
+        self.0
+            .ask(
+                &field,
+                |source| {
+                    PyCachedBlocks::lend(source.py(), cache, |view| {
+                        source.call_method1(intern!(source.py(), "max_cache_hit"), (PyRequest::snapshot(request), view))
+                    })
+                },
+                int_answer,
+            )
+            .unwrap_or(0)
     }
 
     fn cap_external_hit(
@@ -144,29 +135,28 @@ impl AuxOutputs for PyAuxOutputs<'_, '_> {
         num_external: i64,
         cache: &dyn CachedBlocks,
     ) -> i64 {
-        let source = self.source;
         let field = || format!("aux_outputs.cap_external_hit({:?}, {num_local}, {num_external})", request.id());
-        self.ask(&field, || {
-            PyCachedBlocks::lend(source.py(), cache, |view| {
-                source.call_method1(
-                    intern!(source.py(), "cap_external_hit"),
-                    (PyRequest::snapshot(request), num_local, num_external, view),
-                )
-            })
-        })
-        .unwrap_or(0)
+        self.0
+            .ask(
+                &field,
+                |source| {
+                    PyCachedBlocks::lend(source.py(), cache, |view| {
+                        source.call_method1(
+                            intern!(source.py(), "cap_external_hit"),
+                            (PyRequest::snapshot(request), num_local, num_external, view),
+                        )
+                    })
+                },
+                int_answer,
+            )
+            .unwrap_or(0)
     }
 
     fn request_finished(&mut self, request: &Request, cache: &dyn CachedBlocks) {
-        if self.error.is_some() {
-            return;
-        }
-        let source = self.source;
-        let told = PyCachedBlocks::lend(source.py(), cache, |view| {
-            source.call_method1(intern!(source.py(), "request_finished"), (PyRequest::snapshot(request), view))
+        self.0.tell(|source| {
+            PyCachedBlocks::lend(source.py(), cache, |view| {
+                source.call_method1(intern!(source.py(), "request_finished"), (PyRequest::snapshot(request), view))
+            })
         });
-        if let Err(error) = told {
-            self.error = Some(error);
-        }
     }
 }

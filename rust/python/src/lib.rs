@@ -16,6 +16,7 @@ mod objects;
 mod output;
 mod replay;
 mod scheduler;
+mod sources;
 
 use pyo3::prelude::*;
 

@@ -28,6 +28,7 @@ use crate::errors::{
 use crate::ids::{IdBatch, StepIds};
 use crate::objects::{new_int, new_list, new_str, new_str_list};
 use crate::output::{frozen_array, OutputRow, PyRequest, PyRequestOutputs, PySchedulerOutput};
+use crate::sources::PySource;
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
@@ -536,44 +537,39 @@ type EncoderCacheContents = (Vec<(String, i64, Vec<String>)>, Vec<String>);
 /// A Python object as the core's external encoder source (see ``schedule``'s
 /// ``external_encoder``). The first error it meets is kept for the caller to raise; from
 /// then on every output is encoded and every request asked is passed over.
-struct PyExternalEncoder<'a, 'py> {
-    source: &'a Bound<'py, PyAny>,
-    error: Option<PyErr>,
-}
+struct PyExternalEncoder<'a, 'py>(PySource<'a, 'py>);
 
-impl<'py> PyExternalEncoder<'_, 'py> {
-    fn ask(&mut self, field: &dyn Fn() -> String, call: impl FnOnce() -> PyResult<Bound<'py, PyAny>>) -> Option<bool> {
-        if self.error.is_some() {
-            return None;
-        }
-        let py = self.source.py();
-        match call().and_then(|answer| bool_value(py, &answer, &field().as_str(), request_error)) {
-            Ok(answer) => Some(answer),
-            Err(error) => {
-                self.error = Some(error);
-                None
-            }
-        }
-    }
+/// An answer as a bool (an error names the call).
+fn bool_answer(py: Python<'_>, answer: &Bound<'_, PyAny>, field: &str) -> PyResult<bool> {
+    bool_value(py, answer, &field, request_error)
 }
 
 impl ExternalEncoderCache for PyExternalEncoder<'_, '_> {
     fn has_cache_item(&mut self, identifier: &str) -> bool {
-        let source = self.source;
         let field = || format!("external_encoder.has_cache_item({identifier:?})");
-        self.ask(&field, || source.call_method1(intern!(source.py(), "has_cache_item"), (identifier,))).unwrap_or(false)
+        self.0
+            .ask(
+                &field,
+                |source| source.call_method1(intern!(source.py(), "has_cache_item"), (identifier,)),
+                bool_answer,
+            )
+            .unwrap_or(false)
     }
 
     fn ensure_cache_available(&mut self, request: &llmsched_core::Request, num_computed_tokens: i64) -> bool {
-        let source = self.source;
         let field = || format!("external_encoder.ensure_cache_available({:?}, {num_computed_tokens})", request.id());
-        self.ask(&field, || {
-            source.call_method1(
-                intern!(source.py(), "ensure_cache_available"),
-                (PyRequest::snapshot(request), num_computed_tokens),
+        self.0
+            .ask(
+                &field,
+                |source| {
+                    source.call_method1(
+                        intern!(source.py(), "ensure_cache_available"),
+                        (PyRequest::snapshot(request), num_computed_tokens),
+                    )
+                },
+                bool_answer,
             )
-        })
-        .unwrap_or(false)
+            .unwrap_or(false)
     }
 }
 
@@ -1186,8 +1182,8 @@ impl PyScheduler {
                         // A connector is Python: the GIL stays held for this step.
                         let mut kv =
                             external_kv.map(|callable| PyExternalKv { callable, pending_block_frees, error: None });
-                        let mut encoder = external_encoder.map(|source| PyExternalEncoder { source, error: None });
-                        let mut aux = aux_outputs.map(|source| PyAuxOutputs { source, error: None });
+                        let mut encoder = external_encoder.map(|source| PyExternalEncoder(PySource::new(source)));
+                        let mut aux = aux_outputs.map(|source| PyAuxOutputs(PySource::new(source)));
                         let connectors = Connectors {
                             kv: kv.as_mut().map(|kv| kv as &mut dyn ExternalKv),
                             encoder: encoder.as_mut().map(|encoder| encoder as &mut dyn ExternalEncoderCache),
@@ -1196,8 +1192,8 @@ impl PyScheduler {
                         let step = core.schedule_with(throttle, connectors);
                         source_error = kv
                             .and_then(|kv| kv.error)
-                            .or(encoder.and_then(|encoder| encoder.error))
-                            .or(aux.and_then(|aux| aux.error));
+                            .or(encoder.and_then(|encoder| encoder.0.error))
+                            .or(aux.and_then(|aux| aux.0.error));
                         (step, None)
                     }
                 }
@@ -1311,9 +1307,9 @@ impl PyScheduler {
                 None => py.detach(|| core.update_from_output_with(so.step_id, &out, on_event, None)),
                 Some(source) => {
                     // A connector is Python: the GIL stays held for this update.
-                    let mut aux = PyAuxOutputs { source, error: None };
+                    let mut aux = PyAuxOutputs(PySource::new(source));
                     let applied = core.update_from_output_with(so.step_id, &out, on_event, Some(&mut aux));
-                    aux_error = aux.error;
+                    aux_error = aux.0.error;
                     applied
                 }
             }
