@@ -51,9 +51,14 @@ impl PyCachedBlocks {
     }
 }
 
-/// A ``block_hash`` argument: a 128-bit hash, as in ``Request.block_hashes``.
-pub fn block_hash_arg(py: Python<'_>, block_hash: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
-    block_hash.extract::<u128>().map_err(|_| {
+/// ``cached_block``'s arguments: ``block_hash``, a 128-bit hash as in
+/// ``Request.block_hashes``, and ``group``, a KV-cache group's index (0 if None).
+pub fn cached_block_args(
+    py: Python<'_>,
+    block_hash: &Bound<'_, PyAny>,
+    group: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(BlockHash, usize)> {
+    let hash = block_hash.extract::<u128>().map_err(|_| {
         request_error(
             py,
             format!(
@@ -62,13 +67,11 @@ pub fn block_hash_arg(py: Python<'_>, block_hash: &Bound<'_, PyAny>) -> PyResult
                 type_name(block_hash)
             ),
         )
-    })
-}
-
-/// A ``group`` argument: a KV-cache group's index.
-pub fn group_arg(py: Python<'_>, group: &Bound<'_, PyAny>) -> PyResult<usize> {
+    })?;
+    let Some(group) = group else { return Ok((hash, 0)) };
     let index = int_value(py, group, &"group", request_error)?;
-    usize::try_from(index).map_err(|_| request_error(py, format!("group={index}: must be >= 0")))
+    let group = usize::try_from(index).map_err(|_| request_error(py, format!("group={index}: must be >= 0")))?;
+    Ok((hash, group))
 }
 
 #[pymethods]
@@ -84,8 +87,7 @@ impl PyCachedBlocks {
         block_hash: &Bound<'_, PyAny>,
         group: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<u32>> {
-        let hash = block_hash_arg(py, block_hash)?;
-        let group = group.map(|g| group_arg(py, g)).transpose()?.unwrap_or(0);
+        let (hash, group) = cached_block_args(py, block_hash, group)?;
         let cache = self
             .cache
             .lock_py_attached(py)

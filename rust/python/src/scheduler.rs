@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::aux_outputs::{block_hash_arg, group_arg, PyAuxOutputs};
+use crate::aux_outputs::{cached_block_args, PyAuxOutputs};
 use crate::config::PySchedulerConfig;
 use crate::convert::{
     bool_value, float_value, for_each_bounded, int32_items, int_value, mm_input_list, push, reserved, token_list,
@@ -1971,8 +1971,7 @@ impl PyScheduler {
         block_hash: &Bound<'_, PyAny>,
         group: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<u32>> {
-        let hash = block_hash_arg(py, block_hash)?;
-        let group = group.map(|g| group_arg(py, g)).transpose()?.unwrap_or(0);
+        let (hash, group) = cached_block_args(py, block_hash, group)?;
         self.with_inner(py, |inner| Ok(inner.core.cached_block(hash, group)))
     }
 
