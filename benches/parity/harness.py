@@ -414,6 +414,10 @@ class ParityConfig:
     ``MambaSpec``, aligned to the block size with prefix caching), in that order; ``""``:
     none (a model without a KV cache, its pool the null block alone). ``+eagle`` after an
     entry: the group holds the drafter's layers (vLLM's ``is_eagle_group``)."""
+    latent_attention: bool = False
+    """vLLM's side: its full-attention groups are multi-head latent attention
+    (``MLAAttentionSpec``, DeepSeek-style models'), which vLLM manages as full attention;
+    llmsched's side: full attention."""
     prefix_cache_retention_interval: int = 0
     """Both sides' (vLLM's engine default, 0; a block size: every sliding-window block and
     aligned Mamba state)."""
@@ -588,6 +592,7 @@ class ParityConfig:
             "use_v2_model_runner": self.use_v2_model_runner,
             "speculative_method": self.speculative_method,
             "lookahead_block_hashes": self.lookahead_block_hashes,
+            "latent_attention": self.latent_attention,
             "data_parallel_size": self.data_parallel_size,
             "pooling": self.pooling,
             "kv_events": self.kv_events,

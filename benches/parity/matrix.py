@@ -1129,6 +1129,24 @@ def edge_cases() -> list[Case]:
                     sessions=True,
                 )
             )
+        # Multi-head latent attention (DeepSeek-style models): vLLM manages its group as
+        # full attention; prefix hits, KV pressure, drafts.
+        for k, policy in ((0, "fcfs"), (3, "priority")):
+            out.append(
+                Case(
+                    "mooncake-turns",
+                    ParityConfig(
+                        f"edge-mla-{mode}-K{k}-apc-{policy[:4]}-kv",
+                        async_scheduling=a,
+                        num_speculative_tokens=k,
+                        enable_prefix_caching=True,
+                        policy=policy,
+                        num_gpu_blocks=_pool_sizes("mooncake-turns")[1],
+                        latent_attention=True,
+                    ),
+                    output_factor=4,
+                )
+            )
         # Cache salts: requests share cached blocks only under the same salt.
         for workload in ("synthetic-conv", "mooncake-turns"):
             out.append(

@@ -263,7 +263,7 @@ core, kept out the same way. Beyond them, the plug-in:
   custom encoder cache managers, encoder-decoder models, routed experts on vLLM 0.32
   (its auxiliary-output connector's interface is not 0.33's), decode- and prefill-context
   parallelism,
-  KV-cache groups other than full, sliding-window,
+  KV-cache groups other than full (or latent, MLA), sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
   retaining extra tokens, a Mamba cache mode other than vLLM's for the prefix-caching
   setting, Mamba groups of different prefill checkpoints), Mamba state cached at block

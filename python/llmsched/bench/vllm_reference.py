@@ -277,6 +277,7 @@ def make_vllm_scheduler(
     kv_role: str = "kv_producer",
     kv_load_failure_policy: str = "recompute",
     kv_cache_groups: str = "full",
+    latent_attention: bool = False,
     prefix_cache_retention_interval: int | None = 0,
     mamba_prefill_checkpoint_alignment: int = 0,
     data_parallel_size: int = 1,
@@ -309,9 +310,11 @@ def make_vllm_scheduler(
     ``kv_cache_groups`` llmsched's field of that name
     (one KV-cache group per entry: ``FullAttentionSpec``, ``SlidingWindowSpec``,
     ``ChunkedLocalAttentionSpec`` or, for ``mamba``, a ``MambaSpec``: of ``max_model_len``
-    tokens without prefix caching, aligned to ``block_size`` with it, as vLLM sets them up)
-    and ``prefix_cache_retention_interval`` the KV-cache config's (vLLM's engines take the cache
-    config's, 0; None keeps every sliding-window block), ``mamba_prefill_checkpoint_alignment``
+    tokens without prefix caching, aligned to ``block_size`` with it, as vLLM sets them up;
+    with ``latent_attention`` a full-attention group is an ``MLAAttentionSpec``, as a
+    DeepSeek-style model's) and ``prefix_cache_retention_interval`` the KV-cache config's
+    (vLLM's engines take the cache config's, 0; None keeps every sliding-window block),
+    ``mamba_prefill_checkpoint_alignment``
     the aligned Mamba groups' prefill checkpoints (0: none). See the module docstring for the
     rest. ``data_parallel_size`` > 1 is a data-parallel rank of an MoE model (dense models'
     ranks are independent engines of size 1), whose engine core keeps the prefill cadence.
@@ -347,6 +350,7 @@ def make_vllm_scheduler(
         KVCacheConfig,
         KVCacheGroupSpec,
         MambaSpec,
+        MLAAttentionSpec,
         SlidingWindowSpec,
     )
     from vllm.v1.structured_output import StructuredOutputManager
@@ -432,6 +436,8 @@ def make_vllm_scheduler(
 
     def spec(kind: str) -> Any:
         shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1}
+        if kind == "full" and latent_attention:
+            return MLAAttentionSpec(**shape, dtype=torch.float32)
         if kind == "full":
             return FullAttentionSpec(**shape, dtype=torch.float32)
         if kind == "mamba" and cache_config.enable_prefix_caching:

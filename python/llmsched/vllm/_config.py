@@ -189,12 +189,24 @@ def check_engine_config(
         raise _unsupported("KV caches of mixed precision", "needs_kv_cache_zeroing=True")
 
 
+#: The KV-cache specs vLLM manages as full attention (its ``FullAttentionManager``): full
+#: attention, and multi-head latent attention (DeepSeek-style MLA, one latent vector per
+#: token: another page size, the same blocks).
+FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec")
+
+
+def is_full_attention(spec: Any) -> bool:
+    """Whether vLLM manages a KV-cache group of ``spec`` as full attention."""
+    return type(spec).__name__ in FULL_ATTENTION_SPECS
+
+
 def kv_cache_groups(
     kv_cache_config: Any, block_size: int, num_speculative_tokens: int, prefix_caching: bool
 ) -> tuple[str, int]:
     """The engine's KV-cache groups as llmsched's ``kv_cache_groups`` field, and the block
-    size of its attention groups: full-attention, sliding-window and chunked local
-    attention groups of one block size, the scheduler's (``block_size``), and Mamba groups.
+    size of its attention groups: full-attention (latent attention, MLA, too),
+    sliding-window and chunked local attention groups of one block size, the scheduler's
+    (``block_size``), and Mamba groups.
     Without prefix caching (``mamba_cache_mode`` "none") vLLM sizes a Mamba group's blocks
     to ``max_model_len`` and hands the scheduler the least common multiple of every group's
     block size; a Mamba group holds a state block per request and one per draft token
@@ -228,14 +240,17 @@ def kv_cache_groups(
                 )
             kinds.append("mamba")
             continue
-        if spec_name not in ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec"):
+        if not is_full_attention(spec) and spec_name not in (
+            "SlidingWindowSpec",
+            "ChunkedLocalAttentionSpec",
+        ):
             raise _unsupported(
                 "KV-cache groups other than full, sliding-window, chunked local attention and "
                 "Mamba",
                 f"group {g}: {spec_name}",
             )
         attention_block_sizes.add(spec.block_size)
-        if spec_name == "FullAttentionSpec":
+        if is_full_attention(spec):
             kinds.append("full")
         elif spec_name == "ChunkedLocalAttentionSpec":
             kinds.append(f"chunked_local:{read(spec, 'attention_chunk_size')}")

@@ -19,11 +19,11 @@ from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import _gen_prompt_embeds_extra_hash_keys
-from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.metrics.stats import PrefixCacheStats
 
 import llmsched
 from llmsched.vllm._aux_outputs import BlockNames
+from llmsched.vllm._config import is_full_attention
 from llmsched.vllm._multimodal import mm_inputs
 
 __all__ = ["KVCacheLayout", "prefix_cache_keys"]
@@ -264,11 +264,7 @@ class KVCoordinatorLayout:
         self.single_type_managers = groups
         if len(groups) > 1:
             self.full_attention_group_id = next(
-                (
-                    i
-                    for i, group in enumerate(groups)
-                    if type(group.kv_cache_spec) is FullAttentionSpec
-                ),
+                (i for i, group in enumerate(groups) if is_full_attention(group.kv_cache_spec)),
                 None,
             )
 
