@@ -261,8 +261,8 @@ core, kept out the same way. Beyond them, the plug-in:
 
 - **refuses what llmsched does not implement**, naming the feature: at construction,
   custom encoder cache managers, encoder-decoder models, routed experts on vLLM 0.32
-  (its auxiliary-output connector's interface is not 0.33's), decode- and prefill-context
-  parallelism,
+  (its auxiliary-output connector's interface is not 0.33's), prefill context parallelism,
+  decode context parallelism beside groups other than full attention (vLLM asserts),
   KV-cache groups other than full (or latent, MLA), sliding-window,
   chunked local attention and Mamba (or attention groups of another block size, a window
   retaining extra tokens, a Mamba cache mode other than vLLM's for the prefix-caching

@@ -150,6 +150,11 @@ ENGINE_REFUSALS = {
     "prefill context parallelism": lambda s: _set(
         s.vllm_config.parallel_config, "prefill_context_parallel_size", 2
     ),
+    # (vLLM's managers of the other kinds assert against it.)
+    "decode context parallelism beside KV-cache groups other than full attention": lambda s: (
+        _set(s.vllm_config.parallel_config, "decode_context_parallel_size", 2),
+        s.kv_cache_config.kv_cache_groups.append(_group(_sliding_spec())),
+    ),
 }
 
 
@@ -2100,3 +2105,69 @@ def test_routed_experts_follow_vllms_connector_at_every_step(
     if kv_connector == "BlockwiseAsyncParityConnector":
         assert any(loading for _, loading, _ in entries("kept")), "no load across steps"
     assert metadata[-1][0] == int(not kv_connector), "a reset starts a new generation"
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_decode_context_parallelism_schedules_as_vllms(async_scheduling: bool) -> None:
+    """Decode context parallelism over 2 ranks (a latent-attention model, as DeepSeek's are
+    served): each block's KV is sharded over the ranks, so a block holds twice its spec's
+    tokens (the engine hands the scheduler that block size). With shared prefixes and a
+    pool small enough to preempt, every step's admissions, blocks, hits and preemptions and
+    every output equal vLLM's, and the KV view's block size is vLLM's manager's."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    block = 2 * BLOCK
+
+    def configured() -> Any:
+        sched = reference(
+            num_gpu_blocks=14, async_scheduling=async_scheduling, latent_attention=True
+        )
+        sched.vllm_config = copy.copy(sched.vllm_config)
+        parallel = copy.copy(sched.vllm_config.parallel_config)
+        _set(parallel, "decode_context_parallel_size", 2)
+        _set(sched.vllm_config, "parallel_config", parallel)
+        return sched
+
+    def arrivals(step: int) -> list[Any]:
+        if step >= 24 or step % 3:
+            return []
+        shared = list(range(1 + step % 2 * 100, 1 + step % 2 * 100 + 2 * block + step % 5))
+        return [
+            ref.make_vllm_request(
+                f"r{step}-{i}",
+                shared + list(range(300 + 7 * step + i, 305 + 7 * step + i * 3)),
+                max_tokens=8 + (step + i) % 9,
+                block_size=block,
+            )
+            for i in range(3)
+        ]
+
+    def drive(sched: Any) -> list[Any]:
+        trace: list[Any] = [
+            [m.block_size for m in sched.kv_cache_manager.coordinator.single_type_managers]
+        ]
+        for so, ecos in _steps(sched, async_scheduling, arrivals=arrivals):
+            cached = so.scheduled_cached_reqs
+            trace.append(
+                (
+                    dict(so.num_scheduled_tokens),
+                    [(n.req_id, n.num_computed_tokens, n.block_ids) for n in so.scheduled_new_reqs],
+                    (cached.req_ids, cached.num_computed_tokens, cached.new_block_ids),
+                    sorted(so.preempted_req_ids or ()),
+                )
+            )
+            trace.extend(
+                [(o.request_id, o.new_token_ids, o.finish_reason) for o in eco.outputs]
+                for eco in ecos.values()
+            )
+        return trace
+
+    vllm_cls = AsyncScheduler if async_scheduling else Scheduler
+    sizes = {"block_size": block, "hash_block_size": block}
+    theirs = drive(build(configured(), vllm_cls, **sizes))
+    assert drive(build(configured(), **sizes)) == theirs
+    assert theirs[0] == [block]
+    steps = [entry for entry in theirs[1:] if isinstance(entry, tuple)]
+    assert any(num_computed for _, new, _, _ in steps for _, num_computed, _ in new), "no hit"
+    assert any(preempted for *_, preempted in steps), "no preemption"

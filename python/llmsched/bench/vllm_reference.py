@@ -548,19 +548,20 @@ def scheduler_from(reference: Any, cls: type | None = None, **kwargs: Any) -> An
 
     ``cls`` defaults to the plug-in: ``llmsched.vllm.AsyncScheduler`` when the reference's
     config has async scheduling on, ``llmsched.vllm.Scheduler`` otherwise. ``kwargs`` go to
-    the constructor (``log_stats=True`` unless given), and the new scheduler reports resumed
-    requests, and skips drafts, for the same model runner as ``reference``.
+    the constructor (``log_stats=True`` and the reference's ``block_size`` unless given),
+    and the new scheduler reports resumed requests, and skips drafts, for the same model
+    runner as ``reference``.
     """
     if cls is None:
         from llmsched.vllm import AsyncScheduler, Scheduler
 
         cls = AsyncScheduler if reference.scheduler_config.async_scheduling else Scheduler
     kwargs.setdefault("log_stats", True)
+    kwargs.setdefault("block_size", reference.block_size)
     scheduler = cls(
         vllm_config=reference.vllm_config,
         kv_cache_config=reference.kv_cache_config,
         structured_output_manager=reference.structured_output_manager,
-        block_size=reference.block_size,
         **kwargs,
     )
     scheduler.use_v2_model_runner = reference.use_v2_model_runner

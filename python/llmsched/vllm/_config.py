@@ -145,10 +145,6 @@ def check_engine_config(
             ),
         ),
         (
-            "decode context parallelism",
-            lambda: larger_than_one("parallel_config.decode_context_parallel_size"),
-        ),
-        (
             "prefill context parallelism",
             lambda: larger_than_one("parallel_config.prefill_context_parallel_size"),
         ),
@@ -179,6 +175,7 @@ def check_engine_config(
         block_size,
         get("num_speculative_tokens"),
         get("cache_config.enable_prefix_caching"),
+        get("parallel_config.decode_context_parallel_size"),
     )
     mamba_prefill_checkpoint_alignment(kv_cache_config)
     # vLLM zeroes new blocks for Mamba layers (llmsched's core names them) and for KV caches
@@ -200,8 +197,20 @@ def is_full_attention(spec: Any) -> bool:
     return type(spec).__name__ in FULL_ATTENTION_SPECS
 
 
+def group_block_size(spec: Any, decode_context_parallel: int) -> int:
+    """The tokens a block of a KV-cache group of ``spec`` holds, as vLLM's manager counts
+    them: with decode context parallelism, a block's KV is sharded over the ranks, each
+    holding ``spec.block_size`` of its tokens (a spec that is ``dcp_sharded``)."""
+    shards = decode_context_parallel if read(spec, "dcp_sharded") else 1
+    return int(spec.block_size) * shards
+
+
 def kv_cache_groups(
-    kv_cache_config: Any, block_size: int, num_speculative_tokens: int, prefix_caching: bool
+    kv_cache_config: Any,
+    block_size: int,
+    num_speculative_tokens: int,
+    prefix_caching: bool,
+    decode_context_parallel: int,
 ) -> tuple[str, int]:
     """The engine's KV-cache groups as llmsched's ``kv_cache_groups`` field, and the block
     size of its attention groups: full-attention (latent attention, MLA, too),
@@ -213,6 +222,9 @@ def kv_cache_groups(
     (``num_speculative_blocks``), as llmsched's does. With it ("align", as vLLM turns it
     on) a Mamba group's block size is the attention groups' and its state is cached at
     block boundaries, as llmsched's is (:func:`mamba_prefill_checkpoint_alignment`).
+    With decode context parallelism (``decode_context_parallel`` ranks) a full-attention
+    block holds that many times its spec's tokens (:func:`group_block_size`); vLLM's managers
+    of the other kinds assert against it, and llmsched refuses it beside them.
     ``UnsupportedFeatureError`` names any other (cross attention, ...)."""
     kinds = []
     attention_block_sizes = set()
@@ -221,6 +233,11 @@ def kv_cache_groups(
     for g, group in enumerate(groups):
         spec = group.kv_cache_spec
         spec_name = type(spec).__name__
+        if decode_context_parallel > 1 and not is_full_attention(spec):
+            raise _unsupported(
+                "decode context parallelism beside KV-cache groups other than full attention",
+                f"group {g}: {spec_name}, decode_context_parallel_size={decode_context_parallel}",
+            )
         if spec_name == "MambaSpec":
             mode = read(spec, "mamba_cache_mode")
             # llmsched's core aligns Mamba state exactly when prefix caching is on.
@@ -249,7 +266,7 @@ def kv_cache_groups(
                 "Mamba",
                 f"group {g}: {spec_name}",
             )
-        attention_block_sizes.add(spec.block_size)
+        attention_block_sizes.add(group_block_size(spec, decode_context_parallel))
         if is_full_attention(spec):
             kinds.append("full")
         elif spec_name == "ChunkedLocalAttentionSpec":
@@ -335,6 +352,7 @@ def llmsched_config(
         block_size,
         read(vllm_config, "num_speculative_tokens"),
         shared["enable_prefix_caching"],
+        read(vllm_config, "parallel_config.decode_context_parallel_size"),
     )
     lora = read(vllm_config, "lora_config")
     events = read(vllm_config, "kv_events_config")

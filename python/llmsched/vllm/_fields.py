@@ -62,7 +62,10 @@ _DATA_PARALLEL = (
     "the rank's place in data parallelism: a scheduler serves one rank (an MoE model's "
     "lockstep ranks apply no prefill cadence of their own, data_parallel_size)"
 )
-_DCP = "only with decode context parallelism, refused (decode_context_parallel_size)"
+_DCP = (
+    "only with decode context parallelism: how the ranks share a block's KV and talk, the "
+    "runners' business (the scheduler reads decode_context_parallel_size)"
+)
 _MOE = "expert placement and communication of MoE layers, inside the model's forward pass"
 _PUBLISHER = (
     "configures the KV event publisher, which vLLM's own factory builds from the whole "
@@ -276,7 +279,7 @@ FIELDS: dict[str, dict[str, str]] = {
     "ParallelConfig": {
         "pipeline_parallel_size": CHECKED,
         "data_parallel_size": READ,
-        "decode_context_parallel_size": CHECKED,
+        "decode_context_parallel_size": READ,
         "prefill_context_parallel_size": CHECKED,
         "tensor_parallel_size": (
             "splits the model across workers; the scheduler sees one KV pool (kv_cache_config)"

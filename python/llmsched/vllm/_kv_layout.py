@@ -23,7 +23,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 
 import llmsched
 from llmsched.vllm._aux_outputs import BlockNames
-from llmsched.vllm._config import is_full_attention
+from llmsched.vllm._config import group_block_size, is_full_attention
 from llmsched.vllm._multimodal import mm_inputs
 
 __all__ = ["KVCacheLayout", "prefix_cache_keys"]
@@ -277,7 +277,13 @@ class KVCacheLayout:
 
     __slots__ = ("_core", "_prefix_cache_stats", "block_pool", "coordinator", "kv_cache_config")
 
-    def __init__(self, kv_cache_config: Any, core: llmsched.Scheduler, log_stats: bool) -> None:
+    def __init__(
+        self,
+        kv_cache_config: Any,
+        core: llmsched.Scheduler,
+        log_stats: bool,
+        decode_context_parallel: int,
+    ) -> None:
         self._core = core
         self.kv_cache_config = kv_cache_config
         self._prefix_cache_stats = (
@@ -286,12 +292,16 @@ class KVCacheLayout:
             else None
         )
         self.block_pool = BlockPoolView(core)
-        # A group's block size is its spec's, as in vLLM's own managers without context
-        # parallelism.
+        # A group's block size is its spec's, times the decode-context-parallel ranks a
+        # full-attention block is sharded over, as in vLLM's own managers.
         self.coordinator = KVCoordinatorLayout(
             tuple(
                 KVGroupView(
-                    core, group, spec.kv_cache_spec.block_size, spec.kv_cache_spec, self.block_pool
+                    core,
+                    group,
+                    group_block_size(spec.kv_cache_spec, decode_context_parallel),
+                    spec.kv_cache_spec,
+                    self.block_pool,
                 )
                 for group, spec in enumerate(kv_cache_config.kv_cache_groups)
             )

@@ -254,7 +254,12 @@ class Scheduler(SchedulerInterface):  # type: ignore[misc]  # vLLM ships no stub
                 log_stats=log_stats,
             )
         )
-        self.kv_cache_manager = KVCacheLayout(kv_cache_config, self.core, log_stats)
+        self.kv_cache_manager = KVCacheLayout(
+            kv_cache_config,
+            self.core,
+            log_stats,
+            read(vllm_config, "parallel_config.decode_context_parallel_size"),
+        )
         self.encoder_cache_manager = EncoderCacheView(self.core)
         # KV cache events (kv_events_config), published as vLLM's scheduler publishes them.
         self.kv_event_publisher = make_publisher(
