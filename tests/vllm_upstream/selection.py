@@ -10,8 +10,8 @@ passes: ``run.py`` fails if one of them fails, or builds no llmsched scheduler.
 ``EXCLUDED`` maps every other test to the reason: the vLLM scheduler internal it reads or
 patches (``scheduler.deferred_waiting``, ``scheduler._kv_fetch_counts``, ...), a
 ``Request`` field it writes to build a state by hand, the feature llmsched.vllm does not
-serve (Mamba state cached at block boundaries beside a KV connector, context parallelism,
-KV-cache groups the plug-in does not build),
+serve (Mamba state cached at block boundaries beside a KV connector, prefill context
+parallelism, KV-cache groups the plug-in does not build),
 the deliberate deviation of ``docs/parity.md`` it trips, or that it never builds the
 plug-in. The connector tests' leak check
 (``assert_scheduler_empty``) is replaced by the plug-in's own (``conftest.py``).

