@@ -84,13 +84,13 @@ fn table(request: &mut Request, g: usize) -> (&mut Vec<u32>, &mut usize, &[Block
 }
 
 impl KvManager {
-    /// vLLM's hybrid hit, capped at `max_length` tokens (at most `N - 1`): each kind of group in turn (full
-    /// attention first) finds its longest hit within the current candidate, which shrinks
-    /// to it, until every kind accepts the candidate. Under EAGLE's block drop a kind looks
-    /// one block past the candidate and gives back its hit's last block (vLLM's
-    /// `eagle_proof_margin`). vLLM drops once per kind and candidate; here that is every
-    /// lookup: the kinds looked up are full attention first and a window (one pass), or
-    /// windows alone, where a second drop lands where the first did.
+    /// vLLM's hybrid hit, capped at `max_length` tokens (at most `N - 1`): each kind of
+    /// group in turn (full attention first) finds its longest hit within the current
+    /// candidate, which shrinks to it, until every kind accepts the candidate. Under EAGLE's
+    /// block drop a kind looks one block past the candidate and gives back its hit's last
+    /// block (vLLM's `eagle_proof_margin`). vLLM drops once per kind and candidate; here
+    /// that is every lookup: the kinds looked up are full attention first and a window (one
+    /// pass), or windows alone, where a second drop lands where the first did.
     pub(crate) fn find_hybrid_hit(&self, groups: &Groups, request: &Request, max_length: i64) -> CacheHit {
         let hashes = &request.block_hashes;
         let b = self.block_size;
