@@ -38,6 +38,18 @@ requires.vllm_cpu()
 
 MAX_MODEL_LEN = 256
 NUM_REQUESTS = 1024
+#: The base workload: shared prefixes, repeated prompts, logprobs, aborts mid-generation
+#: and requests reaching ``max_model_len`` (the other cases' workloads derive from it).
+WORKLOAD = ve.WorkloadSpec(
+    num_requests=NUM_REQUESTS,
+    max_tokens=24,
+    max_model_len=MAX_MODEL_LEN,
+    long_every=64,
+    abort_every=16,
+    abort_after=(1, 12),
+    logprobs_every=5,
+    repeat_every=4,
+)
 #: Requests of the LoRA cases.
 NUM_LORA_REQUESTS = 512
 #: LoRA requests whose prompts are served again without adapter and with the other one.
@@ -67,16 +79,7 @@ def _cases(
     tokenized_model: str | None = None,
     drafters: dict[str, str] | None = None,
 ) -> dict[str, Case]:
-    workload = ve.WorkloadSpec(
-        num_requests=NUM_REQUESTS,
-        max_tokens=24,
-        max_model_len=MAX_MODEL_LEN,
-        long_every=64,
-        abort_every=16,
-        abort_after=(1, 12),
-        logprobs_every=5,
-        repeat_every=4,
-    )
+    workload = WORKLOAD
     base = ve.EngineSpec(
         model=model,
         max_num_seqs=128,

@@ -8,38 +8,27 @@ full attention, and so must the plug-in (it refused such a model at engine start
 Each case builds one engine with the candidate as ``scheduler_cls``, serves
 :data:`NUM_REQUESTS` requests, then installs a fresh vLLM scheduler of the same mode in the
 same engine and serves them again; every request must come out the same (output token ids,
-finish and stop reasons, logprobs, ``num_cached_tokens``). The workload shares prompt
-prefixes in a KV cache small enough to preempt, aborts requests and reaches
-``max_model_len``. ``"vllm"`` puts vLLM's scheduler against itself (the engine is
-deterministic on this model); ``"llmsched"`` is the plug-in. Run with ``make test-engine``.
+finish and stop reasons, logprobs, ``num_cached_tokens``). The workload is the engine
+suite's base (``test_engine_parity.WORKLOAD``): shared prompt prefixes in a KV cache small
+enough to preempt, aborts, requests reaching ``max_model_len``. ``"vllm"`` puts vLLM's
+scheduler against itself (the engine is deterministic on this model); ``"llmsched"`` is the
+plug-in. Run with ``make test-engine``.
 """
 
 from __future__ import annotations
 
 import pytest
 from tests.vllm_engine import requires
+from tests.vllm_engine.test_engine_parity import MAX_MODEL_LEN, NUM_REQUESTS, WORKLOAD
 
 from llmsched.bench import vllm_engine as ve
 from llmsched.bench.mla_model import KV_LORA_RANK, QK_ROPE_HEAD_DIM, write_deepseek_mla_model
 
 requires.vllm_cpu()
 
-MAX_MODEL_LEN = 256
-NUM_REQUESTS = 1024
 #: 32-token blocks: 160 hold some 30 requests of 150 tokens, fewer than max_num_seqs, so
 #: the scheduler preempts (some 180 times per run).
 NUM_GPU_BLOCKS = 160
-
-WORKLOAD = ve.WorkloadSpec(
-    num_requests=NUM_REQUESTS,
-    max_tokens=24,
-    max_model_len=MAX_MODEL_LEN,
-    long_every=64,
-    abort_every=16,
-    abort_after=(1, 12),
-    logprobs_every=5,
-    repeat_every=4,
-)
 
 SCHEDULER_NAMES = {"vllm": ve.vllm_scheduler_name, "llmsched": ve.llmsched_scheduler_name}
 
