@@ -2171,3 +2171,43 @@ def test_decode_context_parallelism_schedules_as_vllms(async_scheduling: bool) -
     steps = [entry for entry in theirs[1:] if isinstance(entry, tuple)]
     assert any(num_computed for _, new, _, _ in steps for _, num_computed, _ in new), "no hit"
     assert any(preempted for *_, preempted in steps), "no preemption"
+
+
+def test_block_names_follow_what_the_connector_retains_whatever_the_order() -> None:
+    """A step's metadata lists the blocks retained and released since the last, not their
+    order: a hash retained then released (a preemption, then a reset) loses its name, one
+    released then retained again keeps it, as the connector's own holdings go."""
+    from vllm.distributed.aux_output_connector.connector import (
+        AuxOutputConnectorMetadata,
+        PackedBlockHashes,
+    )
+
+    from llmsched.vllm._aux_outputs import BlockNames
+
+    class Told:
+        def __init__(self, hashes: list[bytes]) -> None:
+            self.block_hashes = hashes
+
+    class State:
+        def __init__(self, hashes: list[int]) -> None:
+            self.block_hashes = hashes
+
+    def metadata(retained: list[bytes], released: list[bytes]) -> Any:
+        def packed(hashes: list[bytes]) -> Any:
+            return PackedBlockHashes(b"".join(hashes), 2) if hashes else None
+
+        return AuxOutputConnectorMetadata(0, {}, {}, (), packed(retained), packed(released))
+
+    names = BlockNames(build(reference()).core)
+    a, b = b"aa", b"bb"
+    names.told_finished(Told([a, b]), State([1, 2]))
+    names.sent(metadata([a, b], []))
+    assert len(names) == 2
+    # b released and retained again; a retained (by another request's finish) and released.
+    names.told_finished(Told([b]), State([2]))
+    names.sent(metadata([b], [b, a]))
+    assert (len(names), names._retained) == (1, {b: 2})
+    c = b"cc"
+    names.told_finished(Told([c]), State([3]))
+    names.sent(metadata([c], [c]))
+    assert names._retained == {b: 2}

@@ -20,6 +20,7 @@ from its metadata, until it releases them).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -91,16 +92,19 @@ class BlockNames:
         self._told.update(_names(request, state))
 
     def sent(self, metadata: Any) -> None:
-        """The connector's metadata went out: the blocks it names retained keep their names,
-        those it released lose them."""
+        """The connector's metadata went out: the blocks it retained since the last one keep
+        their names, those it released lose them. A block is retained only while it holds
+        none and released only while it holds one, so each hash's events alternate: the
+        count of retentions less releases says whether it ends held, whatever their order
+        (a reset releases what a preemption just retained; an update can re-cache, and the
+        connector retain again, a block it released)."""
         if isinstance(metadata, AuxOutputConnectorMetadata):
-            told = self._told
-            if metadata.retained_block_hashes is not None:
-                self._retained.update(
-                    (h, told[h]) for h in metadata.retained_block_hashes if h in told
-                )
-            if metadata.released_block_hashes is not None:
-                for block_hash in metadata.released_block_hashes:
+            held = Counter(metadata.retained_block_hashes or ())
+            held.subtract(metadata.released_block_hashes or ())
+            for block_hash, change in held.items():
+                if change > 0 and block_hash in self._told:
+                    self._retained[block_hash] = self._told[block_hash]
+                elif change < 0:
                     self._retained.pop(block_hash, None)
         self._told = {}
 
