@@ -23,12 +23,13 @@ pub struct PyCachedBlocks {
 }
 
 /// Empties the view when the callback it was lent to returns (or unwinds).
-struct Expire<'a>(&'a PyCachedBlocks);
+struct Expire<'a, 'py>(&'a PyCachedBlocks, Python<'py>);
 
-impl Drop for Expire<'_> {
+impl Drop for Expire<'_, '_> {
     fn drop(&mut self) {
-        // (A poisoned lock still holds the value: it is cleared all the same.)
-        let mut cache = self.0.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Waits for a read in progress on another thread, letting it take the GIL (a
+        // poisoned lock still holds the value: it is cleared all the same).
+        let mut cache = self.0.cache.lock_py_attached(self.1).unwrap_or_else(std::sync::PoisonError::into_inner);
         *cache = None;
     }
 }
@@ -46,7 +47,7 @@ impl PyCachedBlocks {
         // callback runs (the step waits for the callback).
         let cache: &'static dyn CachedBlocks = unsafe { std::mem::transmute::<&dyn CachedBlocks, _>(cache) };
         let view = Bound::new(py, PyCachedBlocks { cache: Mutex::new(Some(cache)) })?;
-        let _expire = Expire(view.get());
+        let _expire = Expire(view.get(), py);
         f(&view)
     }
 }
